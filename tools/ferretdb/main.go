@@ -1,0 +1,55 @@
+// Command ferretdb runs an embedded FerretDB (MongoDB wire protocol) on SQLite.
+//
+// Usage: ferretdb -listen 127.0.0.1:27017 -dir /abs/state/dir
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/FerretDB/FerretDB/ferretdb"
+)
+
+func main() {
+	listen := flag.String("listen", "127.0.0.1:27017", "TCP address to listen on")
+	dir := flag.String("dir", "", "directory for the SQLite state (created if missing)")
+	flag.Parse()
+	if *dir == "" {
+		fmt.Fprintln(os.Stderr, "ferretdb: -dir is required")
+		os.Exit(2)
+	}
+	abs, err := filepath.Abs(*dir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "ferretdb:", err)
+		os.Exit(2)
+	}
+	if err := os.MkdirAll(abs, 0o700); err != nil {
+		fmt.Fprintln(os.Stderr, "ferretdb:", err)
+		os.Exit(2)
+	}
+	if !strings.HasSuffix(abs, "/") {
+		abs += "/"
+	}
+	f, err := ferretdb.New(&ferretdb.Config{
+		Listener:  ferretdb.ListenerConfig{TCP: *listen},
+		Handler:   "sqlite",
+		SQLiteURL: "file:" + abs,
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "ferretdb:", err)
+		os.Exit(1)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	fmt.Fprintf(os.Stderr, "ferretdb: listening on %s, state in %s\n", *listen, abs)
+	if err := f.Run(ctx); err != nil && ctx.Err() == nil {
+		fmt.Fprintln(os.Stderr, "ferretdb:", err)
+		os.Exit(1)
+	}
+}
