@@ -1,0 +1,114 @@
+import express, { NextFunction, Request, Response } from 'express';
+import { OpenApiGeneratorV31 } from '@asteasolutions/zod-to-openapi';
+import { randomUUID } from 'node:crypto';
+import pinoHttp from 'pino-http';
+import { ApiError } from '../lib/errors';
+import { scrubUrl } from '../lib/logger';
+import { createAuthenticator, Authenticator } from './auth';
+import type { ApiDeps } from './deps';
+import { RouteTable } from './http';
+import { registerAgentRoutes } from './routes/agents';
+import { registerSessionRoutes } from './routes/sessions';
+
+/** Body types the API reads; anything else on a request with a body is 415. */
+const JSON_TYPES = ['application/json', 'application/*+json'];
+
+/**
+ * Builds the Express app: authentication, the routes of every resource, /openapi.json,
+ * health checks, and one error body for every failure. Tests drive this directly.
+ */
+export function createApp(deps: ApiDeps): { app: express.Express; auth: Authenticator; openapi: object } {
+  const app = express();
+  app.disable('x-powered-by');
+  app.set('etag', false);
+  app.set('query parser', 'simple');
+
+  app.use(
+    pinoHttp({
+      logger: deps.logger,
+      genReqId: (req, res) => {
+        const id = (req.headers['x-request-id'] as string | undefined)?.slice(0, 100) ?? randomUUID();
+        res.setHeader('x-request-id', id);
+        return id;
+      },
+      serializers: {
+        req: (req: { id: string; method: string; url: string }) => ({ id: req.id, method: req.method, url: scrubUrl(req.url) }),
+        res: (res: { statusCode: number }) => ({ statusCode: res.statusCode }),
+      },
+      autoLogging: { ignore: (req) => req.url === '/healthz' || req.url === '/readyz' },
+    }),
+  );
+
+  app.get('/healthz', (_req, res) => {
+    res.json({ status: 'ok' });
+  });
+  app.get('/readyz', async (_req, res) => {
+    const checks = await Promise.allSettled([
+      deps.store.ping(),
+      deps.temporal.workflowService.getSystemInfo({}),
+    ]);
+    const [mongo, temporal] = checks.map((c) => (c.status === 'fulfilled' ? 'ok' : `error: ${(c.reason as Error).message}`));
+    const ok = checks.every((c) => c.status === 'fulfilled');
+    if (ok) res.json({ status: 'ok', mongo, temporal });
+    else res.status(503).json({ error: { type: 'unavailable', message: `not ready: mongo ${mongo}; temporal ${temporal}` } });
+  });
+
+  app.use((req, _res, next) => {
+    const hasBody = Number(req.headers['content-length'] ?? 0) > 0 || req.headers['transfer-encoding'] !== undefined;
+    if (hasBody && ['POST', 'PUT', 'PATCH', 'DELETE'].includes(req.method) && !req.is(JSON_TYPES) && !req.is('application/x-ndjson')) {
+      next(new ApiError('unsupported_media_type', 'request bodies must be JSON (Content-Type: application/json)'));
+      return;
+    }
+    next();
+  });
+  app.use(express.json({ limit: deps.cfg.BODY_LIMIT_BYTES, type: JSON_TYPES, strict: true }));
+
+  const auth = createAuthenticator(deps.store);
+  const router = express.Router();
+  const table = new RouteTable(router, auth);
+  registerAgentRoutes(table, deps);
+  registerSessionRoutes(table, deps);
+
+  const openapi = new OpenApiGeneratorV31(table.registry.definitions).generateDocument({
+    openapi: '3.1.0',
+    info: { title: 'Sandbox Agent Platform', version: '0.1.0', description: 'Agents, sessions and sandboxes. Authenticate with X-API-Key.' },
+  });
+  app.get('/openapi.json', (_req, res) => {
+    res.json(openapi);
+  });
+
+  app.use(router);
+
+  app.use((req, _res, next) => {
+    next(new ApiError('not_found', `no route for ${req.method} ${req.path}`));
+  });
+  app.use((err: unknown, req: Request, res: Response, _next: NextFunction) => {
+    const e = toApiError(err);
+    if (e.status >= 500) req.log?.error({ err }, 'request failed');
+    if (res.headersSent) {
+      res.end();
+      return;
+    }
+    res.status(e.status).json(e.toBody());
+  });
+  return { app, auth, openapi };
+}
+
+/** Maps any thrown value to an ApiError; internals never reach the client. */
+export function toApiError(err: unknown): ApiError {
+  if (err instanceof ApiError) return err;
+  const e = err as { type?: string; status?: number; limit?: number; message?: string };
+  switch (e?.type) {
+    case 'entity.parse.failed':
+      return new ApiError('invalid_request', `malformed JSON body: ${e.message ?? ''}`.trim());
+    case 'entity.too.large':
+      return new ApiError('payload_too_large', `request body is larger than the ${e.limit}-byte limit`);
+    case 'encoding.unsupported':
+    case 'charset.unsupported':
+      return new ApiError('unsupported_media_type', e.message ?? 'unsupported encoding');
+    case 'request.aborted':
+      return new ApiError('invalid_request', 'request aborted');
+  }
+  if (e?.status && e.status >= 400 && e.status < 500) return new ApiError('invalid_request', e.message ?? 'bad request');
+  return new ApiError('internal', 'internal error');
+}

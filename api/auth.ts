@@ -1,0 +1,48 @@
+import type { Request } from 'express';
+import { ApiError } from '../lib/errors';
+import { hashSecret } from '../lib/ids';
+import type { Store } from '../store';
+
+/** The organisation a request acts for. */
+export interface OrgContext {
+  id: string;
+}
+
+/** Resolves the organisation of a request from its `X-API-Key` (or `api_key` query, for WebSockets). */
+export interface Authenticator {
+  authenticate(req: Request): Promise<OrgContext>;
+  /** Resolves a raw key; null when unknown. */
+  resolve(key: string): Promise<OrgContext | null>;
+}
+
+const CACHE_MS = 30_000;
+
+/**
+ * Looks keys up by their sha256 (the `_id` of api_keys), caching hits and misses for 30 s so the
+ * hot path does not touch MongoDB on every request. A revoked key stops working within 30 s.
+ */
+export function createAuthenticator(store: Store): Authenticator {
+  const cache = new Map<string, { org: OrgContext | null; until: number }>();
+  async function resolve(key: string): Promise<OrgContext | null> {
+    const id = hashSecret(key);
+    const hit = cache.get(id);
+    const now = Date.now();
+    if (hit && hit.until > now) return hit.org;
+    const doc = await store.apiKeys.findOne({ _id: id });
+    const org = doc ? { id: doc.orgId } : null;
+    if (cache.size > 10_000) cache.clear();
+    cache.set(id, { org, until: now + CACHE_MS });
+    return org;
+  }
+  return {
+    resolve,
+    async authenticate(req) {
+      const header = req.headers['x-api-key'];
+      const key = (Array.isArray(header) ? header[0] : header) ?? (typeof req.query.api_key === 'string' ? req.query.api_key : undefined);
+      if (!key) throw new ApiError('unauthorized', 'missing API key: send it in the X-API-Key header');
+      const org = await resolve(key);
+      if (!org) throw new ApiError('unauthorized', 'invalid API key');
+      return org;
+    },
+  };
+}

@@ -1,0 +1,12 @@
+import type { Client } from '@temporalio/client';
+import type { Config } from '../config';
+import type { Logger } from '../lib/logger';
+import type { Store } from '../store';
+
+/** Everything the API needs, built once by api/main.ts (or a test) and passed to createApp. */
+export interface ApiDeps {
+  cfg: Config;
+  store: Store;
+  temporal: Client;
+  logger: Logger;
+}

@@ -1,0 +1,113 @@
+import type { NextFunction, Request, RequestHandler, Response, Router } from 'express';
+import { OpenAPIRegistry, extendZodWithOpenApi } from '@asteasolutions/zod-to-openapi';
+import { z, ZodType } from 'zod';
+import { ApiError } from '../lib/errors';
+import type { Authenticator, OrgContext } from './auth';
+
+extendZodWithOpenApi(z);
+
+/** The error body schema, shared by every route's documented error answers. */
+export const ErrorBodySchema = z
+  .object({ error: z.object({ type: z.string(), message: z.string() }) })
+  .openapi('Error');
+
+/** What a handler receives: the parsed (not raw) params, query and body, and the caller's org. */
+export interface Ctx<P, Q, B> {
+  params: P;
+  query: Q;
+  body: B;
+  org: OrgContext;
+  req: Request;
+  res: Response;
+}
+
+type AnyObject = z.ZodObject<z.ZodRawShape>;
+
+/** One route: its schemas (validated, and published in /openapi.json) and its handler. */
+export interface RouteDef<PS extends AnyObject, QS extends AnyObject, BS extends ZodType> {
+  method: 'get' | 'post' | 'put' | 'patch' | 'delete';
+  /** Express-style path, e.g. `/v1/agents/:agentId`. */
+  path: string;
+  summary: string;
+  tag: string;
+  params?: PS;
+  query?: QS;
+  body?: BS;
+  /** Documented success answers: status → schema (or null for no body). */
+  responses: Record<number, { description: string; schema?: ZodType }>;
+  /** Error types this route may answer with, for the document. */
+  errors?: number[];
+  handler: (ctx: Ctx<z.infer<PS>, z.infer<QS>, z.infer<BS>>) => Promise<void> | void;
+}
+
+/** Formats zod issues as `where: what; …`, naming the field. */
+export function describeIssues(where: string, error: z.ZodError): string {
+  return error.issues
+    .slice(0, 10)
+    .map((i) => {
+      const at = [where, ...i.path.map(String)].filter(Boolean).join('.');
+      return `${at}: ${i.message}`;
+    })
+    .join('; ');
+}
+
+/** Parses `value` with `schema`, or throws a 400 naming each bad field. */
+export function parseOrThrow<T extends ZodType>(schema: T, value: unknown, where: string): z.infer<T> {
+  const r = schema.safeParse(value);
+  if (!r.success) throw new ApiError('invalid_request', describeIssues(where, r.error));
+  return r.data;
+}
+
+const openapiPath = (p: string): string => p.replace(/:(\w+)/g, '{$1}');
+
+/**
+ * Registers routes on an Express router and documents each in an OpenAPI registry, from the
+ * same zod schemas, so the document cannot drift from what the server accepts.
+ */
+export class RouteTable {
+  readonly registry = new OpenAPIRegistry();
+
+  constructor(
+    private readonly router: Router,
+    private readonly auth: Authenticator,
+  ) {
+    this.registry.register('Error', ErrorBodySchema);
+    this.registry.registerComponent('securitySchemes', 'ApiKey', { type: 'apiKey', in: 'header', name: 'X-API-Key' });
+  }
+
+  add<PS extends AnyObject, QS extends AnyObject, BS extends ZodType>(def: RouteDef<PS, QS, BS>): void {
+    const responses: Record<string, { description: string; content?: Record<string, { schema: ZodType }> }> = {};
+    for (const [status, r] of Object.entries(def.responses)) {
+      responses[status] = r.schema ? { description: r.description, content: { 'application/json': { schema: r.schema } } } : { description: r.description };
+    }
+    for (const status of [400, 401, 404, ...(def.errors ?? [])]) {
+      responses[String(status)] ??= { description: 'Error', content: { 'application/json': { schema: ErrorBodySchema } } };
+    }
+    this.registry.registerPath({
+      method: def.method,
+      path: openapiPath(def.path),
+      summary: def.summary,
+      tags: [def.tag],
+      security: [{ ApiKey: [] }],
+      request: {
+        params: def.params,
+        query: def.query,
+        body: def.body ? { content: { 'application/json': { schema: def.body } } } : undefined,
+      },
+      responses,
+    });
+
+    const handler: RequestHandler = async (req: Request, res: Response, next: NextFunction) => {
+      try {
+        const org = await this.auth.authenticate(req);
+        const params = def.params ? parseOrThrow(def.params, req.params, 'path') : {};
+        const query = def.query ? parseOrThrow(def.query, req.query, 'query') : {};
+        const body = def.body ? parseOrThrow(def.body, req.body ?? {}, 'body') : undefined;
+        await def.handler({ params, query, body, org, req, res } as Ctx<z.infer<PS>, z.infer<QS>, z.infer<BS>>);
+      } catch (err) {
+        next(err);
+      }
+    };
+    this.router[def.method](def.path, handler);
+  }
+}

@@ -1,0 +1,44 @@
+import http from 'node:http';
+import { Client, Connection } from '@temporalio/client';
+import { bootstrapApiKey, loadConfigOrExit } from '../config';
+import { createLogger } from '../lib/logger';
+import { connectStore } from '../store';
+import { ensureApiKey } from '../store/orgs';
+import { createApp } from './app';
+
+/** The API process: validates configuration, connects, listens, and shuts down on SIGTERM. */
+async function main(): Promise<void> {
+  const cfg = loadConfigOrExit();
+  const logger = createLogger('api', cfg.LOG_LEVEL);
+  const store = await connectStore(cfg.MONGO_URL);
+  const key = bootstrapApiKey(cfg);
+  if (key) await ensureApiKey(store, 'default', key);
+  const connection = await Connection.connect({ address: cfg.TEMPORAL_ADDRESS });
+  const temporal = new Client({ connection, namespace: cfg.TEMPORAL_NAMESPACE });
+  const { app } = createApp({ cfg, store, temporal, logger });
+  const server = http.createServer(app);
+  server.keepAliveTimeout = 65_000;
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(cfg.PORT, cfg.HOST, resolve);
+  });
+  logger.info({ url: `http://${cfg.HOST}:${cfg.PORT}` }, 'api listening');
+
+  let stopping = false;
+  const stop = async (signal: string) => {
+    if (stopping) return;
+    stopping = true;
+    logger.info({ signal }, 'api stopping');
+    server.close();
+    server.closeAllConnections();
+    await Promise.allSettled([store.close(), connection.close()]);
+    process.exit(0);
+  };
+  process.on('SIGTERM', () => void stop('SIGTERM'));
+  process.on('SIGINT', () => void stop('SIGINT'));
+}
+
+main().catch((err) => {
+  process.stderr.write(`api: ${err instanceof Error ? err.stack ?? err.message : String(err)}\n`);
+  process.exit(1);
+});

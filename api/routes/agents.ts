@@ -1,0 +1,149 @@
+import { z } from 'zod';
+import type { ApiDeps } from '../deps';
+import type { RouteTable } from '../http';
+import { Agent, AgentParams, CreateAgentBody, Cursor, Limit, UpdateAgentBody } from '../schemas';
+import { conflict, notFound } from '../../lib/errors';
+import { randomId } from '../../lib/ids';
+import { AgentDoc, isDuplicateKey } from '../../store';
+import { afterCursor, encodeCursor } from '../cursor';
+
+/** The public form of an agent. Environment values are secrets: they are never returned. */
+export function agentView(a: AgentDoc): z.infer<typeof Agent> {
+  return {
+    id: a.id,
+    display_name: a.display_name,
+    core: a.core,
+    channels: a.channels,
+    packages: a.packages,
+    secret_store: a.secret_store,
+    config: a.config,
+    entrypoint: a.entrypoint,
+    files: a.files,
+    env: Object.fromEntries(Object.keys(a.env ?? {}).map((k) => [k, '[set]'])),
+    snapshot: a.snapshot,
+    timeoutSeconds: a.timeoutSeconds,
+    created_at: a.created_at.toISOString(),
+    updated_at: a.updated_at.toISOString(),
+  };
+}
+
+export const agentKey = (orgId: string, agentId: string): string => `${orgId}/${agentId}`;
+
+/** Reads an agent of the caller's organisation, or throws 404. */
+export async function getAgent(deps: ApiDeps, orgId: string, agentId: string): Promise<AgentDoc> {
+  const agent = await deps.store.agents.findOne({ _id: agentKey(orgId, agentId) });
+  if (!agent) throw notFound(`agent ${agentId}`);
+  return agent;
+}
+
+/** /v1/agents: create, list, read, update, delete. */
+export function registerAgentRoutes(t: RouteTable, deps: ApiDeps): void {
+  t.add({
+    method: 'post',
+    path: '/v1/agents',
+    tag: 'agents',
+    summary: 'Register an agent',
+    body: CreateAgentBody,
+    responses: { 201: { description: 'The agent', schema: Agent } },
+    errors: [409],
+    handler: async ({ body, org, res }) => {
+      const id = body.id ?? `agt_${randomId()}`;
+      const now = new Date();
+      const doc: AgentDoc = {
+        _id: agentKey(org.id, id),
+        orgId: org.id,
+        id,
+        display_name: body.display_name ?? id,
+        core: body.core,
+        channels: body.channels,
+        packages: body.packages,
+        secret_store: body.secret_store,
+        config: body.config,
+        entrypoint: body.entrypoint,
+        files: body.files,
+        env: body.env,
+        snapshot: body.snapshot,
+        timeoutSeconds: body.timeoutSeconds,
+        created_at: now,
+        updated_at: now,
+      };
+      try {
+        await deps.store.agents.insertOne(doc);
+      } catch (err) {
+        if (isDuplicateKey(err)) throw conflict(`agent ${id} already exists`);
+        throw err;
+      }
+      res.status(201).json(agentView(doc));
+    },
+  });
+
+  t.add({
+    method: 'get',
+    path: '/v1/agents',
+    tag: 'agents',
+    summary: 'List agents, newest first',
+    query: z.object({ limit: Limit, cursor: Cursor.optional() }),
+    responses: { 200: { description: 'A page of agents', schema: z.object({ agents: z.array(Agent), next_cursor: z.string().nullable() }) } },
+    handler: async ({ query, org, res }) => {
+      const docs = await deps.store.agents
+        .find({ orgId: org.id, ...afterCursor(query.cursor) })
+        .sort({ created_at: -1, _id: -1 })
+        .limit(query.limit + 1)
+        .toArray();
+      const page = docs.slice(0, query.limit);
+      const last = page[page.length - 1];
+      const next = docs.length > query.limit && last ? encodeCursor({ t: last.created_at.toISOString(), id: last._id }) : null;
+      res.json({ agents: page.map(agentView), next_cursor: next });
+    },
+  });
+
+  t.add({
+    method: 'get',
+    path: '/v1/agents/:agentId',
+    tag: 'agents',
+    summary: 'Get an agent',
+    params: AgentParams,
+    responses: { 200: { description: 'The agent', schema: Agent } },
+    handler: async ({ params, org, res }) => {
+      res.json(agentView(await getAgent(deps, org.id, params.agentId)));
+    },
+  });
+
+  t.add({
+    method: 'patch',
+    path: '/v1/agents/:agentId',
+    tag: 'agents',
+    summary: 'Update an agent; running sessions keep the definition they started with',
+    params: AgentParams,
+    body: UpdateAgentBody,
+    responses: { 200: { description: 'The updated agent', schema: Agent } },
+    handler: async ({ params, body, org, res }) => {
+      const _id = agentKey(org.id, params.agentId);
+      const set: Record<string, unknown> = { updated_at: new Date() };
+      for (const [k, v] of Object.entries(body)) if (v !== undefined) set[k] = v;
+      const updated = await deps.store.agents.findOneAndUpdate({ _id }, { $set: set }, { returnDocument: 'after' });
+      if (!updated) throw notFound(`agent ${params.agentId}`);
+      res.json(agentView(updated));
+    },
+  });
+
+  t.add({
+    method: 'delete',
+    path: '/v1/agents/:agentId',
+    tag: 'agents',
+    summary: 'Delete an agent that has no running session',
+    params: AgentParams,
+    responses: { 200: { description: 'The deleted agent', schema: Agent } },
+    errors: [409],
+    handler: async ({ params, org, res }) => {
+      const agent = await getAgent(deps, org.id, params.agentId);
+      const live = await deps.store.sessions.findOne(
+        { orgId: org.id, agent_id: params.agentId, status: { $in: ['creating', 'running'] } },
+        { projection: { _id: 1 } },
+      );
+      if (live) throw conflict(`agent ${params.agentId} has a running session (${live._id}); end it first`);
+      await deps.store.agents.deleteOne({ _id: agent._id });
+      res.json(agentView(agent));
+    },
+  });
+}

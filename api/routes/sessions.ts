@@ -1,0 +1,212 @@
+import { z } from 'zod';
+import { WorkflowExecutionAlreadyStartedError, WorkflowNotFoundError } from '@temporalio/client';
+import { WorkflowIdReusePolicy } from '@temporalio/common';
+import type { ApiDeps } from '../deps';
+import type { RouteTable } from '../http';
+import { CreateSessionBody, Cursor, Limit, Session, SessionParams, SessionResult, SessionStatusEnum, AgentParams } from '../schemas';
+import { ApiError, conflict, invalid, notFound } from '../../lib/errors';
+import { derivedId, randomId } from '../../lib/ids';
+import { AgentDoc, isDuplicateKey, SessionDoc } from '../../store';
+import { getAgent } from './agents';
+import { afterCursor, encodeCursor } from '../cursor';
+import type { SessionWorkflowArgs } from '../../workflows/session';
+import { AGENT_ID, ORG_ID, SESSION_STATUS } from '../../workflows/search-attributes';
+
+/** The public form of a session (2.1), plus `outcome` once it has ended. */
+export function sessionView(s: SessionDoc): z.infer<typeof Session> {
+  return {
+    id: s._id,
+    agent_id: s.agent_id,
+    status: s.status,
+    input: s.input,
+    result: s.result,
+    preview_url: s.preview_url,
+    metadata: s.metadata,
+    outcome: s.outcome,
+    created_at: s.created_at.toISOString(),
+    updated_at: s.updated_at.toISOString(),
+  };
+}
+
+const TERMINAL = new Set(['completed', 'failed']);
+const IDEMPOTENCY_KEY = /^[\x21-\x7e]{1,255}$/;
+
+/** Reads a session of the caller's organisation and agent, or throws 404. */
+async function getSession(deps: ApiDeps, orgId: string, agentId: string, id: string): Promise<SessionDoc> {
+  const s = await deps.store.sessions.findOne({ _id: id });
+  if (!s || s.orgId !== orgId || s.agent_id !== agentId) throw notFound(`session ${id}`);
+  return s;
+}
+
+/** Starts the session's workflow; starting one that already exists is not an error. */
+async function startWorkflow(deps: ApiDeps, s: SessionDoc, agent: AgentDoc): Promise<void> {
+  const args: SessionWorkflowArgs = {
+    sessionId: s._id,
+    orgId: s.orgId,
+    agentId: s.agent_id,
+    run: {
+      core: agent.core,
+      entrypoint: agent.entrypoint,
+      files: agent.files,
+      env: agent.env,
+      snapshot: agent.snapshot,
+      timeoutSeconds: agent.timeoutSeconds,
+    },
+  };
+  try {
+    await deps.temporal.workflow.start('sessionWorkflow', {
+      taskQueue: deps.cfg.TASK_QUEUE,
+      workflowId: s._id,
+      args: [args],
+      workflowIdReusePolicy: WorkflowIdReusePolicy.REJECT_DUPLICATE,
+      typedSearchAttributes: [
+        { key: AGENT_ID, value: s.agent_id },
+        { key: SESSION_STATUS, value: 'creating' },
+        { key: ORG_ID, value: s.orgId },
+      ],
+    });
+  } catch (err) {
+    if (err instanceof WorkflowExecutionAlreadyStartedError) return;
+    throw err;
+  }
+}
+
+/** /v1/agents/{agentId}/sessions: create, list, read, result, end. */
+export function registerSessionRoutes(t: RouteTable, deps: ApiDeps): void {
+  t.add({
+    method: 'post',
+    path: '/v1/agents/:agentId/sessions',
+    tag: 'sessions',
+    summary: 'Start a session: one sandbox runs the agent on the input. Send Idempotency-Key to make retries safe.',
+    params: AgentParams,
+    body: CreateSessionBody,
+    responses: { 201: { description: 'The session, status creating', schema: Session }, 200: { description: 'The session an earlier request with the same Idempotency-Key created', schema: Session } },
+    errors: [409, 413],
+    handler: async ({ params, body, org, req, res }) => {
+      const key = req.header('idempotency-key');
+      if (key !== undefined && !IDEMPOTENCY_KEY.test(key)) throw invalid('header Idempotency-Key: must be 1-255 printable ASCII characters');
+      const agent = await getAgent(deps, org.id, params.agentId);
+      const now = new Date();
+      const doc: SessionDoc = {
+        _id: key ? `sess_${derivedId(org.id, 'session', key)}` : `sess_${randomId()}`,
+        orgId: org.id,
+        agent_id: agent.id,
+        status: 'creating',
+        input: body.input,
+        metadata: body.metadata,
+        result: null,
+        preview_url: null,
+        outcome: null,
+        sandbox_id: null,
+        idempotency_key: key ?? null,
+        created_at: now,
+        updated_at: now,
+        started_at: null,
+        completed_at: null,
+      };
+      try {
+        await deps.store.sessions.insertOne(doc);
+      } catch (err) {
+        if (!key || !isDuplicateKey(err)) throw err;
+        const existing = await deps.store.sessions.findOne({ _id: doc._id });
+        if (!existing) throw err;
+        if (existing.agent_id !== agent.id) throw conflict('Idempotency-Key was already used for a session of another agent');
+        // The first request may have died between storing and starting: make sure it runs.
+        if (existing.status === 'creating') await startWorkflow(deps, existing, agent);
+        res.status(200).json(sessionView(existing));
+        return;
+      }
+      try {
+        await startWorkflow(deps, doc, agent);
+      } catch (err) {
+        await deps.store.sessions.deleteOne({ _id: doc._id, status: 'creating' });
+        throw new ApiError('unavailable', `could not start the session workflow: ${(err as Error).message}`);
+      }
+      res.status(201).json(sessionView(doc));
+    },
+  });
+
+  t.add({
+    method: 'get',
+    path: '/v1/agents/:agentId/sessions',
+    tag: 'sessions',
+    summary: 'List sessions, newest first',
+    params: AgentParams,
+    query: z.object({ status: SessionStatusEnum.optional(), limit: Limit, cursor: Cursor.optional() }),
+    responses: { 200: { description: 'A page of sessions', schema: z.object({ sessions: z.array(Session), next_cursor: z.string().nullable() }) } },
+    handler: async ({ params, query, org, res }) => {
+      await getAgent(deps, org.id, params.agentId);
+      const filter: Record<string, unknown> = { orgId: org.id, agent_id: params.agentId, ...afterCursor(query.cursor) };
+      if (query.status) filter.status = query.status;
+      const docs = await deps.store.sessions.find(filter).sort({ created_at: -1, _id: -1 }).limit(query.limit + 1).toArray();
+      const page = docs.slice(0, query.limit);
+      const last = page[page.length - 1];
+      const next = docs.length > query.limit && last ? encodeCursor({ t: last.created_at.toISOString(), id: last._id }) : null;
+      res.json({ sessions: page.map(sessionView), next_cursor: next });
+    },
+  });
+
+  t.add({
+    method: 'get',
+    path: '/v1/agents/:agentId/sessions/:id',
+    tag: 'sessions',
+    summary: 'Get a session (served from MongoDB: works while every worker is down)',
+    params: SessionParams,
+    responses: { 200: { description: 'The session', schema: Session } },
+    handler: async ({ params, org, res }) => {
+      res.json(sessionView(await getSession(deps, org.id, params.agentId, params.id)));
+    },
+  });
+
+  t.add({
+    method: 'get',
+    path: '/v1/agents/:agentId/sessions/:id/result',
+    tag: 'sessions',
+    summary: "Get a finished session's result: 409 while it is creating or running",
+    params: SessionParams,
+    responses: { 200: { description: 'What the agent wrote to /tmp/agent_result.json (null if nothing), and how it ended', schema: SessionResult } },
+    errors: [409],
+    handler: async ({ params, org, res }) => {
+      const s = await getSession(deps, org.id, params.agentId, params.id);
+      if (!TERMINAL.has(s.status)) throw conflict(`session ${s._id} is still ${s.status}; its result is not available yet`);
+      res.json({
+        status: s.status,
+        data: s.result,
+        completed_at: (s.completed_at ?? s.updated_at).toISOString(),
+        reason: s.outcome?.reason ?? null,
+        exit_code: s.outcome?.exit_code ?? null,
+        message: s.outcome?.message ?? null,
+      });
+    },
+  });
+
+  t.add({
+    method: 'delete',
+    path: '/v1/agents/:agentId/sessions/:id',
+    tag: 'sessions',
+    summary: 'End a session: its workflow is cancelled and its sandbox destroyed; it becomes failed (cancelled)',
+    params: SessionParams,
+    responses: { 200: { description: 'The session after it ended (unchanged if it had already ended)', schema: Session } },
+    handler: async ({ params, org, res }) => {
+      const s = await getSession(deps, org.id, params.agentId, params.id);
+      if (TERMINAL.has(s.status)) {
+        res.json(sessionView(s));
+        return;
+      }
+      const handle = deps.temporal.workflow.getHandle(s._id);
+      try {
+        await handle.cancel();
+        await Promise.race([handle.result().catch(() => undefined), new Promise((r) => setTimeout(r, 15_000).unref())]);
+      } catch (err) {
+        if (!(err instanceof WorkflowNotFoundError)) throw err;
+        // No workflow was ever started for it: end the record here.
+        const now = new Date();
+        await deps.store.sessions.updateOne(
+          { _id: s._id, status: { $in: ['creating', 'running'] } },
+          { $set: { status: 'failed', outcome: { reason: 'cancelled', exit_code: null, message: 'session ended by request' }, completed_at: now, updated_at: now } },
+        );
+      }
+      res.json(sessionView(await getSession(deps, org.id, params.agentId, params.id)));
+    },
+  });
+}

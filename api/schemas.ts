@@ -1,0 +1,133 @@
+import { z } from 'zod';
+import './http'; // extends zod with .openapi()
+
+/** Agent ids: chosen by the caller or generated; safe in paths and workflow ids. */
+export const AgentId = z
+  .string()
+  .regex(/^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$/, 'must be 1-64 letters, digits, _ . - and start with a letter or digit');
+
+/** Runtimes an agent can name as its `core`. */
+export const CORES = ['bash', 'node', 'python'] as const;
+
+const AbsPath = z
+  .string()
+  .regex(/^\/[^\0]*$/, 'must be an absolute path')
+  .refine((p) => !p.split('/').includes('..'), 'must not contain ..');
+const EnvName = z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'must be a valid environment variable name');
+const JsonObject = z.record(z.string(), z.unknown());
+
+const agentFields = {
+  display_name: z.string().max(200),
+  core: z.enum(CORES, { message: `must be one of ${CORES.join(', ')}` }),
+  channels: z.array(z.string().max(100)).max(100),
+  packages: z.array(z.string().max(200)).max(200),
+  secret_store: z.string().max(200),
+  config: JsonObject.nullable(),
+  entrypoint: z.array(z.string().min(1).max(4096)).min(1).max(256),
+  files: z.record(AbsPath, z.string()),
+  env: z.record(EnvName, z.string().max(32768)),
+  snapshot: z.string().min(1).max(200).nullable(),
+  timeoutSeconds: z.number().int().min(1).max(7 * 24 * 3600),
+};
+
+export const CreateAgentBody = z
+  .object({
+    id: AgentId.optional(),
+    display_name: agentFields.display_name.optional(),
+    core: agentFields.core,
+    channels: agentFields.channels.default([]),
+    packages: agentFields.packages.default([]),
+    secret_store: agentFields.secret_store.default('default'),
+    config: agentFields.config.default(null),
+    entrypoint: agentFields.entrypoint,
+    files: agentFields.files.default({}),
+    env: agentFields.env.default({}),
+    snapshot: agentFields.snapshot.default(null),
+    timeoutSeconds: agentFields.timeoutSeconds.default(3600),
+  })
+  .strict()
+  .openapi('CreateAgent');
+
+export const UpdateAgentBody = z
+  .object({
+    display_name: agentFields.display_name,
+    core: agentFields.core,
+    channels: agentFields.channels,
+    packages: agentFields.packages,
+    secret_store: agentFields.secret_store,
+    config: agentFields.config,
+    entrypoint: agentFields.entrypoint,
+    files: agentFields.files,
+    env: agentFields.env,
+    snapshot: agentFields.snapshot,
+    timeoutSeconds: agentFields.timeoutSeconds,
+  })
+  .partial()
+  .strict()
+  .openapi('UpdateAgent');
+
+export const Agent = z
+  .object({
+    id: z.string(),
+    display_name: z.string(),
+    core: z.string(),
+    channels: z.array(z.string()),
+    packages: z.array(z.string()),
+    secret_store: z.string(),
+    config: JsonObject.nullable(),
+    entrypoint: z.array(z.string()),
+    files: z.record(z.string(), z.string()),
+    env: z.record(z.string(), z.string()).describe('Values are never returned: each is shown as "[set]"'),
+    snapshot: z.string().nullable(),
+    timeoutSeconds: z.number().int(),
+    created_at: z.string(),
+    updated_at: z.string(),
+  })
+  .openapi('Agent');
+
+export const SessionStatusEnum = z.enum(['creating', 'running', 'completed', 'failed']);
+
+export const Outcome = z
+  .object({
+    reason: z.enum(['exit_code', 'timeout', 'cancelled', 'invalid_result', 'provisioning_failed']).nullable(),
+    exit_code: z.number().int().nullable(),
+    message: z.string().nullable(),
+  })
+  .openapi('SessionOutcome');
+
+export const Session = z
+  .object({
+    id: z.string(),
+    agent_id: z.string(),
+    status: SessionStatusEnum,
+    input: JsonObject,
+    result: JsonObject.nullable(),
+    preview_url: z.string().nullable(),
+    metadata: JsonObject,
+    outcome: Outcome.nullable(),
+    created_at: z.string(),
+    updated_at: z.string(),
+  })
+  .openapi('Session');
+
+export const CreateSessionBody = z
+  .object({ input: JsonObject.default({}), metadata: JsonObject.default({}) })
+  .strict()
+  .openapi('CreateSession');
+
+export const SessionResult = z
+  .object({
+    status: z.enum(['completed', 'failed']),
+    data: JsonObject.nullable(),
+    completed_at: z.string(),
+    reason: Outcome.shape.reason,
+    exit_code: z.number().int().nullable(),
+    message: z.string().nullable(),
+  })
+  .openapi('SessionResult');
+
+export const Cursor = z.string().max(500);
+export const Limit = z.coerce.number().int().min(1).max(200).default(50);
+
+export const AgentParams = z.object({ agentId: AgentId });
+export const SessionParams = z.object({ agentId: AgentId, id: z.string().regex(/^sess_[a-z0-9]{1,64}$/, 'must be a session id (sess_…)') });

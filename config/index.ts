@@ -1,0 +1,107 @@
+import path from 'node:path';
+import { z } from 'zod';
+
+/** Directory of this checkout: the nearest parent holding package.json (from source or dist/). */
+export const PROJECT_ROOT = ((): string => {
+  const fs = require('node:fs') as typeof import('node:fs');
+  let dir = __dirname;
+  while (!fs.existsSync(path.join(dir, 'package.json')) && path.dirname(dir) !== dir) dir = path.dirname(dir);
+  return dir;
+})();
+
+const port = z.coerce.number().int().min(1).max(65535);
+const nonEmpty = z.string().trim().min(1);
+
+/** Every setting the processes read, with local defaults. Parsed once at start. */
+export const configSchema = z.object({
+  NODE_ENV: z.enum(['development', 'production', 'test']).default('development'),
+  PORT: port.default(8080),
+  HOST: nonEmpty.default('127.0.0.1'),
+  API_KEY: z.string().min(1).max(200).optional(),
+  MONGO_URL: z.url({ protocol: /^mongodb(\+srv)?$/ }).default('mongodb://127.0.0.1:27017/sap'),
+  TEMPORAL_ADDRESS: z.string().regex(/^[^:\s]+:\d+$/, 'must be host:port').default('127.0.0.1:7233'),
+  TEMPORAL_NAMESPACE: nonEmpty.default('default'),
+  TASK_QUEUE: nonEmpty.regex(/^[\w.-]+$/, 'letters, digits, _ . - only').default('sandbox-agents'),
+  PREVIEW_DOMAIN: nonEmpty.regex(/^[a-z0-9.-]+(:\d+)?$/i, 'must be a domain name').default('preview.localhost'),
+  DATA_DIR: nonEmpty.default(path.join(PROJECT_ROOT, '.data')),
+  SANDBOX_PROVIDER: z.enum(['bwrap', 'process']).default('bwrap'),
+  HOST_ID: nonEmpty.regex(/^[\w.-]+$/, 'letters, digits, _ . - only').optional(),
+  HOST_LISTEN: z.string().regex(/^[^:\s]+:\d+$/, 'must be host:port').default('127.0.0.1:7300'),
+  HOST_TOKEN: z.string().min(16, 'must be at least 16 characters').optional(),
+  RESULT_MAX_BYTES: z.coerce.number().int().positive().default(4 * 1024 * 1024),
+  BODY_LIMIT_BYTES: z.coerce.number().int().positive().default(8 * 1024 * 1024),
+  LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+});
+
+export type Config = z.infer<typeof configSchema>;
+
+/** Thrown when the environment holds a bad value; the message names each variable. */
+export class ConfigError extends Error {
+  override name = 'ConfigError';
+}
+
+/**
+ * Reads and validates the environment once. Throws ConfigError naming every bad variable.
+ */
+export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
+  const parsed = configSchema.safeParse(env);
+  if (!parsed.success) {
+    const lines = parsed.error.issues.map((i) => `  ${i.path.join('.')}: ${i.message}`);
+    throw new ConfigError(`invalid configuration:\n${lines.join('\n')}`);
+  }
+  const cfg = parsed.data;
+  return { ...cfg, DATA_DIR: path.resolve(cfg.DATA_DIR) };
+}
+
+/** loadConfig for a process entry point: prints the problem and exits 2 on a bad value. */
+export function loadConfigOrExit(env: NodeJS.ProcessEnv = process.env): Config {
+  try {
+    return loadConfig(env);
+  } catch (err) {
+    if (err instanceof ConfigError) {
+      process.stderr.write(`${err.message}\n`);
+      process.exit(2);
+    }
+    throw err;
+  }
+}
+
+/** The host's id: HOST_ID or the machine's hostname, made task-queue safe. */
+export function hostIdOf(cfg: Config): string {
+  return cfg.HOST_ID ?? require('node:os').hostname().replace(/[^\w.-]/g, '-');
+}
+
+/** Task queue served by the worker beside the sandbox host `hostId`. */
+export function hostTaskQueue(cfg: Pick<Config, 'TASK_QUEUE'>, hostId: string): string {
+  return `${cfg.TASK_QUEUE}@${hostId}`;
+}
+
+/**
+ * The secret shared by the sandbox host and its clients: HOST_TOKEN, or one generated once
+ * and kept (mode 0600) in DATA_DIR/host.token.
+ */
+export function resolveHostToken(cfg: Config): string {
+  if (cfg.HOST_TOKEN) return cfg.HOST_TOKEN;
+  const fs = require('node:fs') as typeof import('node:fs');
+  const file = path.join(cfg.DATA_DIR, 'host.token');
+  try {
+    return fs.readFileSync(file, 'utf8').trim();
+  } catch {
+    fs.mkdirSync(cfg.DATA_DIR, { recursive: true });
+    const token = require('node:crypto').randomBytes(24).toString('hex') as string;
+    try {
+      fs.writeFileSync(file, token, { mode: 0o600, flag: 'wx' });
+      return token;
+    } catch {
+      return fs.readFileSync(file, 'utf8').trim();
+    }
+  }
+}
+
+/** The development key used when API_KEY is unset outside production. */
+export const DEV_API_KEY = 'dev-key';
+
+/** The key of the organisation `default` that the API makes sure exists at start, if any. */
+export function bootstrapApiKey(cfg: Config): string | undefined {
+  return cfg.API_KEY ?? (cfg.NODE_ENV === 'production' ? undefined : DEV_API_KEY);
+}

@@ -1,0 +1,115 @@
+import os from 'node:os';
+import { parseArgs } from 'node:util';
+
+/**
+ * `npm run bench -- <name> [--n N] [--c C]` against a running stack (npm start).
+ * Prints one JSON line of measurements. SAP_API_URL / SAP_API_KEY pick the stack.
+ */
+const { positionals, values } = parseArgs({
+  allowPositionals: true,
+  options: { n: { type: 'string' }, c: { type: 'string' }, url: { type: 'string' }, key: { type: 'string' } },
+});
+const URL_ = values.url ?? process.env.SAP_API_URL ?? 'http://127.0.0.1:8080';
+const KEY = values.key ?? process.env.SAP_API_KEY ?? 'dev-key';
+
+async function call<T = any>(method: string, path: string, body?: unknown): Promise<{ status: number; body: T }> {
+  const res = await fetch(`${URL_}${path}`, {
+    method,
+    headers: { 'x-api-key': KEY, ...(body !== undefined ? { 'content-type': 'application/json' } : {}) },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  return { status: res.status, body: (await res.json()) as T };
+}
+
+export function percentile(sorted: number[], p: number): number {
+  if (sorted.length === 0) return NaN;
+  const i = Math.min(sorted.length - 1, Math.max(0, Math.ceil((p / 100) * sorted.length) - 1));
+  return Math.round(sorted[i]! * 10) / 10;
+}
+
+const stats = (xs: number[]) => {
+  const s = [...xs].sort((a, b) => a - b);
+  return { p50: percentile(s, 50), p95: percentile(s, 95), p99: percentile(s, 99) };
+};
+
+/** N trivial sessions (the agent copies its input to its result) at concurrency C. */
+async function benchSessions(n: number, c: number): Promise<Record<string, unknown>> {
+  const agentId = `bench-copy-${Date.now().toString(36)}`;
+  const a = await call('POST', '/v1/agents', { id: agentId, core: 'bash', entrypoint: ['bash', '-c', 'cp "$AGENT_INPUT_PATH" /tmp/agent_result.json'] });
+  if (a.status !== 201) throw new Error(`create agent: ${JSON.stringify(a.body)}`);
+  const create: number[] = [];
+  const e2e: number[] = [];
+  let failed = 0;
+  let lost = 0;
+  let next = 0;
+  const t0 = Date.now();
+  let lastEnd = t0;
+  async function one(i: number): Promise<void> {
+    const start = performance.now();
+    const r = await call('POST', `/v1/agents/${agentId}/sessions`, { input: { i } });
+    create.push(performance.now() - start);
+    if (r.status !== 201) {
+      failed++;
+      return;
+    }
+    const id = r.body.id as string;
+    const deadline = Date.now() + 120_000;
+    let delay = 20;
+    for (;;) {
+      await new Promise((res) => setTimeout(res, delay));
+      delay = Math.min(delay * 1.5, 250);
+      const s = await call('GET', `/v1/agents/${agentId}/sessions/${id}`);
+      if (s.body.status === 'completed' || s.body.status === 'failed') {
+        const ended = Date.parse(s.body.updated_at);
+        e2e.push(ended - Date.parse(s.body.created_at));
+        lastEnd = Math.max(lastEnd, ended);
+        if (s.body.status === 'failed' || s.body.result?.i !== i) failed++;
+        return;
+      }
+      if (Date.now() > deadline) {
+        lost++;
+        return;
+      }
+    }
+  }
+  await Promise.all(
+    Array.from({ length: c }, async () => {
+      while (next < n) await one(next++);
+    }),
+  );
+  const seconds = (lastEnd - t0) / 1000;
+  return {
+    bench: 'sessions',
+    n,
+    concurrency: c,
+    cores: os.cpus().length,
+    create_ms: stats(create),
+    end_to_end_ms: stats(e2e),
+    sessions_per_s: Math.round((n / seconds) * 10) / 10,
+    lost,
+    failed,
+  };
+}
+
+async function main(): Promise<void> {
+  const name = positionals[0];
+  const n = Number(values.n ?? 200);
+  const c = Number(values.c ?? 10);
+  let out: Record<string, unknown>;
+  switch (name) {
+    case 'sessions':
+      out = await benchSessions(n, c);
+      break;
+    default:
+      process.stderr.write('usage: npm run bench -- sessions [--n 1000] [--c 50]\n');
+      process.exit(2);
+  }
+  process.stdout.write(`${JSON.stringify(out)}\n`);
+}
+
+if (require.main === module) {
+  main().catch((err) => {
+    process.stderr.write(`bench: ${err instanceof Error ? err.message : String(err)}\n`);
+    process.exit(1);
+  });
+}

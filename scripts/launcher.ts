@@ -1,0 +1,229 @@
+import { ChildProcess, execFile, spawn } from 'node:child_process';
+import fs from 'node:fs';
+import net from 'node:net';
+import path from 'node:path';
+import { PROJECT_ROOT } from '../config';
+import { SEARCH_ATTRIBUTE_FLAGS } from '../workflows/search-attributes';
+
+/** The processes of a local stack, in start order. */
+export type ProcName = 'temporal' | 'mongo' | 'host' | 'worker' | 'api';
+
+export interface StackOptions {
+  dataDir: string;
+  apiPort: number;
+  temporalPort: number;
+  /** Temporal Web UI port; omit for a headless server (tests). */
+  uiPort?: number;
+  mongoPort: number;
+  hostPort: number;
+  apiKey: string;
+  hostToken: string;
+  sandboxProvider?: 'bwrap' | 'process';
+  /** Extra environment for the platform's own processes. */
+  env?: Record<string, string>;
+  /** Lines of our processes' output go here as well as to their log files. */
+  echo?: (proc: ProcName, line: string) => void;
+}
+
+export interface Stack {
+  apiUrl: string;
+  uiUrl: string | null;
+  temporalAddress: string;
+  mongoUrl: string;
+  hostUrl: string;
+  /** Environment that our processes (api, worker, host) run with. */
+  env: Record<string, string>;
+  logDir: string;
+  /** Starts (or restarts) one process and waits until it is ready. */
+  start(name: ProcName): Promise<void>;
+  /** Sends `signal` to one process and waits for it to exit. */
+  kill(name: ProcName, signal?: NodeJS.Signals): Promise<void>;
+  pid(name: ProcName): number | undefined;
+  /** Stops everything, newest first. With destroySandboxes, the host's sandboxes go too. */
+  stop(opts?: { destroySandboxes?: boolean }): Promise<void>;
+}
+
+const TOOLS = path.join(PROJECT_ROOT, '.tools', 'bin');
+const DIST = path.join(PROJECT_ROOT, 'dist');
+
+/** A TCP port that was free a moment ago. */
+export async function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const srv = net.createServer();
+    srv.once('error', reject);
+    srv.listen(0, '127.0.0.1', () => {
+      const { port } = srv.address() as net.AddressInfo;
+      srv.close(() => resolve(port));
+    });
+  });
+}
+
+async function waitFor(what: string, check: () => Promise<boolean>, timeoutMs: number, proc?: ChildProcess): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    if (proc && proc.exitCode !== null) throw new Error(`${what} exited with code ${proc.exitCode} before it was ready`);
+    if (await check().catch(() => false)) return;
+    if (Date.now() > deadline) throw new Error(`${what} not ready after ${timeoutMs} ms`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+const tcpOpen = (port: number) => () =>
+  new Promise<boolean>((resolve) => {
+    const s = net.connect(port, '127.0.0.1');
+    s.once('connect', () => {
+      s.destroy();
+      resolve(true);
+    });
+    s.once('error', () => resolve(false));
+  });
+
+/** True once the dev server answers for the `default` namespace (an open port is not enough). */
+const namespaceReady = (address: string) => async () => {
+  if (!(await tcpOpen(Number(address.split(':')[1]))())) return false;
+  return new Promise<boolean>((resolve) => {
+    execFile(path.join(TOOLS, 'temporal'), ['operator', 'namespace', 'describe', '-n', 'default', '--address', address], { timeout: 5000 }, (err) => resolve(!err));
+  });
+};
+
+const httpOk = (url: string, headers: Record<string, string> = {}) => async () => (await fetch(url, { headers })).ok;
+
+/**
+ * Starts the whole local stack: the Temporal dev server (persistent SQLite, WAL), FerretDB
+ * (persistent SQLite), the sandbox host, one worker and the API. State lives in dataDir.
+ */
+export async function startStack(o: StackOptions): Promise<Stack> {
+  const logDir = path.join(o.dataDir, 'logs');
+  fs.mkdirSync(logDir, { recursive: true });
+  const temporalAddress = `127.0.0.1:${o.temporalPort}`;
+  const mongoUrl = `mongodb://127.0.0.1:${o.mongoPort}/sap`;
+  const env: Record<string, string> = {
+    ...(process.env as Record<string, string>),
+    PORT: String(o.apiPort),
+    API_KEY: o.apiKey,
+    MONGO_URL: mongoUrl,
+    TEMPORAL_ADDRESS: temporalAddress,
+    DATA_DIR: o.dataDir,
+    HOST_LISTEN: `127.0.0.1:${o.hostPort}`,
+    HOST_TOKEN: o.hostToken,
+    SANDBOX_PROVIDER: o.sandboxProvider ?? 'bwrap',
+    ...o.env,
+  };
+  const procs = new Map<ProcName, ChildProcess>();
+
+  const commands: Record<ProcName, () => { cmd: string; args: string[]; ready: (p: ChildProcess) => Promise<void> }> = {
+    temporal: () => ({
+      cmd: path.join(TOOLS, 'temporal'),
+      args: [
+        'server', 'start-dev',
+        '--ip', '127.0.0.1',
+        '--port', String(o.temporalPort),
+        ...(o.uiPort ? ['--ui-port', String(o.uiPort)] : ['--headless']),
+        '--db-filename', path.join(o.dataDir, 'temporal.db'),
+        '--sqlite-pragma', 'journal_mode=wal',
+        '--sqlite-pragma', 'synchronous=normal',
+        '--dynamic-config-value', 'history.transferProcessorMaxPollRPS=1000',
+        '--log-level', 'warn',
+        ...SEARCH_ATTRIBUTE_FLAGS.flatMap((a) => ['--search-attribute', a]),
+      ],
+      ready: (p) => waitFor('temporal', namespaceReady(temporalAddress), 60_000, p),
+    }),
+    mongo: () => ({
+      cmd: path.join(TOOLS, 'ferretdb'),
+      args: ['-listen', `127.0.0.1:${o.mongoPort}`, '-dir', path.join(o.dataDir, 'ferretdb')],
+      ready: (p) => waitFor('ferretdb', tcpOpen(o.mongoPort), 60_000, p),
+    }),
+    host: () => ({
+      cmd: process.execPath,
+      args: [path.join(DIST, 'sandbox', 'host', 'main.js')],
+      ready: (p) => waitFor('sandbox host', httpOk(`http://127.0.0.1:${o.hostPort}/healthz`, { authorization: `Bearer ${o.hostToken}` }), 30_000, p),
+    }),
+    worker: () => ({
+      cmd: process.execPath,
+      args: [path.join(DIST, 'worker', 'main.js')],
+      ready: (p) =>
+        waitFor('worker', async () => fs.readFileSync(path.join(logDir, 'worker.log'), 'utf8').includes('"worker running"'), 60_000, p),
+    }),
+    api: () => ({
+      cmd: process.execPath,
+      args: [path.join(DIST, 'api', 'main.js')],
+      ready: (p) => waitFor('api', httpOk(`http://127.0.0.1:${o.apiPort}/readyz`), 60_000, p),
+    }),
+  };
+
+  async function start(name: ProcName): Promise<void> {
+    const { cmd, args, ready } = commands[name]();
+    const logFile = path.join(logDir, `${name}.log`);
+    if (name === 'worker') fs.writeFileSync(logFile, '');
+    const out = fs.openSync(logFile, 'a');
+    const echo = o.echo;
+    const child = spawn(cmd, args, { env, stdio: ['ignore', echo ? 'pipe' : out, echo ? 'pipe' : out], cwd: PROJECT_ROOT });
+    if (echo) {
+      for (const stream of [child.stdout!, child.stderr!]) {
+        let buf = '';
+        stream.on('data', (chunk: Buffer) => {
+          fs.writeSync(out, chunk);
+          buf += chunk.toString('utf8');
+          let nl: number;
+          while ((nl = buf.indexOf('\n')) >= 0) {
+            echo(name, buf.slice(0, nl));
+            buf = buf.slice(nl + 1);
+          }
+        });
+      }
+    }
+    child.once('exit', () => fs.closeSync(out));
+    procs.set(name, child);
+    await ready(child);
+  }
+
+  async function kill(name: ProcName, signal: NodeJS.Signals = 'SIGTERM'): Promise<void> {
+    const p = procs.get(name);
+    if (!p || p.exitCode !== null || p.signalCode !== null) return;
+    const exited = new Promise<void>((r) => p.once('exit', () => r()));
+    p.kill(signal);
+    const escalate = setTimeout(() => p.kill('SIGKILL'), 15_000);
+    await exited;
+    clearTimeout(escalate);
+  }
+
+  const hostUrl = `http://127.0.0.1:${o.hostPort}`;
+  const stack: Stack = {
+    apiUrl: `http://127.0.0.1:${o.apiPort}`,
+    uiUrl: o.uiPort ? `http://127.0.0.1:${o.uiPort}` : null,
+    temporalAddress,
+    mongoUrl,
+    hostUrl,
+    env,
+    logDir,
+    start,
+    kill,
+    pid: (name) => procs.get(name)?.pid,
+    async stop(opts = {}) {
+      await kill('api');
+      await kill('worker');
+      if (opts.destroySandboxes) await destroyAllSandboxes(hostUrl, o.hostToken).catch(() => undefined);
+      await kill('host');
+      await Promise.all([kill('temporal'), kill('mongo')]);
+    },
+  };
+  try {
+    await Promise.all([start('temporal'), start('mongo')]);
+    await start('host');
+    await start('worker');
+    await start('api');
+  } catch (err) {
+    await stack.stop({ destroySandboxes: true });
+    throw err;
+  }
+  return stack;
+}
+
+/** Asks the sandbox host to destroy every sandbox it owns. */
+export async function destroyAllSandboxes(hostUrl: string, token: string): Promise<void> {
+  const headers = { authorization: `Bearer ${token}` };
+  const res = await fetch(`${hostUrl}/sandboxes`, { headers });
+  if (!res.ok) return;
+  const list = (await res.json()) as { id: string }[];
+  await Promise.all(list.map((sb) => fetch(`${hostUrl}/sandboxes/${sb.id}`, { method: 'DELETE', headers })));
+}

@@ -1,0 +1,66 @@
+import { bootstrapApiKey, loadConfigOrExit, resolveHostToken } from '../config';
+import { startStack, Stack } from './launcher';
+
+/**
+ * `npm start`: the whole local stack in the foreground. Ctrl-C stops every process (and the
+ * sandboxes); state in DATA_DIR survives for the next start.
+ */
+async function main(): Promise<void> {
+  const cfg = loadConfigOrExit();
+  const [tHost, tPort] = cfg.TEMPORAL_ADDRESS.split(':');
+  const mongoPort = Number(new URL(cfg.MONGO_URL).port || 27017);
+  const apiKey = bootstrapApiKey(cfg) ?? 'dev-key';
+  if (tHost !== '127.0.0.1' && tHost !== 'localhost') {
+    process.stderr.write(`npm start runs its own Temporal server on 127.0.0.1; unset TEMPORAL_ADDRESS (got ${cfg.TEMPORAL_ADDRESS})\n`);
+    process.exit(2);
+  }
+  const uiPort = Number(process.env.TEMPORAL_UI_PORT ?? 8233);
+  const colors: Record<string, string> = { api: '36', worker: '35', host: '33' };
+  let stack: Stack | undefined;
+  let stopping = false;
+  const stop = async () => {
+    if (stopping) return;
+    stopping = true;
+    process.stdout.write('\nstopping…\n');
+    await stack?.stop({ destroySandboxes: process.env.KEEP_SANDBOXES !== '1' });
+    process.stdout.write('stopped\n');
+    process.exit(0);
+  };
+  process.on('SIGINT', () => void stop());
+  process.on('SIGTERM', () => void stop());
+
+  process.stdout.write(`starting the stack (state in ${cfg.DATA_DIR})…\n`);
+  stack = await startStack({
+    dataDir: cfg.DATA_DIR,
+    apiPort: cfg.PORT,
+    temporalPort: Number(tPort),
+    uiPort,
+    mongoPort,
+    hostPort: Number(cfg.HOST_LISTEN.split(':')[1]),
+    apiKey,
+    hostToken: resolveHostToken(cfg),
+    sandboxProvider: cfg.SANDBOX_PROVIDER,
+    echo: (name, line) => {
+      if (!stopping) process.stdout.write(`\x1b[${colors[name] ?? '0'}m${name.padEnd(6)}\x1b[0m ${line}\n`);
+    },
+  });
+  process.stdout.write(
+    [
+      '',
+      'Sandbox Agent Platform is up.',
+      `  API          ${stack.apiUrl}   (OpenAPI: ${stack.apiUrl}/openapi.json)`,
+      `  Temporal UI  ${stack.uiUrl}`,
+      `  Temporal     ${stack.temporalAddress}`,
+      `  MongoDB      ${stack.mongoUrl}`,
+      `  API key      ${apiKey}   (organisation "default"; send it as X-API-Key)`,
+      `  Logs         ${stack.logDir}`,
+      'Press Ctrl-C to stop.',
+      '',
+    ].join('\n') + '\n',
+  );
+}
+
+main().catch((err) => {
+  process.stderr.write(`${err instanceof Error ? err.message : String(err)}\n`);
+  process.exit(1);
+});

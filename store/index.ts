@@ -1,0 +1,122 @@
+import { Collection, Db, MongoClient, MongoServerError } from 'mongodb';
+
+/** An organisation: the unit that owns every resource. */
+export interface OrgDoc {
+  _id: string;
+  name: string;
+  createdAt: Date;
+  settings: { reservationLimitGb?: number };
+}
+
+/** An API key, stored by the sha256 of the key (never the key itself). */
+export interface ApiKeyDoc {
+  _id: string;
+  orgId: string;
+  label: string;
+  prefix: string;
+  createdAt: Date;
+}
+
+/** What a session needs to run an agent; copied into each session's workflow arguments. */
+export interface AgentRunSpec {
+  core: string;
+  entrypoint: string[];
+  files: Record<string, string>;
+  env: Record<string, string>;
+  snapshot: string | null;
+  timeoutSeconds: number;
+}
+
+/** A registered agent. `_id` is `<orgId>/<agentId>` so every read is an `_id` lookup. */
+export interface AgentDoc extends AgentRunSpec {
+  _id: string;
+  orgId: string;
+  id: string;
+  display_name: string;
+  channels: string[];
+  packages: string[];
+  secret_store: string;
+  config: Record<string, unknown> | null;
+  created_at: Date;
+  updated_at: Date;
+}
+
+export type SessionStatus = 'creating' | 'running' | 'completed' | 'failed';
+
+/** Why a session ended (null while it runs, and for a clean exit 0). */
+export interface SessionOutcome {
+  reason: 'exit_code' | 'timeout' | 'cancelled' | 'invalid_result' | 'provisioning_failed' | null;
+  exit_code: number | null;
+  message: string | null;
+}
+
+export interface SessionDoc {
+  _id: string;
+  orgId: string;
+  agent_id: string;
+  status: SessionStatus;
+  input: Record<string, unknown>;
+  metadata: Record<string, unknown>;
+  result: Record<string, unknown> | null;
+  preview_url: string | null;
+  outcome: SessionOutcome | null;
+  sandbox_id: string | null;
+  idempotency_key: string | null;
+  created_at: Date;
+  updated_at: Date;
+  started_at: Date | null;
+  completed_at: Date | null;
+}
+
+/** The MongoDB collections, and the one client they share. */
+export interface Store {
+  client: MongoClient;
+  db: Db;
+  orgs: Collection<OrgDoc>;
+  apiKeys: Collection<ApiKeyDoc>;
+  agents: Collection<AgentDoc>;
+  sessions: Collection<SessionDoc>;
+  close(): Promise<void>;
+  ping(): Promise<void>;
+}
+
+/**
+ * Connects to MongoDB (or a wire-compatible server such as FerretDB) and makes sure the
+ * indexes exist. Uses only what both MongoDB 7 and FerretDB support.
+ */
+export async function connectStore(url: string, opts: { ensureIndexes?: boolean } = {}): Promise<Store> {
+  const client = new MongoClient(url, {
+    serverSelectionTimeoutMS: 5000,
+    maxPoolSize: 50,
+    appName: 'sandbox-agent-platform',
+  });
+  await client.connect();
+  const db = client.db();
+  const store: Store = {
+    client,
+    db,
+    orgs: db.collection<OrgDoc>('orgs'),
+    apiKeys: db.collection<ApiKeyDoc>('api_keys'),
+    agents: db.collection<AgentDoc>('agents'),
+    sessions: db.collection<SessionDoc>('sessions'),
+    close: () => client.close(),
+    ping: async () => {
+      await db.command({ ping: 1 });
+    },
+  };
+  if (opts.ensureIndexes !== false) await ensureIndexes(store);
+  return store;
+}
+
+async function ensureIndexes(store: Store): Promise<void> {
+  await Promise.all([
+    store.agents.createIndex({ orgId: 1, created_at: 1 }),
+    store.sessions.createIndex({ orgId: 1, agent_id: 1, created_at: -1 }),
+    store.apiKeys.createIndex({ orgId: 1 }),
+  ]);
+}
+
+/** True when `err` is a duplicate-key error (code 11000), as an insert of an existing `_id` gives. */
+export function isDuplicateKey(err: unknown): boolean {
+  return err instanceof MongoServerError && err.code === 11000;
+}

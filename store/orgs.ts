@@ -1,0 +1,31 @@
+import { randomBytes } from 'node:crypto';
+import { hashSecret } from '../lib/ids';
+import type { Store } from './index';
+
+/** Creates the organisation if it does not exist yet. */
+export async function ensureOrg(store: Store, orgId: string, name = orgId): Promise<void> {
+  await store.orgs.updateOne({ _id: orgId }, { $setOnInsert: { name, createdAt: new Date(), settings: {} } }, { upsert: true });
+}
+
+/** Stores `key` (hashed) as a key of `orgId`; storing the same key again is a no-op. */
+export async function ensureApiKey(store: Store, orgId: string, key: string, label = 'bootstrap'): Promise<void> {
+  await ensureOrg(store, orgId);
+  await store.apiKeys.updateOne(
+    { _id: hashSecret(key) },
+    { $setOnInsert: { orgId, label, prefix: key.slice(0, 4), createdAt: new Date() } },
+    { upsert: true },
+  );
+}
+
+/** Creates a new random key for `orgId` and returns it; only its hash is stored. */
+export async function createApiKey(store: Store, orgId: string, label: string): Promise<string> {
+  const key = `sap_${randomBytes(24).toString('base64url')}`;
+  await ensureApiKey(store, orgId, key, label);
+  return key;
+}
+
+/** Removes a key by the key itself. Returns whether it existed. */
+export async function revokeApiKey(store: Store, key: string): Promise<boolean> {
+  const r = await store.apiKeys.deleteOne({ _id: hashSecret(key) });
+  return r.deletedCount === 1;
+}

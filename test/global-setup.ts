@@ -1,0 +1,53 @@
+import fs from 'node:fs';
+import http from 'node:http';
+import os from 'node:os';
+import path from 'node:path';
+import { freePort, ProcName, startStack, Stack } from '../scripts/launcher';
+
+/**
+ * Starts one real stack (Temporal dev server, FerretDB, sandbox host, worker, API) on free ports
+ * for the whole run, plus a small control endpoint through which tests can kill and restart
+ * its processes. Tests find it through SAP_TEST_* environment variables.
+ */
+export default async function globalSetup(): Promise<void> {
+  const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'sap-test-'));
+  const apiKey = 'test-key-default-org';
+  const hostToken = 'test-host-token-0123456789';
+  const stack: Stack = await startStack({
+    dataDir,
+    apiPort: await freePort(),
+    temporalPort: await freePort(),
+    mongoPort: await freePort(),
+    hostPort: await freePort(),
+    apiKey,
+    hostToken,
+    env: { LOG_LEVEL: 'info', NODE_ENV: 'test' },
+  });
+  const control = http.createServer((req, res) => {
+    const m = /^\/(start|kill)\/(\w+)(?:\?signal=(\w+))?$/.exec(req.url ?? '');
+    if (req.method !== 'POST' || !m) {
+      res.writeHead(404).end();
+      return;
+    }
+    const [, action, name, signal] = m;
+    const op = action === 'start' ? stack.start(name as ProcName) : stack.kill(name as ProcName, (signal ?? 'SIGTERM') as NodeJS.Signals);
+    op.then(
+      () => res.end(JSON.stringify({ ok: true, pid: stack.pid(name as ProcName) })),
+      (err: Error) => res.writeHead(500).end(JSON.stringify({ error: err.message })),
+    );
+  });
+  await new Promise<void>((r) => control.listen(0, '127.0.0.1', r));
+  const controlUrl = `http://127.0.0.1:${(control.address() as { port: number }).port}`;
+  Object.assign(process.env, {
+    SAP_TEST_API_URL: stack.apiUrl,
+    SAP_TEST_API_KEY: apiKey,
+    SAP_TEST_MONGO_URL: stack.mongoUrl,
+    SAP_TEST_TEMPORAL_ADDRESS: stack.temporalAddress,
+    SAP_TEST_HOST_URL: stack.hostUrl,
+    SAP_TEST_HOST_TOKEN: hostToken,
+    SAP_TEST_DATA_DIR: dataDir,
+    SAP_TEST_CONTROL_URL: controlUrl,
+    SAP_TEST_LOG_DIR: stack.logDir,
+  });
+  (globalThis as { __SAP_STACK__?: unknown }).__SAP_STACK__ = { stack, control, dataDir };
+}

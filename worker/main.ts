@@ -1,0 +1,51 @@
+import fs from 'node:fs';
+import path from 'node:path';
+import { NativeConnection, Worker } from '@temporalio/worker';
+import { Client, Connection } from '@temporalio/client';
+import { hostIdOf, hostTaskQueue, loadConfigOrExit, PROJECT_ROOT, resolveHostToken } from '../config';
+import { createActivities } from '../activities';
+import { createLogger } from '../lib/logger';
+import { HostClient } from '../sandbox/host/client';
+import { connectStore } from '../store';
+import { startReaper } from './reaper';
+
+/** Where `npm run build` puts the prebundled workflow code (bundling at start costs ~2 s). */
+export const WORKFLOW_BUNDLE = path.join(PROJECT_ROOT, 'dist', 'workflow-bundle.js');
+
+/**
+ * The worker process, one beside each sandbox host. It polls two task queues:
+ * - TASK_QUEUE: session workflows, and provisioning (which lands on whichever host takes it);
+ * - TASK_QUEUE@<hostId>: the steps that must run on the host that owns a sandbox.
+ */
+async function main(): Promise<void> {
+  const cfg = loadConfigOrExit();
+  const logger = createLogger('worker', cfg.LOG_LEVEL);
+  const hostId = hostIdOf(cfg);
+  const store = await connectStore(cfg.MONGO_URL, { ensureIndexes: false });
+  const host = new HostClient({ url: `http://${cfg.HOST_LISTEN}`, token: resolveHostToken(cfg) });
+  const activities = createActivities({ store, host, hostTaskQueue: hostTaskQueue(cfg, hostId), resultMaxBytes: cfg.RESULT_MAX_BYTES });
+
+  const connection = await NativeConnection.connect({ address: cfg.TEMPORAL_ADDRESS });
+  const workflowSource = fs.existsSync(WORKFLOW_BUNDLE)
+    ? { workflowBundle: { codePath: WORKFLOW_BUNDLE } }
+    : { workflowsPath: require.resolve('../workflows') };
+  const common = { connection, namespace: cfg.TEMPORAL_NAMESPACE, activities, maxConcurrentActivityTaskExecutions: 500 };
+  const shared = await Worker.create({ ...common, ...workflowSource, taskQueue: cfg.TASK_QUEUE, maxConcurrentWorkflowTaskExecutions: 100 });
+  const local = await Worker.create({ ...common, taskQueue: hostTaskQueue(cfg, hostId) });
+
+  const clientConnection = await Connection.connect({ address: cfg.TEMPORAL_ADDRESS });
+  const client = new Client({ connection: clientConnection, namespace: cfg.TEMPORAL_NAMESPACE });
+  const reaper = startReaper({ host, store, client, logger });
+
+  logger.info({ taskQueue: cfg.TASK_QUEUE, hostQueue: hostTaskQueue(cfg, hostId) }, 'worker running');
+  // Worker.run() resolves after SIGINT/SIGTERM (the SDK's shutdown signals) once tasks drain.
+  await Promise.all([shared.run(), local.run()]);
+  reaper.stop();
+  await Promise.allSettled([store.close(), connection.close(), clientConnection.close()]);
+  logger.info('worker stopped');
+}
+
+main().catch((err) => {
+  process.stderr.write(`worker: ${err instanceof Error ? err.stack ?? err.message : String(err)}\n`);
+  process.exit(1);
+});

@@ -1,0 +1,2 @@
+export { sessionWorkflow } from './session';
+export type { SessionWorkflowArgs } from './session';
