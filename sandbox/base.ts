@@ -1,0 +1,530 @@
+/**
+ * What every provider shares: the on-disk state of a sandbox (`${dataDir}/sandboxes/<id>/state.json`),
+ * the create sequence (provision → files → patches → entrypoint), the durable entrypoint wrapper, and
+ * adoption of existing sandboxes after a restart. Providers supply isolation through a few hooks.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { promises as fsp, watch, openSync, closeSync, type FSWatcher } from 'node:fs';
+import { constants as osConstants } from 'node:os';
+import * as path from 'node:path';
+import type { Logger } from 'pino';
+import pino from 'pino';
+import { SandboxError } from './errors';
+import { readSandboxFile, writeSandboxFile, type RootMap } from './paths';
+import { isAlive, procRef, SandboxCgroups, signalRef, type Limits, type ProcRef } from './procs';
+import type {
+  CreateResult,
+  ListFilter,
+  ProviderKind,
+  ProviderOptions,
+  SandboxProvider,
+  SpawnOptions,
+} from './provider';
+import type { CreateSandboxRequest, EntrypointSpec, EntrypointStatus, PatchOutcome, SandboxInfo } from './types';
+
+/** What a host keeps about a sandbox, in state.json. */
+export interface SandboxState {
+  version: 1;
+  id: string;
+  orgId: string;
+  hostId: string;
+  provider: ProviderKind;
+  owner?: CreateSandboxRequest['owner'];
+  /** Read-only layers under the writable one, topmost first, parents expanded. */
+  layers: string[];
+  envs: Record<string, string>;
+  limits: Limits;
+  createdAt: string;
+  metadata: Record<string, string>;
+  patches: PatchOutcome[];
+  status: 'creating' | 'running' | 'stopped';
+  /** Provider-specific processes (e.g. the namespace init). */
+  init?: { outer: ProcRef; ns: ProcRef };
+  entrypoint?: { wrapper: ProcRef; startedAt: string; timeoutSeconds?: number };
+}
+
+/** Environment every process in a sandbox starts with (the sandbox's and the process's own envs are added). */
+export const DEFAULT_ENV: Record<string, string> = {
+  PATH: '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin',
+  HOME: '/root',
+  LANG: 'C.UTF-8',
+  TERM: 'xterm',
+};
+
+const ID_RE = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$/;
+const ENV_KEY_RE = /^[A-Za-z_][A-Za-z0-9_]*$/;
+const PATCH_TAIL_BYTES = 4096;
+const KILL_AFTER_SECONDS = 5;
+
+/** Throws invalid_request unless `id` is usable as a sandbox or layer id (also a hostname and a directory name). */
+export function assertId(id: string, what = 'sandbox id'): void {
+  if (typeof id !== 'string' || !ID_RE.test(id) || id.includes('..')) {
+    throw new SandboxError('invalid_request', `invalid ${what}: ${String(id)} (letters, digits, '_', '.', '-'; at most 63)`);
+  }
+}
+
+/** Quotes a string for /bin/sh. */
+export function shq(s: string): string {
+  return `'${s.replace(/'/g, `'\\''`)}'`;
+}
+
+/** `KEY=value` pairs for `env -i`; throws invalid_request on bad names. */
+export function envPairs(...envs: (Record<string, string> | undefined)[]): string[] {
+  const merged: Record<string, string> = {};
+  for (const e of envs) {
+    for (const [k, v] of Object.entries(e ?? {})) {
+      if (!ENV_KEY_RE.test(k)) throw new SandboxError('invalid_request', `invalid environment variable name: ${k}`);
+      merged[k] = String(v);
+    }
+  }
+  return Object.entries(merged).map(([k, v]) => `${k}=${v}`);
+}
+
+/** Shell prefix that moves the current shell into the given cgroups (errors ignored). */
+export function cgroupJoin(files: string[]): string {
+  return files.map((f) => `echo $$ > ${shq(f)} 2>/dev/null;`).join(' ');
+}
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+/** Runs a per-key queue so that create/destroy/start of one sandbox never interleave. */
+class KeyedLock {
+  private tails = new Map<string, Promise<unknown>>();
+  async run<T>(key: string, fn: () => Promise<T>): Promise<T> {
+    const prev = this.tails.get(key) ?? Promise.resolve();
+    const next = prev.then(fn, fn);
+    const tail = next.catch(() => undefined);
+    this.tails.set(key, tail);
+    try {
+      return await next;
+    } finally {
+      if (this.tails.get(key) === tail) this.tails.delete(key);
+    }
+  }
+}
+
+/** The provider skeleton; subclasses supply isolation. */
+export abstract class BaseProvider implements SandboxProvider {
+  abstract readonly kind: ProviderKind;
+  protected readonly dataDir: string;
+  protected readonly hostId: string;
+  protected readonly log: Logger;
+  protected readonly states = new Map<string, SandboxState>();
+  private readonly lock = new KeyedLock();
+
+  constructor(opts: ProviderOptions) {
+    this.dataDir = path.resolve(opts.dataDir);
+    this.hostId = opts.hostId;
+    this.log = opts.logger ?? pino({ level: 'silent' });
+    if (/[,:\s]/.test(this.dataDir)) throw new Error(`DATA_DIR must not contain ',', ':' or spaces: ${this.dataDir}`);
+  }
+
+  /** Sets up provider-wide files (e.g. the base filesystem) once. */
+  protected abstract prepare(): Promise<void>;
+  /** Builds the sandbox's filesystem, cgroups and long-lived processes; fills `state.init` where it has one. */
+  protected abstract provision(state: SandboxState): Promise<void>;
+  /** Kills the sandbox's processes and undoes `provision` (without removing the sandbox directory). */
+  protected abstract teardown(id: string, state: SandboxState | undefined): Promise<void>;
+  /** Where the sandbox's files live on the host. */
+  protected abstract rootMap(state: SandboxState): RootMap;
+  /** The host-side argv that runs `opts.argv` inside the sandbox with a clean environment. */
+  protected abstract innerArgv(state: SandboxState, opts: SpawnOptions): string[];
+  /** True while the sandbox can run processes. */
+  protected abstract isLive(state: SandboxState): boolean;
+
+  protected sandboxesDir(): string {
+    return path.join(this.dataDir, 'sandboxes');
+  }
+  protected layersDir(): string {
+    return path.join(this.dataDir, 'layers');
+  }
+  protected dirOf(id: string): string {
+    return path.join(this.sandboxesDir(), id);
+  }
+
+  protected async saveState(state: SandboxState): Promise<void> {
+    const file = path.join(this.dirOf(state.id), 'state.json');
+    await fsp.writeFile(`${file}.tmp`, JSON.stringify(state, null, 1));
+    await fsp.rename(`${file}.tmp`, file);
+  }
+
+  protected info(state: SandboxState): SandboxInfo {
+    return {
+      id: state.id,
+      orgId: state.orgId,
+      hostId: state.hostId,
+      ...(state.owner ? { owner: state.owner } : {}),
+      status: state.status === 'running' && this.isLive(state) ? 'running' : 'stopped',
+      createdAt: state.createdAt,
+      metadata: state.metadata,
+      patches: state.patches,
+      provider: state.provider,
+    };
+  }
+
+  protected stateOf(id: string): SandboxState {
+    const st = this.states.get(id);
+    if (!st) throw new SandboxError('not_found', `sandbox ${id} not found`);
+    return st;
+  }
+
+  async init(): Promise<SandboxInfo[]> {
+    await fsp.mkdir(this.sandboxesDir(), { recursive: true });
+    await fsp.mkdir(this.layersDir(), { recursive: true });
+    await this.prepare();
+    for (const id of await fsp.readdir(this.sandboxesDir())) {
+      if (this.states.has(id)) continue;
+      let state: SandboxState | undefined;
+      try {
+        state = JSON.parse(await fsp.readFile(path.join(this.dirOf(id), 'state.json'), 'utf8')) as SandboxState;
+      } catch {
+        state = undefined;
+      }
+      if (!state || state.status === 'creating' || state.provider !== this.kind) {
+        if (state && state.provider !== this.kind) {
+          this.log.warn({ sandboxId: id, provider: state.provider }, 'sandbox belongs to another provider; left alone');
+          continue;
+        }
+        this.log.warn({ sandboxId: id }, 'removing incomplete sandbox');
+        await this.destroyUnlocked(id).catch((err) => this.log.error({ err, sandboxId: id }, 'cleanup failed'));
+        continue;
+      }
+      if (state.status === 'running' && !this.isLive(state)) {
+        state.status = 'stopped';
+        await this.saveState(state);
+        this.log.warn({ sandboxId: id }, 'sandbox init is gone; marked stopped');
+      }
+      this.states.set(id, state);
+    }
+    const all = [...this.states.values()].map((s) => this.info(s));
+    this.log.info({ count: all.length }, 'sandboxes adopted');
+    return all;
+  }
+
+  async create(req: CreateSandboxRequest): Promise<CreateResult> {
+    assertId(req.id);
+    return this.lock.run(req.id, async () => {
+      const existing = this.states.get(req.id);
+      if (existing) return { info: this.info(existing), created: false };
+      envPairs(req.envs, req.entrypoint?.env);
+      const t0 = Date.now();
+      const state: SandboxState = {
+        version: 1,
+        id: req.id,
+        orgId: req.orgId,
+        hostId: this.hostId,
+        provider: this.kind,
+        ...(req.owner ? { owner: req.owner } : {}),
+        layers: await this.expandLayers(req.layers ?? []),
+        envs: req.envs ?? {},
+        limits: { memoryMB: req.memoryMB, cpuCount: req.cpuCount, maxProcesses: req.maxProcesses ?? 512 },
+        createdAt: new Date().toISOString(),
+        metadata: req.metadata ?? {},
+        patches: [],
+        status: 'creating',
+      };
+      const dir = this.dirOf(req.id);
+      try {
+        await fsp.mkdir(dir, { recursive: false });
+      } catch (err) {
+        if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
+        // A leftover directory without adopted state: clear it and start over.
+        await this.destroyUnlocked(req.id);
+        await fsp.mkdir(dir);
+      }
+      try {
+        await this.saveState(state);
+        await this.provision(state);
+        state.status = 'running';
+        this.states.set(state.id, state);
+        for (const [p, content] of Object.entries(req.files ?? {})) {
+          await writeSandboxFile(this.rootMap(state), p, Buffer.from(content, 'utf8'));
+        }
+        for (const patch of req.patches ?? []) {
+          const outcome = await this.runPatch(state, patch);
+          state.patches.push(outcome);
+          if (outcome.exitCode !== 0) {
+            throw new SandboxError(
+              'patch_failed',
+              `patch ${patch.id} failed with exit code ${outcome.exitCode}: ${outcome.outputTail.slice(-500)}`,
+            );
+          }
+        }
+        if (req.entrypoint) await this.startEntrypointUnlocked(state, req.entrypoint);
+        await this.saveState(state);
+      } catch (err) {
+        this.log.warn({ sandboxId: req.id, err: (err as Error).message }, 'create failed; destroying');
+        await this.destroyUnlocked(req.id).catch((e) => this.log.error({ err: e, sandboxId: req.id }, 'cleanup failed'));
+        throw err;
+      }
+      this.log.info({ sandboxId: req.id, ms: Date.now() - t0 }, 'sandbox created');
+      return { info: this.info(state), created: true };
+    });
+  }
+
+  /** Expands checkpoint layers with the layers they were taken over; throws not_found for a missing one. */
+  protected async expandLayers(layers: string[]): Promise<string[]> {
+    const out: string[] = [];
+    const visit = async (id: string) => {
+      assertId(id, 'layer id');
+      if (out.includes(id)) return;
+      let manifest: { parents?: string[] };
+      try {
+        manifest = JSON.parse(await fsp.readFile(path.join(this.layersDir(), id, 'layer.json'), 'utf8'));
+      } catch {
+        throw new SandboxError('not_found', `layer ${id} not found`);
+      }
+      out.push(id);
+      for (const p of manifest.parents ?? []) await visit(p);
+    };
+    for (const l of layers) await visit(l);
+    return out;
+  }
+
+  get(id: string): SandboxInfo | null {
+    const st = this.states.get(id);
+    return st ? this.info(st) : null;
+  }
+
+  list(filter: ListFilter = {}): SandboxInfo[] {
+    return [...this.states.values()]
+      .filter((s) => !filter.ownerKind || s.owner?.kind === filter.ownerKind)
+      .filter((s) => !filter.ownerId || s.owner?.id === filter.ownerId)
+      .map((s) => this.info(s));
+  }
+
+  async destroy(id: string): Promise<boolean> {
+    assertId(id);
+    return this.lock.run(id, () => this.destroyUnlocked(id));
+  }
+
+  private async destroyUnlocked(id: string): Promise<boolean> {
+    const state = this.states.get(id);
+    const dir = this.dirOf(id);
+    const exists = state !== undefined || (await fsp.stat(dir).then(() => true, () => false));
+    if (!exists) return false;
+    let onDisk = state;
+    if (!onDisk) {
+      onDisk = await fsp
+        .readFile(path.join(dir, 'state.json'), 'utf8')
+        .then((t) => JSON.parse(t) as SandboxState)
+        .catch(() => undefined);
+    }
+    if (onDisk?.entrypoint) signalRef(onDisk.entrypoint.wrapper, 'SIGKILL');
+    await this.teardown(id, onDisk);
+    await fsp.rm(dir, { recursive: true, force: true });
+    this.states.delete(id);
+    this.log.info({ sandboxId: id }, 'sandbox destroyed');
+    return true;
+  }
+
+  async writeFile(id: string, p: string, content: Buffer, mode?: number): Promise<void> {
+    await writeSandboxFile(this.rootMap(this.stateOf(id)), p, content, mode);
+  }
+
+  async readFile(id: string, p: string, maxBytes: number): Promise<Buffer> {
+    return readSandboxFile(this.rootMap(this.stateOf(id)), p, maxBytes);
+  }
+
+  spawn(id: string, opts: SpawnOptions): ChildProcess {
+    const state = this.stateOf(id);
+    if (state.status !== 'running' || !this.isLive(state)) throw new SandboxError('conflict', `sandbox ${id} is not running`);
+    if (!opts.argv.length || opts.argv[0].includes('=')) {
+      throw new SandboxError('invalid_request', 'argv must be non-empty and argv[0] must not contain "="');
+    }
+    const inner = this.innerArgv(state, opts);
+    const script = `${cgroupJoin(SandboxCgroups.of(id).procsFiles())} exec "$@"`;
+    return spawn('/bin/sh', ['-c', script, 'sh', ...inner], {
+      stdio: ['pipe', 'pipe', 'pipe'],
+      detached: true,
+      env: { PATH: DEFAULT_ENV.PATH },
+    });
+  }
+
+  private runPatch(state: SandboxState, patch: { id: string; script: string }): Promise<PatchOutcome> {
+    return new Promise((resolve, reject) => {
+      const child = this.spawn(state.id, { argv: ['/bin/bash', '-c', patch.script] });
+      let tail = Buffer.alloc(0);
+      const add = (b: Buffer) => {
+        tail = Buffer.concat([tail, b]);
+        if (tail.length > PATCH_TAIL_BYTES * 2) tail = tail.subarray(tail.length - PATCH_TAIL_BYTES);
+      };
+      child.stdin?.end();
+      child.stdout?.on('data', add);
+      child.stderr?.on('data', add);
+      child.on('error', reject);
+      child.on('close', (code, signal) => {
+        const outputTail = tail.subarray(Math.max(0, tail.length - PATCH_TAIL_BYTES)).toString('utf8');
+        resolve({ id: patch.id, exitCode: code ?? (signal ? 128 : -1), outputTail });
+      });
+    });
+  }
+
+  async startEntrypoint(id: string, spec: EntrypointSpec): Promise<EntrypointStatus> {
+    return this.lock.run(id, async () => {
+      const state = this.stateOf(id);
+      await this.startEntrypointUnlocked(state, spec);
+      await this.saveState(state);
+      return this.entrypointStatus(id);
+    });
+  }
+
+  private async startEntrypointUnlocked(state: SandboxState, spec: EntrypointSpec): Promise<void> {
+    if (state.entrypoint) throw new SandboxError('conflict', `sandbox ${state.id} already has an entrypoint`);
+    if (state.status !== 'running' || !this.isLive(state)) {
+      throw new SandboxError('conflict', `sandbox ${state.id} is not running`);
+    }
+    if (!spec.argv.length || spec.argv[0].includes('=')) {
+      throw new SandboxError('invalid_request', 'entrypoint argv must be non-empty and argv[0] must not contain "="');
+    }
+    const dir = this.dirOf(state.id);
+    const argv = spec.timeoutSeconds
+      ? ['timeout', '--signal=TERM', `--kill-after=${KILL_AFTER_SECONDS}`, String(spec.timeoutSeconds), ...spec.argv]
+      : spec.argv;
+    const inner = this.innerArgv(state, { argv, env: spec.env, cwd: spec.cwd });
+    const exitFile = path.join(dir, 'entrypoint.exit');
+    // Runs outside the sandbox, detached, so the exit code is written even when the host is gone.
+    const script =
+      `${cgroupJoin(SandboxCgroups.of(state.id).procsFiles())} "$@"; code=$?; ` +
+      `printf '%s %s\\n' "$code" "$(date +%s%3N)" > ${shq(exitFile + '.tmp')} && mv -f ${shq(exitFile + '.tmp')} ${shq(exitFile)}`;
+    const out = openSync(path.join(dir, 'entrypoint.out'), 'a');
+    const err = openSync(path.join(dir, 'entrypoint.err'), 'a');
+    let child: ChildProcess;
+    try {
+      child = spawn('/bin/sh', ['-c', script, 'sh', ...inner], {
+        stdio: ['ignore', out, err],
+        detached: true,
+        env: { PATH: DEFAULT_ENV.PATH },
+      });
+    } finally {
+      closeSync(out);
+      closeSync(err);
+    }
+    child.on('error', (e) => this.log.error({ err: e, sandboxId: state.id }, 'entrypoint wrapper failed'));
+    child.unref();
+    const wrapper = procRef(child.pid) ?? { pid: child.pid ?? 0, start: -1 };
+    state.entrypoint = {
+      wrapper,
+      startedAt: new Date().toISOString(),
+      ...(spec.timeoutSeconds ? { timeoutSeconds: spec.timeoutSeconds } : {}),
+    };
+    this.log.info({ sandboxId: state.id, pid: wrapper.pid }, 'entrypoint started');
+  }
+
+  private async readExit(id: string): Promise<{ code: number; at: number } | null> {
+    try {
+      const [code, at] = (await fsp.readFile(path.join(this.dirOf(id), 'entrypoint.exit'), 'utf8')).trim().split(' ');
+      return { code: Number(code), at: Number(at) };
+    } catch {
+      return null;
+    }
+  }
+
+  async entrypointStatus(id: string): Promise<EntrypointStatus> {
+    const state = this.stateOf(id);
+    const ep = state.entrypoint;
+    if (!ep) return { state: 'none' };
+    let exit = await this.readExit(id);
+    if (!exit && isAlive(ep.wrapper)) return { state: 'running', pid: ep.wrapper.pid, startedAt: ep.startedAt };
+    exit ??= await this.readExit(id);
+    if (!exit) {
+      // The wrapper died without recording an exit (killed with the sandbox, or the machine rebooted).
+      return { state: 'exited', exitCode: -1, timedOut: false, signal: 'SIGKILL', startedAt: ep.startedAt, exitedAt: ep.startedAt };
+    }
+    const elapsed = exit.at - Date.parse(ep.startedAt);
+    const timedOut =
+      !!ep.timeoutSeconds && (exit.code === 124 || (exit.code === 137 && elapsed >= ep.timeoutSeconds * 1000 - 50));
+    const sig = exit.code > 128 && exit.code < 160 ? signalName(exit.code - 128) : null;
+    return {
+      state: 'exited',
+      exitCode: exit.code,
+      timedOut,
+      signal: timedOut ? 'SIGTERM' : sig,
+      startedAt: ep.startedAt,
+      exitedAt: new Date(exit.at).toISOString(),
+    };
+  }
+
+  async waitEntrypoint(id: string, waitMs: number, signal?: AbortSignal): Promise<EntrypointStatus> {
+    const deadline = Date.now() + Math.max(0, waitMs);
+    let status = await this.entrypointStatus(id);
+    if (status.state !== 'running' || waitMs <= 0) return status;
+    let wake: (() => void) | undefined;
+    let watcher: FSWatcher | undefined;
+    try {
+      watcher = watch(this.dirOf(id), (_ev, file) => {
+        if (file === 'entrypoint.exit') wake?.();
+      });
+      watcher.on('error', () => undefined);
+    } catch {
+      watcher = undefined;
+    }
+    try {
+      while (status.state === 'running' && Date.now() < deadline && !signal?.aborted) {
+        await new Promise<void>((r) => {
+          const t = setTimeout(r, Math.min(20, Math.max(1, deadline - Date.now())));
+          wake = () => {
+            clearTimeout(t);
+            r();
+          };
+        });
+        if (!this.states.has(id)) break;
+        status = await this.entrypointStatus(id);
+      }
+    } finally {
+      watcher?.close();
+    }
+    return status;
+  }
+
+  async entrypointOutput(id: string, stream: 'stdout' | 'stderr', maxBytes: number): Promise<Buffer> {
+    this.stateOf(id);
+    const file = path.join(this.dirOf(id), stream === 'stdout' ? 'entrypoint.out' : 'entrypoint.err');
+    let fh;
+    try {
+      fh = await fsp.open(file, 'r');
+    } catch {
+      return Buffer.alloc(0);
+    }
+    try {
+      const { size } = await fh.stat();
+      const len = Math.min(size, maxBytes);
+      const buf = Buffer.alloc(len);
+      await fh.read(buf, 0, len, size - len);
+      return buf;
+    } finally {
+      await fh.close();
+    }
+  }
+
+  async checkpoint(id: string, layerId: string): Promise<{ layerId: string; parents: string[] }> {
+    void id;
+    void layerId;
+    throw new SandboxError('invalid_request', `checkpoints are not supported by the ${this.kind} provider`);
+  }
+
+  async deleteLayer(layerId: string): Promise<boolean> {
+    assertId(layerId, 'layer id');
+    const dir = path.join(this.layersDir(), layerId);
+    const exists = await fsp.stat(dir).then(() => true, () => false);
+    if (!exists) return false;
+    await fsp.rm(dir, { recursive: true, force: true });
+    return true;
+  }
+
+  async layerHash(layerId: string): Promise<string> {
+    void layerId;
+    throw new SandboxError('invalid_request', `layers are not supported by the ${this.kind} provider`);
+  }
+
+  /** Waits until none of the given processes is alive (bounded). */
+  protected async waitGone(refs: (ProcRef | undefined)[], timeoutMs = 2000): Promise<void> {
+    const deadline = Date.now() + timeoutMs;
+    while (refs.some((r) => isAlive(r)) && Date.now() < deadline) await sleep(5);
+  }
+}
+
+function signalName(n: number): string | null {
+  for (const [name, num] of Object.entries(osConstants.signals)) if (num === n) return name;
+  return null;
+}

@@ -1,0 +1,311 @@
+/**
+ * The default provider: each sandbox is a small Linux machine built from namespaces (bubblewrap),
+ * overlayfs and cgroups.
+ *
+ * On disk, `${dataDir}/sandboxes/<id>/`:
+ *   state.json               what the host knows (see SandboxState)
+ *   upper/root, upper/usr    the writable layer (what a checkpoint captures)
+ *   work/root, work/usr      overlayfs work directories
+ *   rootfs, usrfs            the merged trees, mounted on the host: `/` and `/usr` of the sandbox
+ *   init.log                 stderr of the mount + bwrap start
+ *   entrypoint.{out,err,exit}
+ *
+ * The root overlay stacks the checkpoint layers (`${dataDir}/layers/<id>/root`) over a base skeleton
+ * (`${dataDir}/base`); the /usr overlay stacks their `usr` parts over the host's /usr.
+ * Each sandbox runs one long-lived init (bwrap with `sleep infinity`) that owns the pid, mount, net, ipc,
+ * uts and cgroup namespaces; every other process (patches, entrypoint, exec) enters them with nsenter and
+ * drops all capabilities with setpriv. All processes of a sandbox are in its cgroups, which is also how
+ * destroy finds and kills them.
+ */
+import { execFile, spawn } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import { promises as fsp, closeSync, openSync, constants as fsc } from 'node:fs';
+import * as path from 'node:path';
+import { promisify } from 'node:util';
+import { BaseProvider, DEFAULT_ENV, assertId, cgroupJoin, envPairs, shq, type SandboxState } from './base';
+import { SandboxError } from './errors';
+import type { RootMap } from './paths';
+import { isAlive, procRef, SandboxCgroups, signalRef } from './procs';
+import type { SpawnOptions } from './provider';
+
+const execFileP = promisify(execFile);
+
+const BASE_DIRS = ['root', 'tmp', 'workspace', 'home', 'proc', 'dev', 'usr', 'opt', 'var', 'var/tmp', 'run', 'mnt', 'srv', 'etc'];
+const BASE_LINKS: [string, string][] = [
+  ['bin', 'usr/bin'],
+  ['lib', 'usr/lib'],
+  ['lib64', 'usr/lib64'],
+  ['sbin', 'usr/sbin'],
+];
+
+/** Mount points under `dir` in the host's mount namespace, deepest first. */
+async function mountsUnder(dir: string): Promise<string[]> {
+  const text = await fsp.readFile('/proc/self/mountinfo', 'utf8');
+  const prefix = dir.endsWith('/') ? dir : dir + '/';
+  const out: string[] = [];
+  for (const line of text.split('\n')) {
+    const mp = line.split(' ')[4];
+    if (!mp) continue;
+    const decoded = mp.replace(/\\([0-7]{3})/g, (_m, o: string) => String.fromCharCode(parseInt(o, 8)));
+    if (decoded.startsWith(prefix)) out.push(decoded);
+  }
+  return out.sort((a, b) => b.length - a.length);
+}
+
+/** Unmounts everything under `dir`, lazily when a plain unmount fails. Throws internal if something stays mounted. */
+async function unmountUnder(dir: string): Promise<void> {
+  let mounts = await mountsUnder(dir);
+  if (mounts.length === 0) return;
+  await execFileP('umount', mounts).catch(() => undefined);
+  mounts = await mountsUnder(dir);
+  if (mounts.length === 0) return;
+  await execFileP('umount', ['-l', ...mounts]).catch(() => undefined);
+  mounts = await mountsUnder(dir);
+  if (mounts.length > 0) throw new SandboxError('internal', `could not unmount ${mounts.join(', ')}`);
+}
+
+/** Namespaced sandboxes with a copy-on-write root; see the module comment. */
+export class BwrapProvider extends BaseProvider {
+  readonly kind = 'bwrap' as const;
+
+  private baseDir(): string {
+    return path.join(this.dataDir, 'base');
+  }
+
+  protected async prepare(): Promise<void> {
+    const base = this.baseDir();
+    if (await fsp.stat(base).then(() => true, () => false)) return;
+    const tmp = `${base}.tmp-${process.pid}`;
+    await fsp.rm(tmp, { recursive: true, force: true });
+    for (const d of BASE_DIRS) await fsp.mkdir(path.join(tmp, d), { recursive: true, mode: 0o755 });
+    await fsp.chmod(path.join(tmp, 'tmp'), 0o1777);
+    await fsp.chmod(path.join(tmp, 'var/tmp'), 0o1777);
+    await fsp.chmod(path.join(tmp, 'root'), 0o700);
+    for (const [name, target] of BASE_LINKS) await fsp.symlink(target, path.join(tmp, name));
+    const etc = path.join(tmp, 'etc');
+    await fsp.writeFile(
+      path.join(etc, 'passwd'),
+      'root:x:0:0:root:/root:/bin/bash\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n',
+    );
+    await fsp.writeFile(path.join(etc, 'group'), 'root:x:0:\nnogroup:x:65534:\n');
+    await fsp.writeFile(path.join(etc, 'hosts'), '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n');
+    await fsp.writeFile(path.join(etc, 'resolv.conf'), '# no network inside the sandbox\n');
+    await fsp.writeFile(path.join(etc, 'nsswitch.conf'), 'passwd: files\ngroup: files\nshadow: files\nhosts: files dns\n');
+    await fsp.symlink('../usr/lib/os-release', path.join(etc, 'os-release'));
+    await fsp.copyFile('/etc/ld.so.cache', path.join(etc, 'ld.so.cache')).catch(() => undefined);
+    // The alternatives system's symlinks (e.g. /usr/bin/awk → /etc/alternatives/awk → /usr/bin/mawk).
+    try {
+      await fsp.mkdir(path.join(etc, 'alternatives'));
+      for (const name of await fsp.readdir('/etc/alternatives')) {
+        const src = path.join('/etc/alternatives', name);
+        const st = await fsp.lstat(src);
+        if (st.isSymbolicLink()) await fsp.symlink(await fsp.readlink(src), path.join(etc, 'alternatives', name));
+      }
+    } catch {
+      /* no alternatives on this machine */
+    }
+    try {
+      await fsp.rename(tmp, base);
+    } catch (err) {
+      // Another host process built it first.
+      await fsp.rm(tmp, { recursive: true, force: true });
+      if (!(await fsp.stat(base).then(() => true, () => false))) throw err;
+    }
+    this.log.info({ base }, 'base filesystem created');
+  }
+
+  protected rootMap(state: SandboxState): RootMap {
+    const dir = this.dirOf(state.id);
+    return {
+      mounts: [
+        { at: '/', dir: path.join(dir, 'rootfs') },
+        { at: '/usr', dir: path.join(dir, 'usrfs') },
+      ],
+    };
+  }
+
+  protected isLive(state: SandboxState): boolean {
+    return isAlive(state.init?.ns);
+  }
+
+  protected async provision(state: SandboxState): Promise<void> {
+    const id = state.id;
+    const dir = this.dirOf(id);
+    const sub = (p: string) => path.join(dir, p);
+    await Promise.all(
+      ['upper/root', 'upper/usr', 'work/root', 'work/usr', 'rootfs', 'usrfs'].map((d) => fsp.mkdir(sub(d), { recursive: true })),
+    );
+    const cgroups = await SandboxCgroups.create(id, state.limits);
+    const layerPart = (part: 'root' | 'usr') => state.layers.map((l) => path.join(this.layersDir(), l, part));
+    const overlay = (lowers: string[], part: 'root' | 'usr', target: string) =>
+      `mount -t overlay sap-${id} -o ${shq(
+        `lowerdir=${lowers.join(':')},upperdir=${sub('upper/' + part)},workdir=${sub('work/' + part)}`,
+      )} ${shq(target)}`;
+    const bwrap = [
+      'bwrap',
+      '--bind', sub('rootfs'), '/',
+      '--bind', sub('usrfs'), '/usr',
+      '--proc', '/proc',
+      '--dev', '/dev',
+      '--unshare-pid', '--unshare-net', '--unshare-ipc', '--unshare-uts', '--unshare-cgroup-try',
+      '--hostname', id,
+      '--chdir', '/workspace',
+      '--clearenv',
+      '--setenv', 'HOME', '/root',
+      '--setenv', 'PATH', DEFAULT_ENV.PATH,
+      '--new-session',
+      '--cap-drop', 'ALL',
+      '--info-fd', '3',
+      '--', '/usr/bin/sleep', 'infinity',
+    ];
+    const script =
+      `${overlay([...layerPart('root'), this.baseDir()], 'root', sub('rootfs'))} && ` +
+      `${overlay([...layerPart('usr'), '/usr'], 'usr', sub('usrfs'))} && ` +
+      `{ ${cgroupJoin(cgroups.procsFiles())} exec "$@"; }`;
+    const log = openSync(sub('init.log'), 'a');
+    let child;
+    try {
+      child = spawn('/bin/sh', ['-c', script, 'sh', ...bwrap], {
+        stdio: ['ignore', log, log, 'pipe'],
+        detached: true,
+        env: { PATH: DEFAULT_ENV.PATH },
+      });
+    } finally {
+      closeSync(log);
+    }
+    const info = child.stdio[3] as NodeJS.ReadableStream & { destroy(): void };
+    const nsPid = await new Promise<number>((resolve, reject) => {
+      let text = '';
+      const fail = async (why: string) => {
+        const logText = await fsp.readFile(sub('init.log'), 'utf8').catch(() => '');
+        reject(new SandboxError('internal', `sandbox ${id} failed to start (${why}): ${logText.trim().slice(-1000)}`));
+      };
+      const timer = setTimeout(() => void fail('timeout'), 15000);
+      info.on('data', (chunk: Buffer) => {
+        text += chunk.toString('utf8');
+        try {
+          const parsed = JSON.parse(text) as { 'child-pid'?: number };
+          clearTimeout(timer);
+          if (parsed['child-pid']) resolve(parsed['child-pid']);
+          else void fail('no child pid');
+        } catch {
+          /* incomplete JSON so far */
+        }
+      });
+      child.on('exit', (code) => {
+        clearTimeout(timer);
+        void fail(`exit code ${code}`);
+      });
+      child.on('error', (err) => {
+        clearTimeout(timer);
+        void fail(err.message);
+      });
+    });
+    info.destroy();
+    child.removeAllListeners('exit');
+    child.unref();
+    const outer = procRef(child.pid);
+    const ns = procRef(nsPid);
+    if (!outer || !ns) throw new SandboxError('internal', `sandbox ${id} init exited right after start`);
+    state.init = { outer, ns };
+    await this.saveState(state);
+  }
+
+  protected innerArgv(state: SandboxState, opts: SpawnOptions): string[] {
+    const ns = state.init?.ns;
+    if (!ns || !isAlive(ns)) throw new SandboxError('conflict', `sandbox ${state.id} is not running`);
+    if (!opts.argv.length) throw new SandboxError('invalid_request', 'argv must not be empty');
+    const cwd = opts.cwd ?? '/workspace';
+    if (!cwd.startsWith('/')) throw new SandboxError('invalid_request', `cwd must be absolute: ${cwd}`);
+    return [
+      '/usr/bin/nsenter', '-t', String(ns.pid), '-m', '-u', '-i', '-n', '-p', '-C', '-r', '-w',
+      '/usr/bin/setpriv', '--bounding-set=-all', '--inh-caps=-all', '--ambient-caps=-all', '--no-new-privs', '--',
+      '/usr/bin/env', '-i', '-C', cwd, '--', ...envPairs(DEFAULT_ENV, { HOSTNAME: state.id }, state.envs, opts.env),
+      ...opts.argv,
+    ];
+  }
+
+  protected async teardown(id: string, state: SandboxState | undefined): Promise<void> {
+    const cgroups = SandboxCgroups.of(id);
+    signalRef(state?.init?.ns, 'SIGKILL');
+    signalRef(state?.init?.outer, 'SIGKILL');
+    await cgroups.killAll();
+    await this.waitGone([state?.init?.ns, state?.init?.outer, state?.entrypoint?.wrapper]);
+    await unmountUnder(this.dirOf(id));
+    await cgroups.remove();
+  }
+
+  override async checkpoint(id: string, layerId: string): Promise<{ layerId: string; parents: string[] }> {
+    assertId(layerId, 'layer id');
+    const state = this.stateOf(id);
+    const target = path.join(this.layersDir(), layerId);
+    if (await fsp.stat(target).then(() => true, () => false)) throw new SandboxError('conflict', `layer ${layerId} exists`);
+    const tmp = `${target}.tmp-${process.pid}-${Date.now()}`;
+    const cgroups = SandboxCgroups.of(id);
+    await fsp.mkdir(tmp, { recursive: true });
+    try {
+      // Freeze the sandbox so the copy is consistent; cp -a keeps whiteouts (0/0 char devices) and
+      // the trusted.overlay.* xattrs that mark opaque directories.
+      await cgroups.pause();
+      try {
+        await execFileP('cp', ['-a', path.join(this.dirOf(id), 'upper', 'root'), path.join(this.dirOf(id), 'upper', 'usr'), tmp]);
+      } finally {
+        await cgroups.resume();
+      }
+      const parents = [...state.layers];
+      await fsp.writeFile(
+        path.join(tmp, 'layer.json'),
+        JSON.stringify({ id: layerId, parents, sandboxId: id, createdAt: new Date().toISOString() }),
+      );
+      await fsp.rename(tmp, target);
+      return { layerId, parents };
+    } catch (err) {
+      await fsp.rm(tmp, { recursive: true, force: true });
+      throw err;
+    }
+  }
+
+  override async layerHash(layerId: string): Promise<string> {
+    assertId(layerId, 'layer id');
+    const dir = path.join(this.layersDir(), layerId);
+    if (!(await fsp.stat(path.join(dir, 'layer.json')).then(() => true, () => false))) {
+      throw new SandboxError('not_found', `layer ${layerId} not found`);
+    }
+    const hash = createHash('sha256');
+    const walk = async (rel: string): Promise<void> => {
+      const names = (await fsp.readdir(path.join(dir, rel))).sort();
+      for (const name of names) {
+        const r = rel ? `${rel}/${name}` : name;
+        if (r === 'layer.json') continue;
+        const abs = path.join(dir, r);
+        const st = await fsp.lstat(abs);
+        const mode = (st.mode & 0o7777).toString(8);
+        if (st.isDirectory()) {
+          hash.update(`d ${r} ${mode}\n`);
+          await walk(r);
+        } else if (st.isSymbolicLink()) {
+          hash.update(`l ${r} ${await fsp.readlink(abs)}\n`);
+        } else if (st.isFile()) {
+          hash.update(`f ${r} ${mode} ${st.size}\n`);
+          const fh = await fsp.open(abs, fsc.O_RDONLY | fsc.O_NOFOLLOW);
+          try {
+            const buf = Buffer.alloc(1 << 16);
+            for (;;) {
+              const { bytesRead } = await fh.read(buf, 0, buf.length, null);
+              if (!bytesRead) break;
+              hash.update(buf.subarray(0, bytesRead));
+            }
+          } finally {
+            await fh.close();
+          }
+          hash.update('\n');
+        } else {
+          // Whiteouts (character devices 0/0) and other special files: type and device number.
+          hash.update(`s ${r} ${mode} ${st.rdev}\n`);
+        }
+      }
+    };
+    await walk('');
+    return hash.digest('hex');
+  }
+}

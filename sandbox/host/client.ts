@@ -1,0 +1,186 @@
+/**
+ * Typed client of the sandbox host's HTTP API (see server.ts), over Node's global fetch (keep-alive).
+ * Every method throws HostError for an error answer; a network failure is thrown as fetch throws it.
+ */
+import type { CreateSandboxRequest, EntrypointSpec, EntrypointStatus, ExecRequest, ExecRunResult, ExecSessionInfo, SandboxInfo } from '../types';
+
+/** An error answered by the host: `{ error: { type, message } }` with its HTTP status. */
+export class HostError extends Error {
+  override readonly name = 'HostError';
+  constructor(
+    readonly type: string,
+    readonly status: number,
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
+/** Where the host is and how to authenticate. */
+export interface HostClientOptions {
+  /** e.g. http://127.0.0.1:7300 */
+  url: string;
+  token: string;
+}
+
+type Query = Record<string, string | number | undefined>;
+
+/** Client of one sandbox host. */
+export class HostClient {
+  private readonly base: string;
+  private readonly token: string;
+
+  constructor(opts: HostClientOptions) {
+    this.base = opts.url.replace(/\/+$/, '');
+    this.token = opts.token;
+  }
+
+  /** The base URL of the host (e.g. for building WebSocket addresses). */
+  get url(): string {
+    return this.base;
+  }
+
+  private async call<T>(method: string, path: string, opts: { body?: unknown; query?: Query; signal?: AbortSignal } = {}): Promise<T> {
+    let url = this.base + path;
+    const q = Object.entries(opts.query ?? {}).filter(([, v]) => v !== undefined) as [string, string | number][];
+    if (q.length) url += '?' + new URLSearchParams(q.map(([k, v]): [string, string] => [k, String(v)])).toString();
+    const headers: Record<string, string> = { authorization: `Bearer ${this.token}` };
+    if (opts.body !== undefined) headers['content-type'] = 'application/json';
+    const res = await fetch(url, {
+      method,
+      headers,
+      body: opts.body === undefined ? undefined : JSON.stringify(opts.body),
+      signal: opts.signal,
+    });
+    const text = await res.text();
+    let parsed: unknown;
+    try {
+      parsed = text ? JSON.parse(text) : undefined;
+    } catch {
+      parsed = undefined;
+    }
+    if (!res.ok) {
+      const err = (parsed as { error?: { type?: string; message?: string } } | undefined)?.error;
+      throw new HostError(err?.type ?? 'internal', res.status, err?.message ?? `host answered ${res.status}: ${text.slice(0, 200)}`);
+    }
+    return parsed as T;
+  }
+
+  /** Liveness of the host. */
+  health(): Promise<{ ok: boolean; hostId: string; provider: string; sandboxes: number }> {
+    return this.call('GET', '/healthz');
+  }
+
+  /** Creates a sandbox (idempotent on `req.id`: an existing one is returned as is). Throws HostError patch_failed, not_found (layer), invalid_request. */
+  createSandbox(req: CreateSandboxRequest): Promise<SandboxInfo> {
+    return this.call('POST', '/sandboxes', { body: req });
+  }
+
+  /** Sandboxes of the host; `owner` is an owner kind (`session`) or `kind:id`. */
+  listSandboxes(filter: { owner?: string } = {}): Promise<SandboxInfo[]> {
+    return this.call('GET', '/sandboxes', { query: { owner: filter.owner } });
+  }
+
+  /** The sandbox, or null when the host does not know it. */
+  async getSandbox(id: string): Promise<SandboxInfo | null> {
+    try {
+      return await this.call<SandboxInfo>('GET', `/sandboxes/${encodeURIComponent(id)}`);
+    } catch (err) {
+      if (err instanceof HostError && err.status === 404) return null;
+      throw err;
+    }
+  }
+
+  /** Kills everything in the sandbox and removes it; false when it did not exist. */
+  async destroySandbox(id: string): Promise<boolean> {
+    const r = await this.call<{ destroyed: boolean }>('DELETE', `/sandboxes/${encodeURIComponent(id)}`);
+    return r.destroyed;
+  }
+
+  /** Writes a file (parents created) at an absolute path inside the sandbox. */
+  async writeFile(id: string, path: string, content: string | Buffer, opts: { mode?: number } = {}): Promise<void> {
+    const body =
+      typeof content === 'string'
+        ? { path, content, encoding: 'utf8', mode: opts.mode }
+        : { path, content: content.toString('base64'), encoding: 'base64', mode: opts.mode };
+    await this.call('PUT', `/sandboxes/${encodeURIComponent(id)}/files`, { body });
+  }
+
+  /** Reads a file; null when it (or the sandbox) does not exist. Throws HostError payload_too_large over maxBytes. */
+  async readFile(id: string, path: string, opts: { maxBytes?: number } = {}): Promise<Buffer | null> {
+    try {
+      const r = await this.call<{ content: string }>('GET', `/sandboxes/${encodeURIComponent(id)}/files`, {
+        query: { path, maxBytes: opts.maxBytes },
+      });
+      return Buffer.from(r.content, 'base64');
+    } catch (err) {
+      if (err instanceof HostError && err.type === 'not_found') return null;
+      throw err;
+    }
+  }
+
+  /** Starts the sandbox's entrypoint. Throws HostError conflict when one was started already. */
+  startEntrypoint(id: string, spec: EntrypointSpec): Promise<EntrypointStatus> {
+    return this.call('POST', `/sandboxes/${encodeURIComponent(id)}/entrypoint`, { body: spec });
+  }
+
+  /** The entrypoint's status; with `waitMs` (max 30000) the host waits for a running entrypoint to exit. */
+  entrypointStatus(id: string, opts: { waitMs?: number; signal?: AbortSignal } = {}): Promise<EntrypointStatus> {
+    return this.call('GET', `/sandboxes/${encodeURIComponent(id)}/entrypoint`, { query: { waitMs: opts.waitMs }, signal: opts.signal });
+  }
+
+  /** The last `maxBytes` (default 1 MiB) of the entrypoint's stdout or stderr. */
+  async entrypointOutput(id: string, opts: { stream?: 'stdout' | 'stderr'; maxBytes?: number } = {}): Promise<Buffer> {
+    const r = await this.call<{ content: string }>('GET', `/sandboxes/${encodeURIComponent(id)}/entrypoint/output`, {
+      query: { stream: opts.stream, maxBytes: opts.maxBytes },
+    });
+    return Buffer.from(r.content, 'base64');
+  }
+
+  /** Captures the sandbox's writable layer as read-only layer `checkpointId`. Throws HostError conflict when it exists. */
+  createCheckpoint(id: string, checkpointId: string): Promise<{ layerId: string; parents: string[] }> {
+    return this.call('POST', `/sandboxes/${encodeURIComponent(id)}/checkpoints`, { body: { checkpointId } });
+  }
+
+  /** Deletes a layer; false when it did not exist. */
+  async deleteLayer(layerId: string): Promise<boolean> {
+    const r = await this.call<{ deleted: boolean }>('DELETE', `/layers/${encodeURIComponent(layerId)}`);
+    return r.deleted;
+  }
+
+  /** sha256 (hex) over the layer's own files. Throws HostError not_found. */
+  async layerHash(layerId: string): Promise<string> {
+    const r = await this.call<{ sha256: string }>('GET', `/layers/${encodeURIComponent(layerId)}/hash`);
+    return r.sha256;
+  }
+
+  /** Starts an exec session inside the sandbox; attach to its output with `execWebSocketUrl`. */
+  createExec(id: string, req: ExecRequest): Promise<ExecSessionInfo> {
+    return this.call('POST', `/sandboxes/${encodeURIComponent(id)}/exec`, { body: req });
+  }
+
+  /** Exec sessions of a sandbox. */
+  listExec(id: string): Promise<ExecSessionInfo[]> {
+    return this.call('GET', `/sandboxes/${encodeURIComponent(id)}/exec`);
+  }
+
+  /** One exec session. Throws HostError not_found. */
+  getExec(id: string, sessionId: string): Promise<ExecSessionInfo> {
+    return this.call('GET', `/sandboxes/${encodeURIComponent(id)}/exec/${encodeURIComponent(sessionId)}`);
+  }
+
+  /** Signals an exec session's process group (default SIGKILL). */
+  killExec(id: string, sessionId: string, signal?: string): Promise<ExecSessionInfo> {
+    return this.call('POST', `/sandboxes/${encodeURIComponent(id)}/exec/${encodeURIComponent(sessionId)}/kill`, { body: { signal } });
+  }
+
+  /** Runs a command to completion and returns its output; a non-zero exit is a result, not an error. */
+  execRun(id: string, req: ExecRequest & { stdin?: string }, opts: { signal?: AbortSignal } = {}): Promise<ExecRunResult> {
+    return this.call('POST', `/sandboxes/${encodeURIComponent(id)}/exec/run`, { body: req, signal: opts.signal });
+  }
+
+  /** The WebSocket address to attach to an exec session (send the same bearer token in `authorization`). */
+  execWebSocketUrl(id: string, sessionId: string): string {
+    return `${this.base.replace(/^http/, 'ws')}/sandboxes/${encodeURIComponent(id)}/exec/${encodeURIComponent(sessionId)}/ws`;
+  }
+}

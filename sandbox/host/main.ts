@@ -1,0 +1,55 @@
+/**
+ * The sandbox host daemon: one per machine, owns every sandbox on it. Configured by environment:
+ * DATA_DIR (required), HOST_TOKEN (required), HOST_ID (default hostname), SANDBOX_PROVIDER
+ * (bwrap | process, default bwrap), HOST_LISTEN (default 127.0.0.1:7300), LOG_LEVEL (default info).
+ * SIGTERM/SIGINT stop the HTTP server; sandboxes keep running and are adopted by the next start.
+ */
+import * as os from 'node:os';
+import pino from 'pino';
+import { z } from 'zod';
+import { startHost } from './server';
+
+const envSchema = z.object({
+  DATA_DIR: z.string().min(1),
+  HOST_TOKEN: z.string().min(1),
+  HOST_ID: z.string().min(1).default(os.hostname()),
+  SANDBOX_PROVIDER: z.enum(['bwrap', 'process']).default('bwrap'),
+  HOST_LISTEN: z.string().default('127.0.0.1:7300'),
+  LOG_LEVEL: z.enum(['trace', 'debug', 'info', 'warn', 'error', 'fatal', 'silent']).default('info'),
+});
+
+async function main(): Promise<void> {
+  const logger = pino({ level: process.env.LOG_LEVEL ?? 'info', base: { svc: 'sandbox-host' } }, pino.destination(2));
+  const parsed = envSchema.safeParse(process.env);
+  if (!parsed.success) {
+    logger.fatal({ issues: parsed.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`) }, 'invalid environment');
+    process.exit(2);
+  }
+  const env = parsed.data;
+  logger.level = env.LOG_LEVEL;
+  const host = await startHost({
+    dataDir: env.DATA_DIR,
+    token: env.HOST_TOKEN,
+    provider: env.SANDBOX_PROVIDER,
+    hostId: env.HOST_ID,
+    listen: env.HOST_LISTEN,
+    logger,
+  });
+  let stopping = false;
+  const stop = (signal: string) => {
+    if (stopping) return;
+    stopping = true;
+    logger.info({ signal }, 'stopping; sandboxes keep running');
+    host.close().then(
+      () => process.exit(0),
+      () => process.exit(1),
+    );
+  };
+  process.on('SIGTERM', () => stop('SIGTERM'));
+  process.on('SIGINT', () => stop('SIGINT'));
+}
+
+main().catch((err) => {
+  process.stderr.write(`sandbox host failed to start: ${(err as Error).stack ?? String(err)}\n`);
+  process.exit(1);
+});

@@ -1,0 +1,268 @@
+/**
+ * The sandbox host's HTTP API: JSON over HTTP, bearer-token auth, one zod schema per route.
+ * `createApp(deps)` builds the express app; `startHost(opts)` adopts existing sandboxes and listens.
+ * Sandboxes outlive the host: closing it stops only the HTTP server.
+ */
+import { createHash, timingSafeEqual } from 'node:crypto';
+import * as http from 'node:http';
+import * as os from 'node:os';
+import express, { type NextFunction, type Request, type Response } from 'express';
+import pino, { type Logger } from 'pino';
+import { z } from 'zod';
+import { errorStatus, isSandboxError, SandboxError, type SandboxErrorType } from '../errors';
+import { createSandboxProvider, type ProviderKind, type SandboxProvider } from '../provider';
+import { attachExec, ExecManager } from './exec';
+
+/** What the app needs. */
+export interface HostDeps {
+  provider: SandboxProvider;
+  token: string;
+  logger: Logger;
+  hostId: string;
+  exec: ExecManager;
+}
+
+const MAX_WAIT_MS = 30_000;
+const DEFAULT_READ_MAX = 16 * 1024 * 1024;
+
+const stringMap = z.record(z.string(), z.string());
+const idParam = z.object({ id: z.string().min(1) });
+
+const entrypointSchema = z.object({
+  argv: z.array(z.string()).min(1),
+  env: stringMap.optional(),
+  cwd: z.string().startsWith('/').optional(),
+  timeoutSeconds: z.number().positive().optional(),
+});
+
+const schemas = {
+  create: z.object({
+    body: z.object({
+      id: z.string().min(1),
+      orgId: z.string(),
+      owner: z.object({ kind: z.enum(['session', 'instance', 'api', 'snapshot']), id: z.string() }).optional(),
+      layers: z.array(z.string()).optional(),
+      envs: stringMap.optional(),
+      memoryMB: z.number().positive().optional(),
+      cpuCount: z.number().positive().optional(),
+      maxProcesses: z.number().int().positive().optional(),
+      files: stringMap.optional(),
+      patches: z.array(z.object({ id: z.string().min(1), script: z.string() })).optional(),
+      entrypoint: entrypointSchema.optional(),
+      metadata: stringMap.optional(),
+    }),
+  }),
+  list: z.object({ query: z.object({ owner: z.string().optional() }) }),
+  byId: z.object({ params: idParam }),
+  writeFile: z.object({
+    params: idParam,
+    body: z.object({
+      path: z.string().min(1),
+      content: z.string(),
+      encoding: z.enum(['utf8', 'base64']).optional(),
+      mode: z.number().int().min(0).max(0o7777).optional(),
+    }),
+  }),
+  readFile: z.object({
+    params: idParam,
+    query: z.object({ path: z.string().min(1), maxBytes: z.coerce.number().int().positive().optional() }),
+  }),
+  startEntrypoint: z.object({ params: idParam, body: entrypointSchema }),
+  entrypointStatus: z.object({ params: idParam, query: z.object({ waitMs: z.coerce.number().int().min(0).optional() }) }),
+  entrypointOutput: z.object({
+    params: idParam,
+    query: z.object({ stream: z.enum(['stdout', 'stderr']).default('stdout'), maxBytes: z.coerce.number().int().positive().optional() }),
+  }),
+  checkpoint: z.object({ params: idParam, body: z.object({ checkpointId: z.string().min(1) }) }),
+  layer: z.object({ params: z.object({ layerId: z.string().min(1) }) }),
+};
+
+/** Parses `{ params, query, body }` of a request with a route schema; throws invalid_request. */
+function parse<S extends z.ZodType>(schema: S, req: Request): z.infer<S> {
+  const r = schema.safeParse({ params: req.params, query: req.query, body: req.body });
+  if (!r.success) {
+    const msg = r.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`).join('; ');
+    throw new SandboxError('invalid_request', msg);
+  }
+  return r.data;
+}
+
+type Handler = (req: Request, res: Response) => Promise<void>;
+const h = (fn: Handler) => (req: Request, res: Response, next: NextFunction) => fn(req, res).catch(next);
+
+/** Constant-time check of `Authorization: Bearer <token>`. */
+export function bearerMatches(header: string | undefined, token: string): boolean {
+  const given = header?.startsWith('Bearer ') ? header.slice(7) : '';
+  const a = createHash('sha256').update(given).digest();
+  const b = createHash('sha256').update(token).digest();
+  return timingSafeEqual(a, b) && given.length > 0;
+}
+
+function sendError(res: Response, type: SandboxErrorType, message: string): void {
+  res.status(errorStatus[type]).json({ error: { type, message } });
+}
+
+/** Builds the host's express app. */
+export function createApp(deps: HostDeps): express.Express {
+  const { provider, logger } = deps;
+  const app = express();
+  app.disable('x-powered-by');
+
+  app.get('/healthz', (_req, res) => {
+    res.json({ ok: true, hostId: deps.hostId, provider: provider.kind, sandboxes: provider.list().length });
+  });
+
+  app.use((req, res, next) => {
+    if (!bearerMatches(req.headers.authorization, deps.token)) return sendError(res, 'unauthorized', 'missing or wrong bearer token');
+    next();
+  });
+  app.use(express.json({ limit: '256mb' }));
+
+  app.post('/sandboxes', h(async (req, res) => {
+    const { body } = parse(schemas.create, req);
+    const { info, created } = await provider.create(body);
+    res.status(created ? 201 : 200).json(info);
+  }));
+
+  app.get('/sandboxes', h(async (req, res) => {
+    const { query } = parse(schemas.list, req);
+    const [ownerKind, ownerId] = (query.owner ?? '').split(':');
+    res.json(provider.list({ ownerKind: ownerKind || undefined, ownerId: ownerId || undefined }));
+  }));
+
+  app.get('/sandboxes/:id', h(async (req, res) => {
+    const { params } = parse(schemas.byId, req);
+    const info = provider.get(params.id);
+    if (!info) throw new SandboxError('not_found', `sandbox ${params.id} not found`);
+    res.json(info);
+  }));
+
+  app.delete('/sandboxes/:id', h(async (req, res) => {
+    const { params } = parse(schemas.byId, req);
+    deps.exec.dropSandbox(params.id);
+    res.json({ destroyed: await provider.destroy(params.id) });
+  }));
+
+  app.put('/sandboxes/:id/files', h(async (req, res) => {
+    const { params, body } = parse(schemas.writeFile, req);
+    const content = Buffer.from(body.content, body.encoding === 'base64' ? 'base64' : 'utf8');
+    await provider.writeFile(params.id, body.path, content, body.mode);
+    res.json({ path: body.path, size: content.length });
+  }));
+
+  app.get('/sandboxes/:id/files', h(async (req, res) => {
+    const { params, query } = parse(schemas.readFile, req);
+    const buf = await provider.readFile(params.id, query.path, query.maxBytes ?? DEFAULT_READ_MAX);
+    res.json({ content: buf.toString('base64'), size: buf.length });
+  }));
+
+  app.post('/sandboxes/:id/entrypoint', h(async (req, res) => {
+    const { params, body } = parse(schemas.startEntrypoint, req);
+    res.status(201).json(await provider.startEntrypoint(params.id, body));
+  }));
+
+  app.get('/sandboxes/:id/entrypoint', h(async (req, res) => {
+    const { params, query } = parse(schemas.entrypointStatus, req);
+    const ac = new AbortController();
+    res.on('close', () => ac.abort());
+    const status = await provider.waitEntrypoint(params.id, Math.min(query.waitMs ?? 0, MAX_WAIT_MS), ac.signal);
+    res.json(status);
+  }));
+
+  app.get('/sandboxes/:id/entrypoint/output', h(async (req, res) => {
+    const { params, query } = parse(schemas.entrypointOutput, req);
+    const buf = await provider.entrypointOutput(params.id, query.stream, query.maxBytes ?? 1024 * 1024);
+    res.json({ content: buf.toString('base64'), size: buf.length });
+  }));
+
+  app.post('/sandboxes/:id/checkpoints', h(async (req, res) => {
+    const { params, body } = parse(schemas.checkpoint, req);
+    res.status(201).json(await provider.checkpoint(params.id, body.checkpointId));
+  }));
+
+  app.delete('/layers/:layerId', h(async (req, res) => {
+    const { params } = parse(schemas.layer, req);
+    res.json({ deleted: await provider.deleteLayer(params.layerId) });
+  }));
+
+  app.get('/layers/:layerId/hash', h(async (req, res) => {
+    const { params } = parse(schemas.layer, req);
+    res.json({ layerId: params.layerId, sha256: await provider.layerHash(params.layerId) });
+  }));
+
+  deps.exec.routes(app, h, parse);
+
+  app.use((_req: Request, res: Response) => sendError(res, 'not_found', 'no such route'));
+
+  app.use((err: unknown, req: Request, res: Response, _next: NextFunction) => {
+    void _next;
+    if (isSandboxError(err)) return sendError(res, err.type, err.message);
+    const e = err as { type?: string; status?: number; message?: string };
+    if (e.type === 'entity.parse.failed') return sendError(res, 'invalid_request', `invalid JSON body: ${e.message}`);
+    if (e.type === 'entity.too.large') return sendError(res, 'payload_too_large', 'request body too large');
+    logger.error({ err, method: req.method, url: req.url }, 'request failed');
+    sendError(res, 'internal', (err as Error)?.message ?? 'internal error');
+  });
+  return app;
+}
+
+/** Options of an in-process host (main.ts reads them from the environment). */
+export interface StartHostOptions {
+  dataDir: string;
+  token: string;
+  /** A provider kind, or a ready provider. Default 'bwrap'. */
+  provider?: ProviderKind | SandboxProvider;
+  hostId?: string;
+  /** `host:port`; default 127.0.0.1:7300 (port 0 picks a free one). */
+  listen?: string;
+  logger?: Logger;
+}
+
+/** A running host. `close()` stops the HTTP server and exec sessions' sockets; sandboxes keep running. */
+export interface RunningHost {
+  url: string;
+  provider: SandboxProvider;
+  close(): Promise<void>;
+}
+
+/** Starts a host: adopts the sandboxes under dataDir, then listens. Throws if it cannot listen. */
+export async function startHost(opts: StartHostOptions): Promise<RunningHost> {
+  if (!opts.token) throw new Error('a host token is required');
+  const logger = opts.logger ?? pino({ level: 'silent' });
+  const hostId = opts.hostId ?? os.hostname();
+  const provider =
+    typeof opts.provider === 'object'
+      ? opts.provider
+      : createSandboxProvider({ kind: opts.provider ?? 'bwrap', dataDir: opts.dataDir, hostId, logger });
+  await provider.init();
+  const exec = new ExecManager(provider, logger);
+  const app = createApp({ provider, token: opts.token, logger, hostId, exec });
+  const server = http.createServer(app);
+  attachExec(server, exec, opts.token);
+  const [host, portText] = splitListen(opts.listen ?? '127.0.0.1:7300');
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(Number(portText), host, () => resolve());
+  });
+  const addr = server.address() as import('node:net').AddressInfo;
+  const url = `http://${addr.family === 'IPv6' ? `[${addr.address}]` : addr.address}:${addr.port}`;
+  logger.info({ url, hostId, provider: provider.kind }, 'sandbox host listening');
+  return {
+    url,
+    provider,
+    close: async () => {
+      exec.close();
+      await new Promise<void>((resolve) => {
+        server.close(() => resolve());
+        server.closeAllConnections();
+      });
+    },
+  };
+}
+
+/** Splits `host:port` (IPv6 hosts in brackets). */
+export function splitListen(listen: string): [string, string] {
+  const m = /^\[?([^\]]*)\]?:(\d+)$/.exec(listen);
+  if (!m) throw new Error(`invalid listen address: ${listen} (expected host:port)`);
+  return [m[1], m[2]];
+}

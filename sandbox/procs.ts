@@ -1,0 +1,181 @@
+/**
+ * Process and cgroup helpers: identify a process by pid + start time (so a recycled pid is never
+ * mistaken for ours), per-sandbox cgroup v1 groups for limits and for killing every process of a sandbox.
+ */
+import { promises as fsp, readFileSync } from 'node:fs';
+import * as path from 'node:path';
+
+/** A process recorded in a sandbox's state: pid plus its start time in clock ticks since boot. */
+export interface ProcRef {
+  pid: number;
+  start: number;
+}
+
+function parseStat(text: string): { state: string; start: number } | null {
+  // The command name (field 2) may contain spaces and parentheses: parse after the last ')'.
+  const close = text.lastIndexOf(')');
+  if (close < 0) return null;
+  const fields = text.slice(close + 2).split(' ');
+  // fields[0] is field 3 (state); starttime is field 22 → index 19.
+  return { state: fields[0], start: Number(fields[19]) };
+}
+
+/** Start time of a live (non-zombie) process, or null when it is gone. */
+export function procStart(pid: number): number | null {
+  try {
+    const st = parseStat(readFileSync(`/proc/${pid}/stat`, 'utf8'));
+    if (!st || st.state === 'Z' || st.state === 'X') return null;
+    return st.start;
+  } catch {
+    return null;
+  }
+}
+
+/** A ProcRef for a pid that was just started; null when it already exited. */
+export function procRef(pid: number | undefined): ProcRef | null {
+  if (!pid) return null;
+  const start = procStart(pid);
+  return start === null ? null : { pid, start };
+}
+
+/** True when the recorded process is still the same live process. */
+export function isAlive(ref: ProcRef | undefined | null): boolean {
+  if (!ref) return false;
+  return procStart(ref.pid) === ref.start;
+}
+
+/** Sends a signal to the recorded process if it is still alive; never throws. */
+export function signalRef(ref: ProcRef | undefined | null, signal: NodeJS.Signals | number): void {
+  if (ref && isAlive(ref)) {
+    try {
+      process.kill(ref.pid, signal);
+    } catch {
+      /* already gone */
+    }
+  }
+}
+
+const CGROUP_ROOT = '/sys/fs/cgroup';
+const CONTROLLERS = ['memory', 'pids', 'cpu', 'freezer'] as const;
+type Controller = (typeof CONTROLLERS)[number];
+
+/** Resource limits of a sandbox, applied where the controllers exist. */
+export interface Limits {
+  memoryMB?: number;
+  cpuCount?: number;
+  maxProcesses: number;
+}
+
+/** Per-sandbox cgroups under `/sys/fs/cgroup/<controller>/sap/<id>`, for the controllers available. */
+export class SandboxCgroups {
+  private constructor(readonly dirs: Partial<Record<Controller, string>>) {}
+
+  /** The cgroups of a sandbox as they would be named (whether they exist or not). */
+  static of(id: string, root = CGROUP_ROOT): SandboxCgroups {
+    const dirs: Partial<Record<Controller, string>> = {};
+    for (const c of CONTROLLERS) dirs[c] = path.join(root, c, 'sap', id);
+    return new SandboxCgroups(dirs);
+  }
+
+  /** Creates the groups and applies the limits; a controller that is missing or not writable is skipped. */
+  static async create(id: string, limits: Limits, root = CGROUP_ROOT): Promise<SandboxCgroups> {
+    const dirs: Partial<Record<Controller, string>> = {};
+    await Promise.all(
+      CONTROLLERS.map(async (c) => {
+        const dir = path.join(root, c, 'sap', id);
+        try {
+          await fsp.mkdir(dir, { recursive: true });
+          if (c === 'memory' && limits.memoryMB) {
+            await fsp.writeFile(path.join(dir, 'memory.limit_in_bytes'), String(Math.floor(limits.memoryMB * 1024 * 1024)));
+          }
+          if (c === 'pids') await fsp.writeFile(path.join(dir, 'pids.max'), String(limits.maxProcesses));
+          if (c === 'cpu' && limits.cpuCount) {
+            await fsp.writeFile(path.join(dir, 'cpu.cfs_period_us'), '100000');
+            await fsp.writeFile(path.join(dir, 'cpu.cfs_quota_us'), String(Math.max(1000, Math.round(limits.cpuCount * 100000))));
+          }
+          dirs[c] = dir;
+        } catch {
+          /* controller not available here */
+        }
+      }),
+    );
+    return new SandboxCgroups(dirs);
+  }
+
+  /** The `cgroup.procs` files a process writes its pid into to join the sandbox's groups. */
+  procsFiles(): string[] {
+    return Object.values(this.dirs).map((d) => path.join(d as string, 'cgroup.procs'));
+  }
+
+  /** Pids currently in any of the groups. */
+  async pids(): Promise<number[]> {
+    const all = new Set<number>();
+    for (const dir of Object.values(this.dirs)) {
+      try {
+        const text = await fsp.readFile(path.join(dir as string, 'cgroup.procs'), 'utf8');
+        for (const line of text.split('\n')) if (line) all.add(Number(line));
+      } catch {
+        /* group absent */
+      }
+    }
+    return [...all];
+  }
+
+  private async freeze(state: 'FROZEN' | 'THAWED'): Promise<void> {
+    if (!this.dirs.freezer) return;
+    try {
+      await fsp.writeFile(path.join(this.dirs.freezer, 'freezer.state'), state);
+    } catch {
+      /* absent */
+    }
+  }
+
+  /** Freezes the sandbox's processes (e.g. for a consistent copy of its writable layer). */
+  async pause(): Promise<void> {
+    await this.freeze('FROZEN');
+  }
+
+  /** Thaws the sandbox's processes. */
+  async resume(): Promise<void> {
+    await this.freeze('THAWED');
+  }
+
+  /** SIGKILLs every process in the groups (freezing first so none can fork away) and waits until they are gone. */
+  async killAll(timeoutMs = 3000): Promise<boolean> {
+    const deadline = Date.now() + timeoutMs;
+    for (;;) {
+      const pids = await this.pids();
+      if (pids.length === 0) return true;
+      if (Date.now() > deadline) return false;
+      await this.freeze('FROZEN');
+      for (const pid of await this.pids()) {
+        try {
+          process.kill(pid, 'SIGKILL');
+        } catch {
+          /* gone */
+        }
+      }
+      await this.freeze('THAWED');
+      await new Promise((r) => setTimeout(r, 5));
+    }
+  }
+
+  /** Removes the groups (they must be empty). */
+  async remove(): Promise<void> {
+    await Promise.all(
+      Object.values(this.dirs).map(async (dir) => {
+        for (let i = 0; i < 50; i++) {
+          try {
+            await fsp.rmdir(dir as string);
+            return;
+          } catch (err) {
+            const code = (err as NodeJS.ErrnoException).code;
+            if (code === 'ENOENT') return;
+            if (code !== 'EBUSY') return;
+            await new Promise((r) => setTimeout(r, 10));
+          }
+        }
+      }),
+    );
+  }
+}

@@ -1,0 +1,109 @@
+/**
+ * The driver interface for the thing that varies: how a sandbox is isolated. `bwrap` (namespaces,
+ * overlayfs, cgroups; the default) and `process` (no isolation, for development) implement it; the
+ * host daemon is the only caller. `createSandboxProvider({ kind })` picks one.
+ */
+import type { ChildProcess } from 'node:child_process';
+import type { Logger } from 'pino';
+import { BwrapProvider } from './bwrap';
+import { ProcessProvider } from './process';
+import type { CreateSandboxRequest, EntrypointSpec, EntrypointStatus, SandboxInfo } from './types';
+
+/** Which provider a host runs. */
+export type ProviderKind = 'bwrap' | 'process';
+
+/** A process to run inside a live sandbox. */
+export interface SpawnOptions {
+  argv: string[];
+  /** Added to the sandbox's environment. */
+  env?: Record<string, string>;
+  /** Working directory inside the sandbox; default /workspace. */
+  cwd?: string;
+}
+
+/** Filter for listing sandboxes: owner kind, optionally with the owner's id. */
+export interface ListFilter {
+  ownerKind?: string;
+  ownerId?: string;
+}
+
+/** What `create` did: `created` is false when a sandbox with that id already existed (idempotent create). */
+export interface CreateResult {
+  info: SandboxInfo;
+  created: boolean;
+}
+
+/** A sandbox runtime. Every method that takes an id throws SandboxError('not_found') for unknown sandboxes. */
+export interface SandboxProvider {
+  readonly kind: ProviderKind;
+
+  /** Prepares the data directory and re-adopts the sandboxes found in it; returns them. */
+  init(): Promise<SandboxInfo[]>;
+
+  /**
+   * Creates a sandbox, writes `files`, runs `patches` in order and starts `entrypoint` when given.
+   * Idempotent on `req.id`. Throws patch_failed (after destroying what was made) when a patch fails,
+   * not_found for unknown layers, invalid_request for bad input.
+   */
+  create(req: CreateSandboxRequest): Promise<CreateResult>;
+
+  /** The sandbox, or null. */
+  get(id: string): SandboxInfo | null;
+
+  /** All sandboxes of this host, optionally filtered by owner. */
+  list(filter?: ListFilter): SandboxInfo[];
+
+  /** Kills every process of the sandbox and removes it. Returns false when it did not exist. */
+  destroy(id: string): Promise<boolean>;
+
+  /** Writes a file at an absolute path inside the sandbox (parents created). */
+  writeFile(id: string, path: string, content: Buffer, mode?: number): Promise<void>;
+
+  /** Reads a file inside the sandbox; throws not_found or payload_too_large (over maxBytes). */
+  readFile(id: string, path: string, maxBytes: number): Promise<Buffer>;
+
+  /** Starts the sandbox's main process, detached from the host. Throws conflict when one was already started. */
+  startEntrypoint(id: string, spec: EntrypointSpec): Promise<EntrypointStatus>;
+
+  /** Current state of the entrypoint; its exit code survives restarts of the host. */
+  entrypointStatus(id: string): Promise<EntrypointStatus>;
+
+  /** Like entrypointStatus but waits up to `waitMs` for a running entrypoint to exit. */
+  waitEntrypoint(id: string, waitMs: number, signal?: AbortSignal): Promise<EntrypointStatus>;
+
+  /** The last `maxBytes` of the entrypoint's stdout or stderr (empty when none). */
+  entrypointOutput(id: string, stream: 'stdout' | 'stderr', maxBytes: number): Promise<Buffer>;
+
+  /**
+   * Starts a process inside the live sandbox with piped stdio. It leads its own process group:
+   * signal the whole tree with `process.kill(-child.pid, signal)`. Throws conflict when the sandbox is stopped.
+   */
+  spawn(id: string, opts: SpawnOptions): ChildProcess;
+
+  /**
+   * Copies the sandbox's writable layer into a read-only layer `layerId` (which references the layers the
+   * sandbox was started from). Throws conflict when the layer exists.
+   */
+  checkpoint(id: string, layerId: string): Promise<{ layerId: string; parents: string[] }>;
+
+  /** Deletes a layer; false when it did not exist. */
+  deleteLayer(layerId: string): Promise<boolean>;
+
+  /** sha256 over the layer's own files (paths, types, modes, content), sorted and deterministic. */
+  layerHash(layerId: string): Promise<string>;
+}
+
+/** Options shared by every provider. */
+export interface ProviderOptions {
+  dataDir: string;
+  /** Recorded in SandboxInfo.hostId. */
+  hostId: string;
+  logger?: Logger;
+}
+
+/** Creates the provider of the given kind. The `process` provider offers no isolation and says so in the log. */
+export function createSandboxProvider(opts: ProviderOptions & { kind: ProviderKind }): SandboxProvider {
+  if (opts.kind === 'bwrap') return new BwrapProvider(opts);
+  if (opts.kind === 'process') return new ProcessProvider(opts);
+  throw new Error(`unknown sandbox provider: ${String(opts.kind)}`);
+}

@@ -1,0 +1,106 @@
+/**
+ * The contract between the sandbox host (one long-lived process per machine that owns every
+ * sandbox on it) and its clients: the worker's activities and the API's sandbox routes.
+ * The host serves it as JSON over HTTP (see sandbox/host/server.ts); HostClient speaks it.
+ */
+
+/** What to create. Everything but `id` is optional. */
+export interface CreateSandboxRequest {
+  /** `sb-<id>`; chosen by the caller so that a retried create is idempotent. */
+  id: string;
+  /** Organisation that owns the sandbox (recorded, never interpreted by the host). */
+  orgId: string;
+  /** Who asked for it, so leftovers can be reaped: e.g. { kind: 'session', id: 'sess_…' }. */
+  owner?: { kind: 'session' | 'instance' | 'api' | 'snapshot'; id: string };
+  /** Read-only layers to stack under the sandbox's writable layer, topmost first (checkpoint ids). */
+  layers?: string[];
+  /** Environment of every process started in the sandbox. */
+  envs?: Record<string, string>;
+  /** Resource hints, applied where the machine supports them (cgroups). */
+  memoryMB?: number;
+  cpuCount?: number;
+  maxProcesses?: number;
+  /** Files written before anything runs: absolute path inside the sandbox → UTF-8 content. */
+  files?: Record<string, string>;
+  /** Scripts run with bash, in order, before anything else (checkpoint patches). */
+  patches?: { id: string; script: string }[];
+  /** Started right after creation, detached: the sandbox's main process (a session's entrypoint). */
+  entrypoint?: EntrypointSpec;
+  /** Free-form labels kept with the sandbox. */
+  metadata?: Record<string, string>;
+}
+
+/** The main process of a sandbox. It survives restarts of the host's clients (and of the host). */
+export interface EntrypointSpec {
+  argv: string[];
+  env?: Record<string, string>;
+  cwd?: string;
+  /** Killed after this many seconds; its exit is then reported with `timedOut: true`. */
+  timeoutSeconds?: number;
+}
+
+export interface PatchOutcome {
+  id: string;
+  exitCode: number;
+  /** Last few KiB of combined stdout/stderr. */
+  outputTail: string;
+}
+
+export interface SandboxInfo {
+  id: string;
+  orgId: string;
+  hostId: string;
+  owner?: CreateSandboxRequest['owner'];
+  status: 'running' | 'stopped';
+  createdAt: string;
+  metadata: Record<string, string>;
+  patches: PatchOutcome[];
+  /** Which isolation this sandbox got: 'bwrap' (namespaces) or 'process' (none). */
+  provider: string;
+}
+
+/** Exit status of a sandbox's entrypoint. */
+export type EntrypointStatus =
+  | { state: 'none' }
+  | { state: 'running'; pid: number; startedAt: string }
+  | { state: 'exited'; exitCode: number; timedOut: boolean; signal: string | null; startedAt: string; exitedAt: string };
+
+/** Error body the host answers with: { error: { type, message } } like the public API. */
+export interface HostErrorBody {
+  error: { type: string; message: string };
+}
+
+/** Body of `POST /sandboxes/:id/exec` (a command run inside a live sandbox). */
+export interface ExecRequest {
+  cmd: string;
+  args?: string[];
+  envs?: Record<string, string>;
+  cwd?: string;
+  /** Seconds before the command is killed (SIGKILL to its process group); default: no limit. */
+  timeout?: number;
+  /** Seconds the command keeps running once its last WebSocket client has left; default: no limit. */
+  maxRunAfterDisconnect?: number;
+}
+
+/** An exec session (the public API's Exec session object). */
+export interface ExecSessionInfo {
+  /** `es-<id>` */
+  sessionID: string;
+  sandboxID: string;
+  command: string;
+  args: string[];
+  running: boolean;
+  exitCode: number | null;
+  startedAt: string;
+  attachedClients: number;
+}
+
+/** Result of `POST /sandboxes/:id/exec/run`. */
+export interface ExecRunResult {
+  exitCode: number;
+  /** Name of the signal that killed it, if any. */
+  signal: string | null;
+  timedOut: boolean;
+  stdout: string;
+  stderr: string;
+}
