@@ -1,0 +1,277 @@
+/**
+ * The sandbox host against real bubblewrap sandboxes: isolation, limits, entrypoints, patches, restarts.
+ * Needs root, bwrap, overlayfs and cgroup v1 (the machine described in TOOLCHAIN.md).
+ */
+import { promises as fsp, existsSync } from 'node:fs';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import { HostClient, HostError } from '../../sandbox/host/client';
+import { startHost, type RunningHost } from '../../sandbox/host/server';
+import type { SandboxProvider } from '../../sandbox/provider';
+
+const TOKEN = 'test-token-' + Math.random().toString(36).slice(2);
+
+/** Runs a bash script inside a live sandbox through the provider. */
+function sh(provider: SandboxProvider, id: string, script: string): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  return new Promise((resolve, reject) => {
+    const child = provider.spawn(id, { argv: ['/bin/bash', '-c', script] });
+    let stdout = '';
+    let stderr = '';
+    child.stdin?.end();
+    child.stdout?.on('data', (d: Buffer) => (stdout += d.toString()));
+    child.stderr?.on('data', (d: Buffer) => (stderr += d.toString()));
+    child.on('error', reject);
+    child.on('close', (code) => resolve({ code, stdout, stderr }));
+  });
+}
+
+const p50 = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
+
+function pidsOfCgroup(id: string): string[] {
+  const f = `/sys/fs/cgroup/pids/sap/${id}/cgroup.procs`;
+  return existsSync(f) ? require('node:fs').readFileSync(f, 'utf8').split('\n').filter(Boolean) : [];
+}
+
+describe('sandbox host (bwrap)', () => {
+  let dataDir: string;
+  let host: RunningHost;
+  let client: HostClient;
+  let n = 0;
+  const newId = () => `sb-t${process.pid}-${++n}`;
+
+  beforeAll(async () => {
+    dataDir = await fsp.mkdtemp(path.join(os.tmpdir(), 'sap-host-'));
+    host = await startHost({ dataDir, token: TOKEN, listen: '127.0.0.1:0', hostId: 'test-host' });
+    client = new HostClient({ url: host.url, token: TOKEN });
+  });
+
+  afterAll(async () => {
+    for (const sb of await client.listSandboxes()) await client.destroySandbox(sb.id);
+    await host.close();
+    await fsp.rm(dataDir, { recursive: true, force: true });
+  });
+
+  it('refuses requests without the token', async () => {
+    const bad = new HostClient({ url: host.url, token: 'wrong' });
+    await expect(bad.listSandboxes()).rejects.toMatchObject({ type: 'unauthorized', status: 401 });
+    expect((await client.health()).ok).toBe(true);
+  });
+
+  it('creates a sandbox idempotently, runs the entrypoint and reports its exit code and output', async () => {
+    const id = newId();
+    const req = {
+      id,
+      orgId: 'org1',
+      owner: { kind: 'session' as const, id: 'sess_1' },
+      envs: { GREETING: 'hello' },
+      files: { '/tmp/agent_input.json': '{"x":1}' },
+      entrypoint: { argv: ['bash', '-c', 'cat /tmp/agent_input.json; echo " $GREETING $MINE $(pwd)"; echo err >&2; exit 7'], env: { MINE: 'mine' } },
+    };
+    const info = await client.createSandbox(req);
+    expect(info).toMatchObject({ id, orgId: 'org1', hostId: 'test-host', status: 'running', provider: 'bwrap' });
+    expect(await client.createSandbox(req)).toMatchObject({ id, createdAt: info.createdAt });
+    const st = await client.entrypointStatus(id, { waitMs: 10000 });
+    expect(st).toMatchObject({ state: 'exited', exitCode: 7, timedOut: false, signal: null });
+    expect((await client.entrypointOutput(id)).toString()).toBe('{"x":1} hello mine /workspace\n');
+    expect((await client.entrypointOutput(id, { stream: 'stderr' })).toString()).toBe('err\n');
+    await expect(client.startEntrypoint(id, { argv: ['true'] })).rejects.toMatchObject({ type: 'conflict' });
+    expect((await client.listSandboxes({ owner: 'session:sess_1' })).map((s) => s.id)).toEqual([id]);
+    expect(await client.listSandboxes({ owner: 'instance' })).toEqual([]);
+    expect(await client.getSandbox(id)).toMatchObject({ id });
+  });
+
+  it('kills an entrypoint at its timeout and says so', async () => {
+    const id = newId();
+    await client.createSandbox({ id, orgId: 'o', entrypoint: { argv: ['sleep', '30'], timeoutSeconds: 1 } });
+    expect(await client.entrypointStatus(id)).toMatchObject({ state: 'running' });
+    const st = await client.entrypointStatus(id, { waitMs: 10000 });
+    expect(st).toMatchObject({ state: 'exited', timedOut: true, exitCode: 124 });
+  });
+
+  it('reads and writes files with limits, and refuses escapes', async () => {
+    const id = newId();
+    await client.createSandbox({ id, orgId: 'o' });
+    await client.writeFile(id, '/workspace/a/b.txt', 'content');
+    await client.writeFile(id, '/workspace/bin.dat', Buffer.from([0, 1, 2, 255]));
+    expect((await client.readFile(id, '/workspace/a/b.txt'))?.toString()).toBe('content');
+    expect([...((await client.readFile(id, '/workspace/bin.dat')) as Buffer)]).toEqual([0, 1, 2, 255]);
+    expect(await client.readFile(id, '/workspace/none')).toBeNull();
+    await expect(client.readFile(id, '/workspace/a/b.txt', { maxBytes: 3 })).rejects.toMatchObject({
+      type: 'payload_too_large',
+      status: 413,
+    });
+    await expect(client.readFile(id, '/workspace/../etc/passwd')).rejects.toMatchObject({ type: 'invalid_request' });
+    // A symlink made inside the sandbox to a host path resolves inside the sandbox.
+    expect((await sh(host.provider, id, `ln -s /etc/passwd /workspace/pw && ln -s ${dataDir} /workspace/dd`)).code).toBe(0);
+    const pw = (await client.readFile(id, '/workspace/pw'))?.toString() ?? '';
+    expect(pw).toContain('root:x:0:0');
+    expect(pw).not.toContain('daemon:');
+    expect(await client.readFile(id, '/workspace/dd/sandboxes/' + id + '/state.json')).toBeNull();
+  });
+
+  it('gives bash, node and python3 a small machine of their own, with no host files in sight', async () => {
+    const id = newId();
+    await fsp.writeFile(path.join(dataDir, 'host-secret'), 'TOPSECRET');
+    await client.createSandbox({ id, orgId: 'o' });
+    const r = await sh(
+      host.provider,
+      id,
+      [
+        'echo "bash $BASH_VERSION"',
+        'node -e "console.log(\'node\', process.version)"',
+        'python3 -c "import sys; print(\'python\', sys.version_info[0])"',
+        'hostname',
+        `cat ${dataDir}/host-secret 2>/dev/null || echo no-datadir`,
+        'ls /work 2>/dev/null || echo no-work',
+        'cat /etc/shadow 2>/dev/null || echo no-shadow',
+        'ls -A /root | wc -l',
+        'ls -A /home | wc -l',
+        'ip -o link 2>/dev/null | wc -l || cat /proc/net/dev | tail -n +3 | wc -l',
+      ].join('; '),
+    );
+    expect(r.stderr).toBe('');
+    const lines = r.stdout.trim().split('\n');
+    expect(lines[0]).toMatch(/^bash 5/);
+    expect(lines[1]).toMatch(/^node v\d+/);
+    expect(lines[2]).toBe('python 3');
+    expect(lines[3]).toBe(id);
+    expect(lines.slice(4, 9)).toEqual(['no-datadir', 'no-work', 'no-shadow', '0', '0']);
+    expect(lines[9]).toBe('1'); // loopback only
+  });
+
+  it('shows each sandbox only its own processes', async () => {
+    const a = newId();
+    const b = newId();
+    await client.createSandbox({ id: a, orgId: 'o', entrypoint: { argv: ['sleep', '123'] } });
+    await client.createSandbox({ id: b, orgId: 'o', entrypoint: { argv: ['sleep', '456'] } });
+    const psA = await sh(host.provider, a, 'ps -eo args');
+    const psB = await sh(host.provider, b, 'ls /proc | grep -c "^[0-9]"; ps -eo args');
+    expect(psA.stdout).toContain('sleep 123');
+    expect(psA.stdout).not.toContain('sleep 456');
+    expect(psB.stdout).toContain('sleep 456');
+    expect(psB.stdout).not.toContain('sleep 123');
+    expect(psB.stdout).not.toContain('jest');
+    expect(Number(psB.stdout.split('\n')[0])).toBeLessThan(10);
+  });
+
+  it('keeps writes to /usr inside the sandbox and forbids mounting', async () => {
+    const a = newId();
+    const b = newId();
+    await client.createSandbox({ id: a, orgId: 'o' });
+    await client.createSandbox({ id: b, orgId: 'o' });
+    const marker = `sap-marker-${process.pid}`;
+    const w = await sh(host.provider, a, `echo mine > /usr/bin/${marker} && cat /usr/bin/${marker} && rm /usr/bin/env.not-there 2>/dev/null; echo ok`);
+    expect(w.stdout).toBe('mine\nok\n');
+    expect(existsSync(`/usr/bin/${marker}`)).toBe(false);
+    expect(existsSync(path.join(dataDir, 'sandboxes', a, 'upper', 'usr', 'bin', marker))).toBe(true);
+    expect((await sh(host.provider, b, `test -e /usr/bin/${marker}; echo $?`)).stdout).toBe('1\n');
+    const m = await sh(host.provider, a, 'mount -t tmpfs x /mnt; echo "rc=$?"; grep Cap /proc/self/status');
+    expect(m.stdout).toMatch(/rc=(32|1)\b/);
+    expect(m.stderr).toMatch(/permission denied|must be superuser|Operation not permitted/i);
+    expect(m.stdout).toContain('CapEff:\t0000000000000000');
+    expect(m.stdout).toContain('CapBnd:\t0000000000000000');
+  });
+
+  it('applies memory and process limits through cgroups', async () => {
+    const id = newId();
+    await client.createSandbox({ id, orgId: 'o', memoryMB: 64, maxProcesses: 50, cpuCount: 1 });
+    const cg = (c: string, f: string) => require('node:fs').readFileSync(`/sys/fs/cgroup/${c}/sap/${id}/${f}`, 'utf8').trim();
+    expect(cg('memory', 'memory.limit_in_bytes')).toBe(String(64 * 1024 * 1024));
+    expect(cg('pids', 'pids.max')).toBe('50');
+    expect(cg('cpu', 'cpu.cfs_quota_us')).toBe('100000');
+    const script = [
+      'import subprocess',
+      'procs = []',
+      'try:',
+      '    for i in range(80): procs.append(subprocess.Popen(["sleep", "5"]))',
+      'except OSError as e: print("refused", e.errno)',
+      'print("started", len(procs))',
+      'for p in procs: p.kill()',
+    ].join('\n');
+    const r = await sh(host.provider, id, `python3 -c '${script}'`);
+    expect(r.stdout).toMatch(/refused 11\nstarted 4\d\n/);
+  });
+
+  it('destroys everything: processes, mounts, directory and cgroups', async () => {
+    const id = newId();
+    await client.createSandbox({ id, orgId: 'o', entrypoint: { argv: ['bash', '-c', 'sleep 300 & sleep 300'] } });
+    const child = host.provider.spawn(id, { argv: ['sleep', '301'] });
+    await new Promise((r) => setTimeout(r, 200));
+    const pids = pidsOfCgroup(id);
+    expect(pids.length).toBeGreaterThanOrEqual(5);
+    expect(await client.destroySandbox(id)).toBe(true);
+    expect(await client.destroySandbox(id)).toBe(false);
+    expect(await client.getSandbox(id)).toBeNull();
+    for (const pid of pids) expect(existsSync(`/proc/${pid}`) && !require('node:fs').readFileSync(`/proc/${pid}/stat`, 'utf8').includes(') Z')).toBe(false);
+    expect(existsSync(path.join(dataDir, 'sandboxes', id))).toBe(false);
+    expect(await fsp.readFile('/proc/mounts', 'utf8')).not.toContain(id);
+    expect(existsSync(`/sys/fs/cgroup/pids/sap/${id}`)).toBe(false);
+    expect(existsSync(`/sys/fs/cgroup/memory/sap/${id}`)).toBe(false);
+    child.kill();
+  });
+
+  it('runs patches in order and names the one that fails', async () => {
+    const id = newId();
+    const info = await client.createSandbox({
+      id,
+      orgId: 'o',
+      patches: [
+        { id: 'pa-1', script: 'echo one >> /workspace/order' },
+        { id: 'pa-2', script: 'echo two >> /workspace/order; echo done-two' },
+      ],
+    });
+    expect(info.patches).toEqual([
+      { id: 'pa-1', exitCode: 0, outputTail: '' },
+      { id: 'pa-2', exitCode: 0, outputTail: 'done-two\n' },
+    ]);
+    expect((await client.readFile(id, '/workspace/order'))?.toString()).toBe('one\ntwo\n');
+
+    const bad = newId();
+    const err = await client
+      .createSandbox({ id: bad, orgId: 'o', patches: [{ id: 'pa-ok', script: 'true' }, { id: 'pa-bad', script: 'echo broken; exit 3' }] })
+      .catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(HostError);
+    expect(err).toMatchObject({ type: 'patch_failed' });
+    expect((err as Error).message).toContain('pa-bad');
+    expect((err as Error).message).toContain('broken');
+    expect(await client.getSandbox(bad)).toBeNull();
+    expect(existsSync(path.join(dataDir, 'sandboxes', bad))).toBe(false);
+  });
+
+  it('keeps sandboxes and entrypoints across a host restart', async () => {
+    const id = newId();
+    await client.createSandbox({ id, orgId: 'o', entrypoint: { argv: ['bash', '-c', 'sleep 1.5; echo survived; exit 5'] } });
+    await host.close();
+    host = await startHost({ dataDir, token: TOKEN, listen: '127.0.0.1:0', hostId: 'test-host' });
+    client = new HostClient({ url: host.url, token: TOKEN });
+    expect(await client.getSandbox(id)).toMatchObject({ status: 'running' });
+    expect(await client.entrypointStatus(id)).toMatchObject({ state: 'running' });
+    expect(await client.entrypointStatus(id, { waitMs: 10000 })).toMatchObject({ state: 'exited', exitCode: 5 });
+    expect((await client.entrypointOutput(id)).toString()).toBe('survived\n');
+    expect((await sh(host.provider, id, 'echo still-alive')).stdout).toBe('still-alive\n');
+  });
+
+  it('measures create latency', async () => {
+    const create: number[] = [];
+    const withEntrypoint: number[] = [];
+    for (let i = 0; i < 15; i++) {
+      const id = newId();
+      let t = performance.now();
+      await client.createSandbox({ id, orgId: 'o' });
+      create.push(performance.now() - t);
+      await client.destroySandbox(id);
+      const id2 = newId();
+      t = performance.now();
+      await client.createSandbox({ id: id2, orgId: 'o', entrypoint: { argv: ['true'] } });
+      const st = await client.entrypointStatus(id2, { waitMs: 10000 });
+      withEntrypoint.push(performance.now() - t);
+      expect(st).toMatchObject({ state: 'exited', exitCode: 0 });
+      const t2 = performance.now();
+      await client.destroySandbox(id2);
+      if (i === 0) console.log(`destroy took ${(performance.now() - t2).toFixed(1)} ms`);
+    }
+    console.log(
+      `sandbox create p50 ${p50(create).toFixed(1)} ms; create + entrypoint 'true' + wait p50 ${p50(withEntrypoint).toFixed(1)} ms`,
+    );
+  });
+});

@@ -1,0 +1,98 @@
+import { promises as fsp } from 'node:fs';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import { envPairs, shq } from '../../sandbox/base';
+import {
+  hostPathOf,
+  readSandboxFile,
+  resolveSandboxPath,
+  sandboxPathComponents,
+  writeSandboxFile,
+  type RootMap,
+} from '../../sandbox/paths';
+import { bearerMatches, splitListen } from '../../sandbox/host/server';
+
+describe('sandbox path resolution', () => {
+  let tmp: string;
+  let map: RootMap;
+  let outside: string;
+
+  beforeAll(async () => {
+    tmp = await fsp.mkdtemp(path.join(os.tmpdir(), 'sap-paths-'));
+    const root = path.join(tmp, 'root');
+    const usr = path.join(tmp, 'usr');
+    outside = path.join(tmp, 'outside');
+    await fsp.mkdir(path.join(root, 'etc'), { recursive: true });
+    await fsp.mkdir(path.join(root, 'usr'), { recursive: true });
+    await fsp.mkdir(path.join(usr, 'bin'), { recursive: true });
+    await fsp.mkdir(outside);
+    await fsp.writeFile(path.join(outside, 'secret'), 'host secret');
+    await fsp.writeFile(path.join(root, 'etc', 'passwd'), 'sandbox passwd');
+    await fsp.writeFile(path.join(usr, 'bin', 'tool'), 'tool');
+    await fsp.symlink('usr/bin', path.join(root, 'bin'));
+    await fsp.symlink('/etc/passwd', path.join(root, 'abs-link'));
+    await fsp.symlink('../../../../../../etc/passwd', path.join(root, 'etc', 'dotdot-link'));
+    await fsp.symlink(outside, path.join(root, 'host-outside'));
+    await fsp.symlink('loop2', path.join(root, 'loop1'));
+    await fsp.symlink('loop1', path.join(root, 'loop2'));
+    map = { mounts: [{ at: '/', dir: root }, { at: '/usr', dir: usr }] };
+  });
+
+  afterAll(async () => {
+    await fsp.rm(tmp, { recursive: true, force: true });
+  });
+
+  it('splits absolute paths and refuses relative paths, NUL and ..', () => {
+    expect(sandboxPathComponents('/a//b/./c')).toEqual(['a', 'b', 'c']);
+    expect(() => sandboxPathComponents('a/b')).toThrow(/absolute/);
+    expect(() => sandboxPathComponents('/a/../../etc')).toThrow(/\.\./);
+    expect(() => sandboxPathComponents('/a\0b')).toThrow(/NUL/);
+  });
+
+  it('maps to the longest matching mount', () => {
+    expect(hostPathOf(map, ['usr', 'bin', 'x'])).toBe(path.join(tmp, 'usr', 'bin', 'x'));
+    expect(hostPathOf(map, ['usrx'])).toBe(path.join(tmp, 'root', 'usrx'));
+    expect(hostPathOf(map, [])).toBe(path.join(tmp, 'root'));
+  });
+
+  it('follows symlinks as the sandbox would, never out of it', async () => {
+    expect((await resolveSandboxPath(map, '/bin/tool')).hostPath).toBe(path.join(tmp, 'usr', 'bin', 'tool'));
+    expect((await resolveSandboxPath(map, '/abs-link')).hostPath).toBe(path.join(tmp, 'root', 'etc', 'passwd'));
+    expect((await resolveSandboxPath(map, '/etc/dotdot-link')).hostPath).toBe(path.join(tmp, 'root', 'etc', 'passwd'));
+    // A link to a host path is read as a path inside the sandbox, where it does not exist.
+    await expect(readSandboxFile(map, '/host-outside/secret', 100)).rejects.toMatchObject({ type: 'not_found' });
+    await expect(resolveSandboxPath(map, '/loop1')).rejects.toMatchObject({ type: 'invalid_request' });
+  });
+
+  it('reads with a size limit and writes with parents created', async () => {
+    expect((await readSandboxFile(map, '/abs-link', 100)).toString()).toBe('sandbox passwd');
+    await expect(readSandboxFile(map, '/etc/passwd', 3)).rejects.toMatchObject({ type: 'payload_too_large' });
+    await expect(readSandboxFile(map, '/nope', 3)).rejects.toMatchObject({ type: 'not_found' });
+    await expect(readSandboxFile(map, '/etc', 3)).rejects.toMatchObject({ type: 'invalid_request' });
+    await writeSandboxFile(map, '/a/b/c.txt', Buffer.from('hi'));
+    expect(await fsp.readFile(path.join(tmp, 'root', 'a', 'b', 'c.txt'), 'utf8')).toBe('hi');
+    await writeSandboxFile(map, '/host-outside/secret', Buffer.from('overwritten?'));
+    expect(await fsp.readFile(path.join(outside, 'secret'), 'utf8')).toBe('host secret');
+  });
+});
+
+describe('host helpers', () => {
+  it('checks bearer tokens', () => {
+    expect(bearerMatches('Bearer abc', 'abc')).toBe(true);
+    expect(bearerMatches('Bearer abd', 'abc')).toBe(false);
+    expect(bearerMatches(undefined, 'abc')).toBe(false);
+    expect(bearerMatches('abc', 'abc')).toBe(false);
+  });
+
+  it('parses listen addresses', () => {
+    expect(splitListen('127.0.0.1:7300')).toEqual(['127.0.0.1', '7300']);
+    expect(splitListen('[::1]:80')).toEqual(['::1', '80']);
+    expect(() => splitListen('nope')).toThrow();
+  });
+
+  it('quotes for sh and validates env names', () => {
+    expect(shq("it's")).toBe(`'it'\\''s'`);
+    expect(envPairs({ A: '1' }, { A: '2', B: 'x=y' })).toEqual(['A=2', 'B=x=y']);
+    expect(() => envPairs({ 'A=B': '1' })).toThrow(/invalid environment/);
+  });
+});
