@@ -2,7 +2,36 @@
  * Typed client of the sandbox host's HTTP API (see server.ts), over Node's global fetch (keep-alive).
  * Every method throws HostError for an error answer; a network failure is thrown as fetch throws it.
  */
+import { WebSocket } from 'ws';
 import type { CreateSandboxRequest, EntrypointSpec, EntrypointStatus, ExecRequest, ExecRunResult, ExecSessionInfo, SandboxInfo } from '../types';
+
+/** A decoded server→client exec WebSocket frame (see exec.ts for the wire format). */
+export type ExecFrame =
+  | { kind: 'stdout'; data: Buffer }
+  | { kind: 'stderr'; data: Buffer }
+  | { kind: 'exit'; exitCode: number }
+  | { kind: 'scrollback-end' };
+
+/** Decodes one binary frame from an exec WebSocket; null for an unknown kind. */
+export function decodeExecFrame(buf: Buffer): ExecFrame | null {
+  switch (buf[0]) {
+    case 0x01:
+      return { kind: 'stdout', data: buf.subarray(1) };
+    case 0x02:
+      return { kind: 'stderr', data: buf.subarray(1) };
+    case 0x03:
+      return { kind: 'exit', exitCode: buf.readInt32BE(1) };
+    case 0x04:
+      return { kind: 'scrollback-end' };
+    default:
+      return null;
+  }
+}
+
+/** Encodes stdin bytes as a client→server frame (an empty payload closes the command's stdin). */
+export function encodeStdinFrame(data: Buffer | string): Buffer {
+  return Buffer.concat([Buffer.from([0x00]), Buffer.from(data)]);
+}
 
 /** An error answered by the host: `{ error: { type, message } }` with its HTTP status. */
 export class HostError extends Error {
@@ -177,6 +206,11 @@ export class HostClient {
   /** Runs a command to completion and returns its output; a non-zero exit is a result, not an error. */
   execRun(id: string, req: ExecRequest & { stdin?: string }, opts: { signal?: AbortSignal } = {}): Promise<ExecRunResult> {
     return this.call('POST', `/sandboxes/${encodeURIComponent(id)}/exec/run`, { body: req, signal: opts.signal });
+  }
+
+  /** Opens a WebSocket attached to an exec session (decode its messages with `decodeExecFrame`). */
+  openExecSocket(id: string, sessionId: string): WebSocket {
+    return new WebSocket(this.execWebSocketUrl(id, sessionId), { headers: { authorization: `Bearer ${this.token}` } });
   }
 
   /** The WebSocket address to attach to an exec session (send the same bearer token in `authorization`). */

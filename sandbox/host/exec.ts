@@ -1,27 +1,386 @@
 /**
- * Exec sessions: long-running commands inside a live sandbox, attachable over WebSocket.
+ * Exec sessions: commands started inside a live sandbox (through the provider's nsenter path), kept by
+ * the host, attachable by any number of WebSocket clients at `/sandboxes/:id/exec/:sessionId/ws`.
+ *
+ * WebSocket protocol, binary frames, first byte the kind:
+ *   client → server  0x00 + bytes   stdin (an empty 0x00 frame closes stdin)
+ *   server → client  0x01 + bytes   stdout
+ *                    0x02 + bytes   stderr
+ *                    0x03 + int32BE exit code (128 + n when killed by signal n); the socket then closes
+ *                    0x04           end of scrollback: what follows is live
+ * A new client first gets the scrollback (the last 1 MiB of each stream, in the order produced), then 0x04.
+ *
+ * Limits: `timeout` (seconds) kills the command's process group with SIGKILL; default none.
+ * `maxRunAfterDisconnect` (seconds) kills it that long after its last client left (counting starts
+ * at the first disconnect, never before anyone attached); default none.
+ * Backpressure: while any client has more than 1 MiB unsent, the command's stdout/stderr are paused.
  */
+import { randomBytes } from 'node:crypto';
+import type { ChildProcess } from 'node:child_process';
 import type * as http from 'node:http';
+import { constants as osConstants } from 'node:os';
 import type express from 'express';
+import type { Request, Response, NextFunction } from 'express';
 import type { Logger } from 'pino';
+import { WebSocketServer, WebSocket } from 'ws';
+import { z } from 'zod';
+import { SandboxError } from '../errors';
 import type { SandboxProvider } from '../provider';
+import type { ExecRequest, ExecRunResult, ExecSessionInfo } from '../types';
+import { bearerMatchesHeader } from './auth';
+
+export const FRAME_STDIN = 0x00;
+export const FRAME_STDOUT = 0x01;
+export const FRAME_STDERR = 0x02;
+export const FRAME_EXIT = 0x03;
+export const FRAME_SCROLLBACK_END = 0x04;
+
+const SCROLLBACK_BYTES = 1024 * 1024;
+const HIGH_WATER = 1024 * 1024;
+const LOW_WATER = 256 * 1024;
+const KEEP_EXITED = 50;
+const RUN_OUTPUT_MAX = 16 * 1024 * 1024;
+
+const execSchema = z.object({
+  cmd: z.string().min(1),
+  args: z.array(z.string()).optional(),
+  envs: z.record(z.string(), z.string()).optional(),
+  cwd: z.string().startsWith('/').optional(),
+  timeout: z.number().int().positive().optional(),
+  maxRunAfterDisconnect: z.number().int().min(0).optional(),
+});
+const idParams = z.object({ id: z.string().min(1) });
+const sessionParams = z.object({ id: z.string().min(1), sid: z.string().min(1) });
+
+/** Exit code as a shell reports it: the code, or 128 + signal number. */
+function exitCodeOf(code: number | null, signal: NodeJS.Signals | null): number {
+  if (code !== null) return code;
+  return 128 + (signal ? (osConstants.signals[signal] ?? 0) : 0);
+}
+
+/** One command running (or finished) inside a sandbox. */
+export class ExecSession {
+  readonly id = `es-${randomBytes(8).toString('hex')}`;
+  readonly startedAt = new Date().toISOString();
+  readonly clients = new Set<WebSocket>();
+  exitCode: number | null = null;
+  signal: NodeJS.Signals | null = null;
+  timedOut = false;
+  private readonly scrollback: { kind: number; data: Buffer }[] = [];
+  private readonly scrollBytes: Record<number, number> = { [FRAME_STDOUT]: 0, [FRAME_STDERR]: 0 };
+  private paused = false;
+  private timers: NodeJS.Timeout[] = [];
+  private disconnectTimer: NodeJS.Timeout | undefined;
+  private readonly exited: Promise<void>;
+
+  constructor(
+    readonly sandboxId: string,
+    readonly req: ExecRequest,
+    readonly child: ChildProcess,
+    private readonly log: Logger,
+  ) {
+    child.stdout?.on('data', (d: Buffer) => this.output(FRAME_STDOUT, d));
+    child.stderr?.on('data', (d: Buffer) => this.output(FRAME_STDERR, d));
+    child.stdin?.on('error', () => undefined);
+    this.exited = new Promise((resolve) => {
+      child.on('error', (err) => {
+        this.log.warn({ err, sandboxId, execId: this.id }, 'exec failed to start');
+      });
+      child.on('close', (code, signal) => {
+        this.exitCode = exitCodeOf(code, signal);
+        this.signal = signal;
+        for (const t of this.timers) clearTimeout(t);
+        if (this.disconnectTimer) clearTimeout(this.disconnectTimer);
+        const frame = Buffer.alloc(5);
+        frame[0] = FRAME_EXIT;
+        frame.writeInt32BE(this.exitCode, 1);
+        for (const ws of this.clients) {
+          ws.send(frame, () => ws.close(1000, 'exited'));
+        }
+        resolve();
+      });
+    });
+    if (req.timeout) {
+      this.timers.push(
+        setTimeout(() => {
+          this.timedOut = true;
+          this.kill('SIGKILL');
+        }, req.timeout * 1000),
+      );
+    }
+  }
+
+  get running(): boolean {
+    return this.exitCode === null;
+  }
+
+  /** Resolves when the command has exited and its output is drained. */
+  wait(): Promise<void> {
+    return this.exited;
+  }
+
+  info(): ExecSessionInfo {
+    return {
+      sessionID: this.id,
+      sandboxID: this.sandboxId,
+      command: this.req.cmd,
+      args: this.req.args ?? [],
+      running: this.running,
+      exitCode: this.exitCode,
+      startedAt: this.startedAt,
+      attachedClients: this.clients.size,
+    };
+  }
+
+  /** Signals the command's whole process group; no-op once it exited. */
+  kill(signal: NodeJS.Signals | number = 'SIGKILL'): void {
+    if (!this.running || !this.child.pid) return;
+    try {
+      process.kill(-this.child.pid, signal);
+    } catch {
+      /* already gone */
+    }
+  }
+
+  private output(kind: number, data: Buffer): void {
+    this.scrollback.push({ kind, data });
+    this.scrollBytes[kind] += data.length;
+    while (this.scrollBytes[kind] > SCROLLBACK_BYTES) {
+      const i = this.scrollback.findIndex((c) => c.kind === kind);
+      const chunk = this.scrollback[i];
+      const excess = this.scrollBytes[kind] - SCROLLBACK_BYTES;
+      if (chunk.data.length <= excess) {
+        this.scrollback.splice(i, 1);
+        this.scrollBytes[kind] -= chunk.data.length;
+      } else {
+        chunk.data = chunk.data.subarray(excess);
+        this.scrollBytes[kind] -= excess;
+      }
+    }
+    if (this.clients.size === 0) return;
+    const frame = Buffer.concat([Buffer.from([kind]), data]);
+    for (const ws of this.clients) this.sendLive(ws, frame);
+    this.checkPressure();
+  }
+
+  private sendLive(ws: WebSocket, frame: Buffer): void {
+    if (ws.readyState !== WebSocket.OPEN) return;
+    ws.send(frame, () => this.checkPressure());
+  }
+
+  private checkPressure(): void {
+    let max = 0;
+    for (const ws of this.clients) max = Math.max(max, ws.bufferedAmount);
+    if (!this.paused && max > HIGH_WATER) {
+      this.paused = true;
+      this.child.stdout?.pause();
+      this.child.stderr?.pause();
+    } else if (this.paused && max < LOW_WATER) {
+      this.paused = false;
+      this.child.stdout?.resume();
+      this.child.stderr?.resume();
+    }
+  }
+
+  /** Attaches a WebSocket client: scrollback, end-of-scrollback marker, then live output and stdin. */
+  attach(ws: WebSocket): void {
+    if (this.disconnectTimer) {
+      clearTimeout(this.disconnectTimer);
+      this.disconnectTimer = undefined;
+    }
+    for (const c of this.scrollback) ws.send(Buffer.concat([Buffer.from([c.kind]), c.data]));
+    ws.send(Buffer.from([FRAME_SCROLLBACK_END]));
+    if (!this.running) {
+      const frame = Buffer.alloc(5);
+      frame[0] = FRAME_EXIT;
+      frame.writeInt32BE(this.exitCode as number, 1);
+      ws.send(frame, () => ws.close(1000, 'exited'));
+      return;
+    }
+    this.clients.add(ws);
+    ws.on('message', (data: Buffer, isBinary: boolean) => {
+      const buf = Buffer.isBuffer(data) ? data : Buffer.from(data as unknown as ArrayBuffer);
+      if (!isBinary || buf.length === 0 || buf[0] !== FRAME_STDIN) return;
+      if (buf.length === 1) this.child.stdin?.end();
+      else if (this.child.stdin?.writable) this.child.stdin.write(buf.subarray(1));
+    });
+    const detach = () => {
+      if (!this.clients.delete(ws)) return;
+      this.checkPressure();
+      if (this.clients.size === 0 && this.running && this.req.maxRunAfterDisconnect !== undefined) {
+        this.disconnectTimer = setTimeout(() => {
+          this.log.info({ sandboxId: this.sandboxId, execId: this.id }, 'exec killed: no client attached');
+          this.kill('SIGKILL');
+        }, this.req.maxRunAfterDisconnect * 1000);
+      }
+    };
+    ws.on('close', detach);
+    ws.on('error', detach);
+  }
+
+  /** Closes every client socket (the command keeps running). */
+  closeClients(): void {
+    for (const ws of this.clients) ws.terminate();
+    this.clients.clear();
+  }
+}
+
+type Wrap = (fn: (req: Request, res: Response) => Promise<void>) => (req: Request, res: Response, next: NextFunction) => void;
+type Parse = <S extends z.ZodType>(schema: S, req: Request) => z.infer<S>;
 
 /** Owns the exec sessions of every sandbox on this host. */
 export class ExecManager {
+  private readonly sessions = new Map<string, Map<string, ExecSession>>();
+
   constructor(
     readonly provider: SandboxProvider,
     readonly logger: Logger,
   ) {}
 
+  /** Starts a command inside the sandbox. Throws not_found / conflict from the provider. */
+  start(sandboxId: string, req: ExecRequest): ExecSession {
+    const child = this.provider.spawn(sandboxId, { argv: [req.cmd, ...(req.args ?? [])], env: req.envs, cwd: req.cwd });
+    const session = new ExecSession(sandboxId, req, child, this.logger);
+    let map = this.sessions.get(sandboxId);
+    if (!map) this.sessions.set(sandboxId, (map = new Map()));
+    map.set(session.id, session);
+    void session.wait().then(() => this.prune(sandboxId));
+    return session;
+  }
+
+  private prune(sandboxId: string): void {
+    const map = this.sessions.get(sandboxId);
+    if (!map) return;
+    const exited = [...map.values()].filter((s) => !s.running);
+    for (const s of exited.slice(0, Math.max(0, exited.length - KEEP_EXITED))) map.delete(s.id);
+  }
+
+  /** The session, or throws not_found. */
+  get(sandboxId: string, sessionId: string): ExecSession {
+    const s = this.sessions.get(sandboxId)?.get(sessionId);
+    if (!s) throw new SandboxError('not_found', `exec session ${sessionId} not found in sandbox ${sandboxId}`);
+    return s;
+  }
+
+  list(sandboxId: string): ExecSession[] {
+    return [...(this.sessions.get(sandboxId)?.values() ?? [])];
+  }
+
+  /** Runs a command to completion, collecting its output (each stream capped at 16 MiB, the rest dropped). */
+  async run(sandboxId: string, req: ExecRequest & { stdin?: string }): Promise<ExecRunResult> {
+    const child = this.provider.spawn(sandboxId, { argv: [req.cmd, ...(req.args ?? [])], env: req.envs, cwd: req.cwd });
+    const out: Buffer[] = [];
+    const err: Buffer[] = [];
+    let outLen = 0;
+    let errLen = 0;
+    let timedOut = false;
+    child.stdout?.on('data', (d: Buffer) => {
+      if (outLen < RUN_OUTPUT_MAX) out.push(d);
+      outLen += d.length;
+    });
+    child.stderr?.on('data', (d: Buffer) => {
+      if (errLen < RUN_OUTPUT_MAX) err.push(d);
+      errLen += d.length;
+    });
+    child.stdin?.on('error', () => undefined);
+    child.stdin?.end(req.stdin ?? '');
+    const timer = req.timeout
+      ? setTimeout(() => {
+          timedOut = true;
+          try {
+            process.kill(-(child.pid as number), 'SIGKILL');
+          } catch {
+            /* gone */
+          }
+        }, req.timeout * 1000)
+      : undefined;
+    const [code, signal] = await new Promise<[number | null, NodeJS.Signals | null]>((resolve, reject) => {
+      child.on('error', reject);
+      child.on('close', (c, s) => resolve([c, s]));
+    });
+    if (timer) clearTimeout(timer);
+    return {
+      exitCode: exitCodeOf(code, signal),
+      signal,
+      timedOut,
+      stdout: Buffer.concat(out).toString('utf8'),
+      stderr: Buffer.concat(err).toString('utf8'),
+    };
+  }
+
   /** Registers the exec routes on the app. */
-  routes(_app: express.Express, _h: unknown, _parse: unknown): void {}
+  routes(app: express.Express, h: Wrap, parse: Parse): void {
+    app.post('/sandboxes/:id/exec/run', h(async (req, res) => {
+      const { params, body } = parse(z.object({ params: idParams, body: execSchema.extend({ stdin: z.string().optional() }) }), req);
+      res.json(await this.run(params.id, body));
+    }));
+    app.post('/sandboxes/:id/exec', h(async (req, res) => {
+      const { params, body } = parse(z.object({ params: idParams, body: execSchema }), req);
+      res.status(201).json(this.start(params.id, body).info());
+    }));
+    app.get('/sandboxes/:id/exec', h(async (req, res) => {
+      const { params } = parse(z.object({ params: idParams }), req);
+      if (!this.provider.get(params.id)) throw new SandboxError('not_found', `sandbox ${params.id} not found`);
+      res.json(this.list(params.id).map((s) => s.info()));
+    }));
+    app.get('/sandboxes/:id/exec/:sid', h(async (req, res) => {
+      const { params } = parse(z.object({ params: sessionParams }), req);
+      res.json(this.get(params.id, params.sid).info());
+    }));
+    app.post('/sandboxes/:id/exec/:sid/kill', h(async (req, res) => {
+      const { params, body } = parse(
+        z.object({ params: sessionParams, body: z.object({ signal: z.string().optional() }).optional() }),
+        req,
+      );
+      const signal = body?.signal ?? 'SIGKILL';
+      if (!(signal in osConstants.signals)) throw new SandboxError('invalid_request', `unknown signal ${signal}`);
+      const s = this.get(params.id, params.sid);
+      s.kill(signal as NodeJS.Signals);
+      res.json(s.info());
+    }));
+  }
 
   /** Kills and forgets the exec sessions of a sandbox (before it is destroyed). */
-  dropSandbox(_id: string): void {}
+  dropSandbox(id: string): void {
+    for (const s of this.list(id)) {
+      s.kill('SIGKILL');
+      s.closeClients();
+    }
+    this.sessions.delete(id);
+  }
 
-  /** Kills every session's sockets (not the processes). */
-  close(): void {}
+  /** Closes every client socket; commands keep running. */
+  close(): void {
+    for (const map of this.sessions.values()) for (const s of map.values()) s.closeClients();
+  }
 }
 
-/** Handles WebSocket upgrades for exec attachment. */
-export function attachExec(_server: http.Server, _exec: ExecManager, _token: string): void {}
+const WS_PATH = /^\/sandboxes\/([^/]+)\/exec\/([^/]+)\/ws$/;
+
+/** Handles WebSocket upgrades for exec attachment (bearer token in the `authorization` header). */
+export function attachExec(server: http.Server, exec: ExecManager, token: string): void {
+  const wss = new WebSocketServer({ noServer: true, maxPayload: 16 * 1024 * 1024 });
+  server.on('upgrade', (req, socket, head) => {
+    const reject = (status: number, type: string, message: string) => {
+      const body = JSON.stringify({ error: { type, message } });
+      socket.end(
+        `HTTP/1.1 ${status} ${http_status(status)}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`,
+      );
+    };
+    const url = new URL(req.url ?? '/', 'http://host');
+    const m = WS_PATH.exec(url.pathname);
+    if (!m) return reject(404, 'not_found', 'no such route');
+    if (!bearerMatchesHeader(req.headers.authorization, token)) return reject(401, 'unauthorized', 'missing or wrong bearer token');
+    let session: ExecSession;
+    try {
+      session = exec.get(decodeURIComponent(m[1]), decodeURIComponent(m[2]));
+    } catch (err) {
+      return reject(404, 'not_found', (err as Error).message);
+    }
+    wss.handleUpgrade(req, socket, head, (ws) => session.attach(ws));
+  });
+}
+
+function http_status(status: number): string {
+  return status === 401 ? 'Unauthorized' : status === 404 ? 'Not Found' : 'Error';
+}

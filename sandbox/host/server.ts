@@ -3,7 +3,6 @@
  * `createApp(deps)` builds the express app; `startHost(opts)` adopts existing sandboxes and listens.
  * Sandboxes outlive the host: closing it stops only the HTTP server.
  */
-import { createHash, timingSafeEqual } from 'node:crypto';
 import * as http from 'node:http';
 import * as os from 'node:os';
 import express, { type NextFunction, type Request, type Response } from 'express';
@@ -11,6 +10,7 @@ import pino, { type Logger } from 'pino';
 import { z } from 'zod';
 import { errorStatus, isSandboxError, SandboxError, type SandboxErrorType } from '../errors';
 import { createSandboxProvider, type ProviderKind, type SandboxProvider } from '../provider';
+import { bearerMatchesHeader } from './auth';
 import { attachExec, ExecManager } from './exec';
 
 /** What the app needs. */
@@ -91,12 +91,7 @@ type Handler = (req: Request, res: Response) => Promise<void>;
 const h = (fn: Handler) => (req: Request, res: Response, next: NextFunction) => fn(req, res).catch(next);
 
 /** Constant-time check of `Authorization: Bearer <token>`. */
-export function bearerMatches(header: string | undefined, token: string): boolean {
-  const given = header?.startsWith('Bearer ') ? header.slice(7) : '';
-  const a = createHash('sha256').update(given).digest();
-  const b = createHash('sha256').update(token).digest();
-  return timingSafeEqual(a, b) && given.length > 0;
-}
+export const bearerMatches = bearerMatchesHeader;
 
 function sendError(res: Response, type: SandboxErrorType, message: string): void {
   res.status(errorStatus[type]).json({ error: { type, message } });
