@@ -27,8 +27,12 @@ export interface AgentRunSpec {
   timeoutSeconds: number;
 }
 
-/** A registered agent. `_id` is `<orgId>/<agentId>` so every read is an `_id` lookup. */
-export interface AgentDoc extends AgentRunSpec {
+/**
+ * A registered agent. `_id` is `<orgId>/<agentId>` so every read is an `_id` lookup.
+ * Caller-supplied JSON (config) and file paths are stored as JSON text / arrays, since keys with
+ * `.` or a leading `$` are not storable on every MongoDB-wire server.
+ */
+export interface AgentDoc extends Omit<AgentRunSpec, 'files'> {
   _id: string;
   orgId: string;
   id: string;
@@ -36,7 +40,9 @@ export interface AgentDoc extends AgentRunSpec {
   channels: string[];
   packages: string[];
   secret_store: string;
-  config: Record<string, unknown> | null;
+  /** JSON text of the config object, or null. */
+  config: string | null;
+  files: { path: string; content: string }[];
   created_at: Date;
   updated_at: Date;
 }
@@ -50,14 +56,15 @@ export interface SessionOutcome {
   message: string | null;
 }
 
+/** A session. input, metadata and result are kept as JSON text (see AgentDoc). */
 export interface SessionDoc {
   _id: string;
   orgId: string;
   agent_id: string;
   status: SessionStatus;
-  input: Record<string, unknown>;
-  metadata: Record<string, unknown>;
-  result: Record<string, unknown> | null;
+  input: string;
+  metadata: string;
+  result: string | null;
   preview_url: string | null;
   outcome: SessionOutcome | null;
   sandbox_id: string | null;
@@ -114,6 +121,23 @@ async function ensureIndexes(store: Store): Promise<void> {
     store.sessions.createIndex({ orgId: 1, agent_id: 1, created_at: -1 }),
     store.apiKeys.createIndex({ orgId: 1 }),
   ]);
+}
+
+/** The run spec of an agent, as a session's workflow receives it. */
+export function runSpecOf(a: AgentDoc): AgentRunSpec {
+  return {
+    core: a.core,
+    entrypoint: a.entrypoint,
+    files: Object.fromEntries(a.files.map((f) => [f.path, f.content])),
+    env: a.env,
+    snapshot: a.snapshot,
+    timeoutSeconds: a.timeoutSeconds,
+  };
+}
+
+/** Parses JSON text written by this service; null stays null. */
+export function fromJsonText<T = Record<string, unknown>>(text: string | null): T | null {
+  return text === null ? null : (JSON.parse(text) as T);
 }
 
 /** True when `err` is a duplicate-key error (code 11000), as an insert of an existing `_id` gives. */

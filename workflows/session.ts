@@ -1,6 +1,5 @@
 import {
   ActivityFailure,
-  ApplicationFailure,
   CancellationScope,
   isCancellation,
   proxyActivities,
@@ -11,6 +10,7 @@ import type { Activities } from '../activities';
 import { SESSION_STATUS } from './search-attributes';
 import type { AgentRunSpec } from '../store';
 import type { SessionWorkflowResult, SessionEnd } from './types';
+import type { EntrypointExit } from '../activities';
 
 /** Arguments of one session's workflow. The workflow id is the session id. */
 export interface SessionWorkflowArgs {
@@ -45,7 +45,7 @@ function hostActivities(taskQueue: string, timeoutSeconds: number) {
     startToCloseTimeout: '1 minute',
     retry: { initialInterval: '500 ms', backoffCoefficient: 2, maximumInterval: '10 s' },
   });
-  return { awaitEntrypointExit: waiting.awaitEntrypointExit, destroySandboxAndRecordOutcome: cleanup.destroySandboxAndRecordOutcome };
+  return { awaitEntrypointExit: waiting.awaitEntrypointExit, captureResultAndDestroySandbox: cleanup.captureResultAndDestroySandbox };
 }
 
 /** Records an ending that happened before any sandbox existed (provisioning failed for good). */
@@ -66,7 +66,10 @@ function setStatus(status: string): void {
 export async function sessionWorkflow(args: SessionWorkflowArgs): Promise<SessionWorkflowResult> {
   const { sessionId } = args;
   let provisioned: { sandboxId: string; taskQueue: string } | undefined;
-  let end: SessionEnd | undefined;
+  let exit: EntrypointExit | null = null;
+  let cancelled = false;
+  let failure: string | undefined;
+  let end: SessionEnd;
   try {
     // Not cancellable: a DELETE during provisioning waits for the sandbox to exist, then destroys it.
     provisioned = await CancellationScope.nonCancellable(() =>
@@ -74,34 +77,23 @@ export async function sessionWorkflow(args: SessionWorkflowArgs): Promise<Sessio
     );
     setStatus('running');
     const host = hostActivities(provisioned.taskQueue, args.run.timeoutSeconds);
-    end = await host.awaitEntrypointExit({ sessionId, sandboxId: provisioned.sandboxId });
+    exit = await host.awaitEntrypointExit({ sessionId, sandboxId: provisioned.sandboxId });
   } catch (err) {
-    if (isCancellation(err)) {
-      end = { status: 'failed', result: null, outcome: { reason: 'cancelled', exit_code: null, message: 'session ended by request' } };
-    } else if (!provisioned) {
+    if (isCancellation(err)) cancelled = true;
+    else if (provisioned) failure = err instanceof ActivityFailure && err.cause ? err.cause.message : String(err);
+    else {
       const message = err instanceof ActivityFailure && err.cause ? err.cause.message : String(err);
       end = { status: 'failed', result: null, outcome: { reason: 'provisioning_failed', exit_code: null, message } };
-    } else {
-      const message = err instanceof ActivityFailure && err.cause ? err.cause.message : String(err);
-      end = { status: 'failed', result: null, outcome: { reason: 'exit_code', exit_code: null, message } };
+      await CancellationScope.nonCancellable(() => recordSessionOutcome({ sessionId, end }));
+      setStatus('failed');
+      return { sessionId, workflowId: workflowInfo().workflowId, status: end.status, outcome: end.outcome };
     }
-  } finally {
-    const final = end ?? { status: 'failed' as const, result: null, outcome: { reason: null, exit_code: null, message: 'session ended unexpectedly' } };
-    await CancellationScope.nonCancellable(async () => {
-      if (provisioned) {
-        const host = hostActivities(provisioned.taskQueue, args.run.timeoutSeconds);
-        await host.destroySandboxAndRecordOutcome({ sessionId, sandboxId: provisioned.sandboxId, end: final });
-      } else {
-        await recordSessionOutcome({ sessionId, end: final });
-      }
-    });
-    setStatus(final.status);
   }
-  if (!end) throw ApplicationFailure.nonRetryable('session ended without an outcome', 'SessionLost');
-  return {
-    sessionId,
-    status: end.status,
-    outcome: end.outcome,
-    workflowId: workflowInfo().workflowId,
-  };
+  // Every path with a sandbox ends here: capture, record, destroy, even when cancelled.
+  const { sandboxId, taskQueue } = provisioned!;
+  end = await CancellationScope.nonCancellable(() =>
+    hostActivities(taskQueue, args.run.timeoutSeconds).captureResultAndDestroySandbox({ sessionId, sandboxId, exit, cancelled, failure }),
+  );
+  setStatus(end.status);
+  return { sessionId, workflowId: workflowInfo().workflowId, status: end.status, outcome: end.outcome };
 }

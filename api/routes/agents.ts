@@ -4,7 +4,7 @@ import type { RouteTable } from '../http';
 import { Agent, AgentParams, CreateAgentBody, Cursor, Limit, UpdateAgentBody } from '../schemas';
 import { conflict, notFound } from '../../lib/errors';
 import { randomId } from '../../lib/ids';
-import { AgentDoc, isDuplicateKey } from '../../store';
+import { AgentDoc, fromJsonText, isDuplicateKey } from '../../store';
 import { afterCursor, encodeCursor } from '../cursor';
 
 /** The public form of an agent. Environment values are secrets: they are never returned. */
@@ -16,9 +16,9 @@ export function agentView(a: AgentDoc): z.infer<typeof Agent> {
     channels: a.channels,
     packages: a.packages,
     secret_store: a.secret_store,
-    config: a.config,
+    config: fromJsonText(a.config),
     entrypoint: a.entrypoint,
-    files: a.files,
+    files: Object.fromEntries(a.files.map((f) => [f.path, f.content])),
     env: Object.fromEntries(Object.keys(a.env ?? {}).map((k) => [k, '[set]'])),
     snapshot: a.snapshot,
     timeoutSeconds: a.timeoutSeconds,
@@ -58,9 +58,9 @@ export function registerAgentRoutes(t: RouteTable, deps: ApiDeps): void {
         channels: body.channels,
         packages: body.packages,
         secret_store: body.secret_store,
-        config: body.config,
+        config: body.config === null ? null : JSON.stringify(body.config),
         entrypoint: body.entrypoint,
-        files: body.files,
+        files: Object.entries(body.files).map(([path, content]) => ({ path, content })),
         env: body.env,
         snapshot: body.snapshot,
         timeoutSeconds: body.timeoutSeconds,
@@ -121,6 +121,8 @@ export function registerAgentRoutes(t: RouteTable, deps: ApiDeps): void {
       const _id = agentKey(org.id, params.agentId);
       const set: Record<string, unknown> = { updated_at: new Date() };
       for (const [k, v] of Object.entries(body)) if (v !== undefined) set[k] = v;
+      if (body.config !== undefined) set.config = body.config === null ? null : JSON.stringify(body.config);
+      if (body.files !== undefined) set.files = Object.entries(body.files).map(([path, content]) => ({ path, content }));
       const updated = await deps.store.agents.findOneAndUpdate({ _id }, { $set: set }, { returnDocument: 'after' });
       if (!updated) throw notFound(`agent ${params.agentId}`);
       res.json(agentView(updated));

@@ -6,7 +6,7 @@ import type { RouteTable } from '../http';
 import { CreateSessionBody, Cursor, Limit, Session, SessionParams, SessionResult, SessionStatusEnum, AgentParams } from '../schemas';
 import { ApiError, conflict, invalid, notFound } from '../../lib/errors';
 import { derivedId, randomId } from '../../lib/ids';
-import { AgentDoc, isDuplicateKey, SessionDoc } from '../../store';
+import { AgentDoc, fromJsonText, isDuplicateKey, runSpecOf, SessionDoc } from '../../store';
 import { getAgent } from './agents';
 import { afterCursor, encodeCursor } from '../cursor';
 import type { SessionWorkflowArgs } from '../../workflows/session';
@@ -18,10 +18,10 @@ export function sessionView(s: SessionDoc): z.infer<typeof Session> {
     id: s._id,
     agent_id: s.agent_id,
     status: s.status,
-    input: s.input,
-    result: s.result,
+    input: fromJsonText(s.input) ?? {},
+    result: fromJsonText(s.result),
     preview_url: s.preview_url,
-    metadata: s.metadata,
+    metadata: fromJsonText(s.metadata) ?? {},
     outcome: s.outcome,
     created_at: s.created_at.toISOString(),
     updated_at: s.updated_at.toISOString(),
@@ -44,14 +44,7 @@ async function startWorkflow(deps: ApiDeps, s: SessionDoc, agent: AgentDoc): Pro
     sessionId: s._id,
     orgId: s.orgId,
     agentId: s.agent_id,
-    run: {
-      core: agent.core,
-      entrypoint: agent.entrypoint,
-      files: agent.files,
-      env: agent.env,
-      snapshot: agent.snapshot,
-      timeoutSeconds: agent.timeoutSeconds,
-    },
+    run: runSpecOf(agent),
   };
   try {
     await deps.temporal.workflow.start('sessionWorkflow', {
@@ -92,8 +85,8 @@ export function registerSessionRoutes(t: RouteTable, deps: ApiDeps): void {
         orgId: org.id,
         agent_id: agent.id,
         status: 'creating',
-        input: body.input,
-        metadata: body.metadata,
+        input: JSON.stringify(body.input),
+        metadata: JSON.stringify(body.metadata),
         result: null,
         preview_url: null,
         outcome: null,
@@ -171,7 +164,7 @@ export function registerSessionRoutes(t: RouteTable, deps: ApiDeps): void {
       if (!TERMINAL.has(s.status)) throw conflict(`session ${s._id} is still ${s.status}; its result is not available yet`);
       res.json({
         status: s.status,
-        data: s.result,
+        data: fromJsonText(s.result),
         completed_at: (s.completed_at ?? s.updated_at).toISOString(),
         reason: s.outcome?.reason ?? null,
         exit_code: s.outcome?.exit_code ?? null,

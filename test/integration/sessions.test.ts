@@ -62,7 +62,7 @@ describe('session lifecycle on real sandboxes', () => {
     expect(created).toMatchObject({ status: 'creating', input: { hello: 'world', n: 1 }, metadata: { user: 'u1' }, result: null, preview_url: null, agent_id: agent });
     expect(created.id).toMatch(/^sess_[a-z0-9]+$/);
     const done = await waitForStatus(agent, created.id, ['completed', 'failed']);
-    expect(done.status).toBe('completed');
+    expect({ status: done.status, outcome: done.outcome }).toEqual({ status: 'completed', outcome: { reason: null, exit_code: 0, message: null } });
     expect(done.result).toEqual({ hello: 'world', n: 1 });
     const result = await api('GET', `/v1/agents/${agent}/sessions/${created.id}/result`);
     expect(result.status).toBe(200);
@@ -188,16 +188,18 @@ describe('isolation', () => {
     const secret = `/tmp/sap-host-secret-${Date.now()}`;
     fs.writeFileSync(secret, 'host-only');
     try {
-      const marker = `marker${Date.now()}`;
+      const stamp = Date.now();
+      const marker = `marker${stamp}`;
       const sleeper = await bashAgent(`exec -a ${marker} sleep 30`);
       const s1 = await startSession(sleeper);
       await waitForStatus(sleeper, s1.id, ['running']);
       const prober = await bashAgent(
-        `found=false; [ -e ${secret} ] && found=true; seen=false; grep -qa ${marker} /proc/[0-9]*/cmdline 2>/dev/null && seen=true; ` +
-          `work=false; [ -e /work ] && work=true; echo "{\\"secret\\":$found,\\"seen\\":$seen,\\"work\\":$work}" > /tmp/agent_result.json`,
+        `(exec -a own${stamp} sleep 5) & sleep 0.3; own=false; grep -qa "own""${stamp}" /proc/[0-9]*/cmdline 2>/dev/null && own=true; ` +
+          `found=false; [ -e ${secret} ] && found=true; seen=false; grep -qa "marker""${stamp}" /proc/[0-9]*/cmdline 2>/dev/null && seen=true; ` +
+          `work=false; [ -e /work ] && work=true; echo "{\\"own\\":$own,\\"secret\\":$found,\\"seen\\":$seen,\\"work\\":$work}" > /tmp/agent_result.json`,
       );
       const { result } = await runSession(prober);
-      expect(result.data).toEqual({ secret: false, seen: false, work: false });
+      expect(result.data).toEqual({ own: true, secret: false, seen: false, work: false });
       await api('DELETE', `/v1/agents/${sleeper}/sessions/${s1.id}`);
     } finally {
       fs.rmSync(secret, { force: true });
