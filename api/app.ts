@@ -1,4 +1,6 @@
 import express, { NextFunction, Request, Response } from 'express';
+import expressWs from 'express-ws';
+import type http from 'node:http';
 import { OpenApiGeneratorV31 } from '@asteasolutions/zod-to-openapi';
 import { randomUUID } from 'node:crypto';
 import pinoHttp from 'pino-http';
@@ -17,8 +19,10 @@ const JSON_TYPES = ['application/json', 'application/*+json'];
  * Builds the Express app: authentication, the routes of every resource, /openapi.json,
  * health checks, and one error body for every failure. Tests drive this directly.
  */
-export function createApp(deps: ApiDeps): { app: express.Express; auth: Authenticator; openapi: object } {
+export function createApp(deps: ApiDeps, opts: { server?: http.Server } = {}): { app: express.Express; auth: Authenticator; openapi: object } {
   const app = express();
+  // WebSocket routes (router.ws) need the HTTP server; without one (unit tests) they are absent.
+  if (opts.server) expressWs(app, opts.server);
   app.disable('x-powered-by');
   app.set('etag', false);
   app.set('query parser', 'simple');

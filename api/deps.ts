@@ -2,6 +2,7 @@ import type { Client } from '@temporalio/client';
 import type { Config } from '../config';
 import type { Logger } from '../lib/logger';
 import type { Store } from '../store';
+import type { HostDirectory } from './hosts';
 
 /** Everything the API needs, built once by api/main.ts (or a test) and passed to createApp. */
 export interface ApiDeps {
@@ -9,4 +10,6 @@ export interface ApiDeps {
   store: Store;
   temporal: Client;
   logger: Logger;
+  /** Clients of the sandbox hosts, by host id. */
+  hosts: HostDirectory;
 }

@@ -1,10 +1,11 @@
-import http from 'node:http';
 import { Client, Connection } from '@temporalio/client';
 import { bootstrapApiKey, loadConfigOrExit } from '../config';
 import { createLogger } from '../lib/logger';
 import { connectStore } from '../store';
 import { ensureApiKey } from '../store/orgs';
-import { createApp } from './app';
+import { createApiServer } from './server';
+import { HostDirectory } from './hosts';
+import { resolveHostToken } from '../config';
 
 /** The API process: validates configuration, connects, listens, and shuts down on SIGTERM. */
 async function main(): Promise<void> {
@@ -15,9 +16,8 @@ async function main(): Promise<void> {
   if (key) await ensureApiKey(store, 'default', key);
   const connection = await Connection.connect({ address: cfg.TEMPORAL_ADDRESS });
   const temporal = new Client({ connection, namespace: cfg.TEMPORAL_NAMESPACE });
-  const { app } = createApp({ cfg, store, temporal, logger });
-  const server = http.createServer(app);
-  server.keepAliveTimeout = 65_000;
+  const hosts = new HostDirectory(store, resolveHostToken(cfg));
+  const { server } = createApiServer({ cfg, store, temporal, logger, hosts });
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);
     server.listen(cfg.PORT, cfg.HOST, resolve);

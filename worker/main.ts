@@ -2,12 +2,13 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { NativeConnection, Worker } from '@temporalio/worker';
 import { Client, Connection } from '@temporalio/client';
-import { hostIdOf, hostTaskQueue, loadConfigOrExit, PROJECT_ROOT, resolveHostToken } from '../config';
+import { hostTaskQueue, loadConfigOrExit, PROJECT_ROOT, resolveHostToken } from '../config';
 import { createActivities } from '../activities';
 import { createLogger } from '../lib/logger';
 import { HostClient } from '../sandbox/host/client';
 import { connectStore } from '../store';
 import { startReaper } from './reaper';
+import { registerHost } from '../store/hosts';
 
 /** Where `npm run build` puts the prebundled workflow code (bundling at start costs ~2 s). */
 export const WORKFLOW_BUNDLE = path.join(PROJECT_ROOT, 'dist', 'workflow-bundle.js');
@@ -20,9 +21,12 @@ export const WORKFLOW_BUNDLE = path.join(PROJECT_ROOT, 'dist', 'workflow-bundle.
 async function main(): Promise<void> {
   const cfg = loadConfigOrExit();
   const logger = createLogger('worker', cfg.LOG_LEVEL);
-  const hostId = hostIdOf(cfg);
   const store = await connectStore(cfg.MONGO_URL, { ensureIndexes: false });
-  const host = new HostClient({ url: `http://${cfg.HOST_LISTEN}`, token: resolveHostToken(cfg) });
+  const hostUrl = `http://${cfg.HOST_LISTEN}`;
+  const host = new HostClient({ url: hostUrl, token: resolveHostToken(cfg) });
+  // The host says who it is; its sandboxes' steps are routed to that host's task queue.
+  const hostId = (await host.health()).hostId;
+  await registerHost(store, { id: hostId, url: hostUrl, taskQueue: hostTaskQueue(cfg, hostId) });
   const activities = createActivities({ store, host, hostTaskQueue: hostTaskQueue(cfg, hostId), resultMaxBytes: cfg.RESULT_MAX_BYTES });
 
   const connection = await NativeConnection.connect({ address: cfg.TEMPORAL_ADDRESS });

@@ -1,0 +1,35 @@
+import type { Store } from './index';
+
+/**
+ * A sandbox created through /api/sandboxes (or an instance's): which organisation owns it and
+ * which host runs it. `_id` is the sandbox id (`sb-…`), so every lookup is by `_id`.
+ * Caller-supplied objects (metadata, envs) are stored as JSON text (see AgentDoc).
+ */
+export interface SandboxDoc {
+  _id: string;
+  orgId: string;
+  hostId: string;
+  status: 'running' | 'stopped' | 'error';
+  templateID: string;
+  /** JSON text of the caller's metadata object. */
+  metadata: string;
+  /** Where it came from, when not the base image. */
+  fromCheckpoint: string | null;
+  snapshot: string | null;
+  /** Idle timeout in seconds, 0 = none. */
+  timeout: number;
+  memoryMB: number | null;
+  cpuCount: number | null;
+  /** The instance that owns it, if any. */
+  instanceId: string | null;
+  createdAt: Date;
+  updatedAt: Date;
+}
+
+export const sandboxesOf = (store: Store) => store.db.collection<SandboxDoc>('sandboxes');
+
+/** The organisation's sandbox, or null (another organisation's sandbox is null too). */
+export async function findOrgSandbox(store: Store, orgId: string, id: string): Promise<SandboxDoc | null> {
+  const doc = await sandboxesOf(store).findOne({ _id: id });
+  return doc && doc.orgId === orgId ? doc : null;
+}
