@@ -202,6 +202,12 @@ export class BwrapProvider extends BaseProvider {
       });
     });
     info.destroy();
+    // bwrap reports the child's pid right after clone, before the child has mounted the new root.
+    // Entering it before then would enter the host's filesystem: wait until it has forked sleep.
+    await waitForInitChild(nsPid, 15_000).catch(async (err: Error) => {
+      const logText = await fsp.readFile(sub('init.log'), 'utf8').catch(() => '');
+      throw new SandboxError('internal', `sandbox ${id} failed to start (${err.message}): ${logText.trim().slice(-1000)}`);
+    });
     child.removeAllListeners('exit');
     child.unref();
     const outer = procRef(child.pid);
@@ -307,5 +313,24 @@ export class BwrapProvider extends BaseProvider {
     };
     await walk('');
     return hash.digest('hex');
+  }
+}
+
+/**
+ * Resolves once the sandbox's pid-1 (bwrap's own init, `pid`) has forked its command, which it
+ * does only after the new root is mounted: polls /proc/<pid>/task/<pid>/children (~1 ms).
+ */
+async function waitForInitChild(pid: number, timeoutMs: number): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  for (let i = 0; ; i++) {
+    let children = '';
+    try {
+      children = await fsp.readFile(`/proc/${pid}/task/${pid}/children`, 'utf8');
+    } catch {
+      throw new Error(`init process ${pid} is gone`);
+    }
+    if (children.trim() !== '') return;
+    if (Date.now() > deadline) throw new Error(`init did not start within ${timeoutMs} ms`);
+    await new Promise((r) => (i < 50 ? setImmediate(r) : setTimeout(r, 2)));
   }
 }
