@@ -112,7 +112,7 @@ export function registerSessionRoutes(t: RouteTable, deps: ApiDeps): void {
       try {
         await startWorkflow(deps, doc, agent);
       } catch (err) {
-        await deps.store.sessions.deleteOne({ _id: doc._id, status: 'creating' });
+        await deps.store.sessions.deleteOne({ _id: doc._id });
         throw new ApiError('unavailable', `could not start the session workflow: ${(err as Error).message}`);
       }
       res.status(201).json(sessionView(doc));
@@ -195,7 +195,7 @@ export function registerSessionRoutes(t: RouteTable, deps: ApiDeps): void {
         // No workflow was ever started for it: end the record here.
         const now = new Date();
         await deps.store.sessions.updateOne(
-          { _id: s._id, status: { $in: ['creating', 'running'] } },
+          { _id: s._id },
           { $set: { status: 'failed', outcome: { reason: 'cancelled', exit_code: null, message: 'session ended by request' }, completed_at: now, updated_at: now } },
         );
       }

@@ -1,0 +1,12 @@
+import type { Store } from '../store';
+import type { HostClient } from '../sandbox/host/client';
+
+/** What the activities need from the process that runs them (the worker beside a sandbox host). */
+export interface ActivityDeps {
+  store: Store;
+  /** The sandbox host on this machine. */
+  host: HostClient;
+  /** Task queue of the worker beside `host`; returned by provisioning so later steps land here. */
+  hostTaskQueue: string;
+  resultMaxBytes: number;
+}

@@ -1,0 +1,142 @@
+import { Context, ApplicationFailure } from '@temporalio/activity';
+import type { AgentRunSpec, SessionDoc } from '../store';
+import type { HostClient } from '../sandbox/host/client';
+import type { SessionEnd } from '../workflows/types';
+import { sandboxIdForSession } from '../lib/naming';
+
+import type { ActivityDeps } from './deps';
+
+/** Where the agent's input and result live inside a session's sandbox. */
+export const AGENT_INPUT_PATH = '/tmp/agent_input.json';
+export const AGENT_RESULT_PATH = '/tmp/agent_result.json';
+
+/**
+ * The session activities. Each is idempotent, since Temporal may run it again after a crash.
+ */
+export const createSessionActivities = (deps: ActivityDeps) => ({
+  /**
+   * Provisions the session's sandbox on this machine's host, writes the agent's files and the
+   * input to /tmp/agent_input.json, starts the entrypoint, and marks the session `running`.
+   * A retry finds the same sandbox (its id derives from the session id) and starts nothing twice.
+   */
+  async provisionSandbox(args: { sessionId: string; orgId: string; agentId: string; run: AgentRunSpec }): Promise<{ sandboxId: string; taskQueue: string }> {
+    const session = await deps.store.sessions.findOne({ _id: args.sessionId }, { projection: { input: 1 } });
+    if (!session) throw ApplicationFailure.nonRetryable(`session ${args.sessionId} not found`, 'InvalidAgent');
+    const sandboxId = sandboxIdForSession(args.sessionId);
+    await createOrExplain(deps, {
+      id: sandboxId,
+      orgId: args.orgId,
+      owner: { kind: 'session', id: args.sessionId },
+      envs: { ...args.run.env, AGENT_INPUT_PATH, AGENT_RESULT_PATH, SESSION_ID: args.sessionId, AGENT_ID: args.agentId },
+      files: { ...args.run.files, [AGENT_INPUT_PATH]: session.input },
+      entrypoint: { argv: args.run.entrypoint, timeoutSeconds: args.run.timeoutSeconds, cwd: '/workspace' },
+    });
+    const now = new Date();
+    // Filters are on `_id` alone: FerretDB answers those from its index and scans for anything else.
+    await deps.store.sessions.updateOne(
+      { _id: args.sessionId },
+      { $set: { status: 'running', sandbox_id: sandboxId, started_at: now, updated_at: now } },
+    );
+    return { sandboxId, taskQueue: deps.hostTaskQueue };
+  },
+
+  /**
+   * Waits for the entrypoint to exit, heartbeating, and reports how it exited. The agent's
+   * failure is a result, never an exception, so it is not retried.
+   */
+  async awaitEntrypointExit(args: { sessionId: string; sandboxId: string }): Promise<EntrypointExit> {
+    const ctx = Context.current();
+    for (;;) {
+      ctx.heartbeat();
+      const st = await deps.host.entrypointStatus(args.sandboxId, { waitMs: 5000, signal: ctx.cancellationSignal });
+      if (st.state === 'none') throw ApplicationFailure.nonRetryable(`sandbox ${args.sandboxId} has no entrypoint`, 'SandboxLost');
+      if (st.state === 'exited') return { exitCode: st.exitCode, timedOut: st.timedOut, signal: st.signal };
+    }
+  },
+
+  /**
+   * Reads /tmp/agent_result.json, records how the session ended, then destroys the sandbox.
+   * Exit 0 → completed; non-zero, timeout or cancellation → failed. A result that is not a JSON
+   * object, or is larger than the limit, fails the session with that reason. Recording happens
+   * before destroying, and only once, so a retry after a crash neither loses nor rewrites it.
+   */
+  async captureResultAndDestroySandbox(args: { sessionId: string; sandboxId: string; exit: EntrypointExit | null; cancelled: boolean; failure?: string }): Promise<SessionEnd> {
+    const captured = await captureResult(deps, args.sandboxId);
+    const end = decideEnd(args.exit, args.cancelled, captured, args.failure);
+    await recordOutcome(deps, args.sessionId, end);
+    await deps.host.destroySandbox(args.sandboxId);
+    return { ...end, result: null };
+  },
+
+  /** Records how a session ended when it never got a sandbox. */
+  async recordSessionOutcome(args: { sessionId: string; end: SessionEnd }): Promise<void> {
+    await recordOutcome(deps, args.sessionId, args.end);
+  },
+});
+
+/** How an entrypoint exited. */
+export interface EntrypointExit {
+  exitCode: number;
+  timedOut: boolean;
+  signal: string | null;
+}
+
+/** The session's ending from the entrypoint's exit and its captured result. */
+export function decideEnd(exit: EntrypointExit | null, cancelled: boolean, captured: { data: Record<string, unknown> | null; error?: string }, failure?: string): SessionEnd {
+  if (cancelled) return { status: 'failed', result: captured.data, outcome: { reason: 'cancelled', exit_code: exit?.exitCode ?? null, message: 'session ended by request' } };
+  if (!exit) return { status: 'failed', result: captured.data, outcome: { reason: null, exit_code: null, message: failure ?? 'entrypoint status unknown' } };
+  if (exit.timedOut) return { status: 'failed', result: captured.data, outcome: { reason: 'timeout', exit_code: exit.exitCode, message: 'entrypoint exceeded the agent timeout' } };
+  if (captured.error) return { status: 'failed', result: null, outcome: { reason: 'invalid_result', exit_code: exit.exitCode, message: captured.error } };
+  if (exit.exitCode !== 0) {
+    const how = exit.signal ? `was killed by ${exit.signal}` : `exited with code ${exit.exitCode}`;
+    return { status: 'failed', result: captured.data, outcome: { reason: 'exit_code', exit_code: exit.exitCode, message: `entrypoint ${how}` } };
+  }
+  return { status: 'completed', result: captured.data, outcome: { reason: null, exit_code: 0, message: null } };
+}
+
+
+/** Creates a sandbox; failures that a retry cannot fix become non-retryable. */
+async function createOrExplain(deps: ActivityDeps, req: Parameters<HostClient['createSandbox']>[0]): Promise<void> {
+  try {
+    await deps.host.createSandbox(req);
+  } catch (err) {
+    const type = (err as { type?: string }).type;
+    if (type === 'patch_failed') throw ApplicationFailure.nonRetryable((err as Error).message, 'PatchFailed');
+    if (type === 'invalid_request') throw ApplicationFailure.nonRetryable((err as Error).message, 'InvalidAgent');
+    throw err;
+  }
+}
+
+async function recordOutcome(deps: ActivityDeps, sessionId: string, end: SessionEnd): Promise<void> {
+  const now = new Date();
+  const result = end.result === null ? null : JSON.stringify(end.result);
+  const update: Partial<SessionDoc> = { status: end.status, result, outcome: end.outcome, completed_at: now, updated_at: now };
+  // Only a session that has not ended yet is written: a retry never overwrites the first outcome.
+  // (Read, then write by `_id` alone: one workflow owns the session, so nothing races this.)
+  const current = await deps.store.sessions.findOne({ _id: sessionId }, { projection: { status: 1 } });
+  if (!current || current.status === 'completed' || current.status === 'failed') return;
+  await deps.store.sessions.updateOne({ _id: sessionId }, { $set: update });
+}
+
+async function captureResult(deps: ActivityDeps, sandboxId: string): Promise<{ data: Record<string, unknown> | null; error?: string }> {
+  let raw: Buffer | null;
+  try {
+    raw = await deps.host.readFile(sandboxId, AGENT_RESULT_PATH, { maxBytes: deps.resultMaxBytes });
+  } catch (err) {
+    if ((err as { type?: string }).type === 'payload_too_large') {
+      return { data: null, error: `${AGENT_RESULT_PATH} is larger than the ${deps.resultMaxBytes}-byte limit` };
+    }
+    throw err;
+  }
+  if (raw === null) return { data: null };
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(raw.toString('utf8'));
+  } catch {
+    return { data: null, error: `${AGENT_RESULT_PATH} is not valid JSON` };
+  }
+  if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed)) {
+    return { data: null, error: `${AGENT_RESULT_PATH} must hold a JSON object` };
+  }
+  return { data: parsed as Record<string, unknown> };
+}
