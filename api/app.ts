@@ -11,6 +11,7 @@ import type { ApiDeps } from './deps';
 import { RouteTable } from './http';
 import { registerAgentRoutes } from './routes/agents';
 import { registerSessionRoutes } from './routes/sessions';
+import { registerSandboxRoutes } from './routes/sandboxes';
 
 /** Body types the API reads; anything else on a request with a body is 415. */
 const JSON_TYPES = ['application/json', 'application/*+json'];
@@ -72,6 +73,7 @@ export function createApp(deps: ApiDeps, opts: { server?: http.Server } = {}): {
   const table = new RouteTable(router, auth);
   registerAgentRoutes(table, deps);
   registerSessionRoutes(table, deps);
+  registerSandboxRoutes(table, deps);
 
   const openapi = new OpenApiGeneratorV31(table.registry.definitions).generateDocument({
     openapi: '3.1.0',

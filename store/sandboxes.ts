@@ -22,6 +22,8 @@ export interface SandboxDoc {
   cpuCount: number | null;
   /** The instance that owns it, if any. */
   instanceId: string | null;
+  /** Last time a caller used it (exec, files, previews); the idle timeout counts from here. */
+  lastActiveAt?: Date;
   createdAt: Date;
   updatedAt: Date;
 }
@@ -32,4 +34,14 @@ export const sandboxesOf = (store: Store) => store.db.collection<SandboxDoc>('sa
 export async function findOrgSandbox(store: Store, orgId: string, id: string): Promise<SandboxDoc | null> {
   const doc = await sandboxesOf(store).findOne({ _id: id });
   return doc && doc.orgId === orgId ? doc : null;
+}
+
+/** Marks a sandbox as used now, at most once a minute per sandbox per process (it costs a write). */
+const touched = new Map<string, number>();
+export async function touchSandbox(store: Store, id: string): Promise<void> {
+  const now = Date.now();
+  if ((touched.get(id) ?? 0) > now - 60_000) return;
+  touched.set(id, now);
+  if (touched.size > 10_000) touched.clear();
+  await sandboxesOf(store).updateOne({ _id: id }, { $set: { lastActiveAt: new Date(now) } });
 }

@@ -3,41 +3,59 @@ import { WorkflowNotFoundError } from '@temporalio/client';
 import type { Logger } from '../lib/logger';
 import type { HostClient } from '../sandbox/host/client';
 import type { Store } from '../store';
+import { sandboxesOf } from '../store/sandboxes';
+import type { SandboxInfo } from '../sandbox/types';
 
 /** Sandboxes younger than this are left alone: their session may still be provisioning. */
 const GRACE_MS = 60_000;
 
 /**
- * Finds session sandboxes left behind by a crash (their session has ended, or its workflow is
- * gone) and destroys them: at start, then every `intervalMs`.
+ * Destroys sandboxes nobody needs any more: a session's sandbox left behind by a crash (its
+ * session has ended, or its workflow is gone), an API or instance sandbox without a record, and
+ * an API sandbox idle past its `timeout`. Runs at start, then every `intervalMs` (15 s).
  */
 export function startReaper(deps: { host: HostClient; store: Store; client: Client; logger: Logger; intervalMs?: number }): { stop(): void; sweep(): Promise<number> } {
   async function sweep(): Promise<number> {
     let reaped = 0;
     const sandboxes = await deps.host.listSandboxes();
     for (const sb of sandboxes) {
-      if (sb.owner?.kind !== 'session' || Date.now() - Date.parse(sb.createdAt) < GRACE_MS) continue;
-      const session = await deps.store.sessions.findOne({ _id: sb.owner.id }, { projection: { status: 1 } });
-      let orphan = !session || session.status === 'completed' || session.status === 'failed';
-      if (!orphan) {
-        try {
-          const d = await deps.client.workflow.getHandle(sb.owner.id).describe();
-          orphan = d.status.name !== 'RUNNING';
-        } catch (err) {
-          orphan = err instanceof WorkflowNotFoundError;
-        }
-      }
+      const orphan = await isOrphan(sb).catch(() => false);
       if (orphan) {
         await deps.host.destroySandbox(sb.id);
-        deps.logger.warn({ sandboxId: sb.id, sessionId: sb.owner.id }, 'destroyed an orphaned sandbox');
+        deps.logger.warn({ sandboxId: sb.id, owner: sb.owner, why: orphan }, 'destroyed a sandbox');
         reaped++;
       }
     }
     return reaped;
   }
+
+  /** Why a sandbox should go (its owner has ended, or it has been idle past its timeout), or false. */
+  async function isOrphan(sb: SandboxInfo): Promise<string | false> {
+    if (sb.owner?.kind === 'session') {
+      if (Date.now() - Date.parse(sb.createdAt) < GRACE_MS) return false;
+      const session = await deps.store.sessions.findOne({ _id: sb.owner.id }, { projection: { status: 1 } });
+      if (!session || session.status === 'completed' || session.status === 'failed') return 'its session has ended';
+      try {
+        const d = await deps.client.workflow.getHandle(sb.owner.id).describe();
+        return d.status.name !== 'RUNNING' ? 'its session workflow has ended' : false;
+      } catch (err) {
+        return err instanceof WorkflowNotFoundError ? 'its session workflow does not exist' : false;
+      }
+    }
+    if (sb.owner?.kind === 'api' || sb.owner?.kind === 'instance') {
+      const doc = await sandboxesOf(deps.store).findOne({ _id: sb.id });
+      if (!doc || doc.status === 'stopped') return 'it has no record';
+      const last = (doc.lastActiveAt ?? doc.createdAt).getTime();
+      if (doc.timeout > 0 && Date.now() - last > doc.timeout * 1000) {
+        await sandboxesOf(deps.store).updateOne({ _id: doc._id }, { $set: { status: 'stopped', updatedAt: new Date() } });
+        return `idle for more than ${doc.timeout} s`;
+      }
+    }
+    return false;
+  }
   const run = () => sweep().catch((err) => deps.logger.warn({ err: String(err) }, 'reaper sweep failed'));
   void run();
-  const timer = setInterval(run, deps.intervalMs ?? 60_000);
+  const timer = setInterval(run, deps.intervalMs ?? 15_000);
   timer.unref();
   return { stop: () => clearInterval(timer), sweep };
 }

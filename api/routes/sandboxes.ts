@@ -1,0 +1,193 @@
+import { z } from 'zod';
+import type { ApiDeps } from '../deps';
+import type { RouteTable } from '../http';
+import '../http';
+import { ApiError, notFound } from '../../lib/errors';
+import { randomId } from '../../lib/ids';
+import { fromJsonText } from '../../store';
+import { findOrgSandbox, SandboxDoc, sandboxesOf } from '../../store/sandboxes';
+
+const EnvName = z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'must be a valid environment variable name');
+
+/** The create body of the OpenComputer client (`Sandbox.create`); fields we do not use are ignored. */
+export const CreateSandboxBody = z
+  .object({
+    templateID: z.string().min(1).max(200).default('base'),
+    snapshot: z.string().min(1).max(200).optional(),
+    envs: z.record(EnvName, z.string().max(32768)).default({}),
+    metadata: z.record(z.string(), z.string().max(4096)).default({}),
+    timeout: z.number().int().min(0).max(30 * 24 * 3600).default(0).describe('Idle seconds before the sandbox is destroyed; 0 = never'),
+    memoryMB: z.number().int().min(16).max(1024 * 1024).optional(),
+    cpuCount: z.number().min(0.1).max(256).optional(),
+  })
+  .openapi('CreateSandbox');
+
+export const SandboxView = z
+  .object({
+    sandboxID: z.string(),
+    status: z.enum(['running', 'stopped', 'error']),
+    templateID: z.string(),
+    metadata: z.record(z.string(), z.string()),
+    timeout: z.number().int(),
+    memoryMB: z.number().nullable(),
+    cpuCount: z.number().nullable(),
+    fromCheckpoint: z.string().nullable(),
+    snapshot: z.string().nullable(),
+    sandboxDomain: z.string(),
+    createdAt: z.string(),
+  })
+  .openapi('Sandbox');
+
+export const SandboxParams = z.object({ id: z.string().regex(/^sb-[a-z0-9-]{1,64}$/, 'must be a sandbox id (sb-…)') });
+
+/** The public form of a sandbox (OpenComputer's shape: `sandboxID`, camelCase fields). */
+export function sandboxView(deps: ApiDeps, s: SandboxDoc): z.infer<typeof SandboxView> {
+  return {
+    sandboxID: s._id,
+    status: s.status,
+    templateID: s.templateID,
+    metadata: fromJsonText<Record<string, string>>(s.metadata) ?? {},
+    timeout: s.timeout,
+    memoryMB: s.memoryMB,
+    cpuCount: s.cpuCount,
+    fromCheckpoint: s.fromCheckpoint,
+    snapshot: s.snapshot,
+    sandboxDomain: deps.cfg.PREVIEW_DOMAIN,
+    createdAt: s.createdAt.toISOString(),
+  };
+}
+
+/** The organisation's sandbox, or 404. */
+export async function getOrgSandbox(deps: ApiDeps, orgId: string, id: string): Promise<SandboxDoc> {
+  const doc = await findOrgSandbox(deps.store, orgId, id);
+  if (!doc) throw notFound(`sandbox ${id}`);
+  return doc;
+}
+
+/** What a new sandbox is made from, besides the base image. */
+export interface SandboxOrigin {
+  layers?: string[];
+  patches?: { id: string; script: string }[];
+  fromCheckpoint?: string | null;
+  snapshot?: string | null;
+  instanceId?: string | null;
+}
+
+/**
+ * Records a sandbox and creates it on a host. The record is written first, so a sandbox never
+ * exists without one; if the host fails, the record is removed and the error passed on.
+ */
+export async function provisionSandbox(
+  deps: ApiDeps,
+  orgId: string,
+  body: z.infer<typeof CreateSandboxBody>,
+  origin: SandboxOrigin = {},
+): Promise<SandboxDoc> {
+  const { hostId, client } = await deps.hosts.pick();
+  const now = new Date();
+  const doc: SandboxDoc = {
+    _id: `sb-${randomId()}`,
+    orgId,
+    hostId,
+    status: 'running',
+    templateID: body.templateID,
+    metadata: JSON.stringify(body.metadata),
+    fromCheckpoint: origin.fromCheckpoint ?? null,
+    snapshot: origin.snapshot ?? null,
+    timeout: body.timeout,
+    memoryMB: body.memoryMB ?? null,
+    cpuCount: body.cpuCount ?? null,
+    instanceId: origin.instanceId ?? null,
+    createdAt: now,
+    updatedAt: now,
+  };
+  await sandboxesOf(deps.store).insertOne(doc);
+  try {
+    await client.createSandbox({
+      id: doc._id,
+      orgId,
+      owner: origin.instanceId ? { kind: 'instance', id: origin.instanceId } : { kind: 'api', id: doc._id },
+      envs: body.envs,
+      memoryMB: body.memoryMB,
+      cpuCount: body.cpuCount,
+      layers: origin.layers,
+      patches: origin.patches,
+      metadata: body.metadata,
+    });
+  } catch (err) {
+    await sandboxesOf(deps.store).deleteOne({ _id: doc._id });
+    const e = err as { type?: string; message?: string };
+    if (e.type === 'patch_failed') throw new ApiError('conflict', e.message ?? 'a patch failed');
+    if (e.type === 'invalid_request' || e.type === 'not_found') throw new ApiError('invalid_request', e.message ?? 'invalid sandbox request');
+    throw new ApiError('unavailable', `could not create the sandbox: ${e.message ?? String(err)}`);
+  }
+  return doc;
+}
+
+/** Destroys a sandbox on its host and marks its record stopped. Idempotent. */
+export async function destroySandbox(deps: ApiDeps, doc: SandboxDoc): Promise<SandboxDoc> {
+  if (doc.status !== 'stopped') {
+    const host = await deps.hosts.get(doc.hostId);
+    await host.destroySandbox(doc._id);
+    const now = new Date();
+    await sandboxesOf(deps.store).updateOne({ _id: doc._id }, { $set: { status: 'stopped', updatedAt: now } });
+    return { ...doc, status: 'stopped', updatedAt: now };
+  }
+  return doc;
+}
+
+/** /api/sandboxes: create, list, read, kill (the OpenComputer API's shapes). */
+export function registerSandboxRoutes(t: RouteTable, deps: ApiDeps): void {
+  t.add({
+    method: 'post',
+    path: '/api/sandboxes',
+    tag: 'sandboxes',
+    summary: 'Create a sandbox from the base image',
+    body: CreateSandboxBody,
+    responses: { 201: { description: 'The running sandbox', schema: SandboxView } },
+    errors: [503],
+    handler: async ({ body, org, res }) => {
+      if (body.templateID !== 'base') throw new ApiError('invalid_request', `body.templateID: unknown template ${body.templateID}; only "base" exists`);
+      if (body.snapshot) throw new ApiError('invalid_request', 'body.snapshot: snapshots are not supported yet');
+      const doc = await provisionSandbox(deps, org.id, body);
+      res.status(201).json(sandboxView(deps, doc));
+    },
+  });
+
+  t.add({
+    method: 'get',
+    path: '/api/sandboxes',
+    tag: 'sandboxes',
+    summary: "List the organisation's running sandboxes",
+    responses: { 200: { description: 'Sandboxes, newest first', schema: z.array(SandboxView) } },
+    handler: async ({ org, res }) => {
+      const docs = await sandboxesOf(deps.store).find({ orgId: org.id, status: 'running' }).sort({ createdAt: -1 }).limit(1000).toArray();
+      res.json(docs.map((d) => sandboxView(deps, d)));
+    },
+  });
+
+  t.add({
+    method: 'get',
+    path: '/api/sandboxes/:id',
+    tag: 'sandboxes',
+    summary: 'Get a sandbox',
+    params: SandboxParams,
+    responses: { 200: { description: 'The sandbox', schema: SandboxView } },
+    handler: async ({ params, org, res }) => {
+      res.json(sandboxView(deps, await getOrgSandbox(deps, org.id, params.id)));
+    },
+  });
+
+  t.add({
+    method: 'delete',
+    path: '/api/sandboxes/:id',
+    tag: 'sandboxes',
+    summary: "Kill a sandbox: its processes are killed and its files removed",
+    params: SandboxParams,
+    responses: { 200: { description: 'The sandbox, now stopped', schema: SandboxView } },
+    handler: async ({ params, org, res }) => {
+      const doc = await getOrgSandbox(deps, org.id, params.id);
+      res.json(sandboxView(deps, await destroySandbox(deps, doc)));
+    },
+  });
+}
