@@ -23,6 +23,12 @@ export const configSchema = z.object({
   TEMPORAL_NAMESPACE: nonEmpty.default('default'),
   TASK_QUEUE: nonEmpty.regex(/^[\w.-]+$/, 'letters, digits, _ . - only').default('sandbox-agents'),
   PREVIEW_DOMAIN: nonEmpty.regex(/^[a-z0-9.-]+(:\d+)?$/i, 'must be a domain name').default('preview.localhost'),
+  /** A second port on which only the preview proxy listens (previews are always served on PORT too). */
+  PREVIEW_PORT: port.optional(),
+  /** Set when a TLS-terminating front serves *.PREVIEW_DOMAIN over HTTPS: previews then report sslStatus `active`. */
+  PREVIEW_TLS: z.enum(['true', 'false', '1', '0']).default('false').transform((v) => v === 'true' || v === '1'),
+  /** Default per-organisation capacity reservation limit, per 15-minute interval (OrgDoc.settings.reservationLimitGb overrides it). */
+  RESERVATION_LIMIT_GB: z.coerce.number().int().min(0).default(64),
   DATA_DIR: nonEmpty.default(path.join(PROJECT_ROOT, '.data')),
   SANDBOX_PROVIDER: z.enum(['bwrap', 'process']).default('bwrap'),
   HOST_ID: nonEmpty.regex(/^[\w.-]+$/, 'letters, digits, _ . - only').optional(),
