@@ -1,8 +1,9 @@
 import type { ActivityDeps } from './deps';
 import { createSessionActivities } from './sessions';
+import { createBatchActivities } from './batches';
 
 export type { ActivityDeps } from './deps';
-export type { EntrypointExit } from './sessions';
+export type { EntrypointExit, Provisioned } from './sessions';
 export { AGENT_INPUT_PATH, AGENT_RESULT_PATH, decideEnd } from './sessions';
 
 /**
@@ -11,6 +12,7 @@ export { AGENT_INPUT_PATH, AGENT_RESULT_PATH, decideEnd } from './sessions';
  */
 export const createActivities = (deps: ActivityDeps) => ({
   ...createSessionActivities(deps),
+  ...createBatchActivities(deps),
 });
 
 export type Activities = ReturnType<typeof createActivities>;

@@ -11,7 +11,9 @@ import type { ApiDeps } from './deps';
 import { RouteTable } from './http';
 import { registerAgentRoutes } from './routes/agents';
 import { registerSessionRoutes } from './routes/sessions';
+import { registerBatchRoutes } from './routes/batches';
 import { registerSandboxRoutes } from './routes/sandboxes';
+import { registerCheckpointRoutes } from './routes/checkpoints';
 import { registerCapacityRoutes } from './routes/capacity';
 
 /** Body types the API reads; anything else on a request with a body is 415. */
@@ -68,13 +70,17 @@ export function createApp(deps: ApiDeps, opts: { server?: http.Server } = {}): {
     next();
   });
   app.use(express.json({ limit: deps.cfg.BODY_LIMIT_BYTES, type: JSON_TYPES, strict: true }));
+  // NDJSON bodies (batch items) reach their route as text.
+  app.use(express.text({ limit: deps.cfg.BODY_LIMIT_BYTES, type: 'application/x-ndjson' }));
 
   const auth = createAuthenticator(deps.store);
   const router = express.Router();
   const table = new RouteTable(router, auth);
   registerAgentRoutes(table, deps);
   registerSessionRoutes(table, deps);
+  registerBatchRoutes(table, deps);
   registerSandboxRoutes(table, deps);
+  registerCheckpointRoutes(table, deps);
   registerCapacityRoutes(table, deps);
 
   const openapi = new OpenApiGeneratorV31(table.registry.definitions).generateDocument({

@@ -1,2 +1,4 @@
 export { sessionWorkflow } from './session';
 export type { SessionWorkflowArgs } from './session';
+export { batchWorkflow } from './batch';
+export type { BatchWorkflowArgs } from './batch';

@@ -7,3 +7,6 @@ export const ORG_ID = defineSearchAttributeKey('OrgId', SearchAttributeType.KEYW
 
 /** Every custom search attribute, as `name=Type` for `temporal server start-dev --search-attribute`. */
 export const SEARCH_ATTRIBUTE_FLAGS = ['AgentId=Keyword', 'SessionStatus=Keyword', 'OrgId=Keyword', 'BatchId=Keyword'];
+
+/** Set on a batch's workflow and on each of its sessions' workflows, to filter them together. */
+export const BATCH_ID = defineSearchAttributeKey('BatchId', SearchAttributeType.KEYWORD);

@@ -1,0 +1,89 @@
+import { MongoBulkWriteError } from 'mongodb';
+import type { SessionDoc } from '../store';
+import { BATCH_CHUNK_SIZE, batchChunkId, batchesOf, BatchCounts, BatchItemsDoc, BatchStatus } from '../store/batches';
+import { batchSessionId } from '../lib/batch-ids';
+import type { ActivityDeps } from './deps';
+
+/** One item attempt a batch is about to start. */
+export interface BatchJob {
+  index: number;
+  attempt: number;
+}
+
+/**
+ * The batch activities: create the session documents of the items about to start (in bulk),
+ * record progress at a bounded rate, and discard sessions that will never start.
+ */
+export const createBatchActivities = (deps: ActivityDeps) => ({
+  /**
+   * Creates the session documents of items `from … to-1` (attempt 1) and of `jobs`, in one
+   * insertMany per call. A document that already exists is left as it is, so a retry is harmless.
+   */
+  async prepareBatchSessions(args: { batchId: string; orgId: string; agentId: string; from: number; to: number; jobs?: BatchJob[] }): Promise<number> {
+    const jobs: BatchJob[] = [...(args.jobs ?? [])];
+    for (let i = args.from; i < args.to; i++) jobs.push({ index: i, attempt: 1 });
+    if (jobs.length === 0) return 0;
+    const { batchItems } = batchesOf(deps.store);
+    const chunkNos = [...new Set(jobs.map((j) => Math.floor(j.index / BATCH_CHUNK_SIZE)))];
+    const chunks = new Map<number, BatchItemsDoc>();
+    await Promise.all(
+      chunkNos.map(async (c) => {
+        const doc = await batchItems.findOne({ _id: batchChunkId(args.batchId, c) });
+        if (!doc) throw new Error(`items chunk ${c} of ${args.batchId} is missing`);
+        chunks.set(c, doc);
+      }),
+    );
+    const now = new Date();
+    const docs: SessionDoc[] = jobs.map(({ index, attempt }) => {
+      const chunk = chunks.get(Math.floor(index / BATCH_CHUNK_SIZE))!;
+      const at = index % BATCH_CHUNK_SIZE;
+      return {
+        _id: batchSessionId(args.batchId, index, attempt),
+        orgId: args.orgId,
+        agent_id: args.agentId,
+        status: 'creating',
+        input: chunk.inputs[at] ?? '{}',
+        metadata: chunk.metadatas[at] ?? '{}',
+        result: null,
+        preview_url: null,
+        outcome: null,
+        sandbox_id: null,
+        idempotency_key: null,
+        created_at: now,
+        updated_at: now,
+        started_at: null,
+        completed_at: null,
+      };
+    });
+    try {
+      await deps.store.sessions.insertMany(docs, { ordered: false });
+    } catch (err) {
+      const dupOnly = err instanceof MongoBulkWriteError && [err.writeErrors].flat().every((e) => e.code === 11000);
+      if (!dupOnly) throw err;
+    }
+    return docs.length;
+  },
+
+  /** Writes a batch's counts (and, at its end, its status). Filtered by `_id` alone. */
+  async recordBatchProgress(args: { batchId: string; counts: BatchCounts; status?: BatchStatus }): Promise<void> {
+    const now = new Date();
+    const set: Record<string, unknown> = { counts: args.counts, updated_at: now };
+    if (args.status) {
+      set.status = args.status;
+      set.completed_at = now;
+    }
+    await batchesOf(deps.store).batches.updateOne({ _id: args.batchId }, { $set: set });
+  },
+
+  /**
+   * Deletes the session documents created ahead for items `from … to-1` that never started
+   * (still `creating`), when a batch is cancelled.
+   */
+  async discardBatchSessions(args: { batchId: string; from: number; to: number }): Promise<number> {
+    if (args.to <= args.from) return 0;
+    const ids: string[] = [];
+    for (let i = args.from; i < args.to; i++) ids.push(batchSessionId(args.batchId, i, 1));
+    const r = await deps.store.sessions.deleteMany({ _id: { $in: ids }, status: 'creating' });
+    return r.deletedCount;
+  },
+});
