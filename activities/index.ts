@@ -3,7 +3,7 @@ import { createSessionActivities } from './sessions';
 import { createBatchActivities } from './batches';
 
 export type { ActivityDeps } from './deps';
-export type { EntrypointExit } from './sessions';
+export type { EntrypointExit, Provisioned } from './sessions';
 export { AGENT_INPUT_PATH, AGENT_RESULT_PATH, decideEnd } from './sessions';
 
 /**

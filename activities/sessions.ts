@@ -19,7 +19,8 @@ export const createSessionActivities = (deps: ActivityDeps) => ({
    * input to /tmp/agent_input.json, starts the entrypoint, and marks the session `running`.
    * A retry finds the same sandbox (its id derives from the session id) and starts nothing twice.
    */
-  async provisionSandbox(args: { sessionId: string; orgId: string; agentId: string; run: AgentRunSpec }): Promise<{ sandboxId: string; taskQueue: string }> {
+  async provisionSandbox(args: { sessionId: string; orgId: string; agentId: string; run: AgentRunSpec }): Promise<Provisioned> {
+    Context.current().heartbeat();
     const session = await deps.store.sessions.findOne({ _id: args.sessionId }, { projection: { input: 1 } });
     if (!session) throw ApplicationFailure.nonRetryable(`session ${args.sessionId} not found`, 'InvalidAgent');
     const sandboxId = sandboxIdForSession(args.sessionId);
@@ -32,12 +33,15 @@ export const createSessionActivities = (deps: ActivityDeps) => ({
       entrypoint: { argv: args.run.entrypoint, timeoutSeconds: args.run.timeoutSeconds, cwd: '/workspace' },
     });
     const now = new Date();
+    // While the session is marked running, give a short entrypoint the chance to finish, so a
+    // quick session needs no separate wait step (one round trip through Temporal less).
     // Filters are on `_id` alone: FerretDB answers those from its index and scans for anything else.
-    await deps.store.sessions.updateOne(
-      { _id: args.sessionId },
-      { $set: { status: 'running', sandbox_id: sandboxId, started_at: now, updated_at: now } },
-    );
-    return { sandboxId, taskQueue: deps.hostTaskQueue };
+    const [, early] = await Promise.all([
+      deps.store.sessions.updateOne({ _id: args.sessionId }, { $set: { status: 'running', sandbox_id: sandboxId, started_at: now, updated_at: now } }),
+      deps.host.entrypointStatus(sandboxId, { waitMs: QUICK_EXIT_WAIT_MS }),
+    ]);
+    const exit = early.state === 'exited' ? { exitCode: early.exitCode, timedOut: early.timedOut, signal: early.signal } : null;
+    return { sandboxId, taskQueue: deps.hostTaskQueue, exit };
   },
 
   /**
@@ -73,6 +77,16 @@ export const createSessionActivities = (deps: ActivityDeps) => ({
     await recordOutcome(deps, args.sessionId, args.end);
   },
 });
+
+/** How long provisioning waits for a quick entrypoint to exit before handing over to awaitEntrypointExit. */
+export const QUICK_EXIT_WAIT_MS = 1000;
+
+/** Where a session's sandbox lives, and how its entrypoint exited if it did so during provisioning. */
+export interface Provisioned {
+  sandboxId: string;
+  taskQueue: string;
+  exit: EntrypointExit | null;
+}
 
 /** How an entrypoint exited. */
 export interface EntrypointExit {

@@ -10,7 +10,7 @@ import type { Activities } from '../activities';
 import { SESSION_STATUS } from './search-attributes';
 import type { AgentRunSpec } from '../store';
 import type { SessionWorkflowResult, SessionEnd } from './types';
-import type { EntrypointExit } from '../activities';
+import type { EntrypointExit, Provisioned } from '../activities';
 
 /** Arguments of one session's workflow. The workflow id is the session id. */
 export interface SessionWorkflowArgs {
@@ -23,6 +23,8 @@ export interface SessionWorkflowArgs {
 /** Provisioning may run on any worker: the one that takes it provisions on its own sandbox host. */
 const { provisionSandbox } = proxyActivities<Activities>({
   startToCloseTimeout: '2 minutes',
+  // A worker that dies mid-provisioning is noticed after this, not after the whole timeout.
+  heartbeatTimeout: '10 s',
   retry: {
     initialInterval: '500 ms',
     backoffCoefficient: 2,
@@ -65,7 +67,7 @@ function setStatus(status: string): void {
  */
 export async function sessionWorkflow(args: SessionWorkflowArgs): Promise<SessionWorkflowResult> {
   const { sessionId } = args;
-  let provisioned: { sandboxId: string; taskQueue: string } | undefined;
+  let provisioned: Provisioned | undefined;
   let exit: EntrypointExit | null = null;
   let cancelled = false;
   let failure: string | undefined;
@@ -77,7 +79,7 @@ export async function sessionWorkflow(args: SessionWorkflowArgs): Promise<Sessio
     );
     setStatus('running');
     const host = hostActivities(provisioned.taskQueue, args.run.timeoutSeconds);
-    exit = await host.awaitEntrypointExit({ sessionId, sandboxId: provisioned.sandboxId });
+    exit = provisioned.exit ?? (await host.awaitEntrypointExit({ sessionId, sandboxId: provisioned.sandboxId }));
   } catch (err) {
     if (isCancellation(err)) cancelled = true;
     else if (provisioned) failure = err instanceof ActivityFailure && err.cause ? err.cause.message : String(err);
