@@ -156,7 +156,8 @@ export async function startStack(o: StackOptions): Promise<Stack> {
     const logFile = path.join(logDir, `${name}.log`);
     if (name === 'worker') fs.writeFileSync(logFile, '');
     const out = fs.openSync(logFile, 'a');
-    const echo = o.echo;
+    // The servers' own output stays in their log files; our processes' lines are also echoed.
+    const echo = name === 'temporal' || name === 'mongo' ? undefined : o.echo;
     const child = spawn(cmd, args, { env, stdio: ['ignore', echo ? 'pipe' : out, echo ? 'pipe' : out], cwd: PROJECT_ROOT });
     if (echo) {
       for (const stream of [child.stdout!, child.stderr!]) {
