@@ -54,10 +54,10 @@ async function benchSessions(n: number, c: number): Promise<Record<string, unkno
     }
     const id = r.body.id as string;
     const deadline = Date.now() + 120_000;
-    let delay = 20;
+    let delay = 50; // polls back off to 500 ms: the bench itself should not load the API much
     for (;;) {
       await new Promise((res) => setTimeout(res, delay));
-      delay = Math.min(delay * 1.5, 250);
+      delay = Math.min(delay * 1.5, 500);
       const s = await call('GET', `/v1/agents/${agentId}/sessions/${id}`);
       if (s.body.status === 'completed' || s.body.status === 'failed') {
         const ended = Date.parse(s.body.updated_at);
