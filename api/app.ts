@@ -13,6 +13,7 @@ import { registerAgentRoutes } from './routes/agents';
 import { registerSessionRoutes } from './routes/sessions';
 import { registerBatchRoutes } from './routes/batches';
 import { registerSandboxRoutes } from './routes/sandboxes';
+import { registerCheckpointRoutes } from './routes/checkpoints';
 import { registerCapacityRoutes } from './routes/capacity';
 
 /** Body types the API reads; anything else on a request with a body is 415. */
@@ -79,6 +80,7 @@ export function createApp(deps: ApiDeps, opts: { server?: http.Server } = {}): {
   registerSessionRoutes(table, deps);
   registerBatchRoutes(table, deps);
   registerSandboxRoutes(table, deps);
+  registerCheckpointRoutes(table, deps);
   registerCapacityRoutes(table, deps);
 
   const openapi = new OpenApiGeneratorV31(table.registry.definitions).generateDocument({

@@ -33,6 +33,8 @@ export interface SandboxState {
   /** Read-only layers under the writable one, topmost first, parents expanded. */
   layers: string[];
   envs: Record<string, string>;
+  /** Default working directory of processes (CreateSandboxRequest.cwd). */
+  cwd?: string;
   limits: Limits;
   createdAt: string;
   metadata: Record<string, string>;
@@ -217,6 +219,7 @@ export abstract class BaseProvider implements SandboxProvider {
         ...(req.owner ? { owner: req.owner } : {}),
         layers: await this.expandLayers(req.layers ?? []),
         envs: req.envs ?? {},
+        ...(req.cwd ? { cwd: req.cwd } : {}),
         limits: { memoryMB: req.memoryMB, cpuCount: req.cpuCount, maxProcesses: req.maxProcesses ?? 512 },
         createdAt: new Date().toISOString(),
         metadata: req.metadata ?? {},

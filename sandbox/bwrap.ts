@@ -221,7 +221,7 @@ export class BwrapProvider extends BaseProvider {
     const ns = state.init?.ns;
     if (!ns || !isAlive(ns)) throw new SandboxError('conflict', `sandbox ${state.id} is not running`);
     if (!opts.argv.length) throw new SandboxError('invalid_request', 'argv must not be empty');
-    const cwd = opts.cwd ?? '/workspace';
+    const cwd = opts.cwd ?? state.cwd ?? '/workspace';
     if (!cwd.startsWith('/')) throw new SandboxError('invalid_request', `cwd must be absolute: ${cwd}`);
     return [
       '/usr/bin/nsenter', '-t', String(ns.pid), '-m', '-u', '-i', '-n', '-p', '-C', '-r', '-w',

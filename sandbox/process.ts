@@ -47,7 +47,7 @@ export class ProcessProvider extends BaseProvider {
   protected innerArgv(state: SandboxState, opts: SpawnOptions): string[] {
     if (!opts.argv.length) throw new SandboxError('invalid_request', 'argv must not be empty');
     const map = this.rootMap(state);
-    const cwd = hostPathOf(map, sandboxPathComponents(opts.cwd ?? '/workspace'));
+    const cwd = hostPathOf(map, sandboxPathComponents(opts.cwd ?? state.cwd ?? '/workspace'));
     const root = this.rootOf(state.id);
     return [
       '/usr/bin/env', '-i', '-C', cwd, '--',

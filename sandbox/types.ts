@@ -16,6 +16,8 @@ export interface CreateSandboxRequest {
   layers?: string[];
   /** Environment of every process started in the sandbox. */
   envs?: Record<string, string>;
+  /** Default working directory (absolute) of every process started in the sandbox; default /workspace. */
+  cwd?: string;
   /** Resource hints, applied where the machine supports them (cgroups). */
   memoryMB?: number;
   cpuCount?: number;

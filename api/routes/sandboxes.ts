@@ -6,6 +6,7 @@ import { ApiError, notFound } from '../../lib/errors';
 import { randomId } from '../../lib/ids';
 import { fromJsonText } from '../../store';
 import { findOrgSandbox, SandboxDoc, sandboxesOf } from '../../store/sandboxes';
+import { ImageError, resolveImage } from '../../store/checkpoints';
 
 const EnvName = z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'must be a valid environment variable name');
 
@@ -71,6 +72,30 @@ export interface SandboxOrigin {
   fromCheckpoint?: string | null;
   snapshot?: string | null;
   instanceId?: string | null;
+  /** The host that must run it (checkpoint layers exist only on the host that took them). */
+  hostId?: string;
+  /** Environment from the image (the caller's envs override it) and its default working directory. */
+  envs?: Record<string, string>;
+  cwd?: string | null;
+}
+
+/** Where a sandbox started from a snapshot comes from (its layer, patches, env, workdir and host). 400 for an unusable snapshot. */
+export async function snapshotOrigin(deps: ApiDeps, orgId: string, ref: string): Promise<SandboxOrigin> {
+  try {
+    const img = await resolveImage(deps.store, orgId, ref);
+    return {
+      layers: img.layers,
+      patches: img.patches,
+      snapshot: img.snapshotId,
+      fromCheckpoint: img.checkpointId,
+      hostId: img.hostId,
+      envs: img.env,
+      cwd: img.workdir,
+    };
+  } catch (err) {
+    if (err instanceof ImageError) throw new ApiError('invalid_request', `body.snapshot: ${err.message}`);
+    throw err;
+  }
 }
 
 /**
@@ -83,7 +108,7 @@ export async function provisionSandbox(
   body: z.infer<typeof CreateSandboxBody>,
   origin: SandboxOrigin = {},
 ): Promise<SandboxDoc> {
-  const { hostId, client } = await deps.hosts.pick();
+  const { hostId, client } = origin.hostId ? { hostId: origin.hostId, client: await deps.hosts.get(origin.hostId) } : await deps.hosts.pick();
   const now = new Date();
   const doc: SandboxDoc = {
     _id: `sb-${randomId()}`,
@@ -107,7 +132,8 @@ export async function provisionSandbox(
       id: doc._id,
       orgId,
       owner: origin.instanceId ? { kind: 'instance', id: origin.instanceId } : { kind: 'api', id: doc._id },
-      envs: body.envs,
+      envs: origin.envs ? { ...origin.envs, ...body.envs } : body.envs,
+      ...(origin.cwd ? { cwd: origin.cwd } : {}),
       memoryMB: body.memoryMB,
       cpuCount: body.cpuCount,
       layers: origin.layers,
@@ -148,8 +174,9 @@ export function registerSandboxRoutes(t: RouteTable, deps: ApiDeps): void {
     errors: [503],
     handler: async ({ body, org, res }) => {
       if (body.templateID !== 'base') throw new ApiError('invalid_request', `body.templateID: unknown template ${body.templateID}; only "base" exists`);
-      if (body.snapshot) throw new ApiError('invalid_request', 'body.snapshot: snapshots are not supported yet');
-      const doc = await provisionSandbox(deps, org.id, body);
+      const doc = body.snapshot
+        ? await provisionSandbox(deps, org.id, body, await snapshotOrigin(deps, org.id, body.snapshot))
+        : await provisionSandbox(deps, org.id, body);
       res.status(201).json(sandboxView(deps, doc));
     },
   });

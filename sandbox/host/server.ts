@@ -43,6 +43,7 @@ const schemas = {
       owner: z.object({ kind: z.enum(['session', 'instance', 'api', 'snapshot']), id: z.string() }).optional(),
       layers: z.array(z.string()).optional(),
       envs: stringMap.optional(),
+      cwd: z.string().startsWith('/').optional(),
       memoryMB: z.number().positive().optional(),
       cpuCount: z.number().positive().optional(),
       maxProcesses: z.number().int().positive().optional(),

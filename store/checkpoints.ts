@@ -1,0 +1,243 @@
+import type { Store } from './index';
+import { isDuplicateKey } from './index';
+
+/**
+ * A checkpoint: a copy of a sandbox's writable layer, kept as read-only layer `layerId` on the
+ * host that took it (`hostId`). Sandboxes spawned from it stack that layer (and its `parents`)
+ * copy-on-write, so they are created on that same host.
+ * `patchSeq` is the highest patch sequence handed out so far (a hint, see createPatch).
+ */
+export interface CheckpointDoc {
+  _id: string;
+  orgId: string;
+  sandboxId: string;
+  hostId: string;
+  name: string;
+  layerId: string;
+  /** The layers the checkpoint was taken over (its sandbox's own layers), topmost first. */
+  parents: string[];
+  patchSeq: number;
+  createdAt: Date;
+}
+
+/**
+ * A patch of a checkpoint. `_id` is `pa-<checkpoint id body>-<sequence>`, so the unique `_id`
+ * index is what keeps sequence numbers unique, and a checkpoint's patches are read by `_id`.
+ * A deleted patch stays as a tombstone (`deleted: true`, script emptied) so its number is never
+ * reused and readers can walk past it.
+ */
+export interface PatchDoc {
+  _id: string;
+  orgId: string;
+  checkpointId: string;
+  sequence: number;
+  script: string;
+  description: string;
+  strategy: 'on_wake';
+  deleted: boolean;
+  createdAt: Date;
+}
+
+/** One build step of an image manifest (the open API's shape). */
+export type ImageStep =
+  | { type: 'run'; args: { commands: string[] } }
+  | { type: 'apt_install'; args: { packages: string[] } }
+  | { type: 'pip_install'; args: { packages: string[] } }
+  | { type: 'env'; args: { vars: Record<string, string> } }
+  | { type: 'workdir'; args: { path: string } }
+  | { type: 'add_file'; args: { path: string; content: string; encoding?: 'base64' | 'utf8' } }
+  | { type: 'add_dir'; args: { path: string; files: { relativePath: string; content: string }[] } };
+
+export interface ImageManifest {
+  base: string;
+  steps: ImageStep[];
+  builderMemoryMB?: number;
+}
+
+/**
+ * A snapshot: a named checkpoint, built from an image manifest or taken from an existing
+ * checkpoint. `env` and `workdir` are what the manifest's `env`/`workdir` steps set; every
+ * sandbox started from the snapshot gets them (envs, default working directory).
+ * The manifest is kept as JSON text (see AgentDoc).
+ */
+export interface SnapshotDoc {
+  _id: string;
+  orgId: string;
+  name: string;
+  status: 'building' | 'ready' | 'failed';
+  contentHash: string | null;
+  checkpointId: string | null;
+  /** Denormalised from the checkpoint, so that placing a sandbox needs no second read. */
+  hostId: string | null;
+  layerId: string | null;
+  /** True when the checkpoint was made by this snapshot's build (it is deleted with it). */
+  ownsCheckpoint: boolean;
+  manifest: string;
+  env: [string, string][];
+  workdir: string | null;
+  error: string | null;
+  /** The build's sandbox and its liveness, while building (a build whose heartbeat stops is failed). */
+  build: { sandboxId: string; hostId: string; heartbeatAt: Date } | null;
+  createdAt: Date;
+  updatedAt: Date;
+  lastUsedAt: Date;
+}
+
+/** `_id` is `<orgId>/<name>`: the unique index that makes names unique per organisation. */
+export interface SnapshotNameDoc {
+  _id: string;
+  snapshotId: string;
+}
+
+export const checkpointsOf = (s: Store) => s.db.collection<CheckpointDoc>('checkpoints');
+export const patchesOf = (s: Store) => s.db.collection<PatchDoc>('patches');
+export const snapshotsOf = (s: Store) => s.db.collection<SnapshotDoc>('snapshots');
+export const snapshotNamesOf = (s: Store) => s.db.collection<SnapshotNameDoc>('snapshot_names');
+
+export const snapshotNameKey = (orgId: string, name: string): string => `${orgId}/${name}`;
+
+/** The `_id` of patch number `sequence` of a checkpoint. */
+export function patchIdFor(checkpointId: string, sequence: number): string {
+  return `pa-${checkpointId.replace(/^cp-/, '')}-${sequence}`;
+}
+
+/** The organisation's checkpoint, or null. */
+export async function findOrgCheckpoint(store: Store, orgId: string, id: string): Promise<CheckpointDoc | null> {
+  const doc = await checkpointsOf(store).findOne({ _id: id });
+  return doc && doc.orgId === orgId ? doc : null;
+}
+
+/**
+ * Adds a patch with the next sequence number. Numbers come from `$inc` on the checkpoint's
+ * `patchSeq`, and the insert of `_id` = (checkpoint, number) is what guarantees uniqueness:
+ * a number already taken (FerretDB may lose concurrent `$inc`s) fails the insert and the next
+ * number is tried. Every number handed out is inserted by its holder or already exists, so the
+ * sequence has no gaps (unless a process dies between the two writes).
+ */
+export async function createPatch(
+  store: Store,
+  cp: CheckpointDoc,
+  patch: { script: string; description: string },
+): Promise<PatchDoc> {
+  const next = async (): Promise<number> => {
+    const r = await checkpointsOf(store).findOneAndUpdate({ _id: cp._id }, { $inc: { patchSeq: 1 } }, { returnDocument: 'after' });
+    if (!r) throw Object.assign(new Error(`checkpoint ${cp._id} not found`), { code: 'not_found' });
+    return r.patchSeq;
+  };
+  let seq = await next();
+  for (let attempt = 0; attempt < 1000; attempt++) {
+    const doc: PatchDoc = {
+      _id: patchIdFor(cp._id, seq),
+      orgId: cp.orgId,
+      checkpointId: cp._id,
+      sequence: seq,
+      script: patch.script,
+      description: patch.description,
+      strategy: 'on_wake',
+      deleted: false,
+      createdAt: new Date(),
+    };
+    try {
+      await patchesOf(store).insertOne(doc);
+      return doc;
+    } catch (err) {
+      if (!isDuplicateKey(err)) throw err;
+      seq = Math.max(seq + 1, await next());
+    }
+  }
+  throw new Error(`could not allocate a patch number for ${cp._id}`);
+}
+
+/**
+ * The live patches of a checkpoint in sequence order, read by `_id` only: numbers 1..patchSeq in
+ * parallel, then onwards one by one until a number is missing (patchSeq may lag behind).
+ */
+export async function listPatches(store: Store, cp: Pick<CheckpointDoc, '_id' | 'patchSeq'>): Promise<PatchDoc[]> {
+  const col = patchesOf(store);
+  const known = Math.max(0, cp.patchSeq ?? 0);
+  const seqs = Array.from({ length: known + 1 }, (_, i) => i + 1);
+  const docs = await Promise.all(seqs.map((n) => col.findOne({ _id: patchIdFor(cp._id, n) })));
+  const all = docs.filter((d): d is PatchDoc => d !== null);
+  if (docs[known] !== null) {
+    for (let n = known + 2; ; n++) {
+      const d = await col.findOne({ _id: patchIdFor(cp._id, n) });
+      if (!d) break;
+      all.push(d);
+    }
+  }
+  return all.filter((p) => !p.deleted).sort((a, b) => a.sequence - b.sequence);
+}
+
+/** Tombstones a patch; false when it does not exist or was deleted already. */
+export async function deletePatch(store: Store, patchId: string): Promise<boolean> {
+  const r = await patchesOf(store).updateOne({ _id: patchId }, { $set: { deleted: true, script: '' } });
+  return r.modifiedCount === 1;
+}
+
+/** The organisation's snapshot by id (`snap-…`) or name, or null. */
+export async function findOrgSnapshot(store: Store, orgId: string, idOrName: string): Promise<SnapshotDoc | null> {
+  if (/^snap-[a-z0-9]+$/.test(idOrName)) {
+    const doc = await snapshotsOf(store).findOne({ _id: idOrName });
+    if (doc && doc.orgId === orgId) return doc;
+  }
+  const named = await snapshotNamesOf(store).findOne({ _id: snapshotNameKey(orgId, idOrName) });
+  if (!named) return null;
+  const doc = await snapshotsOf(store).findOne({ _id: named.snapshotId });
+  return doc && doc.orgId === orgId ? doc : null;
+}
+
+/** What a sandbox started from a snapshot is made of. */
+export interface ResolvedImage {
+  snapshotId: string;
+  checkpointId: string;
+  hostId: string;
+  layers: string[];
+  patches: { id: string; script: string }[];
+  env: Record<string, string>;
+  workdir: string | null;
+}
+
+/** Why a snapshot cannot be used: `not_found`, or `not_ready` (building or failed). */
+export class ImageError extends Error {
+  override name = 'ImageError';
+  constructor(
+    readonly code: 'not_found' | 'not_ready',
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
+/**
+ * Resolves a snapshot (id or name, in the organisation) to its layer and the checkpoint's current
+ * patches, and marks it used. Throws ImageError.
+ */
+export async function resolveImage(store: Store, orgId: string, ref: string): Promise<ResolvedImage> {
+  const snap = await findOrgSnapshot(store, orgId, ref);
+  if (!snap) throw new ImageError('not_found', `snapshot ${ref} not found`);
+  if (snap.status !== 'ready' || !snap.checkpointId || !snap.layerId || !snap.hostId) {
+    throw new ImageError('not_ready', `snapshot ${ref} is ${snap.status}${snap.error ? `: ${snap.error}` : ''}`);
+  }
+  const cp = await checkpointsOf(store).findOne({ _id: snap.checkpointId });
+  if (!cp) throw new ImageError('not_found', `checkpoint ${snap.checkpointId} of snapshot ${ref} not found`);
+  const [patches] = await Promise.all([listPatches(store, cp), touchSnapshot(store, snap._id)]);
+  return {
+    snapshotId: snap._id,
+    checkpointId: cp._id,
+    hostId: cp.hostId,
+    layers: [cp.layerId],
+    patches: patches.map((p) => ({ id: p._id, script: p.script })),
+    env: Object.fromEntries(snap.env),
+    workdir: snap.workdir,
+  };
+}
+
+/** Sets a snapshot's lastUsedAt, at most once every 10 s per snapshot per process (it costs a write). */
+const used = new Map<string, number>();
+export async function touchSnapshot(store: Store, id: string): Promise<void> {
+  const now = Date.now();
+  if ((used.get(id) ?? 0) > now - 10_000) return;
+  used.set(id, now);
+  if (used.size > 10_000) used.clear();
+  await snapshotsOf(store).updateOne({ _id: id }, { $set: { lastUsedAt: new Date(now) } });
+}

@@ -1,0 +1,157 @@
+import { api } from '../helpers/env';
+import { runSdk } from '../helpers/sdk';
+import { hostClient, newSandbox, otherOrgKey, sh } from '../helpers/checkpoints';
+
+jest.setTimeout(120_000);
+
+describe('checkpoints and patches', () => {
+  it('spawns copy-on-write from a checkpoint: its files plus the patches in order; writes never reach the checkpoint', async () => {
+    const a = await newSandbox();
+    await sh(a, 'mkdir -p /workspace/data && echo one > /workspace/data/a.txt && echo kept > /etc/from-checkpoint');
+    const cp = await api('POST', `/api/sandboxes/${a}/checkpoints`, { body: { name: 'first' } });
+    expect(cp.status).toBe(201);
+    expect(cp.body).toMatchObject({ sandboxId: a, name: 'first', status: 'ready' });
+    const cpId = cp.body.id as string;
+    expect(cpId).toMatch(/^cp-[a-z0-9]+$/);
+    // Written after the checkpoint: not part of it.
+    await sh(a, 'echo later > /workspace/data/later.txt');
+
+    const p1 = await api('POST', `/api/sandboxes/checkpoints/${cpId}/patches`, { body: { script: 'echo p1 >> /workspace/order', description: 'first' } });
+    expect(p1.status).toBe(201);
+    expect(p1.body.patch).toMatchObject({ checkpointId: cpId, sequence: 1, strategy: 'on_wake', description: 'first', script: 'echo p1 >> /workspace/order' });
+    expect(p1.body.patch.id).toMatch(/^pa-/);
+    const p2 = await api('POST', `/api/sandboxes/checkpoints/${cpId}/patches`, { body: { script: 'echo p2 >> /workspace/order; cat /workspace/data/a.txt > /workspace/seen' } });
+    expect(p2.body.patch).toMatchObject({ sequence: 2, description: '' });
+
+    const b = await api('POST', `/api/sandboxes/from-checkpoint/${cpId}`, { body: { metadata: { spawned: 'yes' } } });
+    expect(b.status).toBe(201);
+    expect(b.body).toMatchObject({ status: 'running', fromCheckpoint: cpId, metadata: { spawned: 'yes' } });
+    const bId = b.body.sandboxID as string;
+    expect(await sh(bId, 'cat /workspace/data/a.txt /etc/from-checkpoint /workspace/order /workspace/seen')).toBe('one\nkept\np1\np2\none\n');
+    expect(await sh(bId, 'test -e /workspace/data/later.txt && echo yes || echo no')).toBe('no\n');
+    const info = await hostClient().getSandbox(bId);
+    expect(info?.patches.map((p) => [p.id, p.exitCode])).toEqual([[p1.body.patch.id, 0], [p2.body.patch.id, 0]]);
+
+    // Writes in the spawned sandbox do not change the checkpoint.
+    await sh(bId, 'echo two > /workspace/data/a.txt && rm /etc/from-checkpoint');
+    const c = (await api('POST', `/api/sandboxes/from-checkpoint/${cpId}`, { body: {} })).body.sandboxID as string;
+    expect(await sh(c, 'cat /workspace/data/a.txt /etc/from-checkpoint')).toBe('one\nkept\n');
+
+    const list = await api('GET', `/api/sandboxes/${a}/checkpoints`);
+    expect(list.body.map((x: { id: string }) => x.id)).toEqual([cpId]);
+
+    // In use by running sandboxes: 409; once they are gone it can be deleted.
+    expect((await api('DELETE', `/api/sandboxes/${a}/checkpoints/${cpId}`)).status).toBe(409);
+    for (const id of [a, bId, c]) await api('DELETE', `/api/sandboxes/${id}`);
+    const del = await api('DELETE', `/api/sandboxes/${a}/checkpoints/${cpId}`);
+    expect(del.status).toBe(200);
+    expect((await api('GET', `/api/sandboxes/${a}/checkpoints`)).body).toEqual([]);
+    expect((await api('GET', `/api/sandboxes/checkpoints/${cpId}/patches`)).status).toBe(404);
+    expect((await api('POST', `/api/sandboxes/from-checkpoint/${cpId}`, { body: {} })).status).toBe(404);
+    await expect(hostClient().layerHash(cpId)).rejects.toMatchObject({ type: 'not_found' });
+  });
+
+  it('numbers 50 concurrent patches 1..50 without gaps or repeats, lists them in order, and deletes one', async () => {
+    const a = await newSandbox();
+    const cpId = (await api('POST', `/api/sandboxes/${a}/checkpoints`, { body: {} })).body.id as string;
+    const made = await Promise.all(
+      Array.from({ length: 50 }, (_, i) => api('POST', `/api/sandboxes/checkpoints/${cpId}/patches`, { body: { script: `echo ${i} >> /workspace/log`, description: `n${i}` } })),
+    );
+    expect(made.map((r) => r.status)).toEqual(Array(50).fill(201));
+    const seqs = made.map((r) => r.body.patch.sequence as number).sort((x, y) => x - y);
+    expect(seqs).toEqual(Array.from({ length: 50 }, (_, i) => i + 1));
+    const list = await api('GET', `/api/sandboxes/checkpoints/${cpId}/patches`);
+    expect(list.body.map((p: { sequence: number }) => p.sequence)).toEqual(seqs);
+
+    const victim = list.body[9];
+    expect((await api('DELETE', `/api/sandboxes/checkpoints/${cpId}/patches/${victim.id}`)).status).toBe(200);
+    expect((await api('DELETE', `/api/sandboxes/checkpoints/${cpId}/patches/${victim.id}`)).status).toBe(404);
+    const after = await api('GET', `/api/sandboxes/checkpoints/${cpId}/patches`);
+    expect(after.body).toHaveLength(49);
+    expect(after.body.map((p: { id: string }) => p.id)).not.toContain(victim.id);
+    const next = await api('POST', `/api/sandboxes/checkpoints/${cpId}/patches`, { body: { script: 'true' } });
+    expect(next.body.patch.sequence).toBe(51);
+
+    // A spawn runs the 49 + 1 patches in sequence order.
+    const b = (await api('POST', `/api/sandboxes/from-checkpoint/${cpId}`, { body: {} })).body.sandboxID as string;
+    const expected = after.body.map((p: { description: string }) => p.description.slice(1)).join('\n') + '\n';
+    expect(await sh(b, 'cat /workspace/log')).toBe(expected);
+    for (const id of [a, b]) await api('DELETE', `/api/sandboxes/${id}`);
+  });
+
+  it('stops a spawn at a failing patch, naming it', async () => {
+    const a = await newSandbox();
+    const cpId = (await api('POST', `/api/sandboxes/${a}/checkpoints`, { body: {} })).body.id as string;
+    await api('POST', `/api/sandboxes/checkpoints/${cpId}/patches`, { body: { script: 'true' } });
+    const bad = (await api('POST', `/api/sandboxes/checkpoints/${cpId}/patches`, { body: { script: 'echo broken >&2; exit 3' } })).body.patch;
+    const before = (await api('GET', '/api/sandboxes')).body.length;
+    const r = await api('POST', `/api/sandboxes/from-checkpoint/${cpId}`, { body: {} });
+    expect(r.status).toBe(409);
+    expect(r.body.error.message).toContain(bad.id);
+    expect(r.body.error.message).toMatch(/exit code 3/);
+    expect(r.body.error.message).toContain('broken');
+    expect((await api('GET', '/api/sandboxes')).body.length).toBe(before);
+    await api('DELETE', `/api/sandboxes/${a}`);
+  });
+
+  it("answers 404 for another organisation's checkpoints and 400 for bad input", async () => {
+    const a = await newSandbox();
+    const cpId = (await api('POST', `/api/sandboxes/${a}/checkpoints`, { body: {} })).body.id as string;
+    const patch = (await api('POST', `/api/sandboxes/checkpoints/${cpId}/patches`, { body: { script: 'true' } })).body.patch;
+    const key = await otherOrgKey();
+    const other = [
+      await api('POST', `/api/sandboxes/${a}/checkpoints`, { body: {}, key }),
+      await api('GET', `/api/sandboxes/${a}/checkpoints`, { key }),
+      await api('DELETE', `/api/sandboxes/${a}/checkpoints/${cpId}`, { key }),
+      await api('POST', `/api/sandboxes/from-checkpoint/${cpId}`, { body: {}, key }),
+      await api('POST', `/api/sandboxes/checkpoints/${cpId}/patches`, { body: { script: 'true' }, key }),
+      await api('GET', `/api/sandboxes/checkpoints/${cpId}/patches`, { key }),
+      await api('DELETE', `/api/sandboxes/checkpoints/${cpId}/patches/${patch.id}`, { key }),
+    ];
+    expect(other.map((r) => r.status)).toEqual(Array(7).fill(404));
+    expect((await api('GET', `/api/sandboxes/checkpoints/${cpId}/patches`)).body).toHaveLength(1);
+
+    const bad = [
+      await api('POST', `/api/sandboxes/checkpoints/${cpId}/patches`, { body: {} }),
+      await api('POST', `/api/sandboxes/checkpoints/${cpId}/patches`, { body: { script: '' } }),
+      await api('POST', `/api/sandboxes/checkpoints/${cpId}/patches`, { body: { script: 'true', description: 5 } }),
+      await api('POST', '/api/sandboxes/checkpoints/nope/patches', { body: { script: 'true' } }),
+      await api('GET', '/api/sandboxes/checkpoints/cp-../patches'),
+      await api('DELETE', `/api/sandboxes/checkpoints/${cpId}/patches/not-a-patch`),
+      await api('POST', '/api/sandboxes/from-checkpoint/xyz', { body: {} }),
+      await api('POST', `/api/sandboxes/from-checkpoint/${cpId}`, { body: { timeout: -1 } }),
+      await api('POST', `/api/sandboxes/${a}/checkpoints`, { body: { name: 7 } }),
+    ];
+    expect(bad.map((r) => [r.status, r.body?.error?.type])).toEqual(Array(bad.length).fill([400, 'invalid_request']));
+    expect(bad[0]!.body.error.message).toContain('body.script');
+    expect((await api('POST', '/api/sandboxes/checkpoints/cp-doesnotexist/patches', { body: { script: 'true' } })).status).toBe(404);
+    expect((await api('GET', '/api/sandboxes/checkpoints/cp-doesnotexist/patches')).status).toBe(404);
+    await api('DELETE', `/api/sandboxes/${a}`);
+  });
+
+  it('works with the published OpenComputer client', async () => {
+    const r = await runSdk(`
+      const sb = await sdk.Sandbox.create(opts);
+      const cp = await sb.createCheckpoint('sdk-cp');
+      const listed = await sb.listCheckpoints();
+      const p1 = await sdk.Sandbox.createCheckpointPatch(cp.id, { ...opts, script: 'echo from-patch > /workspace/p.txt', description: 'writes p' });
+      const p2 = await sdk.Sandbox.createCheckpointPatch(cp.id, { ...opts, script: 'echo second >> /workspace/p.txt' });
+      const before = await sdk.Sandbox.listCheckpointPatches(cp.id, opts);
+      await sdk.Sandbox.deleteCheckpointPatch(cp.id, p2.patch.id, opts);
+      const afterDelete = await sdk.Sandbox.listCheckpointPatches(cp.id, opts);
+      const child = await sdk.Sandbox.createFromCheckpoint(cp.id, opts);
+      const running = await child.isRunning();
+      await sb.kill();
+      out({ cp, listed: listed.map((c) => c.id), p1: p1.patch, before: before.map((p) => p.sequence), afterDelete: afterDelete.map((p) => p.id), child: child.sandboxId, running });
+    `);
+    expect(r.cp).toMatchObject({ name: 'sdk-cp', status: 'ready' });
+    expect(r.listed).toEqual([r.cp.id]);
+    expect(r.p1).toMatchObject({ checkpointId: r.cp.id, sequence: 1, strategy: 'on_wake', description: 'writes p' });
+    expect(r.before).toEqual([1, 2]);
+    expect(r.afterDelete).toEqual([r.p1.id]);
+    expect(r.child).toMatch(/^sb-/);
+    expect(r.running).toBe(true);
+    expect(await sh(r.child, 'cat /workspace/p.txt')).toBe('from-patch\n');
+    await api('DELETE', `/api/sandboxes/${r.child}`);
+  });
+});
