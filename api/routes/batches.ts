@@ -36,10 +36,34 @@ export function batchView(b: BatchDoc): z.infer<typeof Batch> {
   };
 }
 
-async function getBatch(deps: ApiDeps, orgId: string, agentId: string, id: string): Promise<BatchDoc> {
+/** Reads a batch of the caller's organisation (and agent, unless null), or throws 404. */
+async function getBatch(deps: ApiDeps, orgId: string, agentId: string | null, id: string): Promise<BatchDoc> {
   const b = await batchesOf(deps.store).batches.findOne({ _id: id });
-  if (!b || b.orgId !== orgId || b.agent_id !== agentId) throw notFound(`batch ${id}`);
+  if (!b || b.orgId !== orgId || (agentId !== null && b.agent_id !== agentId)) throw notFound(`batch ${id}`);
   return b;
+}
+
+/**
+ * Cancels a running batch's workflow and waits (up to 15 s) for it to end its running sessions.
+ * The workflow writes `cancelled` with its final counts; if it has not yet, this writes the status.
+ */
+async function cancelBatch(deps: ApiDeps, b: BatchDoc): Promise<BatchDoc> {
+  if (b.status !== 'running') return b;
+  const { batches } = batchesOf(deps.store);
+  const handle = deps.temporal.workflow.getHandle(b._id);
+  try {
+    await handle.cancel();
+    await Promise.race([handle.result().catch(() => undefined), new Promise((r) => setTimeout(r, 15_000).unref())]);
+  } catch (err) {
+    if (!(err instanceof WorkflowNotFoundError)) throw err;
+  }
+  const after = (await batches.findOne({ _id: b._id })) ?? b;
+  if (after.status === 'running') {
+    const now = new Date();
+    await batches.updateOne({ _id: b._id }, { $set: { status: 'cancelled', updated_at: now, completed_at: now } });
+    Object.assign(after, { status: 'cancelled', updated_at: now, completed_at: now });
+  }
+  return after;
 }
 
 /** Starts the batch's workflow; starting one that already exists is not an error. */
@@ -262,29 +286,31 @@ export function registerBatchRoutes(t: RouteTable, deps: ApiDeps): void {
     params: BatchParams,
     responses: { 200: { description: 'The batch after cancelling (unchanged if it had already ended)', schema: Batch } },
     handler: async ({ params, org, res }) => {
-      const b = await getBatch(deps, org.id, params.agentId, params.id);
-      if (b.status !== 'running') {
-        res.json(batchView(b));
-        return;
-      }
-      const { batches } = batchesOf(deps.store);
-      const handle = deps.temporal.workflow.getHandle(b._id);
-      try {
-        await handle.cancel();
-        await Promise.race([handle.result().catch(() => undefined), new Promise((r) => setTimeout(r, 15_000).unref())]);
-      } catch (err) {
-        if (!(err instanceof WorkflowNotFoundError)) throw err;
-      }
-      // The workflow writes `cancelled` with its final counts; if it has not yet, say so already.
-      const after = await batchesOf(deps.store).batches.findOne({ _id: b._id });
-      if (after && after.status === 'running') {
-        const now = new Date();
-        await batches.updateOne({ _id: b._id }, { $set: { status: 'cancelled', updated_at: now, completed_at: now } });
-        after.status = 'cancelled';
-        after.updated_at = now;
-        after.completed_at = now;
-      }
-      res.json(batchView(after ?? b));
+      res.json(batchView(await cancelBatch(deps, await getBatch(deps, org.id, params.agentId, params.id))));
+    },
+  });
+
+  const ById = z.object({ id: BatchParams.shape.id });
+  t.add({
+    method: 'get',
+    path: '/v1/batches/:id',
+    tag: 'batches',
+    summary: "Get a batch of the caller's organisation by id alone (same answer as …/agents/{agentId}/batches/{id})",
+    params: ById,
+    responses: { 200: { description: 'The batch', schema: Batch } },
+    handler: async ({ params, org, res }) => {
+      res.json(batchView(await getBatch(deps, org.id, null, params.id)));
+    },
+  });
+  t.add({
+    method: 'delete',
+    path: '/v1/batches/:id',
+    tag: 'batches',
+    summary: 'Cancel a batch by id alone',
+    params: ById,
+    responses: { 200: { description: 'The batch after cancelling', schema: Batch } },
+    handler: async ({ params, org, res }) => {
+      res.json(batchView(await cancelBatch(deps, await getBatch(deps, org.id, null, params.id))));
     },
   });
 }

@@ -1,0 +1,105 @@
+#!/usr/bin/env node
+import fs from 'node:fs';
+import { Command, Option } from 'commander';
+import { SapApiError, SapClient } from '../client';
+import { batchRun } from './batch-run';
+
+/**
+ * `sap`: the platform's command line. Key and URL come from --key/--url or SAP_API_KEY/SAP_API_URL.
+ * An error answer prints its error body on stderr and exits 1.
+ */
+const program = new Command();
+program
+  .name('sap')
+  .description('Sandbox Agent Platform command line')
+  .addOption(new Option('--url <url>', 'API base URL').env('SAP_API_URL').default('http://127.0.0.1:8080'))
+  .addOption(new Option('--key <key>', 'API key').env('SAP_API_KEY'))
+  .showHelpAfterError();
+
+function client(): SapClient {
+  const o = program.opts<{ url: string; key?: string }>();
+  if (!o.key) throw new UsageError('no API key: pass --key or set SAP_API_KEY');
+  return new SapClient({ url: o.url, apiKey: o.key });
+}
+
+class UsageError extends Error {}
+
+const print = (v: unknown): void => {
+  process.stdout.write(`${JSON.stringify(v, null, 2)}\n`);
+};
+const parseJson = (what: string) => (text: string) => {
+  try {
+    return JSON.parse(text) as Record<string, unknown>;
+  } catch {
+    throw new UsageError(`${what}: not JSON`);
+  }
+};
+const positiveInt = (what: string) => (text: string) => {
+  const n = Number(text);
+  if (!Number.isInteger(n) || n < 1) throw new UsageError(`${what}: must be a positive integer`);
+  return n;
+};
+
+const agents = program.command('agents').description('register and list agents');
+agents
+  .command('create')
+  .description('register an agent from a JSON file (the POST /v1/agents body)')
+  .requiredOption('-f, --file <file>', 'agent definition (JSON)')
+  .action(async (o: { file: string }) => print(await client().agents.create(parseJson(o.file)(fs.readFileSync(o.file, 'utf8')) as never)));
+agents
+  .command('list')
+  .description('list agents')
+  .option('--limit <n>', 'page size', positiveInt('--limit'))
+  .action(async (o: { limit?: number }) => {
+    const c = client();
+    let cursor: string | undefined;
+    const all = [];
+    do {
+      const page = await c.agents.list({ limit: o.limit ?? 200, cursor });
+      all.push(...page.items);
+      cursor = page.next_cursor ?? undefined;
+    } while (cursor && !o.limit);
+    print(all);
+  });
+
+const sessions = program.command('sessions').description('run sessions');
+sessions
+  .command('run <agent>')
+  .description('start a session, wait for it to end, print its result')
+  .option('--input <json>', 'input object', parseJson('--input'), {})
+  .option('--metadata <json>', 'metadata object', parseJson('--metadata'), {})
+  .action(async (agent: string, o: { input: Record<string, unknown>; metadata: Record<string, unknown> }) => {
+    const { session, result } = await client().sessions.run(agent, { input: o.input, metadata: o.metadata });
+    print({ session_id: session.id, ...result });
+    if (result.status !== 'completed') process.exitCode = 1;
+  });
+
+const batch = program.command('batch').description('run batches of sessions');
+batch
+  .command('run <agent> <items>')
+  .description('run one session per line of an NDJSON items file; write results to --out as they finish; rerun to resume')
+  .requiredOption('--out <file>', 'results file (NDJSON); <file>.batch remembers the batch')
+  .option('--concurrency <n>', 'sessions at once (default 10)', positiveInt('--concurrency'))
+  .option('--max-attempts <n>', 'attempts per item (default 1)', positiveInt('--max-attempts'))
+  .action(async (agent: string, items: string, o: { out: string; concurrency?: number; maxAttempts?: number }) => {
+    const ac = new AbortController();
+    const onSignal = () => ac.abort();
+    process.once('SIGINT', onSignal);
+    process.once('SIGTERM', onSignal);
+    process.exitCode = await batchRun(client(), { agent, itemsFile: items, out: o.out, concurrency: o.concurrency, maxAttempts: o.maxAttempts }, ac.signal);
+  });
+batch
+  .command('status <id>')
+  .description('print a batch and its counts')
+  .action(async (id: string) => print(await client().batches.getById(id)));
+batch
+  .command('cancel <id>')
+  .description('cancel a batch: nothing new starts, running sessions end')
+  .action(async (id: string) => print(await client().batches.cancelById(id)));
+
+program.parseAsync(process.argv).catch((err: unknown) => {
+  if (err instanceof SapApiError) process.stderr.write(`error: ${JSON.stringify(err.body)}\n`);
+  else if (err instanceof UsageError) process.stderr.write(`error: ${err.message}\n`);
+  else process.stderr.write(`error: ${err instanceof Error ? err.message : String(err)}\n`);
+  process.exit(process.exitCode && process.exitCode !== 0 ? process.exitCode : 1);
+});
