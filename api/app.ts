@@ -15,6 +15,7 @@ import { registerBatchRoutes } from './routes/batches';
 import { registerSandboxRoutes } from './routes/sandboxes';
 import { registerCheckpointRoutes } from './routes/checkpoints';
 import { registerCapacityRoutes } from './routes/capacity';
+import { registerPreviewRoutes } from './routes/previews';
 
 /** Body types the API reads; anything else on a request with a body is 415. */
 const JSON_TYPES = ['application/json', 'application/*+json'];
@@ -82,6 +83,7 @@ export function createApp(deps: ApiDeps, opts: { server?: http.Server } = {}): {
   registerSandboxRoutes(table, deps);
   registerCheckpointRoutes(table, deps);
   registerCapacityRoutes(table, deps);
+  registerPreviewRoutes(table, deps);
 
   const openapi = new OpenApiGeneratorV31(table.registry.definitions).generateDocument({
     openapi: '3.1.0',

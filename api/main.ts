@@ -17,12 +17,19 @@ async function main(): Promise<void> {
   const connection = await Connection.connect({ address: cfg.TEMPORAL_ADDRESS });
   const temporal = new Client({ connection, namespace: cfg.TEMPORAL_NAMESPACE });
   const hosts = new HostDirectory(store, resolveHostToken(cfg));
-  const { server } = createApiServer({ cfg, store, temporal, logger, hosts });
+  const { server, previewServer } = createApiServer({ cfg, store, temporal, logger, hosts });
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);
     server.listen(cfg.PORT, cfg.HOST, resolve);
   });
   logger.info({ url: `http://${cfg.HOST}:${cfg.PORT}` }, 'api listening');
+  if (previewServer && cfg.PREVIEW_PORT) {
+    await new Promise<void>((resolve, reject) => {
+      previewServer.once('error', reject);
+      previewServer.listen(cfg.PREVIEW_PORT, cfg.HOST, resolve);
+    });
+    logger.info({ url: `http://${cfg.HOST}:${cfg.PREVIEW_PORT}` }, 'preview proxy listening');
+  }
 
   let stopping = false;
   const stop = async (signal: string) => {
@@ -31,6 +38,8 @@ async function main(): Promise<void> {
     logger.info({ signal }, 'api stopping');
     server.close();
     server.closeAllConnections();
+    previewServer?.close();
+    previewServer?.closeAllConnections();
     await Promise.allSettled([store.close(), connection.close()]);
     process.exit(0);
   };

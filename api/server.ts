@@ -1,15 +1,41 @@
 import http from 'node:http';
 import { createApp } from './app';
 import type { ApiDeps } from './deps';
+import { previewProxyOf } from './preview-proxy';
 
 /**
- * The API's HTTP server: the Express app (with WebSocket routes) on one server.
- * api/main.ts listens on it; tests may too.
+ * The API's HTTP server: the Express app (with WebSocket routes) and the preview proxy on one server.
+ * A request (or WebSocket upgrade) whose Host names a preview (`<sandbox id>-p<port>.<domain>`) goes to
+ * the proxy; everything else to the app, whose WebSocket routes (express-ws) keep their own upgrade
+ * handling. With PREVIEW_PORT set, `previewServer` serves previews only, on that port.
+ * api/main.ts listens on them; tests may too.
  */
-export function createApiServer(deps: ApiDeps): { server: http.Server; openapi: object } {
+export function createApiServer(deps: ApiDeps): { server: http.Server; previewServer?: http.Server; openapi: object } {
   const server = http.createServer();
   const { app, openapi } = createApp(deps, { server });
-  server.on('request', app);
+  const proxy = previewProxyOf(deps);
+
+  server.on('request', (req: http.IncomingMessage, res: http.ServerResponse) => {
+    const hostname = proxy.match(req.headers.host);
+    if (hostname) void proxy.handleRequest(req, res, hostname);
+    else app(req, res);
+  });
+  // express-ws registered its upgrade listener when the app was built: route around it for previews.
+  const appUpgrades = server.listeners('upgrade') as ((...args: unknown[]) => void)[];
+  server.removeAllListeners('upgrade');
+  server.on('upgrade', (req: http.IncomingMessage, socket, head: Buffer) => {
+    const hostname = proxy.match(req.headers.host);
+    if (hostname) void proxy.handleUpgrade(req, socket, head, hostname);
+    else for (const l of appUpgrades) l.call(server, req, socket, head);
+  });
   server.keepAliveTimeout = 65_000;
-  return { server, openapi };
+  server.on('close', () => proxy.close());
+
+  let previewServer: http.Server | undefined;
+  if (deps.cfg.PREVIEW_PORT) {
+    previewServer = http.createServer((req, res) => void proxy.handleRequest(req, res, proxy.match(req.headers.host) ?? ''));
+    previewServer.on('upgrade', (req: http.IncomingMessage, socket, head: Buffer) => void proxy.handleUpgrade(req, socket, head, proxy.match(req.headers.host) ?? ''));
+    previewServer.keepAliveTimeout = 65_000;
+  }
+  return { server, previewServer, openapi };
 }

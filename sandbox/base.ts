@@ -329,6 +329,17 @@ export abstract class BaseProvider implements SandboxProvider {
     return readSandboxFile(this.rootMap(this.stateOf(id)), p, maxBytes);
   }
 
+  networkArgv(id: string): string[] {
+    const state = this.stateOf(id);
+    if (state.status !== 'running' || !this.isLive(state)) throw new SandboxError('conflict', `sandbox ${id} is not running`);
+    return this.networkPrefix(state);
+  }
+
+  /** See networkArgv; providers without a network namespace keep this default. */
+  protected networkPrefix(_state: SandboxState): string[] {
+    return [];
+  }
+
   spawn(id: string, opts: SpawnOptions): ChildProcess {
     const state = this.stateOf(id);
     if (state.status !== 'running' || !this.isLive(state)) throw new SandboxError('conflict', `sandbox ${id} is not running`);

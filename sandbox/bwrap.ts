@@ -231,6 +231,10 @@ export class BwrapProvider extends BaseProvider {
     ];
   }
 
+  protected override networkPrefix(state: SandboxState): string[] {
+    return ['/usr/bin/nsenter', '-t', String(state.init!.ns.pid), '-n', '--'];
+  }
+
   protected async teardown(id: string, state: SandboxState | undefined): Promise<void> {
     const cgroups = SandboxCgroups.of(id);
     signalRef(state?.init?.ns, 'SIGKILL');

@@ -86,6 +86,13 @@ export interface SandboxProvider {
    */
   checkpoint(id: string, layerId: string): Promise<{ layerId: string; parents: string[] }>;
 
+  /**
+   * The argv prefix that runs a host program inside the sandbox's network namespace only (it keeps the
+   * host's filesystem and privileges): used for the port forwarder. Empty when the provider has no network
+   * namespace. Throws conflict when the sandbox is stopped.
+   */
+  networkArgv(id: string): string[];
+
   /** Deletes a layer; false when it did not exist. */
   deleteLayer(layerId: string): Promise<boolean>;
 

@@ -126,6 +126,20 @@ export class HostClient {
     return r.destroyed;
   }
 
+  /**
+   * Makes `port` inside the sandbox reachable at a Unix socket on the host's machine and returns its
+   * path (idempotent). Only for a client on the same machine as the host (the preview proxy).
+   */
+  async openPortForward(id: string, port: number): Promise<string> {
+    const r = await this.call<{ socketPath: string }>('POST', `/sandboxes/${encodeURIComponent(id)}/ports/${port}/forward`);
+    return r.socketPath;
+  }
+
+  /** Stops forwarding `port`: its socket is removed. */
+  async closePortForward(id: string, port: number): Promise<void> {
+    await this.call('DELETE', `/sandboxes/${encodeURIComponent(id)}/ports/${port}/forward`);
+  }
+
   /** Writes a file (parents created) at an absolute path inside the sandbox. */
   async writeFile(id: string, path: string, content: string | Buffer, opts: { mode?: number } = {}): Promise<void> {
     const body =

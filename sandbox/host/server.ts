@@ -12,6 +12,7 @@ import { errorStatus, isSandboxError, SandboxError, type SandboxErrorType } from
 import { createSandboxProvider, type ProviderKind, type SandboxProvider } from '../provider';
 import { bearerMatchesHeader } from './auth';
 import { attachExec, ExecManager } from './exec';
+import { PortForwarder } from './forward';
 
 /** What the app needs. */
 export interface HostDeps {
@@ -20,6 +21,8 @@ export interface HostDeps {
   logger: Logger;
   hostId: string;
   exec: ExecManager;
+  /** Forwarded ports (previews); absent in hosts built without them. */
+  forward?: PortForwarder;
 }
 
 const MAX_WAIT_MS = 30_000;
@@ -76,6 +79,7 @@ const schemas = {
   }),
   checkpoint: z.object({ params: idParam, body: z.object({ checkpointId: z.string().min(1) }) }),
   layer: z.object({ params: z.object({ layerId: z.string().min(1) }) }),
+  port: z.object({ params: z.object({ id: z.string().min(1), port: z.coerce.number().int().min(1).max(65535) }) }),
 };
 
 /** Parses `{ params, query, body }` of a request with a route schema; throws invalid_request. */
@@ -136,6 +140,7 @@ export function createApp(deps: HostDeps): express.Express {
   app.delete('/sandboxes/:id', h(async (req, res) => {
     const { params } = parse(schemas.byId, req);
     deps.exec.dropSandbox(params.id);
+    deps.forward?.dropSandbox(params.id);
     res.json({ destroyed: await provider.destroy(params.id) });
   }));
 
@@ -186,6 +191,19 @@ export function createApp(deps: HostDeps): express.Express {
     res.json({ layerId: params.layerId, sha256: await provider.layerHash(params.layerId) });
   }));
 
+  // Port forwarding for previews: a Unix socket on this machine that reaches 127.0.0.1:<port> inside.
+  app.post('/sandboxes/:id/ports/:port/forward', h(async (req, res) => {
+    const { params } = parse(schemas.port, req);
+    if (!deps.forward) throw new SandboxError('internal', 'port forwarding is not available on this host');
+    res.json({ socketPath: await deps.forward.open(params.id, params.port) });
+  }));
+
+  app.delete('/sandboxes/:id/ports/:port/forward', h(async (req, res) => {
+    const { params } = parse(schemas.port, req);
+    await deps.forward?.close(params.id, params.port);
+    res.json({ closed: true });
+  }));
+
   deps.exec.routes(app, h, parse);
 
   app.use((_req: Request, res: Response) => sendError(res, 'not_found', 'no such route'));
@@ -232,7 +250,8 @@ export async function startHost(opts: StartHostOptions): Promise<RunningHost> {
       : createSandboxProvider({ kind: opts.provider ?? 'bwrap', dataDir: opts.dataDir, hostId, logger });
   await provider.init();
   const exec = new ExecManager(provider, logger);
-  const app = createApp({ provider, token: opts.token, logger, hostId, exec });
+  const forward = new PortForwarder(provider, opts.dataDir, logger);
+  const app = createApp({ provider, token: opts.token, logger, hostId, exec, forward });
   const server = http.createServer(app);
   attachExec(server, exec, opts.token);
   const [host, portText] = splitListen(opts.listen ?? '127.0.0.1:7300');
@@ -248,6 +267,7 @@ export async function startHost(opts: StartHostOptions): Promise<RunningHost> {
     provider,
     close: async () => {
       exec.close();
+      forward.closeAll();
       await new Promise<void>((resolve) => {
         server.close(() => resolve());
         server.closeAllConnections();

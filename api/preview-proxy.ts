@@ -1,0 +1,251 @@
+/**
+ * The preview proxy: routes a request by its Host header to a sandbox port. Plain HTTP (streamed both
+ * ways, kept alive) and WebSocket upgrades (raw byte pipe after the upgrade request).
+ *
+ * Path of a request: Host → preview record (`_id` lookup, cached 2 s; dropped at once on delete here)
+ * → bearer check → the Unix socket of the sandbox port's forwarder on the sandbox host (see
+ * sandbox/host/forward.ts; asked for once, then cached) → 127.0.0.1:<port> inside the sandbox.
+ * The API and the sandbox host share a machine in this deployment; across machines the host would relay
+ * over TCP instead.
+ */
+import { timingSafeEqual } from 'node:crypto';
+import http from 'node:http';
+import net from 'node:net';
+import type { Duplex } from 'node:stream';
+import type { ApiDeps } from './deps';
+import { ApiError } from '../lib/errors';
+import { hashSecret } from '../lib/ids';
+import { previewsOf, type PreviewDoc } from '../store/previews';
+
+const CACHE_MS = 2_000;
+/** `<label>-p<port>.<domain>`: the only Host headers that may name a preview. */
+const PREVIEW_HOST = /^[a-z0-9][a-z0-9-]*-p\d{1,5}\.[a-z0-9.-]+$/;
+const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'proxy-authenticate', 'proxy-authorization', 'te', 'trailer', 'transfer-encoding', 'upgrade']);
+
+/** The hostname (lowercase, no port) of a Host header. */
+export function hostnameOf(host: string | undefined): string {
+  if (!host) return '';
+  const h = host.toLowerCase();
+  const i = h.lastIndexOf(':');
+  return i > 0 && !h.endsWith(']') ? h.slice(0, i) : h;
+}
+
+/** Preview records by hostname, and the forwarder sockets of sandbox ports. One per API process. */
+export class PreviewProxy {
+  private readonly records = new Map<string, { doc: PreviewDoc | null; until: number }>();
+  private readonly sockets = new Map<string, string>();
+  private readonly agent = new http.Agent({ keepAlive: true, maxFreeSockets: 64, keepAliveMsecs: 10_000 });
+
+  constructor(private readonly deps: ApiDeps) {}
+
+  /** The hostname when this Host header can only be a preview's; null for everything else (the API). */
+  match(host: string | undefined): string | null {
+    const name = hostnameOf(host);
+    return PREVIEW_HOST.test(name) ? name : null;
+  }
+
+  /** Forgets a hostname (after create or delete on this process), so the change applies at once. */
+  invalidate(hostname: string): void {
+    this.records.delete(hostname);
+  }
+
+  /** Remembers where a sandbox port's forwarder listens. */
+  rememberSocket(sandboxId: string, port: number, socketPath: string): void {
+    this.sockets.set(`${sandboxId}:${port}`, socketPath);
+  }
+
+  /** Forgets a sandbox port's socket (the preview is gone). */
+  forgetSocket(sandboxId: string, port: number): void {
+    this.sockets.delete(`${sandboxId}:${port}`);
+  }
+
+  /** Stops keeping idle connections to forwarders. */
+  close(): void {
+    this.agent.destroy();
+  }
+
+  private async lookup(hostname: string): Promise<PreviewDoc | null> {
+    if (!hostname) return null;
+    const now = Date.now();
+    const hit = this.records.get(hostname);
+    if (hit && hit.until > now) return hit.doc;
+    const doc = await previewsOf(this.deps.store).findOne({ _id: hostname });
+    if (this.records.size > 10_000) this.records.clear();
+    this.records.set(hostname, { doc, until: now + CACHE_MS });
+    return doc;
+  }
+
+  /** Checks the request's bearer token against the preview's; throws 401. */
+  private authorize(doc: PreviewDoc, headers: http.IncomingHttpHeaders): void {
+    if (!doc.auth) return;
+    const auth = headers.authorization;
+    const presented =
+      (typeof headers['x-preview-token'] === 'string' ? headers['x-preview-token'] : undefined) ??
+      (auth && /^bearer\s+/i.test(auth) ? auth.replace(/^bearer\s+/i, '').trim() : undefined);
+    if (!presented) throw new ApiError('unauthorized', 'this preview needs a token: send Authorization: Bearer <token> or X-Preview-Token');
+    const a = Buffer.from(hashSecret(presented), 'hex');
+    const b = Buffer.from(doc.auth.tokenHash, 'hex');
+    if (a.length !== b.length || !timingSafeEqual(a, b)) throw new ApiError('unauthorized', 'invalid preview token');
+  }
+
+  /** The forwarder socket of the preview's port; asks the sandbox host when not known (or `fresh`). */
+  private async socketOf(doc: PreviewDoc, fresh = false): Promise<string> {
+    const key = `${doc.sandboxId}:${doc.port}`;
+    const known = this.sockets.get(key);
+    if (known && !fresh) return known;
+    const host = await this.deps.hosts.get(doc.hostId);
+    try {
+      const path = await host.openPortForward(doc.sandboxId, doc.port);
+      this.sockets.set(key, path);
+      return path;
+    } catch (err) {
+      const e = err as { type?: string; message?: string };
+      if (e.type === 'not_found' || e.type === 'conflict') throw new ApiError('bad_gateway', `sandbox ${doc.sandboxId} is not running`);
+      throw new ApiError('bad_gateway', `could not reach sandbox ${doc.sandboxId}: ${e.message ?? String(err)}`);
+    }
+  }
+
+  /** Serves one HTTP request for a preview hostname. Never throws: failures answer with the error body. */
+  async handleRequest(req: http.IncomingMessage, res: http.ServerResponse, hostname: string): Promise<void> {
+    let doc: PreviewDoc | null;
+    let socketPath: string;
+    try {
+      doc = await this.lookup(hostname);
+      if (!doc) throw new ApiError('not_found', `preview ${hostname} not found`);
+      this.authorize(doc, req.headers);
+      socketPath = await this.socketOf(doc);
+    } catch (err) {
+      sendError(res, err);
+      return;
+    }
+    this.forward(req, res, doc, socketPath, false);
+  }
+
+  private forward(req: http.IncomingMessage, res: http.ServerResponse, doc: PreviewDoc, socketPath: string, retried: boolean): void {
+    const headers = forwardedHeaders(req, doc);
+    const preq = http.request({ socketPath, agent: this.agent, method: req.method, path: req.url, headers });
+    let piped = false;
+    preq.on('socket', (s: net.Socket) => {
+      const go = () => {
+        piped = true;
+        if (req.readableEnded) preq.end();
+        else req.pipe(preq);
+      };
+      if (s.connecting) s.once('connect', go);
+      else go();
+    });
+    preq.on('response', (pres) => {
+      const out: string[] = [];
+      const raw = pres.rawHeaders;
+      for (let i = 0; i < raw.length; i += 2) if (!HOP_BY_HOP.has(raw[i]!.toLowerCase())) out.push(raw[i]!, raw[i + 1]!);
+      res.writeHead(pres.statusCode ?? 502, pres.statusMessage, out);
+      res.flushHeaders();
+      pres.pipe(res);
+      pres.on('error', () => res.destroy());
+    });
+    preq.on('error', (err: NodeJS.ErrnoException) => {
+      // The forwarder is gone (host restarted, socket removed): ask the host again, once.
+      if (!piped && !retried && (err.code === 'ENOENT' || err.code === 'ECONNREFUSED')) {
+        this.socketOf(doc, true).then(
+          (p) => this.forward(req, res, doc, p, true),
+          (e) => sendError(res, e),
+        );
+        return;
+      }
+      if (res.headersSent) res.destroy();
+      else sendError(res, new ApiError('bad_gateway', `sandbox ${doc.sandboxId} is not accepting connections on port ${doc.port}`));
+    });
+    res.on('close', () => {
+      if (!res.writableFinished) preq.destroy();
+    });
+  }
+
+  /** Serves a WebSocket (or other) upgrade for a preview hostname: the bytes are piped once connected. */
+  async handleUpgrade(req: http.IncomingMessage, socket: Duplex, head: Buffer, hostname: string): Promise<void> {
+    socket.on('error', () => socket.destroy());
+    let doc: PreviewDoc | null;
+    let socketPath: string;
+    try {
+      doc = await this.lookup(hostname);
+      if (!doc) throw new ApiError('not_found', `preview ${hostname} not found`);
+      this.authorize(doc, req.headers);
+      socketPath = await this.socketOf(doc);
+    } catch (err) {
+      rawError(socket, err);
+      return;
+    }
+    const connect = (path: string, retried: boolean) => {
+      const up = net.connect(path);
+      up.once('connect', () => {
+        up.removeAllListeners('error');
+        const lines = [`${req.method} ${req.url} HTTP/1.1`];
+        const headers = forwardedHeaders(req, doc!, true);
+        for (const [k, v] of Object.entries(headers)) for (const one of Array.isArray(v) ? v : [v]) lines.push(`${k}: ${one}`);
+        up.write(`${lines.join('\r\n')}\r\n\r\n`);
+        if (head.length) up.write(head);
+        up.pipe(socket);
+        socket.pipe(up);
+        up.on('error', () => socket.destroy());
+        up.on('close', () => socket.destroy());
+        socket.on('close', () => up.destroy());
+      });
+      up.once('error', (err: NodeJS.ErrnoException) => {
+        if (!retried && (err.code === 'ENOENT' || err.code === 'ECONNREFUSED')) {
+          this.socketOf(doc!, true).then((p) => connect(p, true), (e) => rawError(socket, e));
+          return;
+        }
+        rawError(socket, new ApiError('bad_gateway', `sandbox ${doc!.sandboxId} is not accepting connections on port ${doc!.port}`));
+      });
+    };
+    connect(socketPath, false);
+  }
+}
+
+/** Request headers for the sandbox: hop-by-hop headers and the preview token removed, X-Forwarded-* added. */
+function forwardedHeaders(req: http.IncomingMessage, doc: PreviewDoc, upgrade = false): http.OutgoingHttpHeaders {
+  const out: http.OutgoingHttpHeaders = {};
+  for (const [k, v] of Object.entries(req.headers)) {
+    if (v === undefined || k === 'x-preview-token') continue;
+    if (HOP_BY_HOP.has(k) && !(upgrade && (k === 'connection' || k === 'upgrade'))) continue;
+    if (k === 'authorization' && doc.auth) continue;
+    out[k] = v;
+  }
+  const prior = req.headers['x-forwarded-for'];
+  const addr = req.socket.remoteAddress ?? '';
+  out['x-forwarded-for'] = prior ? `${String(prior)}, ${addr}` : addr;
+  out['x-forwarded-host'] = req.headers.host ?? doc.hostname;
+  out['x-forwarded-proto'] = req.headers['x-forwarded-proto'] ?? 'http';
+  return out;
+}
+
+function toApiError(err: unknown): ApiError {
+  return err instanceof ApiError ? err : new ApiError('bad_gateway', (err as Error)?.message ?? 'proxy error');
+}
+
+function sendError(res: http.ServerResponse, err: unknown): void {
+  const e = toApiError(err);
+  if (res.headersSent) {
+    res.destroy();
+    return;
+  }
+  const body = JSON.stringify(e.toBody());
+  res.writeHead(e.status, { 'content-type': 'application/json; charset=utf-8', 'content-length': Buffer.byteLength(body) });
+  res.end(body);
+}
+
+function rawError(socket: Duplex, err: unknown): void {
+  const e = toApiError(err);
+  const body = JSON.stringify(e.toBody());
+  socket.end(
+    `HTTP/1.1 ${e.status} ${http.STATUS_CODES[e.status]}\r\ncontent-type: application/json; charset=utf-8\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`,
+  );
+}
+
+const proxies = new WeakMap<ApiDeps, PreviewProxy>();
+
+/** The preview proxy of an API process (one per deps object: the routes and the server share it). */
+export function previewProxyOf(deps: ApiDeps): PreviewProxy {
+  let p = proxies.get(deps);
+  if (!p) proxies.set(deps, (p = new PreviewProxy(deps)));
+  return p;
+}
