@@ -14,6 +14,7 @@ import { registerSessionRoutes } from './routes/sessions';
 import { registerBatchRoutes } from './routes/batches';
 import { registerSandboxRoutes } from './routes/sandboxes';
 import { registerCheckpointRoutes } from './routes/checkpoints';
+import { registerSnapshotRoutes } from './routes/snapshots';
 import { registerCapacityRoutes } from './routes/capacity';
 import { registerPreviewRoutes } from './routes/previews';
 
@@ -82,6 +83,7 @@ export function createApp(deps: ApiDeps, opts: { server?: http.Server } = {}): {
   registerBatchRoutes(table, deps);
   registerSandboxRoutes(table, deps);
   registerCheckpointRoutes(table, deps);
+  registerSnapshotRoutes(table, deps);
   registerCapacityRoutes(table, deps);
   registerPreviewRoutes(table, deps);
 

@@ -73,7 +73,8 @@ export interface SnapshotDoc {
   /** True when the checkpoint was made by this snapshot's build (it is deleted with it). */
   ownsCheckpoint: boolean;
   manifest: string;
-  env: [string, string][];
+  /** Pairs, not an object: env names are caller-chosen keys (and FerretDB stores no nested arrays). */
+  env: { name: string; value: string }[];
   workdir: string | null;
   error: string | null;
   /** The build's sandbox and its liveness, while building (a build whose heartbeat stops is failed). */
@@ -227,7 +228,7 @@ export async function resolveImage(store: Store, orgId: string, ref: string): Pr
     hostId: cp.hostId,
     layers: [cp.layerId],
     patches: patches.map((p) => ({ id: p._id, script: p.script })),
-    env: Object.fromEntries(snap.env),
+    env: Object.fromEntries(snap.env.map((e) => [e.name, e.value])),
     workdir: snap.workdir,
   };
 }

@@ -74,9 +74,12 @@ export async function getOrgCheckpoint(deps: ApiDeps, orgId: string, id: string)
  * Why a checkpoint cannot be deleted yet, or null: a snapshot uses it, a later checkpoint was
  * taken over it, or a running sandbox stacks it. (List queries: this is not a hot path.)
  */
-async function checkpointInUse(deps: ApiDeps, cp: CheckpointDoc): Promise<string | null> {
+export async function checkpointInUse(deps: ApiDeps, cp: CheckpointDoc, exceptSnapshot?: string): Promise<string | null> {
   const [snap, child, sandbox] = await Promise.all([
-    snapshotsOf(deps.store).findOne({ orgId: cp.orgId, checkpointId: cp._id }, { projection: { _id: 1 } }),
+    snapshotsOf(deps.store).findOne(
+      exceptSnapshot ? { orgId: cp.orgId, checkpointId: cp._id, _id: { $ne: exceptSnapshot } } : { orgId: cp.orgId, checkpointId: cp._id },
+      { projection: { _id: 1 } },
+    ),
     checkpointsOf(deps.store).findOne({ orgId: cp.orgId, parents: cp.layerId }, { projection: { _id: 1 } }),
     sandboxesOf(deps.store).findOne({ orgId: cp.orgId, fromCheckpoint: cp._id, status: 'running' }, { projection: { _id: 1 } }),
   ]);
