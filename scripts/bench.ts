@@ -1,5 +1,6 @@
 import os from 'node:os';
 import { parseArgs } from 'node:util';
+import { benchPreview } from './bench-preview';
 
 /**
  * `npm run bench -- <name> [--n N] [--c C]` against a running stack (npm start).
@@ -100,8 +101,12 @@ async function main(): Promise<void> {
     case 'sessions':
       out = await benchSessions(n, c);
       break;
+    case 'preview':
+      out = await benchPreview(URL_, KEY, Number(values.n ?? 2000), c);
+      break;
     default:
       process.stderr.write('usage: npm run bench -- sessions [--n 1000] [--c 50]\n');
+      process.stderr.write('       npm run bench -- preview [--n 2000] [--c 10]  (SAP_HOST_URL, SAP_HOST_TOKEN: add the forwarder-only leg)\n');
       process.exit(2);
   }
   process.stdout.write(`${JSON.stringify(out)}\n`);
