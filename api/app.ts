@@ -16,6 +16,8 @@ import { registerSandboxRoutes } from './routes/sandboxes';
 import { registerCheckpointRoutes } from './routes/checkpoints';
 import { registerSnapshotRoutes } from './routes/snapshots';
 import { registerCapacityRoutes } from './routes/capacity';
+import { registerExecRoutes, registerExecSocket } from './routes/exec';
+import { registerSandboxAgentRoutes } from './routes/sandbox-agents';
 import { registerPreviewRoutes } from './routes/previews';
 
 /** Body types the API reads; anything else on a request with a body is 415. */
@@ -85,6 +87,9 @@ export function createApp(deps: ApiDeps, opts: { server?: http.Server } = {}): {
   registerCheckpointRoutes(table, deps);
   registerSnapshotRoutes(table, deps);
   registerCapacityRoutes(table, deps);
+  registerExecRoutes(table, deps);
+  registerSandboxAgentRoutes(table, deps);
+  registerExecSocket(app, deps, auth);
   registerPreviewRoutes(table, deps);
 
   const openapi = new OpenApiGeneratorV31(table.registry.definitions).generateDocument({

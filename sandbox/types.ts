@@ -95,6 +95,8 @@ export interface ExecSessionInfo {
   exitCode: number | null;
   startedAt: string;
   attachedClients: number;
+  /** When the command exited; null while running. */
+  exitedAt?: string | null;
 }
 
 /** Result of `POST /sandboxes/:id/exec/run`. */

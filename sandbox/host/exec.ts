@@ -64,6 +64,7 @@ export class ExecSession {
   readonly startedAt = new Date().toISOString();
   readonly clients = new Set<WebSocket>();
   exitCode: number | null = null;
+  exitedAt: string | null = null;
   signal: NodeJS.Signals | null = null;
   timedOut = false;
   private readonly scrollback: { kind: number; data: Buffer }[] = [];
@@ -88,6 +89,7 @@ export class ExecSession {
       });
       child.on('close', (code, signal) => {
         this.exitCode = exitCodeOf(code, signal);
+        this.exitedAt = new Date().toISOString();
         this.signal = signal;
         for (const t of this.timers) clearTimeout(t);
         if (this.disconnectTimer) clearTimeout(this.disconnectTimer);
@@ -129,6 +131,7 @@ export class ExecSession {
       exitCode: this.exitCode,
       startedAt: this.startedAt,
       attachedClients: this.clients.size,
+      exitedAt: this.exitedAt,
     };
   }
 

@@ -1,0 +1,543 @@
+import { constants as osConstants } from 'node:os';
+import type express from 'express';
+import type { Request } from 'express';
+import { WebSocket } from 'ws';
+import { z } from 'zod';
+import type { Authenticator } from '../auth';
+import type { ApiDeps } from '../deps';
+import type { RouteTable } from '../http';
+import { parseOrThrow } from '../http';
+import { ApiError, notFound } from '../../lib/errors';
+import type { Logger } from '../../lib/logger';
+import type { HostClient } from '../../sandbox/host/client';
+import type { ExecSessionInfo } from '../../sandbox/types';
+import { agentSessionsOf, ensureExecIndexes, ExecDoc, execSessionsOf } from '../../store/exec';
+import { findOrgSandbox, touchSandbox } from '../../store/sandboxes';
+import { SandboxParams } from './sandboxes';
+
+/*
+ * Exec sessions: a command started inside a sandbox, kept by the sandbox host (which holds the
+ * process, its scrollback and its WebSocket clients), recorded here in MongoDB. The API relays
+ * every public WebSocket client to the host through a socket of its own, so each public client is
+ * exactly one host client and `attachedClients` (read from the host) counts them.
+ *
+ * Defaults: `timeout` none (the command runs until it exits or is killed); `maxRunAfterDisconnect`
+ * none (the command outlives every client). `exec/run` waits at most `timeout` seconds, default 60.
+ */
+
+const EnvName = z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'must be a valid environment variable name');
+const MAX_SECONDS = 30 * 24 * 3600;
+
+export const ExecSessionParams = SandboxParams.extend({
+  sessionID: z.string().regex(/^es-[a-z0-9]{1,64}$/, 'must be an exec session id (es-…)'),
+});
+
+export const CreateExecBody = z
+  .object({
+    cmd: z.string().min(1).max(4096),
+    args: z.array(z.string().max(128 * 1024)).max(4096).default([]),
+    envs: z.record(EnvName, z.string().max(128 * 1024)).default({}),
+    cwd: z.string().startsWith('/', 'must be an absolute path').max(4096).optional(),
+    timeout: z.number().int().positive().max(MAX_SECONDS).optional().describe('Seconds before the command is killed; default none'),
+    maxRunAfterDisconnect: z
+      .number()
+      .int()
+      .min(0)
+      .max(MAX_SECONDS)
+      .optional()
+      .describe('Seconds the command keeps running after its last client detached; default none (it keeps running)'),
+  })
+  .openapi('CreateExecSession');
+
+export const RunExecBody = CreateExecBody.omit({ maxRunAfterDisconnect: true })
+  .extend({
+    timeout: z.number().int().positive().max(3600).default(60).describe('Seconds before the command is killed; default 60'),
+    stdin: z.string().max(1024 * 1024).optional(),
+  })
+  .openapi('RunExec');
+
+export const KillBody = z
+  .object({ signal: z.union([z.string().max(16), z.number().int().min(1).max(64)]).optional().describe('Name (SIGTERM) or number; default SIGKILL') })
+  .default({});
+
+export const ExecSessionView = z
+  .object({
+    sessionID: z.string(),
+    sandboxID: z.string(),
+    command: z.string(),
+    args: z.array(z.string()),
+    running: z.boolean(),
+    exitCode: z.number().int().nullable(),
+    startedAt: z.string(),
+    exitedAt: z.string().nullable(),
+    attachedClients: z.number().int(),
+  })
+  .openapi('ExecSession');
+
+export const RunResultView = z.object({ exitCode: z.number().int(), stdout: z.string(), stderr: z.string() }).openapi('ExecRunResult');
+
+type View = z.infer<typeof ExecSessionView>;
+
+/** A sandbox's owner and host never change, so they are cached (the host says whether it is running). */
+const owners = new Map<string, { orgId: string; hostId: string }>();
+
+/**
+ * The organisation's sandbox and its host client, or 404 (another organisation's sandbox is 404).
+ * Marks the sandbox used (resets its idle timeout) without waiting for the write.
+ */
+export async function sandboxHost(deps: ApiDeps, orgId: string, sandboxId: string): Promise<HostClient> {
+  let owner = owners.get(sandboxId);
+  if (!owner) {
+    const doc = await findOrgSandbox(deps.store, orgId, sandboxId);
+    if (!doc) throw notFound(`sandbox ${sandboxId}`);
+    owner = { orgId: doc.orgId, hostId: doc.hostId };
+    if (owners.size > 10_000) owners.clear();
+    owners.set(sandboxId, owner);
+  }
+  if (owner.orgId !== orgId) throw notFound(`sandbox ${sandboxId}`);
+  touchSandbox(deps.store, sandboxId).catch((err: unknown) => deps.logger.warn({ err, sandboxId }, 'touchSandbox failed'));
+  return deps.hosts.get(owner.hostId);
+}
+
+/** Maps a host failure to the API's vocabulary. */
+export function fromHostError(err: unknown, what: string): ApiError {
+  if (err instanceof ApiError) return err;
+  const e = err as { name?: string; type?: string; message?: string; status?: number };
+  if (e?.name === 'HostError') {
+    if (e.type === 'not_found') return new ApiError('not_found', e.message ?? `${what} not found`);
+    if (e.type === 'conflict') return new ApiError('conflict', e.message ?? `${what}: conflict`);
+    if (e.type === 'invalid_request') return new ApiError('invalid_request', e.message ?? 'invalid request');
+    return new ApiError('bad_gateway', `sandbox host failed: ${e.message ?? 'unknown error'}`);
+  }
+  return new ApiError('unavailable', `sandbox host unreachable: ${e?.message ?? String(err)}`);
+}
+
+/** The host's live state of an exec session; null once the host no longer knows it. */
+export async function liveExec(host: HostClient, sandboxId: string, execId: string): Promise<ExecSessionInfo | null> {
+  try {
+    return await host.getExec(sandboxId, execId);
+  } catch (err) {
+    if ((err as { name?: string; status?: number }).name === 'HostError' && (err as { status: number }).status === 404) return null;
+    throw fromHostError(err, `exec session ${execId}`);
+  }
+}
+
+const recordedExits = new Set<string>();
+
+/**
+ * Stores an exit in the record (once per session per process; the write is not awaited by callers
+ * that pass `wait: false`). `kind` picks the collection.
+ */
+export async function recordExit(
+  deps: ApiDeps,
+  kind: 'exec' | 'agent',
+  id: string,
+  exitCode: number | null,
+  exitedAt: Date,
+): Promise<void> {
+  if (recordedExits.has(id)) return;
+  if (recordedExits.size > 100_000) recordedExits.clear();
+  recordedExits.add(id);
+  const coll = kind === 'exec' ? execSessionsOf(deps.store) : agentSessionsOf(deps.store);
+  try {
+    await (coll as ReturnType<typeof execSessionsOf>).updateOne({ _id: id }, { $set: { exitedAt, exitCode } });
+  } catch (err) {
+    recordedExits.delete(id);
+    deps.logger.warn({ err, id }, 'could not record an exec exit');
+  }
+}
+
+/** Live fields of a session from the host's answer, or from the record when the host forgot it. */
+export function liveFields(
+  info: ExecSessionInfo | null,
+  rec: { exitCode: number | null; exitedAt: Date | null },
+): { running: boolean; exitCode: number | null; exitedAt: string | null; attachedClients: number } {
+  if (info) {
+    return {
+      running: info.running,
+      exitCode: info.exitCode,
+      exitedAt: info.exitedAt ?? (info.running ? null : (rec.exitedAt?.toISOString() ?? null)),
+      attachedClients: info.attachedClients,
+    };
+  }
+  return { running: false, exitCode: rec.exitCode, exitedAt: rec.exitedAt?.toISOString() ?? null, attachedClients: 0 };
+}
+
+/** Persists an exit the host reports (or the host's loss of the session) if the record lacks it. */
+export function noteExit(deps: ApiDeps, kind: 'exec' | 'agent', id: string, info: ExecSessionInfo | null, rec: { exitedAt: Date | null }): void {
+  if (rec.exitedAt || (info && info.running)) return;
+  const at = info?.exitedAt ? new Date(info.exitedAt) : new Date();
+  void recordExit(deps, kind, id, info ? info.exitCode : null, at);
+}
+
+function view(doc: ExecDoc, info: ExecSessionInfo | null): View {
+  return {
+    sessionID: doc._id,
+    sandboxID: doc.sandboxId,
+    command: doc.command,
+    args: doc.args,
+    startedAt: doc.startedAt.toISOString(),
+    ...liveFields(info, doc),
+  };
+}
+
+async function orgExec(deps: ApiDeps, orgId: string, sandboxId: string, id: string): Promise<ExecDoc> {
+  const doc = await execSessionsOf(deps.store).findOne({ _id: id });
+  if (!doc || doc.orgId !== orgId || doc.sandboxId !== sandboxId) throw notFound(`exec session ${id}`);
+  return doc;
+}
+
+/** A signal name the host accepts (SIGTERM), from a name with or without SIG, or a number. */
+export function signalName(signal: string | number | undefined): string | undefined {
+  if (signal === undefined) return undefined;
+  const table = osConstants.signals as Record<string, number>;
+  if (typeof signal === 'number') {
+    const name = Object.keys(table).find((k) => table[k] === signal);
+    if (!name) throw new ApiError('invalid_request', `body.signal: unknown signal ${signal}`);
+    return name;
+  }
+  const name = signal.toUpperCase().startsWith('SIG') ? signal.toUpperCase() : `SIG${signal.toUpperCase()}`;
+  if (!(name in table)) throw new ApiError('invalid_request', `body.signal: unknown signal ${signal}`);
+  return name;
+}
+
+/** Signals an exec session, then waits up to 2 s for it to exit; returns the host's last answer. */
+export async function killAndWait(host: HostClient, sandboxId: string, execId: string, signal: string | undefined): Promise<ExecSessionInfo | null> {
+  let info: ExecSessionInfo | null;
+  try {
+    info = await host.killExec(sandboxId, execId, signal);
+  } catch (err) {
+    if ((err as { status?: number }).status === 404) return null;
+    throw fromHostError(err, `exec session ${execId}`);
+  }
+  const deadline = Date.now() + 2000;
+  while (info?.running && Date.now() < deadline) {
+    await new Promise((r) => setTimeout(r, 20));
+    info = await liveExec(host, sandboxId, execId);
+  }
+  return info;
+}
+
+/** /api/sandboxes/:id/exec: start, list, read, kill, run (the OpenComputer API's shapes). */
+export function registerExecRoutes(t: RouteTable, deps: ApiDeps): void {
+  ensureExecIndexes(deps.store).catch((err: unknown) => deps.logger.warn({ err }, 'exec indexes not created'));
+
+  t.add({
+    method: 'post',
+    path: '/api/sandboxes/:id/exec',
+    tag: 'exec',
+    summary: 'Start a command in the sandbox as an exec session; attach with the WebSocket at /api/sandboxes/{id}/exec/{sessionID}',
+    params: SandboxParams,
+    body: CreateExecBody,
+    responses: { 201: { description: 'The running exec session', schema: ExecSessionView } },
+    errors: [409, 502, 503],
+    handler: async ({ params, body, org, res }) => {
+      const host = await sandboxHost(deps, org.id, params.id);
+      let info: ExecSessionInfo;
+      try {
+        info = await host.createExec(params.id, body);
+      } catch (err) {
+        throw fromHostError(err, `sandbox ${params.id}`);
+      }
+      const doc: ExecDoc = {
+        _id: info.sessionID,
+        orgId: org.id,
+        sandboxId: params.id,
+        command: body.cmd,
+        args: body.args,
+        startedAt: new Date(info.startedAt),
+        exitedAt: null,
+        exitCode: null,
+      };
+      try {
+        await execSessionsOf(deps.store).insertOne(doc);
+      } catch (err) {
+        await host.killExec(params.id, info.sessionID).catch(() => undefined);
+        throw err;
+      }
+      res.status(201).json(view(doc, info));
+    },
+  });
+
+  t.add({
+    method: 'get',
+    path: '/api/sandboxes/:id/exec',
+    tag: 'exec',
+    summary: "List the sandbox's exec sessions, newest first",
+    params: SandboxParams,
+    responses: { 200: { description: 'Exec sessions', schema: z.array(ExecSessionView) } },
+    handler: async ({ params, org, res }) => {
+      const host = await sandboxHost(deps, org.id, params.id);
+      const [docs, live] = await Promise.all([
+        execSessionsOf(deps.store).find({ sandboxId: params.id }).sort({ startedAt: -1 }).limit(1000).toArray(),
+        host.listExec(params.id).catch((err: unknown) => {
+          if ((err as { status?: number }).status === 404) return [] as ExecSessionInfo[];
+          throw fromHostError(err, `sandbox ${params.id}`);
+        }),
+      ]);
+      const byId = new Map(live.map((i) => [i.sessionID, i]));
+      const out = docs
+        .filter((d) => d.orgId === org.id)
+        .map((d) => {
+          const info = byId.get(d._id) ?? null;
+          noteExit(deps, 'exec', d._id, info, d);
+          return view(d, info);
+        });
+      res.json(out);
+    },
+  });
+
+  t.add({
+    method: 'post',
+    path: '/api/sandboxes/:id/exec/run',
+    tag: 'exec',
+    summary: 'Run a short command to completion and return its exit code and output',
+    params: SandboxParams,
+    body: RunExecBody,
+    responses: { 200: { description: 'Exit code and output (a non-zero exit is a result)', schema: RunResultView } },
+    errors: [409, 502, 503],
+    handler: async ({ params, body, org, res }) => {
+      const host = await sandboxHost(deps, org.id, params.id);
+      try {
+        const r = await host.execRun(params.id, body);
+        res.json({ exitCode: r.exitCode, stdout: r.stdout, stderr: r.stderr });
+      } catch (err) {
+        throw fromHostError(err, `sandbox ${params.id}`);
+      }
+    },
+  });
+
+  t.add({
+    method: 'get',
+    path: '/api/sandboxes/:id/exec/:sessionID',
+    tag: 'exec',
+    summary: 'Get an exec session (running, exitCode and attachedClients as of now)',
+    params: ExecSessionParams,
+    responses: { 200: { description: 'The exec session', schema: ExecSessionView } },
+    handler: async ({ params, org, res }) => {
+      const host = await sandboxHost(deps, org.id, params.id);
+      const doc = await orgExec(deps, org.id, params.id, params.sessionID);
+      const info = await liveExec(host, params.id, doc._id);
+      noteExit(deps, 'exec', doc._id, info, doc);
+      res.json(view(doc, info));
+    },
+  });
+
+  t.add({
+    method: 'post',
+    path: '/api/sandboxes/:id/exec/:sessionID/kill',
+    tag: 'exec',
+    summary: "Signal an exec session's processes (default SIGKILL); answers once it exited (or after 2 s)",
+    params: ExecSessionParams,
+    body: KillBody,
+    responses: { 200: { description: 'The exec session', schema: ExecSessionView } },
+    handler: async ({ params, body, org, res }) => {
+      const host = await sandboxHost(deps, org.id, params.id);
+      const doc = await orgExec(deps, org.id, params.id, params.sessionID);
+      const info = await killAndWait(host, params.id, doc._id, signalName(body.signal));
+      noteExit(deps, 'exec', doc._id, info, doc);
+      res.json(view(doc, info));
+    },
+  });
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * WebSocket attach: /api/sandboxes/:id/exec/:sessionID (es-… or an agent session's as-…).
+ * The key comes in X-API-Key or ?api_key=. A refused socket gets one text frame
+ * {"error":{type,message}} and is closed with 1008 (policy violation); a bad client frame closes
+ * it with 1003; a host failure with 1011.
+ * --------------------------------------------------------------------------------------------- */
+
+const WsParams = SandboxParams.extend({
+  sessionID: z.string().regex(/^(es|as)-[a-z0-9]{1,64}$/, 'must be an exec or agent session id (es-… or as-…)'),
+});
+
+/** Bytes queued toward one side above which the relay stops reading the other side; resumes below LOW. */
+const RELAY_HIGH = 2 * 1024 * 1024;
+const RELAY_LOW = 512 * 1024;
+
+/** What a WebSocket attaches to; immutable, so cached. */
+interface AttachTarget {
+  orgId: string;
+  sandboxId: string;
+  execId: string;
+  kind: 'exec' | 'agent';
+}
+const targets = new Map<string, AttachTarget>();
+
+async function attachTarget(deps: ApiDeps, sessionID: string): Promise<(AttachTarget & { exitCode: number | null }) | null> {
+  const hit = targets.get(sessionID);
+  if (hit) return { ...hit, exitCode: null };
+  let t: (AttachTarget & { exitCode: number | null }) | null = null;
+  if (sessionID.startsWith('es-')) {
+    const d = await execSessionsOf(deps.store).findOne({ _id: sessionID });
+    if (d) t = { orgId: d.orgId, sandboxId: d.sandboxId, execId: d._id, kind: 'exec', exitCode: d.exitCode };
+  } else {
+    const d = await agentSessionsOf(deps.store).findOne({ _id: sessionID });
+    if (d) t = { orgId: d.orgId, sandboxId: d.sandboxId, execId: d.execId, kind: 'agent', exitCode: d.exitCode };
+  }
+  if (t) {
+    if (targets.size > 10_000) targets.clear();
+    targets.set(sessionID, { orgId: t.orgId, sandboxId: t.sandboxId, execId: t.execId, kind: t.kind });
+  }
+  return t;
+}
+
+/*
+ * The public socket comes from express-ws, which bundles ws 7: no pause()/resume() and no
+ * isBinary argument on 'message' (text arrives as a string). These work with both ws 7 and 8.
+ */
+type AnySocket = WebSocket & { _socket?: { pause(): void; resume(): void } };
+function pauseSocket(ws: AnySocket): void {
+  if (typeof (ws as { pause?: unknown }).pause === 'function') ws.pause();
+  else ws._socket?.pause();
+}
+function resumeSocket(ws: AnySocket): void {
+  if (typeof (ws as { resume?: unknown }).resume === 'function') ws.resume();
+  else ws._socket?.resume();
+}
+
+function closeWith(ws: WebSocket, code: number, type: string, message: string): void {
+  if (ws.readyState !== WebSocket.OPEN) {
+    ws.terminate();
+    return;
+  }
+  ws.send(JSON.stringify({ error: { type, message } }));
+  ws.close(code, `${type}: ${message}`.slice(0, 120));
+  // Read the peer's close frame even if reading was paused (else the close waits for a timeout).
+  resumeSocket(ws as AnySocket);
+}
+
+type EarlyFrame = [string | Buffer | ArrayBuffer | Buffer[], boolean | undefined];
+
+/**
+ * Relays frames between a public client and the host's socket for the same session, with
+ * backpressure both ways: reading one side pauses while the other side has more than RELAY_HIGH
+ * bytes queued. Frames are passed as they are (the host and the public protocol are the same).
+ */
+function relay(
+  deps: ApiDeps,
+  client: WebSocket,
+  upstream: WebSocket,
+  sessionID: string,
+  kind: 'exec' | 'agent',
+  early: EarlyFrame[],
+  log: Logger,
+): void {
+  const pending: Buffer[] = [];
+  let opened = false;
+  let clientPausedByUs = false;
+  let upstreamPausedByUs = false;
+
+  const toUpstream = (data: Buffer) => {
+    upstream.send(data, { binary: true }, () => {
+      if (clientPausedByUs && upstream.bufferedAmount < RELAY_LOW) {
+        clientPausedByUs = false;
+        resumeSocket(client);
+      }
+    });
+    if (!clientPausedByUs && upstream.bufferedAmount > RELAY_HIGH) {
+      clientPausedByUs = true;
+      pauseSocket(client);
+    }
+  };
+
+  const onMessage = (data: string | Buffer | ArrayBuffer | Buffer[], binaryFlag?: boolean) => {
+    const isBinary = typeof binaryFlag === 'boolean' ? binaryFlag : typeof data !== 'string';
+    const buf = Buffer.isBuffer(data) ? data : Array.isArray(data) ? Buffer.concat(data) : typeof data === 'string' ? Buffer.from(data) : Buffer.from(data);
+    if (!isBinary || buf.length === 0 || buf[0] !== 0x00) {
+      const why = !isBinary ? 'text frames are not accepted' : buf.length === 0 ? 'empty frame' : `unknown stream 0x${buf[0]!.toString(16).padStart(2, '0')}`;
+      closeWith(client, 1003, 'invalid_request', `bad frame: ${why}; send binary frames 0x00 + stdin bytes`);
+      upstream.terminate();
+      return;
+    }
+    if (!opened) {
+      pending.push(buf);
+      if (!clientPausedByUs && pending.reduce((n, b) => n + b.length, 0) > RELAY_HIGH) {
+        clientPausedByUs = true;
+        pauseSocket(client);
+      }
+      return;
+    }
+    if (upstream.readyState === WebSocket.OPEN) toUpstream(buf);
+  };
+  client.on('message', onMessage);
+  for (const [data, flag] of early) onMessage(data, flag);
+
+  upstream.on('open', () => {
+    opened = true;
+    for (const b of pending.splice(0)) toUpstream(b);
+  });
+
+  upstream.on('message', (data: Buffer, isBinary: boolean) => {
+    if (!isBinary || client.readyState !== WebSocket.OPEN) return;
+    if (data[0] === 0x03 && data.length >= 5) void recordExit(deps, kind, sessionID, data.readInt32BE(1), new Date());
+    client.send(data, { binary: true }, () => {
+      if (upstreamPausedByUs && client.bufferedAmount < RELAY_LOW) {
+        upstreamPausedByUs = false;
+        upstream.resume();
+      }
+    });
+    if (!upstreamPausedByUs && client.bufferedAmount > RELAY_HIGH) {
+      upstreamPausedByUs = true;
+      upstream.pause();
+    }
+  });
+
+  upstream.on('close', (code: number, reason: Buffer) => {
+    if (client.readyState === WebSocket.OPEN) {
+      if (code === 1000) client.close(1000, reason.toString().slice(0, 120));
+      else closeWith(client, 1011, 'bad_gateway', `the sandbox host closed the stream (${code})`);
+    }
+  });
+  upstream.on('error', (err: Error) => {
+    log.warn({ err: err.message, sessionID }, 'exec relay: host socket failed');
+    const gone = /Unexpected server response: 404/.test(err.message);
+    if (client.readyState === WebSocket.OPEN) {
+      if (gone) closeWith(client, 1011, 'not_found', 'the exec session is no longer on its sandbox host');
+      else closeWith(client, 1011, 'bad_gateway', 'the sandbox host is unreachable');
+    }
+  });
+
+  const detach = () => {
+    if (upstream.readyState === WebSocket.OPEN) upstream.close(1000, 'client left');
+    else if (upstream.readyState === WebSocket.CONNECTING) upstream.terminate();
+  };
+  client.on('close', detach);
+  client.on('error', detach);
+}
+
+/**
+ * Registers the WebSocket route (an express-ws route on the app). No-op when the app has no
+ * WebSocket support (createApp without a server, in unit tests).
+ */
+export function registerExecSocket(app: express.Express, deps: ApiDeps, auth: Authenticator): void {
+  const wsApp = app as express.Express & { ws?: (path: string, h: (ws: WebSocket, req: Request) => void) => void };
+  if (typeof wsApp.ws !== 'function') return;
+  const log = deps.logger.child({ route: 'exec-ws' });
+  wsApp.ws('/api/sandboxes/:id/exec/:sessionID', (ws, req) => {
+    // Keep what the client sends while we check (stdin may follow the open at once), and stop
+    // reading more until the relay is set up.
+    const early: EarlyFrame[] = [];
+    const keep = (data: EarlyFrame[0], flag?: boolean) => early.push([data, flag]);
+    ws.on('message', keep);
+    pauseSocket(ws);
+    void (async () => {
+      try {
+        const org = await auth.authenticate(req);
+        const params = parseOrThrow(WsParams, req.params, 'path');
+        const target = await attachTarget(deps, params.sessionID);
+        if (!target || target.orgId !== org.id || target.sandboxId !== params.id) throw notFound(`exec session ${params.sessionID}`);
+        const host = await sandboxHost(deps, org.id, params.id);
+        if (ws.readyState !== WebSocket.OPEN) return;
+        const upstream = host.openExecSocket(params.id, target.execId);
+        ws.off('message', keep);
+        relay(deps, ws, upstream, params.sessionID, target.kind, early, log);
+        resumeSocket(ws);
+      } catch (err) {
+        const e = err instanceof ApiError ? err : fromHostError(err, 'exec session');
+        closeWith(ws, e.status >= 500 ? 1011 : 1008, e.type, e.message);
+      }
+    })();
+  });
+}
