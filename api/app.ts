@@ -9,6 +9,7 @@ import { scrubUrl } from '../lib/logger';
 import { createAuthenticator, Authenticator } from './auth';
 import type { ApiDeps } from './deps';
 import { RouteTable } from './http';
+import { ApiMetrics, createApiMetrics } from './metrics';
 import { registerAgentRoutes } from './routes/agents';
 import { registerSessionRoutes } from './routes/sessions';
 import { registerBatchRoutes } from './routes/batches';
@@ -27,7 +28,7 @@ const JSON_TYPES = ['application/json', 'application/*+json'];
  * Builds the Express app: authentication, the routes of every resource, /openapi.json,
  * health checks, and one error body for every failure. Tests drive this directly.
  */
-export function createApp(deps: ApiDeps, opts: { server?: http.Server } = {}): { app: express.Express; auth: Authenticator; openapi: object } {
+export function createApp(deps: ApiDeps, opts: { server?: http.Server } = {}): { app: express.Express; auth: Authenticator; openapi: object; metrics: ApiMetrics } {
   const app = express();
   // WebSocket routes (router.ws) need the HTTP server; without one (unit tests) they are absent.
   if (opts.server) expressWs(app, opts.server);
@@ -35,6 +36,8 @@ export function createApp(deps: ApiDeps, opts: { server?: http.Server } = {}): {
   app.set('etag', false);
   app.set('query parser', 'simple');
 
+  const metrics = createApiMetrics(deps);
+  app.use(metrics.middleware);
   app.use(
     pinoHttp({
       logger: deps.logger,
@@ -47,10 +50,14 @@ export function createApp(deps: ApiDeps, opts: { server?: http.Server } = {}): {
         req: (req: { id: string; method: string; url: string }) => ({ id: req.id, method: req.method, url: scrubUrl(req.url) }),
         res: (res: { statusCode: number }) => ({ statusCode: res.statusCode }),
       },
-      autoLogging: { ignore: (req) => req.url === '/healthz' || req.url === '/readyz' },
+      // Every line of a request carries its organisation and the ids in its path (set once known).
+      customProps: (req, res) => requestLogProps(req as Request, res as Response),
+      autoLogging: { ignore: (req) => req.url === '/healthz' || req.url === '/readyz' || req.url === '/metrics' },
     }),
   );
 
+  // Prometheus text format, without authentication (labels hold route patterns only).
+  app.get('/metrics', (req, res) => void metrics.handler(req, res));
   app.get('/healthz', (_req, res) => {
     res.json({ status: 'ok' });
   });
@@ -114,7 +121,21 @@ export function createApp(deps: ApiDeps, opts: { server?: http.Server } = {}): {
     }
     res.status(e.status).json(e.toBody());
   });
-  return { app, auth, openapi };
+  return { app, auth, openapi, metrics };
+}
+
+/** Log fields of a request: its organisation (once authenticated) and the resource ids in its path. */
+function requestLogProps(req: Request, res: Response): Record<string, string> {
+  const out: Record<string, string> = {};
+  const orgId = (res.locals as { orgId?: string }).orgId;
+  if (orgId) out.orgId = orgId;
+  const p = (req.params ?? {}) as Record<string, string>;
+  if (p.agentId) out.agentId = p.agentId;
+  const id = p.id;
+  if (id?.startsWith('sess_')) Object.assign(out, { sessionId: id, workflowId: id });
+  else if (id?.startsWith('batch_')) Object.assign(out, { batchId: id, workflowId: id });
+  else if (id) out.resourceId = id;
+  return out;
 }
 
 /** Maps any thrown value to an ApiError; internals never reach the client. */

@@ -42,6 +42,9 @@ export function createAuthenticator(store: Store): Authenticator {
       if (!key) throw new ApiError('unauthorized', 'missing API key: send it in the X-API-Key header');
       const org = await resolve(key);
       if (!org) throw new ApiError('unauthorized', 'invalid API key');
+      // For the request's log lines (see createApp).
+      if (req.res) req.res.locals.orgId = org.id;
+      if (req.log) req.log = req.log.child({ orgId: org.id });
       return org;
     },
   };

@@ -12,21 +12,25 @@ import { previewProxyOf } from './preview-proxy';
  */
 export function createApiServer(deps: ApiDeps): { server: http.Server; previewServer?: http.Server; openapi: object } {
   const server = http.createServer();
-  const { app, openapi } = createApp(deps, { server });
+  const { app, openapi, metrics } = createApp(deps, { server });
   const proxy = previewProxyOf(deps);
 
   server.on('request', (req: http.IncomingMessage, res: http.ServerResponse) => {
     const hostname = proxy.match(req.headers.host);
-    if (hostname) void proxy.handleRequest(req, res, hostname);
-    else app(req, res);
+    if (hostname) {
+      metrics.proxyRequests.inc({ kind: 'http' });
+      void proxy.handleRequest(req, res, hostname);
+    } else app(req, res);
   });
   // express-ws registered its upgrade listener when the app was built: route around it for previews.
   const appUpgrades = server.listeners('upgrade') as ((...args: unknown[]) => void)[];
   server.removeAllListeners('upgrade');
   server.on('upgrade', (req: http.IncomingMessage, socket, head: Buffer) => {
     const hostname = proxy.match(req.headers.host);
-    if (hostname) void proxy.handleUpgrade(req, socket, head, hostname);
-    else for (const l of appUpgrades) l.call(server, req, socket, head);
+    if (hostname) {
+      metrics.proxyRequests.inc({ kind: 'websocket' });
+      void proxy.handleUpgrade(req, socket, head, hostname);
+    } else for (const l of appUpgrades) l.call(server, req, socket, head);
   });
   server.keepAliveTimeout = 65_000;
   server.on('close', () => proxy.close());

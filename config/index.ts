@@ -36,6 +36,8 @@ export const configSchema = z.object({
   HOST_TOKEN: z.string().min(16, 'must be at least 16 characters').optional(),
   RESULT_MAX_BYTES: z.coerce.number().int().positive().default(4 * 1024 * 1024),
   BODY_LIMIT_BYTES: z.coerce.number().int().positive().default(8 * 1024 * 1024),
+  /** The worker's Prometheus endpoint (GET /metrics); the Temporal SDK's exporter takes the next port. 0: off. */
+  WORKER_METRICS_PORT: z.coerce.number().int().min(0).max(65534).default(9464),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
 });
 

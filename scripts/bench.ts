@@ -92,6 +92,68 @@ async function benchSessions(n: number, c: number): Promise<Record<string, unkno
   };
 }
 
+/**
+ * N trivial items as one batch at concurrency C, against the same N sessions started one by one
+ * at concurrency C (benchSessions). Item latency is each child session workflow's start → close
+ * (from Temporal visibility: TEMPORAL_ADDRESS), comparable to a plain session's create → end.
+ */
+async function benchBatch(n: number, c: number): Promise<Record<string, unknown>> {
+  const { Client, Connection } = await import('@temporalio/client');
+  const agentId = `bench-batch-${Date.now().toString(36)}`;
+  const a = await call('POST', '/v1/agents', { id: agentId, core: 'bash', entrypoint: ['bash', '-c', 'cp "$AGENT_INPUT_PATH" /tmp/agent_result.json'] });
+  if (a.status !== 201) throw new Error(`create agent: ${JSON.stringify(a.body)}`);
+  const ndjson = Array.from({ length: n }, (_, i) => JSON.stringify({ input: { i } })).join('\n');
+  const t0 = Date.now();
+  const res = await fetch(`${URL_}/v1/agents/${agentId}/batches?concurrency=${c}`, { method: 'POST', headers: { 'x-api-key': KEY, 'content-type': 'application/x-ndjson' }, body: ndjson });
+  const created = (await res.json()) as { id: string };
+  if (res.status !== 201) throw new Error(`create batch: ${JSON.stringify(created)}`);
+  const createMs = Date.now() - t0;
+  let b: any;
+  for (;;) {
+    await new Promise((r) => setTimeout(r, 250));
+    b = (await call('GET', `/v1/agents/${agentId}/batches/${created.id}`)).body;
+    if (b.status !== 'running') break;
+  }
+  const seconds = (Date.parse(b.completed_at) - t0) / 1000;
+  let wrong = 0;
+  let after = -1;
+  for (;;) {
+    const r = await fetch(`${URL_}/v1/agents/${agentId}/batches/${created.id}/results?after=${after}&limit=10000`, { headers: { 'x-api-key': KEY } });
+    const lines = (await r.text()).split('\n').filter(Boolean).map((l) => JSON.parse(l) as { index: number; status: string; data: { i?: number } | null });
+    if (lines.length === 0) break;
+    for (const l of lines) if (l.status !== 'completed' || l.data?.i !== l.index) wrong++;
+    after = Number(r.headers.get('x-next-after'));
+  }
+  const connection = await Connection.connect({ address: process.env.TEMPORAL_ADDRESS ?? '127.0.0.1:7233' });
+  const item: number[] = [];
+  try {
+    const client = new Client({ connection, namespace: process.env.TEMPORAL_NAMESPACE ?? 'default' });
+    for await (const wf of client.workflow.list({ query: `BatchId = "${created.id}" AND WorkflowType = "sessionWorkflow"` })) {
+      if (wf.closeTime) item.push(wf.closeTime.getTime() - wf.startTime.getTime());
+    }
+  } finally {
+    await connection.close();
+  }
+  const batch = {
+    n,
+    concurrency: c,
+    create_ms: createMs,
+    items_per_s: Math.round((n / seconds) * 10) / 10,
+    item_ms: stats(item),
+    counts: b.counts,
+    wrong_results: wrong,
+  };
+  const plain = await benchSessions(n, c);
+  const plainRate = plain.sessions_per_s as number;
+  return {
+    bench: 'batch',
+    cores: os.cpus().length,
+    batch,
+    sessions: plain,
+    throughput_vs_sessions: Math.round((batch.items_per_s / plainRate) * 100) / 100,
+  };
+}
+
 async function main(): Promise<void> {
   const name = positionals[0];
   const n = Number(values.n ?? 200);
@@ -100,6 +162,9 @@ async function main(): Promise<void> {
   switch (name) {
     case 'sessions':
       out = await benchSessions(n, c);
+      break;
+    case 'batch':
+      out = await benchBatch(Number(values.n ?? 1000), Number(values.c ?? 50));
       break;
     case 'preview':
       out = await benchPreview(URL_, KEY, Number(values.n ?? 2000), c);

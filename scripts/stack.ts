@@ -54,6 +54,7 @@ async function main(): Promise<void> {
       `  MongoDB      ${stack.mongoUrl}`,
       `  API key      ${apiKey}   (organisation "default"; send it as X-API-Key)`,
       `  Logs         ${stack.logDir}`,
+      `  Metrics      ${stack.apiUrl}/metrics (API), http://${cfg.HOST}:${cfg.WORKER_METRICS_PORT}/metrics (worker, with the Temporal SDK's metrics)`,
       'Press Ctrl-C to stop.',
       '',
     ].join('\n') + '\n',

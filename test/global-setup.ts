@@ -13,6 +13,7 @@ export default async function globalSetup(): Promise<void> {
   const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'sap-test-'));
   const apiKey = 'test-key-default-org';
   const hostToken = 'test-host-token-0123456789';
+  const workerMetricsPort = await freePort();
   const stack: Stack = await startStack({
     dataDir,
     apiPort: await freePort(),
@@ -21,7 +22,7 @@ export default async function globalSetup(): Promise<void> {
     hostPort: await freePort(),
     apiKey,
     hostToken,
-    env: { LOG_LEVEL: 'info', NODE_ENV: 'test' },
+    env: { LOG_LEVEL: 'info', NODE_ENV: 'test', WORKER_METRICS_PORT: String(workerMetricsPort) },
   });
   const control = http.createServer((req, res) => {
     const m = /^\/(start|kill)\/(\w+)(?:\?signal=(\w+))?$/.exec(req.url ?? '');
@@ -48,6 +49,7 @@ export default async function globalSetup(): Promise<void> {
     SAP_TEST_DATA_DIR: dataDir,
     SAP_TEST_CONTROL_URL: controlUrl,
     SAP_TEST_LOG_DIR: stack.logDir,
+    SAP_TEST_WORKER_METRICS_URL: `http://127.0.0.1:${workerMetricsPort}/metrics`,
   });
   (globalThis as { __SAP_STACK__?: unknown }).__SAP_STACK__ = { stack, control, dataDir };
 }

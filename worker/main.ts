@@ -8,6 +8,7 @@ import { createLogger } from '../lib/logger';
 import { HostClient } from '../sandbox/host/client';
 import { connectStore } from '../store';
 import { startReaper } from './reaper';
+import { createWorkerMetrics, installTemporalRuntime, serveWorkerMetrics } from './metrics';
 import { registerHost } from '../store/hosts';
 
 /** Where `npm run build` puts the prebundled workflow code (bundling at start costs ~2 s). */
@@ -29,11 +30,15 @@ async function main(): Promise<void> {
   await registerHost(store, { id: hostId, url: hostUrl, taskQueue: hostTaskQueue(cfg, hostId) });
   const activities = createActivities({ store, host, hostTaskQueue: hostTaskQueue(cfg, hostId), resultMaxBytes: cfg.RESULT_MAX_BYTES });
 
+  // Before any NativeConnection: SDK logs through pino, SDK metrics to a Prometheus exporter (port + 1).
+  const sdkMetricsUrl = installTemporalRuntime({ logger, prometheusPort: cfg.WORKER_METRICS_PORT ? cfg.WORKER_METRICS_PORT + 1 : 0 });
+  const metrics = createWorkerMetrics({ host });
+  if (cfg.WORKER_METRICS_PORT) serveWorkerMetrics(metrics, { host: cfg.HOST, port: cfg.WORKER_METRICS_PORT, sdkMetricsUrl, logger });
   const connection = await NativeConnection.connect({ address: cfg.TEMPORAL_ADDRESS });
   const workflowSource = fs.existsSync(WORKFLOW_BUNDLE)
     ? { workflowBundle: { codePath: WORKFLOW_BUNDLE } }
     : { workflowsPath: require.resolve('../workflows') };
-  const common = { connection, namespace: cfg.TEMPORAL_NAMESPACE, activities, maxConcurrentActivityTaskExecutions: 500 };
+  const common = { connection, namespace: cfg.TEMPORAL_NAMESPACE, activities, maxConcurrentActivityTaskExecutions: 500, interceptors: { activity: [metrics.activityInterceptor] } };
   const shared = await Worker.create({ ...common, ...workflowSource, taskQueue: cfg.TASK_QUEUE, maxConcurrentWorkflowTaskExecutions: 100 });
   const local = await Worker.create({ ...common, taskQueue: hostTaskQueue(cfg, hostId) });
 

@@ -201,6 +201,7 @@ export function registerBatchRoutes(t: RouteTable, deps: ApiDeps): void {
         await batches.deleteOne({ _id: doc._id });
         throw new ApiError('unavailable', `could not start the batch workflow: ${(err as Error).message}`);
       }
+      res.locals.batchTotal = doc.total;
       res.status(201).json(batchView(doc));
 
       async function answerExisting(existing: BatchDoc): Promise<void> {

@@ -1,0 +1,92 @@
+import type { NextFunction, Request, Response } from 'express';
+import client from 'prom-client';
+import type { ApiDeps } from './deps';
+import { batchesOf } from '../store/batches';
+
+/**
+ * The API's Prometheus metrics (one registry per app): HTTP latency by route and status, sessions
+ * and batches created, batch items by state in running batches, preview proxy requests, and the
+ * process's default metrics. Labels hold route patterns, never URLs, ids or keys.
+ */
+export interface ApiMetrics {
+  registry: client.Registry;
+  httpDuration: client.Histogram<'method' | 'route' | 'status'>;
+  sessionsCreated: client.Counter;
+  batchesCreated: client.Counter;
+  batchItemsSubmitted: client.Counter;
+  proxyRequests: client.Counter<'kind'>;
+  /** Express middleware timing every request by its matched route. */
+  middleware(req: Request, res: Response, next: NextFunction): void;
+  /** Express handler answering the text exposition format. */
+  handler(req: Request, res: Response): Promise<void>;
+}
+
+/** How long the batch-item gauge may serve its last reading (it scans the running batches). */
+const BATCH_GAUGE_TTL_MS = 5000;
+
+export function createApiMetrics(deps: Pick<ApiDeps, 'store'>): ApiMetrics {
+  const registry = new client.Registry();
+  client.collectDefaultMetrics({ register: registry, prefix: 'sap_api_' });
+  const httpDuration = new client.Histogram({
+    name: 'sap_http_request_duration_seconds',
+    help: 'HTTP request latency by method, route pattern and status',
+    labelNames: ['method', 'route', 'status'] as const,
+    buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 15],
+    registers: [registry],
+  });
+  const sessionsCreated = new client.Counter({ name: 'sap_sessions_created_total', help: 'Sessions created through the API (201 answers)', registers: [registry] });
+  const batchesCreated = new client.Counter({ name: 'sap_batches_created_total', help: 'Batches created through the API', registers: [registry] });
+  const batchItemsSubmitted = new client.Counter({ name: 'sap_batch_items_submitted_total', help: 'Items of the batches created through the API', registers: [registry] });
+  const proxyRequests = new client.Counter({ name: 'sap_proxy_requests_total', help: 'Preview proxy requests, by kind (http or websocket)', labelNames: ['kind'] as const, registers: [registry] });
+
+  let cached: { at: number; counts: Record<string, number> } | undefined;
+  new client.Gauge({
+    name: 'sap_batch_items',
+    help: 'Items of the running batches by state (pending, running, completed, failed)',
+    labelNames: ['state'] as const,
+    registers: [registry],
+    async collect() {
+      if (!cached || Date.now() - cached.at > BATCH_GAUGE_TTL_MS) {
+        const counts: Record<string, number> = { pending: 0, running: 0, completed: 0, failed: 0 };
+        const running = await batchesOf(deps.store as ApiDeps['store']).batches.find({ status: 'running' }, { projection: { counts: 1 } }).toArray();
+        for (const b of running) for (const k of Object.keys(counts)) counts[k]! += (b.counts as unknown as Record<string, number>)[k] ?? 0;
+        cached = { at: Date.now(), counts };
+      }
+      for (const [state, v] of Object.entries(cached.counts)) this.set({ state }, v);
+    },
+  });
+
+  return {
+    registry,
+    httpDuration,
+    sessionsCreated,
+    batchesCreated,
+    batchItemsSubmitted,
+    proxyRequests,
+    middleware(req, res, next) {
+      const end = httpDuration.startTimer();
+      res.once('finish', () => {
+        const route = req.route?.path ? `${req.baseUrl}${req.route.path as string}` : 'unmatched';
+        end({ method: req.method, route, status: String(res.statusCode) });
+        if (req.method === 'POST' && res.statusCode === 201) {
+          if (route === '/v1/agents/:agentId/sessions') sessionsCreated.inc();
+          else if (route === '/v1/agents/:agentId/batches') {
+            batchesCreated.inc();
+            const total = Number((res.locals as { batchTotal?: number }).batchTotal ?? 0);
+            if (total > 0) batchItemsSubmitted.inc(total);
+          }
+        }
+      });
+      next();
+    },
+    async handler(_req, res) {
+      try {
+        const text = await registry.metrics();
+        res.setHeader('content-type', registry.contentType);
+        res.end(text);
+      } catch (err) {
+        res.status(500).json({ error: { type: 'internal', message: `metrics: ${(err as Error).message}` } });
+      }
+    },
+  };
+}
