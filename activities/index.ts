@@ -1,6 +1,7 @@
 import type { ActivityDeps } from './deps';
 import { createSessionActivities } from './sessions';
 import { createBatchActivities } from './batches';
+import { createInstanceActivities } from './instances';
 
 export type { ActivityDeps } from './deps';
 export type { EntrypointExit, Provisioned } from './sessions';
@@ -13,6 +14,7 @@ export { AGENT_INPUT_PATH, AGENT_RESULT_PATH, decideEnd } from './sessions';
 export const createActivities = (deps: ActivityDeps) => ({
   ...createSessionActivities(deps),
   ...createBatchActivities(deps),
+  ...createInstanceActivities(deps),
 });
 
 export type Activities = ReturnType<typeof createActivities>;

@@ -3,6 +3,7 @@ import type { AgentRunSpec, SessionDoc } from '../store';
 import type { HostClient } from '../sandbox/host/client';
 import type { SessionEnd } from '../workflows/types';
 import { sandboxIdForSession } from '../lib/naming';
+import { ImageError, resolveImage, type ResolvedImage } from '../store/checkpoints';
 
 import type { ActivityDeps } from './deps';
 
@@ -24,13 +25,16 @@ export const createSessionActivities = (deps: ActivityDeps) => ({
     const session = await deps.store.sessions.findOne({ _id: args.sessionId }, { projection: { input: 1 } });
     if (!session) throw ApplicationFailure.nonRetryable(`session ${args.sessionId} not found`, 'InvalidAgent');
     const sandboxId = sandboxIdForSession(args.sessionId);
+    // Only an agent with a snapshot pays for resolving it (its layer, the checkpoint's patches).
+    const image = args.run.snapshot ? await imageOrFail(deps, args.orgId, args.run.snapshotRef?.snapshotId ?? args.run.snapshot) : null;
     await createOrExplain(deps, {
       id: sandboxId,
       orgId: args.orgId,
       owner: { kind: 'session', id: args.sessionId },
-      envs: { ...args.run.env, AGENT_INPUT_PATH, AGENT_RESULT_PATH, SESSION_ID: args.sessionId, AGENT_ID: args.agentId },
+      envs: { ...image?.env, ...args.run.env, AGENT_INPUT_PATH, AGENT_RESULT_PATH, SESSION_ID: args.sessionId, AGENT_ID: args.agentId },
       files: { ...args.run.files, [AGENT_INPUT_PATH]: session.input },
-      entrypoint: { argv: args.run.entrypoint, timeoutSeconds: args.run.timeoutSeconds, cwd: '/workspace' },
+      ...(image ? { layers: image.layers, patches: image.patches, ...(image.workdir ? { cwd: image.workdir } : {}) } : {}),
+      entrypoint: { argv: args.run.entrypoint, timeoutSeconds: args.run.timeoutSeconds, cwd: image?.workdir ?? '/workspace' },
     });
     const now = new Date();
     // While the session is marked running, give a short entrypoint the chance to finish, so a
@@ -109,8 +113,18 @@ export function decideEnd(exit: EntrypointExit | null, cancelled: boolean, captu
 }
 
 
+/** The agent's snapshot resolved to layers and patches; a missing or unready one fails for good (SnapshotNotFound). */
+export async function imageOrFail(deps: ActivityDeps, orgId: string, ref: string): Promise<ResolvedImage> {
+  try {
+    return await resolveImage(deps.store, orgId, ref);
+  } catch (err) {
+    if (err instanceof ImageError) throw ApplicationFailure.nonRetryable(err.message, 'SnapshotNotFound');
+    throw err;
+  }
+}
+
 /** Creates a sandbox; failures that a retry cannot fix become non-retryable. */
-async function createOrExplain(deps: ActivityDeps, req: Parameters<HostClient['createSandbox']>[0]): Promise<void> {
+export async function createOrExplain(deps: ActivityDeps, req: Parameters<HostClient['createSandbox']>[0]): Promise<void> {
   try {
     await deps.host.createSandbox(req);
   } catch (err) {

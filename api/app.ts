@@ -16,6 +16,7 @@ import { registerBatchRoutes } from './routes/batches';
 import { registerSandboxRoutes } from './routes/sandboxes';
 import { registerCheckpointRoutes } from './routes/checkpoints';
 import { registerSnapshotRoutes } from './routes/snapshots';
+import { registerInstanceRoutes } from './routes/instances';
 import { registerCapacityRoutes } from './routes/capacity';
 import { registerExecRoutes, registerExecSocket } from './routes/exec';
 import { registerSandboxAgentRoutes } from './routes/sandbox-agents';
@@ -93,6 +94,7 @@ export function createApp(deps: ApiDeps, opts: { server?: http.Server } = {}): {
   registerSandboxRoutes(table, deps);
   registerCheckpointRoutes(table, deps);
   registerSnapshotRoutes(table, deps);
+  registerInstanceRoutes(table, deps);
   registerCapacityRoutes(table, deps);
   registerExecRoutes(table, deps);
   registerSandboxAgentRoutes(table, deps);

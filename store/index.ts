@@ -25,6 +25,8 @@ export interface AgentRunSpec {
   env: Record<string, string>;
   snapshot: string | null;
   timeoutSeconds: number;
+  /** Set at session creation when `snapshot` is: the snapshot's id and the task queue of the host that has its layer. */
+  snapshotRef?: { snapshotId: string; taskQueue: string };
 }
 
 /**

@@ -6,6 +6,7 @@ import {
   upsertSearchAttributes,
   workflowInfo,
 } from '@temporalio/workflow';
+import type { ActivityOptions } from '@temporalio/workflow';
 import type { Activities } from '../activities';
 import { SESSION_STATUS } from './search-attributes';
 import type { AgentRunSpec } from '../store';
@@ -20,8 +21,11 @@ export interface SessionWorkflowArgs {
   run: AgentRunSpec;
 }
 
-/** Provisioning may run on any worker: the one that takes it provisions on its own sandbox host. */
-const { provisionSandbox } = proxyActivities<Activities>({
+/**
+ * Provisioning may run on any worker: the one that takes it provisions on its own sandbox host.
+ * A session from a snapshot provisions on the host that has the snapshot's layer (`snapshotRef.taskQueue`).
+ */
+const PROVISION_OPTIONS: ActivityOptions = {
   startToCloseTimeout: '2 minutes',
   // A worker that dies mid-provisioning is noticed after this, not after the whole timeout.
   heartbeatTimeout: '10 s',
@@ -32,7 +36,10 @@ const { provisionSandbox } = proxyActivities<Activities>({
     maximumAttempts: 8,
     nonRetryableErrorTypes: ['PatchFailed', 'SnapshotNotFound', 'InvalidAgent'],
   },
-});
+};
+const { provisionSandbox } = proxyActivities<Activities>(PROVISION_OPTIONS);
+const provisionerFor = (run: AgentRunSpec) =>
+  run.snapshotRef ? proxyActivities<Activities>({ ...PROVISION_OPTIONS, taskQueue: run.snapshotRef.taskQueue }).provisionSandbox : provisionSandbox;
 
 /** Activities bound to the sandbox host that owns the session's sandbox. */
 function hostActivities(taskQueue: string, timeoutSeconds: number) {
@@ -75,7 +82,7 @@ export async function sessionWorkflow(args: SessionWorkflowArgs): Promise<Sessio
   try {
     // Not cancellable: a DELETE during provisioning waits for the sandbox to exist, then destroys it.
     provisioned = await CancellationScope.nonCancellable(() =>
-      provisionSandbox({ sessionId, orgId: args.orgId, agentId: args.agentId, run: args.run }),
+      provisionerFor(args.run)({ sessionId, orgId: args.orgId, agentId: args.agentId, run: args.run }),
     );
     setStatus('running');
     const host = hostActivities(provisioned.taskQueue, args.run.timeoutSeconds);

@@ -8,6 +8,7 @@ import { ApiError, conflict, invalid, notFound } from '../../lib/errors';
 import { derivedId, randomId } from '../../lib/ids';
 import { AgentDoc, fromJsonText, isDuplicateKey, runSpecOf, SessionDoc } from '../../store';
 import { getAgent } from './agents';
+import { snapshotRefOf } from './snapshots';
 import { afterCursor, encodeCursor } from '../cursor';
 import type { SessionWorkflowArgs } from '../../workflows/session';
 import { AGENT_ID, ORG_ID, SESSION_STATUS } from '../../workflows/search-attributes';
@@ -46,6 +47,7 @@ async function startWorkflow(deps: ApiDeps, s: SessionDoc, agent: AgentDoc): Pro
     agentId: s.agent_id,
     run: runSpecOf(agent),
   };
+  if (agent.snapshot) args.run.snapshotRef = await snapshotRefOf(deps, s.orgId, agent.snapshot);
   try {
     await deps.temporal.workflow.start('sessionWorkflow', {
       taskQueue: deps.cfg.TASK_QUEUE,
@@ -113,6 +115,7 @@ export function registerSessionRoutes(t: RouteTable, deps: ApiDeps): void {
         await startWorkflow(deps, doc, agent);
       } catch (err) {
         await deps.store.sessions.deleteOne({ _id: doc._id });
+        if (err instanceof ApiError) throw err;
         throw new ApiError('unavailable', `could not start the session workflow: ${(err as Error).message}`);
       }
       res.status(201).json(sessionView(doc));

@@ -17,6 +17,7 @@ import {
 import { sandboxesOf } from '../../store/sandboxes';
 import { buildSnapshot, chainHash, reapStaleBuild } from '../snapshot-builder';
 import { checkpointInUse, deleteCheckpoint, getOrgCheckpoint } from './checkpoints';
+import { hostTaskQueue } from '../../config';
 
 const noDotDot = (p: string) => !p.split('/').includes('..');
 const AbsPath = z.string().min(2).max(4096).startsWith('/', 'must be an absolute path').refine(noDotDot, 'must not contain ..');
@@ -261,4 +262,15 @@ export function registerSnapshotRoutes(t: RouteTable, deps: ApiDeps): void {
       res.json(snapshotView(snap));
     },
   });
+}
+
+/**
+ * Where sessions and instances of an agent with `snapshot` (id or name) are provisioned: the
+ * snapshot's id and the task queue of the host that has its layer. 400 when it is missing or not ready.
+ */
+export async function snapshotRefOf(deps: ApiDeps, orgId: string, ref: string): Promise<{ snapshotId: string; taskQueue: string }> {
+  const snap = await findOrgSnapshot(deps.store, orgId, ref);
+  if (!snap) throw invalid(`the agent's snapshot ${ref} does not exist`);
+  if (snap.status !== 'ready' || !snap.hostId) throw invalid(`the agent's snapshot ${ref} is ${snap.status}, not ready`);
+  return { snapshotId: snap._id, taskQueue: hostTaskQueue(deps.cfg, snap.hostId) };
 }

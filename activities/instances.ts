@@ -1,0 +1,94 @@
+import { Context } from '@temporalio/activity';
+import type { AgentRunSpec } from '../store';
+import { isDuplicateKey } from '../store';
+import { instancesOf, sandboxIdForInstance } from '../store/instances';
+import { SandboxDoc, sandboxesOf } from '../store/sandboxes';
+import type { ActivityDeps } from './deps';
+import { createOrExplain, imageOrFail } from './sessions';
+
+/** The id of the host beside this worker (asked once). */
+const hostIds = new WeakMap<object, Promise<string>>();
+function hostIdOf(deps: ActivityDeps): Promise<string> {
+  let p = hostIds.get(deps.host);
+  if (!p) {
+    p = deps.host.health().then((h) => h.hostId);
+    p.catch(() => hostIds.delete(deps.host));
+    hostIds.set(deps.host, p);
+  }
+  return p;
+}
+
+/**
+ * The instance activities. Each is idempotent (Temporal may run it again after a crash): the
+ * sandbox id derives from the instance id, and the host's create is idempotent on it.
+ */
+export const createInstanceActivities = (deps: ActivityDeps) => ({
+  /**
+   * Creates the instance's sandbox on this worker's host: from the agent's snapshot (its layer,
+   * then the checkpoint's patches in order) when it has one, with the agent's files and env; no
+   * entrypoint is started. The sandbox is recorded (a SandboxDoc with `instanceId`) before it is
+   * created, so /api/sandboxes/{id}/… can address it and the reaper leaves it alone. Marks the
+   * instance `running`.
+   */
+  async provisionInstance(args: { instanceId: string; orgId: string; agentId: string; run: AgentRunSpec }): Promise<{ sandboxId: string; taskQueue: string }> {
+    Context.current().heartbeat();
+    const sandboxId = sandboxIdForInstance(args.instanceId);
+    const image = args.run.snapshot ? await imageOrFail(deps, args.orgId, args.run.snapshotRef?.snapshotId ?? args.run.snapshot) : null;
+    const hostId = await hostIdOf(deps);
+    const now = new Date();
+    const record: SandboxDoc = {
+      _id: sandboxId,
+      orgId: args.orgId,
+      hostId,
+      status: 'running',
+      templateID: 'base',
+      metadata: JSON.stringify({ instanceId: args.instanceId, agentId: args.agentId }),
+      fromCheckpoint: image?.checkpointId ?? null,
+      snapshot: image?.snapshotId ?? null,
+      timeout: 0,
+      memoryMB: null,
+      cpuCount: null,
+      instanceId: args.instanceId,
+      createdAt: now,
+      updatedAt: now,
+    };
+    try {
+      await sandboxesOf(deps.store).insertOne(record);
+    } catch (err) {
+      if (!isDuplicateKey(err)) throw err;
+    }
+    try {
+      await createOrExplain(deps, {
+        id: sandboxId,
+        orgId: args.orgId,
+        owner: { kind: 'instance', id: args.instanceId },
+        envs: { ...image?.env, ...args.run.env, INSTANCE_ID: args.instanceId, AGENT_ID: args.agentId },
+        files: args.run.files,
+        ...(image ? { layers: image.layers, patches: image.patches, ...(image.workdir ? { cwd: image.workdir } : {}) } : {}),
+        metadata: { instanceId: args.instanceId, agentId: args.agentId },
+      });
+    } catch (err) {
+      // Not created: the record goes too (a retry writes it again).
+      await sandboxesOf(deps.store).deleteOne({ _id: sandboxId });
+      throw err;
+    }
+    await instancesOf(deps.store).updateOne(
+      { _id: args.instanceId },
+      { $set: { status: 'running', sandbox_id: sandboxId, snapshot_id: image?.snapshotId ?? null, updated_at: new Date() } },
+    );
+    return { sandboxId, taskQueue: deps.hostTaskQueue };
+  },
+
+  /** Destroys the instance's sandbox on this host and records the instance `stopped`. */
+  async destroyInstanceSandbox(args: { instanceId: string; sandboxId: string }): Promise<void> {
+    await deps.host.destroySandbox(args.sandboxId);
+    const now = new Date();
+    await sandboxesOf(deps.store).updateOne({ _id: args.sandboxId }, { $set: { status: 'stopped', updatedAt: now } });
+    await instancesOf(deps.store).updateOne({ _id: args.instanceId }, { $set: { status: 'stopped', updated_at: now } });
+  },
+
+  /** Records an instance's end when it has no sandbox: `failed` with the reason, or `stopped`. */
+  async recordInstanceEnd(args: { instanceId: string; status: 'failed' | 'stopped'; error: string | null }): Promise<void> {
+    await instancesOf(deps.store).updateOne({ _id: args.instanceId }, { $set: { status: args.status, error: args.error, updated_at: new Date() } });
+  },
+});
