@@ -1,6 +1,7 @@
 import os from 'node:os';
 import { parseArgs } from 'node:util';
 import { benchPreview } from './bench-preview';
+import { benchSpawn } from './bench-spawn';
 
 /**
  * `npm run bench -- <name> [--n N] [--c C]` against a running stack (npm start).
@@ -168,6 +169,9 @@ async function main(): Promise<void> {
       break;
     case 'preview':
       out = await benchPreview(URL_, KEY, Number(values.n ?? 2000), c);
+      break;
+    case 'spawn':
+      out = await benchSpawn({ url: URL_, key: KEY, n: Number(values.n ?? 50) });
       break;
     default:
       process.stderr.write('usage: npm run bench -- sessions [--n 1000] [--c 50]\n');
