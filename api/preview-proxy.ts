@@ -15,7 +15,7 @@ import type { Duplex } from 'node:stream';
 import type { ApiDeps } from './deps';
 import { ApiError } from '../lib/errors';
 import { hashSecret } from '../lib/ids';
-import { previewsOf, type PreviewDoc } from '../store/previews';
+import { listSandboxPreviews, previewsOf, type PreviewDoc } from '../store/previews';
 
 const CACHE_MS = 2_000;
 /** `<label>-p<port>.<domain>`: the only Host headers that may name a preview. */
@@ -248,4 +248,19 @@ export function previewProxyOf(deps: ApiDeps): PreviewProxy {
   let p = proxies.get(deps);
   if (!p) proxies.set(deps, (p = new PreviewProxy(deps)));
   return p;
+}
+
+/**
+ * Removes every preview of a sandbox (when it is destroyed), on this process at once.
+ * Best effort towards the host: its forwarder goes with the sandbox anyway.
+ */
+export async function deleteSandboxPreviews(deps: ApiDeps, sandboxId: string): Promise<number> {
+  const docs = await listSandboxPreviews(deps.store, sandboxId);
+  const proxy = previewProxyOf(deps);
+  for (const d of docs) {
+    await previewsOf(deps.store).deleteOne({ _id: d._id });
+    proxy.invalidate(d._id);
+    proxy.forgetSocket(d.sandboxId, d.port);
+  }
+  return docs.length;
 }

@@ -8,6 +8,7 @@ import { hashSecret, randomId } from '../../lib/ids';
 import { isDuplicateKey } from '../../store';
 import { listSandboxPreviews, previewsOf, type PreviewDoc } from '../../store/previews';
 import { previewProxyOf, hostnameOf } from '../preview-proxy';
+export { deleteSandboxPreviews } from '../preview-proxy';
 import { getOrgSandbox, SandboxParams } from './sandboxes';
 
 const Port = z.coerce.number().int('must be an integer').min(1, 'must be 1 to 65535').max(65535, 'must be 1 to 65535');
@@ -60,21 +61,6 @@ function previewView(deps: ApiDeps, p: PreviewDoc, token?: string): z.infer<type
     authConfig: p.auth ? { type: 'bearer', ...(token ? { token } : {}) } : {},
     createdAt: p.createdAt.toISOString(),
   };
-}
-
-/**
- * Removes every preview of a sandbox (when it is destroyed), on this process at once.
- * Best effort towards the host: its forwarder goes with the sandbox anyway.
- */
-export async function deleteSandboxPreviews(deps: ApiDeps, sandboxId: string): Promise<number> {
-  const docs = await listSandboxPreviews(deps.store, sandboxId);
-  const proxy = previewProxyOf(deps);
-  for (const d of docs) {
-    await previewsOf(deps.store).deleteOne({ _id: d._id });
-    proxy.invalidate(d._id);
-    proxy.forgetSocket(d.sandboxId, d.port);
-  }
-  return docs.length;
 }
 
 /** /api/sandboxes/:id/preview: expose a sandbox port at a hostname (served by the preview proxy). */

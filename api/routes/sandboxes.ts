@@ -5,6 +5,7 @@ import '../http';
 import { ApiError, notFound } from '../../lib/errors';
 import { randomId } from '../../lib/ids';
 import { fromJsonText } from '../../store';
+import { deleteSandboxPreviews } from '../preview-proxy';
 import { findOrgSandbox, SandboxDoc, sandboxesOf } from '../../store/sandboxes';
 import { ImageError, resolveImage } from '../../store/checkpoints';
 
@@ -155,6 +156,7 @@ export async function destroySandbox(deps: ApiDeps, doc: SandboxDoc): Promise<Sa
   if (doc.status !== 'stopped') {
     const host = await deps.hosts.get(doc.hostId);
     await host.destroySandbox(doc._id);
+    await deleteSandboxPreviews(deps, doc._id);
     const now = new Date();
     await sandboxesOf(deps.store).updateOne({ _id: doc._id }, { $set: { status: 'stopped', updatedAt: now } });
     return { ...doc, status: 'stopped', updatedAt: now };
