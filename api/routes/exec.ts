@@ -255,6 +255,7 @@ export function registerExecRoutes(t: RouteTable, deps: ApiDeps): void {
         await host.killExec(params.id, info.sessionID).catch(() => undefined);
         throw err;
       }
+      rememberTarget(doc._id, { orgId: org.id, sandboxId: params.id, execId: doc._id, kind: 'exec' });
       res.status(201).json(view(doc, info));
     },
   });
@@ -357,7 +358,7 @@ const RELAY_HIGH = 2 * 1024 * 1024;
 const RELAY_LOW = 512 * 1024;
 
 /** What a WebSocket attaches to; immutable, so cached. */
-interface AttachTarget {
+export interface AttachTarget {
   orgId: string;
   sandboxId: string;
   execId: string;
@@ -376,11 +377,14 @@ async function attachTarget(deps: ApiDeps, sessionID: string): Promise<(AttachTa
     const d = await agentSessionsOf(deps.store).findOne({ _id: sessionID });
     if (d) t = { orgId: d.orgId, sandboxId: d.sandboxId, execId: d.execId, kind: 'agent', exitCode: d.exitCode };
   }
-  if (t) {
-    if (targets.size > 10_000) targets.clear();
-    targets.set(sessionID, { orgId: t.orgId, sandboxId: t.sandboxId, execId: t.execId, kind: t.kind });
-  }
+  if (t) rememberTarget(sessionID, { orgId: t.orgId, sandboxId: t.sandboxId, execId: t.execId, kind: t.kind });
   return t;
+}
+
+/** Caches where a session id attaches (called on creation, so a first attach needs no lookup). */
+export function rememberTarget(sessionID: string, t: AttachTarget): void {
+  if (targets.size > 10_000) targets.clear();
+  targets.set(sessionID, t);
 }
 
 /*

@@ -9,7 +9,7 @@ import { randomId } from '../../lib/ids';
 import type { HostClient } from '../../sandbox/host/client';
 import type { ExecSessionInfo } from '../../sandbox/types';
 import { AgentSessionDoc, agentSessionsOf } from '../../store/exec';
-import { fromHostError, KillBody, killAndWait, liveExec, liveFields, noteExit, sandboxHost, signalName } from './exec';
+import { fromHostError, KillBody, killAndWait, liveExec, liveFields, noteExit, rememberTarget, sandboxHost, signalName } from './exec';
 import { SandboxParams } from './sandboxes';
 
 /*
@@ -154,10 +154,9 @@ export function registerSandboxAgentRoutes(t: RouteTable, deps: ApiDeps): void {
       const stateFile = `${STATE_DIR}/${id}.json`;
       let info: ExecSessionInfo;
       try {
-        await Promise.all([
-          host.writeFile(params.id, RUNNER_PATH, runnerFile(), { mode: 0o755 }),
-          host.writeFile(params.id, configFile, JSON.stringify(options), { mode: 0o600 }),
-        ]);
+        // One after the other: the host's parent-directory creation is not safe against a concurrent write.
+        await host.writeFile(params.id, RUNNER_PATH, runnerFile(), { mode: 0o755 });
+        await host.writeFile(params.id, configFile, JSON.stringify(options), { mode: 0o600 });
         info = await host.createExec(params.id, {
           cmd: 'node',
           args: [RUNNER_PATH, '--config', configFile, '--state', stateFile, ...(argv ? ['--', ...argv] : [])],
@@ -184,6 +183,7 @@ export function registerSandboxAgentRoutes(t: RouteTable, deps: ApiDeps): void {
         await host.killExec(params.id, info.sessionID).catch(() => undefined);
         throw err;
       }
+      rememberTarget(id, { orgId: org.id, sandboxId: params.id, execId: info.sessionID, kind: 'agent' });
       const live = liveFields(info, doc);
       res.status(201).json({
         sessionID: id,

@@ -89,8 +89,8 @@ describe('exec sessions over raw HTTP and WebSocket', () => {
     const es = await startExec(sb, { cmd: 'bash', args: ['-c', 'echo early; while read l; do echo "echo $l"; done; exit 5'] });
     const a = await attachReady(sb, es.sessionID);
     const b = await attachReady(sb, es.sessionID);
-    expect(a.text('stdout')).toBe('early\n');
-    expect(b.text('stdout')).toBe('early\n');
+    await a.until(() => a.text('stdout') === 'early\n');
+    await b.until(() => b.text('stdout') === 'early\n');
     expect((await getExec(sb, es.sessionID)).attachedClients).toBe(2);
     a.stdin('one\n');
     await a.until(() => a.text('stdout').includes('echo one'));
