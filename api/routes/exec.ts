@@ -427,6 +427,7 @@ function relay(
   kind: 'exec' | 'agent',
   early: EarlyFrame[],
   log: Logger,
+  touch: () => void,
 ): void {
   const pending: Buffer[] = [];
   let opened = false;
@@ -475,6 +476,7 @@ function relay(
 
   upstream.on('message', (data: Buffer, isBinary: boolean) => {
     if (!isBinary || client.readyState !== WebSocket.OPEN) return;
+    touch();
     if (data[0] === 0x03 && data.length >= 5) void recordExit(deps, kind, sessionID, data.readInt32BE(1), new Date());
     client.send(data, { binary: true }, () => {
       if (upstreamPausedByUs && client.bufferedAmount < RELAY_LOW) {
@@ -536,7 +538,9 @@ export function registerExecSocket(app: express.Express, deps: ApiDeps, auth: Au
         if (ws.readyState !== WebSocket.OPEN) return;
         const upstream = host.openExecSocket(params.id, target.execId);
         ws.off('message', keep);
-        relay(deps, ws, upstream, params.sessionID, target.kind, early, log);
+        // Streaming counts as use of the sandbox (touchSandbox writes at most once a minute).
+        const touch = () => void touchSandbox(deps.store, params.id).catch(() => undefined);
+        relay(deps, ws, upstream, params.sessionID, target.kind, early, log, touch);
         resumeSocket(ws);
       } catch (err) {
         const e = err instanceof ApiError ? err : fromHostError(err, 'exec session');
