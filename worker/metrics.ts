@@ -137,7 +137,8 @@ export function installTemporalRuntime(opts: { logger: Logger; prometheusPort: n
   const { Runtime, DefaultLogger } = require('@temporalio/worker') as typeof import('@temporalio/worker');
   const levels = { TRACE: 'trace', DEBUG: 'debug', INFO: 'info', WARN: 'warn', ERROR: 'error' } as const;
   const sdkLogger = new DefaultLogger('INFO', (entry) => {
-    const { sdkComponent, ...meta } = (entry.meta ?? {}) as Record<string, unknown>;
+    // The task token is a capability to complete the task: it stays out of the logs.
+    const { sdkComponent, taskToken: _taskToken, ...meta } = (entry.meta ?? {}) as Record<string, unknown>;
     opts.logger[levels[entry.level]]({ sdk: sdkComponent ?? 'temporal', ...meta }, entry.message);
   });
   if (opts.prometheusPort) {
