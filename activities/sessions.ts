@@ -1,5 +1,6 @@
 import { Context, ApplicationFailure } from '@temporalio/activity';
-import type { AgentRunSpec, SessionDoc } from '../store';
+import type { AgentRunSpec } from '../store';
+import { markSessionRunning, recordSessionEnd } from '../store/sessions';
 import type { HostClient } from '../sandbox/host/client';
 import type { SessionEnd } from '../workflows/types';
 import { sandboxIdForSession } from '../lib/naming';
@@ -39,9 +40,8 @@ export const createSessionActivities = (deps: ActivityDeps) => ({
     const now = new Date();
     // While the session is marked running, give a short entrypoint the chance to finish, so a
     // quick session needs no separate wait step (one round trip through Temporal less).
-    // Filters are on `_id` alone: FerretDB answers those from its index and scans for anything else.
     const [, early] = await Promise.all([
-      deps.store.sessions.updateOne({ _id: args.sessionId }, { $set: { status: 'running', sandbox_id: sandboxId, started_at: now, updated_at: now } }),
+      markSessionRunning(deps.store, args.sessionId, sandboxId, now),
       deps.host.entrypointStatus(sandboxId, { waitMs: QUICK_EXIT_WAIT_MS }),
     ]);
     const exit = early.state === 'exited' ? { exitCode: early.exitCode, timedOut: early.timedOut, signal: early.signal } : null;
@@ -136,14 +136,8 @@ export async function createOrExplain(deps: ActivityDeps, req: Parameters<HostCl
 }
 
 async function recordOutcome(deps: ActivityDeps, sessionId: string, end: SessionEnd): Promise<void> {
-  const now = new Date();
-  const result = end.result === null ? null : JSON.stringify(end.result);
-  const update: Partial<SessionDoc> = { status: end.status, result, outcome: end.outcome, completed_at: now, updated_at: now };
-  // Only a session that has not ended yet is written: a retry never overwrites the first outcome.
-  // (Read, then write by `_id` alone: one workflow owns the session, so nothing races this.)
-  const current = await deps.store.sessions.findOne({ _id: sessionId }, { projection: { status: 1 } });
-  if (!current || current.status === 'completed' || current.status === 'failed') return;
-  await deps.store.sessions.updateOne({ _id: sessionId }, { $set: update });
+  // Insert-only: the first ending recorded wins, a retry never overwrites it.
+  await recordSessionEnd(deps.store, sessionId, end);
 }
 
 async function captureResult(deps: ActivityDeps, sandboxId: string): Promise<{ data: Record<string, unknown> | null; error?: string }> {

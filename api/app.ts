@@ -18,9 +18,9 @@ import { registerCheckpointRoutes } from './routes/checkpoints';
 import { registerSnapshotRoutes } from './routes/snapshots';
 import { registerInstanceRoutes } from './routes/instances';
 import { registerCapacityRoutes } from './routes/capacity';
+import { registerPreviewRoutes } from './routes/previews';
 import { registerExecRoutes, registerExecSocket } from './routes/exec';
 import { registerSandboxAgentRoutes } from './routes/sandbox-agents';
-import { registerPreviewRoutes } from './routes/previews';
 
 /** Body types the API reads; anything else on a request with a body is 415. */
 const JSON_TYPES = ['application/json', 'application/*+json'];
@@ -96,10 +96,10 @@ export function createApp(deps: ApiDeps, opts: { server?: http.Server } = {}): {
   registerSnapshotRoutes(table, deps);
   registerInstanceRoutes(table, deps);
   registerCapacityRoutes(table, deps);
+  registerPreviewRoutes(table, deps);
   registerExecRoutes(table, deps);
   registerSandboxAgentRoutes(table, deps);
   registerExecSocket(app, deps, auth);
-  registerPreviewRoutes(table, deps);
 
   const openapi = new OpenApiGeneratorV31(table.registry.definitions).generateDocument({
     openapi: '3.1.0',

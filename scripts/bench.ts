@@ -178,7 +178,7 @@ async function main(): Promise<void> {
       out = await benchSpawn({ url: URL_, key: KEY, n: Number(values.n ?? 50) });
       break;
     default:
-      process.stderr.write('usage: npm run bench -- sessions [--n 1000] [--c 50]\n');
+      process.stderr.write('usage: npm run bench -- sessions|batch [--n 1000] [--c 50]\n');
       process.stderr.write('       npm run bench -- spawn [--n 50]\n');
       process.stderr.write('       npm run bench -- exec [--n 100] [--mb 512]\n');
       process.stderr.write('       npm run bench -- preview [--n 2000] [--c 10]  (SAP_HOST_URL, SAP_HOST_TOKEN: add the forwarder-only leg)\n');

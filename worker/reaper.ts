@@ -4,6 +4,7 @@ import type { Logger } from '../lib/logger';
 import type { HostClient } from '../sandbox/host/client';
 import type { Store } from '../store';
 import { sandboxesOf } from '../store/sandboxes';
+import { readSession } from '../store/sessions';
 import type { SandboxInfo } from '../sandbox/types';
 
 /** Sandboxes younger than this are left alone: their session may still be provisioning. */
@@ -33,7 +34,7 @@ export function startReaper(deps: { host: HostClient; store: Store; client: Clie
   async function isOrphan(sb: SandboxInfo): Promise<string | false> {
     if (sb.owner?.kind === 'session') {
       if (Date.now() - Date.parse(sb.createdAt) < GRACE_MS) return false;
-      const session = await deps.store.sessions.findOne({ _id: sb.owner.id }, { projection: { status: 1 } });
+      const session = await readSession(deps.store, sb.owner.id);
       if (!session || session.status === 'completed' || session.status === 'failed') return 'its session has ended';
       try {
         const d = await deps.client.workflow.getHandle(sb.owner.id).describe();

@@ -139,11 +139,12 @@ export function registerAgentRoutes(t: RouteTable, deps: ApiDeps): void {
     errors: [409],
     handler: async ({ params, org, res }) => {
       const agent = await getAgent(deps, org.id, params.agentId);
-      const live = await deps.store.sessions.findOne(
-        { orgId: org.id, agent_id: params.agentId, status: { $in: ['creating', 'running'] } },
-        { projection: { _id: 1 } },
+      // Sessions, batches and instances of the agent are workflows carrying its AgentId: ask
+      // Temporal's visibility for running ones rather than scanning MongoDB.
+      const { count } = await deps.temporal.workflow.count(
+        `AgentId = '${params.agentId}' AND OrgId = '${org.id}' AND ExecutionStatus = 'Running'`,
       );
-      if (live) throw conflict(`agent ${params.agentId} has a running session (${live._id}); end it first`);
+      if (count > 0) throw conflict(`agent ${params.agentId} has ${count} running session(s) or instance(s); end them first`);
       await deps.store.agents.deleteOne({ _id: agent._id });
       res.json(agentView(agent));
     },

@@ -1,3 +1,4 @@
+import { readSession } from '../../store/sessions';
 import { createHash } from 'node:crypto';
 import { z } from 'zod';
 import { WorkflowExecutionAlreadyStartedError, WorkflowNotFoundError } from '@temporalio/client';
@@ -125,7 +126,7 @@ async function finalAttempt(deps: ApiDeps, b: BatchDoc, index: number): Promise<
   let last: SessionDoc | null = null;
   let attempts = 0;
   for (let a = 1; a <= b.max_attempts; a++) {
-    const s = await deps.store.sessions.findOne({ _id: batchSessionId(b._id, index, a) });
+    const s = await readSession(deps.store, batchSessionId(b._id, index, a));
     if (!s) break;
     last = s;
     attempts = a;

@@ -7,6 +7,7 @@ import { CreateSessionBody, Cursor, Limit, Session, SessionParams, SessionResult
 import { ApiError, conflict, invalid, notFound } from '../../lib/errors';
 import { derivedId, randomId } from '../../lib/ids';
 import { AgentDoc, fromJsonText, isDuplicateKey, runSpecOf, SessionDoc } from '../../store';
+import { readSession, readSessions, recordSessionEnd } from '../../store/sessions';
 import { getAgent } from './agents';
 import { snapshotRefOf } from './snapshots';
 import { afterCursor, encodeCursor } from '../cursor';
@@ -30,11 +31,14 @@ export function sessionView(s: SessionDoc): z.infer<typeof Session> {
 }
 
 const TERMINAL = new Set(['completed', 'failed']);
+/** Listing reads creation records in chunks of this many, and at most this many per request. */
+const LIST_CHUNK = 100;
+const LIST_SCAN_LIMIT = 2000;
 const IDEMPOTENCY_KEY = /^[\x21-\x7e]{1,255}$/;
 
 /** Reads a session of the caller's organisation and agent, or throws 404. */
 async function getSession(deps: ApiDeps, orgId: string, agentId: string, id: string): Promise<SessionDoc> {
-  const s = await deps.store.sessions.findOne({ _id: id });
+  const s = await readSession(deps.store, id);
   if (!s || s.orgId !== orgId || s.agent_id !== agentId) throw notFound(`session ${id}`);
   return s;
 }
@@ -103,7 +107,7 @@ export function registerSessionRoutes(t: RouteTable, deps: ApiDeps): void {
         await deps.store.sessions.insertOne(doc);
       } catch (err) {
         if (!key || !isDuplicateKey(err)) throw err;
-        const existing = await deps.store.sessions.findOne({ _id: doc._id });
+        const existing = await readSession(deps.store, doc._id);
         if (!existing) throw err;
         if (existing.agent_id !== agent.id) throw conflict('Idempotency-Key was already used for a session of another agent');
         // The first request may have died between storing and starting: make sure it runs.
@@ -132,12 +136,32 @@ export function registerSessionRoutes(t: RouteTable, deps: ApiDeps): void {
     responses: { 200: { description: 'A page of sessions', schema: z.object({ sessions: z.array(Session), next_cursor: z.string().nullable() }) } },
     handler: async ({ params, query, org, res }) => {
       await getAgent(deps, org.id, params.agentId);
-      const filter: Record<string, unknown> = { orgId: org.id, agent_id: params.agentId, ...afterCursor(query.cursor) };
-      if (query.status) filter.status = query.status;
-      const docs = await deps.store.sessions.find(filter).sort({ created_at: -1, _id: -1 }).limit(query.limit + 1).toArray();
-      const page = docs.slice(0, query.limit);
-      const last = page[page.length - 1];
-      const next = docs.length > query.limit && last ? encodeCursor({ t: last.created_at.toISOString(), id: last._id }) : null;
+      // A session's status lives in its progress and result records, so the status filter is
+      // applied after reading them, a chunk of creation records at a time.
+      const page: SessionDoc[] = [];
+      let cursor = query.cursor;
+      let more = true;
+      let scanned = 0;
+      const size = query.status ? LIST_CHUNK : query.limit + 1;
+      while (page.length < query.limit && more && scanned < LIST_SCAN_LIMIT) {
+        const chunk = await deps.store.sessions
+          .find({ orgId: org.id, agent_id: params.agentId, ...afterCursor(cursor) })
+          .sort({ created_at: -1, _id: -1 })
+          .limit(size)
+          .toArray();
+        more = chunk.length === size;
+        scanned += chunk.length;
+        for (const s of await readSessions(deps.store, chunk)) {
+          cursor = encodeCursor({ t: s.created_at.toISOString(), id: s._id });
+          if (query.status && s.status !== query.status) continue;
+          page.push(s);
+          if (page.length === query.limit) {
+            more = more || chunk[chunk.length - 1]!._id !== s._id;
+            break;
+          }
+        }
+      }
+      const next = more ? (cursor ?? null) : null;
       res.json({ sessions: page.map(sessionView), next_cursor: next });
     },
   });
@@ -196,11 +220,7 @@ export function registerSessionRoutes(t: RouteTable, deps: ApiDeps): void {
       } catch (err) {
         if (!(err instanceof WorkflowNotFoundError)) throw err;
         // No workflow was ever started for it: end the record here.
-        const now = new Date();
-        await deps.store.sessions.updateOne(
-          { _id: s._id },
-          { $set: { status: 'failed', outcome: { reason: 'cancelled', exit_code: null, message: 'session ended by request' }, completed_at: now, updated_at: now } },
-        );
+        await recordSessionEnd(deps.store, s._id, { status: 'failed', result: null, outcome: { reason: 'cancelled', exit_code: null, message: 'session ended by request' } });
       }
       res.json(sessionView(await getSession(deps, org.id, params.agentId, params.id)));
     },

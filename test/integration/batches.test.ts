@@ -1,3 +1,5 @@
+import { connectStore, SessionDoc } from '../../store';
+import { readSession } from '../../store/sessions';
 import { Client, Connection } from '@temporalio/client';
 import { api, control, eventually, T, withMongo } from '../helpers/env';
 import { bashAgent, hostHasSandbox, sandboxOf } from '../helpers/sessions';
@@ -47,8 +49,15 @@ async function allResults(agent: string, id: string): Promise<Line[]> {
   }
 }
 
-const sessionDocs = (ids: string[]) =>
-  withMongo((c) => c.db().collection<{ _id: string; started_at: Date | null; completed_at: Date | null; status: string }>('sessions').find({ _id: { $in: ids } }).toArray());
+/** The sessions' current state, read the way the API reads it (creation, progress and result records). */
+async function sessionDocs(ids: string[]): Promise<SessionDoc[]> {
+  const store = await connectStore(T.mongo(), { ensureIndexes: false });
+  try {
+    return (await Promise.all(ids.map((id) => readSession(store, id)))).filter((d): d is SessionDoc => d !== null);
+  } finally {
+    await store.close();
+  }
+}
 
 /** The largest number of [started_at, completed_at] intervals that overlap at one instant. */
 function maxOverlap(spans: { start: number; end: number }[]): number {

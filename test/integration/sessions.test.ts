@@ -68,7 +68,8 @@ describe('session lifecycle on real sandboxes', () => {
     expect(result.status).toBe(200);
     expect(result.body).toMatchObject({ data: { hello: 'world', n: 1 }, status: 'completed' });
     expect(Date.parse(result.body.completed_at)).not.toBeNaN();
-    expect(await hostHasSandbox(sandboxOf(created.id))).toBe(false);
+    // The outcome is recorded first, then the sandbox is destroyed.
+    await eventually(async () => !(await hostHasSandbox(sandboxOf(created.id))), 10_000);
   });
 
   it('completes with null data when no result file was written', async () => {

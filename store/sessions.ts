@@ -1,0 +1,101 @@
+import type { Store, SessionDoc, SessionOutcome } from './index';
+import { isDuplicateKey } from './index';
+
+/**
+ * A session's state is written insert-only, in three documents keyed by the session id:
+ * - `sessions`: the creation record (input, metadata), never updated;
+ * - `session_progress`: inserted when its entrypoint has started (status `running`);
+ * - `session_results`: inserted once when it ends (status, result, outcome).
+ * FerretDB answers `_id` lookups and inserts in about a millisecond whatever the size of the
+ * collection, but its updates and deletes scan the collection: they grow with it. Inserting
+ * keeps the per-session cost constant, and a duplicate key makes each transition happen once.
+ */
+export interface SessionProgressDoc {
+  _id: string;
+  sandbox_id: string;
+  started_at: Date;
+}
+
+export interface SessionResultDoc {
+  _id: string;
+  status: 'completed' | 'failed';
+  /** JSON text of the agent's result object, or null. */
+  result: string | null;
+  outcome: SessionOutcome | null;
+  completed_at: Date;
+}
+
+export const sessionProgressOf = (store: Store) => store.db.collection<SessionProgressDoc>('session_progress');
+export const sessionResultsOf = (store: Store) => store.db.collection<SessionResultDoc>('session_results');
+
+/** A session as callers see it: its creation record with its progress and result applied. */
+export function mergeSession(doc: SessionDoc, progress: SessionProgressDoc | null, result: SessionResultDoc | null): SessionDoc {
+  const started = progress?.started_at ?? null;
+  const completed = result?.completed_at ?? null;
+  return {
+    ...doc,
+    status: result ? result.status : progress ? 'running' : doc.status,
+    sandbox_id: progress?.sandbox_id ?? doc.sandbox_id,
+    started_at: started ?? doc.started_at,
+    completed_at: completed ?? doc.completed_at,
+    result: result ? result.result : doc.result,
+    outcome: result ? result.outcome : doc.outcome,
+    updated_at: completed ?? started ?? doc.updated_at,
+  };
+}
+
+/** Reads a session with its current state (three `_id` lookups, in parallel); null if unknown. */
+export async function readSession(store: Store, id: string): Promise<SessionDoc | null> {
+  const [doc, progress, result] = await Promise.all([
+    store.sessions.findOne({ _id: id }),
+    sessionProgressOf(store).findOne({ _id: id }),
+    sessionResultsOf(store).findOne({ _id: id }),
+  ]);
+  return doc ? mergeSession(doc, progress, result) : null;
+}
+
+/** Reads the state of many sessions at once; unknown ids are left out. */
+export async function readSessions(store: Store, docs: SessionDoc[]): Promise<SessionDoc[]> {
+  return Promise.all(
+    docs.map(async (doc) => {
+      const [progress, result] = await Promise.all([
+        sessionProgressOf(store).findOne({ _id: doc._id }),
+        sessionResultsOf(store).findOne({ _id: doc._id }),
+      ]);
+      return mergeSession(doc, progress, result);
+    }),
+  );
+}
+
+/** Records that the session's entrypoint has started. Doing it twice is a no-op. */
+export async function markSessionRunning(store: Store, id: string, sandboxId: string, at = new Date()): Promise<void> {
+  try {
+    await sessionProgressOf(store).insertOne({ _id: id, sandbox_id: sandboxId, started_at: at });
+  } catch (err) {
+    if (!isDuplicateKey(err)) throw err;
+  }
+}
+
+/**
+ * Records how a session ended. Only the first record counts: a retry or a second ending never
+ * overwrites it. Returns whether this call recorded it.
+ */
+export async function recordSessionEnd(
+  store: Store,
+  id: string,
+  end: { status: 'completed' | 'failed'; result: Record<string, unknown> | null; outcome: SessionOutcome | null },
+): Promise<boolean> {
+  try {
+    await sessionResultsOf(store).insertOne({
+      _id: id,
+      status: end.status,
+      result: end.result === null ? null : JSON.stringify(end.result),
+      outcome: end.outcome,
+      completed_at: new Date(),
+    });
+    return true;
+  } catch (err) {
+    if (isDuplicateKey(err)) return false;
+    throw err;
+  }
+}
