@@ -44,14 +44,52 @@ export function mergeSession(doc: SessionDoc, progress: SessionProgressDoc | nul
   };
 }
 
-/** Reads a session with its current state (three `_id` lookups, in parallel); null if unknown. */
+/**
+ * What this process already knows of sessions, which never changes once known: a session that has
+ * ended (everything), and one that has started (its creation and progress records). Polling a
+ * running session then costs one lookup, and reading an ended one none.
+ */
+interface Known {
+  doc: SessionDoc;
+  progress: SessionProgressDoc | null;
+  ended: SessionDoc | null;
+}
+const KNOWN_MAX = 20_000;
+const knownByStore = new WeakMap<Store, Map<string, Known>>();
+
+function knownOf(store: Store): Map<string, Known> {
+  let m = knownByStore.get(store);
+  if (!m) knownByStore.set(store, (m = new Map()));
+  return m;
+}
+
+function remember(store: Store, id: string, k: Known): void {
+  const m = knownOf(store);
+  m.delete(id);
+  m.set(id, k);
+  if (m.size > KNOWN_MAX) m.delete(m.keys().next().value as string);
+}
+
+/** Reads a session with its current state (at most three `_id` lookups, in parallel); null if unknown. */
 export async function readSession(store: Store, id: string): Promise<SessionDoc | null> {
+  const known = knownOf(store).get(id);
+  if (known?.ended) return known.ended;
+  if (known) {
+    const result = await sessionResultsOf(store).findOne({ _id: id });
+    const merged = mergeSession(known.doc, known.progress, result);
+    if (result) remember(store, id, { ...known, ended: merged });
+    return merged;
+  }
   const [doc, progress, result] = await Promise.all([
     store.sessions.findOne({ _id: id }),
     sessionProgressOf(store).findOne({ _id: id }),
     sessionResultsOf(store).findOne({ _id: id }),
   ]);
-  return doc ? mergeSession(doc, progress, result) : null;
+  if (!doc) return null;
+  const merged = mergeSession(doc, progress, result);
+  if (result) remember(store, id, { doc, progress, ended: merged });
+  else if (progress) remember(store, id, { doc, progress, ended: null });
+  return merged;
 }
 
 /** Reads the state of many sessions at once; unknown ids are left out. */

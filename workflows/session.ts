@@ -3,6 +3,7 @@ import {
   CancellationScope,
   isCancellation,
   proxyActivities,
+  proxyLocalActivities,
   upsertSearchAttributes,
   workflowInfo,
 } from '@temporalio/workflow';
@@ -37,9 +38,18 @@ const PROVISION_OPTIONS: ActivityOptions = {
     nonRetryableErrorTypes: ['PatchFailed', 'SnapshotNotFound', 'InvalidAgent'],
   },
 };
-const { provisionSandbox } = proxyActivities<Activities>(PROVISION_OPTIONS);
+/**
+ * Without a snapshot, provisioning is a local activity: it runs in the worker that runs the
+ * workflow task (beside that worker's own sandbox host), which saves a workflow task and an
+ * activity task per session; a crash of that worker re-runs it (it is idempotent) on another.
+ */
+const { provisionSandbox: provisionLocally } = proxyLocalActivities<Activities>({
+  startToCloseTimeout: PROVISION_OPTIONS.startToCloseTimeout,
+  localRetryThreshold: '10 s',
+  retry: PROVISION_OPTIONS.retry,
+});
 const provisionerFor = (run: AgentRunSpec) =>
-  run.snapshotRef ? proxyActivities<Activities>({ ...PROVISION_OPTIONS, taskQueue: run.snapshotRef.taskQueue }).provisionSandbox : provisionSandbox;
+  run.snapshotRef ? proxyActivities<Activities>({ ...PROVISION_OPTIONS, taskQueue: run.snapshotRef.taskQueue }).provisionSandbox : provisionLocally;
 
 /** Activities bound to the sandbox host that owns the session's sandbox. */
 function hostActivities(taskQueue: string, timeoutSeconds: number) {
