@@ -55,10 +55,15 @@ describe('metrics', () => {
     const failing = await bashAgent('exit 5');
     await runSession(agent, { w: 1 });
     await runSession(failing, {});
-    const after = await scrape(url);
-    expect((after.get('sap_sessions_started_total') ?? 0) - (before.get('sap_sessions_started_total') ?? 0)).toBe(2);
     const done = 'sap_sessions_finished_total{status="completed",reason="ok"}';
     const failed = 'sap_sessions_finished_total{status="failed",reason="exit_code"}';
+    // A session's outcome is visible through the API just before its last activity (which
+    // destroys the sandbox) completes and is counted: wait for the counters to catch up.
+    const after = await eventually(async () => {
+      const m = await scrape(url);
+      return (m.get(failed) ?? 0) > (before.get(failed) ?? 0) ? m : undefined;
+    }, 10_000);
+    expect((after.get('sap_sessions_started_total') ?? 0) - (before.get('sap_sessions_started_total') ?? 0)).toBe(2);
     expect((after.get(done) ?? 0) - (before.get(done) ?? 0)).toBe(1);
     expect((after.get(failed) ?? 0) - (before.get(failed) ?? 0)).toBe(1);
     expect(sum(after, 'sap_session_duration_seconds_count') - sum(before, 'sap_session_duration_seconds_count')).toBe(2);
