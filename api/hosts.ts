@@ -26,11 +26,19 @@ export class HostDirectory {
     return client;
   }
 
-  /** A host to place a new sandbox on: the most recently seen one. 503 when none is registered. */
+  private picked: { value: { hostId: string; client: HostClient; taskQueue: string }; at: number } | undefined;
+
+  /**
+   * A host to place a new sandbox on: the most recently seen one (the choice is kept for 5 s,
+   * so creating sandboxes does not query the hosts collection each time). 503 when none is registered.
+   */
   async pick(): Promise<{ hostId: string; client: HostClient; taskQueue: string }> {
+    if (this.picked && Date.now() - this.picked.at < 5_000) return this.picked.value;
     const docs = await hostsOf(this.store).find({}).sort({ updatedAt: -1 }).limit(1).toArray();
     const doc = docs[0];
     if (!doc) throw new ApiError('unavailable', 'no sandbox host is registered; is a worker running?');
-    return { hostId: doc._id, client: await this.get(doc._id), taskQueue: doc.taskQueue };
+    const value = { hostId: doc._id, client: await this.get(doc._id), taskQueue: doc.taskQueue };
+    this.picked = { value, at: Date.now() };
+    return value;
   }
 }
