@@ -1,3 +1,4 @@
+import type { Collection, Filter } from 'mongodb';
 import { invalid } from '../lib/errors';
 
 /** Position after the last item of a page, ordered by (created_at desc, _id desc). */
@@ -27,4 +28,24 @@ export function afterCursor(cursor: string | undefined): Record<string, unknown>
   const pos = decodeCursor(cursor);
   const t = new Date(pos.t);
   return { $or: [{ created_at: { $lt: t } }, { created_at: t, _id: { $lt: pos.id } }] };
+}
+
+/**
+ * One page of `collection` matching `filter`, newest first by (created_at, _id), after `cursor`;
+ * `next_cursor` is null on the last page.
+ */
+export async function pageOf<T extends { _id: string; created_at: Date }>(
+  collection: Collection<T>,
+  filter: Record<string, unknown>,
+  limit: number,
+  cursor: string | undefined,
+): Promise<{ page: T[]; next_cursor: string | null }> {
+  const docs = (await collection
+    .find({ ...filter, ...afterCursor(cursor) } as Filter<T>)
+    .sort({ created_at: -1, _id: -1 })
+    .limit(limit + 1)
+    .toArray()) as T[];
+  const page = docs.slice(0, limit);
+  const last = page[page.length - 1];
+  return { page, next_cursor: docs.length > limit && last ? encodeCursor({ t: last.created_at.toISOString(), id: last._id }) : null };
 }

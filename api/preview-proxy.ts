@@ -105,15 +105,20 @@ export class PreviewProxy {
     }
   }
 
+  /** The preview of `hostname` and the socket to its port, once the request may pass: 404 or 401 otherwise. */
+  private async admit(hostname: string, headers: http.IncomingHttpHeaders): Promise<{ doc: PreviewDoc; socketPath: string }> {
+    const doc = await this.lookup(hostname);
+    if (!doc) throw new ApiError('not_found', `preview ${hostname} not found`);
+    this.authorize(doc, headers);
+    return { doc, socketPath: await this.socketOf(doc) };
+  }
+
   /** Serves one HTTP request for a preview hostname. Never throws: failures answer with the error body. */
   async handleRequest(req: http.IncomingMessage, res: http.ServerResponse, hostname: string): Promise<void> {
-    let doc: PreviewDoc | null;
+    let doc: PreviewDoc;
     let socketPath: string;
     try {
-      doc = await this.lookup(hostname);
-      if (!doc) throw new ApiError('not_found', `preview ${hostname} not found`);
-      this.authorize(doc, req.headers);
-      socketPath = await this.socketOf(doc);
+      ({ doc, socketPath } = await this.admit(hostname, req.headers));
     } catch (err) {
       sendError(res, err);
       return;
@@ -163,13 +168,10 @@ export class PreviewProxy {
   /** Serves a WebSocket (or other) upgrade for a preview hostname: the bytes are piped once connected. */
   async handleUpgrade(req: http.IncomingMessage, socket: Duplex, head: Buffer, hostname: string): Promise<void> {
     socket.on('error', () => socket.destroy());
-    let doc: PreviewDoc | null;
+    let doc: PreviewDoc;
     let socketPath: string;
     try {
-      doc = await this.lookup(hostname);
-      if (!doc) throw new ApiError('not_found', `preview ${hostname} not found`);
-      this.authorize(doc, req.headers);
-      socketPath = await this.socketOf(doc);
+      ({ doc, socketPath } = await this.admit(hostname, req.headers));
     } catch (err) {
       rawError(socket, err);
       return;

@@ -5,7 +5,7 @@ import { Agent, AgentParams, CreateAgentBody, Cursor, Limit, UpdateAgentBody } f
 import { conflict, notFound } from '../../lib/errors';
 import { randomId } from '../../lib/ids';
 import { AgentDoc, fromJsonText, isDuplicateKey } from '../../store';
-import { afterCursor, encodeCursor } from '../cursor';
+import { pageOf } from '../cursor';
 
 /** The public form of an agent. Environment values are secrets: they are never returned. */
 export function agentView(a: AgentDoc): z.infer<typeof Agent> {
@@ -85,15 +85,8 @@ export function registerAgentRoutes(t: RouteTable, deps: ApiDeps): void {
     query: z.object({ limit: Limit, cursor: Cursor.optional() }),
     responses: { 200: { description: 'A page of agents', schema: z.object({ agents: z.array(Agent), next_cursor: z.string().nullable() }) } },
     handler: async ({ query, org, res }) => {
-      const docs = await deps.store.agents
-        .find({ orgId: org.id, ...afterCursor(query.cursor) })
-        .sort({ created_at: -1, _id: -1 })
-        .limit(query.limit + 1)
-        .toArray();
-      const page = docs.slice(0, query.limit);
-      const last = page[page.length - 1];
-      const next = docs.length > query.limit && last ? encodeCursor({ t: last.created_at.toISOString(), id: last._id }) : null;
-      res.json({ agents: page.map(agentView), next_cursor: next });
+      const { page, next_cursor } = await pageOf(deps.store.agents, { orgId: org.id }, query.limit, query.cursor);
+      res.json({ agents: page.map(agentView), next_cursor });
     },
   });
 

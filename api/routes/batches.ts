@@ -13,7 +13,7 @@ import { batchSessionId } from '../../lib/batch-ids';
 import { AgentDoc, fromJsonText, isDuplicateKey, runSpecOf, SessionDoc } from '../../store';
 import { BATCH_CHUNK_SIZE, batchChunkId, BatchDoc, batchesOf, BatchItemsDoc, ensureBatchIndexes } from '../../store/batches';
 import { getAgent } from './agents';
-import { afterCursor, encodeCursor } from '../cursor';
+import { pageOf } from '../cursor';
 import type { BatchWorkflowArgs } from '../../workflows/batch';
 import { AGENT_ID, BATCH_ID, ORG_ID } from '../../workflows/search-attributes';
 
@@ -225,13 +225,10 @@ export function registerBatchRoutes(t: RouteTable, deps: ApiDeps): void {
     responses: { 200: { description: 'A page of batches', schema: z.object({ batches: z.array(Batch), next_cursor: z.string().nullable() }) } },
     handler: async ({ params, query, org, res }) => {
       await getAgent(deps, org.id, params.agentId);
-      const filter: Record<string, unknown> = { orgId: org.id, agent_id: params.agentId, ...afterCursor(query.cursor) };
+      const filter: Record<string, unknown> = { orgId: org.id, agent_id: params.agentId };
       if (query.status) filter.status = query.status;
-      const docs = await batchesOf(deps.store).batches.find(filter).sort({ created_at: -1, _id: -1 }).limit(query.limit + 1).toArray();
-      const page = docs.slice(0, query.limit);
-      const last = page[page.length - 1];
-      const next = docs.length > query.limit && last ? encodeCursor({ t: last.created_at.toISOString(), id: last._id }) : null;
-      res.json({ batches: page.map(batchView), next_cursor: next });
+      const { page, next_cursor } = await pageOf(batchesOf(deps.store).batches, filter, query.limit, query.cursor);
+      res.json({ batches: page.map(batchView), next_cursor });
     },
   });
 
