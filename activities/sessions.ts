@@ -1,6 +1,6 @@
 import { Context, ApplicationFailure } from '@temporalio/activity';
 import type { AgentRunSpec } from '../store';
-import { markSessionRunning, recordSessionEnd } from '../store/sessions';
+import { markSessionRunning, recordSessionEnd, sessionResultsOf } from '../store/sessions';
 import type { HostClient } from '../sandbox/host/client';
 import type { SessionEnd } from '../workflows/types';
 import { sandboxIdForSession } from '../lib/naming';
@@ -18,14 +18,24 @@ export const AGENT_RESULT_PATH = '/tmp/agent_result.json';
 export const createSessionActivities = (deps: ActivityDeps) => ({
   /**
    * Provisions the session's sandbox on this machine's host, writes the agent's files and the
-   * input to /tmp/agent_input.json, starts the entrypoint, and marks the session `running`.
-   * A retry finds the same sandbox (its id derives from the session id) and starts nothing twice.
+   * input to /tmp/agent_input.json, starts the entrypoint, and marks the session `running`. An
+   * entrypoint that exits within QUICK_EXIT_WAIT_MS is finished here too (result captured and
+   * recorded, sandbox destroyed), so a quick session is one step in Temporal, not three.
+   * A retry finds the same sandbox (its id derives from the session id) and starts nothing twice;
+   * a retry after the session's ending was recorded only makes sure its sandbox is gone.
    */
-  async provisionSandbox(args: { sessionId: string; orgId: string; agentId: string; run: AgentRunSpec }): Promise<Provisioned> {
+  async provisionSandboxAndRunEntrypoint(args: { sessionId: string; orgId: string; agentId: string; run: AgentRunSpec }): Promise<Provisioned> {
     Context.current().heartbeat();
-    const session = await deps.store.sessions.findOne({ _id: args.sessionId }, { projection: { input: 1 } });
-    if (!session) throw ApplicationFailure.nonRetryable(`session ${args.sessionId} not found`, 'InvalidAgent');
     const sandboxId = sandboxIdForSession(args.sessionId);
+    const [session, ended] = await Promise.all([
+      deps.store.sessions.findOne({ _id: args.sessionId }, { projection: { input: 1 } }),
+      sessionResultsOf(deps.store).findOne({ _id: args.sessionId }),
+    ]);
+    if (!session) throw ApplicationFailure.nonRetryable(`session ${args.sessionId} not found`, 'InvalidAgent');
+    if (ended) {
+      await deps.host.destroySandbox(sandboxId);
+      return { sandboxId, taskQueue: deps.hostTaskQueue, exit: null, end: { status: ended.status, result: null, outcome: ended.outcome } };
+    }
     // Only an agent with a snapshot pays for resolving it (its layer, the checkpoint's patches).
     const image = args.run.snapshot ? await imageOrFail(deps, args.orgId, args.run.snapshotRef?.snapshotId ?? args.run.snapshot) : null;
     await createOrExplain(deps, {
@@ -38,14 +48,15 @@ export const createSessionActivities = (deps: ActivityDeps) => ({
       entrypoint: { argv: args.run.entrypoint, timeoutSeconds: args.run.timeoutSeconds, cwd: image?.workdir ?? '/workspace' },
     });
     const now = new Date();
-    // While the session is marked running, give a short entrypoint the chance to finish, so a
-    // quick session needs no separate wait step (one round trip through Temporal less).
+    // While the session is marked running, give a short entrypoint the chance to finish.
     const [, early] = await Promise.all([
       markSessionRunning(deps.store, args.sessionId, sandboxId, now),
       deps.host.entrypointStatus(sandboxId, { waitMs: QUICK_EXIT_WAIT_MS }),
     ]);
-    const exit = early.state === 'exited' ? { exitCode: early.exitCode, timedOut: early.timedOut, signal: early.signal } : null;
-    return { sandboxId, taskQueue: deps.hostTaskQueue, exit };
+    if (early.state !== 'exited') return { sandboxId, taskQueue: deps.hostTaskQueue, exit: null, end: null };
+    const exit = { exitCode: early.exitCode, timedOut: early.timedOut, signal: early.signal };
+    const end = await finishSession(deps, { sessionId: args.sessionId, sandboxId, exit, cancelled: false });
+    return { sandboxId, taskQueue: deps.hostTaskQueue, exit, end };
   },
 
   /**
@@ -68,12 +79,8 @@ export const createSessionActivities = (deps: ActivityDeps) => ({
    * object, or is larger than the limit, fails the session with that reason. Recording happens
    * before destroying, and only once, so a retry after a crash neither loses nor rewrites it.
    */
-  async captureResultAndDestroySandbox(args: { sessionId: string; sandboxId: string; exit: EntrypointExit | null; cancelled: boolean; failure?: string }): Promise<SessionEnd> {
-    const captured = await captureResult(deps, args.sandboxId);
-    const end = decideEnd(args.exit, args.cancelled, captured, args.failure);
-    await recordOutcome(deps, args.sessionId, end);
-    await deps.host.destroySandbox(args.sandboxId);
-    return { ...end, result: null };
+  async captureResultAndDestroySandbox(args: FinishArgs): Promise<SessionEnd> {
+    return finishSession(deps, args);
   },
 
   /** Records how a session ended when it never got a sandbox. */
@@ -85,11 +92,36 @@ export const createSessionActivities = (deps: ActivityDeps) => ({
 /** How long provisioning waits for a quick entrypoint to exit before handing over to awaitEntrypointExit. */
 export const QUICK_EXIT_WAIT_MS = 1000;
 
-/** Where a session's sandbox lives, and how its entrypoint exited if it did so during provisioning. */
+/**
+ * Where a session's sandbox lives; how its entrypoint exited and how the session ended when that
+ * happened during provisioning (the sandbox is then destroyed already).
+ */
 export interface Provisioned {
   sandboxId: string;
   taskQueue: string;
   exit: EntrypointExit | null;
+  /** The recorded ending (result data left out: it stays in MongoDB), or null while it runs. */
+  end: SessionEnd | null;
+}
+
+interface FinishArgs {
+  sessionId: string;
+  sandboxId: string;
+  exit: EntrypointExit | null;
+  cancelled: boolean;
+  failure?: string;
+}
+
+/**
+ * Captures the result, records the ending (first record wins), then destroys the sandbox.
+ * Returns the ending without the result data, which stays out of Temporal's history.
+ */
+async function finishSession(deps: ActivityDeps, args: FinishArgs): Promise<SessionEnd> {
+  const captured = await captureResult(deps, args.sandboxId);
+  const end = decideEnd(args.exit, args.cancelled, captured, args.failure);
+  await recordOutcome(deps, args.sessionId, end);
+  await deps.host.destroySandbox(args.sandboxId);
+  return { ...end, result: null };
 }
 
 /** How an entrypoint exited. */

@@ -128,6 +128,8 @@ export const SessionResult = z
 
 export const Cursor = z.string().max(500);
 export const Limit = z.coerce.number().int().min(1).max(200).default(50);
+/** `?wait=N`: wait up to N seconds (at most 60) for a session to end before answering. */
+export const WaitSeconds = z.coerce.number().min(0).max(60).optional();
 
 export const AgentParams = z.object({ agentId: AgentId });
 export const SessionParams = z.object({ agentId: AgentId, id: z.string().regex(/^sess_[a-z0-9]{1,64}$/, 'must be a session id (sess_…)') });

@@ -130,7 +130,8 @@ export async function startStack(o: StackOptions): Promise<Stack> {
     }),
     mongo: () => ({
       cmd: path.join(TOOLS, 'ferretdb'),
-      args: ['-listen', `127.0.0.1:${o.mongoPort}`, '-dir', path.join(o.dataDir, 'ferretdb')],
+      // FERRETDB_PPROF=127.0.0.1:6060 serves Go's profiler, for finding where the database spends its time.
+      args: ['-listen', `127.0.0.1:${o.mongoPort}`, '-dir', path.join(o.dataDir, 'ferretdb'), ...(process.env.FERRETDB_PPROF ? ['-pprof', process.env.FERRETDB_PPROF] : [])],
       ready: (p) => waitFor('ferretdb', tcpOpen(o.mongoPort), 60_000, p),
     }),
     host: () => ({

@@ -56,11 +56,22 @@ ln -sfn "$tdir/bin/temporal" "$root/.tools/bin/temporal"
 
 # --- FerretDB --------------------------------------------------------------------------
 src="$root/tools/ferretdb"
-hash="$(cat "$src/go.mod" "$src/go.sum" "$src/main.go" | sha256sum | cut -c1-16)"
+hash="$(cat "$src/go.mod" "$src/go.sum" "$src/main.go" "$src"/patches/*.patch | sha256sum | cut -c1-16)"
 fbin="$cache/ferretdb-$hash"
 if [ ! -x "$fbin" ]; then
   say "building FerretDB (about two minutes the first time)"
-  (cd "$src" && GOFLAGS=-mod=mod go build -trimpath -o "$fbin.tmp" . && mv "$fbin.tmp" "$fbin")
+  # FerretDB's module source, patched (tools/ferretdb/patches: see each file), replaces the
+  # published module in a copy of our Go module.
+  build="$cache/ferretdb-build-$hash"
+  rm -rf "$build" && mkdir -p "$build/app"
+  cp "$src/go.mod" "$src/go.sum" "$src/main.go" "$build/app/"
+  moddir="$(cd "$build/app" && GOFLAGS=-mod=mod go mod download -json github.com/FerretDB/FerretDB | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+  [ -d "$moddir" ] || { echo "toolchain: could not download FerretDB's module source" >&2; exit 1; }
+  cp -r "$moddir" "$build/FerretDB" && chmod -R u+w "$build/FerretDB"
+  for p in "$src"/patches/*.patch; do patch -s -p1 -d "$build/FerretDB" < "$p"; done
+  (cd "$build/app" && go mod edit -replace github.com/FerretDB/FerretDB=../FerretDB \
+    && GOFLAGS=-mod=mod go build -trimpath -o "$fbin.tmp" . && mv "$fbin.tmp" "$fbin")
+  rm -rf "$build"
 fi
 ln -sfn "$fbin" "$root/.tools/bin/ferretdb"
 

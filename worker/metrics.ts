@@ -71,13 +71,21 @@ export function createWorkerMetrics(deps: { host: HostClient }): WorkerMetrics {
             const out = await next(input);
             end({ outcome: 'ok' });
             const sessionId = sessionOf(input);
-            if (type === 'provisionSandbox' && sessionId) {
+            if (type === 'provisionSandboxAndRunEntrypoint' && sessionId) {
               started.inc();
               if (provisionedAt.size >= MAX_TRACKED) provisionedAt.clear();
               provisionedAt.set(sessionId, Date.now());
-            } else if ((type === 'captureResultAndDestroySandbox' || type === 'recordSessionOutcome') && sessionId) {
-              const sessionEnd = (type === 'recordSessionOutcome' ? (input.args[0] as { end: SessionEnd }).end : (out as SessionEnd)) ?? null;
-              if (sessionEnd) finished.inc({ status: sessionEnd.status, reason: sessionEnd.outcome?.reason ?? (sessionEnd.status === 'completed' ? 'ok' : 'unknown') });
+            }
+            const sessionEnd =
+              type === 'recordSessionOutcome'
+                ? (input.args[0] as { end: SessionEnd }).end
+                : type === 'captureResultAndDestroySandbox'
+                  ? (out as SessionEnd)
+                  : type === 'provisionSandboxAndRunEntrypoint'
+                    ? ((out as { end: SessionEnd | null }).end ?? null)
+                    : null;
+            if (sessionEnd && sessionId) {
+              finished.inc({ status: sessionEnd.status, reason: sessionEnd.outcome?.reason ?? (sessionEnd.status === 'completed' ? 'ok' : 'unknown') });
               const t = provisionedAt.get(sessionId);
               if (t !== undefined) {
                 duration.observe((Date.now() - t) / 1000);

@@ -43,13 +43,13 @@ const PROVISION_OPTIONS: ActivityOptions = {
  * workflow task (beside that worker's own sandbox host), which saves a workflow task and an
  * activity task per session; a crash of that worker re-runs it (it is idempotent) on another.
  */
-const { provisionSandbox: provisionLocally } = proxyLocalActivities<Activities>({
+const { provisionSandboxAndRunEntrypoint: provisionLocally } = proxyLocalActivities<Activities>({
   startToCloseTimeout: PROVISION_OPTIONS.startToCloseTimeout,
   localRetryThreshold: '10 s',
   retry: PROVISION_OPTIONS.retry,
 });
 const provisionerFor = (run: AgentRunSpec) =>
-  run.snapshotRef ? proxyActivities<Activities>({ ...PROVISION_OPTIONS, taskQueue: run.snapshotRef.taskQueue }).provisionSandbox : provisionLocally;
+  run.snapshotRef ? proxyActivities<Activities>({ ...PROVISION_OPTIONS, taskQueue: run.snapshotRef.taskQueue }).provisionSandboxAndRunEntrypoint : provisionLocally;
 
 /** Activities bound to the sandbox host that owns the session's sandbox. */
 function hostActivities(taskQueue: string, timeoutSeconds: number) {
@@ -94,6 +94,11 @@ export async function sessionWorkflow(args: SessionWorkflowArgs): Promise<Sessio
     provisioned = await CancellationScope.nonCancellable(() =>
       provisionerFor(args.run)({ sessionId, orgId: args.orgId, agentId: args.agentId, run: args.run }),
     );
+    if (provisioned.end) {
+      // A quick entrypoint: the provisioning step captured its result and destroyed its sandbox.
+      setStatus(provisioned.end.status);
+      return { sessionId, workflowId: workflowInfo().workflowId, status: provisioned.end.status, outcome: provisioned.end.outcome };
+    }
     setStatus('running');
     const host = hostActivities(provisioned.taskQueue, args.run.timeoutSeconds);
     exit = provisioned.exit ?? (await host.awaitEntrypointExit({ sessionId, sandboxId: provisioned.sandboxId }));

@@ -1,9 +1,10 @@
 import { z } from 'zod';
+import type { Response } from 'express';
 import { WorkflowExecutionAlreadyStartedError, WorkflowNotFoundError } from '@temporalio/client';
 import { WorkflowIdReusePolicy } from '@temporalio/common';
 import type { ApiDeps } from '../deps';
 import type { RouteTable } from '../http';
-import { CreateSessionBody, Cursor, Limit, Session, SessionParams, SessionResult, SessionStatusEnum, AgentParams } from '../schemas';
+import { CreateSessionBody, Cursor, Limit, WaitSeconds, Session, SessionParams, SessionResult, SessionStatusEnum, AgentParams } from '../schemas';
 import { ApiError, conflict, invalid, notFound } from '../../lib/errors';
 import { derivedId, randomId } from '../../lib/ids';
 import { AgentDoc, fromJsonText, isDuplicateKey, runSpecOf, SessionDoc } from '../../store';
@@ -41,6 +42,29 @@ async function getSession(deps: ApiDeps, orgId: string, agentId: string, id: str
   const s = await readSession(deps.store, id);
   if (!s || s.orgId !== orgId || s.agent_id !== agentId) throw notFound(`session ${id}`);
   return s;
+}
+
+/**
+ * With `wait` seconds, answers once the session has ended or the time is up, whichever comes
+ * first. The wait is one long poll on the session workflow's close event in Temporal (no polling
+ * of MongoDB), ended early when the caller goes away; the answer is read from MongoDB as usual.
+ */
+async function getSessionWaiting(deps: ApiDeps, orgId: string, agentId: string, id: string, wait: number | undefined, res: Response): Promise<SessionDoc> {
+  const s = await getSession(deps, orgId, agentId, id);
+  if (!wait || TERMINAL.has(s.status)) return s;
+  const abort = new AbortController();
+  const timer = setTimeout(() => abort.abort(), wait * 1000);
+  const gone = () => abort.abort();
+  res.on('close', gone);
+  try {
+    await deps.temporal.withAbortSignal(abort.signal, () => deps.temporal.workflow.getHandle(id).result());
+  } catch {
+    // Timed out, caller gone, or the workflow failed or is unknown: the stored state says which.
+  } finally {
+    clearTimeout(timer);
+    res.off('close', gone);
+  }
+  return getSession(deps, orgId, agentId, id);
 }
 
 /** Starts the session's workflow; starting one that already exists is not an error. */
@@ -170,11 +194,12 @@ export function registerSessionRoutes(t: RouteTable, deps: ApiDeps): void {
     method: 'get',
     path: '/v1/agents/:agentId/sessions/:id',
     tag: 'sessions',
-    summary: 'Get a session (served from MongoDB: works while every worker is down)',
+    summary: 'Get a session (served from MongoDB: works while every worker is down). ?wait=N waits up to N s (max 60) for it to end.',
     params: SessionParams,
+    query: z.object({ wait: WaitSeconds }),
     responses: { 200: { description: 'The session', schema: Session } },
-    handler: async ({ params, org, res }) => {
-      res.json(sessionView(await getSession(deps, org.id, params.agentId, params.id)));
+    handler: async ({ params, query, org, res }) => {
+      res.json(sessionView(await getSessionWaiting(deps, org.id, params.agentId, params.id, query.wait, res)));
     },
   });
 
@@ -182,12 +207,13 @@ export function registerSessionRoutes(t: RouteTable, deps: ApiDeps): void {
     method: 'get',
     path: '/v1/agents/:agentId/sessions/:id/result',
     tag: 'sessions',
-    summary: "Get a finished session's result: 409 while it is creating or running",
+    summary: "Get a finished session's result: 409 while it is creating or running. ?wait=N waits up to N s (max 60) for it to end.",
     params: SessionParams,
+    query: z.object({ wait: WaitSeconds }),
     responses: { 200: { description: 'What the agent wrote to /tmp/agent_result.json (null if nothing), and how it ended', schema: SessionResult } },
     errors: [409],
-    handler: async ({ params, org, res }) => {
-      const s = await getSession(deps, org.id, params.agentId, params.id);
+    handler: async ({ params, query, org, res }) => {
+      const s = await getSessionWaiting(deps, org.id, params.agentId, params.id, query.wait, res);
       if (!TERMINAL.has(s.status)) throw conflict(`session ${s._id} is still ${s.status}; its result is not available yet`);
       res.json({
         status: s.status,

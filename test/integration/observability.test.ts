@@ -67,7 +67,7 @@ describe('metrics', () => {
     expect((after.get(done) ?? 0) - (before.get(done) ?? 0)).toBe(1);
     expect((after.get(failed) ?? 0) - (before.get(failed) ?? 0)).toBe(1);
     expect(sum(after, 'sap_session_duration_seconds_count') - sum(before, 'sap_session_duration_seconds_count')).toBe(2);
-    expect([...after.keys()].some((k) => k.startsWith('sap_activity_duration_seconds_count{activity="provisionSandbox"'))).toBe(true);
+    expect([...after.keys()].some((k) => k.startsWith('sap_activity_duration_seconds_count{activity="provisionSandboxAndRunEntrypoint"'))).toBe(true);
     expect(after.has('sap_exec_sessions_running')).toBe(true);
     // The Temporal SDK's own worker metrics, from its Runtime telemetry exporter.
     expect([...after.keys()].some((k) => k.startsWith('temporal_'))).toBe(true);

@@ -7,6 +7,8 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"net/http"
+	_ "net/http/pprof"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -19,7 +21,11 @@ import (
 func main() {
 	listen := flag.String("listen", "127.0.0.1:27017", "TCP address to listen on")
 	dir := flag.String("dir", "", "directory for the SQLite state (created if missing)")
+	pprofAddr := flag.String("pprof", "", "serve Go's /debug/pprof on this address (off when empty)")
 	flag.Parse()
+	if *pprofAddr != "" {
+		go func() { fmt.Fprintln(os.Stderr, "ferretdb: pprof:", http.ListenAndServe(*pprofAddr, nil)) }()
+	}
 	if *dir == "" {
 		fmt.Fprintln(os.Stderr, "ferretdb: -dir is required")
 		os.Exit(2)
