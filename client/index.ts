@@ -129,7 +129,9 @@ export class SapClient {
   readonly sessions = {
     create: (agentId: string, body: { input?: Record<string, unknown>; metadata?: Record<string, unknown> } = {}, opts: { idempotencyKey?: string } = {}) =>
       this.json<SessionView>('POST', `/v1/agents/${encodeURIComponent(agentId)}/sessions`, { json: body, headers: SapClient.idem(opts.idempotencyKey) }),
-    get: (agentId: string, id: string) => this.json<SessionView>('GET', `/v1/agents/${encodeURIComponent(agentId)}/sessions/${id}`),
+    /** Reads a session; with `waitSeconds` (≤ 60), answers as soon as it ends or when that time is up. */
+    get: (agentId: string, id: string, opts: { waitSeconds?: number } = {}) =>
+      this.json<SessionView>('GET', `/v1/agents/${encodeURIComponent(agentId)}/sessions/${id}${SapClient.qs({ wait: opts.waitSeconds })}`),
     list: async (agentId: string, q: { status?: string; limit?: number; cursor?: string } = {}): Promise<Page<SessionView>> => {
       const r = await this.json<{ sessions: SessionView[]; next_cursor: string | null }>('GET', `/v1/agents/${encodeURIComponent(agentId)}/sessions${SapClient.qs(q)}`);
       return { items: r.sessions, next_cursor: r.next_cursor };
@@ -137,17 +139,15 @@ export class SapClient {
     /** The result of a finished session; SapApiError 409 while it runs. */
     result: (agentId: string, id: string) => this.json<SessionResultView>('GET', `/v1/agents/${encodeURIComponent(agentId)}/sessions/${id}/result`),
     end: (agentId: string, id: string) => this.json<SessionView>('DELETE', `/v1/agents/${encodeURIComponent(agentId)}/sessions/${id}`),
-    /** Starts a session, waits until it ends (polling), and answers the session and its result. */
+    /** Starts a session, waits until it ends (long polls of ?wait), and answers the session and its result. */
     run: async (agentId: string, body: { input?: Record<string, unknown>; metadata?: Record<string, unknown> } = {}, opts: { idempotencyKey?: string; timeoutMs?: number } = {}) => {
       const s = await this.sessions.create(agentId, body, opts);
       const deadline = Date.now() + (opts.timeoutMs ?? 3_600_000);
-      let delay = 50;
       let cur = s;
       while (!TERMINAL_SESSION.has(cur.status)) {
-        if (Date.now() > deadline) throw new Error(`session ${s.id} did not end within ${opts.timeoutMs} ms`);
-        await sleep(delay);
-        delay = Math.min(delay * 1.5, 1000);
-        cur = await this.sessions.get(agentId, s.id);
+        const left = deadline - Date.now();
+        if (left <= 0) throw new Error(`session ${s.id} did not end within ${opts.timeoutMs} ms`);
+        cur = await this.sessions.get(agentId, s.id, { waitSeconds: Math.min(30, Math.ceil(left / 1000)) });
       }
       return { session: cur, result: await this.sessions.result(agentId, s.id) };
     },

@@ -63,11 +63,28 @@ function knownOf(store: Store): Map<string, Known> {
   return m;
 }
 
+/** Sessions with more input and metadata than this are not kept in memory (inputs may be MiBs). */
+const KNOWN_MAX_TEXT = 16 * 1024;
+
 function remember(store: Store, id: string, k: Known): void {
+  if ((k.doc.input?.length ?? 0) + (k.doc.metadata?.length ?? 0) + (k.ended?.result?.length ?? 0) > KNOWN_MAX_TEXT) return;
   const m = knownOf(store);
   m.delete(id);
   m.set(id, k);
   if (m.size > KNOWN_MAX) m.delete(m.keys().next().value as string);
+}
+
+/**
+ * Remembers a session this process has just created, so that reading it back costs no lookup of
+ * its creation record.
+ */
+export function rememberCreated(store: Store, doc: SessionDoc): void {
+  remember(store, doc._id, { doc, progress: null, ended: null });
+}
+
+/** The creation record of a session this process knows, without any lookup; null if unknown. */
+export function knownCreation(store: Store, id: string): SessionDoc | null {
+  return knownOf(store).get(id)?.doc ?? null;
 }
 
 /** Reads a session with its current state (at most three `_id` lookups, in parallel); null if unknown. */
@@ -75,9 +92,13 @@ export async function readSession(store: Store, id: string): Promise<SessionDoc 
   const known = knownOf(store).get(id);
   if (known?.ended) return known.ended;
   if (known) {
-    const result = await sessionResultsOf(store).findOne({ _id: id });
-    const merged = mergeSession(known.doc, known.progress, result);
-    if (result) remember(store, id, { ...known, ended: merged });
+    const [progress, result] = await Promise.all([
+      known.progress ? known.progress : sessionProgressOf(store).findOne({ _id: id }),
+      sessionResultsOf(store).findOne({ _id: id }),
+    ]);
+    const merged = mergeSession(known.doc, progress, result);
+    if (result) remember(store, id, { ...known, progress, ended: merged });
+    else if (progress && !known.progress) remember(store, id, { ...known, progress });
     return merged;
   }
   const [doc, progress, result] = await Promise.all([
@@ -87,8 +108,7 @@ export async function readSession(store: Store, id: string): Promise<SessionDoc 
   ]);
   if (!doc) return null;
   const merged = mergeSession(doc, progress, result);
-  if (result) remember(store, id, { doc, progress, ended: merged });
-  else if (progress) remember(store, id, { doc, progress, ended: null });
+  remember(store, id, { doc, progress, ended: result ? merged : null });
   return merged;
 }
 

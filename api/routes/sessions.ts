@@ -8,7 +8,7 @@ import { CreateSessionBody, Cursor, Limit, WaitSeconds, Session, SessionParams, 
 import { ApiError, conflict, invalid, notFound } from '../../lib/errors';
 import { derivedId, randomId } from '../../lib/ids';
 import { AgentDoc, fromJsonText, isDuplicateKey, runSpecOf, SessionDoc } from '../../store';
-import { readSession, readSessions, recordSessionEnd } from '../../store/sessions';
+import { knownCreation, readSession, readSessions, recordSessionEnd, rememberCreated } from '../../store/sessions';
 import { getAgent } from './agents';
 import { snapshotRefOf } from './snapshots';
 import { afterCursor, encodeCursor } from '../cursor';
@@ -50,8 +50,14 @@ async function getSession(deps: ApiDeps, orgId: string, agentId: string, id: str
  * of MongoDB), ended early when the caller goes away; the answer is read from MongoDB as usual.
  */
 async function getSessionWaiting(deps: ApiDeps, orgId: string, agentId: string, id: string, wait: number | undefined, res: Response): Promise<SessionDoc> {
-  const s = await getSession(deps, orgId, agentId, id);
-  if (!wait || TERMINAL.has(s.status)) return s;
+  if (!wait) return getSession(deps, orgId, agentId, id);
+  // A session this process created needs no read before the wait: its organisation is known, and
+  // the wait returns at once when the workflow has closed already.
+  const known = knownCreation(deps.store, id);
+  if (!known || known.orgId !== orgId || known.agent_id !== agentId) {
+    const s = await getSession(deps, orgId, agentId, id);
+    if (TERMINAL.has(s.status)) return s;
+  }
   const abort = new AbortController();
   const timer = setTimeout(() => abort.abort(), wait * 1000);
   const gone = () => abort.abort();
@@ -146,6 +152,7 @@ export function registerSessionRoutes(t: RouteTable, deps: ApiDeps): void {
         if (err instanceof ApiError) throw err;
         throw new ApiError('unavailable', `could not start the session workflow: ${(err as Error).message}`);
       }
+      rememberCreated(deps.store, doc);
       res.status(201).json(sessionView(doc));
     },
   });

@@ -1,5 +1,6 @@
 import fs from 'node:fs';
 import { api, control, eventually, withMongo } from '../helpers/env';
+import { otherOrgKey } from '../helpers/checkpoints';
 import { bashAgent, createAgent, hostHasSandbox, runSession, sandboxOf, startSession, waitForStatus } from '../helpers/sessions';
 
 const COPY = 'cat "$AGENT_INPUT_PATH" > /tmp/agent_result.json';
@@ -171,6 +172,31 @@ describe('session lifecycle on real sandboxes', () => {
     expect((await api('GET', `/v1/agents/${agent}/sessions?status=running`)).body.sessions).toEqual([]);
     expect((await api('GET', `/v1/agents/${agent}/sessions?status=bogus`)).status).toBe(400);
     expect((await api('GET', `/v1/agents/${agent}/sessions?cursor=forged`)).status).toBe(400);
+  });
+
+  it('?wait answers when the session ends, or with its current state when the time is up', async () => {
+    const agent = await bashAgent('sleep 1.5; echo \'{"waited":true}\' > /tmp/agent_result.json');
+    const s = await startSession(agent);
+    const t0 = Date.now();
+    const short = await api('GET', `/v1/agents/${agent}/sessions/${s.id}?wait=0.3`);
+    expect(short.status).toBe(200);
+    expect(['creating', 'running']).toContain(short.body.status);
+    expect(Date.now() - t0).toBeLessThan(1400);
+    const done = await api('GET', `/v1/agents/${agent}/sessions/${s.id}/result?wait=30`);
+    expect(done.status).toBe(200);
+    expect(done.body).toMatchObject({ status: 'completed', data: { waited: true } });
+    // Ended already: answered at once.
+    const t1 = Date.now();
+    expect((await api('GET', `/v1/agents/${agent}/sessions/${s.id}?wait=30`)).body.status).toBe('completed');
+    expect(Date.now() - t1).toBeLessThan(5000);
+    for (const bad of ['-1', '61', 'soon']) {
+      const r = await api('GET', `/v1/agents/${agent}/sessions/${s.id}?wait=${bad}`);
+      expect(r.status).toBe(400);
+      expect(r.body.error.type).toBe('invalid_request');
+    }
+    // Another organisation cannot wait on it either.
+    const other = await api('GET', `/v1/agents/${agent}/sessions/${s.id}?wait=1`, { key: await otherOrgKey() });
+    expect(other.status).toBe(404);
   });
 
   it('answers bad input on session routes with the error body', async () => {
