@@ -5,12 +5,12 @@ import { benchExec } from './bench-exec';
 import { benchSpawn } from './bench-spawn';
 
 /**
- * `npm run bench -- <name> [--n N] [--c C]` against a running stack (npm start).
+ * `npm run bench -- <name> [--n N] [--c C] [--rounds R (batch)]` against a running stack (npm start).
  * Prints one JSON line of measurements. SAP_API_URL / SAP_API_KEY pick the stack.
  */
 const { positionals, values } = parseArgs({
   allowPositionals: true,
-  options: { n: { type: 'string' }, c: { type: 'string' }, mb: { type: 'string' }, url: { type: 'string' }, key: { type: 'string' } },
+  options: { n: { type: 'string' }, c: { type: 'string' }, mb: { type: 'string' }, rounds: { type: 'string' }, url: { type: 'string' }, key: { type: 'string' } },
 });
 const URL_ = values.url ?? process.env.SAP_API_URL ?? 'http://127.0.0.1:8080';
 const KEY = values.key ?? process.env.SAP_API_KEY ?? 'dev-key';
@@ -97,7 +97,7 @@ async function benchSessions(n: number, c: number): Promise<Record<string, unkno
  * at concurrency C (benchSessions). Item latency is each child session workflow's start → close
  * (from Temporal visibility: TEMPORAL_ADDRESS), comparable to a plain session's create → end.
  */
-async function benchBatch(n: number, c: number): Promise<Record<string, unknown>> {
+async function benchBatch(n: number, c: number): Promise<Record<string, unknown> & { items_per_s: number }> {
   const { Client, Connection } = await import('@temporalio/client');
   const agentId = `bench-batch-${Date.now().toString(36)}`;
   const a = await call('POST', '/v1/agents', { id: agentId, core: 'bash', entrypoint: ['bash', '-c', 'cp "$AGENT_INPUT_PATH" /tmp/agent_result.json'] });
@@ -134,7 +134,7 @@ async function benchBatch(n: number, c: number): Promise<Record<string, unknown>
   } finally {
     await connection.close();
   }
-  const batch = {
+  return {
     n,
     concurrency: c,
     create_ms: createMs,
@@ -143,14 +143,32 @@ async function benchBatch(n: number, c: number): Promise<Record<string, unknown>
     counts: b.counts,
     wrong_results: wrong,
   };
-  const plain = await benchSessions(n, c);
-  const plainRate = plain.sessions_per_s as number;
+}
+
+/**
+ * The batch against the same sessions started one by one, `rounds` times, alternating which goes
+ * first (a shared machine's load drifts): the ratio of each pair's throughputs, and their median.
+ */
+async function benchBatchVsSessions(n: number, c: number, rounds: number): Promise<Record<string, unknown>> {
+  const pairs: { batch: Record<string, unknown>; sessions: Record<string, unknown>; ratio: number }[] = [];
+  for (let r = 0; r < rounds; r++) {
+    let batch: Record<string, unknown>;
+    let plain: Record<string, unknown>;
+    if (r % 2 === 0) {
+      batch = await benchBatch(n, c);
+      plain = await benchSessions(n, c);
+    } else {
+      plain = await benchSessions(n, c);
+      batch = await benchBatch(n, c);
+    }
+    pairs.push({ batch, sessions: plain, ratio: Math.round(((batch.items_per_s as number) / (plain.sessions_per_s as number)) * 100) / 100 });
+  }
+  const ratios = pairs.map((p) => p.ratio).sort((a, b) => a - b);
   return {
     bench: 'batch',
     cores: os.cpus().length,
-    batch,
-    sessions: plain,
-    throughput_vs_sessions: Math.round((batch.items_per_s / plainRate) * 100) / 100,
+    rounds: pairs,
+    throughput_vs_sessions: ratios[Math.floor((ratios.length - 1) / 2)],
   };
 }
 
@@ -164,7 +182,7 @@ async function main(): Promise<void> {
       out = await benchSessions(n, c);
       break;
     case 'batch':
-      out = await benchBatch(Number(values.n ?? 1000), Number(values.c ?? 50));
+      out = await benchBatchVsSessions(Number(values.n ?? 1000), Number(values.c ?? 50), Number(values.rounds ?? 2));
       break;
     case 'preview':
       out = await benchPreview(URL_, KEY, Number(values.n ?? 2000), c);
