@@ -4,6 +4,7 @@
  * adoption of existing sandboxes after a restart. Providers supply isolation through a few hooks.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
+import { Spawner } from './spawner';
 import { promises as fsp, watch, openSync, closeSync, type FSWatcher } from 'node:fs';
 import { constants as osConstants } from 'node:os';
 import * as path from 'node:path';
@@ -112,6 +113,8 @@ export abstract class BaseProvider implements SandboxProvider {
   protected readonly hostId: string;
   protected readonly log: Logger;
   protected readonly states = new Map<string, SandboxState>();
+  /** Starts detached processes without forking the host (see spawner.ts). */
+  protected readonly spawner = new Spawner();
   private readonly lock = new KeyedLock();
 
   constructor(opts: ProviderOptions) {
@@ -402,22 +405,19 @@ export abstract class BaseProvider implements SandboxProvider {
       `${cgroupJoin(SandboxCgroups.of(state.id).procsFiles())} "$@"; code=$?; ` +
       // One short write, with shell builtins only; the file's modification time is the exit time.
       `printf '%s\\n' "$code" > ${shq(exitFile)}`;
-    const out = openSync(path.join(dir, 'entrypoint.out'), 'a');
-    const err = openSync(path.join(dir, 'entrypoint.err'), 'a');
-    let child: ChildProcess;
+    let pid: number;
     try {
-      child = spawn('/bin/sh', ['-c', script, 'sh', ...inner], {
-        stdio: ['ignore', out, err],
-        detached: true,
+      pid = await this.spawner.spawn({
+        argv: ['/bin/sh', '-c', script, 'sh', ...inner],
         env: { PATH: DEFAULT_ENV.PATH },
+        stdout: path.join(dir, 'entrypoint.out'),
+        stderr: path.join(dir, 'entrypoint.err'),
       });
-    } finally {
-      closeSync(out);
-      closeSync(err);
+    } catch (e) {
+      this.log.error({ err: e, sandboxId: state.id }, 'entrypoint wrapper failed');
+      throw new SandboxError('internal', `could not start the entrypoint of ${state.id}: ${(e as Error).message}`);
     }
-    child.on('error', (e) => this.log.error({ err: e, sandboxId: state.id }, 'entrypoint wrapper failed'));
-    child.unref();
-    const wrapper = procRef(child.pid) ?? { pid: child.pid ?? 0, start: -1 };
+    const wrapper = procRef(pid) ?? { pid, start: -1 };
     state.entrypoint = {
       wrapper,
       startedAt: new Date().toISOString(),
