@@ -239,7 +239,8 @@ export abstract class BaseProvider implements SandboxProvider {
         await fsp.mkdir(dir);
       }
       try {
-        await this.saveState(state);
+        // state.json is written once the sandbox runs: after a crash before that, adoption finds a
+        // directory without it and removes it (killing what joined the sandbox's cgroups).
         await this.provision(state);
         state.status = 'running';
         this.states.set(state.id, state);

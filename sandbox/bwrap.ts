@@ -13,20 +13,23 @@
  * The root overlay stacks the checkpoint layers (`${dataDir}/layers/<id>/root`) over a base skeleton
  * (`${dataDir}/base`); the /usr overlay stacks their `usr` parts over the host's /usr.
  * Each sandbox runs one long-lived init (bwrap with `sleep infinity`) that owns the pid, mount, net, ipc,
- * uts and cgroup namespaces; every other process (patches, entrypoint, exec) enters them with nsenter and
+ * uts and cgroup namespaces. It is started by `sap-sandbox-init` (tools/sandbox-init: joins the cgroups,
+ * mounts both overlays and execs bwrap, in one process) or, where that helper was not built, by sh + mount.
+ * Every other process (patches, entrypoint, exec) enters them with nsenter and
  * drops all capabilities with setpriv. All processes of a sandbox are in its cgroups, which is also how
  * destroy finds and kills them.
  */
 import { execFile, spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { promises as fsp, closeSync, openSync, constants as fsc } from 'node:fs';
+import { promises as fsp, constants as fsc } from 'node:fs';
 import * as path from 'node:path';
 import { promisify } from 'node:util';
+import { PROJECT_ROOT } from '../config';
 import { BaseProvider, DEFAULT_ENV, assertId, cgroupJoin, envPairs, shq, type SandboxState } from './base';
 import { SandboxError } from './errors';
 import type { RootMap } from './paths';
 import { isAlive, procRef, SandboxCgroups, signalRef } from './procs';
-import type { SpawnOptions } from './provider';
+import type { ProviderOptions, SpawnOptions } from './provider';
 
 const execFileP = promisify(execFile);
 
@@ -64,15 +67,30 @@ async function unmountUnder(dir: string): Promise<void> {
   if (mounts.length > 0) throw new SandboxError('internal', `could not unmount ${mounts.join(', ')}`);
 }
 
+/** Where scripts/toolchain.sh puts the init helper (tools/sandbox-init). */
+const DEFAULT_INIT_HELPER = path.join(PROJECT_ROOT, '.tools', 'bin', 'sap-sandbox-init');
+
 /** Namespaced sandboxes with a copy-on-write root; see the module comment. */
 export class BwrapProvider extends BaseProvider {
   readonly kind = 'bwrap' as const;
+  private readonly initHelperOption: string | null | undefined;
+  /** The init helper in use (resolved by prepare), or null for sh + mount. */
+  private initHelper: string | null = null;
+
+  constructor(opts: ProviderOptions) {
+    super(opts);
+    this.initHelperOption = opts.initHelper;
+  }
 
   private baseDir(): string {
     return path.join(this.dataDir, 'base');
   }
 
   protected async prepare(): Promise<void> {
+    const helper = this.initHelperOption === undefined ? DEFAULT_INIT_HELPER : this.initHelperOption;
+    this.initHelper = helper && (await fsp.access(helper, fsc.X_OK).then(() => true, () => false)) ? helper : null;
+    if (helper && !this.initHelper && this.initHelperOption !== undefined) throw new Error(`init helper ${helper} is not executable`);
+    this.log.info({ initHelper: this.initHelper ?? '/bin/sh + mount' }, 'sandboxes start through');
     const base = this.baseDir();
     if (await fsp.stat(base).then(() => true, () => false)) return;
     const tmp = `${base}.tmp-${process.pid}`;
@@ -132,15 +150,20 @@ export class BwrapProvider extends BaseProvider {
     const id = state.id;
     const dir = this.dirOf(id);
     const sub = (p: string) => path.join(dir, p);
-    await Promise.all(
-      ['upper/root', 'upper/usr', 'work/root', 'work/usr', 'rootfs', 'usrfs'].map((d) => fsp.mkdir(sub(d), { recursive: true })),
-    );
-    const cgroups = await SandboxCgroups.create(id, state.limits);
+    const [, cgroups] = await Promise.all([
+      Promise.all(['upper/root', 'upper/usr', 'work/root', 'work/usr', 'rootfs', 'usrfs'].map((d) => fsp.mkdir(sub(d), { recursive: true }))),
+      SandboxCgroups.create(id, state.limits),
+    ]);
     const layerPart = (part: 'root' | 'usr') => state.layers.map((l) => path.join(this.layersDir(), l, part));
-    const overlay = (lowers: string[], part: 'root' | 'usr', target: string) =>
-      `mount -t overlay sap-${id} -o ${shq(
-        `lowerdir=${lowers.join(':')},upperdir=${sub('upper/' + part)},workdir=${sub('work/' + part)}`,
-      )} ${shq(target)}`;
+    const overlay = (lowers: string[], part: 'root' | 'usr', target: string) => ({
+      target,
+      options: `lowerdir=${lowers.join(':')},upperdir=${sub('upper/' + part)},workdir=${sub('work/' + part)}`,
+    });
+    const overlays = [
+      overlay([...layerPart('root'), this.baseDir()], 'root', sub('rootfs')),
+      overlay([...layerPart('usr'), '/usr'], 'usr', sub('usrfs')),
+    ];
+    const source = `sap-${id}`;
     const bwrap = [
       'bwrap',
       '--bind', sub('rootfs'), '/',
@@ -158,20 +181,37 @@ export class BwrapProvider extends BaseProvider {
       '--info-fd', '3',
       '--', '/usr/bin/sleep', 'infinity',
     ];
-    const script =
-      `${overlay([...layerPart('root'), this.baseDir()], 'root', sub('rootfs'))} && ` +
-      `${overlay([...layerPart('usr'), '/usr'], 'usr', sub('usrfs'))} && ` +
-      `{ ${cgroupJoin(cgroups.procsFiles())} exec "$@"; }`;
-    const log = openSync(sub('init.log'), 'a');
+    // Join the cgroups, mount both overlays, exec bwrap: one process with the helper, four without.
+    const [cmd, args] = this.initHelper
+      ? [
+          this.initHelper,
+          [
+            ...cgroups.procsFiles().flatMap((f) => ['-c', f]),
+            ...overlays.flatMap((o) => ['-o', source, o.target, o.options]),
+            '--',
+            ...bwrap,
+          ],
+        ]
+      : [
+          '/bin/sh',
+          [
+            '-c',
+            overlays.map((o) => `mount -t overlay ${shq(source)} -o ${shq(o.options)} ${shq(o.target)}`).join(' && ') +
+              ` && { ${cgroupJoin(cgroups.procsFiles())} exec "$@"; }`,
+            'sh',
+            ...bwrap,
+          ],
+        ];
+    const log = await fsp.open(sub('init.log'), 'a');
     let child;
     try {
-      child = spawn('/bin/sh', ['-c', script, 'sh', ...bwrap], {
-        stdio: ['ignore', log, log, 'pipe'],
+      child = spawn(cmd, args, {
+        stdio: ['ignore', log.fd, log.fd, 'pipe'],
         detached: true,
         env: { PATH: DEFAULT_ENV.PATH },
       });
     } finally {
-      closeSync(log);
+      await log.close();
     }
     const info = child.stdio[3] as NodeJS.ReadableStream & { destroy(): void };
     const nsPid = await new Promise<number>((resolve, reject) => {
@@ -214,7 +254,6 @@ export class BwrapProvider extends BaseProvider {
     const ns = procRef(nsPid);
     if (!outer || !ns) throw new SandboxError('internal', `sandbox ${id} init exited right after start`);
     state.init = { outer, ns };
-    await this.saveState(state);
   }
 
   protected innerArgv(state: SandboxState, opts: SpawnOptions): string[] {
@@ -322,19 +361,38 @@ export class BwrapProvider extends BaseProvider {
 
 /**
  * Resolves once the sandbox's pid-1 (bwrap's own init, `pid`) has forked its command, which it
- * does only after the new root is mounted: polls /proc/<pid>/task/<pid>/children (~1 ms).
+ * does only after the new root is mounted: rereads /proc/<pid>/task/<pid>/children every millisecond
+ * (bwrap needs ~5–15 ms; polling on timers leaves the CPU to it).
  */
 async function waitForInitChild(pid: number, timeoutMs: number): Promise<void> {
   const deadline = Date.now() + timeoutMs;
-  for (let i = 0; ; i++) {
-    let children = '';
-    try {
-      children = await fsp.readFile(`/proc/${pid}/task/${pid}/children`, 'utf8');
-    } catch {
-      throw new Error(`init process ${pid} is gone`);
+  let fh;
+  try {
+    fh = await fsp.open(`/proc/${pid}/task/${pid}/children`, 'r');
+  } catch {
+    throw new Error(`init process ${pid} is gone`);
+  }
+  try {
+    const buf = Buffer.alloc(64);
+    for (;;) {
+      // A read at offset 0 makes procfs regenerate the list.
+      const { bytesRead } = await fh.read(buf, 0, buf.length, 0).catch(() => ({ bytesRead: -1 }));
+      if (bytesRead > 0 && buf.subarray(0, bytesRead).toString('latin1').trim() !== '') return;
+      if (bytesRead < 0 || !signalable(pid)) throw new Error(`init process ${pid} is gone`);
+      if (Date.now() > deadline) throw new Error(`init did not start within ${timeoutMs} ms`);
+      await new Promise((r) => setTimeout(r, 1));
     }
-    if (children.trim() !== '') return;
-    if (Date.now() > deadline) throw new Error(`init did not start within ${timeoutMs} ms`);
-    await new Promise((r) => (i < 50 ? setImmediate(r) : setTimeout(r, 2)));
+  } finally {
+    await fh.close();
+  }
+}
+
+/** True while a process with this pid exists (signal 0 checks without sending anything). */
+function signalable(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
   }
 }

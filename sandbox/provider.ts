@@ -106,6 +106,12 @@ export interface ProviderOptions {
   /** Recorded in SandboxInfo.hostId. */
   hostId: string;
   logger?: Logger;
+  /**
+   * bwrap provider: the `sap-sandbox-init` helper that starts a sandbox's init in one exec (built by
+   * scripts/toolchain.sh into .tools/bin). Default: that path when it is executable; null: start
+   * through sh + mount.
+   */
+  initHelper?: string | null;
 }
 
 /** Creates the provider of the given kind. The `process` provider offers no isolation and says so in the log. */

@@ -75,4 +75,15 @@ if [ ! -x "$fbin" ]; then
 fi
 ln -sfn "$fbin" "$root/.tools/bin/ferretdb"
 
+# --- sap-sandbox-init (optional) ---------------------------------------------------------
+# Starts a sandbox's init with one exec instead of sh + mount + mount (see sandbox/bwrap.ts);
+# without a C compiler the host falls back to the shell and says so in its log.
+isrc="$root/tools/sandbox-init/sandbox-init.c"
+ibin="$cache/sap-sandbox-init-$(sha256sum "$isrc" | cut -c1-16)"
+if [ ! -x "$ibin" ] && command -v cc >/dev/null 2>&1; then
+  say "building sap-sandbox-init"
+  cc -O2 -Wall -o "$ibin.tmp" "$isrc" && mv "$ibin.tmp" "$ibin"
+fi
+if [ -x "$ibin" ]; then ln -sfn "$ibin" "$root/.tools/bin/sap-sandbox-init"; else say "no C compiler: sandboxes start through sh + mount"; fi
+
 say "ready: $("$root/.tools/bin/temporal" --version | head -1); ferretdb; $(bwrap --version)"

@@ -7,7 +7,7 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import { HostClient, HostError } from '../../sandbox/host/client';
 import { startHost, type RunningHost } from '../../sandbox/host/server';
-import type { SandboxProvider } from '../../sandbox/provider';
+import { createSandboxProvider, type SandboxProvider } from '../../sandbox/provider';
 
 const TOKEN = 'test-token-' + Math.random().toString(36).slice(2);
 
@@ -238,6 +238,23 @@ describe('sandbox host (bwrap)', () => {
     expect(existsSync(path.join(dataDir, 'sandboxes', bad))).toBe(false);
   });
 
+  it('removes, at restart, a sandbox whose state was never written (the host died while creating it)', async () => {
+    const id = newId();
+    await client.createSandbox({ id, orgId: 'o', entrypoint: { argv: ['sleep', '300'] } });
+    const pids = pidsOfCgroup(id);
+    expect(pids.length).toBeGreaterThanOrEqual(3);
+    // What a crash between starting the init and writing state.json leaves behind.
+    await fsp.rm(path.join(dataDir, 'sandboxes', id, 'state.json'));
+    await host.close();
+    host = await startHost({ dataDir, token: TOKEN, listen: '127.0.0.1:0', hostId: 'test-host' });
+    client = new HostClient({ url: host.url, token: TOKEN });
+    expect(await client.getSandbox(id)).toBeNull();
+    for (const pid of pids) expect(existsSync(`/proc/${pid}`) && !require('node:fs').readFileSync(`/proc/${pid}/stat`, 'utf8').includes(') Z')).toBe(false);
+    expect(existsSync(path.join(dataDir, 'sandboxes', id))).toBe(false);
+    expect(await fsp.readFile('/proc/mounts', 'utf8')).not.toContain(id);
+    expect(existsSync(`/sys/fs/cgroup/pids/sap/${id}`)).toBe(false);
+  });
+
   it('keeps sandboxes and entrypoints across a host restart', async () => {
     const id = newId();
     await client.createSandbox({ id, orgId: 'o', entrypoint: { argv: ['bash', '-c', 'sleep 1.5; echo survived; exit 5'] } });
@@ -273,5 +290,38 @@ describe('sandbox host (bwrap)', () => {
     console.log(
       `sandbox create p50 ${p50(create).toFixed(1)} ms; create + entrypoint 'true' + wait p50 ${p50(withEntrypoint).toFixed(1)} ms`,
     );
+  });
+});
+
+describe('sandbox host (bwrap), started through sh + mount (no init helper)', () => {
+  let dataDir: string;
+  let host: RunningHost;
+  let client: HostClient;
+
+  beforeAll(async () => {
+    dataDir = await fsp.mkdtemp(path.join(os.tmpdir(), 'sap-host-sh-'));
+    const provider = createSandboxProvider({ kind: 'bwrap', dataDir, hostId: 'test-host-sh', initHelper: null });
+    host = await startHost({ dataDir, token: TOKEN, listen: '127.0.0.1:0', provider });
+    client = new HostClient({ url: host.url, token: TOKEN });
+  });
+
+  afterAll(async () => {
+    for (const sb of await client.listSandboxes()) await client.destroySandbox(sb.id);
+    await host.close();
+    await fsp.rm(dataDir, { recursive: true, force: true });
+  });
+
+  it('isolates the sandbox and removes all of it', async () => {
+    const id = `sb-sh${process.pid}`;
+    await client.createSandbox({ id, orgId: 'o', maxProcesses: 40 });
+    expect(pidsOfCgroup(id).length).toBeGreaterThanOrEqual(2);
+    const r = await sh(host.provider, id, `hostname; echo mine > /usr/bin/sap-sh-marker && cat /usr/bin/sap-sh-marker; ls ${dataDir} 2>/dev/null || echo no-datadir; grep CapEff /proc/self/status; ls /proc | grep -c "^[0-9]"`);
+    expect(r.stdout.split('\n').slice(0, 5)).toEqual([id, 'mine', 'no-datadir', 'CapEff:\t0000000000000000', expect.stringMatching(/^[1-9]$/)]);
+    expect(existsSync('/usr/bin/sap-sh-marker')).toBe(false);
+    expect(require('node:fs').readFileSync(`/sys/fs/cgroup/pids/sap/${id}/pids.max`, 'utf8').trim()).toBe('40');
+    expect(await client.destroySandbox(id)).toBe(true);
+    expect(await fsp.readFile('/proc/mounts', 'utf8')).not.toContain(id);
+    expect(existsSync(path.join(dataDir, 'sandboxes', id))).toBe(false);
+    expect(existsSync(`/sys/fs/cgroup/pids/sap/${id}`)).toBe(false);
   });
 });
