@@ -7,7 +7,7 @@ import { sandboxesOf } from '../store/sandboxes';
 import { readSession } from '../store/sessions';
 import type { SandboxInfo } from '../sandbox/types';
 
-/** Sandboxes younger than this are left alone: their session may still be provisioning. */
+/** Sandboxes younger than this are left alone: their session may still be provisioning, or their record being written. */
 const GRACE_MS = 60_000;
 
 /**
@@ -45,6 +45,8 @@ export function startReaper(deps: { host: HostClient; store: Store; client: Clie
     }
     if (sb.owner?.kind === 'api' || sb.owner?.kind === 'instance') {
       const doc = await sandboxesOf(deps.store).findOne({ _id: sb.id });
+      // The API records a sandbox while the host creates it: a young one may not have its record yet.
+      if (!doc && Date.now() - Date.parse(sb.createdAt) < GRACE_MS) return false;
       if (!doc || doc.status === 'stopped') return 'it has no record';
       const last = (doc.lastActiveAt ?? doc.createdAt).getTime();
       if (doc.timeout > 0 && Date.now() - last > doc.timeout * 1000) {

@@ -100,8 +100,10 @@ export async function snapshotOrigin(deps: ApiDeps, orgId: string, ref: string):
 }
 
 /**
- * Records a sandbox and creates it on a host. The record is written first, so a sandbox never
- * exists without one; if the host fails, the record is removed and the error passed on.
+ * Records a sandbox and creates it on a host. The record's insert and the host's create run at the
+ * same time; if either fails, the other is undone (the host sandbox destroyed, the record removed) and
+ * the error passed on. A sandbox left on a host without a record (the API died between the two) is
+ * destroyed by the worker's reaper once it is older than its grace period (worker/reaper.ts).
  */
 export async function provisionSandbox(
   deps: ApiDeps,
@@ -127,9 +129,9 @@ export async function provisionSandbox(
     createdAt: now,
     updatedAt: now,
   };
-  await sandboxesOf(deps.store).insertOne(doc);
-  try {
-    await client.createSandbox({
+  const [recorded, created] = await Promise.allSettled([
+    sandboxesOf(deps.store).insertOne(doc),
+    client.createSandbox({
       id: doc._id,
       orgId,
       owner: origin.instanceId ? { kind: 'instance', id: origin.instanceId } : { kind: 'api', id: doc._id },
@@ -140,13 +142,20 @@ export async function provisionSandbox(
       layers: origin.layers,
       patches: origin.patches,
       metadata: body.metadata,
-    });
-  } catch (err) {
+    }),
+  ]);
+  if (recorded.status === 'rejected') {
+    if (created.status === 'fulfilled') {
+      await client.destroySandbox(doc._id).catch((err) => deps.logger.warn({ err: String(err), sandboxId: doc._id }, 'could not destroy an unrecorded sandbox; the reaper will'));
+    }
+    throw recorded.reason;
+  }
+  if (created.status === 'rejected') {
     await sandboxesOf(deps.store).deleteOne({ _id: doc._id });
-    const e = err as { type?: string; message?: string };
+    const e = created.reason as { type?: string; message?: string };
     if (e.type === 'patch_failed') throw new ApiError('conflict', e.message ?? 'a patch failed');
     if (e.type === 'invalid_request' || e.type === 'not_found') throw new ApiError('invalid_request', e.message ?? 'invalid sandbox request');
-    throw new ApiError('unavailable', `could not create the sandbox: ${e.message ?? String(err)}`);
+    throw new ApiError('unavailable', `could not create the sandbox: ${e.message ?? String(created.reason)}`);
   }
   return doc;
 }

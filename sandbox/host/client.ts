@@ -1,7 +1,10 @@
 /**
- * Typed client of the sandbox host's HTTP API (see server.ts), over Node's global fetch (keep-alive).
- * Every method throws HostError for an error answer; a network failure is thrown as fetch throws it.
+ * Typed client of the sandbox host's HTTP API (see server.ts), over node:http with a keep-alive agent.
+ * Every method throws HostError for an error answer; a network failure is thrown as node:http reports
+ * it (an Error with `code`, e.g. ECONNREFUSED).
  */
+import * as http from 'node:http';
+import * as https from 'node:https';
 import { WebSocket } from 'ws';
 import type { CreateSandboxRequest, EntrypointSpec, EntrypointStatus, ExecRequest, ExecRunResult, ExecSessionInfo, SandboxInfo } from '../types';
 
@@ -58,10 +61,15 @@ type Query = Record<string, string | number | undefined>;
 export class HostClient {
   private readonly base: string;
   private readonly token: string;
+  private readonly secure: boolean;
+  /** Keeps connections to the host open between calls (idle sockets do not keep the process alive). */
+  private readonly agent: http.Agent;
 
   constructor(opts: HostClientOptions) {
     this.base = opts.url.replace(/\/+$/, '');
     this.token = opts.token;
+    this.secure = this.base.startsWith('https:');
+    this.agent = new (this.secure ? https : http).Agent({ keepAlive: true });
   }
 
   /** The base URL of the host (e.g. for building WebSocket addresses). */
@@ -73,26 +81,52 @@ export class HostClient {
     let url = this.base + path;
     const q = Object.entries(opts.query ?? {}).filter(([, v]) => v !== undefined) as [string, string | number][];
     if (q.length) url += '?' + new URLSearchParams(q.map(([k, v]): [string, string] => [k, String(v)])).toString();
-    const headers: Record<string, string> = { authorization: `Bearer ${this.token}` };
-    if (opts.body !== undefined) headers['content-type'] = 'application/json';
-    const res = await fetch(url, {
-      method,
-      headers,
-      body: opts.body === undefined ? undefined : JSON.stringify(opts.body),
-      signal: opts.signal,
-    });
-    const text = await res.text();
+    const body = opts.body === undefined ? undefined : Buffer.from(JSON.stringify(opts.body));
+    const headers: Record<string, string | number> = { authorization: `Bearer ${this.token}` };
+    if (body) Object.assign(headers, { 'content-type': 'application/json', 'content-length': body.length });
+    let res: { status: number; text: string };
+    try {
+      res = await this.send(url, method, headers, body, opts.signal);
+    } catch (err) {
+      // The host closed an idle kept-alive connection just as it was reused: the request never reached it.
+      if ((err as { code?: string; reusedSocket?: boolean }).reusedSocket && (err as { code?: string }).code === 'ECONNRESET') {
+        res = await this.send(url, method, headers, body, opts.signal);
+      } else throw err;
+    }
     let parsed: unknown;
     try {
-      parsed = text ? JSON.parse(text) : undefined;
+      parsed = res.text ? JSON.parse(res.text) : undefined;
     } catch {
       parsed = undefined;
     }
-    if (!res.ok) {
+    if (res.status < 200 || res.status > 299) {
       const err = (parsed as { error?: { type?: string; message?: string } } | undefined)?.error;
-      throw new HostError(err?.type ?? 'internal', res.status, err?.message ?? `host answered ${res.status}: ${text.slice(0, 200)}`);
+      throw new HostError(err?.type ?? 'internal', res.status, err?.message ?? `host answered ${res.status}: ${res.text.slice(0, 200)}`);
     }
     return parsed as T;
+  }
+
+  /** One HTTP exchange on the client's keep-alive agent; resolves with the status and the body as text. */
+  private send(
+    url: string,
+    method: string,
+    headers: Record<string, string | number>,
+    body: Buffer | undefined,
+    signal: AbortSignal | undefined,
+  ): Promise<{ status: number; text: string }> {
+    return new Promise((resolve, reject) => {
+      const req = (this.secure ? https : http).request(url, { method, headers, agent: this.agent, signal }, (res) => {
+        const chunks: Buffer[] = [];
+        res.on('data', (c: Buffer) => chunks.push(c));
+        res.on('error', reject);
+        res.on('end', () => resolve({ status: res.statusCode ?? 0, text: Buffer.concat(chunks).toString('utf8') }));
+      });
+      req.on('error', (err: Error & { reusedSocket?: boolean }) => {
+        err.reusedSocket = req.reusedSocket;
+        reject(err);
+      });
+      req.end(body);
+    });
   }
 
   /** Liveness of the host. */
