@@ -19,7 +19,7 @@
  * drops all capabilities with setpriv. All processes of a sandbox are in its cgroups, which is also how
  * destroy finds and kills them.
  */
-import { execFile, spawn } from 'node:child_process';
+import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { promises as fsp, constants as fsc } from 'node:fs';
 import * as path from 'node:path';
@@ -67,6 +67,17 @@ async function unmountUnder(dir: string): Promise<void> {
   if (mounts.length > 0) throw new SandboxError('internal', `could not unmount ${mounts.join(', ')}`);
 }
 
+/** Cgroup names of spare init helpers: `spare-<host pid>-<n>`. */
+const SPARE_PREFIX = 'spare-';
+
+/** A spare init helper: its cgroups (named `name` until claimed), its process once started, and whether it has joined them. */
+interface Spare {
+  name: string;
+  cgroups: SandboxCgroups | null;
+  child: ChildProcess | null;
+  ready: boolean;
+}
+
 /** Where scripts/toolchain.sh puts the init helper (tools/sandbox-init). */
 const DEFAULT_INIT_HELPER = path.join(PROJECT_ROOT, '.tools', 'bin', 'sap-sandbox-init');
 
@@ -76,6 +87,11 @@ export class BwrapProvider extends BaseProvider {
   private readonly initHelperOption: string | null | undefined;
   /** The init helper in use (resolved by prepare), or null for sh + mount. */
   private initHelper: string | null = null;
+  /** The spare init helper started ahead of the next create (see prepareSpare). */
+  private spare: Spare | null = null;
+  private spareSeq = 0;
+  private spareFailures = 0;
+  private closed = false;
 
   constructor(opts: ProviderOptions) {
     super(opts);
@@ -91,6 +107,9 @@ export class BwrapProvider extends BaseProvider {
     this.initHelper = helper && (await fsp.access(helper, fsc.X_OK).then(() => true, () => false)) ? helper : null;
     if (helper && !this.initHelper && this.initHelperOption !== undefined) throw new Error(`init helper ${helper} is not executable`);
     this.log.info({ initHelper: this.initHelper ?? '/bin/sh + mount' }, 'sandboxes start through');
+    // Cgroups of spare helpers whose host process is gone (a live host's spare is in use and stays).
+    await SandboxCgroups.removeGroups((n) => n.startsWith(SPARE_PREFIX) && !signalable(Number(n.slice(SPARE_PREFIX.length).split('-')[0])));
+    this.prepareSpare();
     const base = this.baseDir();
     if (await fsp.stat(base).then(() => true, () => false)) return;
     const tmp = `${base}.tmp-${process.pid}`;
@@ -146,14 +165,96 @@ export class BwrapProvider extends BaseProvider {
     return isAlive(state.init?.ns);
   }
 
+  /**
+   * Starts a spare init helper (`sap-sandbox-init -w`) in cgroups of its own, unless one is there or
+   * starting. Joining cgroups waits for a kernel RCU grace period (5–15 ms), so it is done ahead of
+   * the next create, which renames the groups to its sandbox's and hands the helper the rest of its
+   * arguments. Gives up after three failures in a row (creates then start a helper each time).
+   */
+  private prepareSpare(): void {
+    if (!this.initHelper || this.spare || this.closed || this.spareFailures >= 3) return;
+    const name = `${SPARE_PREFIX}${process.pid}-${++this.spareSeq}`;
+    const pending: Spare = { name, child: null, cgroups: null, ready: false };
+    this.spare = pending;
+    let done = false;
+    const failed = (why: string) => {
+      if (done) return;
+      done = true;
+      if (this.spare === pending) this.spare = null;
+      this.spareFailures++;
+      this.log.warn({ why, failures: this.spareFailures }, 'spare sandbox init failed');
+      void this.discardSpare(pending);
+    };
+    void (async () => {
+      const cgroups = await SandboxCgroups.create(name, { maxProcesses: 512 });
+      pending.cgroups = cgroups;
+      if (this.spare !== pending) return void this.discardSpare(pending);
+      const child = spawn(this.initHelper!, ['-w', ...cgroups.procsFiles().flatMap((f) => ['-c', f])], {
+        stdio: ['pipe', 'pipe', 'ignore', 'pipe'],
+        detached: true,
+        env: { PATH: DEFAULT_ENV.PATH },
+      });
+      pending.child = child;
+      // A spare must not keep the host's event loop alive.
+      child.unref();
+      for (const stream of [child.stdin, child.stdout, child.stdio[3]]) (stream as unknown as { unref?(): void } | null)?.unref?.();
+      child.on('error', (err) => failed(err.message));
+      child.on('exit', (code) => failed(`exit code ${code}`));
+      child.stdout!.once('data', (chunk: Buffer) => {
+        if (chunk.toString() !== 'ready\n') return failed(`unexpected output ${JSON.stringify(chunk.toString().slice(0, 100))}`);
+        pending.ready = true;
+        this.spareFailures = 0;
+      });
+    })().catch((err: Error) => failed(err.message));
+  }
+
+  /**
+   * The ready spare helper, now in sandbox `id`'s cgroups (renamed) with its limits, or null when
+   * there is none (the caller starts a helper of its own). The next spare is started by provision.
+   */
+  private async claimSpare(id: string, limits: SandboxState['limits']): Promise<ChildProcess | null> {
+    const spare = this.spare;
+    if (!spare?.ready || !spare.child || !spare.cgroups || spare.child.exitCode !== null) return null;
+    this.spare = null;
+    const child = spare.child;
+    child.removeAllListeners('exit');
+    child.removeAllListeners('error');
+    try {
+      const cgroups = await spare.cgroups.renameTo(id);
+      await cgroups.applyLimits(limits);
+    } catch (err) {
+      this.log.warn({ sandboxId: id, err: (err as Error).message }, 'could not use the spare sandbox init');
+      await this.discardSpare(spare, id);
+      return null;
+    }
+    child.ref();
+    for (const stream of [child.stdin, child.stdout, child.stdio[3]]) (stream as unknown as { ref?(): void } | null)?.ref?.();
+    return child;
+  }
+
+  /** Kills a spare helper and removes its cgroups (under its own name and, if given, the name it was renamed to). */
+  private async discardSpare(spare: Spare, renamedTo?: string): Promise<void> {
+    if (spare.child && spare.child.exitCode === null && spare.child.signalCode === null) {
+      const exited = new Promise((r) => spare.child!.once('exit', r));
+      spare.child.kill('SIGKILL');
+      await exited;
+    }
+    await SandboxCgroups.of(spare.name).remove();
+    if (renamedTo) await SandboxCgroups.of(renamedTo).remove();
+  }
+
+  /** Stops the spare helper; sandboxes keep running. */
+  override async close(): Promise<void> {
+    this.closed = true;
+    const spare = this.spare;
+    this.spare = null;
+    if (spare) await this.discardSpare(spare);
+  }
+
   protected async provision(state: SandboxState): Promise<void> {
     const id = state.id;
     const dir = this.dirOf(id);
     const sub = (p: string) => path.join(dir, p);
-    const [, cgroups] = await Promise.all([
-      Promise.all(['upper/root', 'upper/usr', 'work/root', 'work/usr', 'rootfs', 'usrfs'].map((d) => fsp.mkdir(sub(d), { recursive: true }))),
-      SandboxCgroups.create(id, state.limits),
-    ]);
     const layerPart = (part: 'root' | 'usr') => state.layers.map((l) => path.join(this.layersDir(), l, part));
     const overlay = (lowers: string[], part: 'root' | 'usr', target: string) => ({
       target,
@@ -181,38 +282,47 @@ export class BwrapProvider extends BaseProvider {
       '--info-fd', '3',
       '--', '/usr/bin/sleep', 'infinity',
     ];
-    // Join the cgroups, mount both overlays, exec bwrap: one process with the helper, four without.
-    const [cmd, args] = this.initHelper
-      ? [
-          this.initHelper,
-          [
-            ...cgroups.procsFiles().flatMap((f) => ['-c', f]),
-            ...overlays.flatMap((o) => ['-o', source, o.target, o.options]),
-            '--',
-            ...bwrap,
-          ],
-        ]
-      : [
-          '/bin/sh',
-          [
-            '-c',
-            overlays.map((o) => `mount -t overlay ${shq(source)} -o ${shq(o.options)} ${shq(o.target)}`).join(' && ') +
-              ` && { ${cgroupJoin(cgroups.procsFiles())} exec "$@"; }`,
-            'sh',
-            ...bwrap,
-          ],
-        ];
-    const log = await fsp.open(sub('init.log'), 'a');
-    let child;
-    try {
-      child = spawn(cmd, args, {
-        stdio: ['ignore', log.fd, log.fd, 'pipe'],
+    const dirs = ['upper', 'upper/root', 'upper/usr', 'work', 'work/root', 'work/usr', 'rootfs', 'usrfs'].map(sub);
+    // What the helper does after joining the cgroups: directories, log, both overlays, exec bwrap.
+    const helperArgs = () => [
+      ...dirs.flatMap((d) => ['-d', d]),
+      ...overlays.flatMap((o) => ['-o', source, o.target, o.options]),
+      '--',
+      ...bwrap,
+    ];
+    let child: ChildProcess;
+    const spare = await this.claimSpare(id, state.limits);
+    if (spare) {
+      child = spare;
+      child.stdin!.end(Buffer.from(['-l', sub('init.log'), ...helperArgs()].map((a) => a + '\0').join('')));
+    } else if (this.initHelper) {
+      const cgroups = await SandboxCgroups.create(id, state.limits);
+      const args = ['-l', sub('init.log'), ...cgroups.procsFiles().flatMap((f) => ['-c', f]), ...helperArgs()];
+      child = spawn(this.initHelper, args, {
+        stdio: ['ignore', 'ignore', 'ignore', 'pipe'],
         detached: true,
         env: { PATH: DEFAULT_ENV.PATH },
       });
-    } finally {
-      await log.close();
+    } else {
+      const [, cgroups] = await Promise.all([
+        Promise.all(dirs.map((d) => fsp.mkdir(d, { recursive: true }))),
+        SandboxCgroups.create(id, state.limits),
+      ]);
+      const script =
+        overlays.map((o) => `mount -t overlay ${shq(source)} -o ${shq(o.options)} ${shq(o.target)}`).join(' && ') +
+        ` && { ${cgroupJoin(cgroups.procsFiles())} exec "$@"; }`;
+      const log = await fsp.open(sub('init.log'), 'a');
+      try {
+        child = spawn('/bin/sh', ['-c', script, 'sh', ...bwrap], {
+          stdio: ['ignore', log.fd, log.fd, 'pipe'],
+          detached: true,
+          env: { PATH: DEFAULT_ENV.PATH },
+        });
+      } finally {
+        await log.close();
+      }
     }
+    this.prepareSpare();
     const info = child.stdio[3] as NodeJS.ReadableStream & { destroy(): void };
     const nsPid = await new Promise<number>((resolve, reject) => {
       let text = '';
@@ -250,6 +360,7 @@ export class BwrapProvider extends BaseProvider {
     });
     child.removeAllListeners('exit');
     child.unref();
+    for (const stream of [child.stdin, child.stdout]) stream?.destroy();
     const outer = procRef(child.pid);
     const ns = procRef(nsPid);
     if (!outer || !ns) throw new SandboxError('internal', `sandbox ${id} init exited right after start`);

@@ -85,18 +85,42 @@ export class SandboxCgroups {
         const dir = path.join(root, c, 'sap', id);
         try {
           await fsp.mkdir(dir, { recursive: true });
-          if (c === 'memory' && limits.memoryMB) {
-            await fsp.writeFile(path.join(dir, 'memory.limit_in_bytes'), String(Math.floor(limits.memoryMB * 1024 * 1024)));
-          }
-          if (c === 'pids') await fsp.writeFile(path.join(dir, 'pids.max'), String(limits.maxProcesses));
-          if (c === 'cpu' && limits.cpuCount) {
-            await fsp.writeFile(path.join(dir, 'cpu.cfs_period_us'), '100000');
-            await fsp.writeFile(path.join(dir, 'cpu.cfs_quota_us'), String(Math.max(1000, Math.round(limits.cpuCount * 100000))));
-          }
+          await writeLimits(c, dir, limits);
           dirs[c] = dir;
         } catch {
           /* controller not available here */
         }
+      }),
+    );
+    return new SandboxCgroups(dirs);
+  }
+
+  /** Removes the empty groups under `sap/` whose name `match` accepts (a group still in use stays). */
+  static async removeGroups(match: (name: string) => boolean, root = CGROUP_ROOT): Promise<void> {
+    await Promise.all(
+      CONTROLLERS.map(async (c) => {
+        const names = await fsp.readdir(path.join(root, c, 'sap')).catch(() => [] as string[]);
+        await Promise.all(names.filter(match).map((n) => fsp.rmdir(path.join(root, c, 'sap', n)).catch(() => undefined)));
+      }),
+    );
+  }
+
+  /** Writes the limits into the existing groups. Throws when one cannot be written. */
+  async applyLimits(limits: Limits): Promise<void> {
+    await Promise.all(Object.entries(this.dirs).map(([c, dir]) => writeLimits(c as Controller, dir as string, limits)));
+  }
+
+  /**
+   * Gives the groups the names of sandbox `id` (cgroup v1 renames a group, with its processes, within
+   * its parent) and returns them under those names. Throws when a rename fails.
+   */
+  async renameTo(id: string): Promise<SandboxCgroups> {
+    const dirs: Partial<Record<Controller, string>> = {};
+    await Promise.all(
+      Object.entries(this.dirs).map(async ([c, dir]) => {
+        const to = path.join(path.dirname(dir as string), id);
+        await fsp.rename(dir as string, to);
+        dirs[c as Controller] = to;
       }),
     );
     return new SandboxCgroups(dirs);
@@ -177,5 +201,17 @@ export class SandboxCgroups {
         }
       }),
     );
+  }
+}
+
+/** Writes a controller's limits (memory, processes, CPU) into a group directory. */
+async function writeLimits(c: Controller, dir: string, limits: Limits): Promise<void> {
+  if (c === 'memory' && limits.memoryMB) {
+    await fsp.writeFile(path.join(dir, 'memory.limit_in_bytes'), String(Math.floor(limits.memoryMB * 1024 * 1024)));
+  }
+  if (c === 'pids') await fsp.writeFile(path.join(dir, 'pids.max'), String(limits.maxProcesses));
+  if (c === 'cpu' && limits.cpuCount) {
+    await fsp.writeFile(path.join(dir, 'cpu.cfs_period_us'), '100000');
+    await fsp.writeFile(path.join(dir, 'cpu.cfs_quota_us'), String(Math.max(1000, Math.round(limits.cpuCount * 100000))));
   }
 }

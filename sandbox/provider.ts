@@ -98,6 +98,9 @@ export interface SandboxProvider {
 
   /** sha256 over the layer's own files (paths, types, modes, content), sorted and deterministic. */
   layerHash(layerId: string): Promise<string>;
+
+  /** Releases what the provider keeps ready for future creates (the host is stopping); sandboxes keep running. */
+  close(): Promise<void>;
 }
 
 /** Options shared by every provider. */

@@ -232,7 +232,7 @@ export interface StartHostOptions {
   logger?: Logger;
 }
 
-/** A running host. `close()` stops the HTTP server and exec sessions' sockets; sandboxes keep running. */
+/** A running host. `close()` stops the HTTP server, exec sessions' sockets and the provider's spare init; sandboxes keep running. */
 export interface RunningHost {
   url: string;
   provider: SandboxProvider;
@@ -268,6 +268,7 @@ export async function startHost(opts: StartHostOptions): Promise<RunningHost> {
     close: async () => {
       exec.close();
       forward.closeAll();
+      await provider.close();
       await new Promise<void>((resolve) => {
         server.close(() => resolve());
         server.closeAllConnections();

@@ -8,6 +8,7 @@ import * as path from 'node:path';
 import { HostClient, HostError } from '../../sandbox/host/client';
 import { startHost, type RunningHost } from '../../sandbox/host/server';
 import { createSandboxProvider, type SandboxProvider } from '../../sandbox/provider';
+import { eventually } from '../helpers/env';
 
 const TOKEN = 'test-token-' + Math.random().toString(36).slice(2);
 
@@ -27,9 +28,15 @@ function sh(provider: SandboxProvider, id: string, script: string): Promise<{ co
 
 const p50 = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 
-function pidsOfCgroup(id: string): string[] {
-  const f = `/sys/fs/cgroup/pids/sap/${id}/cgroup.procs`;
+function pidsOfCgroup(id: string, controller = 'pids'): string[] {
+  const f = `/sys/fs/cgroup/${controller}/sap/${id}/cgroup.procs`;
   return existsSync(f) ? require('node:fs').readFileSync(f, 'utf8').split('\n').filter(Boolean) : [];
+}
+
+/** Cgroups (pids controller) of this process's spare init helpers that have joined them. */
+function readySpares(): string[] {
+  const names: string[] = require('node:fs').readdirSync('/sys/fs/cgroup/pids/sap');
+  return names.filter((n) => n.startsWith(`spare-${process.pid}-`) && pidsOfCgroup(n).length === 1);
 }
 
 describe('sandbox host (bwrap)', () => {
@@ -238,21 +245,45 @@ describe('sandbox host (bwrap)', () => {
     expect(existsSync(path.join(dataDir, 'sandboxes', bad))).toBe(false);
   });
 
+  it('starts the next init ahead: its cgroups become the new sandbox\'s, with its limits', async () => {
+    const [spare] = await eventually(async () => (readySpares().length === 1 ? readySpares() : null), 10_000, 20);
+    const [helper] = pidsOfCgroup(spare!);
+    const id = newId();
+    await client.createSandbox({ id, orgId: 'o', memoryMB: 48, maxProcesses: 30 });
+    expect(existsSync(`/sys/fs/cgroup/pids/sap/${spare}`)).toBe(false);
+    for (const c of ['memory', 'pids', 'cpu', 'freezer']) expect(pidsOfCgroup(id, c)).toContain(helper);
+    const cg = (c: string, f: string) => require('node:fs').readFileSync(`/sys/fs/cgroup/${c}/sap/${id}/${f}`, 'utf8').trim();
+    expect(cg('memory', 'memory.limit_in_bytes')).toBe(String(48 * 1024 * 1024));
+    expect(cg('pids', 'pids.max')).toBe('30');
+    expect((await sh(host.provider, id, 'hostname; grep CapEff /proc/self/status')).stdout).toBe(`${id}\nCapEff:\t0000000000000000\n`);
+    // The helper became the sandbox's init (bwrap), and the next spare is on its way.
+    expect(require('node:fs').readFileSync(`/proc/${helper}/comm`, 'utf8').trim()).toBe('bwrap');
+    await eventually(async () => readySpares().length === 1 && readySpares()[0] !== spare, 10_000, 20);
+  });
+
   it('removes, at restart, a sandbox whose state was never written (the host died while creating it)', async () => {
     const id = newId();
     await client.createSandbox({ id, orgId: 'o', entrypoint: { argv: ['sleep', '300'] } });
     const pids = pidsOfCgroup(id);
     expect(pids.length).toBeGreaterThanOrEqual(3);
-    // What a crash between starting the init and writing state.json leaves behind.
+    // What a crash between starting the init and writing state.json leaves behind; and the cgroups
+    // of a spare init helper whose host process is gone.
     await fsp.rm(path.join(dataDir, 'sandboxes', id, 'state.json'));
+    const stale = 'spare-999999999-1';
+    for (const c of ['memory', 'pids', 'cpu', 'freezer']) await fsp.mkdir(`/sys/fs/cgroup/${c}/sap/${stale}`);
     await host.close();
+    expect(readySpares()).toEqual([]);
     host = await startHost({ dataDir, token: TOKEN, listen: '127.0.0.1:0', hostId: 'test-host' });
     client = new HostClient({ url: host.url, token: TOKEN });
     expect(await client.getSandbox(id)).toBeNull();
-    for (const pid of pids) expect(existsSync(`/proc/${pid}`) && !require('node:fs').readFileSync(`/proc/${pid}/stat`, 'utf8').includes(') Z')).toBe(false);
+    // Killed and out of the cgroup; give them a moment to finish exiting.
+    const alive = () => pids.filter((pid) => existsSync(`/proc/${pid}`) && !/\) [ZX] /.test(require('node:fs').readFileSync(`/proc/${pid}/stat`, 'utf8')));
+    for (let i = 0; i < 100 && alive().length > 0; i++) await new Promise((r) => setTimeout(r, 20));
+    expect(alive()).toEqual([]);
     expect(existsSync(path.join(dataDir, 'sandboxes', id))).toBe(false);
     expect(await fsp.readFile('/proc/mounts', 'utf8')).not.toContain(id);
     expect(existsSync(`/sys/fs/cgroup/pids/sap/${id}`)).toBe(false);
+    for (const c of ['memory', 'pids', 'cpu', 'freezer']) expect(existsSync(`/sys/fs/cgroup/${c}/sap/${stale}`)).toBe(false);
   });
 
   it('keeps sandboxes and entrypoints across a host restart', async () => {
@@ -312,6 +343,7 @@ describe('sandbox host (bwrap), started through sh + mount (no init helper)', ()
   });
 
   it('isolates the sandbox and removes all of it', async () => {
+    expect(readySpares()).toEqual([]);
     const id = `sb-sh${process.pid}`;
     await client.createSandbox({ id, orgId: 'o', maxProcesses: 40 });
     expect(pidsOfCgroup(id).length).toBeGreaterThanOrEqual(2);

@@ -1,53 +1,134 @@
 /*
  * sap-sandbox-init: starts a sandbox's init with one exec instead of `sh` + `mount` + `mount`.
  *
- *   sap-sandbox-init [-c CGROUP_PROCS_FILE]... [-o SOURCE TARGET OPTIONS]... -- PROGRAM [ARG]...
+ *   sap-sandbox-init [-c CGROUP_PROCS]... [-d DIR]... [-l LOG] [-o SOURCE TARGET OPTIONS]... -- PROGRAM [ARG]...
+ *   sap-sandbox-init -w [-c CGROUP_PROCS]...        (the rest of the arguments then come on stdin)
  *
- * Moves itself into each cgroup (writes its pid into the `cgroup.procs` file; a file that cannot be
- * written is skipped), mounts each overlay (`mount -t overlay SOURCE TARGET -o OPTIONS`), then execs
- * PROGRAM (looked up in PATH) with the remaining arguments and the same open file descriptors.
- * The sandbox host (sandbox/bwrap.ts) runs it with bwrap as PROGRAM. Exits 1 with a message on stderr
- * when a mount or the exec fails, 2 on bad usage.
+ * In order: moves itself into each cgroup (writes its pid into the `cgroup.procs` file), creates each
+ * directory (an existing one is fine), sends stdout and stderr to LOG (appended), mounts each overlay
+ * (`mount -t overlay SOURCE TARGET -o OPTIONS`), then execs PROGRAM (looked up in PATH) with the
+ * remaining arguments. The sandbox host (sandbox/bwrap.ts) runs it with bwrap as PROGRAM.
+ *
+ * With -w it prepares ahead of a request: it joins the cgroups, writes "ready\n" to stdout, then reads
+ * the remaining arguments from stdin, each ended by a NUL byte, until end of file, and goes on as above.
+ * Joining a cgroup waits for an RCU grace period in the kernel (5-15 ms); done ahead, it is off the
+ * path of a create. An empty stdin (the host went away) makes it exit 0 without doing anything.
+ *
+ * Exits 1 with a message on stderr when a step fails, 2 on bad usage.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
-static void join_cgroup(const char *file, const char *pid, size_t len) {
+static int fail(const char *what, const char *arg) {
+  fprintf(stderr, "sap-sandbox-init: %s %s: %s\n", what, arg, strerror(errno));
+  return 1;
+}
+
+static int usage(const char *arg) {
+  fprintf(stderr,
+          "sap-sandbox-init: bad argument %s\n"
+          "usage: sap-sandbox-init [-w] [-c FILE]... [-d DIR]... [-l LOG] [-o SOURCE TARGET OPTIONS]... -- PROGRAM [ARG]...\n",
+          arg);
+  return 2;
+}
+
+static int join_cgroup(const char *file) {
+  char pid[32];
+  int len = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
   int fd = open(file, O_WRONLY | O_CLOEXEC);
-  if (fd < 0) return;
-  if (write(fd, pid, len) < 0) { /* controller absent or not writable: skipped, as documented */ }
+  if (fd < 0) return fail("join cgroup", file);
+  if (write(fd, pid, (size_t)len) != len) {
+    int e = errno;
+    close(fd);
+    errno = e;
+    return fail("join cgroup", file);
+  }
   close(fd);
+  return 0;
+}
+
+/* Runs the options in args[0..n) in order; on "--" execs the program that follows. Returns an exit code. */
+static int run(char **args, int n, int allow_exec) {
+  for (int i = 0; i < n; i++) {
+    const char *a = args[i];
+    if (strcmp(a, "--") == 0) {
+      if (!allow_exec) return usage(a);
+      if (i + 1 >= n) return usage("(no program)");
+      args[n] = NULL;
+      execvp(args[i + 1], args + i + 1);
+      return fail("exec", args[i + 1]);
+    } else if (strcmp(a, "-c") == 0 && i + 1 < n) {
+      if (join_cgroup(args[++i])) return 1;
+    } else if (strcmp(a, "-d") == 0 && i + 1 < n) {
+      if (mkdir(args[++i], 0755) != 0 && errno != EEXIST) return fail("mkdir", args[i]);
+    } else if (strcmp(a, "-l") == 0 && i + 1 < n) {
+      int fd = open(args[++i], O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+      if (fd < 0) return fail("open", args[i]);
+      if (dup2(fd, 1) < 0 || dup2(fd, 2) < 0) return fail("redirect to", args[i]);
+      close(fd);
+    } else if (strcmp(a, "-o") == 0 && i + 3 < n) {
+      if (mount(args[i + 1], args[i + 2], "overlay", 0, args[i + 3]) != 0) return fail("mount overlay on", args[i + 2]);
+      i += 3;
+    } else {
+      return usage(a);
+    }
+  }
+  return allow_exec ? usage("(no program)") : 0;
+}
+
+/* Reads stdin to its end and splits it at NUL bytes; returns the number of arguments (-1 on error). */
+static int read_args(char ***out) {
+  size_t cap = 4096, len = 0;
+  char *buf = malloc(cap);
+  if (!buf) return -1;
+  for (;;) {
+    if (len == cap) {
+      char *bigger = realloc(buf, cap *= 2);
+      if (!bigger) return -1;
+      buf = bigger;
+    }
+    ssize_t r = read(0, buf + len, cap - len);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return -1;
+    if (r == 0) break;
+    len += (size_t)r;
+  }
+  if (len > 0 && buf[len - 1] != '\0') {
+    errno = EINVAL;
+    return -1;
+  }
+  int n = 0;
+  for (size_t i = 0; i < len; i++) n += buf[i] == '\0';
+  char **args = calloc((size_t)n + 1, sizeof *args);
+  if (!args) return -1;
+  size_t start = 0;
+  for (int k = 0; k < n; k++) {
+    args[k] = buf + start;
+    start += strlen(buf + start) + 1;
+  }
+  *out = args;
+  return n;
 }
 
 int main(int argc, char **argv) {
-  char pid[32];
-  int pidlen = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
-  int i = 1;
-  for (; i < argc; i++) {
-    if (strcmp(argv[i], "--") == 0) { i++; break; }
-    if (strcmp(argv[i], "-c") == 0 && i + 1 < argc) {
-      join_cgroup(argv[i + 1], pid, (size_t)pidlen);
-      i += 1;
-    } else if (strcmp(argv[i], "-o") == 0 && i + 3 < argc) {
-      if (mount(argv[i + 1], argv[i + 2], "overlay", 0, argv[i + 3]) != 0) {
-        fprintf(stderr, "sap-sandbox-init: mount overlay on %s: %s\n", argv[i + 2], strerror(errno));
-        return 1;
-      }
-      i += 3;
-    } else {
-      fprintf(stderr, "sap-sandbox-init: bad argument %s\nusage: sap-sandbox-init [-c FILE]... [-o SOURCE TARGET OPTIONS]... -- PROGRAM [ARG]...\n", argv[i]);
-      return 2;
-    }
+  if (argc > 1 && strcmp(argv[1], "-w") == 0) {
+    int code = run(argv + 2, argc - 2, 0);
+    if (code) return code;
+    if (write(1, "ready\n", 6) != 6) return fail("write", "ready");
+    char **args = NULL;
+    int n = read_args(&args);
+    if (n < 0) return fail("read", "arguments");
+    if (n == 0) return 0;
+    int devnull = open("/dev/null", O_RDONLY);
+    if (devnull < 0 || dup2(devnull, 0) < 0) return fail("open", "/dev/null");
+    close(devnull);
+    return run(args, n, 1);
   }
-  if (i >= argc) {
-    fprintf(stderr, "sap-sandbox-init: no program to run\n");
-    return 2;
-  }
-  execvp(argv[i], argv + i);
-  fprintf(stderr, "sap-sandbox-init: exec %s: %s\n", argv[i], strerror(errno));
-  return 1;
+  return run(argv + 1, argc - 1, 1);
 }
