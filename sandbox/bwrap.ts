@@ -15,6 +15,7 @@
  * Each sandbox runs one long-lived init (bwrap with `sleep infinity`) that owns the pid, mount, net, ipc,
  * uts and cgroup namespaces. It is started by `sap-sandbox-init` (tools/sandbox-init: joins the cgroups,
  * mounts both overlays and execs bwrap, in one process) or, where that helper was not built, by sh + mount.
+ * One helper is kept started ahead of the next create, already in cgroups of its own (see prepareSpare).
  * Every other process (patches, entrypoint, exec) enters them with nsenter and
  * drops all capabilities with setpriv. All processes of a sandbox are in its cgroups, which is also how
  * destroy finds and kills them.
