@@ -77,6 +77,8 @@ interface Spare {
   cgroups: SandboxCgroups | null;
   child: ChildProcess | null;
   ready: boolean;
+  /** Set once the host has stopped it on purpose (closing, or a failed claim). */
+  discarded: boolean;
 }
 
 /** Where scripts/toolchain.sh puts the init helper (tools/sandbox-init). */
@@ -175,11 +177,11 @@ export class BwrapProvider extends BaseProvider {
   private prepareSpare(): void {
     if (!this.initHelper || this.spare || this.closed || this.spareFailures >= 3) return;
     const name = `${SPARE_PREFIX}${process.pid}-${++this.spareSeq}`;
-    const pending: Spare = { name, child: null, cgroups: null, ready: false };
+    const pending: Spare = { name, child: null, cgroups: null, ready: false, discarded: false };
     this.spare = pending;
     let done = false;
     const failed = (why: string) => {
-      if (done) return;
+      if (done || pending.discarded) return;
       done = true;
       if (this.spare === pending) this.spare = null;
       this.spareFailures++;
@@ -235,6 +237,7 @@ export class BwrapProvider extends BaseProvider {
 
   /** Kills a spare helper and removes its cgroups (under its own name and, if given, the name it was renamed to). */
   private async discardSpare(spare: Spare, renamedTo?: string): Promise<void> {
+    spare.discarded = true;
     if (spare.child && spare.child.exitCode === null && spare.child.signalCode === null) {
       const exited = new Promise((r) => spare.child!.once('exit', r));
       spare.child.kill('SIGKILL');
