@@ -240,6 +240,7 @@ export class BwrapProvider extends BaseProvider {
     spare.discarded = true;
     if (spare.child && spare.child.exitCode === null && spare.child.signalCode === null) {
       const exited = new Promise((r) => spare.child!.once('exit', r));
+      spare.child.ref();
       spare.child.kill('SIGKILL');
       await exited;
     }
