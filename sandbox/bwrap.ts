@@ -288,7 +288,8 @@ export class BwrapProvider extends BaseProvider {
       '--', '/usr/bin/sleep', 'infinity',
     ];
     const dirs = ['upper', 'upper/root', 'upper/usr', 'work', 'work/root', 'work/usr', 'rootfs', 'usrfs'].map(sub);
-    // What the helper does after joining the cgroups: directories, log, both overlays, exec bwrap.
+    // What the helper does after joining the cgroups: directories, both overlays, exec bwrap. Its log
+    // (`-l`) comes first, so that any failure is in init.log.
     const helperArgs = () => [
       ...dirs.flatMap((d) => ['-d', d]),
       ...overlays.flatMap((o) => ['-o', source, o.target, o.options]),
