@@ -6,7 +6,7 @@ import { Spawner } from '../../sandbox/spawner';
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'spawner-'));
 afterAll(() => fs.rmSync(dir, { recursive: true, force: true }));
 
-async function fileWithin(file: string, ms = 5000): Promise<string> {
+async function fileWithin(file: string, ms = 20_000): Promise<string> {
   const end = Date.now() + ms;
   for (;;) {
     const text = fs.existsSync(file) ? fs.readFileSync(file, 'utf8') : '';
