@@ -25,6 +25,7 @@ import { createHash } from 'node:crypto';
 import { promises as fsp, constants as fsc } from 'node:fs';
 import * as path from 'node:path';
 import { promisify } from 'node:util';
+import type { Spawner } from './spawner';
 import { PROJECT_ROOT } from '../config';
 import { BaseProvider, DEFAULT_ENV, assertId, cgroupJoin, envPairs, shq, type SandboxState } from './base';
 import { SandboxError } from './errors';
@@ -56,16 +57,17 @@ async function mountsUnder(dir: string): Promise<string[]> {
   return out.sort((a, b) => b.length - a.length);
 }
 
-/** Unmounts everything under `dir`, lazily when a plain unmount fails. Throws internal if something stays mounted. */
-async function unmountUnder(dir: string): Promise<void> {
-  let mounts = await mountsUnder(dir);
+/**
+ * Unmounts everything under `dir` (umount2 through the spawner: no process per unmount), lazily
+ * when a plain unmount fails. Throws internal if something stays mounted.
+ */
+async function unmountUnder(dir: string, spawner: Spawner): Promise<void> {
+  const mounts = await mountsUnder(dir);
   if (mounts.length === 0) return;
-  await execFileP('umount', mounts).catch(() => undefined);
-  mounts = await mountsUnder(dir);
-  if (mounts.length === 0) return;
-  await execFileP('umount', ['-l', ...mounts]).catch(() => undefined);
-  mounts = await mountsUnder(dir);
-  if (mounts.length > 0) throw new SandboxError('internal', `could not unmount ${mounts.join(', ')}`);
+  let failed = await spawner.umount(mounts);
+  if (failed.length === 0) return;
+  failed = await spawner.umount(failed.map((f) => f.path), { lazy: true });
+  if (failed.length > 0) throw new SandboxError('internal', `could not unmount ${failed.map((f) => `${f.path} (${f.error})`).join(', ')}`);
 }
 
 /** Cgroup names of spare init helpers: `spare-<host pid>-<n>`. */
@@ -397,7 +399,7 @@ export class BwrapProvider extends BaseProvider {
     signalRef(state?.init?.outer, 'SIGKILL');
     await cgroups.killAll();
     await this.waitGone([state?.init?.ns, state?.init?.outer, state?.entrypoint?.wrapper]);
-    await unmountUnder(this.dirOf(id));
+    await unmountUnder(this.dirOf(id), this.spawner);
     await cgroups.remove();
   }
 

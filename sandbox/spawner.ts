@@ -4,7 +4,7 @@
  * of the whole Node process, several milliseconds of CPU on the host's only thread per process.
  * Without python3, or when the helper cannot be started, it falls back to child_process.spawn.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
+import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { closeSync, existsSync, openSync } from 'node:fs';
 import path from 'node:path';
 import { createInterface } from 'node:readline';
@@ -23,8 +23,15 @@ export interface DetachedSpawn {
 const SCRIPT = path.join(__dirname, 'spawner.py');
 const SOURCE_SCRIPT = path.resolve(__dirname, '..', '..', 'sandbox', 'spawner.py');
 
+interface Answer {
+  id?: number;
+  pid?: number;
+  failed?: { path: string; error: string }[];
+  error?: string;
+}
+
 interface Pending {
-  resolve(pid: number): void;
+  resolve(answer: Answer): void;
   reject(err: Error): void;
 }
 
@@ -39,10 +46,30 @@ export class Spawner {
   /** Starts the process detached (own session) and answers its pid. */
   async spawn(req: DetachedSpawn): Promise<number> {
     if (!path.isAbsolute(req.argv[0] ?? '')) throw new Error(`spawner: argv[0] must be absolute: ${req.argv[0]}`);
+    const answer = await this.ask(req);
+    if (!answer) return fallbackSpawn(req);
+    if (typeof answer.pid !== 'number') throw new Error(`spawner: ${answer.error ?? 'no pid'}`);
+    return answer.pid;
+  }
+
+  /**
+   * Unmounts each path (lazily: MNT_DETACH) with the umount2 system call, without an exec, and
+   * answers the ones that failed with why.
+   */
+  async umount(paths: string[], opts: { lazy?: boolean } = {}): Promise<{ path: string; error: string }[]> {
+    if (paths.length === 0) return [];
+    const answer = await this.ask({ op: 'umount', paths, lazy: !!opts.lazy });
+    if (!answer) return fallbackUmount(paths, !!opts.lazy);
+    if (!answer.failed) throw new Error(`spawner: ${answer.error ?? 'no answer to umount'}`);
+    return answer.failed;
+  }
+
+  /** Sends one request to the helper and answers its answer, or null when there is no helper. */
+  private ask(req: object): Promise<Answer> | null {
     const helper = this.disabled ? null : this.ensureHelper();
-    if (!helper) return fallbackSpawn(req);
+    if (!helper) return null;
     const id = ++this.seq;
-    return new Promise<number>((resolve, reject) => {
+    return new Promise<Answer>((resolve, reject) => {
       this.pending.set(id, { resolve, reject });
       helper.stdin!.write(JSON.stringify({ id, ...req }) + '\n');
     });
@@ -67,17 +94,16 @@ export class Spawner {
     (helper.stdout as unknown as { unref?: () => void }).unref?.();
     const lines = createInterface({ input: helper.stdout! });
     lines.on('line', (line) => {
-      let answer: { id?: number; pid?: number; error?: string };
+      let answer: Answer;
       try {
-        answer = JSON.parse(line) as typeof answer;
+        answer = JSON.parse(line) as Answer;
       } catch {
         return;
       }
       const p = answer.id !== undefined ? this.pending.get(answer.id) : undefined;
       if (!p) return;
       this.pending.delete(answer.id!);
-      if (typeof answer.pid === 'number') p.resolve(answer.pid);
-      else p.reject(new Error(`spawner: ${answer.error ?? 'no pid'}`));
+      p.resolve(answer);
     });
     const gone = (why: string) => {
       if (this.helper !== helper) return;
@@ -94,6 +120,20 @@ export class Spawner {
     this.helper = helper;
     return helper;
   }
+}
+
+/** umount(8) for each path, when there is no helper. */
+async function fallbackUmount(paths: string[], lazy: boolean): Promise<{ path: string; error: string }[]> {
+  const failed: { path: string; error: string }[] = [];
+  for (const p of paths) {
+    await new Promise<void>((resolve) => {
+      execFile('umount', lazy ? ['-l', p] : [p], (err) => {
+        if (err) failed.push({ path: p, error: err.message.trim() });
+        resolve();
+      });
+    });
+  }
+  return failed;
 }
 
 /** The same start through child_process.spawn (the host forks itself). */

@@ -1,3 +1,4 @@
+import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -48,6 +49,17 @@ describe.each([
     const pids = await Promise.all(files.map((f, i) => spawner.spawn({ argv: ['/bin/sh', '-c', `echo ${i}:$$`], env: {}, stdout: f })));
     expect(new Set(pids).size).toBe(20);
     for (const [i, f] of files.entries()) expect(await fileWithin(f)).toBe(`${i}:${pids[i]}\n`);
+  });
+
+  it('unmounts without an exec, and reports what it could not unmount', async () => {
+    const target = fs.mkdtempSync(path.join(dir, 'mnt-'));
+    execFileSync('mount', ['-t', 'tmpfs', 'sap-test', target]);
+    const mounted = () => fs.readFileSync('/proc/self/mountinfo', 'utf8').split('\n').some((l) => l.split(' ')[4] === target);
+    expect(mounted()).toBe(true);
+    expect(await spawner.umount([target])).toEqual([]);
+    expect(mounted()).toBe(false);
+    const failed = await spawner.umount([target]);
+    expect(failed).toEqual([{ path: target, error: expect.any(String) }]);
   });
 
   it('refuses a relative program path, and reports one that does not exist', async () => {
