@@ -536,8 +536,10 @@ export abstract class BaseProvider implements SandboxProvider {
     throw new SandboxError('invalid_request', `layers are not supported by the ${this.kind} provider`);
   }
 
-  /** See SandboxProvider.close; providers that keep nothing ready keep this default. */
-  async close(): Promise<void> {}
+  /** See SandboxProvider.close: stops the spawner helper (the processes it started live on). */
+  async close(): Promise<void> {
+    this.spawner.close();
+  }
 
   /** Waits until none of the given processes is alive (bounded). */
   protected async waitGone(refs: (ProcRef | undefined)[], timeoutMs = 2000): Promise<void> {

@@ -256,6 +256,7 @@ export class BwrapProvider extends BaseProvider {
     const spare = this.spare;
     this.spare = null;
     if (spare) await this.discardSpare(spare);
+    await super.close();
   }
 
   protected async provision(state: SandboxState): Promise<void> {
@@ -298,19 +299,34 @@ export class BwrapProvider extends BaseProvider {
       '--',
       ...bwrap,
     ];
+    const failure = async (why: string) => {
+      const logText = await fsp.readFile(sub('init.log'), 'utf8').catch(() => '');
+      return new SandboxError('internal', `sandbox ${id} failed to start (${why}): ${logText.trim().slice(-1000)}`);
+    };
     let child: ChildProcess;
     const spare = await this.claimSpare(id, state.limits);
     if (spare) {
       child = spare;
       child.stdin!.end(Buffer.from(['-l', sub('init.log'), ...helperArgs()].map((a) => a + '\0').join('')));
     } else if (this.initHelper) {
+      // No spare ready (a burst): start a helper through the spawner (no fork of the host). bwrap
+      // writes its info (the init's pid) to a file instead of a pipe.
       const cgroups = await SandboxCgroups.create(id, state.limits);
       const args = ['-l', sub('init.log'), ...cgroups.procsFiles().flatMap((f) => ['-c', f]), ...helperArgs()];
-      child = spawn(this.initHelper, args, {
-        stdio: ['ignore', 'ignore', 'ignore', 'pipe'],
-        detached: true,
-        env: { PATH: DEFAULT_ENV.PATH },
+      const infoFile = sub('init.info');
+      const outerPid = await this.spawner.spawn({ argv: [this.initHelper, ...args], env: { PATH: DEFAULT_ENV.PATH }, fd3: infoFile });
+      const outerRef = procRef(outerPid);
+      const nsPid = await waitForInfoFile(infoFile, outerPid, 15_000).catch(async (err: Error) => {
+        throw await failure(err.message);
       });
+      await waitForInitChild(nsPid, 15_000).catch(async (err: Error) => {
+        throw await failure(err.message);
+      });
+      const ns = procRef(nsPid);
+      if (!outerRef || !ns || !isAlive(outerRef)) throw new SandboxError('internal', `sandbox ${id} init exited right after start`);
+      this.prepareSpare();
+      state.init = { outer: outerRef, ns };
+      return;
     } else {
       const [, cgroups] = await Promise.all([
         Promise.all(dirs.map((d) => fsp.mkdir(d, { recursive: true }))),
@@ -503,6 +519,31 @@ async function waitForInitChild(pid: number, timeoutMs: number): Promise<void> {
     }
   } finally {
     await fh.close();
+  }
+}
+
+/** The init's pid from bwrap's info file (`--info-fd` written to a file), once `outerPid` has written it. */
+async function waitForInfoFile(file: string, outerPid: number, timeoutMs: number): Promise<number> {
+  const deadline = Date.now() + timeoutMs;
+  let delay = 1;
+  for (;;) {
+    const text = await fsp.readFile(file, 'utf8').catch(() => '');
+    try {
+      const pid = (JSON.parse(text) as { 'child-pid'?: number })['child-pid'];
+      if (pid) return pid;
+      throw new Error('no child pid in bwrap info');
+    } catch (err) {
+      if (!(err instanceof SyntaxError)) throw err;
+    }
+    if (!signalable(outerPid)) {
+      // It may have written the info just before exiting.
+      const last = await fsp.readFile(file, 'utf8').catch(() => '');
+      if (!last.includes('child-pid')) throw new Error('exited before starting');
+    }
+    if (Date.now() > deadline) throw new Error('timeout');
+    // 1 ms at first (bwrap answers within a few), then less often: each look is a file read.
+    await new Promise((r) => setTimeout(r, delay));
+    delay = Math.min(delay * 1.5, 8);
   }
 }
 

@@ -217,6 +217,25 @@ describe('sandbox host (bwrap)', () => {
     child.kill();
   });
 
+  it('creates many at once (most without a spare ready), each isolated, each destroyed cleanly', async () => {
+    const ids = Array.from({ length: 8 }, () => newId());
+    await Promise.all(ids.map((id) => client.createSandbox({ id, orgId: 'o', maxProcesses: 40 })));
+    for (const id of ids) {
+      const r = await sh(host.provider, id, 'hostname; ls /proc | grep -c "^[0-9]"');
+      expect(r.stdout.split('\n')[0]).toBe(id);
+      // Its own pid namespace: its init, the shell and ls, nothing of the other sandboxes.
+      expect(Number(r.stdout.split('\n')[1])).toBeLessThan(6);
+      expect(pidsOfCgroup(id).length).toBeGreaterThanOrEqual(1);
+    }
+    await Promise.all(ids.map((id) => client.destroySandbox(id)));
+    const mounts = await fsp.readFile('/proc/mounts', 'utf8');
+    for (const id of ids) {
+      expect(mounts).not.toContain(id);
+      expect(existsSync(path.join(dataDir, 'sandboxes', id))).toBe(false);
+      expect(existsSync(`/sys/fs/cgroup/pids/sap/${id}`)).toBe(false);
+    }
+  });
+
   it('runs patches in order and names the one that fails', async () => {
     const id = newId();
     const info = await client.createSandbox({
