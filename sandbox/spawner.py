@@ -49,6 +49,8 @@ def start(req):
         # SIGCHLD is ignored here, and Python ignores SIGPIPE and SIGXFSZ: the child gets every
         # signal's default action back (it must wait for its own children, and see broken pipes).
         setsigdef=DEFAULT_SIGNALS,
+        # and no signal blocked, whatever mask the helper itself inherited.
+        setsigmask=(),
     )
 
 
