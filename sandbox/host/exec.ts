@@ -14,10 +14,15 @@
  * `maxRunAfterDisconnect` (seconds) kills it that long after its last client left (counting starts
  * at the first disconnect, never before anyone attached); default none.
  * Backpressure: while any client has more than 1 MiB unsent, the command's stdout/stderr are paused.
+ *
+ * Output frames are written straight on each client's socket as a small header (with the stream byte)
+ * followed by the chunk read from the pipe (see ./frames): no chunk is copied, neither to send it nor
+ * to keep it in the scrollback (which holds the chunks themselves, trimmed by views).
  */
 import { randomBytes } from 'node:crypto';
 import type { ChildProcess } from 'node:child_process';
 import type * as http from 'node:http';
+import type { Socket } from 'node:net';
 import { constants as osConstants } from 'node:os';
 import type express from 'express';
 import type { Request, Response, NextFunction } from 'express';
@@ -28,6 +33,7 @@ import { SandboxError } from '../errors';
 import type { SandboxProvider } from '../provider';
 import type { ExecRequest, ExecRunResult, ExecSessionInfo } from '../types';
 import { bearerMatchesHeader } from './auth';
+import { writeBinaryFrame } from './frames';
 
 export const FRAME_STDIN = 0x00;
 export const FRAME_STDOUT = 0x01;
@@ -62,7 +68,8 @@ function exitCodeOf(code: number | null, signal: NodeJS.Signals | null): number 
 export class ExecSession {
   readonly id = `es-${randomBytes(8).toString('hex')}`;
   readonly startedAt = new Date().toISOString();
-  readonly clients = new Set<WebSocket>();
+  /** Attached clients and the sockets their output frames are written on. */
+  readonly clients = new Map<WebSocket, Socket>();
   exitCode: number | null = null;
   exitedAt: string | null = null;
   signal: NodeJS.Signals | null = null;
@@ -93,12 +100,7 @@ export class ExecSession {
         this.signal = signal;
         for (const t of this.timers) clearTimeout(t);
         if (this.disconnectTimer) clearTimeout(this.disconnectTimer);
-        const frame = Buffer.alloc(5);
-        frame[0] = FRAME_EXIT;
-        frame.writeInt32BE(this.exitCode, 1);
-        for (const ws of this.clients) {
-          ws.send(frame, () => ws.close(1000, 'exited'));
-        }
+        for (const [ws, socket] of this.clients) this.sendExit(ws, socket);
         resolve();
       });
     });
@@ -161,19 +163,26 @@ export class ExecSession {
       }
     }
     if (this.clients.size === 0) return;
-    const frame = Buffer.concat([Buffer.from([kind]), data]);
-    for (const ws of this.clients) this.sendLive(ws, frame);
+    const chunks = [data];
+    for (const [ws, socket] of this.clients) {
+      if (ws.readyState === WebSocket.OPEN) writeBinaryFrame(socket, kind, chunks, this.onWritten);
+    }
     this.checkPressure();
   }
 
-  private sendLive(ws: WebSocket, frame: Buffer): void {
+  private readonly onWritten = () => this.checkPressure();
+
+  /** The exit frame (0x03 + int32 BE), then a normal close. */
+  private sendExit(ws: WebSocket, socket: Socket): void {
     if (ws.readyState !== WebSocket.OPEN) return;
-    ws.send(frame, () => this.checkPressure());
+    const code = Buffer.alloc(4);
+    code.writeInt32BE(this.exitCode as number, 0);
+    writeBinaryFrame(socket, FRAME_EXIT, [code], () => ws.close(1000, 'exited'));
   }
 
   private checkPressure(): void {
     let max = 0;
-    for (const ws of this.clients) max = Math.max(max, ws.bufferedAmount);
+    for (const ws of this.clients.keys()) max = Math.max(max, ws.bufferedAmount);
     if (!this.paused && max > HIGH_WATER) {
       this.paused = true;
       this.child.stdout?.pause();
@@ -185,22 +194,22 @@ export class ExecSession {
     }
   }
 
-  /** Attaches a WebSocket client: scrollback, end-of-scrollback marker, then live output and stdin. */
-  attach(ws: WebSocket): void {
+  /**
+   * Attaches a WebSocket client: scrollback, end-of-scrollback marker, then live output and stdin.
+   * `socket` is the connection `ws` was upgraded on (output frames are written on it directly).
+   */
+  attach(ws: WebSocket, socket: Socket): void {
     if (this.disconnectTimer) {
       clearTimeout(this.disconnectTimer);
       this.disconnectTimer = undefined;
     }
-    for (const c of this.scrollback) ws.send(Buffer.concat([Buffer.from([c.kind]), c.data]));
-    ws.send(Buffer.from([FRAME_SCROLLBACK_END]));
+    for (const c of this.scrollback) writeBinaryFrame(socket, c.kind, [c.data]);
+    writeBinaryFrame(socket, FRAME_SCROLLBACK_END, []);
     if (!this.running) {
-      const frame = Buffer.alloc(5);
-      frame[0] = FRAME_EXIT;
-      frame.writeInt32BE(this.exitCode as number, 1);
-      ws.send(frame, () => ws.close(1000, 'exited'));
+      this.sendExit(ws, socket);
       return;
     }
-    this.clients.add(ws);
+    this.clients.set(ws, socket);
     ws.on('message', (data: Buffer, isBinary: boolean) => {
       const buf = Buffer.isBuffer(data) ? data : Buffer.from(data as unknown as ArrayBuffer);
       if (!isBinary || buf.length === 0 || buf[0] !== FRAME_STDIN) return;
@@ -223,7 +232,7 @@ export class ExecSession {
 
   /** Closes every client socket (the command keeps running). */
   closeClients(): void {
-    for (const ws of this.clients) ws.terminate();
+    for (const ws of this.clients.keys()) ws.terminate();
     this.clients.clear();
   }
 }
@@ -362,7 +371,7 @@ const WS_PATH = /^\/sandboxes\/([^/]+)\/exec\/([^/]+)\/ws$/;
 
 /** Handles WebSocket upgrades for exec attachment (bearer token in the `authorization` header). */
 export function attachExec(server: http.Server, exec: ExecManager, token: string): void {
-  const wss = new WebSocketServer({ noServer: true, maxPayload: 16 * 1024 * 1024 });
+  const wss = new WebSocketServer({ noServer: true, maxPayload: 16 * 1024 * 1024, perMessageDeflate: false });
   server.on('upgrade', (req, socket, head) => {
     const reject = (status: number, type: string, message: string) => {
       const body = JSON.stringify({ error: { type, message } });
@@ -380,7 +389,7 @@ export function attachExec(server: http.Server, exec: ExecManager, token: string
     } catch (err) {
       return reject(404, 'not_found', (err as Error).message);
     }
-    wss.handleUpgrade(req, socket, head, (ws) => session.attach(ws));
+    wss.handleUpgrade(req, socket, head, (ws) => session.attach(ws, socket as Socket));
   });
 }
 
