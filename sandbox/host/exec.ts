@@ -15,9 +15,10 @@
  * at the first disconnect, never before anyone attached); default none.
  * Backpressure: while any client has more than 1 MiB unsent, the command's stdout/stderr are paused.
  *
- * Output frames are written straight on each client's socket as a small header (with the stream byte)
- * followed by the chunk read from the pipe (see ./frames): no chunk is copied, neither to send it nor
- * to keep it in the scrollback (which holds the chunks themselves, trimmed by views).
+ * Output is read into reused memory (./output-reader) and written straight on each client's socket
+ * as a small header (with the stream byte) followed by the chunk (./frames): a chunk is not copied,
+ * neither to send it nor to keep it in the scrollback (which holds the chunks themselves, trimmed by
+ * views, until the command exits: then what it holds is copied out and the reused memory freed).
  */
 import { randomBytes } from 'node:crypto';
 import type { ChildProcess } from 'node:child_process';
@@ -34,6 +35,7 @@ import type { SandboxProvider } from '../provider';
 import type { ExecRequest, ExecRunResult, ExecSessionInfo } from '../types';
 import { bearerMatchesHeader } from './auth';
 import { writeBinaryFrame } from './frames';
+import { readOutput, type OutputReader, type Slab } from './output-reader';
 
 export const FRAME_STDIN = 0x00;
 export const FRAME_STDOUT = 0x01;
@@ -74,7 +76,9 @@ export class ExecSession {
   exitedAt: string | null = null;
   signal: NodeJS.Signals | null = null;
   timedOut = false;
-  private readonly scrollback: { kind: number; data: Buffer }[] = [];
+  /** Chunks in the order produced; `slab` is held (retained) while a chunk is here. */
+  private readonly scrollback: { kind: number; data: Buffer; slab: Slab | null }[] = [];
+  private readonly readers: OutputReader[] = [];
   private readonly scrollBytes: Record<number, number> = { [FRAME_STDOUT]: 0, [FRAME_STDERR]: 0 };
   private paused = false;
   private timers: NodeJS.Timeout[] = [];
@@ -87,22 +91,26 @@ export class ExecSession {
     readonly child: ChildProcess,
     private readonly log: Logger,
   ) {
-    child.stdout?.on('data', (d: Buffer) => this.output(FRAME_STDOUT, d));
-    child.stderr?.on('data', (d: Buffer) => this.output(FRAME_STDERR, d));
+    if (child.stdout) this.readers.push(readOutput(child.stdout, (d, slab) => this.output(FRAME_STDOUT, d, slab)));
+    if (child.stderr) this.readers.push(readOutput(child.stderr, (d, slab) => this.output(FRAME_STDERR, d, slab)));
     child.stdin?.on('error', () => undefined);
-    this.exited = new Promise((resolve) => {
+    // Done when the process has exited and its output is read to the end (what 'close' means for
+    // a child whose streams are read the ordinary way; the readers may have taken them over).
+    const exit = new Promise<[number | null, NodeJS.Signals | null]>((resolve) => {
       child.on('error', (err) => {
         this.log.warn({ err, sandboxId, execId: this.id }, 'exec failed to start');
       });
-      child.on('close', (code, signal) => {
-        this.exitCode = exitCodeOf(code, signal);
-        this.exitedAt = new Date().toISOString();
-        this.signal = signal;
-        for (const t of this.timers) clearTimeout(t);
-        if (this.disconnectTimer) clearTimeout(this.disconnectTimer);
-        for (const [ws, socket] of this.clients) this.sendExit(ws, socket);
-        resolve();
-      });
+      child.once('exit', (code, signal) => resolve([code, signal]));
+      child.once('close', (code, signal) => resolve([code, signal]));
+    });
+    this.exited = Promise.all([exit, ...this.readers.map((r) => r.ended)]).then(([[code, signal]]) => {
+      this.exitCode = exitCodeOf(code, signal);
+      this.exitedAt = new Date().toISOString();
+      this.signal = signal;
+      for (const t of this.timers) clearTimeout(t);
+      if (this.disconnectTimer) clearTimeout(this.disconnectTimer);
+      for (const [ws, socket] of this.clients) this.sendExit(ws, socket);
+      this.keepScrollback();
     });
     if (req.timeout) {
       this.timers.push(
@@ -147,8 +155,10 @@ export class ExecSession {
     }
   }
 
-  private output(kind: number, data: Buffer): void {
-    this.scrollback.push({ kind, data });
+  /** One chunk of output: into the scrollback, then to every client. `slab` holds `data` (see ./output-reader). */
+  private output(kind: number, data: Buffer, slab: Slab | null): void {
+    slab?.retain();
+    this.scrollback.push({ kind, data, slab });
     this.scrollBytes[kind] += data.length;
     while (this.scrollBytes[kind] > SCROLLBACK_BYTES) {
       const i = this.scrollback.findIndex((c) => c.kind === kind);
@@ -157,6 +167,7 @@ export class ExecSession {
       if (chunk.data.length <= excess) {
         this.scrollback.splice(i, 1);
         this.scrollBytes[kind] -= chunk.data.length;
+        chunk.slab?.release();
       } else {
         chunk.data = chunk.data.subarray(excess);
         this.scrollBytes[kind] -= excess;
@@ -165,12 +176,24 @@ export class ExecSession {
     if (this.clients.size === 0) return;
     const chunks = [data];
     for (const [ws, socket] of this.clients) {
-      if (ws.readyState === WebSocket.OPEN) writeBinaryFrame(socket, kind, chunks, this.onWritten);
+      if (ws.readyState !== WebSocket.OPEN) continue;
+      slab?.retain();
+      writeBinaryFrame(socket, kind, chunks, slab?.releaseFn);
     }
     this.checkPressure();
   }
 
-  private readonly onWritten = () => this.checkPressure();
+  /** Once the command is done: the scrollback in memory of its own, the reused memory given back. */
+  private keepScrollback(): void {
+    for (const c of this.scrollback) {
+      if (!c.slab) continue;
+      c.data = Buffer.from(c.data);
+      c.slab.release();
+      c.slab = null;
+    }
+  }
+
+  private readonly onDrain = () => this.checkPressure();
 
   /** The exit frame (0x03 + int32 BE), then a normal close. */
   private sendExit(ws: WebSocket, socket: Socket): void {
@@ -185,12 +208,16 @@ export class ExecSession {
     for (const ws of this.clients.keys()) max = Math.max(max, ws.bufferedAmount);
     if (!this.paused && max > HIGH_WATER) {
       this.paused = true;
-      this.child.stdout?.pause();
-      this.child.stderr?.pause();
+      for (const r of this.readers) r.pause();
+      // Look again when a slow client's socket has written what it holds (no callback per frame).
+      for (const [ws, socket] of this.clients) {
+        if (ws.bufferedAmount < LOW_WATER) continue;
+        socket.off('drain', this.onDrain);
+        socket.once('drain', this.onDrain);
+      }
     } else if (this.paused && max < LOW_WATER) {
       this.paused = false;
-      this.child.stdout?.resume();
-      this.child.stderr?.resume();
+      for (const r of this.readers) r.resume();
     }
   }
 
@@ -203,7 +230,10 @@ export class ExecSession {
       clearTimeout(this.disconnectTimer);
       this.disconnectTimer = undefined;
     }
-    for (const c of this.scrollback) writeBinaryFrame(socket, c.kind, [c.data]);
+    for (const c of this.scrollback) {
+      c.slab?.retain();
+      writeBinaryFrame(socket, c.kind, [c.data], c.slab?.releaseFn);
+    }
     writeBinaryFrame(socket, FRAME_SCROLLBACK_END, []);
     if (!this.running) {
       this.sendExit(ws, socket);
