@@ -1,16 +1,18 @@
 /**
  * Reads a command's stdout or stderr into reused memory.
  *
- * Node reads a child's output into a new 64 KiB buffer per read. At hundreds of MB/s those buffers
- * outlive a young-generation collection (they wait in socket queues and in the scrollback), and V8
- * then runs a full collection every few dozen megabytes (measured: 10 per 256 MiB streamed, about a
- * third of the host's CPU time). Here a fast stream is read straight into 1 MiB slabs, up to 256 KiB
+ * Node reads a child's output into a new 64 KiB buffer per read. At hundreds of MB/s V8 then runs
+ * a full collection every 25 MB or so (measured with --trace-gc: 10 per 256 MiB streamed to a client)
+ * and its helper threads spent about 0.3 CPU-s per 256 MiB on them, more than the host's own work on
+ * the stream. Here a fast stream is read straight into 1 MiB slabs, up to 256 KiB
  * a read, and each chunk is a view of its slab; a slab goes back to a small pool once nothing refers
  * to it any more. References are counted explicitly: whoever keeps a chunk beyond the callback
  * (the scrollback, a socket write in flight) calls `retain` and later `release` exactly once.
  *
- * A slow stream (reads that do not fill a 16 KiB buffer) is read into one small buffer per stream
- * and each chunk copied out, as Node would: an idle command holds 16 KiB, not a slab.
+ * A slow stream (reads under 32 KiB) is read into a 64 KiB buffer shared by all streams and each
+ * chunk copied out at once (libuv reads a stream and calls back before it reads the next, so one
+ * buffer serves them all): an idle command holds no memory of its own. A read of 32 KiB or more
+ * switches the stream to slabs; one under 8 KiB switches it back.
  *
  * This takes over the stream's libuv handle through `onread` (net.Socket's user-buffer reads),
  * which child_process does not offer: it needs the handle of `child.stdout` (a private field). When
@@ -21,7 +23,11 @@ import type { Readable } from 'node:stream';
 
 const SLAB_BYTES = 1024 * 1024;
 const FAST_READ = 256 * 1024;
-const SMALL_READ = 16 * 1024;
+const SLOW_READ = 64 * 1024;
+const TO_FAST = 32 * 1024;
+const TO_SLOW = 8 * 1024;
+/** The read buffer of every stream in slow mode (its chunks are copied out in the callback). */
+const shared = Buffer.allocUnsafeSlow(SLOW_READ);
 /** Free slabs kept for reuse (beyond that they are left to the garbage collector). */
 const POOL_MAX = 8;
 
@@ -95,7 +101,6 @@ function endOf(s: Readable): Promise<void> {
 }
 
 function direct(original: net.Socket & { _handle: HandleLike }, onChunk: OnChunk): OutputReader {
-  const small = Buffer.allocUnsafe(SMALL_READ);
   let slab: Slab | null = null;
   let pos = 0;
   let fast = false;
@@ -107,7 +112,7 @@ function direct(original: net.Socket & { _handle: HandleLike }, onChunk: OnChunk
         slab.release();
         slab = null;
       }
-      return small;
+      return shared;
     }
     if (!slab || pos + FAST_READ > SLAB_BYTES) {
       slab?.release();
@@ -127,15 +132,15 @@ function direct(original: net.Socket & { _handle: HandleLike }, onChunk: OnChunk
     onread: {
       buffer: target,
       callback: (n: number, buf: Uint8Array) => {
-        if (buf === small) {
-          onChunk(Buffer.from(small.subarray(0, n)), null);
-          fast = n === SMALL_READ;
+        if (buf === shared) {
+          onChunk(Buffer.from(shared.subarray(0, n)), null);
+          fast = n >= TO_FAST;
         } else {
           const s = slab as Slab;
           const data = s.buf.subarray(pos, pos + n);
           pos += n;
           onChunk(data, s);
-          fast = n >= SMALL_READ;
+          fast = n >= TO_SLOW;
         }
       },
     },

@@ -56,7 +56,7 @@ describe('readOutput', () => {
     expect(() => kept.find((k) => k.slab)!.slab!.release()).toThrow(/released more often/);
   });
 
-  it('copies slow output out of its small buffer (no slab held by an idle command)', async () => {
+  it('copies slow output out of the shared buffer (no slab held by an idle command)', async () => {
     const child = run('for i in 1 2 3 4 5; do echo "line $i"; sleep 0.02; done');
     const chunks: { text: string; slab: boolean }[] = [];
     const r = readOutput(child.stdout!, (d, slab) => chunks.push({ text: d.toString(), slab: slab !== null }));
