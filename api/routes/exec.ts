@@ -458,7 +458,11 @@ function relay(
   const upstream = host.openExecStream(target.sandboxId, target.execId, {
     onOpen: () => {
       opened = true;
-      for (const b of pending.splice(0)) toUpstream(b);
+      for (const b of pending.splice(0)) upstream.send(b);
+      // The client may have been paused while its frames waited for the host.
+      if (!clientPausedByUs) watchUpstreamQueue();
+      else if (upstream.bufferedAmount > RELAY_HIGH) upstream.onDrain(resumeClient);
+      else resumeClient();
     },
     onFrame: (f) => {
       if (client.readyState !== WebSocket.OPEN) return;
@@ -484,13 +488,16 @@ function relay(
     },
   });
 
+  /** Stops reading the client while too much is queued toward the host, until that is written. */
+  const watchUpstreamQueue = () => {
+    if (clientPausedByUs || upstream.bufferedAmount <= RELAY_HIGH) return;
+    clientPausedByUs = true;
+    pauseSocket(client);
+    upstream.onDrain(resumeClient);
+  };
   const toUpstream = (data: Buffer) => {
     upstream.send(data);
-    if (!clientPausedByUs && upstream.bufferedAmount > RELAY_HIGH) {
-      clientPausedByUs = true;
-      pauseSocket(client);
-      upstream.onDrain(resumeClient);
-    }
+    watchUpstreamQueue();
   };
 
   const onMessage = (data: string | Buffer | ArrayBuffer | Buffer[], binaryFlag?: boolean) => {
