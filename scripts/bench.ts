@@ -10,7 +10,7 @@ import { benchSpawn } from './bench-spawn';
  */
 const { positionals, values } = parseArgs({
   allowPositionals: true,
-  options: { n: { type: 'string' }, c: { type: 'string' }, mb: { type: 'string' }, rounds: { type: 'string' }, url: { type: 'string' }, key: { type: 'string' } },
+  options: { n: { type: 'string' }, c: { type: 'string' }, mb: { type: 'string' }, rounds: { type: 'string' }, runs: { type: 'string' }, url: { type: 'string' }, key: { type: 'string' } },
 });
 const URL_ = values.url ?? process.env.SAP_API_URL ?? 'http://127.0.0.1:8080';
 const KEY = values.key ?? process.env.SAP_API_KEY ?? 'dev-key';
@@ -188,7 +188,7 @@ async function main(): Promise<void> {
       out = await benchPreview(URL_, KEY, Number(values.n ?? 2000), c);
       break;
     case 'exec':
-      out = await benchExec({ url: URL_, key: KEY, n: Number(values.n ?? 100), mb: Number(values.mb ?? 512) });
+      out = await benchExec({ url: URL_, key: KEY, n: Number(values.n ?? 100), mb: Number(values.mb ?? 512), runs: Number(values.runs ?? 3) });
       break;
     case 'spawn':
       out = await benchSpawn({ url: URL_, key: KEY, n: Number(values.n ?? 50) });
@@ -196,7 +196,7 @@ async function main(): Promise<void> {
     default:
       process.stderr.write('usage: npm run bench -- sessions|batch [--n 1000] [--c 50]\n');
       process.stderr.write('       npm run bench -- spawn [--n 50]\n');
-      process.stderr.write('       npm run bench -- exec [--n 100] [--mb 512]\n');
+      process.stderr.write('       npm run bench -- exec [--n 100] [--mb 512] [--runs 3]\n');
       process.stderr.write('       npm run bench -- preview [--n 2000] [--c 10]  (SAP_HOST_URL, SAP_HOST_TOKEN: add the forwarder-only leg)\n');
       process.exit(2);
   }

@@ -1,4 +1,5 @@
 import { constants as osConstants } from 'node:os';
+import type { Socket } from 'node:net';
 import type express from 'express';
 import type { Request } from 'express';
 import { WebSocket } from 'ws';
@@ -10,6 +11,7 @@ import { parseOrThrow } from '../http';
 import { ApiError, notFound } from '../../lib/errors';
 import type { Logger } from '../../lib/logger';
 import type { HostClient } from '../../sandbox/host/client';
+import { writeRawFrame } from '../../sandbox/host/frames';
 import type { ExecSessionInfo } from '../../sandbox/types';
 import { agentSessionsOf, ensureExecIndexes, ExecDoc, execSessionsOf } from '../../store/exec';
 import { findOrgSandbox, touchSandbox } from '../../store/sandboxes';
@@ -415,14 +417,22 @@ function closeWith(ws: WebSocket, code: number, type: string, message: string): 
 type EarlyFrame = [string | Buffer | ArrayBuffer | Buffer[], boolean | undefined];
 
 /**
- * Relays frames between a public client and the host's socket for the same session, with
- * backpressure both ways: reading one side pauses while the other side has more than RELAY_HIGH
- * bytes queued. Frames are passed as they are (the host and the public protocol are the same).
+ * Relays a public client and the host's exec stream for the same session, with backpressure both
+ * ways: reading one side pauses while the other side has more than RELAY_HIGH bytes queued.
+ *
+ * Host → client: the host's frames (unmasked server frames, no extension) are valid as they are
+ * on the public socket, so each is written on it unchanged, as views of what was read from the
+ * host (no decoding, re-encoding or copy); only the exit frame's code is read, to record it. The
+ * frames go on the connection the client's WebSocket was upgraded on (`clientSocket`), whole frames
+ * at a time, so they never interleave with what the ws library writes there (pongs, close frames).
+ * Client → host: stdin frames are checked (binary, 0x00 first), then sent on, masked.
  */
 function relay(
   deps: ApiDeps,
   client: WebSocket,
-  upstream: WebSocket,
+  clientSocket: Socket,
+  host: HostClient,
+  target: { sandboxId: string; execId: string },
   sessionID: string,
   kind: 'exec' | 'agent',
   early: EarlyFrame[],
@@ -434,17 +444,60 @@ function relay(
   let clientPausedByUs = false;
   let upstreamPausedByUs = false;
 
-  const toUpstream = (data: Buffer) => {
-    upstream.send(data, { binary: true }, () => {
-      if (clientPausedByUs && upstream.bufferedAmount < RELAY_LOW) {
-        clientPausedByUs = false;
-        resumeSocket(client);
+  const resumeClient = () => {
+    if (!clientPausedByUs) return;
+    clientPausedByUs = false;
+    resumeSocket(client);
+  };
+  const resumeUpstream = () => {
+    if (!upstreamPausedByUs) return;
+    upstreamPausedByUs = false;
+    upstream.resume();
+  };
+
+  const upstream = host.openExecStream(target.sandboxId, target.execId, {
+    onOpen: () => {
+      opened = true;
+      for (const b of pending.splice(0)) upstream.send(b);
+      // The client may have been paused while its frames waited for the host.
+      if (!clientPausedByUs) watchUpstreamQueue();
+      else if (upstream.bufferedAmount > RELAY_HIGH) upstream.onDrain(resumeClient);
+      else resumeClient();
+    },
+    onFrame: (f) => {
+      if (client.readyState !== WebSocket.OPEN) return;
+      touch();
+      if (f.first === 0x03 && f.payload && f.payload.length >= 5) void recordExit(deps, kind, sessionID, f.payload.readInt32BE(1), new Date());
+      writeRawFrame(clientSocket, f.raw);
+      if (!upstreamPausedByUs && clientSocket.writableLength > RELAY_HIGH) {
+        upstreamPausedByUs = true;
+        upstream.pause();
+        clientSocket.once('drain', resumeUpstream);
       }
-    });
-    if (!clientPausedByUs && upstream.bufferedAmount > RELAY_HIGH) {
-      clientPausedByUs = true;
-      pauseSocket(client);
-    }
+    },
+    onClose: (code, reason) => {
+      if (client.readyState !== WebSocket.OPEN) return;
+      if (code === 1000) client.close(1000, reason.slice(0, 120));
+      else closeWith(client, 1011, 'bad_gateway', `the sandbox host closed the stream (${code})`);
+    },
+    onError: (err) => {
+      log.warn({ err: err.message, sessionID }, 'exec relay: host socket failed');
+      if (client.readyState !== WebSocket.OPEN) return;
+      if (err.status === 404) closeWith(client, 1011, 'not_found', 'the exec session is no longer on its sandbox host');
+      else closeWith(client, 1011, 'bad_gateway', 'the sandbox host is unreachable');
+    },
+  });
+
+  /** Stops reading the client while too much is queued toward the host, until that is written. */
+  const watchUpstreamQueue = () => {
+    if (clientPausedByUs || upstream.bufferedAmount <= RELAY_HIGH) return;
+    clientPausedByUs = true;
+    pauseSocket(client);
+    upstream.onDrain(resumeClient);
+  };
+  const toUpstream = (data: Buffer) => {
+    upstream.send(data);
+    watchUpstreamQueue();
   };
 
   const onMessage = (data: string | Buffer | ArrayBuffer | Buffer[], binaryFlag?: boolean) => {
@@ -464,51 +517,12 @@ function relay(
       }
       return;
     }
-    if (upstream.readyState === WebSocket.OPEN) toUpstream(buf);
+    if (upstream.open) toUpstream(buf);
   };
   client.on('message', onMessage);
   for (const [data, flag] of early) onMessage(data, flag);
 
-  upstream.on('open', () => {
-    opened = true;
-    for (const b of pending.splice(0)) toUpstream(b);
-  });
-
-  upstream.on('message', (data: Buffer, isBinary: boolean) => {
-    if (!isBinary || client.readyState !== WebSocket.OPEN) return;
-    touch();
-    if (data[0] === 0x03 && data.length >= 5) void recordExit(deps, kind, sessionID, data.readInt32BE(1), new Date());
-    client.send(data, { binary: true }, () => {
-      if (upstreamPausedByUs && client.bufferedAmount < RELAY_LOW) {
-        upstreamPausedByUs = false;
-        upstream.resume();
-      }
-    });
-    if (!upstreamPausedByUs && client.bufferedAmount > RELAY_HIGH) {
-      upstreamPausedByUs = true;
-      upstream.pause();
-    }
-  });
-
-  upstream.on('close', (code: number, reason: Buffer) => {
-    if (client.readyState === WebSocket.OPEN) {
-      if (code === 1000) client.close(1000, reason.toString().slice(0, 120));
-      else closeWith(client, 1011, 'bad_gateway', `the sandbox host closed the stream (${code})`);
-    }
-  });
-  upstream.on('error', (err: Error) => {
-    log.warn({ err: err.message, sessionID }, 'exec relay: host socket failed');
-    const gone = /Unexpected server response: 404/.test(err.message);
-    if (client.readyState === WebSocket.OPEN) {
-      if (gone) closeWith(client, 1011, 'not_found', 'the exec session is no longer on its sandbox host');
-      else closeWith(client, 1011, 'bad_gateway', 'the sandbox host is unreachable');
-    }
-  });
-
-  const detach = () => {
-    if (upstream.readyState === WebSocket.OPEN) upstream.close(1000, 'client left');
-    else if (upstream.readyState === WebSocket.CONNECTING) upstream.terminate();
-  };
+  const detach = () => upstream.close(1000, 'client left');
   client.on('close', detach);
   client.on('error', detach);
 }
@@ -536,11 +550,17 @@ export function registerExecSocket(app: express.Express, deps: ApiDeps, auth: Au
         if (!target || target.orgId !== org.id || target.sandboxId !== params.id) throw notFound(`exec session ${params.sessionID}`);
         const host = await sandboxHost(deps, org.id, params.id);
         if (ws.readyState !== WebSocket.OPEN) return;
-        const upstream = host.openExecSocket(params.id, target.execId);
         ws.off('message', keep);
         // Streaming counts as use of the sandbox (touchSandbox writes at most once a minute).
-        const touch = () => void touchSandbox(deps.store, params.id).catch(() => undefined);
-        relay(deps, ws, upstream, params.sessionID, target.kind, early, log, touch);
+        // Checked per frame, so skip the call (and its promise) for a second after each one.
+        let touchedAt = 0;
+        const touch = () => {
+          const now = Date.now();
+          if (now - touchedAt < 1000) return;
+          touchedAt = now;
+          void touchSandbox(deps.store, params.id).catch(() => undefined);
+        };
+        relay(deps, ws, req.socket, host, { sandboxId: params.id, execId: target.execId }, params.sessionID, target.kind, early, log, touch);
         resumeSocket(ws);
       } catch (err) {
         const e = err instanceof ApiError ? err : fromHostError(err, 'exec session');

@@ -6,6 +6,7 @@
 import * as http from 'node:http';
 import * as https from 'node:https';
 import { WebSocket } from 'ws';
+import { ExecStream, type ExecStreamHandlers } from './exec-stream';
 import type { CreateSandboxRequest, EntrypointSpec, EntrypointStatus, ExecRequest, ExecRunResult, ExecSessionInfo, SandboxInfo } from '../types';
 
 /** A decoded server→client exec WebSocket frame (see exec.ts for the wire format). */
@@ -258,7 +259,15 @@ export class HostClient {
 
   /** Opens a WebSocket attached to an exec session (decode its messages with `decodeExecFrame`). */
   openExecSocket(id: string, sessionId: string): WebSocket {
-    return new WebSocket(this.execWebSocketUrl(id, sessionId), { headers: { authorization: `Bearer ${this.token}` } });
+    return new WebSocket(this.execWebSocketUrl(id, sessionId), { headers: { authorization: `Bearer ${this.token}` }, perMessageDeflate: false });
+  }
+
+  /**
+   * Opens an exec session's WebSocket for relaying: frames arrive as received, undecoded and
+   * uncopied (see ExecStream). Use openExecSocket to read frames as messages.
+   */
+  openExecStream(id: string, sessionId: string, handlers: ExecStreamHandlers): ExecStream {
+    return new ExecStream(this.execWebSocketUrl(id, sessionId), this.token, handlers);
   }
 
   /** The WebSocket address to attach to an exec session (send the same bearer token in `authorization`). */

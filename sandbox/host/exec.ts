@@ -14,10 +14,16 @@
  * `maxRunAfterDisconnect` (seconds) kills it that long after its last client left (counting starts
  * at the first disconnect, never before anyone attached); default none.
  * Backpressure: while any client has more than 1 MiB unsent, the command's stdout/stderr are paused.
+ *
+ * Output is read into reused memory (./output-reader) and written straight on each client's socket
+ * as a small header (with the stream byte) followed by the chunk (./frames): a chunk is not copied,
+ * neither to send it nor to keep it in the scrollback (which holds the chunks themselves, trimmed by
+ * views, until the command exits: then what it holds is copied out and the reused memory freed).
  */
 import { randomBytes } from 'node:crypto';
 import type { ChildProcess } from 'node:child_process';
 import type * as http from 'node:http';
+import type { Socket } from 'node:net';
 import { constants as osConstants } from 'node:os';
 import type express from 'express';
 import type { Request, Response, NextFunction } from 'express';
@@ -28,6 +34,8 @@ import { SandboxError } from '../errors';
 import type { SandboxProvider } from '../provider';
 import type { ExecRequest, ExecRunResult, ExecSessionInfo } from '../types';
 import { bearerMatchesHeader } from './auth';
+import { writeBinaryFrame } from './frames';
+import { readOutput, type OutputReader, type Slab } from './output-reader';
 
 export const FRAME_STDIN = 0x00;
 export const FRAME_STDOUT = 0x01;
@@ -62,12 +70,15 @@ function exitCodeOf(code: number | null, signal: NodeJS.Signals | null): number 
 export class ExecSession {
   readonly id = `es-${randomBytes(8).toString('hex')}`;
   readonly startedAt = new Date().toISOString();
-  readonly clients = new Set<WebSocket>();
+  /** Attached clients and the sockets their output frames are written on. */
+  readonly clients = new Map<WebSocket, Socket>();
   exitCode: number | null = null;
   exitedAt: string | null = null;
   signal: NodeJS.Signals | null = null;
   timedOut = false;
-  private readonly scrollback: { kind: number; data: Buffer }[] = [];
+  /** Chunks in the order produced; `slab` is held (retained) while a chunk is here. */
+  private readonly scrollback: { kind: number; data: Buffer; slab: Slab | null }[] = [];
+  private readonly readers: OutputReader[] = [];
   private readonly scrollBytes: Record<number, number> = { [FRAME_STDOUT]: 0, [FRAME_STDERR]: 0 };
   private paused = false;
   private timers: NodeJS.Timeout[] = [];
@@ -80,27 +91,26 @@ export class ExecSession {
     readonly child: ChildProcess,
     private readonly log: Logger,
   ) {
-    child.stdout?.on('data', (d: Buffer) => this.output(FRAME_STDOUT, d));
-    child.stderr?.on('data', (d: Buffer) => this.output(FRAME_STDERR, d));
+    if (child.stdout) this.readers.push(readOutput(child.stdout, (d, slab) => this.output(FRAME_STDOUT, d, slab)));
+    if (child.stderr) this.readers.push(readOutput(child.stderr, (d, slab) => this.output(FRAME_STDERR, d, slab)));
     child.stdin?.on('error', () => undefined);
-    this.exited = new Promise((resolve) => {
+    // Done when the process has exited and its output is read to the end (what 'close' means for
+    // a child whose streams are read the ordinary way; the readers may have taken them over).
+    const exit = new Promise<[number | null, NodeJS.Signals | null]>((resolve) => {
       child.on('error', (err) => {
         this.log.warn({ err, sandboxId, execId: this.id }, 'exec failed to start');
       });
-      child.on('close', (code, signal) => {
-        this.exitCode = exitCodeOf(code, signal);
-        this.exitedAt = new Date().toISOString();
-        this.signal = signal;
-        for (const t of this.timers) clearTimeout(t);
-        if (this.disconnectTimer) clearTimeout(this.disconnectTimer);
-        const frame = Buffer.alloc(5);
-        frame[0] = FRAME_EXIT;
-        frame.writeInt32BE(this.exitCode, 1);
-        for (const ws of this.clients) {
-          ws.send(frame, () => ws.close(1000, 'exited'));
-        }
-        resolve();
-      });
+      child.once('exit', (code, signal) => resolve([code, signal]));
+      child.once('close', (code, signal) => resolve([code, signal]));
+    });
+    this.exited = Promise.all([exit, ...this.readers.map((r) => r.ended)]).then(([[code, signal]]) => {
+      this.exitCode = exitCodeOf(code, signal);
+      this.exitedAt = new Date().toISOString();
+      this.signal = signal;
+      for (const t of this.timers) clearTimeout(t);
+      if (this.disconnectTimer) clearTimeout(this.disconnectTimer);
+      for (const [ws, socket] of this.clients) this.sendExit(ws, socket);
+      this.keepScrollback();
     });
     if (req.timeout) {
       this.timers.push(
@@ -145,8 +155,10 @@ export class ExecSession {
     }
   }
 
-  private output(kind: number, data: Buffer): void {
-    this.scrollback.push({ kind, data });
+  /** One chunk of output: into the scrollback, then to every client. `slab` holds `data` (see ./output-reader). */
+  private output(kind: number, data: Buffer, slab: Slab | null): void {
+    slab?.retain();
+    this.scrollback.push({ kind, data, slab });
     this.scrollBytes[kind] += data.length;
     while (this.scrollBytes[kind] > SCROLLBACK_BYTES) {
       const i = this.scrollback.findIndex((c) => c.kind === kind);
@@ -155,52 +167,79 @@ export class ExecSession {
       if (chunk.data.length <= excess) {
         this.scrollback.splice(i, 1);
         this.scrollBytes[kind] -= chunk.data.length;
+        chunk.slab?.release();
       } else {
         chunk.data = chunk.data.subarray(excess);
         this.scrollBytes[kind] -= excess;
       }
     }
     if (this.clients.size === 0) return;
-    const frame = Buffer.concat([Buffer.from([kind]), data]);
-    for (const ws of this.clients) this.sendLive(ws, frame);
+    const chunks = [data];
+    for (const [ws, socket] of this.clients) {
+      if (ws.readyState !== WebSocket.OPEN) continue;
+      slab?.retain();
+      writeBinaryFrame(socket, kind, chunks, slab?.releaseFn);
+    }
     this.checkPressure();
   }
 
-  private sendLive(ws: WebSocket, frame: Buffer): void {
+  /** Once the command is done: the scrollback in memory of its own, the reused memory given back. */
+  private keepScrollback(): void {
+    for (const c of this.scrollback) {
+      if (!c.slab) continue;
+      c.data = Buffer.from(c.data);
+      c.slab.release();
+      c.slab = null;
+    }
+  }
+
+  private readonly onDrain = () => this.checkPressure();
+
+  /** The exit frame (0x03 + int32 BE), then a normal close. */
+  private sendExit(ws: WebSocket, socket: Socket): void {
     if (ws.readyState !== WebSocket.OPEN) return;
-    ws.send(frame, () => this.checkPressure());
+    const code = Buffer.alloc(4);
+    code.writeInt32BE(this.exitCode as number, 0);
+    writeBinaryFrame(socket, FRAME_EXIT, [code], () => ws.close(1000, 'exited'));
   }
 
   private checkPressure(): void {
     let max = 0;
-    for (const ws of this.clients) max = Math.max(max, ws.bufferedAmount);
+    for (const ws of this.clients.keys()) max = Math.max(max, ws.bufferedAmount);
     if (!this.paused && max > HIGH_WATER) {
       this.paused = true;
-      this.child.stdout?.pause();
-      this.child.stderr?.pause();
+      for (const r of this.readers) r.pause();
+      // Look again when a slow client's socket has written what it holds (no callback per frame).
+      for (const [ws, socket] of this.clients) {
+        if (ws.bufferedAmount < LOW_WATER) continue;
+        socket.off('drain', this.onDrain);
+        socket.once('drain', this.onDrain);
+      }
     } else if (this.paused && max < LOW_WATER) {
       this.paused = false;
-      this.child.stdout?.resume();
-      this.child.stderr?.resume();
+      for (const r of this.readers) r.resume();
     }
   }
 
-  /** Attaches a WebSocket client: scrollback, end-of-scrollback marker, then live output and stdin. */
-  attach(ws: WebSocket): void {
+  /**
+   * Attaches a WebSocket client: scrollback, end-of-scrollback marker, then live output and stdin.
+   * `socket` is the connection `ws` was upgraded on (output frames are written on it directly).
+   */
+  attach(ws: WebSocket, socket: Socket): void {
     if (this.disconnectTimer) {
       clearTimeout(this.disconnectTimer);
       this.disconnectTimer = undefined;
     }
-    for (const c of this.scrollback) ws.send(Buffer.concat([Buffer.from([c.kind]), c.data]));
-    ws.send(Buffer.from([FRAME_SCROLLBACK_END]));
+    for (const c of this.scrollback) {
+      c.slab?.retain();
+      writeBinaryFrame(socket, c.kind, [c.data], c.slab?.releaseFn);
+    }
+    writeBinaryFrame(socket, FRAME_SCROLLBACK_END, []);
     if (!this.running) {
-      const frame = Buffer.alloc(5);
-      frame[0] = FRAME_EXIT;
-      frame.writeInt32BE(this.exitCode as number, 1);
-      ws.send(frame, () => ws.close(1000, 'exited'));
+      this.sendExit(ws, socket);
       return;
     }
-    this.clients.add(ws);
+    this.clients.set(ws, socket);
     ws.on('message', (data: Buffer, isBinary: boolean) => {
       const buf = Buffer.isBuffer(data) ? data : Buffer.from(data as unknown as ArrayBuffer);
       if (!isBinary || buf.length === 0 || buf[0] !== FRAME_STDIN) return;
@@ -223,7 +262,7 @@ export class ExecSession {
 
   /** Closes every client socket (the command keeps running). */
   closeClients(): void {
-    for (const ws of this.clients) ws.terminate();
+    for (const ws of this.clients.keys()) ws.terminate();
     this.clients.clear();
   }
 }
@@ -362,7 +401,7 @@ const WS_PATH = /^\/sandboxes\/([^/]+)\/exec\/([^/]+)\/ws$/;
 
 /** Handles WebSocket upgrades for exec attachment (bearer token in the `authorization` header). */
 export function attachExec(server: http.Server, exec: ExecManager, token: string): void {
-  const wss = new WebSocketServer({ noServer: true, maxPayload: 16 * 1024 * 1024 });
+  const wss = new WebSocketServer({ noServer: true, maxPayload: 16 * 1024 * 1024, perMessageDeflate: false });
   server.on('upgrade', (req, socket, head) => {
     const reject = (status: number, type: string, message: string) => {
       const body = JSON.stringify({ error: { type, message } });
@@ -380,7 +419,7 @@ export function attachExec(server: http.Server, exec: ExecManager, token: string
     } catch (err) {
       return reject(404, 'not_found', (err as Error).message);
     }
-    wss.handleUpgrade(req, socket, head, (ws) => session.attach(ws));
+    wss.handleUpgrade(req, socket, head, (ws) => session.attach(ws, socket as Socket));
   });
 }
 

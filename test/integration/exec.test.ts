@@ -3,7 +3,7 @@
  * raw HTTP + WebSocket, and the published OpenComputer client.
  */
 import { execFile } from 'node:child_process';
-import { createHash } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { api, control, eventually, T, withMongo } from '../helpers/env';
@@ -154,6 +154,18 @@ describe('exec sessions over raw HTTP and WebSocket', () => {
     await a.closed;
     expect(a.exitCode).toBe(137);
     expect(await getExec(sb, es.sessionID)).toMatchObject({ running: false, exitCode: 137 });
+  });
+
+  it('passes 6 MB of stdin intact, sent all at once on attach', async () => {
+    const input = randomBytes(6 * 1024 * 1024);
+    const es = await startExec(sb, { cmd: 'sha256sum' });
+    const a = attach(sb, es.sessionID);
+    await a.opened;
+    for (let i = 0; i < input.length; i += 256 * 1024) a.stdin(input.subarray(i, i + 256 * 1024));
+    a.ws.send(Buffer.from([0x00]));
+    await a.closed;
+    expect(a.text('stdout').split(' ')[0]).toBe(createHash('sha256').update(input).digest('hex'));
+    expect(a.exitCode).toBe(0);
   });
 
   it('delivers 50 MB of output intact to a slow client', async () => {

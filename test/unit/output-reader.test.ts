@@ -1,0 +1,98 @@
+/**
+ * Reading a child's output into reused slabs: every byte arrives in order, a retained chunk is never
+ * overwritten, released slabs are reused, slow output is copied out, pause/resume stop and restart reads.
+ */
+import { spawn } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import { pooledSlabs, readOutput, type Slab } from '../../sandbox/host/output-reader';
+
+const LINE = '0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ';
+const sha = (b: Buffer) => createHash('sha256').update(b).digest('hex');
+
+function run(script: string) {
+  return spawn('/bin/sh', ['-c', script], { stdio: ['ignore', 'pipe', 'pipe'] });
+}
+
+describe('readOutput', () => {
+  it('reads a fast stream into slabs, large reads, every byte in order', async () => {
+    const bytes = 20 * 1024 * 1024;
+    const child = run(`yes ${LINE} | head -c ${bytes}`);
+    const copies: Buffer[] = [];
+    let viaSlab = 0;
+    let largest = 0;
+    const r = readOutput(child.stdout!, (d, slab) => {
+      copies.push(Buffer.from(d));
+      if (slab) viaSlab += d.length;
+      largest = Math.max(largest, d.length);
+    });
+    expect(r.direct).toBe(true);
+    await r.ended;
+    const got = Buffer.concat(copies);
+    expect(got.length).toBe(bytes);
+    expect(got.equals(Buffer.from(`${LINE}\n`.repeat(Math.ceil(bytes / 63))).subarray(0, bytes))).toBe(true);
+    expect(viaSlab).toBeGreaterThan(bytes / 2);
+    expect(largest).toBeGreaterThan(64 * 1024);
+  });
+
+  it('never reuses a slab a chunk is retained in; released slabs go back to the pool', async () => {
+    const bytes = 12 * 1024 * 1024;
+    const file = `/tmp/output-reader-test-${process.pid}`;
+    const child = run(`head -c ${bytes} /dev/urandom > ${file} && cat ${file} && sha256sum ${file} >&2; rm -f ${file}`);
+    const kept: { d: Buffer; slab: Slab | null }[] = [];
+    const err: Buffer[] = [];
+    const out = readOutput(child.stdout!, (d, slab) => {
+      slab?.retain();
+      kept.push({ d, slab });
+    });
+    const errReader = readOutput(child.stderr!, (d) => err.push(Buffer.from(d)));
+    await Promise.all([out.ended, errReader.ended]);
+    const fromViews = Buffer.concat(kept.map((k) => k.d));
+    expect(fromViews.length).toBe(bytes);
+    expect(sha(fromViews)).toBe(Buffer.concat(err).toString().split(' ')[0]);
+    const before = pooledSlabs();
+    for (const k of kept) k.slab?.release();
+    expect(pooledSlabs()).toBeGreaterThan(before);
+    expect(pooledSlabs()).toBeLessThanOrEqual(8);
+    expect(() => kept.find((k) => k.slab)!.slab!.release()).toThrow(/released more often/);
+  });
+
+  it('copies slow output out of the shared buffer (no slab held by an idle command)', async () => {
+    const child = run('for i in 1 2 3 4 5; do echo "line $i"; sleep 0.02; done');
+    const chunks: { text: string; slab: boolean }[] = [];
+    const r = readOutput(child.stdout!, (d, slab) => chunks.push({ text: d.toString(), slab: slab !== null }));
+    await r.ended;
+    expect(chunks.map((c) => c.text).join('')).toBe('line 1\nline 2\nline 3\nline 4\nline 5\n');
+    expect(chunks.every((c) => !c.slab)).toBe(true);
+  });
+
+  it('stops reading while paused, so the writer blocks; resumes to the end', async () => {
+    const child = run(`yes ${LINE} | head -c 8000000; echo done >&2`);
+    let got = 0;
+    const r = readOutput(child.stdout!, (d) => {
+      got += d.length;
+    });
+    r.pause();
+    await new Promise((res) => setTimeout(res, 300));
+    const whilePaused = got;
+    await new Promise((res) => setTimeout(res, 300));
+    expect(got).toBe(whilePaused);
+    expect(whilePaused).toBeLessThan(8000000);
+    r.resume();
+    await r.ended;
+    expect(got).toBe(8000000);
+  });
+
+  it('falls back to data events for a stream without a handle of its own', async () => {
+    const { PassThrough } = await import('node:stream');
+    const s = new PassThrough();
+    const got: Buffer[] = [];
+    const r = readOutput(s, (d, slab) => {
+      expect(slab).toBeNull();
+      got.push(d);
+    });
+    expect(r.direct).toBe(false);
+    s.end('abc');
+    await r.ended;
+    expect(Buffer.concat(got).toString()).toBe('abc');
+  });
+});
