@@ -85,7 +85,8 @@ export const createSessionActivities = (deps: ActivityDeps) => ({
 
   /** Records how a session ended when it never got a sandbox. */
   async recordSessionOutcome(args: { sessionId: string; end: SessionEnd }): Promise<void> {
-    await recordOutcome(deps, args.sessionId, args.end);
+    // Insert-only: the first ending recorded wins, a retry never overwrites it.
+    await recordSessionEnd(deps.store, args.sessionId, args.end);
   },
 });
 
@@ -119,7 +120,7 @@ interface FinishArgs {
 async function finishSession(deps: ActivityDeps, args: FinishArgs): Promise<SessionEnd> {
   const captured = await captureResult(deps, args.sandboxId);
   const end = decideEnd(args.exit, args.cancelled, captured, args.failure);
-  await recordOutcome(deps, args.sessionId, end);
+  await recordSessionEnd(deps.store, args.sessionId, end);
   await deps.host.destroySandbox(args.sandboxId);
   return { ...end, result: null };
 }
@@ -165,11 +166,6 @@ export async function createOrExplain(deps: ActivityDeps, req: Parameters<HostCl
     if (type === 'invalid_request') throw ApplicationFailure.nonRetryable((err as Error).message, 'InvalidAgent');
     throw err;
   }
-}
-
-async function recordOutcome(deps: ActivityDeps, sessionId: string, end: SessionEnd): Promise<void> {
-  // Insert-only: the first ending recorded wins, a retry never overwrites it.
-  await recordSessionEnd(deps.store, sessionId, end);
 }
 
 async function captureResult(deps: ActivityDeps, sandboxId: string): Promise<{ data: Record<string, unknown> | null; error?: string }> {

@@ -76,14 +76,7 @@ export function createWorkerMetrics(deps: { host: HostClient }): WorkerMetrics {
               if (provisionedAt.size >= MAX_TRACKED) provisionedAt.clear();
               provisionedAt.set(sessionId, Date.now());
             }
-            const sessionEnd =
-              type === 'recordSessionOutcome'
-                ? (input.args[0] as { end: SessionEnd }).end
-                : type === 'captureResultAndDestroySandbox'
-                  ? (out as SessionEnd)
-                  : type === 'provisionSandboxAndRunEntrypoint'
-                    ? ((out as { end: SessionEnd | null }).end ?? null)
-                    : null;
+            const sessionEnd = sessionEndOf(type, input, out);
             if (sessionEnd && sessionId) {
               finished.inc({ status: sessionEnd.status, reason: sessionEnd.outcome?.reason ?? (sessionEnd.status === 'completed' ? 'ok' : 'unknown') });
               const t = provisionedAt.get(sessionId);
@@ -101,6 +94,21 @@ export function createWorkerMetrics(deps: { host: HostClient }): WorkerMetrics {
       },
     }),
   };
+}
+
+/** How a session ended, when this activity is the one that recorded it; null otherwise. */
+function sessionEndOf(type: string, input: ActivityExecuteInput, out: unknown): SessionEnd | null {
+  switch (type) {
+    case 'recordSessionOutcome':
+      return (input.args[0] as { end: SessionEnd }).end;
+    case 'captureResultAndDestroySandbox':
+      return out as SessionEnd;
+    case 'provisionSandboxAndRunEntrypoint':
+      // Set only when a quick entrypoint was finished within the provisioning step.
+      return (out as { end: SessionEnd | null }).end ?? null;
+    default:
+      return null;
+  }
 }
 
 /**

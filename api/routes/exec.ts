@@ -124,6 +124,15 @@ export async function liveExec(host: HostClient, sandboxId: string, execId: stri
   }
 }
 
+/** The host's live exec sessions of a sandbox by id; empty when the host no longer knows the sandbox. */
+export async function liveExecsOf(host: HostClient, sandboxId: string): Promise<Map<string, ExecSessionInfo>> {
+  const live = await host.listExec(sandboxId).catch((err: unknown) => {
+    if ((err as { status?: number }).status === 404) return [] as ExecSessionInfo[];
+    throw fromHostError(err, `sandbox ${sandboxId}`);
+  });
+  return new Map(live.map((i) => [i.sessionID, i]));
+}
+
 const recordedExits = new Set<string>();
 
 /**
@@ -271,14 +280,10 @@ export function registerExecRoutes(t: RouteTable, deps: ApiDeps): void {
     responses: { 200: { description: 'Exec sessions', schema: z.array(ExecSessionView) } },
     handler: async ({ params, org, res }) => {
       const host = await sandboxHost(deps, org.id, params.id);
-      const [docs, live] = await Promise.all([
+      const [docs, byId] = await Promise.all([
         execSessionsOf(deps.store).find({ sandboxId: params.id }).sort({ startedAt: -1 }).limit(1000).toArray(),
-        host.listExec(params.id).catch((err: unknown) => {
-          if ((err as { status?: number }).status === 404) return [] as ExecSessionInfo[];
-          throw fromHostError(err, `sandbox ${params.id}`);
-        }),
+        liveExecsOf(host, params.id),
       ]);
-      const byId = new Map(live.map((i) => [i.sessionID, i]));
       const out = docs
         .filter((d) => d.orgId === org.id)
         .map((d) => {

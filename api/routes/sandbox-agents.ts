@@ -9,7 +9,7 @@ import { randomId } from '../../lib/ids';
 import type { HostClient } from '../../sandbox/host/client';
 import type { ExecSessionInfo } from '../../sandbox/types';
 import { AgentSessionDoc, agentSessionsOf } from '../../store/exec';
-import { fromHostError, KillBody, killAndWait, liveExec, liveFields, noteExit, rememberTarget, sandboxHost, signalName } from './exec';
+import { fromHostError, KillBody, killAndWait, liveExec, liveExecsOf, liveFields, noteExit, rememberTarget, sandboxHost, signalName } from './exec';
 import { SandboxParams } from './sandboxes';
 
 /*
@@ -206,14 +206,10 @@ export function registerSandboxAgentRoutes(t: RouteTable, deps: ApiDeps): void {
     responses: { 200: { description: 'Agent sessions', schema: z.array(AgentSessionView) } },
     handler: async ({ params, org, res }) => {
       const host = await sandboxHost(deps, org.id, params.id);
-      const [docs, live] = await Promise.all([
+      const [docs, byId] = await Promise.all([
         agentSessionsOf(deps.store).find({ sandboxId: params.id }).sort({ startedAt: -1 }).limit(1000).toArray(),
-        host.listExec(params.id).catch((err: unknown) => {
-          if ((err as { status?: number }).status === 404) return [] as ExecSessionInfo[];
-          throw fromHostError(err, `sandbox ${params.id}`);
-        }),
+        liveExecsOf(host, params.id),
       ]);
-      const byId = new Map(live.map((i) => [i.sessionID, i]));
       const mine = docs.filter((d) => d.orgId === org.id);
       res.json(await Promise.all(mine.map((d) => agentView(deps, host, d, byId.get(d.execId) ?? null))));
     },
