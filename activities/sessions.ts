@@ -2,6 +2,7 @@ import { Context, ApplicationFailure } from '@temporalio/activity';
 import type { AgentRunSpec } from '../store';
 import { markSessionRunning, recordSessionEnd, sessionResultsOf } from '../store/sessions';
 import type { HostClient } from '../sandbox/host/client';
+import type { CreatedSandbox } from '../sandbox/types';
 import type { SessionEnd } from '../workflows/types';
 import { sandboxIdForSession } from '../lib/naming';
 import { ImageError, resolveImage, type ResolvedImage } from '../store/checkpoints';
@@ -24,38 +25,43 @@ export const createSessionActivities = (deps: ActivityDeps) => ({
    * A retry finds the same sandbox (its id derives from the session id) and starts nothing twice;
    * a retry after the session's ending was recorded only makes sure its sandbox is gone.
    */
-  async provisionSandboxAndRunEntrypoint(args: { sessionId: string; orgId: string; agentId: string; run: AgentRunSpec }): Promise<Provisioned> {
+  async provisionSandboxAndRunEntrypoint(args: { sessionId: string; orgId: string; agentId: string; run: AgentRunSpec; input?: string }): Promise<Provisioned> {
     Context.current().heartbeat();
     const sandboxId = sandboxIdForSession(args.sessionId);
+    // A small input comes in the workflow's arguments; a larger one is read from MongoDB.
     const [session, ended] = await Promise.all([
-      deps.store.sessions.findOne({ _id: args.sessionId }, { projection: { input: 1 } }),
+      args.input !== undefined ? { input: args.input } : deps.store.sessions.findOne({ _id: args.sessionId }, { projection: { input: 1 } }),
       sessionResultsOf(deps.store).findOne({ _id: args.sessionId }),
     ]);
     if (!session) throw ApplicationFailure.nonRetryable(`session ${args.sessionId} not found`, 'InvalidAgent');
+    const input = session.input;
     if (ended) {
       await deps.host.destroySandbox(sandboxId);
       return { sandboxId, taskQueue: deps.hostTaskQueue, exit: null, end: { status: ended.status, result: null, outcome: ended.outcome } };
     }
     // Only an agent with a snapshot pays for resolving it (its layer, the checkpoint's patches).
     const image = args.run.snapshot ? await imageOrFail(deps, args.orgId, args.run.snapshotRef?.snapshotId ?? args.run.snapshot) : null;
-    await createOrExplain(deps, {
+    const created = await createOrExplain(deps, {
       id: sandboxId,
       orgId: args.orgId,
       owner: { kind: 'session', id: args.sessionId },
       envs: { ...image?.env, ...args.run.env, AGENT_INPUT_PATH, AGENT_RESULT_PATH, SESSION_ID: args.sessionId, AGENT_ID: args.agentId },
-      files: { ...args.run.files, [AGENT_INPUT_PATH]: session.input },
+      files: { ...args.run.files, [AGENT_INPUT_PATH]: input },
       ...(image ? { layers: image.layers, patches: image.patches, ...(image.workdir ? { cwd: image.workdir } : {}) } : {}),
       entrypoint: { argv: args.run.entrypoint, timeoutSeconds: args.run.timeoutSeconds, cwd: image?.workdir ?? '/workspace' },
+      // A short entrypoint is over when the host answers, with its result file read: one call.
+      awaitExit: { waitMs: QUICK_EXIT_WAIT_MS, readFile: { path: AGENT_RESULT_PATH, maxBytes: deps.resultMaxBytes } },
     });
-    const now = new Date();
-    // While the session is marked running, give a short entrypoint the chance to finish.
-    const [, early] = await Promise.all([
-      markSessionRunning(deps.store, args.sessionId, sandboxId, now),
-      deps.host.entrypointStatus(sandboxId, { waitMs: QUICK_EXIT_WAIT_MS }),
-    ]);
-    if (early.state !== 'exited') return { sandboxId, taskQueue: deps.hostTaskQueue, exit: null, end: null };
+    const early = created.entrypoint;
+    const started = { sandboxId, at: early && early.state !== 'none' ? new Date(early.startedAt) : new Date() };
+    if (early?.state !== 'exited') {
+      await markSessionRunning(deps.store, args.sessionId, sandboxId, started.at);
+      return { sandboxId, taskQueue: deps.hostTaskQueue, exit: null, end: null };
+    }
+    // Over already: the session goes from creating to its ending, which records when it started.
     const exit = { exitCode: early.exitCode, timedOut: early.timedOut, signal: early.signal };
-    const end = await finishSession(deps, { sessionId: args.sessionId, sandboxId, exit, cancelled: false });
+    const captured = created.file ? capturedFrom(created.file, deps.resultMaxBytes) : undefined;
+    const end = await finishSession(deps, { sessionId: args.sessionId, sandboxId, exit, cancelled: false, started }, captured);
     return { sandboxId, taskQueue: deps.hostTaskQueue, exit, end };
   },
 
@@ -111,16 +117,18 @@ interface FinishArgs {
   exit: EntrypointExit | null;
   cancelled: boolean;
   failure?: string;
+  /** Where and when the entrypoint started, recorded with the ending when no progress record was written. */
+  started?: { sandboxId: string; at: Date };
 }
 
 /**
  * Captures the result, records the ending (first record wins), then destroys the sandbox.
  * Returns the ending without the result data, which stays out of Temporal's history.
  */
-async function finishSession(deps: ActivityDeps, args: FinishArgs): Promise<SessionEnd> {
-  const captured = await captureResult(deps, args.sandboxId);
+async function finishSession(deps: ActivityDeps, args: FinishArgs, captured?: Captured): Promise<SessionEnd> {
+  captured ??= await captureResult(deps, args.sandboxId);
   const end = decideEnd(args.exit, args.cancelled, captured, args.failure);
-  await recordSessionEnd(deps.store, args.sessionId, end);
+  await recordSessionEnd(deps.store, args.sessionId, end, args.started);
   await deps.host.destroySandbox(args.sandboxId);
   return { ...end, result: null };
 }
@@ -157,9 +165,9 @@ export async function imageOrFail(deps: ActivityDeps, orgId: string, ref: string
 }
 
 /** Creates a sandbox; failures that a retry cannot fix become non-retryable. */
-export async function createOrExplain(deps: ActivityDeps, req: Parameters<HostClient['createSandbox']>[0]): Promise<void> {
+export async function createOrExplain(deps: ActivityDeps, req: Parameters<HostClient['createSandbox']>[0]): Promise<CreatedSandbox> {
   try {
-    await deps.host.createSandbox(req);
+    return await deps.host.createSandbox(req);
   } catch (err) {
     const type = (err as { type?: string }).type;
     if (type === 'patch_failed') throw ApplicationFailure.nonRetryable((err as Error).message, 'PatchFailed');
@@ -168,17 +176,32 @@ export async function createOrExplain(deps: ActivityDeps, req: Parameters<HostCl
   }
 }
 
-async function captureResult(deps: ActivityDeps, sandboxId: string): Promise<{ data: Record<string, unknown> | null; error?: string }> {
+/** The agent's result: its data, or why it is unusable. */
+type Captured = { data: Record<string, unknown> | null; error?: string };
+
+const tooLarge = (maxBytes: number): Captured => ({ data: null, error: `${AGENT_RESULT_PATH} is larger than the ${maxBytes}-byte limit` });
+
+/** The result from the file the host read along with the create (see CreatedSandbox.file). */
+function capturedFrom(file: NonNullable<CreatedSandbox['file']>, maxBytes: number): Captured {
+  if ('missing' in file) return { data: null };
+  if ('tooLarge' in file) return tooLarge(maxBytes);
+  return parseResult(Buffer.from(file.content, 'base64'));
+}
+
+async function captureResult(deps: ActivityDeps, sandboxId: string): Promise<Captured> {
   let raw: Buffer | null;
   try {
     raw = await deps.host.readFile(sandboxId, AGENT_RESULT_PATH, { maxBytes: deps.resultMaxBytes });
   } catch (err) {
-    if ((err as { type?: string }).type === 'payload_too_large') {
-      return { data: null, error: `${AGENT_RESULT_PATH} is larger than the ${deps.resultMaxBytes}-byte limit` };
-    }
+    if ((err as { type?: string }).type === 'payload_too_large') return tooLarge(deps.resultMaxBytes);
     throw err;
   }
   if (raw === null) return { data: null };
+  return parseResult(raw);
+}
+
+/** Parses a result file: a JSON object, or the reason it is refused. */
+function parseResult(raw: Buffer): Captured {
   let parsed: unknown;
   try {
     parsed = JSON.parse(raw.toString('utf8'));

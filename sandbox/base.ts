@@ -90,6 +90,10 @@ export function cgroupJoin(files: string[]): string {
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
+/** How often a wait for an entrypoint's exit looks again without an inotify event: rarely when its directory is watched. */
+const WATCHED_POLL_MS = 250;
+const UNWATCHED_POLL_MS = 20;
+
 /** Runs a per-key queue so that create/destroy/start of one sandbox never interleave. */
 class KeyedLock {
   private tails = new Map<string, Promise<unknown>>();
@@ -464,33 +468,50 @@ export abstract class BaseProvider implements SandboxProvider {
     };
   }
 
+  /**
+   * The entrypoint's status once it has exited or `waitMs` has passed. The wrapper's exit file is
+   * watched (inotify), so a wait costs no polling; a slow poll stays as a safety net, and a fast one
+   * where the directory cannot be watched.
+   */
   async waitEntrypoint(id: string, waitMs: number, signal?: AbortSignal): Promise<EntrypointStatus> {
     const deadline = Date.now() + Math.max(0, waitMs);
     let status = await this.entrypointStatus(id);
     if (status.state !== 'running' || waitMs <= 0) return status;
     let wake: (() => void) | undefined;
+    let woken = false;
     let watcher: FSWatcher | undefined;
     try {
       watcher = watch(this.dirOf(id), (_ev, file) => {
-        if (file === 'entrypoint.exit') wake?.();
+        if (file !== 'entrypoint.exit') return;
+        woken = true;
+        wake?.();
       });
       watcher.on('error', () => undefined);
     } catch {
       watcher = undefined;
     }
+    const pollMs = watcher ? WATCHED_POLL_MS : UNWATCHED_POLL_MS;
+    const onAbort = () => wake?.();
+    signal?.addEventListener('abort', onAbort);
     try {
+      // The exit may have been written between the first look and the watch.
+      if (watcher) status = await this.entrypointStatus(id);
       while (status.state === 'running' && Date.now() < deadline && !signal?.aborted) {
-        await new Promise<void>((r) => {
-          const t = setTimeout(r, Math.min(20, Math.max(1, deadline - Date.now())));
-          wake = () => {
-            clearTimeout(t);
-            r();
-          };
-        });
+        if (!woken) {
+          await new Promise<void>((r) => {
+            const t = setTimeout(r, Math.min(pollMs, Math.max(1, deadline - Date.now())));
+            wake = () => {
+              clearTimeout(t);
+              r();
+            };
+          });
+        }
+        woken = false;
         if (!this.states.has(id)) break;
         status = await this.entrypointStatus(id);
       }
     } finally {
+      signal?.removeEventListener('abort', onAbort);
       watcher?.close();
     }
     return status;

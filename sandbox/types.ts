@@ -30,6 +30,21 @@ export interface CreateSandboxRequest {
   entrypoint?: EntrypointSpec;
   /** Free-form labels kept with the sandbox. */
   metadata?: Record<string, string>;
+  /**
+   * With an entrypoint: wait up to `waitMs` for it to exit before answering and, when it has,
+   * read `readFile` too, so that a short task is one call (see CreatedSandbox).
+   */
+  awaitExit?: { waitMs: number; readFile?: { path: string; maxBytes: number } };
+}
+
+/** What a create answers: the sandbox and, when asked for with `awaitExit`, its entrypoint's state and file. */
+export interface CreatedSandbox extends SandboxInfo {
+  entrypoint?: EntrypointStatus;
+  /**
+   * The file asked for once the entrypoint has exited: its content (base64), or that it is missing
+   * or larger than maxBytes. Left out when it could not be read for another reason.
+   */
+  file?: { content: string } | { missing: true } | { tooLarge: true };
 }
 
 /** The main process of a sandbox. It survives restarts of the host's clients (and of the host). */

@@ -23,6 +23,12 @@ export interface SessionResultDoc {
   result: string | null;
   outcome: SessionOutcome | null;
   completed_at: Date;
+  /**
+   * Where and when the entrypoint started, for a session that ended before it was marked running
+   * (a short one: no progress record was written).
+   */
+  sandbox_id?: string;
+  started_at?: Date;
 }
 
 export const sessionProgressOf = (store: Store) => store.db.collection<SessionProgressDoc>('session_progress');
@@ -30,12 +36,12 @@ export const sessionResultsOf = (store: Store) => store.db.collection<SessionRes
 
 /** A session as callers see it: its creation record with its progress and result applied. */
 export function mergeSession(doc: SessionDoc, progress: SessionProgressDoc | null, result: SessionResultDoc | null): SessionDoc {
-  const started = progress?.started_at ?? null;
+  const started = progress?.started_at ?? result?.started_at ?? null;
   const completed = result?.completed_at ?? null;
   return {
     ...doc,
     status: result ? result.status : progress ? 'running' : doc.status,
-    sandbox_id: progress?.sandbox_id ?? doc.sandbox_id,
+    sandbox_id: progress?.sandbox_id ?? result?.sandbox_id ?? doc.sandbox_id,
     started_at: started ?? doc.started_at,
     completed_at: completed ?? doc.completed_at,
     result: result ? result.result : doc.result,
@@ -92,10 +98,9 @@ export async function readSession(store: Store, id: string): Promise<SessionDoc 
   const known = knownOf(store).get(id);
   if (known?.ended) return known.ended;
   if (known) {
-    const [progress, result] = await Promise.all([
-      known.progress ? known.progress : sessionProgressOf(store).findOne({ _id: id }),
-      sessionResultsOf(store).findOne({ _id: id }),
-    ]);
+    // The result first: an ending that records its start needs no progress lookup.
+    const result = await sessionResultsOf(store).findOne({ _id: id });
+    const progress = known.progress ?? (result?.started_at ? null : await sessionProgressOf(store).findOne({ _id: id }));
     const merged = mergeSession(known.doc, progress, result);
     if (result) remember(store, id, { ...known, progress, ended: merged });
     else if (progress && !known.progress) remember(store, id, { ...known, progress });
@@ -142,6 +147,7 @@ export async function recordSessionEnd(
   store: Store,
   id: string,
   end: { status: 'completed' | 'failed'; result: Record<string, unknown> | null; outcome: SessionOutcome | null },
+  started?: { sandboxId: string; at: Date },
 ): Promise<boolean> {
   try {
     await sessionResultsOf(store).insertOne({
@@ -150,6 +156,7 @@ export async function recordSessionEnd(
       result: end.result === null ? null : JSON.stringify(end.result),
       outcome: end.outcome,
       completed_at: new Date(),
+      ...(started ? { sandbox_id: started.sandboxId, started_at: started.at } : {}),
     });
     return true;
   } catch (err) {

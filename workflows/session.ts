@@ -20,6 +20,8 @@ export interface SessionWorkflowArgs {
   orgId: string;
   agentId: string;
   run: AgentRunSpec;
+  /** The session's input (JSON text) when it is small; a larger one is read from MongoDB by provisioning. */
+  input?: string;
 }
 
 /**
@@ -92,7 +94,7 @@ export async function sessionWorkflow(args: SessionWorkflowArgs): Promise<Sessio
   try {
     // Not cancellable: a DELETE during provisioning waits for the sandbox to exist, then destroys it.
     provisioned = await CancellationScope.nonCancellable(() =>
-      provisionerFor(args.run)({ sessionId, orgId: args.orgId, agentId: args.agentId, run: args.run }),
+      provisionerFor(args.run)({ sessionId, orgId: args.orgId, agentId: args.agentId, run: args.run, input: args.input }),
     );
     if (provisioned.end) {
       // A quick entrypoint: the provisioning step captured its result and destroyed its sandbox.

@@ -29,6 +29,33 @@ export function agentView(a: AgentDoc): z.infer<typeof Agent> {
 
 export const agentKey = (orgId: string, agentId: string): string => `${orgId}/${agentId}`;
 
+/**
+ * Agents read to start sessions, kept for a short while per store: a burst of sessions of one
+ * agent reads it once. This process forgets an agent as soon as it updates or deletes it; another
+ * API process may start sessions with the previous definition for up to RUN_CACHE_MS.
+ */
+const RUN_CACHE_MS = 2000;
+const runCacheByStore = new WeakMap<ApiDeps['store'], Map<string, { agent: AgentDoc; until: number }>>();
+
+function runCacheOf(deps: ApiDeps): Map<string, { agent: AgentDoc; until: number }> {
+  let m = runCacheByStore.get(deps.store);
+  if (!m) runCacheByStore.set(deps.store, (m = new Map()));
+  return m;
+}
+
+/** The agent a new session runs (see RUN_CACHE_MS), or throws 404. */
+export async function getAgentToRun(deps: ApiDeps, orgId: string, agentId: string): Promise<AgentDoc> {
+  const cache = runCacheOf(deps);
+  const key = agentKey(orgId, agentId);
+  const hit = cache.get(key);
+  const now = Date.now();
+  if (hit && hit.until > now) return hit.agent;
+  const agent = await getAgent(deps, orgId, agentId);
+  if (cache.size > 1000) cache.clear();
+  cache.set(key, { agent, until: now + RUN_CACHE_MS });
+  return agent;
+}
+
 /** Reads an agent of the caller's organisation, or throws 404. */
 export async function getAgent(deps: ApiDeps, orgId: string, agentId: string): Promise<AgentDoc> {
   const agent = await deps.store.agents.findOne({ _id: agentKey(orgId, agentId) });
@@ -112,11 +139,13 @@ export function registerAgentRoutes(t: RouteTable, deps: ApiDeps): void {
     responses: { 200: { description: 'The updated agent', schema: Agent } },
     handler: async ({ params, body, org, res }) => {
       const _id = agentKey(org.id, params.agentId);
+      runCacheOf(deps).delete(_id);
       const set: Record<string, unknown> = { updated_at: new Date() };
       for (const [k, v] of Object.entries(body)) if (v !== undefined) set[k] = v;
       if (body.config !== undefined) set.config = body.config === null ? null : JSON.stringify(body.config);
       if (body.files !== undefined) set.files = Object.entries(body.files).map(([path, content]) => ({ path, content }));
       const updated = await deps.store.agents.findOneAndUpdate({ _id }, { $set: set }, { returnDocument: 'after' });
+      runCacheOf(deps).delete(_id);
       if (!updated) throw notFound(`agent ${params.agentId}`);
       res.json(agentView(updated));
     },
@@ -139,6 +168,7 @@ export function registerAgentRoutes(t: RouteTable, deps: ApiDeps): void {
       );
       if (count > 0) throw conflict(`agent ${params.agentId} has ${count} running session(s) or instance(s); end them first`);
       await deps.store.agents.deleteOne({ _id: agent._id });
+      runCacheOf(deps).delete(agent._id);
       res.json(agentView(agent));
     },
   });

@@ -9,7 +9,7 @@ import { ApiError, conflict, invalid, notFound } from '../../lib/errors';
 import { derivedId, randomId } from '../../lib/ids';
 import { AgentDoc, fromJsonText, isDuplicateKey, runSpecOf, SessionDoc } from '../../store';
 import { knownCreation, readSession, readSessions, recordSessionEnd, rememberCreated } from '../../store/sessions';
-import { getAgent } from './agents';
+import { getAgent, getAgentToRun } from './agents';
 import { snapshotRefOf } from './snapshots';
 import { afterCursor, encodeCursor } from '../cursor';
 import type { SessionWorkflowArgs } from '../../workflows/session';
@@ -73,6 +73,9 @@ async function getSessionWaiting(deps: ApiDeps, orgId: string, agentId: string, 
   return getSession(deps, orgId, agentId, id);
 }
 
+/** Inputs up to this many characters of JSON go in the workflow's arguments; larger ones stay in MongoDB only. */
+const INLINE_INPUT_MAX = 4096;
+
 /** Starts the session's workflow; starting one that already exists is not an error. */
 async function startWorkflow(deps: ApiDeps, s: SessionDoc, agent: AgentDoc): Promise<void> {
   const args: SessionWorkflowArgs = {
@@ -80,6 +83,8 @@ async function startWorkflow(deps: ApiDeps, s: SessionDoc, agent: AgentDoc): Pro
     orgId: s.orgId,
     agentId: s.agent_id,
     run: runSpecOf(agent),
+    // A small input travels with the workflow (one MongoDB read less per session, and visible in the Temporal UI).
+    ...(s.input.length <= INLINE_INPUT_MAX ? { input: s.input } : {}),
   };
   if (agent.snapshot) args.run.snapshotRef = await snapshotRefOf(deps, s.orgId, agent.snapshot);
   try {
@@ -114,7 +119,7 @@ export function registerSessionRoutes(t: RouteTable, deps: ApiDeps): void {
     handler: async ({ params, body, org, req, res }) => {
       const key = req.header('idempotency-key');
       if (key !== undefined && !IDEMPOTENCY_KEY.test(key)) throw invalid('header Idempotency-Key: must be 1-255 printable ASCII characters');
-      const agent = await getAgent(deps, org.id, params.agentId);
+      const agent = await getAgentToRun(deps, org.id, params.agentId);
       const now = new Date();
       const doc: SessionDoc = {
         _id: key ? `sess_${derivedId(org.id, 'session', key)}` : `sess_${randomId()}`,

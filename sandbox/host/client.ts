@@ -7,7 +7,7 @@ import * as http from 'node:http';
 import * as https from 'node:https';
 import { WebSocket } from 'ws';
 import { ExecStream, type ExecStreamHandlers } from './exec-stream';
-import type { CreateSandboxRequest, EntrypointSpec, EntrypointStatus, ExecRequest, ExecRunResult, ExecSessionInfo, SandboxInfo } from '../types';
+import type { CreatedSandbox, CreateSandboxRequest, EntrypointSpec, EntrypointStatus, ExecRequest, ExecRunResult, ExecSessionInfo, SandboxInfo } from '../types';
 
 /** A decoded server→client exec WebSocket frame (see exec.ts for the wire format). */
 export type ExecFrame =
@@ -136,7 +136,7 @@ export class HostClient {
   }
 
   /** Creates a sandbox (idempotent on `req.id`: an existing one is returned as is). Throws HostError patch_failed, not_found (layer), invalid_request. */
-  createSandbox(req: CreateSandboxRequest): Promise<SandboxInfo> {
+  createSandbox(req: CreateSandboxRequest): Promise<CreatedSandbox> {
     return this.call('POST', '/sandboxes', { body: req });
   }
 

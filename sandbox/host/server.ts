@@ -10,6 +10,7 @@ import pino, { type Logger } from 'pino';
 import { z } from 'zod';
 import { errorStatus, isSandboxError, SandboxError, type SandboxErrorType } from '../errors';
 import { createSandboxProvider, type ProviderKind, type SandboxProvider } from '../provider';
+import type { CreatedSandbox } from '../types';
 import { bearerMatchesHeader } from './auth';
 import { attachExec, ExecManager } from './exec';
 import { PortForwarder } from './forward';
@@ -54,6 +55,12 @@ const schemas = {
       patches: z.array(z.object({ id: z.string().min(1), script: z.string() })).optional(),
       entrypoint: entrypointSchema.optional(),
       metadata: stringMap.optional(),
+      awaitExit: z
+        .object({
+          waitMs: z.number().int().min(0),
+          readFile: z.object({ path: z.string().min(1), maxBytes: z.number().int().positive() }).optional(),
+        })
+        .optional(),
     }),
   }),
   list: z.object({ query: z.object({ owner: z.string().optional() }) }),
@@ -102,6 +109,17 @@ function sendError(res: Response, type: SandboxErrorType, message: string): void
   res.status(errorStatus[type]).json({ error: { type, message } });
 }
 
+/** A file for CreatedSandbox.file: its content, missing, too large, or undefined on any other failure. */
+async function readIfPossible(provider: SandboxProvider, id: string, p: string, maxBytes: number): Promise<CreatedSandbox['file']> {
+  try {
+    return { content: (await provider.readFile(id, p, maxBytes)).toString('base64') };
+  } catch (err) {
+    if (isSandboxError(err) && err.type === 'not_found') return { missing: true };
+    if (isSandboxError(err) && err.type === 'payload_too_large') return { tooLarge: true };
+    return undefined;
+  }
+}
+
 /** Builds the host's express app. */
 export function createApp(deps: HostDeps): express.Express {
   const { provider, logger } = deps;
@@ -120,8 +138,17 @@ export function createApp(deps: HostDeps): express.Express {
 
   app.post('/sandboxes', h(async (req, res) => {
     const { body } = parse(schemas.create, req);
-    const { info, created } = await provider.create(body);
-    res.status(created ? 201 : 200).json(info);
+    const { awaitExit, ...spec } = body;
+    const { info, created } = await provider.create(spec);
+    const answer: CreatedSandbox = info;
+    if (awaitExit && spec.entrypoint) {
+      const ac = new AbortController();
+      res.on('close', () => ac.abort());
+      answer.entrypoint = await provider.waitEntrypoint(info.id, Math.min(awaitExit.waitMs, MAX_WAIT_MS), ac.signal);
+      const want = awaitExit.readFile;
+      if (want && answer.entrypoint.state === 'exited') answer.file = await readIfPossible(provider, info.id, want.path, want.maxBytes);
+    }
+    res.status(created ? 201 : 200).json(answer);
   }));
 
   app.get('/sandboxes', h(async (req, res) => {

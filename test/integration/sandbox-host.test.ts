@@ -87,6 +87,27 @@ describe('sandbox host (bwrap)', () => {
     expect(await client.getSandbox(id)).toMatchObject({ id });
   });
 
+  it('answers a create with the exit and a file of an entrypoint that ends within awaitExit, and says running otherwise', async () => {
+    const quick = (argv: string[], maxBytes = 100) =>
+      client.createSandbox({ id: newId(), orgId: 'o', entrypoint: { argv }, awaitExit: { waitMs: 10_000, readFile: { path: '/tmp/out.json', maxBytes } } });
+    const wrote = await quick(['bash', '-c', 'echo -n \'{"ok":true}\' > /tmp/out.json; exit 3']);
+    expect(wrote.entrypoint).toMatchObject({ state: 'exited', exitCode: 3, timedOut: false });
+    expect(Buffer.from((wrote.file as { content: string }).content, 'base64').toString()).toBe('{"ok":true}');
+    expect((await quick(['true'])).file).toEqual({ missing: true });
+    expect((await quick(['bash', '-c', 'head -c 200 /dev/zero > /tmp/out.json'])).file).toEqual({ tooLarge: true });
+    // A directory cannot be read: the answer leaves the file out (the caller reads it itself to learn why).
+    const dir = await quick(['mkdir', '/tmp/out.json']);
+    expect(dir.entrypoint).toMatchObject({ state: 'exited', exitCode: 0 });
+    expect(dir.file).toBeUndefined();
+    const t0 = Date.now();
+    const slow = await client.createSandbox({ id: newId(), orgId: 'o', entrypoint: { argv: ['sleep', '30'] }, awaitExit: { waitMs: 300 } });
+    expect(Date.now() - t0).toBeGreaterThanOrEqual(290);
+    expect(slow.entrypoint).toMatchObject({ state: 'running' });
+    expect(slow.file).toBeUndefined();
+    // Without awaitExit, a create answers at once, as before.
+    expect((await client.createSandbox({ id: newId(), orgId: 'o', entrypoint: { argv: ['sleep', '30'] } })).entrypoint).toBeUndefined();
+  });
+
   it('kills an entrypoint at its timeout and says so', async () => {
     const id = newId();
     await client.createSandbox({ id, orgId: 'o', entrypoint: { argv: ['sleep', '30'], timeoutSeconds: 1 } });

@@ -65,12 +65,41 @@ describe('session lifecycle on real sandboxes', () => {
     const done = await waitForStatus(agent, created.id, ['completed', 'failed']);
     expect({ status: done.status, outcome: done.outcome }).toEqual({ status: 'completed', outcome: { reason: null, exit_code: 0, message: null } });
     expect(done.result).toEqual({ hello: 'world', n: 1 });
+    // A quick session goes from creating to completed: its ending records where and when it ran.
+    const ending = await withMongo((c) => c.db().collection('session_results').findOne({ _id: created.id } as never));
+    expect(ending!.sandbox_id).toBe(sandboxOf(created.id));
+    expect(ending!.started_at.getTime()).toBeGreaterThanOrEqual(Date.parse(done.created_at));
+    expect(ending!.started_at.getTime()).toBeLessThanOrEqual(ending!.completed_at.getTime());
     const result = await api('GET', `/v1/agents/${agent}/sessions/${created.id}/result`);
     expect(result.status).toBe(200);
     expect(result.body).toMatchObject({ data: { hello: 'world', n: 1 }, status: 'completed' });
     expect(Date.parse(result.body.completed_at)).not.toBeNaN();
     // The outcome is recorded first, then the sandbox is destroyed.
     await eventually(async () => !(await hostHasSandbox(sandboxOf(created.id))), 10_000);
+  });
+
+  it('shows a session that runs longer than a second as running, with its start, until it ends', async () => {
+    const agent = await bashAgent('sleep 2; echo \'{"slow":true}\' > /tmp/agent_result.json');
+    const s = await startSession(agent);
+    const running = await waitForStatus(agent, s.id, ['running', 'completed', 'failed']);
+    expect(running.status).toBe('running');
+    expect(Date.parse(running.updated_at)).toBeGreaterThan(Date.parse(running.created_at));
+    const progress = await withMongo((c) => c.db().collection('session_progress').findOne({ _id: s.id } as never));
+    expect(progress!.sandbox_id).toBe(sandboxOf(s.id));
+    const done = await waitForStatus(agent, s.id, ['completed', 'failed']);
+    expect({ status: done.status, result: done.result }).toEqual({ status: 'completed', result: { slow: true } });
+    expect(Date.parse(done.updated_at)).toBeGreaterThan(Date.parse(running.updated_at));
+  });
+
+  it('starts sessions with an agent\'s new definition right after it is updated', async () => {
+    const agent = await bashAgent('echo \'{"v":1}\' > /tmp/agent_result.json');
+    expect((await runSession(agent)).result.data).toEqual({ v: 1 });
+    const patched = await api('PATCH', `/v1/agents/${agent}`, { body: { entrypoint: ['bash', '-c', 'echo \'{"v":2}\' > /tmp/agent_result.json'] } });
+    expect(patched.status).toBe(200);
+    expect((await runSession(agent)).result.data).toEqual({ v: 2 });
+    // Temporal's visibility sees the last session closed a moment after it ended.
+    await eventually(async () => (await api('DELETE', `/v1/agents/${agent}`)).status === 200, 15_000);
+    expect((await api('POST', `/v1/agents/${agent}/sessions`, { body: { input: {} } })).status).toBe(404);
   });
 
   it('completes with null data when no result file was written', async () => {
