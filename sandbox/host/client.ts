@@ -58,6 +58,9 @@ export interface HostClientOptions {
 
 type Query = Record<string, string | number | undefined>;
 
+/** How many times a request is sent when each try lands on a kept-alive connection the host had closed. */
+const STALE_SOCKET_RETRIES = 16;
+
 /** Client of one sandbox host. */
 export class HostClient {
   private readonly base: string;
@@ -85,14 +88,16 @@ export class HostClient {
     const body = opts.body === undefined ? undefined : Buffer.from(JSON.stringify(opts.body));
     const headers: Record<string, string | number> = { authorization: `Bearer ${this.token}` };
     if (body) Object.assign(headers, { 'content-type': 'application/json', 'content-length': body.length });
-    let res: { status: number; text: string };
-    try {
-      res = await this.send(url, method, headers, body, opts.signal);
-    } catch (err) {
-      // The host closed an idle kept-alive connection just as it was reused: the request never reached it.
-      if ((err as { code?: string; reusedSocket?: boolean }).reusedSocket && (err as { code?: string }).code === 'ECONNRESET') {
+    let res: { status: number; text: string } | undefined;
+    // The host closes kept-alive connections that sat idle: a request sent on one just as it was
+    // closed never reached the host, and is sent again (on the next pooled one, then a new one).
+    for (let attempt = 1; !res; attempt++) {
+      try {
         res = await this.send(url, method, headers, body, opts.signal);
-      } else throw err;
+      } catch (err) {
+        const e = err as { code?: string; reusedSocket?: boolean };
+        if (!(e.reusedSocket && e.code === 'ECONNRESET' && attempt < STALE_SOCKET_RETRIES)) throw err;
+      }
     }
     let parsed: unknown;
     try {

@@ -19,7 +19,7 @@ const envSchema = z.object({
 });
 
 async function main(): Promise<void> {
-  const logger = pino({ level: process.env.LOG_LEVEL ?? 'info', base: { svc: 'sandbox-host' } }, pino.destination(2));
+  const logger = pino({ level: process.env.LOG_LEVEL ?? 'info', base: { svc: 'sandbox-host' } }, pino.destination({ dest: 2, sync: false }));
   const parsed = envSchema.safeParse(process.env);
   if (!parsed.success) {
     logger.fatal({ issues: parsed.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`) }, 'invalid environment');

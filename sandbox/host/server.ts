@@ -280,6 +280,9 @@ export async function startHost(opts: StartHostOptions): Promise<RunningHost> {
   const forward = new PortForwarder(provider, opts.dataDir, logger);
   const app = createApp({ provider, token: opts.token, logger, hostId, exec, forward });
   const server = http.createServer(app);
+  // Workers and APIs keep connections to the host open between calls; keep idle ones for a minute
+  // (Node's default is 5 s), so that a pause between bursts does not close them under the clients.
+  server.keepAliveTimeout = 65_000;
   attachExec(server, exec, opts.token);
   const [host, portText] = splitListen(opts.listen ?? '127.0.0.1:7300');
   await new Promise<void>((resolve, reject) => {
