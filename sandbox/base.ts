@@ -43,6 +43,11 @@ export interface SandboxState {
   status: 'creating' | 'running' | 'stopped';
   /** Provider-specific processes (e.g. the namespace init). */
   init?: { outer: ProcRef; ns: ProcRef };
+  /**
+   * bwrap: whether the sandbox's overlays are mounted in the host's mount namespace (false: in the
+   * sandbox's own, gone with its processes; absent: a sandbox of an older host, so treated as true).
+   */
+  hostMounts?: boolean;
   entrypoint?: { wrapper: ProcRef; startedAt: string; timeoutSeconds?: number };
 }
 
@@ -134,8 +139,8 @@ export abstract class BaseProvider implements SandboxProvider {
   protected abstract provision(state: SandboxState): Promise<void>;
   /** Kills the sandbox's processes and undoes `provision` (without removing the sandbox directory). */
   protected abstract teardown(id: string, state: SandboxState | undefined): Promise<void>;
-  /** Where the sandbox's files live on the host. */
-  protected abstract rootMap(state: SandboxState): RootMap;
+  /** Where the sandbox's files are reachable from the host (throws conflict when it is not running). */
+  protected abstract rootMap(state: SandboxState): RootMap | Promise<RootMap>;
   /** The host-side argv that runs `opts.argv` inside the sandbox with a clean environment. */
   protected abstract innerArgv(state: SandboxState, opts: SpawnOptions): string[];
   /** True while the sandbox can run processes. */
@@ -249,7 +254,7 @@ export abstract class BaseProvider implements SandboxProvider {
         state.status = 'running';
         this.states.set(state.id, state);
         for (const [p, content] of Object.entries(req.files ?? {})) {
-          await writeSandboxFile(this.rootMap(state), p, Buffer.from(content, 'utf8'));
+          await writeSandboxFile(await this.rootMap(state), p, Buffer.from(content, 'utf8'));
         }
         for (const patch of req.patches ?? []) {
           const outcome = await this.runPatch(state, patch);
@@ -330,11 +335,18 @@ export abstract class BaseProvider implements SandboxProvider {
   }
 
   async writeFile(id: string, p: string, content: Buffer, mode?: number): Promise<void> {
-    await writeSandboxFile(this.rootMap(this.stateOf(id)), p, content, mode);
+    await writeSandboxFile(await this.runningRootMap(id), p, content, mode);
   }
 
   async readFile(id: string, p: string, maxBytes: number): Promise<Buffer> {
-    return readSandboxFile(this.rootMap(this.stateOf(id)), p, maxBytes);
+    return readSandboxFile(await this.runningRootMap(id), p, maxBytes);
+  }
+
+  /** The files of a running sandbox; conflict when it is stopped (its init is gone, so is its tree). */
+  private async runningRootMap(id: string): Promise<RootMap> {
+    const state = this.stateOf(id);
+    if (state.status !== 'running' || !this.isLive(state)) throw new SandboxError('conflict', `sandbox ${id} is not running`);
+    return this.rootMap(state);
   }
 
   networkArgv(id: string): string[] {

@@ -14,7 +14,12 @@
  * (`${dataDir}/base`); the /usr overlay stacks their `usr` parts over the host's /usr.
  * Each sandbox runs one long-lived init (bwrap with `sleep infinity`) that owns the pid, mount, net, ipc,
  * uts and cgroup namespaces. It is started by `sap-sandbox-init` (tools/sandbox-init: joins the cgroups,
- * mounts both overlays and execs bwrap, in one process) or, where that helper was not built, by sh + mount.
+ * enters a private mount namespace of its own, mounts both overlays there and execs bwrap, in one
+ * process) or, where that helper was not built, by sh + mount. Through the helper, the overlays are
+ * never in the host's mount table (which every new bwrap copies and parses, and whose size would grow
+ * with the number of live sandboxes): they live in the sandbox's namespaces only and vanish with its
+ * last process. The sh path mounts them on the host (`state.hostMounts`); teardown unmounts those.
+ * The host reaches the sandbox's files through /proc/<init pid>/root (see rootMap and paths.ts).
  * One helper is kept started ahead of the next create, already in cgroups of its own (see prepareSpare).
  * Every other process (patches, entrypoint, exec) enters them with nsenter and
  * drops all capabilities with setpriv. All processes of a sandbox are in its cgroups, which is also how
@@ -97,6 +102,8 @@ export class BwrapProvider extends BaseProvider {
   private spareSeq = 0;
   private spareFailures = 0;
   private closed = false;
+  /** Per sandbox: the mount ids of its `/` and `/usr`, read once per init (key: pid and start time). */
+  private readonly mountIds = new Map<string, { key: string; ids: ReadonlySet<number> }>();
 
   constructor(opts: ProviderOptions) {
     super(opts);
@@ -156,13 +163,33 @@ export class BwrapProvider extends BaseProvider {
     this.log.info({ base }, 'base filesystem created');
   }
 
-  protected rootMap(state: SandboxState): RootMap {
-    const dir = this.dirOf(state.id);
+  /**
+   * The sandbox's tree as its init sees it: /proc/<init>/root, with /usr mounted inside, in the
+   * sandbox's mount namespace. Every descriptor opened there must be on the sandbox's own `/` or `/usr`
+   * (their mount ids, from /proc/<init>/mountinfo), never on its /proc or /dev.
+   */
+  protected async rootMap(state: SandboxState): Promise<RootMap> {
+    const ns = state.init?.ns;
+    const notRunning = () => new SandboxError('conflict', `sandbox ${state.id} is not running`);
+    if (!ns || !isAlive(ns)) throw notRunning();
+    const key = `${ns.pid}:${ns.start}`;
+    let cached = this.mountIds.get(state.id);
+    if (cached?.key !== key) {
+      const text = await fsp.readFile(`/proc/${ns.pid}/mountinfo`, 'utf8').catch(() => '');
+      // Read from the right process only if it is still the same one afterwards (pids are reused).
+      if (!isAlive(ns)) throw notRunning();
+      const ids = sandboxMountIds(text);
+      if (ids.size === 0) throw new SandboxError('internal', `sandbox ${state.id} has no overlay root in its mount table`);
+      cached = { key, ids };
+      this.mountIds.set(state.id, cached);
+    }
     return {
-      mounts: [
-        { at: '/', dir: path.join(dir, 'rootfs') },
-        { at: '/usr', dir: path.join(dir, 'usrfs') },
-      ],
+      mounts: [{ at: '/', dir: `/proc/${ns.pid}/root` }],
+      mountIds: cached.ids,
+      // The root opened through the pid is the sandbox's only if the init is still that process.
+      verifyRoot: () => {
+        if (!isAlive(ns)) throw notRunning();
+      },
     };
   }
 
@@ -295,6 +322,7 @@ export class BwrapProvider extends BaseProvider {
     // (`-l`) comes first, so that any failure is in init.log.
     const helperArgs = () => [
       ...dirs.flatMap((d) => ['-d', d]),
+      '-n',
       ...overlays.flatMap((o) => ['-o', source, o.target, o.options]),
       '--',
       ...bwrap,
@@ -304,6 +332,8 @@ export class BwrapProvider extends BaseProvider {
       return new SandboxError('internal', `sandbox ${id} failed to start (${why}): ${logText.trim().slice(-1000)}`);
     };
     let child: ChildProcess;
+    // Through the helper, the overlays are mounted in the sandbox's own mount namespace (-n).
+    state.hostMounts = false;
     const spare = await this.claimSpare(id, state.limits);
     if (spare) {
       child = spare;
@@ -328,6 +358,7 @@ export class BwrapProvider extends BaseProvider {
       state.init = { outer: outerRef, ns };
       return;
     } else {
+      state.hostMounts = true;
       const [, cgroups] = await Promise.all([
         Promise.all(dirs.map((d) => fsp.mkdir(d, { recursive: true }))),
         SandboxCgroups.create(id, state.limits),
@@ -415,7 +446,10 @@ export class BwrapProvider extends BaseProvider {
     signalRef(state?.init?.outer, 'SIGKILL');
     await cgroups.killAll();
     await this.waitGone([state?.init?.ns, state?.init?.outer, state?.entrypoint?.wrapper]);
-    await unmountUnder(this.dirOf(id), this.spawner);
+    this.mountIds.delete(id);
+    // Overlays mounted in the sandbox's own namespace went with its processes. Those on the host: a
+    // sandbox of the sh path or of an older host (no hostMounts), or one whose state is unknown.
+    if (!state?.init || state.hostMounts !== false) await unmountUnder(this.dirOf(id), this.spawner);
     await cgroups.remove();
   }
 
@@ -545,6 +579,21 @@ async function waitForInfoFile(file: string, outerPid: number, timeoutMs: number
     await new Promise((r) => setTimeout(r, delay));
     delay = Math.min(delay * 1.5, 8);
   }
+}
+
+/**
+ * The ids of the overlay mounts on `/` and `/usr` in a mountinfo table: a sandbox's own trees. (Its
+ * processes have no capability to mount anything else there.)
+ */
+export function sandboxMountIds(mountinfo: string): Set<number> {
+  const ids = new Set<number>();
+  for (const line of mountinfo.split('\n')) {
+    const f = line.split(' ');
+    const sep = f.indexOf('-', 6);
+    if (sep < 0 || f[sep + 1] !== 'overlay') continue;
+    if (f[4] === '/' || f[4] === '/usr') ids.add(Number(f[0]));
+  }
+  return ids;
 }
 
 /** True while a process with this pid exists (signal 0 checks without sending anything). */

@@ -1,19 +1,42 @@
 /**
- * Maps paths inside a sandbox to paths on the host, the way the sandbox itself would see them:
+ * Maps paths inside a sandbox to files the host can open, the way the sandbox itself would see them:
  * symlinks are resolved as if the sandbox root were `/` (a link to `/etc` stays inside the sandbox),
- * `..` components are refused, and the final open uses O_NOFOLLOW plus a check of where the opened
- * descriptor really lives, so nothing outside the sandbox's directories can be read or written.
+ * `..` components of the path are refused (those of a link target are clamped at the sandbox root).
+ *
+ * The walk never hands the kernel more than one component of sandbox-controlled text at a time: each
+ * directory is opened (O_DIRECTORY | O_NOFOLLOW) relative to the descriptor of its parent, through
+ * `/proc/self/fd/<parent>/<name>`, and the file itself is opened the same way with O_NOFOLLOW. A
+ * symlink, or a directory swapped for one by the sandbox mid-walk, is therefore never followed by the
+ * kernel (which would resolve an absolute target against the HOST's root when the walk started under
+ * /proc/<pid>/root): the walk reads the link and goes on from the sandbox root itself.
+ *
+ * When the map names the sandbox's own mounts (`mountIds`, as the bwrap provider does: its tree is
+ * reached through /proc/<init pid>/root, in the sandbox's mount namespace), every descriptor opened
+ * on the way, directories included and before anything is created in them, must be on one of those
+ * mounts (`mnt_id` in /proc/self/fdinfo): the sandbox's /proc, /dev and any other mount are refused.
+ * Otherwise the opened file's path (readlink of /proc/self/fd/N) must lie under one of the map's dirs.
  */
 import { constants as fsc, promises as fsp } from 'node:fs';
+import type { FileHandle } from 'node:fs/promises';
 import * as path from 'node:path';
 import { SandboxError } from './errors';
 
 /** Where the sandbox's tree lives on the host: mount points inside the sandbox → host directories. */
 export interface RootMap {
   mounts: { at: string; dir: string }[];
+  /**
+   * The mount ids every opened descriptor must be on. Set when `dir` is reached through another
+   * mount namespace (/proc/<pid>/root), where the path of a descriptor says nothing.
+   */
+  mountIds?: ReadonlySet<number>;
+  /** Called once the root directory is open; throws when it may not be the sandbox's (e.g. its init died). */
+  verifyRoot?: () => void;
 }
 
 const MAX_SYMLINKS = 40;
+const DIR_FLAGS = fsc.O_RDONLY | fsc.O_DIRECTORY | fsc.O_NOFOLLOW;
+/** Never block on a FIFO the sandbox made, never acquire a terminal. */
+const FILE_FLAGS = fsc.O_NOFOLLOW | fsc.O_NONBLOCK | fsc.O_NOCTTY;
 
 /**
  * Splits an absolute sandbox path into its components.
@@ -28,6 +51,15 @@ export function sandboxPathComponents(p: string): string[] {
   const parts = p.split('/').filter((c) => c !== '' && c !== '.');
   if (parts.includes('..')) throw new SandboxError('invalid_request', `path must not contain '..': ${p}`);
   return parts;
+}
+
+/** The mount of the map whose mount point is exactly `parts`, if any. */
+function mountAt(map: RootMap, parts: string[]): string | undefined {
+  for (const m of map.mounts) {
+    const at = m.at.split('/').filter(Boolean);
+    if (at.length === parts.length && at.every((c, i) => parts[i] === c)) return m.dir;
+  }
+  return undefined;
 }
 
 /** The host path of a (resolved, symlink-free) sandbox path: the longest matching mount wins. */
@@ -48,76 +80,219 @@ export function isInsideRoot(map: RootMap, hostPath: string): boolean {
   return map.mounts.some((m) => hostPath === m.dir || hostPath.startsWith(m.dir.endsWith('/') ? m.dir : m.dir + '/'));
 }
 
+/** The mount id of an open descriptor (from /proc/self/fdinfo). */
+export async function mountIdOf(fd: number): Promise<number> {
+  const text = await fsp.readFile(`/proc/self/fdinfo/${fd}`, 'latin1');
+  const m = /^mnt_id:\s*(\d+)/m.exec(text);
+  if (!m) throw new SandboxError('internal', 'no mnt_id in /proc/self/fdinfo');
+  return Number(m[1]);
+}
+
+/** Throws invalid_request unless the descriptor lies inside the sandbox (see the module comment). */
+async function assertFdInside(map: RootMap, fd: number, sandboxPath: string): Promise<void> {
+  const inside = map.mountIds
+    ? map.mountIds.has(await mountIdOf(fd))
+    : isInsideRoot(map, await fsp.readlink(`/proc/self/fd/${fd}`));
+  if (!inside) throw new SandboxError('invalid_request', `path escapes the sandbox: ${sandboxPath}`);
+}
+
+const errCode = (err: unknown) => (err as NodeJS.ErrnoException).code;
+
+/** A resolved path: the open directory holding the last component, and that component's name (none for `/`). */
+interface Resolved {
+  parts: string[];
+  /** Directories from the root down to the parent of the last component; the caller closes them (closeAll). */
+  dirs: FileHandle[];
+  name: string | null;
+}
+
+async function closeAll(dirs: FileHandle[]): Promise<void> {
+  await Promise.all(dirs.splice(0).map((d) => d.close().catch(() => undefined)));
+}
+
+/** Opens a mount's directory (a host path the map trusts, e.g. /proc/<pid>/root: no O_NOFOLLOW). */
+async function openMountDir(map: RootMap, dir: string, sandboxPath: string): Promise<FileHandle> {
+  let fh: FileHandle;
+  try {
+    fh = await fsp.open(dir, fsc.O_RDONLY | fsc.O_DIRECTORY);
+  } catch (err) {
+    if (errCode(err) === 'ENOENT' || errCode(err) === 'ESRCH') throw new SandboxError('conflict', 'sandbox is not running');
+    throw err;
+  }
+  try {
+    await assertFdInside(map, fh.fd, sandboxPath);
+  } catch (err) {
+    await fh.close();
+    throw err;
+  }
+  return fh;
+}
+
 /**
- * Resolves a sandbox path to a host path, following symlinks inside the sandbox.
+ * Walks a sandbox path (see the module comment). With `createDirs`, missing parent directories are
+ * created (mode 0755). A missing last component is allowed. Throws invalid_request on bad paths,
+ * symlink loops and escapes, not_found when a parent is missing and `createDirs` is off.
+ */
+async function walk(map: RootMap, sandboxPath: string, opts: { createDirs?: boolean }): Promise<Resolved> {
+  const pending = sandboxPathComponents(sandboxPath);
+  const rootDir = mountAt(map, []);
+  if (!rootDir) throw new SandboxError('internal', 'sandbox has no root mount');
+  const dirs: FileHandle[] = [await openMountDir(map, rootDir, sandboxPath)];
+  const done: string[] = [];
+  let links = 0;
+  /** Looks again after a race with the sandbox (or a directory just created): bounded. */
+  let again = 0;
+  const retry = (comp: string) => {
+    if (++again > MAX_SYMLINKS) throw new SandboxError('conflict', `path keeps changing: ${sandboxPath}`);
+    pending.unshift(comp);
+  };
+  try {
+    map.verifyRoot?.();
+    while (pending.length > 0) {
+      const comp = pending.shift() as string;
+      if (comp === '..') {
+        // Only from a link target: clamped at the root.
+        if (done.length > 0) {
+          done.pop();
+          await dirs.pop()!.close();
+        }
+        continue;
+      }
+      if (comp === '.' || comp === '') continue;
+      const last = pending.length === 0;
+      const parent = dirs[dirs.length - 1]!;
+      const rel = `/proc/self/fd/${parent.fd}/${comp}`;
+      const mount = mountAt(map, [...done, comp]);
+      if (!last || mount) {
+        // A directory on the way: open it without following a symlink.
+        let fh: FileHandle | null = null;
+        try {
+          fh = mount ? await openMountDir(map, mount, sandboxPath) : await fsp.open(rel, DIR_FLAGS);
+        } catch (err) {
+          const code = errCode(err);
+          if (err instanceof SandboxError) throw err;
+          if (code === 'ENOENT') {
+            if (last) return { parts: [...done, comp], dirs, name: comp };
+            if (!opts.createDirs) throw new SandboxError('not_found', `no such file or directory: ${sandboxPath}`);
+            await fsp.mkdir(rel, { mode: 0o755 }).catch((e) => {
+              if (errCode(e) !== 'EEXIST') throw e;
+            });
+            retry(comp);
+            continue;
+          }
+          if (code !== 'ELOOP' && code !== 'ENOTDIR') throw err;
+        }
+        if (fh) {
+          if (!mount) {
+            try {
+              await assertFdInside(map, fh.fd, sandboxPath);
+            } catch (err) {
+              await fh.close();
+              throw err;
+            }
+          }
+          dirs.push(fh);
+          done.push(comp);
+          continue;
+        }
+      }
+      // The last component, or not a directory: a symlink is followed here, anything else ends the walk.
+      let st;
+      try {
+        st = await fsp.lstat(rel);
+      } catch (err) {
+        if (errCode(err) !== 'ENOENT') throw err;
+        if (last) return { parts: [...done, comp], dirs, name: comp };
+        // Removed since the open failed: look again.
+        retry(comp);
+        continue;
+      }
+      if (st.isSymbolicLink()) {
+        if (++links > MAX_SYMLINKS) throw new SandboxError('invalid_request', `too many symlinks: ${sandboxPath}`);
+        const target = await fsp.readlink(rel);
+        if (target.startsWith('/')) {
+          done.length = 0;
+          await closeAll(dirs.splice(1));
+        }
+        // Components of the link target (which may contain '..', clamped at the sandbox root).
+        pending.unshift(...target.split('/').filter((c) => c !== '' && c !== '.'));
+        continue;
+      }
+      if (!last) {
+        if (st.isDirectory()) {
+          // Was a symlink a moment ago: look again.
+          retry(comp);
+          continue;
+        }
+        throw new SandboxError('invalid_request', `not a directory: /${[...done, comp].join('/')}`);
+      }
+      return { parts: [...done, comp], dirs, name: comp };
+    }
+    return { parts: done, dirs, name: null };
+  } catch (err) {
+    await closeAll(dirs);
+    throw err;
+  }
+}
+
+/**
+ * Resolves a sandbox path to a host path, following symlinks inside the sandbox (the path is only
+ * meaningful for maps of host directories; file access goes through readSandboxFile/writeSandboxFile).
  * With `createDirs`, missing parent directories are created (mode 0755). A missing final component
- * is allowed (the caller creates or reports it). Throws invalid_request on bad paths or symlink loops,
- * not_found when a parent is missing and `createDirs` is off.
+ * is allowed. Throws invalid_request on bad paths or symlink loops, not_found when a parent is missing
+ * and `createDirs` is off.
  */
 export async function resolveSandboxPath(
   map: RootMap,
   sandboxPath: string,
   opts: { createDirs?: boolean } = {},
 ): Promise<{ hostPath: string; parts: string[] }> {
-  const pending = sandboxPathComponents(sandboxPath);
-  const done: string[] = [];
-  let links = 0;
-  while (pending.length > 0) {
-    const comp = pending.shift() as string;
-    if (comp === '..') {
-      done.pop();
-      continue;
-    }
-    if (comp === '.' || comp === '') continue;
-    const candidate = [...done, comp];
-    const host = hostPathOf(map, candidate);
-    let st;
-    try {
-      st = await fsp.lstat(host);
-    } catch (err) {
-      if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
-      if (pending.length === 0) return { hostPath: host, parts: candidate };
-      if (!opts.createDirs) throw new SandboxError('not_found', `no such file or directory: ${sandboxPath}`);
-      await fsp.mkdir(host, { mode: 0o755 });
-      done.push(comp);
-      continue;
-    }
-    if (st.isSymbolicLink()) {
-      if (++links > MAX_SYMLINKS) throw new SandboxError('invalid_request', `too many symlinks: ${sandboxPath}`);
-      const target = await fsp.readlink(host);
-      if (target.startsWith('/')) done.length = 0;
-      // Components of the link target (which may contain '..', clamped at the sandbox root).
-      pending.unshift(...target.split('/').filter((c) => c !== '' && c !== '.'));
-      continue;
-    }
-    if (pending.length > 0 && !st.isDirectory()) {
-      throw new SandboxError('invalid_request', `not a directory: /${candidate.join('/')}`);
-    }
-    done.push(comp);
-  }
-  return { hostPath: hostPathOf(map, done), parts: done };
+  const r = await walk(map, sandboxPath, opts);
+  await closeAll(r.dirs);
+  return { hostPath: hostPathOf(map, r.parts), parts: r.parts };
 }
 
-/** Checks that an open descriptor really lives inside the sandbox (guards against races with the sandbox). */
-async function assertFdInside(map: RootMap, fd: number, sandboxPath: string): Promise<void> {
-  const real = await fsp.readlink(`/proc/self/fd/${fd}`);
-  if (!isInsideRoot(map, real)) throw new SandboxError('invalid_request', `path escapes the sandbox: ${sandboxPath}`);
+/** Opens the walk's last component (the root directory itself for `/`), checks where it is, closes the walk's directories. */
+async function openResolved(map: RootMap, r: Resolved, flags: number, mode: number, sandboxPath: string): Promise<FileHandle> {
+  try {
+    const parent = r.dirs[r.dirs.length - 1]!;
+    if (r.name === null) {
+      // `/`: the root directory is open already.
+      if (flags & (fsc.O_WRONLY | fsc.O_RDWR)) throw new SandboxError('invalid_request', `path is a directory: ${sandboxPath}`);
+      return r.dirs.pop()!;
+    }
+    let fh: FileHandle;
+    try {
+      fh = await fsp.open(`/proc/self/fd/${parent.fd}/${r.name}`, flags | FILE_FLAGS, mode);
+    } catch (err) {
+      const code = errCode(err);
+      if (code === 'ENOENT') throw new SandboxError('not_found', `no such file: ${sandboxPath}`);
+      if (code === 'ELOOP') throw new SandboxError('invalid_request', `path is a symlink: ${sandboxPath}`);
+      if (code === 'EISDIR') throw new SandboxError('invalid_request', `path is a directory: ${sandboxPath}`);
+      if (code === 'ENXIO') throw new SandboxError('invalid_request', `not a regular file: ${sandboxPath}`);
+      throw err;
+    }
+    try {
+      await assertFdInside(map, fh.fd, sandboxPath);
+    } catch (err) {
+      await fh.close();
+      throw err;
+    }
+    return fh;
+  } finally {
+    await closeAll(r.dirs);
+  }
 }
 
 /** Writes a file inside the sandbox, creating parent directories. Throws invalid_request for bad paths. */
 export async function writeSandboxFile(map: RootMap, sandboxPath: string, content: Buffer, mode = 0o644): Promise<void> {
-  const { hostPath } = await resolveSandboxPath(map, sandboxPath, { createDirs: true });
-  let fh;
+  const r = await walk(map, sandboxPath, { createDirs: true });
+  // Truncated only once the descriptor is known to be inside the sandbox.
+  const fh = await openResolved(map, r, fsc.O_WRONLY | fsc.O_CREAT, mode, sandboxPath);
   try {
-    fh = await fsp.open(hostPath, fsc.O_WRONLY | fsc.O_CREAT | fsc.O_TRUNC | fsc.O_NOFOLLOW, mode);
-  } catch (err) {
-    const code = (err as NodeJS.ErrnoException).code;
-    if (code === 'ELOOP') throw new SandboxError('invalid_request', `path is a symlink: ${sandboxPath}`);
-    if (code === 'EISDIR') throw new SandboxError('invalid_request', `path is a directory: ${sandboxPath}`);
-    throw err;
-  }
-  try {
-    await assertFdInside(map, fh.fd, sandboxPath);
+    const st = await fh.stat();
+    if (!st.isFile()) throw new SandboxError('invalid_request', `not a regular file: ${sandboxPath}`);
+    await fh.truncate(0);
     await fh.writeFile(content);
   } finally {
     await fh.close();
@@ -129,18 +304,9 @@ export async function writeSandboxFile(map: RootMap, sandboxPath: string, conten
  * `maxBytes`, invalid_request for directories and bad paths.
  */
 export async function readSandboxFile(map: RootMap, sandboxPath: string, maxBytes: number): Promise<Buffer> {
-  const { hostPath } = await resolveSandboxPath(map, sandboxPath);
-  let fh;
+  const r = await walk(map, sandboxPath, {});
+  const fh = await openResolved(map, r, fsc.O_RDONLY, 0, sandboxPath);
   try {
-    fh = await fsp.open(hostPath, fsc.O_RDONLY | fsc.O_NOFOLLOW);
-  } catch (err) {
-    const code = (err as NodeJS.ErrnoException).code;
-    if (code === 'ENOENT') throw new SandboxError('not_found', `no such file: ${sandboxPath}`);
-    if (code === 'ELOOP') throw new SandboxError('invalid_request', `path is a symlink: ${sandboxPath}`);
-    throw err;
-  }
-  try {
-    await assertFdInside(map, fh.fd, sandboxPath);
     const st = await fh.stat();
     if (st.isDirectory()) throw new SandboxError('invalid_request', `path is a directory: ${sandboxPath}`);
     if (!st.isFile()) throw new SandboxError('invalid_request', `not a regular file: ${sandboxPath}`);

@@ -33,6 +33,17 @@ function pidsOfCgroup(id: string, controller = 'pids'): string[] {
   return existsSync(f) ? require('node:fs').readFileSync(f, 'utf8').split('\n').filter(Boolean) : [];
 }
 
+/** The host's mount table lines that mention `id` (a sandbox of the init helper has none, ever). */
+function hostMountsOf(id: string): string[] {
+  return require('node:fs').readFileSync('/proc/self/mountinfo', 'utf8').split('\n').filter((l: string) => l.includes(id));
+}
+
+/** The sandbox's init (pid 1 of its namespaces) from its state.json. */
+async function initPid(dataDir: string, id: string): Promise<number> {
+  const state = JSON.parse(await fsp.readFile(path.join(dataDir, 'sandboxes', id, 'state.json'), 'utf8'));
+  return state.init.ns.pid as number;
+}
+
 /** Cgroups (pids controller) of this process's spare init helpers that have joined them. */
 function readySpares(): string[] {
   const names: string[] = require('node:fs').readdirSync('/sys/fs/cgroup/pids/sap');
@@ -135,6 +146,82 @@ describe('sandbox host (bwrap)', () => {
     expect(pw).toContain('root:x:0:0');
     expect(pw).not.toContain('daemon:');
     expect(await client.readFile(id, '/workspace/dd/sandboxes/' + id + '/state.json')).toBeNull();
+    // The overlays are in the sandbox's own mount namespace, not the host's; files go through its init's root.
+    expect(hostMountsOf(id)).toEqual([]);
+    const mine = await fsp.readFile(`/proc/${await initPid(dataDir, id)}/mountinfo`, 'utf8');
+    expect(mine).toMatch(/ \/ \S+ - overlay sap-sb-/);
+    expect(mine).toMatch(/ \/usr \S+ - overlay sap-sb-/);
+    // A parent directory that is a symlink to a host path is resolved inside the sandbox, and so is `..`.
+    const hostDir = await fsp.mkdtemp(path.join(os.tmpdir(), 'sap-host-only-'));
+    await fsp.writeFile(path.join(hostDir, 'secret'), 'HOST');
+    expect((await sh(host.provider, id, `ln -s ${hostDir} /workspace/hd && ln -s ../../../../etc /workspace/up`)).code).toBe(0);
+    expect(await client.readFile(id, '/workspace/hd/secret')).toBeNull();
+    await client.writeFile(id, '/workspace/hd/secret', 'sandbox');
+    expect(await fsp.readFile(path.join(hostDir, 'secret'), 'utf8')).toBe('HOST');
+    expect((await sh(host.provider, id, `cat ${hostDir}/secret`)).stdout).toBe('sandbox');
+    expect((await client.readFile(id, '/workspace/up/passwd'))?.toString()).toBe(pw);
+    // The sandbox's /proc and /dev are other mounts: refused, and nothing is created there.
+    await expect(client.readFile(id, '/proc/1/cmdline')).rejects.toMatchObject({ type: 'invalid_request' });
+    await expect(client.readFile(id, '/proc/sys/kernel/hostname')).rejects.toMatchObject({ type: 'invalid_request' });
+    await expect(client.writeFile(id, '/dev/sap-x/y', 'x')).rejects.toMatchObject({ type: 'invalid_request' });
+    expect((await sh(host.provider, id, 'ls /dev/sap-x 2>&1 || echo absent')).stdout).toContain('absent');
+    // /usr is the sandbox's own overlay, writable through the files API without touching the host's.
+    await client.writeFile(id, '/usr/local/sap-files-marker', 'usr');
+    expect((await sh(host.provider, id, 'cat /usr/local/sap-files-marker')).stdout).toBe('usr');
+    expect(existsSync('/usr/local/sap-files-marker')).toBe(false);
+    // The sandbox swaps a directory for a symlink to the host directory as fast as it can, while the
+    // host reads and writes through it: the host's file is never read or written.
+    expect((await sh(host.provider, id, `mkdir -p /workspace/race/d && echo sandbox > /workspace/race/d/secret && ln -s ${hostDir} /workspace/race/l`)).code).toBe(0);
+    const swapper = host.provider.spawn(id, {
+      argv: ['/bin/bash', '-c', 'cd /workspace/race; while :; do mv -T d t; mv -T l d; mv -T d l; mv -T t d; done'],
+    });
+    swapper.stdin?.end();
+    try {
+      const seen = new Set<string>();
+      for (let i = 0; i < 300; i++) {
+        const got = await client.readFile(id, '/workspace/race/d/secret').then((b) => b?.toString() ?? 'missing', (e: HostError) => e.type);
+        seen.add(got);
+        await client.writeFile(id, '/workspace/race/d/w' + (i % 5), 'w').catch(() => undefined);
+      }
+      expect(seen.has('HOST')).toBe(false);
+      expect([...seen].every((v) => ['sandbox\n', 'missing', 'not_found', 'invalid_request', 'conflict'].includes(v))).toBe(true);
+      expect(seen.has('sandbox\n')).toBe(true);
+    } finally {
+      swapper.kill('SIGKILL');
+    }
+    expect(await fsp.readFile(path.join(hostDir, 'secret'), 'utf8')).toBe('HOST');
+    expect((await fsp.readdir(hostDir)).sort()).toEqual(['secret']);
+    await fsp.rm(hostDir, { recursive: true, force: true });
+  });
+
+  it('checkpoints the writable layer and starts a sandbox from it', async () => {
+    const id = newId();
+    await client.createSandbox({ id, orgId: 'o', files: { '/workspace/from-files.txt': 'files api' } });
+    expect((await sh(host.provider, id, 'echo from-shell > /workspace/shell.txt && echo tool > /usr/local/bin/sap-tool')).code).toBe(0);
+    const layer = `ck-${process.pid}-${n}`;
+    expect(await client.createCheckpoint(id, layer)).toMatchObject({ layerId: layer, parents: [] });
+    const id2 = newId();
+    await client.createSandbox({ id: id2, orgId: 'o', layers: [layer] });
+    expect(hostMountsOf(id2)).toEqual([]);
+    expect((await client.readFile(id2, '/workspace/from-files.txt'))?.toString()).toBe('files api');
+    expect((await client.readFile(id2, '/workspace/shell.txt'))?.toString()).toBe('from-shell\n');
+    expect((await client.readFile(id2, '/usr/local/bin/sap-tool'))?.toString()).toBe('tool\n');
+    await client.writeFile(id2, '/workspace/shell.txt', 'changed');
+    expect((await client.readFile(id, '/workspace/shell.txt'))?.toString()).toBe('from-shell\n');
+    await client.destroySandbox(id2);
+    await client.destroySandbox(id);
+    expect(await client.deleteLayer(layer)).toBe(true);
+  });
+
+  it('answers conflict for the files of a sandbox whose init has died', async () => {
+    const id = newId();
+    await client.createSandbox({ id, orgId: 'o', files: { '/workspace/x': 'x' } });
+    process.kill(await initPid(dataDir, id), 'SIGKILL');
+    await eventually(async () => (await client.getSandbox(id))?.status === 'stopped');
+    await expect(client.readFile(id, '/workspace/x')).rejects.toMatchObject({ type: 'conflict', status: 409 });
+    await expect(client.writeFile(id, '/workspace/y', 'y')).rejects.toMatchObject({ type: 'conflict', status: 409 });
+    expect(await client.destroySandbox(id)).toBe(true);
+    expect(existsSync(path.join(dataDir, 'sandboxes', id))).toBe(false);
   });
 
   it('gives bash, node and python3 a small machine of their own, with no host files in sight', async () => {
@@ -233,6 +320,7 @@ describe('sandbox host (bwrap)', () => {
     for (const pid of pids) expect(existsSync(`/proc/${pid}`) && !require('node:fs').readFileSync(`/proc/${pid}/stat`, 'utf8').includes(') Z')).toBe(false);
     expect(existsSync(path.join(dataDir, 'sandboxes', id))).toBe(false);
     expect(await fsp.readFile('/proc/mounts', 'utf8')).not.toContain(id);
+    expect(hostMountsOf(id)).toEqual([]);
     expect(existsSync(`/sys/fs/cgroup/pids/sap/${id}`)).toBe(false);
     expect(existsSync(`/sys/fs/cgroup/memory/sap/${id}`)).toBe(false);
     child.kill();
@@ -241,6 +329,8 @@ describe('sandbox host (bwrap)', () => {
   it('creates many at once (most without a spare ready), each isolated, each destroyed cleanly', async () => {
     const ids = Array.from({ length: 8 }, () => newId());
     await Promise.all(ids.map((id) => client.createSandbox({ id, orgId: 'o', maxProcesses: 40 })));
+    // Whichever way each started (spare or not), none is in the host's mount table.
+    expect(ids.flatMap(hostMountsOf)).toEqual([]);
     for (const id of ids) {
       const r = await sh(host.provider, id, 'hostname; ls /proc | grep -c "^[0-9]"');
       expect(r.stdout.split('\n')[0]).toBe(id);
@@ -337,6 +427,27 @@ describe('sandbox host (bwrap)', () => {
     expect(await client.entrypointStatus(id, { waitMs: 10000 })).toMatchObject({ state: 'exited', exitCode: 5 });
     expect((await client.entrypointOutput(id)).toString()).toBe('survived\n');
     expect((await sh(host.provider, id, 'echo still-alive')).stdout).toBe('still-alive\n');
+    // The adopted sandbox's files, through its init's root.
+    await client.writeFile(id, '/workspace/after-restart', 'adopted');
+    expect((await sh(host.provider, id, 'cat /workspace/after-restart')).stdout).toBe('adopted');
+  });
+
+  it('after a reboot (every sandbox process gone), marks the sandbox stopped and destroys it cleanly', async () => {
+    const id = newId();
+    await client.createSandbox({ id, orgId: 'o', entrypoint: { argv: ['sleep', '300'] } });
+    await host.close();
+    const pids = pidsOfCgroup(id);
+    for (const pid of pids) process.kill(Number(pid), 'SIGKILL');
+    const alive = () => pids.filter((pid) => existsSync(`/proc/${pid}`) && !/\) [ZX] /.test(require('node:fs').readFileSync(`/proc/${pid}/stat`, 'utf8')));
+    for (let i = 0; i < 100 && alive().length > 0; i++) await new Promise((r) => setTimeout(r, 20));
+    host = await startHost({ dataDir, token: TOKEN, listen: '127.0.0.1:0', hostId: 'test-host' });
+    client = new HostClient({ url: host.url, token: TOKEN });
+    expect(await client.getSandbox(id)).toMatchObject({ status: 'stopped' });
+    await expect(client.readFile(id, '/workspace/x')).rejects.toMatchObject({ type: 'conflict' });
+    expect(await client.destroySandbox(id)).toBe(true);
+    expect(existsSync(path.join(dataDir, 'sandboxes', id))).toBe(false);
+    expect(hostMountsOf(id)).toEqual([]);
+    expect(existsSync(`/sys/fs/cgroup/pids/sap/${id}`)).toBe(false);
   });
 
   it('measures create latency', async () => {
@@ -391,7 +502,14 @@ describe('sandbox host (bwrap), started through sh + mount (no init helper)', ()
     expect(r.stdout.split('\n').slice(0, 5)).toEqual([id, 'mine', 'no-datadir', 'CapEff:\t0000000000000000', expect.stringMatching(/^[1-9]$/)]);
     expect(existsSync('/usr/bin/sap-sh-marker')).toBe(false);
     expect(require('node:fs').readFileSync(`/sys/fs/cgroup/pids/sap/${id}/pids.max`, 'utf8').trim()).toBe('40');
+    // This path mounts the overlays on the host (the old way); the files API works the same.
+    expect(hostMountsOf(id).length).toBe(2);
+    await client.writeFile(id, '/workspace/sh.txt', 'via files');
+    expect((await sh(host.provider, id, 'cat /workspace/sh.txt')).stdout).toBe('via files');
+    expect((await client.readFile(id, '/usr/bin/sap-sh-marker'))?.toString()).toBe('mine\n');
+    await expect(client.readFile(id, '/proc/1/cmdline')).rejects.toMatchObject({ type: 'invalid_request' });
     expect(await client.destroySandbox(id)).toBe(true);
+    expect(hostMountsOf(id)).toEqual([]);
     expect(await fsp.readFile('/proc/mounts', 'utf8')).not.toContain(id);
     expect(existsSync(path.join(dataDir, 'sandboxes', id))).toBe(false);
     expect(existsSync(`/sys/fs/cgroup/pids/sap/${id}`)).toBe(false);

@@ -1,9 +1,11 @@
-import { promises as fsp } from 'node:fs';
+import { execFileSync } from 'node:child_process';
+import { promises as fsp, existsSync } from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { envPairs, shq } from '../../sandbox/base';
 import {
   hostPathOf,
+  mountIdOf,
   readSandboxFile,
   resolveSandboxPath,
   sandboxPathComponents,
@@ -73,6 +75,70 @@ describe('sandbox path resolution', () => {
     expect(await fsp.readFile(path.join(tmp, 'root', 'a', 'b', 'c.txt'), 'utf8')).toBe('hi');
     await writeSandboxFile(map, '/host-outside/secret', Buffer.from('overwritten?'));
     expect(await fsp.readFile(path.join(outside, 'secret'), 'utf8')).toBe('host secret');
+  });
+});
+
+describe('sandbox path resolution with a mount-id guard (the bwrap provider\'s kind of map)', () => {
+  // The map's root is one mount; a tmpfs mounted inside it stands for the sandbox's /proc or /dev.
+  let tmp: string;
+  let root: string;
+  let outside: string;
+  let map: RootMap;
+
+  beforeAll(async () => {
+    tmp = await fsp.mkdtemp(path.join(os.tmpdir(), 'sap-paths-mnt-'));
+    root = path.join(tmp, 'root');
+    outside = path.join(tmp, 'outside');
+    await fsp.mkdir(path.join(root, 'etc'), { recursive: true });
+    await fsp.mkdir(path.join(root, 'dev'));
+    await fsp.mkdir(path.join(root, 'workspace'));
+    await fsp.mkdir(outside);
+    await fsp.writeFile(path.join(outside, 'secret'), 'host secret');
+    await fsp.writeFile(path.join(root, 'etc', 'passwd'), 'sandbox passwd');
+    execFileSync('mount', ['-t', 'tmpfs', 'sap-test', path.join(root, 'dev')]);
+    await fsp.writeFile(path.join(root, 'dev', 'node'), 'on another mount');
+    // ../../.. from /workspace/up climbs past the root: clamped there.
+    await fsp.symlink('../../../../..', path.join(root, 'workspace', 'up'));
+    await fsp.symlink(outside, path.join(root, 'workspace', 'host-dir'));
+    await fsp.symlink('/dev', path.join(root, 'workspace', 'devlink'));
+    execFileSync('mkfifo', [path.join(root, 'workspace', 'fifo')]);
+    const fh = await fsp.open(root, 'r');
+    const rootMount = await mountIdOf(fh.fd);
+    await fh.close();
+    map = { mounts: [{ at: '/', dir: root }], mountIds: new Set([rootMount]) };
+  });
+
+  afterAll(async () => {
+    execFileSync('umount', [path.join(root, 'dev')]);
+    await fsp.rm(tmp, { recursive: true, force: true });
+  });
+
+  it('clamps `..` of link targets at the root and refuses it in paths', async () => {
+    expect((await readSandboxFile(map, '/workspace/up/etc/passwd', 100)).toString()).toBe('sandbox passwd');
+    await expect(readSandboxFile(map, '/workspace/../etc/passwd', 100)).rejects.toMatchObject({ type: 'invalid_request' });
+  });
+
+  it('reads a symlinked parent pointing to an absolute host path inside the sandbox, never on the host', async () => {
+    await expect(readSandboxFile(map, '/workspace/host-dir/secret', 100)).rejects.toMatchObject({ type: 'not_found' });
+    await writeSandboxFile(map, '/workspace/host-dir/secret', Buffer.from('sandbox copy'));
+    expect(await fsp.readFile(path.join(outside, 'secret'), 'utf8')).toBe('host secret');
+    expect(await fsp.readFile(path.join(root, outside, 'secret'), 'utf8')).toBe('sandbox copy');
+  });
+
+  it('refuses files and directories on any other mount, before creating anything there', async () => {
+    await expect(readSandboxFile(map, '/dev/node', 100)).rejects.toMatchObject({ type: 'invalid_request', message: expect.stringMatching(/escapes/) });
+    await expect(readSandboxFile(map, '/workspace/devlink/node', 100)).rejects.toMatchObject({ type: 'invalid_request' });
+    await expect(writeSandboxFile(map, '/dev/node', Buffer.from('x'))).rejects.toMatchObject({ type: 'invalid_request' });
+    await expect(writeSandboxFile(map, '/dev/new/dir/file', Buffer.from('x'))).rejects.toMatchObject({ type: 'invalid_request' });
+    expect(await fsp.readFile(path.join(root, 'dev', 'node'), 'utf8')).toBe('on another mount');
+    expect(existsSync(path.join(root, 'dev', 'new'))).toBe(false);
+  });
+
+  it('never blocks on a FIFO and writes only regular files', async () => {
+    await expect(readSandboxFile(map, '/workspace/fifo', 100)).rejects.toMatchObject({ type: 'invalid_request' });
+    await expect(writeSandboxFile(map, '/workspace/fifo', Buffer.from('x'))).rejects.toMatchObject({ type: 'invalid_request' });
+    await expect(writeSandboxFile(map, '/workspace', Buffer.from('x'))).rejects.toMatchObject({ type: 'invalid_request' });
+    await expect(readSandboxFile(map, '/', 100)).rejects.toMatchObject({ type: 'invalid_request' });
   });
 });
 

@@ -1,13 +1,17 @@
 /*
  * sap-sandbox-init: starts a sandbox's init with one exec instead of `sh` + `mount` + `mount`.
  *
- *   sap-sandbox-init [-c CGROUP_PROCS]... [-d DIR]... [-l LOG] [-o SOURCE TARGET OPTIONS]... -- PROGRAM [ARG]...
+ *   sap-sandbox-init [-c CGROUP_PROCS]... [-d DIR]... [-l LOG] [-n] [-o SOURCE TARGET OPTIONS]... -- PROGRAM [ARG]...
  *   sap-sandbox-init -w [-c CGROUP_PROCS]...        (the rest of the arguments then come on stdin)
  *
  * In order: moves itself into each cgroup (writes its pid into the `cgroup.procs` file), creates each
- * directory (an existing one is fine), sends stdout and stderr to LOG (appended), mounts each overlay
- * (`mount -t overlay SOURCE TARGET -o OPTIONS`), then execs PROGRAM (looked up in PATH) with the
- * remaining arguments. The sandbox host (sandbox/bwrap.ts) runs it with bwrap as PROGRAM.
+ * directory (an existing one is fine), sends stdout and stderr to LOG (appended), with -n moves into a
+ * mount namespace of its own whose mounts are all private (nothing it mounts afterwards propagates
+ * back to the host's namespace), mounts each overlay (`mount -t overlay SOURCE TARGET -o OPTIONS`),
+ * then execs PROGRAM (looked up in PATH) with the remaining arguments. The sandbox host
+ * (sandbox/bwrap.ts) runs it with -n and bwrap as PROGRAM: bwrap builds the sandbox from that
+ * namespace, so the overlays never appear in the host's mount table and vanish with the sandbox's
+ * last process.
  *
  * With -w it prepares ahead of a request: it joins the cgroups, writes "ready\n" to stdout, then reads
  * the remaining arguments from stdin, each ended by a NUL byte, until end of file, and goes on as above.
@@ -16,8 +20,10 @@
  *
  * Exits 1 with a message on stderr when a step fails, 2 on bad usage.
  */
+#define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,7 +39,7 @@ static int fail(const char *what, const char *arg) {
 static int usage(const char *arg) {
   fprintf(stderr,
           "sap-sandbox-init: bad argument %s\n"
-          "usage: sap-sandbox-init [-w] [-c FILE]... [-d DIR]... [-l LOG] [-o SOURCE TARGET OPTIONS]... -- PROGRAM [ARG]...\n",
+          "usage: sap-sandbox-init [-w] [-c FILE]... [-d DIR]... [-l LOG] [-n] [-o SOURCE TARGET OPTIONS]... -- PROGRAM [ARG]...\n",
           arg);
   return 2;
 }
@@ -72,6 +78,9 @@ static int run(char **args, int n, int allow_exec) {
       if (fd < 0) return fail("open", args[i]);
       if (dup2(fd, 1) < 0 || dup2(fd, 2) < 0) return fail("redirect to", args[i]);
       close(fd);
+    } else if (strcmp(a, "-n") == 0) {
+      if (unshare(CLONE_NEWNS) != 0) return fail("unshare", "mount namespace");
+      if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) return fail("make private", "/");
     } else if (strcmp(a, "-o") == 0 && i + 3 < n) {
       if (mount(args[i + 1], args[i + 2], "overlay", 0, args[i + 3]) != 0) return fail("mount overlay on", args[i + 2]);
       i += 3;
