@@ -26,8 +26,9 @@
  * destroy finds and kills them.
  */
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
-import { createHash } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 import { promises as fsp, constants as fsc } from 'node:fs';
+import * as net from 'node:net';
 import * as path from 'node:path';
 import { promisify } from 'node:util';
 import type { Spawner } from './spawner';
@@ -35,7 +36,7 @@ import { PROJECT_ROOT } from '../config';
 import { BaseProvider, DEFAULT_ENV, assertId, cgroupJoin, envPairs, shq, type SandboxState } from './base';
 import { SandboxError } from './errors';
 import type { RootMap } from './paths';
-import { isAlive, procRef, SandboxCgroups, signalRef } from './procs';
+import { isAlive, procRef, SandboxCgroups, signalRef, type ProcRef } from './procs';
 import type { ProviderOptions, SpawnOptions } from './provider';
 
 const execFileP = promisify(execFile);
@@ -78,14 +79,75 @@ async function unmountUnder(dir: string, spawner: Spawner): Promise<void> {
 /** Cgroup names of spare init helpers: `spare-<host pid>-<n>`. */
 const SPARE_PREFIX = 'spare-';
 
-/** A spare init helper: its cgroups (named `name` until claimed), its process once started, and whether it has joined them. */
+/**
+ * A spare init helper: its cgroups (named `name` until claimed), how the host reaches it once started
+ * (its pipes when the host forked it; its connection to the host's socket when the spawner started
+ * it), and whether it has joined its cgroups.
+ */
 interface Spare {
   name: string;
   cgroups: SandboxCgroups | null;
   child: ChildProcess | null;
+  /** Started by the spawner: the helper's process, its key (what it says when it connects) and its connection. */
+  proc: ProcRef | null;
+  key: string | null;
+  sock: net.Socket | null;
   ready: boolean;
+  /** Set once a create has taken it: failures are then that create's to report. */
+  claimed: boolean;
   /** Set once the host has stopped it on purpose (closing, or a failed claim). */
   discarded: boolean;
+  /** Reports the spare as failed (before it is claimed). */
+  failed?: (why: string) => void;
+}
+
+/**
+ * An init being started, whose bwrap info (the sandbox's pid) is still to come: the helper's pid,
+ * how to hand it its remaining arguments, the stream bwrap's --info-fd writes to, and its end.
+ */
+interface Starting {
+  pid: number | undefined;
+  /** Hands a waiting helper (-w) its remaining arguments. */
+  send(args: Buffer): void;
+  info: NodeJS.ReadableStream & { destroy(): void; resume(): unknown };
+  /** Calls back when the helper is gone before its info came. */
+  onGone(cb: (why: string) => void): void;
+  /** Lets go of the process and its streams once the sandbox runs. */
+  release(): void;
+}
+
+/** A Starting for a helper (or sh) the host forked: its stdin, its descriptor 3, its exit. */
+function startingOfChild(child: ChildProcess): Starting {
+  return {
+    pid: child.pid,
+    send: (args) => child.stdin!.end(args),
+    info: child.stdio[3] as Starting['info'],
+    onGone: (cb) => {
+      child.on('exit', (code) => cb(`exit code ${code}`));
+      child.on('error', (err) => cb(err.message));
+    },
+    release: () => {
+      child.removeAllListeners('exit');
+      child.removeAllListeners('error');
+      child.unref();
+      for (const stream of [child.stdin, child.stdout, child.stdio[3]]) stream?.destroy();
+    },
+  };
+}
+
+/** A Starting for a helper started by the spawner, connected to the host's socket (its descriptor 3). */
+function startingOfSocket(pid: number, sock: net.Socket): Starting {
+  return {
+    pid,
+    // Shuts down the host's side: the helper reads its arguments to the end.
+    send: (args) => sock.end(args),
+    info: sock,
+    onGone: (cb) => sock.on('close', () => cb('the init helper closed its connection')),
+    release: () => {
+      sock.removeAllListeners('close');
+      sock.destroy();
+    },
+  };
 }
 
 /** Where scripts/toolchain.sh puts the init helper (tools/sandbox-init). */
@@ -102,6 +164,10 @@ export class BwrapProvider extends BaseProvider {
   private spareSeq = 0;
   private spareFailures = 0;
   private closed = false;
+  /** Where init helpers started by the spawner connect (listenForHelpers), and who waits for which key. */
+  private helperServer: net.Server | null = null;
+  private helperSocket: string | null = null;
+  private readonly helperWaiters = new Map<string, (sock: net.Socket) => void>();
   /** Per sandbox: the mount ids of its `/` and `/usr`, read once per init (key: pid and start time). */
   private readonly mountIds = new Map<string, { key: string; ids: ReadonlySet<number> }>();
 
@@ -119,6 +185,7 @@ export class BwrapProvider extends BaseProvider {
     this.initHelper = helper && (await fsp.access(helper, fsc.X_OK).then(() => true, () => false)) ? helper : null;
     if (helper && !this.initHelper && this.initHelperOption !== undefined) throw new Error(`init helper ${helper} is not executable`);
     this.log.info({ initHelper: this.initHelper ?? '/bin/sh + mount' }, 'sandboxes start through');
+    if (this.initHelper && !this.closed) await this.listenForHelpers();
     // Cgroups of spare helpers whose host process is gone (a live host's spare is in use and stays).
     await SandboxCgroups.removeGroups((n) => n.startsWith(SPARE_PREFIX) && !signalable(Number(n.slice(SPARE_PREFIX.length).split('-')[0])));
     this.prepareSpare();
@@ -198,29 +265,119 @@ export class BwrapProvider extends BaseProvider {
   }
 
   /**
+   * Listens on `${dataDir}/init.sock` for init helpers started by the spawner (`-w -s`): each connects
+   * once it has joined its cgroups and says which it is ("ready KEY"). Without it (a data directory
+   * path too long for a unix socket) spares are forked by the host and bursts wait for an info file.
+   */
+  private async listenForHelpers(): Promise<void> {
+    const sockPath = path.join(this.dataDir, 'init.sock');
+    if (Buffer.byteLength(sockPath) >= 100) {
+      this.log.warn({ sockPath }, 'data directory path too long for the init helpers\' socket; spares are forked');
+      return;
+    }
+    await fsp.rm(sockPath, { force: true });
+    const server = net.createServer({ allowHalfOpen: true }, (sock) => this.helperConnected(sock));
+    await new Promise<void>((resolve, reject) => {
+      server.once('error', reject);
+      server.listen(sockPath, () => {
+        server.off('error', reject);
+        resolve();
+      });
+    });
+    server.on('error', (err) => this.log.warn({ err: err.message }, 'init helpers\' socket failed'));
+    await fsp.chmod(sockPath, 0o600);
+    server.unref();
+    this.helperServer = server;
+    this.helperSocket = sockPath;
+  }
+
+  /** A helper's connection: its first line names the spare (or the create) waiting for it. */
+  private helperConnected(sock: net.Socket): void {
+    sock.unref();
+    sock.on('error', () => undefined);
+    let text = '';
+    const onData = (chunk: Buffer) => {
+      text += chunk.toString('latin1');
+      const nl = text.indexOf('\n');
+      if (nl < 0) {
+        if (text.length > 200) sock.destroy();
+        return;
+      }
+      sock.off('data', onData);
+      // Until a create reads bwrap's info from it.
+      sock.pause();
+      const key = /^ready (\S+)$/.exec(text.slice(0, nl))?.[1];
+      const waiter = key ? this.helperWaiters.get(key) : undefined;
+      if (!key || !waiter) return void sock.destroy();
+      this.helperWaiters.delete(key);
+      waiter(sock);
+    };
+    sock.on('data', onData);
+  }
+
+  /**
+   * Starts `sap-sandbox-init -w -s SOCKET KEY` in the given cgroups through the spawner (no fork of
+   * the host); `connected` is called with its connection once it is in them.
+   */
+  private async startLinkedHelper(key: string, cgroups: SandboxCgroups, connected: (sock: net.Socket) => void): Promise<ProcRef> {
+    this.helperWaiters.set(key, connected);
+    try {
+      const pid = await this.spawner.spawn({
+        argv: [this.initHelper!, '-w', '-s', this.helperSocket!, key, ...cgroups.procsFiles().flatMap((f) => ['-c', f])],
+        env: { PATH: DEFAULT_ENV.PATH },
+      });
+      return procRef(pid) ?? { pid, start: -1 };
+    } catch (err) {
+      this.helperWaiters.delete(key);
+      throw err;
+    }
+  }
+
+  /**
    * Starts a spare init helper (`sap-sandbox-init -w`) in cgroups of its own, unless one is there or
    * starting. Joining cgroups waits for a kernel RCU grace period (5–15 ms), so it is done ahead of
    * the next create, which renames the groups to its sandbox's and hands the helper the rest of its
-   * arguments. Gives up after three failures in a row (creates then start a helper each time).
+   * arguments. Started through the spawner when the host listens for helpers (listenForHelpers),
+   * else forked. Gives up after three failures in a row (creates then start a helper each time).
    */
   private prepareSpare(): void {
     if (!this.initHelper || this.spare || this.closed || this.spareFailures >= 3) return;
     const name = `${SPARE_PREFIX}${process.pid}-${++this.spareSeq}`;
-    const pending: Spare = { name, child: null, cgroups: null, ready: false, discarded: false };
+    const pending: Spare = { name, child: null, proc: null, key: null, sock: null, cgroups: null, ready: false, claimed: false, discarded: false };
     this.spare = pending;
     let done = false;
     const failed = (why: string) => {
-      if (done || pending.discarded) return;
+      if (done || pending.discarded || pending.claimed) return;
       done = true;
       if (this.spare === pending) this.spare = null;
       this.spareFailures++;
       this.log.warn({ why, failures: this.spareFailures }, 'spare sandbox init failed');
       void this.discardSpare(pending);
     };
+    pending.failed = failed;
+    const isReady = () => {
+      pending.ready = true;
+      this.spareFailures = 0;
+    };
     void (async () => {
       const cgroups = await SandboxCgroups.create(name, { maxProcesses: 512 });
       pending.cgroups = cgroups;
       if (this.spare !== pending) return void this.discardSpare(pending);
+      if (this.helperSocket) {
+        pending.key = `${name}.${randomBytes(8).toString('hex')}`;
+        const connected = (sock: net.Socket) => {
+          if (pending.discarded || done) return void sock.destroy();
+          pending.sock = sock;
+          sock.on('close', () => failed('the init helper closed its connection'));
+          isReady();
+        };
+        pending.proc = await this.startLinkedHelper(pending.key, cgroups, connected);
+        // One timer, not a poll: a helper that has not connected by then is taken as failed.
+        setTimeout(() => {
+          if (!pending.ready) failed('no connection from the init helper within 10 s');
+        }, 10_000).unref();
+        return;
+      }
       const child = spawn(this.initHelper!, ['-w', ...cgroups.procsFiles().flatMap((f) => ['-c', f])], {
         stdio: ['pipe', 'pipe', 'ignore', 'pipe'],
         detached: true,
@@ -234,8 +391,7 @@ export class BwrapProvider extends BaseProvider {
       child.on('exit', (code) => failed(`exit code ${code}`));
       child.stdout!.once('data', (chunk: Buffer) => {
         if (chunk.toString() !== 'ready\n') return failed(`unexpected output ${JSON.stringify(chunk.toString().slice(0, 100))}`);
-        pending.ready = true;
-        this.spareFailures = 0;
+        isReady();
       });
     })().catch((err: Error) => failed(err.message));
   }
@@ -244,13 +400,16 @@ export class BwrapProvider extends BaseProvider {
    * The ready spare helper, now in sandbox `id`'s cgroups (renamed) with its limits, or null when
    * there is none (the caller starts a helper of its own). The next spare is started by provision.
    */
-  private async claimSpare(id: string, limits: SandboxState['limits']): Promise<ChildProcess | null> {
+  private async claimSpare(id: string, limits: SandboxState['limits']): Promise<Starting | null> {
     const spare = this.spare;
-    if (!spare?.ready || !spare.child || !spare.cgroups || spare.child.exitCode !== null) return null;
+    if (!spare?.ready || !spare.cgroups) return null;
+    if (spare.child && spare.child.exitCode !== null) return null;
+    if (!spare.child && (!spare.sock || spare.sock.destroyed || !spare.proc)) return null;
     this.spare = null;
-    const child = spare.child;
-    child.removeAllListeners('exit');
-    child.removeAllListeners('error');
+    spare.claimed = true;
+    spare.child?.removeAllListeners('exit');
+    spare.child?.removeAllListeners('error');
+    spare.sock?.removeAllListeners('close');
     try {
       const cgroups = await spare.cgroups.renameTo(id);
       await cgroups.applyLimits(limits);
@@ -259,30 +418,48 @@ export class BwrapProvider extends BaseProvider {
       await this.discardSpare(spare, id);
       return null;
     }
+    if (spare.sock) {
+      spare.sock.ref();
+      return startingOfSocket(spare.proc!.pid, spare.sock);
+    }
+    const child = spare.child!;
     child.ref();
     for (const stream of [child.stdin, child.stdout, child.stdio[3]]) (stream as unknown as { ref?(): void } | null)?.ref?.();
-    return child;
+    return startingOfChild(child);
   }
 
   /** Kills a spare helper and removes its cgroups (under its own name and, if given, the name it was renamed to). */
   private async discardSpare(spare: Spare, renamedTo?: string): Promise<void> {
     spare.discarded = true;
+    if (spare.key) this.helperWaiters.delete(spare.key);
     if (spare.child && spare.child.exitCode === null && spare.child.signalCode === null) {
       const exited = new Promise((r) => spare.child!.once('exit', r));
       spare.child.ref();
       spare.child.kill('SIGKILL');
       await exited;
     }
+    spare.sock?.destroy();
+    if (spare.proc) {
+      signalRef(spare.proc, 'SIGKILL');
+      await this.waitGone([spare.proc]);
+    }
     await SandboxCgroups.of(spare.name).remove();
     if (renamedTo) await SandboxCgroups.of(renamedTo).remove();
   }
 
-  /** Stops the spare helper; sandboxes keep running. */
+  /** Stops the spare helper and the helpers' socket; sandboxes keep running. */
   override async close(): Promise<void> {
     this.closed = true;
     const spare = this.spare;
     this.spare = null;
     if (spare) await this.discardSpare(spare);
+    const server = this.helperServer;
+    this.helperServer = null;
+    if (server) {
+      await new Promise((r) => server.close(r));
+      if (this.helperSocket) await fsp.rm(this.helperSocket, { force: true });
+    }
+    this.helperSocket = null;
     await super.close();
   }
 
@@ -331,15 +508,37 @@ export class BwrapProvider extends BaseProvider {
       const logText = await fsp.readFile(sub('init.log'), 'utf8').catch(() => '');
       return new SandboxError('internal', `sandbox ${id} failed to start (${why}): ${logText.trim().slice(-1000)}`);
     };
-    let child: ChildProcess;
+    let starting: Starting;
     // Through the helper, the overlays are mounted in the sandbox's own mount namespace (-n).
     state.hostMounts = false;
     const spare = await this.claimSpare(id, state.limits);
     if (spare) {
-      child = spare;
-      child.stdin!.end(Buffer.from(['-l', sub('init.log'), ...helperArgs()].map((a) => a + '\0').join('')));
+      starting = spare;
+      starting.send(Buffer.from(['-l', sub('init.log'), ...helperArgs()].map((a) => a + '\0').join('')));
+    } else if (this.initHelper && this.helperSocket) {
+      // No spare ready (a burst): a helper of its own through the spawner, over the socket like a spare.
+      const cgroups = await SandboxCgroups.create(id, state.limits);
+      const key = `${id}.${randomBytes(8).toString('hex')}`;
+      let connected!: (sock: net.Socket) => void;
+      const sockP = new Promise<net.Socket>((r) => (connected = r));
+      const proc = await this.startLinkedHelper(key, cgroups, connected);
+      let timer: NodeJS.Timeout | undefined;
+      const sock = await Promise.race([
+        sockP,
+        new Promise<never>((_r, reject) => {
+          timer = setTimeout(() => reject(new Error('no connection from the init helper within 15 s')), 15_000);
+        }),
+      ])
+        .catch(async (err: Error) => {
+          this.helperWaiters.delete(key);
+          signalRef(proc, 'SIGKILL');
+          throw await failure(err.message);
+        })
+        .finally(() => clearTimeout(timer));
+      starting = startingOfSocket(proc.pid, sock);
+      starting.send(Buffer.from(['-l', sub('init.log'), ...helperArgs()].map((a) => a + '\0').join('')));
     } else if (this.initHelper) {
-      // No spare ready (a burst): start a helper through the spawner (no fork of the host). bwrap
+      // No spare ready and no socket: start a helper through the spawner (no fork of the host). bwrap
       // writes its info (the init's pid) to a file instead of a pipe.
       const cgroups = await SandboxCgroups.create(id, state.limits);
       const args = ['-l', sub('init.log'), ...cgroups.procsFiles().flatMap((f) => ['-c', f]), ...helperArgs()];
@@ -368,22 +567,23 @@ export class BwrapProvider extends BaseProvider {
         ` && { ${cgroupJoin(cgroups.procsFiles())} exec "$@"; }`;
       const log = await fsp.open(sub('init.log'), 'a');
       try {
-        child = spawn('/bin/sh', ['-c', script, 'sh', ...bwrap], {
-          stdio: ['ignore', log.fd, log.fd, 'pipe'],
-          detached: true,
-          env: { PATH: DEFAULT_ENV.PATH },
-        });
+        starting = startingOfChild(
+          spawn('/bin/sh', ['-c', script, 'sh', ...bwrap], {
+            stdio: ['ignore', log.fd, log.fd, 'pipe'],
+            detached: true,
+            env: { PATH: DEFAULT_ENV.PATH },
+          }),
+        );
       } finally {
         await log.close();
       }
     }
     this.prepareSpare();
-    const info = child.stdio[3] as NodeJS.ReadableStream & { destroy(): void };
+    const info = starting.info;
     const nsPid = await new Promise<number>((resolve, reject) => {
       let text = '';
       const fail = async (why: string) => {
-        const logText = await fsp.readFile(sub('init.log'), 'utf8').catch(() => '');
-        reject(new SandboxError('internal', `sandbox ${id} failed to start (${why}): ${logText.trim().slice(-1000)}`));
+        reject(await failure(why));
       };
       const timer = setTimeout(() => void fail('timeout'), 15000);
       info.on('data', (chunk: Buffer) => {
@@ -397,26 +597,19 @@ export class BwrapProvider extends BaseProvider {
           /* incomplete JSON so far */
         }
       });
-      child.on('exit', (code) => {
+      // A socket paused since its helper connected.
+      info.resume();
+      starting.onGone((why) => {
         clearTimeout(timer);
-        void fail(`exit code ${code}`);
+        void fail(why);
       });
-      child.on('error', (err) => {
-        clearTimeout(timer);
-        void fail(err.message);
-      });
-    });
-    info.destroy();
+    }).finally(() => starting.release());
     // bwrap reports the child's pid right after clone, before the child has mounted the new root.
     // Entering it before then would enter the host's filesystem: wait until it has forked sleep.
     await waitForInitChild(nsPid, 15_000).catch(async (err: Error) => {
-      const logText = await fsp.readFile(sub('init.log'), 'utf8').catch(() => '');
-      throw new SandboxError('internal', `sandbox ${id} failed to start (${err.message}): ${logText.trim().slice(-1000)}`);
+      throw await failure(err.message);
     });
-    child.removeAllListeners('exit');
-    child.unref();
-    for (const stream of [child.stdin, child.stdout]) stream?.destroy();
-    const outer = procRef(child.pid);
+    const outer = procRef(starting.pid);
     const ns = procRef(nsPid);
     if (!outer || !ns) throw new SandboxError('internal', `sandbox ${id} init exited right after start`);
     state.init = { outer, ns };

@@ -209,7 +209,15 @@ async function walk(map: RootMap, sandboxPath: string, opts: { createDirs?: bool
       }
       if (st.isSymbolicLink()) {
         if (++links > MAX_SYMLINKS) throw new SandboxError('invalid_request', `too many symlinks: ${sandboxPath}`);
-        const target = await fsp.readlink(rel);
+        let target: string;
+        try {
+          target = await fsp.readlink(rel);
+        } catch (err) {
+          // Replaced since the lstat: look again.
+          if (errCode(err) !== 'EINVAL' && errCode(err) !== 'ENOENT') throw err;
+          retry(comp);
+          continue;
+        }
         if (target.startsWith('/')) {
           done.length = 0;
           await closeAll(dirs.splice(1));

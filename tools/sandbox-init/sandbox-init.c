@@ -2,7 +2,7 @@
  * sap-sandbox-init: starts a sandbox's init with one exec instead of `sh` + `mount` + `mount`.
  *
  *   sap-sandbox-init [-c CGROUP_PROCS]... [-d DIR]... [-l LOG] [-n] [-o SOURCE TARGET OPTIONS]... -- PROGRAM [ARG]...
- *   sap-sandbox-init -w [-c CGROUP_PROCS]...        (the rest of the arguments then come on stdin)
+ *   sap-sandbox-init -w [-s SOCKET ID] [-c CGROUP_PROCS]...   (the rest of the arguments come later)
  *
  * In order: moves itself into each cgroup (writes its pid into the `cgroup.procs` file), creates each
  * directory (an existing one is fine), sends stdout and stderr to LOG (appended), with -n moves into a
@@ -18,6 +18,12 @@
  * Joining a cgroup waits for an RCU grace period in the kernel (5-15 ms); done ahead, it is off the
  * path of a create. An empty stdin (the host went away) makes it exit 0 without doing anything.
  *
+ * With -s (and -w) it talks over a unix stream socket instead of stdin and stdout, so that it can be
+ * started by a process other than the host (the host's spawner) and still reach the host: once in its
+ * cgroups it connects to SOCKET, writes "ready ID\n", reads the remaining arguments from the socket
+ * until the host shuts down its side, and leaves the socket as descriptor 3 for what it execs (bwrap
+ * writes its --info-fd 3 there, so the host learns the sandbox's pid over the same connection).
+ *
  * Exits 1 with a message on stderr when a step fails, 2 on bad usage.
  */
 #define _GNU_SOURCE
@@ -28,6 +34,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -91,8 +99,8 @@ static int run(char **args, int n, int allow_exec) {
   return allow_exec ? usage("(no program)") : 0;
 }
 
-/* Reads stdin to its end and splits it at NUL bytes; returns the number of arguments (-1 on error). */
-static int read_args(char ***out) {
+/* Reads `fd` to its end and splits it at NUL bytes; returns the number of arguments (-1 on error). */
+static int read_args(int fd, char ***out) {
   size_t cap = 4096, len = 0;
   char *buf = malloc(cap);
   if (!buf) return -1;
@@ -102,7 +110,7 @@ static int read_args(char ***out) {
       if (!bigger) return -1;
       buf = bigger;
     }
-    ssize_t r = read(0, buf + len, cap - len);
+    ssize_t r = read(fd, buf + len, cap - len);
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) return -1;
     if (r == 0) break;
@@ -125,18 +133,73 @@ static int read_args(char ***out) {
   return n;
 }
 
+/* Connects to the unix socket at `path`; returns the descriptor (not close-on-exec), -1 on error. */
+static int connect_to(const char *path) {
+  struct sockaddr_un addr = {.sun_family = AF_UNIX};
+  if (strlen(path) >= sizeof addr.sun_path) {
+    errno = ENAMETOOLONG;
+    return -1;
+  }
+  strcpy(addr.sun_path, path);
+  int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  if (connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0) {
+    int e = errno;
+    close(fd);
+    errno = e;
+    return -1;
+  }
+  return fd;
+}
+
+static int write_all(int fd, const char *text) {
+  size_t len = strlen(text);
+  while (len > 0) {
+    ssize_t w = write(fd, text, len);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return -1;
+    text += w;
+    len -= (size_t)w;
+  }
+  return 0;
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "-w") == 0) {
-    int code = run(argv + 2, argc - 2, 0);
+    const char *sock_path = NULL, *id = "";
+    int first = 2;
+    if (argc > 4 && strcmp(argv[2], "-s") == 0) {
+      sock_path = argv[3];
+      id = argv[4];
+      first = 5;
+    }
+    int code = run(argv + first, argc - first, 0);
     if (code) return code;
-    if (write(1, "ready\n", 6) != 6) return fail("write", "ready");
+    int in = 0;
+    if (sock_path) {
+      int sock = connect_to(sock_path);
+      if (sock < 0) return fail("connect to", sock_path);
+      char line[256];
+      snprintf(line, sizeof line, "ready %s\n", id);
+      if (write_all(sock, line) != 0) return fail("write", "ready");
+      /* Descriptor 3 for bwrap's --info-fd; read from it until the host shuts down its side. */
+      if (sock != 3) {
+        if (dup2(sock, 3) < 0) return fail("dup", "socket");
+        close(sock);
+      }
+      in = 3;
+    } else if (write(1, "ready\n", 6) != 6) {
+      return fail("write", "ready");
+    }
     char **args = NULL;
-    int n = read_args(&args);
+    int n = read_args(in, &args);
     if (n < 0) return fail("read", "arguments");
     if (n == 0) return 0;
-    int devnull = open("/dev/null", O_RDONLY);
-    if (devnull < 0 || dup2(devnull, 0) < 0) return fail("open", "/dev/null");
-    close(devnull);
+    if (!sock_path) {
+      int devnull = open("/dev/null", O_RDONLY);
+      if (devnull < 0 || dup2(devnull, 0) < 0) return fail("open", "/dev/null");
+      close(devnull);
+    }
     return run(args, n, 1);
   }
   return run(argv + 1, argc - 1, 1);
