@@ -5,6 +5,7 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { Spawner } from './spawner';
+import { createHash } from 'node:crypto';
 import { promises as fsp, watch, openSync, closeSync, type FSWatcher } from 'node:fs';
 import { constants as osConstants } from 'node:os';
 import * as path from 'node:path';
@@ -99,6 +100,14 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const WATCHED_POLL_MS = 250;
 const UNWATCHED_POLL_MS = 20;
 
+/** The scratch directory a host with this DATA_DIR uses by default when /dev/shm is a tmpfs. */
+export function defaultScratchDir(dataDir: string): string {
+  return path.join('/dev/shm', `sap-sandboxes-${createHash('sha256').update(path.resolve(dataDir)).digest('hex').slice(0, 12)}`);
+}
+
+/** statfs type of a tmpfs. */
+const TMPFS_MAGIC = 0x01021994;
+
 /** Runs a per-key queue so that create/destroy/start of one sandbox never interleave. */
 class KeyedLock {
   private tails = new Map<string, Promise<unknown>>();
@@ -126,11 +135,65 @@ export abstract class BaseProvider implements SandboxProvider {
   protected readonly spawner = new Spawner();
   private readonly lock = new KeyedLock();
 
+  /** Where sandboxes of sessions keep their files (see ProviderOptions.scratchDir); null: in DATA_DIR. */
+  protected scratchDir: string | null = null;
+  private readonly scratchOption: string | null | undefined;
+
   constructor(opts: ProviderOptions) {
     this.dataDir = path.resolve(opts.dataDir);
     this.hostId = opts.hostId;
     this.log = opts.logger ?? pino({ level: 'silent' });
+    this.scratchOption = opts.scratchDir;
     if (/[,:\s]/.test(this.dataDir)) throw new Error(`DATA_DIR must not contain ',', ':' or spaces: ${this.dataDir}`);
+  }
+
+  /**
+   * The scratch directory in use: the one configured, or by default a directory of this DATA_DIR
+   * under /dev/shm when that is a tmpfs (null when there is none).
+   */
+  private async resolveScratch(): Promise<string | null> {
+    if (this.scratchOption === null) return null;
+    let dir = this.scratchOption;
+    if (dir === undefined) {
+      const shm = await fsp.statfs('/dev/shm').catch(() => null);
+      if (!shm || shm.type !== TMPFS_MAGIC) return null;
+      dir = defaultScratchDir(this.dataDir);
+    }
+    dir = path.resolve(dir);
+    await fsp.mkdir(dir, { recursive: true, mode: 0o700 });
+    return dir;
+  }
+
+  /**
+   * Makes the sandbox's directory: in DATA_DIR, or for a session's sandbox in the scratch directory
+   * with a link to it from DATA_DIR (its files are short-lived: a tmpfs spares the disk's inode and
+   * journal work of creating and removing them for every session). A leftover of the same id is
+   * destroyed first.
+   */
+  private async makeDir(id: string, owner: CreateSandboxRequest['owner']): Promise<void> {
+    const dir = this.dirOf(id);
+    const make = async () => {
+      if (!this.scratchDir || owner?.kind !== 'session') return fsp.mkdir(dir);
+      const real = path.join(this.scratchDir, id);
+      await fsp.rm(real, { recursive: true, force: true });
+      await fsp.mkdir(real, { mode: 0o700 });
+      await fsp.symlink(real, dir);
+    };
+    try {
+      await make();
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
+      // A leftover directory without adopted state: clear it and start over.
+      await this.destroyUnlocked(id);
+      await make();
+    }
+  }
+
+  /** The scratch directory a sandbox's directory links to, if it is such a link (and points there). */
+  private async scratchTarget(dir: string): Promise<string | null> {
+    if (!this.scratchDir) return null;
+    const target = await fsp.readlink(dir).catch(() => null);
+    return target && path.dirname(target) === this.scratchDir ? target : null;
   }
 
   /** Sets up provider-wide files (e.g. the base filesystem) once. */
@@ -185,6 +248,7 @@ export abstract class BaseProvider implements SandboxProvider {
   async init(): Promise<SandboxInfo[]> {
     await fsp.mkdir(this.sandboxesDir(), { recursive: true });
     await fsp.mkdir(this.layersDir(), { recursive: true });
+    this.scratchDir = await this.resolveScratch();
     await this.prepare();
     for (const id of await fsp.readdir(this.sandboxesDir())) {
       if (this.states.has(id)) continue;
@@ -210,8 +274,9 @@ export abstract class BaseProvider implements SandboxProvider {
       }
       this.states.set(id, state);
     }
+    await this.removeUnlinkedScratch();
     const all = [...this.states.values()].map((s) => this.info(s));
-    this.log.info({ count: all.length }, 'sandboxes adopted');
+    this.log.info({ count: all.length, scratchDir: this.scratchDir }, 'sandboxes adopted');
     return all;
   }
 
@@ -238,15 +303,7 @@ export abstract class BaseProvider implements SandboxProvider {
         patches: [],
         status: 'creating',
       };
-      const dir = this.dirOf(req.id);
-      try {
-        await fsp.mkdir(dir, { recursive: false });
-      } catch (err) {
-        if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
-        // A leftover directory without adopted state: clear it and start over.
-        await this.destroyUnlocked(req.id);
-        await fsp.mkdir(dir);
-      }
+      await this.makeDir(req.id, req.owner);
       try {
         // state.json is written once the sandbox runs: after a crash before that, adoption finds a
         // directory without it and removes it (killing what joined the sandbox's cgroups).
@@ -276,6 +333,15 @@ export abstract class BaseProvider implements SandboxProvider {
       this.log.info({ sandboxId: req.id, ms: Date.now() - t0 }, 'sandbox created');
       return { info: this.info(state), created: true };
     });
+  }
+
+  /** Removes scratch directories no sandbox links to (the host died between making one and linking it). */
+  private async removeUnlinkedScratch(): Promise<void> {
+    if (!this.scratchDir) return;
+    for (const name of await fsp.readdir(this.scratchDir)) {
+      const linked = await this.scratchTarget(this.dirOf(name));
+      if (linked !== path.join(this.scratchDir, name)) await fsp.rm(path.join(this.scratchDir, name), { recursive: true, force: true });
+    }
   }
 
   /** Expands checkpoint layers with the layers they were taken over; throws not_found for a missing one. */
@@ -317,8 +383,10 @@ export abstract class BaseProvider implements SandboxProvider {
   private async destroyUnlocked(id: string): Promise<boolean> {
     const state = this.states.get(id);
     const dir = this.dirOf(id);
-    const exists = state !== undefined || (await fsp.stat(dir).then(() => true, () => false));
+    // lstat: a link into the scratch directory whose target is gone (the machine rebooted) still counts.
+    const exists = state !== undefined || (await fsp.lstat(dir).then(() => true, () => false));
     if (!exists) return false;
+    const scratch = await this.scratchTarget(dir);
     let onDisk = state;
     if (!onDisk) {
       onDisk = await fsp
@@ -328,6 +396,7 @@ export abstract class BaseProvider implements SandboxProvider {
     }
     if (onDisk?.entrypoint) signalRef(onDisk.entrypoint.wrapper, 'SIGKILL');
     await this.teardown(id, onDisk);
+    if (scratch) await fsp.rm(scratch, { recursive: true, force: true });
     await fsp.rm(dir, { recursive: true, force: true });
     this.states.delete(id);
     this.log.info({ sandboxId: id }, 'sandbox destroyed');

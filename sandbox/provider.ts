@@ -115,6 +115,12 @@ export interface ProviderOptions {
    * through sh + mount.
    */
   initHelper?: string | null;
+  /**
+   * Where sandboxes of sessions keep their files (linked from DATA_DIR/sandboxes), best a tmpfs:
+   * they live only as long as their session. Default: a directory under /dev/shm when that is a
+   * tmpfs, else DATA_DIR like every other sandbox; null: always DATA_DIR.
+   */
+  scratchDir?: string | null;
 }
 
 /** Creates the provider of the given kind. The `process` provider offers no isolation and says so in the log. */

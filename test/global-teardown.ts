@@ -1,6 +1,7 @@
 import fs from 'node:fs';
 import type http from 'node:http';
 import type { Stack } from '../scripts/launcher';
+import { defaultScratchDir } from '../sandbox/base';
 
 /** Stops the stack started by global-setup, destroying its sandboxes, and removes its state. */
 export default async function globalTeardown(): Promise<void> {
@@ -8,5 +9,8 @@ export default async function globalTeardown(): Promise<void> {
   if (!g) return;
   g.control.close();
   await g.stack.stop({ destroySandboxes: true });
-  if (process.env.SAP_TEST_KEEP_DATA !== '1') fs.rmSync(g.dataDir, { recursive: true, force: true });
+  if (process.env.SAP_TEST_KEEP_DATA !== '1') {
+    fs.rmSync(g.dataDir, { recursive: true, force: true });
+    fs.rmSync(defaultScratchDir(g.dataDir), { recursive: true, force: true });
+  }
 }

@@ -1,7 +1,8 @@
 /**
  * The sandbox host daemon: one per machine, owns every sandbox on it. Configured by environment:
  * DATA_DIR (required), HOST_TOKEN (required), HOST_ID (default hostname), SANDBOX_PROVIDER
- * (bwrap | process, default bwrap), HOST_LISTEN (default 127.0.0.1:7300), LOG_LEVEL (default info).
+ * (bwrap | process, default bwrap), HOST_LISTEN (default 127.0.0.1:7300), LOG_LEVEL (default info),
+ * SANDBOX_SCRATCH_DIR (where sessions' sandboxes keep their files; default /dev/shm when it is a tmpfs, `off`: DATA_DIR).
  * SIGTERM/SIGINT stop the HTTP server; sandboxes keep running and are adopted by the next start.
  */
 import * as os from 'node:os';
@@ -15,6 +16,8 @@ const envSchema = z.object({
   HOST_ID: z.string().min(1).default(os.hostname()),
   SANDBOX_PROVIDER: z.enum(['bwrap', 'process']).default('bwrap'),
   HOST_LISTEN: z.string().default('127.0.0.1:7300'),
+  // Where sessions' sandboxes keep their files: unset = /dev/shm when it is a tmpfs, 'off' = DATA_DIR.
+  SANDBOX_SCRATCH_DIR: z.string().optional(),
   LOG_LEVEL: z.enum(['trace', 'debug', 'info', 'warn', 'error', 'fatal', 'silent']).default('info'),
 });
 
@@ -33,6 +36,7 @@ async function main(): Promise<void> {
     provider: env.SANDBOX_PROVIDER,
     hostId: env.HOST_ID,
     listen: env.HOST_LISTEN,
+    scratchDir: env.SANDBOX_SCRATCH_DIR === 'off' ? null : env.SANDBOX_SCRATCH_DIR || undefined,
     logger,
   });
   let stopping = false;

@@ -257,6 +257,8 @@ export interface StartHostOptions {
   /** `host:port`; default 127.0.0.1:7300 (port 0 picks a free one). */
   listen?: string;
   logger?: Logger;
+  /** See ProviderOptions.scratchDir. */
+  scratchDir?: string | null;
 }
 
 /** A running host. `close()` stops the HTTP server, exec sessions' sockets and the provider's spare init; sandboxes keep running. */
@@ -274,7 +276,7 @@ export async function startHost(opts: StartHostOptions): Promise<RunningHost> {
   const provider =
     typeof opts.provider === 'object'
       ? opts.provider
-      : createSandboxProvider({ kind: opts.provider ?? 'bwrap', dataDir: opts.dataDir, hostId, logger });
+      : createSandboxProvider({ kind: opts.provider ?? 'bwrap', dataDir: opts.dataDir, hostId, logger, scratchDir: opts.scratchDir });
   await provider.init();
   const exec = new ExecManager(provider, logger);
   const forward = new PortForwarder(provider, opts.dataDir, logger);

@@ -65,8 +65,10 @@ describe('sandbox host (bwrap)', () => {
 
   afterAll(async () => {
     for (const sb of await client.listSandboxes()) await client.destroySandbox(sb.id);
+    const scratch = (host.provider as unknown as { scratchDir: string | null }).scratchDir;
     await host.close();
     await fsp.rm(dataDir, { recursive: true, force: true });
+    if (scratch) await fsp.rm(scratch, { recursive: true, force: true });
   });
 
   it('refuses requests without the token', async () => {
@@ -395,6 +397,36 @@ describe('sandbox host (bwrap)', () => {
     // The helper became the sandbox's init (bwrap), and the next spare is on its way.
     expect(require('node:fs').readFileSync(`/proc/${helper}/comm`, 'utf8').trim()).toBe('bwrap');
     await eventually(async () => readySpares().length === 1 && readySpares()[0] !== spare, 10_000, 20);
+  });
+
+  it('keeps a session\'s sandbox files on the scratch tmpfs, linked from DATA_DIR, and removes both; cleans up after a reboot', async () => {
+    const scratch = (host.provider as unknown as { scratchDir: string | null }).scratchDir;
+    expect(scratch).toMatch(/^\/dev\/shm\/sap-sandboxes-[0-9a-f]{12}$/);
+    const id = newId();
+    await client.createSandbox({ id, orgId: 'o', owner: { kind: 'session', id: 'sess_x' }, files: { '/tmp/in.json': '{"a":1}' }, entrypoint: { argv: ['bash', '-c', 'cp /tmp/in.json /tmp/out.json'] }, awaitExit: { waitMs: 10_000, readFile: { path: '/tmp/out.json', maxBytes: 100 } } });
+    const link = path.join(dataDir, 'sandboxes', id);
+    expect(await fsp.readlink(link)).toBe(path.join(scratch!, id));
+    expect((await fsp.statfs(path.join(scratch!, id))).type).toBe(0x01021994);
+    expect((await client.readFile(id, '/tmp/out.json'))!.toString()).toBe('{"a":1}');
+    // Other owners keep their files in DATA_DIR (instances and API sandboxes outlive reboots).
+    const kept = newId();
+    await client.createSandbox({ id: kept, orgId: 'o', owner: { kind: 'instance', id: 'inst_x' } });
+    expect((await fsp.lstat(path.join(dataDir, 'sandboxes', kept))).isDirectory()).toBe(true);
+    expect(await client.destroySandbox(id)).toBe(true);
+    expect(existsSync(link) || existsSync(path.join(scratch!, id))).toBe(false);
+    // A reboot empties the tmpfs: the link is left dangling, and an unlinked scratch directory may be left too.
+    const lost = newId();
+    await client.createSandbox({ id: lost, orgId: 'o', owner: { kind: 'session', id: 'sess_y' }, entrypoint: { argv: ['sleep', '300'] } });
+    await host.close();
+    for (const pid of pidsOfCgroup(lost)) process.kill(pid, 'SIGKILL');
+    await fsp.rm(path.join(scratch!, lost), { recursive: true, force: true });
+    await fsp.mkdir(path.join(scratch!, 'sb-unlinked'));
+    host = await startHost({ dataDir, token: TOKEN, listen: '127.0.0.1:0', hostId: 'test-host' });
+    client = new HostClient({ url: host.url, token: TOKEN });
+    expect(await client.getSandbox(lost)).toBeNull();
+    await expect(fsp.lstat(path.join(dataDir, 'sandboxes', lost))).rejects.toMatchObject({ code: 'ENOENT' });
+    expect(existsSync(path.join(scratch!, 'sb-unlinked'))).toBe(false);
+    expect(existsSync(`/sys/fs/cgroup/pids/sap/${lost}`)).toBe(false);
   });
 
   it('removes, at restart, a sandbox whose state was never written (the host died while creating it)', async () => {
