@@ -641,6 +641,16 @@ describe.each([
     // nsenter dies of the signal itself; the helper waits for the command and reports its status.
     if (enterHelper === undefined) expect([code, signal]).toEqual([3, null]);
     else expect(signal).toBe('SIGTERM');
+    // A signal sent at once, while the process is still entering the sandbox, is not lost either.
+    for (let i = 0; i < 20; i++) {
+      const early = host.provider.spawn(id, { argv: ['sleep', '30'] });
+      const ended = new Promise<[number | null, string | null]>((r) => early.on('close', (c, s) => r([c, s])));
+      process.kill(-early.pid!, 'SIGTERM');
+      const t0 = Date.now();
+      const [c, s] = await ended;
+      expect(Date.now() - t0).toBeLessThan(5000);
+      expect(c === 143 || s === 'SIGTERM').toBe(true);
+    }
     await host.provider.destroy(id);
   });
 
@@ -722,13 +732,13 @@ describe.each([
   if (enterHelper === undefined) {
     it('forwards SIGTERM sent to the entrypoint\'s helper to the entrypoint', async () => {
       const id = newId();
-      await client.createSandbox({ id, orgId: 'o', entrypoint: { argv: ['bash', '-c', 'trap "echo got-term; exit 3" TERM; sleep 30 & wait'] } });
+      await client.createSandbox({ id, orgId: 'o', entrypoint: { argv: ['bash', '-c', 'trap "echo got-term; exit 3" TERM; echo ready; sleep 30 & wait'] } });
       const st = await client.entrypointStatus(id);
       expect(st.state).toBe('running');
-      await new Promise((r) => setTimeout(r, 300));
+      await eventually(async () => (await client.entrypointOutput(id)).toString() === 'ready\n', 5000, 20);
       process.kill((st as { pid: number }).pid, 'SIGTERM');
       expect(await client.entrypointStatus(id, { waitMs: 5000 })).toMatchObject({ state: 'exited', exitCode: 3 });
-      expect((await client.entrypointOutput(id)).toString()).toBe('got-term\n');
+      expect((await client.entrypointOutput(id)).toString()).toBe('ready\ngot-term\n');
     });
   }
 });

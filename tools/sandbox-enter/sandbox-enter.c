@@ -346,12 +346,6 @@ int main(int argc, char **argv) {
     }
   }
 
-  /* The helper takes its signals synchronously (sigtimedwait); the child unblocks them. */
-  sigset_t waited;
-  sigemptyset(&waited);
-  sigaddset(&waited, SIGCHLD);
-  for (size_t k = 0; k < FORWARDED_COUNT; k++) sigaddset(&waited, FORWARDED[k]);
-  sigprocmask(SIG_BLOCK, &waited, NULL);
   /* SIGCHLD must not be ignored, or the child's status would be lost. */
   signal(SIGCHLD, SIG_DFL);
 
@@ -380,6 +374,17 @@ int main(int argc, char **argv) {
     if (devnull > 1) close(devnull);
   }
   if (o.own_group) setpgid(child, child); /* also here: no window where signals miss the group */
+  /*
+   * From here the helper takes its signals synchronously (sigtimedwait). Not before the fork: a
+   * signal pending on the helper then would not reach the child (pending signals are not inherited);
+   * until here a signal ends the helper as it would have nsenter (and the child with it, by the
+   * group signal or PR_SET_PDEATHSIG). A SIGCHLD that came before is caught by the first waitpid.
+   */
+  sigset_t waited;
+  sigemptyset(&waited);
+  sigaddset(&waited, SIGCHLD);
+  for (size_t k = 0; k < FORWARDED_COUNT; k++) sigaddset(&waited, FORWARDED[k]);
+  sigprocmask(SIG_BLOCK, &waited, NULL);
 
   long long term_at = o.timeout > 0 ? now_ns() + (long long)(o.timeout * 1e9) : -1;
   long long kill_at = -1;
