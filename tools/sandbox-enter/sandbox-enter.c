@@ -326,6 +326,9 @@ int main(int argc, char **argv) {
     }
   }
 
+  /* Opened here, where /dev/null is the caller's (the sandbox's mount namespace may lack one). */
+  int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+
   int root_fd = -1;
   if (o.ns_pid) {
     int ns_fds[NS_COUNT];
@@ -362,16 +365,16 @@ int main(int argc, char **argv) {
   if (child == 0) {
     close(alive[1]);
     if (exit_fd >= 0) close(exit_fd);
+    if (devnull >= 0) close(devnull);
     run_child(&o, root_fd, alive[0]);
   }
   close(alive[0]);
   if (root_fd >= 0) close(root_fd);
   /* The command alone holds its stdin and stdout: the helper keeps stderr for its own messages. */
-  int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
-  if (devnull >= 0) {
+  if (devnull > 2) {
     dup2(devnull, 0);
     dup2(devnull, 1);
-    if (devnull > 1) close(devnull);
+    close(devnull);
   }
   if (o.own_group) setpgid(child, child); /* also here: no window where signals miss the group */
   /*
@@ -419,6 +422,7 @@ int main(int argc, char **argv) {
         timed_out = 1;
         term_at = -1;
         signal_child(&o, child, SIGTERM);
+        signal_child(&o, child, SIGCONT); /* a stopped command gets the SIGTERM too */
         if (o.kill_after > 0) kill_at = t + (long long)(o.kill_after * 1e9);
       } else if (kill_at >= 0 && t >= kill_at) {
         kill_at = -1;
