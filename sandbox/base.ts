@@ -52,6 +52,21 @@ export interface SandboxState {
   entrypoint?: { wrapper: ProcRef; startedAt: string; timeoutSeconds?: number };
 }
 
+/**
+ * How a provider's one-exec entry helper (see BaseProvider.enterArgv) starts a process: the cgroups it
+ * joins, and for entrypoints its own process group, a timeout and the file its exit code goes to.
+ */
+export interface EnterOptions {
+  cgroupProcs: string[];
+  /** The process leads a process group of its own (signals and the timeout reach its children). */
+  ownGroup?: boolean;
+  /** SIGTERM after this many seconds, SIGKILL killAfterSeconds later; the status is then 124 or 137. */
+  timeoutSeconds?: number;
+  killAfterSeconds?: number;
+  /** Where the exit code ("<code>\n", one write) goes when the process ends. */
+  exitFile?: string;
+}
+
 /** Environment every process in a sandbox starts with (the sandbox's and the process's own envs are added). */
 export const DEFAULT_ENV: Record<string, string> = {
   PATH: '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin',
@@ -208,6 +223,14 @@ export abstract class BaseProvider implements SandboxProvider {
   protected abstract innerArgv(state: SandboxState, opts: SpawnOptions): string[];
   /** True while the sandbox can run processes. */
   protected abstract isLive(state: SandboxState): boolean;
+  /**
+   * The host-side argv of a helper that does in one exec what the shell wrapper + innerArgv do (join
+   * the cgroups, enter, run `opts.argv`, and with `how` its timeout and exit file), or null when the
+   * provider has none (then the shell wrapper is used).
+   */
+  protected enterArgv(_state: SandboxState, _opts: SpawnOptions, _how: EnterOptions): string[] | null {
+    return null;
+  }
 
   protected sandboxesDir(): string {
     return path.join(this.dataDir, 'sandboxes');
@@ -435,8 +458,13 @@ export abstract class BaseProvider implements SandboxProvider {
     if (!opts.argv.length || opts.argv[0].includes('=')) {
       throw new SandboxError('invalid_request', 'argv must be non-empty and argv[0] must not contain "="');
     }
+    const cgroupProcs = SandboxCgroups.of(id).procsFiles();
+    const direct = this.enterArgv(state, opts, { cgroupProcs });
+    if (direct) {
+      return spawn(direct[0]!, direct.slice(1), { stdio: ['pipe', 'pipe', 'pipe'], detached: true, env: { PATH: DEFAULT_ENV.PATH } });
+    }
     const inner = this.innerArgv(state, opts);
-    const script = `${cgroupJoin(SandboxCgroups.of(id).procsFiles())} exec "$@"`;
+    const script = `${cgroupJoin(cgroupProcs)} exec "$@"`;
     return spawn('/bin/sh', ['-c', script, 'sh', ...inner], {
       stdio: ['pipe', 'pipe', 'pipe'],
       detached: true,
@@ -481,20 +509,31 @@ export abstract class BaseProvider implements SandboxProvider {
       throw new SandboxError('invalid_request', 'entrypoint argv must be non-empty and argv[0] must not contain "="');
     }
     const dir = this.dirOf(state.id);
-    const argv = spec.timeoutSeconds
-      ? ['timeout', '--signal=TERM', `--kill-after=${KILL_AFTER_SECONDS}`, String(spec.timeoutSeconds), ...spec.argv]
-      : spec.argv;
-    const inner = this.innerArgv(state, { argv, env: spec.env, cwd: spec.cwd });
     const exitFile = path.join(dir, 'entrypoint.exit');
-    // Runs outside the sandbox, detached, so the exit code is written even when the host is gone.
-    const script =
-      `${cgroupJoin(SandboxCgroups.of(state.id).procsFiles())} "$@"; code=$?; ` +
-      // One short write, with shell builtins only; the file's modification time is the exit time.
-      `printf '%s\\n' "$code" > ${shq(exitFile)}`;
+    const cgroupProcs = SandboxCgroups.of(state.id).procsFiles();
+    // Runs outside the sandbox, detached, so the exit code is written even when the host is gone:
+    // by the entry helper, or by a shell wrapper around innerArgv (+ GNU timeout).
+    let wrapperArgv = this.enterArgv(state, { argv: spec.argv, env: spec.env, cwd: spec.cwd }, {
+      cgroupProcs,
+      ownGroup: true,
+      exitFile,
+      ...(spec.timeoutSeconds ? { timeoutSeconds: spec.timeoutSeconds, killAfterSeconds: KILL_AFTER_SECONDS } : {}),
+    });
+    if (!wrapperArgv) {
+      const argv = spec.timeoutSeconds
+        ? ['timeout', '--signal=TERM', `--kill-after=${KILL_AFTER_SECONDS}`, String(spec.timeoutSeconds), ...spec.argv]
+        : spec.argv;
+      const inner = this.innerArgv(state, { argv, env: spec.env, cwd: spec.cwd });
+      const script =
+        `${cgroupJoin(cgroupProcs)} "$@"; code=$?; ` +
+        // One short write, with shell builtins only; the file's modification time is the exit time.
+        `printf '%s\\n' "$code" > ${shq(exitFile)}`;
+      wrapperArgv = ['/bin/sh', '-c', script, 'sh', ...inner];
+    }
     let pid: number;
     try {
       pid = await this.spawner.spawn({
-        argv: ['/bin/sh', '-c', script, 'sh', ...inner],
+        argv: wrapperArgv,
         env: { PATH: DEFAULT_ENV.PATH },
         stdout: path.join(dir, 'entrypoint.out'),
         stderr: path.join(dir, 'entrypoint.err'),

@@ -21,8 +21,10 @@
  * last process. The sh path mounts them on the host (`state.hostMounts`); teardown unmounts those.
  * The host reaches the sandbox's files through /proc/<init pid>/root (see rootMap and paths.ts).
  * One helper is kept started ahead of the next create, already in cgroups of its own (see prepareSpare).
- * Every other process (patches, entrypoint, exec) enters them with nsenter and
- * drops all capabilities with setpriv. All processes of a sandbox are in its cgroups, which is also how
+ * Every other process (patches, entrypoint, exec) enters them and drops all capabilities through
+ * `sap-sandbox-enter` (tools/sandbox-enter: cgroups, namespaces, root, capabilities, environment,
+ * timeout and exit file in one exec) or, where that helper was not built, through sh + nsenter +
+ * setpriv + env (+ timeout). All processes of a sandbox are in its cgroups, which is also how
  * destroy finds and kills them.
  */
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
@@ -33,7 +35,7 @@ import * as path from 'node:path';
 import { promisify } from 'node:util';
 import type { Spawner } from './spawner';
 import { PROJECT_ROOT } from '../config';
-import { BaseProvider, DEFAULT_ENV, assertId, cgroupJoin, envPairs, shq, type SandboxState } from './base';
+import { BaseProvider, DEFAULT_ENV, assertId, cgroupJoin, envPairs, shq, type EnterOptions, type SandboxState } from './base';
 import { SandboxError } from './errors';
 import type { RootMap } from './paths';
 import { isAlive, procRef, SandboxCgroups, signalRef, type ProcRef } from './procs';
@@ -152,6 +154,16 @@ function startingOfSocket(pid: number, sock: net.Socket): Starting {
 
 /** Where scripts/toolchain.sh puts the init helper (tools/sandbox-init). */
 const DEFAULT_INIT_HELPER = path.join(PROJECT_ROOT, '.tools', 'bin', 'sap-sandbox-init');
+/** Where scripts/toolchain.sh puts the entry helper (tools/sandbox-enter). */
+const DEFAULT_ENTER_HELPER = path.join(PROJECT_ROOT, '.tools', 'bin', 'sap-sandbox-enter');
+
+/** `option` if given (null: none), else `fallback`; null unless executable. Throws when a given path is not. */
+async function resolveHelper(option: string | null | undefined, fallback: string, what: string): Promise<string | null> {
+  const helper = option === undefined ? fallback : option;
+  const usable = !!helper && (await fsp.access(helper, fsc.X_OK).then(() => true, () => false));
+  if (helper && !usable && option !== undefined) throw new Error(`${what} ${helper} is not executable`);
+  return usable ? helper : null;
+}
 
 /** Namespaced sandboxes with a copy-on-write root; see the module comment. */
 export class BwrapProvider extends BaseProvider {
@@ -159,6 +171,9 @@ export class BwrapProvider extends BaseProvider {
   private readonly initHelperOption: string | null | undefined;
   /** The init helper in use (resolved by prepare), or null for sh + mount. */
   private initHelper: string | null = null;
+  private readonly enterHelperOption: string | null | undefined;
+  /** The entry helper in use (resolved by prepare), or null for sh + nsenter + setpriv + env. */
+  private enterHelper: string | null = null;
   /** The spare init helper started ahead of the next create (see prepareSpare). */
   private spare: Spare | null = null;
   private spareSeq = 0;
@@ -174,6 +189,7 @@ export class BwrapProvider extends BaseProvider {
   constructor(opts: ProviderOptions) {
     super(opts);
     this.initHelperOption = opts.initHelper;
+    this.enterHelperOption = opts.enterHelper;
   }
 
   private baseDir(): string {
@@ -181,11 +197,11 @@ export class BwrapProvider extends BaseProvider {
   }
 
   protected async prepare(): Promise<void> {
-    const helper = this.initHelperOption === undefined ? DEFAULT_INIT_HELPER : this.initHelperOption;
-    this.initHelper = helper && (await fsp.access(helper, fsc.X_OK).then(() => true, () => false)) ? helper : null;
-    if (helper && !this.initHelper && this.initHelperOption !== undefined) throw new Error(`init helper ${helper} is not executable`);
+    this.initHelper = await resolveHelper(this.initHelperOption, DEFAULT_INIT_HELPER, 'init helper');
     this.log.info({ initHelper: this.initHelper ?? '/bin/sh + mount' }, 'sandboxes start through');
     if (this.initHelper && !this.closed) await this.listenForHelpers();
+    this.enterHelper = await resolveHelper(this.enterHelperOption, DEFAULT_ENTER_HELPER, 'enter helper');
+    this.log.info({ enterHelper: this.enterHelper ?? '/bin/sh + nsenter + setpriv + env' }, 'processes enter sandboxes through');
     // Cgroups of spare helpers whose host process is gone (a live host's spare is in use and stays).
     await SandboxCgroups.removeGroups((n) => n.startsWith(SPARE_PREFIX) && !signalable(Number(n.slice(SPARE_PREFIX.length).split('-')[0])));
     this.prepareSpare();
@@ -615,16 +631,40 @@ export class BwrapProvider extends BaseProvider {
     state.init = { outer, ns };
   }
 
-  protected innerArgv(state: SandboxState, opts: SpawnOptions): string[] {
+  /** The init to enter, the working directory and the environment of a process to run in the sandbox. */
+  private target(state: SandboxState, opts: SpawnOptions): { nsPid: number; cwd: string; env: string[] } {
     const ns = state.init?.ns;
     if (!ns || !isAlive(ns)) throw new SandboxError('conflict', `sandbox ${state.id} is not running`);
     if (!opts.argv.length) throw new SandboxError('invalid_request', 'argv must not be empty');
     const cwd = opts.cwd ?? state.cwd ?? '/workspace';
     if (!cwd.startsWith('/')) throw new SandboxError('invalid_request', `cwd must be absolute: ${cwd}`);
+    return { nsPid: ns.pid, cwd, env: envPairs(DEFAULT_ENV, { HOSTNAME: state.id }, state.envs, opts.env) };
+  }
+
+  protected innerArgv(state: SandboxState, opts: SpawnOptions): string[] {
+    const { nsPid, cwd, env } = this.target(state, opts);
     return [
-      '/usr/bin/nsenter', '-t', String(ns.pid), '-m', '-u', '-i', '-n', '-p', '-C', '-r', '-w',
+      '/usr/bin/nsenter', '-t', String(nsPid), '-m', '-u', '-i', '-n', '-p', '-C', '-r', '-w',
       '/usr/bin/setpriv', '--bounding-set=-all', '--inh-caps=-all', '--ambient-caps=-all', '--no-new-privs', '--',
-      '/usr/bin/env', '-i', '-C', cwd, '--', ...envPairs(DEFAULT_ENV, { HOSTNAME: state.id }, state.envs, opts.env),
+      '/usr/bin/env', '-i', '-C', cwd, '--', ...env,
+      ...opts.argv,
+    ];
+  }
+
+  /** `sap-sandbox-enter` does what the shell wrapper + innerArgv do, in one exec (tools/sandbox-enter). */
+  protected override enterArgv(state: SandboxState, opts: SpawnOptions, how: EnterOptions): string[] | null {
+    if (!this.enterHelper) return null;
+    const { nsPid, cwd, env } = this.target(state, opts);
+    return [
+      this.enterHelper,
+      ...how.cgroupProcs.flatMap((f) => ['-c', f]),
+      '-n', String(nsPid),
+      '-w', cwd,
+      ...env.flatMap((e) => ['-e', e]),
+      ...(how.ownGroup ? ['-g'] : []),
+      ...(how.timeoutSeconds ? ['-t', String(how.timeoutSeconds), '-k', String(how.killAfterSeconds ?? 0)] : []),
+      ...(how.exitFile ? ['-x', how.exitFile] : []),
+      '--',
       ...opts.argv,
     ];
   }

@@ -121,6 +121,12 @@ export interface ProviderOptions {
    * tmpfs, else DATA_DIR like every other sandbox; null: always DATA_DIR.
    */
   scratchDir?: string | null;
+  /**
+   * bwrap provider: the `sap-sandbox-enter` helper that runs a process inside a sandbox in one exec
+   * (built by scripts/toolchain.sh into .tools/bin). Default: that path when it is executable; null:
+   * enter through sh + nsenter + setpriv + env (+ timeout).
+   */
+  enterHelper?: string | null;
 }
 
 /** Creates the provider of the given kind. The `process` provider offers no isolation and says so in the log. */

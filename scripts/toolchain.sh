@@ -86,4 +86,15 @@ if [ ! -x "$ibin" ] && command -v cc >/dev/null 2>&1; then
 fi
 if [ -x "$ibin" ]; then ln -sfn "$ibin" "$root/.tools/bin/sap-sandbox-init"; else say "no C compiler: sandboxes start through sh + mount"; fi
 
+# --- sap-sandbox-enter (optional) --------------------------------------------------------
+# Runs a process inside a sandbox with one exec instead of sh + nsenter + setpriv + env + timeout
+# (see sandbox/bwrap.ts); without a C compiler the host uses that chain.
+esrc="$root/tools/sandbox-enter/sandbox-enter.c"
+ebin="$cache/sap-sandbox-enter-$(sha256sum "$esrc" | cut -c1-16)"
+if [ ! -x "$ebin" ] && command -v cc >/dev/null 2>&1; then
+  say "building sap-sandbox-enter"
+  cc -O2 -Wall -o "$ebin.tmp" "$esrc" && mv "$ebin.tmp" "$ebin"
+fi
+if [ -x "$ebin" ]; then ln -sfn "$ebin" "$root/.tools/bin/sap-sandbox-enter"; else say "no C compiler: processes enter sandboxes through sh + nsenter + setpriv + env"; fi
+
 say "ready: $("$root/.tools/bin/temporal" --version | head -1); ferretdb; $(bwrap --version)"

@@ -1,0 +1,436 @@
+/*
+ * sap-sandbox-enter: runs one command inside a live sandbox with one exec, instead of
+ * `sh` + `nsenter` + `setpriv` + `env` + `timeout`.
+ *
+ *   sap-sandbox-enter [-c CGROUP_PROCS]... [-n PID] [-w DIR] [-e NAME=VALUE]... [-g]
+ *                     [-t SECONDS [-k SECONDS]] [-x EXIT_FILE] -- PROGRAM [ARG]...
+ *
+ *   -c FILE   join this cgroup: writes the helper's pid into FILE (a `cgroup.procs`); a controller
+ *             that is missing or refuses is skipped, as the shell's `2>/dev/null` did.
+ *   -n PID    enter the namespaces (cgroup, ipc, uts, net, pid, mnt) and the root directory of PID.
+ *   -w DIR    working directory of the command (inside the root); the command is not started when
+ *             it does not exist (exit 125, like `env -C`). Default: the root directory.
+ *   -e N=V    the command's environment is exactly these pairs (nothing of the caller's is kept).
+ *   -g        the command leads a process group of its own (what GNU timeout does); the signals the
+ *             helper forwards, and those of the timeout, go to that whole group. Without -g the
+ *             command stays in the helper's process group, and the caller signals that group
+ *             (`kill -- -PID`): the helper then forwards nothing (the command would get each signal
+ *             twice) and keeps waiting for the command's own status.
+ *   -t SECS   timeout (decimals allowed; 0: none): then SIGTERM, and SIGKILL -k SECS later (0: never).
+ *   -x FILE   when the command has ended, write its status ("<code>\n", one write) into FILE. FILE
+ *             is created (emptied) at start, before entering, since it is a path of the caller's.
+ *
+ * Steps: join the cgroups; open the exit file, /proc/PID/ns/... and /proc/PID/root; enter the
+ * namespaces; fork (entering a pid namespace takes effect for children only). The child moves to the
+ * root (fchdir + chroot), to DIR, drops every capability as `setpriv --bounding-set=-all
+ * --inh-caps=-all --ambient-caps=-all --no-new-privs` does, resets signal dispositions and mask, sets
+ * the environment and execs PROGRAM (PATH lookup with the given PATH, like `env`). It is killed
+ * (SIGKILL) if the helper dies before it.
+ *
+ * The helper waits for the command (with -g forwarding SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and
+ * SIGUSR2 to it), and ends the way the command did: its exit code, or, when a signal killed it, the same
+ * signal (as nsenter does; the exit file then says 128 + signal, what a shell's `$?` says). After a
+ * timeout the status is GNU timeout's: 124, or 137 when SIGKILL was needed.
+ *
+ * Statuses of its own: 125 when the helper or the setup of the command fails (message on stderr),
+ * 126 when PROGRAM cannot be executed, 127 when it is not found.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <linux/capability.h>
+
+#ifndef PR_CAP_AMBIENT
+#define PR_CAP_AMBIENT 47
+#define PR_CAP_AMBIENT_CLEAR_ALL 4
+#endif
+#ifndef CLOSE_RANGE_CLOEXEC
+#define CLOSE_RANGE_CLOEXEC (1U << 2)
+#endif
+
+#define EXIT_SETUP 125
+#define EXIT_CANNOT_RUN 126
+#define EXIT_NOT_FOUND 127
+#define EXIT_TIMEDOUT 124
+
+static const char *const NS_NAMES[] = {"cgroup", "ipc", "uts", "net", "pid", "mnt"};
+static const int NS_TYPES[] = {CLONE_NEWCGROUP, CLONE_NEWIPC, CLONE_NEWUTS, CLONE_NEWNET, CLONE_NEWPID, CLONE_NEWNS};
+#define NS_COUNT (sizeof NS_TYPES / sizeof NS_TYPES[0])
+
+static const int FORWARDED[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
+#define FORWARDED_COUNT (sizeof FORWARDED / sizeof FORWARDED[0])
+
+struct options {
+  char **cgroups;
+  int ncgroups;
+  char **envs;
+  int nenvs;
+  long ns_pid; /* 0: do not enter */
+  const char *cwd;
+  const char *exit_file;
+  double timeout, kill_after;
+  int own_group;
+  char **argv;
+};
+
+static void warn_errno(const char *what, const char *arg) {
+  fprintf(stderr, "sap-sandbox-enter: %s%s%s: %s\n", what, arg ? " " : "", arg ? arg : "", strerror(errno));
+}
+
+static int usage(const char *arg) {
+  fprintf(stderr,
+          "sap-sandbox-enter: bad argument %s\n"
+          "usage: sap-sandbox-enter [-c CGROUP_PROCS]... [-n PID] [-w DIR] [-e NAME=VALUE]... [-g]\n"
+          "                         [-t SECONDS [-k SECONDS]] [-x EXIT_FILE] -- PROGRAM [ARG]...\n",
+          arg);
+  return EXIT_SETUP;
+}
+
+static int parse_seconds(const char *s, double *out) {
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (errno || end == s || *end || !(v >= 0) || v > 1e9) return -1;
+  *out = v;
+  return 0;
+}
+
+static int parse_args(int argc, char **argv, struct options *o) {
+  memset(o, 0, sizeof *o);
+  o->cgroups = calloc((size_t)argc, sizeof *o->cgroups);
+  o->envs = calloc((size_t)argc + 1, sizeof *o->envs);
+  if (!o->cgroups || !o->envs) return usage("(out of memory)");
+  int i = 1;
+  for (; i < argc; i++) {
+    const char *a = argv[i];
+    const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (strcmp(a, "--") == 0) {
+      i++;
+      break;
+    }
+    if (a[0] != '-' || a[1] == '\0' || a[2] != '\0') return usage(a);
+    if (a[1] == 'g') {
+      o->own_group = 1;
+      continue;
+    }
+    if (!v) return usage(a);
+    i++;
+    switch (a[1]) {
+      case 'c': o->cgroups[o->ncgroups++] = argv[i]; break;
+      case 'e':
+        if (!strchr(v, '=') || v[0] == '=') return usage(v);
+        o->envs[o->nenvs++] = argv[i];
+        break;
+      case 'n': {
+        char *end;
+        errno = 0;
+        long pid = strtol(v, &end, 10);
+        if (errno || *end || pid <= 0 || pid > INT_MAX) return usage(v);
+        o->ns_pid = pid;
+        break;
+      }
+      case 'w': o->cwd = v; break;
+      case 'x': o->exit_file = v; break;
+      case 't': if (parse_seconds(v, &o->timeout)) return usage(v); break;
+      case 'k': if (parse_seconds(v, &o->kill_after)) return usage(v); break;
+      default: return usage(a);
+    }
+  }
+  if (i >= argc) return usage("(no program)");
+  o->argv = argv + i;
+  return 0;
+}
+
+/* Writes all of buf, retrying on EINTR and partial writes. */
+static int write_all(int fd, const char *buf, size_t len) {
+  while (len > 0) {
+    ssize_t w = write(fd, buf, len);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return -1;
+    buf += w;
+    len -= (size_t)w;
+  }
+  return 0;
+}
+
+static void join_cgroups(const struct options *o) {
+  char pid[24];
+  int len = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+  for (int k = 0; k < o->ncgroups; k++) {
+    int fd;
+    do fd = open(o->cgroups[k], O_WRONLY | O_CLOEXEC);
+    while (fd < 0 && errno == EINTR);
+    if (fd < 0) continue; /* controller missing: skipped */
+    (void)write_all(fd, pid, (size_t)len);
+    close(fd);
+  }
+}
+
+static int open_at_pid(long pid, const char *name, int flags) {
+  char p[64];
+  snprintf(p, sizeof p, "/proc/%ld/%s", pid, name);
+  int fd;
+  do fd = open(p, flags | O_CLOEXEC);
+  while (fd < 0 && errno == EINTR);
+  if (fd < 0) warn_errno("open", p);
+  return fd;
+}
+
+static long long now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static int drop_capabilities(void) {
+  int last = 63;
+  int fd = open("/proc/sys/kernel/cap_last_cap", O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    char buf[16] = {0};
+    ssize_t r;
+    do r = read(fd, buf, sizeof buf - 1);
+    while (r < 0 && errno == EINTR);
+    close(fd);
+    if (r > 0) last = atoi(buf);
+  }
+  for (int c = 0; c <= last; c++) {
+    if (prctl(PR_CAPBSET_DROP, c, 0, 0, 0) != 0 && errno != EINVAL) {
+      warn_errno("drop capability from the bounding set", NULL);
+      return -1;
+    }
+  }
+  struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+  struct __user_cap_data_struct data[2];
+  if (syscall(SYS_capget, &hdr, data) != 0) {
+    warn_errno("capget", NULL);
+    return -1;
+  }
+  data[0].inheritable = data[1].inheritable = 0;
+  if (syscall(SYS_capset, &hdr, data) != 0) {
+    warn_errno("clear inheritable capabilities", NULL);
+    return -1;
+  }
+  if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0 && errno != EINVAL) {
+    warn_errno("clear ambient capabilities", NULL);
+    return -1;
+  }
+  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) {
+    warn_errno("set no_new_privs", NULL);
+    return -1;
+  }
+  return 0;
+}
+
+/* The command's side of the fork: never returns. */
+static void run_child(const struct options *o, int root_fd, int alive_fd) {
+  if (o->own_group) setpgid(0, 0);
+  /* Killed if the helper dies; the pipe tells whether it died before this was set. */
+  prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+  struct pollfd p = {.fd = alive_fd, .events = POLLIN};
+  if (poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLIN))) _exit(EXIT_SETUP);
+  close(alive_fd);
+  if (root_fd >= 0) {
+    if (fchdir(root_fd) != 0 || chroot(".") != 0) {
+      warn_errno("enter the sandbox's root", NULL);
+      _exit(EXIT_SETUP);
+    }
+    close(root_fd);
+    if (!o->cwd && chdir("/") != 0) _exit(EXIT_SETUP);
+  }
+  if (o->cwd && chdir(o->cwd) != 0) {
+    warn_errno("cannot change directory to", o->cwd);
+    _exit(EXIT_SETUP);
+  }
+  if (drop_capabilities() != 0) _exit(EXIT_SETUP);
+  /* Nothing of the helper's signal handling reaches the command. */
+  struct sigaction dfl;
+  memset(&dfl, 0, sizeof dfl);
+  dfl.sa_handler = SIG_DFL;
+  for (int s = 1; s < NSIG; s++) {
+    if (s != SIGKILL && s != SIGSTOP) sigaction(s, &dfl, NULL);
+  }
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, NULL);
+  extern char **environ;
+  environ = o->envs;
+  execvp(o->argv[0], o->argv);
+  int e = errno;
+  warn_errno(o->argv[0], NULL);
+  _exit(e == ENOENT ? EXIT_NOT_FOUND : EXIT_CANNOT_RUN);
+}
+
+/* Sends sig to the command (its process group with -g). */
+static void signal_child(const struct options *o, pid_t child, int sig) {
+  if (o->own_group && kill(-child, sig) == 0) return;
+  kill(child, sig);
+}
+
+/* Ends this process the way the command ended. */
+static int finish(int status, int timed_out, int exit_fd) {
+  int code;
+  if (WIFEXITED(status)) code = WEXITSTATUS(status);
+  else if (WIFSIGNALED(status)) code = 128 + WTERMSIG(status);
+  else code = 1;
+  if (timed_out) code = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL ? 128 + SIGKILL : EXIT_TIMEDOUT;
+  if (exit_fd >= 0) {
+    char line[24];
+    int len = snprintf(line, sizeof line, "%d\n", code);
+    if (write_all(exit_fd, line, (size_t)len) != 0) warn_errno("write the exit file", NULL);
+    close(exit_fd);
+  }
+  if (!timed_out && WIFSIGNALED(status)) {
+    /* Die of the same signal, without a core dump of the helper. */
+    int sig = WTERMSIG(status);
+    struct rlimit none = {0, 0};
+    setrlimit(RLIMIT_CORE, &none);
+    signal(sig, SIG_DFL);
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, sig);
+    sigprocmask(SIG_UNBLOCK, &set, NULL);
+    raise(sig);
+  }
+  return code;
+}
+
+int main(int argc, char **argv) {
+  struct options o;
+  int bad = parse_args(argc, argv, &o);
+  if (bad) return bad;
+  /* Whatever the caller let through is not passed on. */
+  syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC);
+
+  join_cgroups(&o);
+
+  int exit_fd = -1;
+  if (o.exit_file) {
+    do exit_fd = open(o.exit_file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    while (exit_fd < 0 && errno == EINTR);
+    if (exit_fd < 0) {
+      warn_errno("open", o.exit_file);
+      return EXIT_SETUP;
+    }
+  }
+
+  /* Opened here, where /dev/null is the caller's (the sandbox's mount namespace may lack one). */
+  int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+
+  int root_fd = -1;
+  if (o.ns_pid) {
+    int ns_fds[NS_COUNT];
+    for (size_t k = 0; k < NS_COUNT; k++) {
+      char name[16];
+      snprintf(name, sizeof name, "ns/%s", NS_NAMES[k]);
+      ns_fds[k] = open_at_pid(o.ns_pid, name, O_RDONLY);
+      if (ns_fds[k] < 0) return EXIT_SETUP;
+    }
+    root_fd = open_at_pid(o.ns_pid, "root", O_RDONLY | O_DIRECTORY);
+    if (root_fd < 0) return EXIT_SETUP;
+    for (size_t k = 0; k < NS_COUNT; k++) {
+      if (setns(ns_fds[k], NS_TYPES[k]) != 0) {
+        warn_errno("enter namespace", NS_NAMES[k]);
+        return EXIT_SETUP;
+      }
+      close(ns_fds[k]);
+    }
+  }
+
+  /* SIGCHLD must not be ignored, or the child's status would be lost. */
+  signal(SIGCHLD, SIG_DFL);
+
+  int alive[2];
+  if (pipe2(alive, O_CLOEXEC) != 0) {
+    warn_errno("pipe", NULL);
+    return EXIT_SETUP;
+  }
+  pid_t child = fork();
+  if (child < 0) {
+    warn_errno("fork", NULL);
+    return EXIT_SETUP;
+  }
+  if (child == 0) {
+    close(alive[1]);
+    if (exit_fd >= 0) close(exit_fd);
+    if (devnull >= 0) close(devnull);
+    run_child(&o, root_fd, alive[0]);
+  }
+  close(alive[0]);
+  if (root_fd >= 0) close(root_fd);
+  /* The command alone holds its stdin and stdout: the helper keeps stderr for its own messages. */
+  if (devnull > 2) {
+    dup2(devnull, 0);
+    dup2(devnull, 1);
+    close(devnull);
+  }
+  if (o.own_group) setpgid(child, child); /* also here: no window where signals miss the group */
+  /*
+   * From here the helper takes its signals synchronously (sigtimedwait). Not before the fork: a
+   * signal pending on the helper then would not reach the child (pending signals are not inherited);
+   * until here a signal ends the helper as it would have nsenter (and the child with it, by the
+   * group signal or PR_SET_PDEATHSIG). A SIGCHLD that came before is caught by the first waitpid.
+   */
+  sigset_t waited;
+  sigemptyset(&waited);
+  sigaddset(&waited, SIGCHLD);
+  for (size_t k = 0; k < FORWARDED_COUNT; k++) sigaddset(&waited, FORWARDED[k]);
+  sigprocmask(SIG_BLOCK, &waited, NULL);
+
+  long long term_at = o.timeout > 0 ? now_ns() + (long long)(o.timeout * 1e9) : -1;
+  long long kill_at = -1;
+  int timed_out = 0;
+  for (;;) {
+    int status;
+    pid_t r = waitpid(child, &status, WNOHANG);
+    if (r == child) return finish(status, timed_out, exit_fd);
+    if (r < 0 && errno != EINTR) {
+      warn_errno("wait", NULL);
+      return EXIT_SETUP;
+    }
+    long long next = term_at >= 0 ? term_at : kill_at;
+    siginfo_t info;
+    int sig;
+    if (next >= 0) {
+      long long left = next - now_ns();
+      if (left < 0) left = 0;
+      struct timespec ts = {.tv_sec = left / 1000000000LL, .tv_nsec = left % 1000000000LL};
+      sig = sigtimedwait(&waited, &info, &ts);
+    } else {
+      sig = sigwaitinfo(&waited, &info);
+    }
+    if (sig < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN) {
+        warn_errno("wait for signals", NULL);
+        return EXIT_SETUP;
+      }
+      long long t = now_ns();
+      if (term_at >= 0 && t >= term_at) {
+        timed_out = 1;
+        term_at = -1;
+        signal_child(&o, child, SIGTERM);
+        signal_child(&o, child, SIGCONT); /* a stopped command gets the SIGTERM too */
+        if (o.kill_after > 0) kill_at = t + (long long)(o.kill_after * 1e9);
+      } else if (kill_at >= 0 && t >= kill_at) {
+        kill_at = -1;
+        signal_child(&o, child, SIGKILL);
+      }
+      continue;
+    }
+    /* Without -g the command is in the helper's process group and was signalled with it. */
+    if (sig != SIGCHLD && o.own_group) signal_child(&o, child, sig);
+  }
+}
