@@ -6,7 +6,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { Spawner } from './spawner';
 import { createHash } from 'node:crypto';
-import { promises as fsp, watch, openSync, closeSync, type FSWatcher } from 'node:fs';
+import { promises as fsp, watch, openSync, closeSync, readSync, fstatSync, type FSWatcher } from 'node:fs';
 import { constants as osConstants } from 'node:os';
 import * as path from 'node:path';
 import type { Logger } from 'pino';
@@ -554,12 +554,20 @@ export abstract class BaseProvider implements SandboxProvider {
   /** The entrypoint's exit code and time (the exit file's mtime), or null before it has been written whole. */
   private async readExit(id: string): Promise<{ code: number; at: number } | null> {
     const file = path.join(this.dirOf(id), 'entrypoint.exit');
+    // One tiny file in the sandbox's directory (a tmpfs for sessions): read in place, without two
+    // trips through the thread pool.
+    let fd: number | undefined;
     try {
-      const [text, st] = await Promise.all([fsp.readFile(file, 'utf8'), fsp.stat(file)]);
+      fd = openSync(file, 'r');
+      const buf = Buffer.alloc(32);
+      const n = readSync(fd, buf, 0, buf.length, 0);
+      const text = buf.toString('latin1', 0, n);
       if (!/^-?\d+\n/.test(text)) return null;
-      return { code: Number(text.trim().split(' ')[0]), at: Math.round(st.mtimeMs) };
+      return { code: Number(text.trim().split(' ')[0]), at: Math.round(fstatSync(fd).mtimeMs) };
     } catch {
       return null;
+    } finally {
+      if (fd !== undefined) closeSync(fd);
     }
   }
 

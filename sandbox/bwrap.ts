@@ -29,7 +29,7 @@
  */
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
-import { promises as fsp, constants as fsc } from 'node:fs';
+import { promises as fsp, constants as fsc, openSync, readSync, closeSync } from 'node:fs';
 import * as net from 'node:net';
 import * as path from 'node:path';
 import { promisify } from 'node:util';
@@ -677,8 +677,11 @@ export class BwrapProvider extends BaseProvider {
     const cgroups = SandboxCgroups.of(id);
     signalRef(state?.init?.ns, 'SIGKILL');
     signalRef(state?.init?.outer, 'SIGKILL');
+    // The init's death takes every process of its pid namespace with it; wait for that first, so
+    // that the cgroups are usually empty by the time they are checked.
+    await this.waitGone([state?.init?.ns, state?.init?.outer]);
     await cgroups.killAll();
-    await this.waitGone([state?.init?.ns, state?.init?.outer, state?.entrypoint?.wrapper]);
+    await this.waitGone([state?.entrypoint?.wrapper]);
     this.mountIds.delete(id);
     // Overlays mounted in the sandbox's own namespace went with its processes. Those on the host: a
     // sandbox of the sh path or of an older host (no hostMounts), or one whose state is unknown.
@@ -768,24 +771,30 @@ export class BwrapProvider extends BaseProvider {
  */
 async function waitForInitChild(pid: number, timeoutMs: number): Promise<void> {
   const deadline = Date.now() + timeoutMs;
-  let fh;
+  let fd: number;
   try {
-    fh = await fsp.open(`/proc/${pid}/task/${pid}/children`, 'r');
+    fd = openSync(`/proc/${pid}/task/${pid}/children`, 'r');
   } catch {
     throw new Error(`init process ${pid} is gone`);
   }
   try {
     const buf = Buffer.alloc(64);
     for (;;) {
-      // A read at offset 0 makes procfs regenerate the list.
-      const { bytesRead } = await fh.read(buf, 0, buf.length, 0).catch(() => ({ bytesRead: -1 }));
+      // A read at offset 0 makes procfs regenerate the list. It is read synchronously: a procfs
+      // read never waits for a disk, and costs less than a trip through the thread pool.
+      let bytesRead: number;
+      try {
+        bytesRead = readSync(fd, buf, 0, buf.length, 0);
+      } catch {
+        bytesRead = -1;
+      }
       if (bytesRead > 0 && buf.subarray(0, bytesRead).toString('latin1').trim() !== '') return;
       if (bytesRead < 0 || !signalable(pid)) throw new Error(`init process ${pid} is gone`);
       if (Date.now() > deadline) throw new Error(`init did not start within ${timeoutMs} ms`);
       await new Promise((r) => setTimeout(r, 1));
     }
   } finally {
-    await fh.close();
+    closeSync(fd);
   }
 }
 

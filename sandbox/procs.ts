@@ -131,18 +131,20 @@ export class SandboxCgroups {
     return Object.values(this.dirs).map((d) => path.join(d as string, 'cgroup.procs'));
   }
 
-  /** Pids currently in any of the groups. */
+  /**
+   * Pids currently in the groups. Every process of a sandbox joins all of its groups, so one group
+   * tells (the pids controller's where there is one). Read synchronously: cgroupfs never waits.
+   */
   async pids(): Promise<number[]> {
-    const all = new Set<number>();
-    for (const dir of Object.values(this.dirs)) {
-      try {
-        const text = await fsp.readFile(path.join(dir as string, 'cgroup.procs'), 'utf8');
-        for (const line of text.split('\n')) if (line) all.add(Number(line));
-      } catch {
-        /* group absent */
-      }
+    const dir = this.dirs.pids ?? Object.values(this.dirs)[0];
+    if (!dir) return [];
+    let text: string;
+    try {
+      text = readFileSync(path.join(dir, 'cgroup.procs'), 'utf8');
+    } catch {
+      return [];
     }
-    return [...all];
+    return text.split('\n').filter(Boolean).map(Number);
   }
 
   private async freeze(state: 'FROZEN' | 'THAWED'): Promise<void> {
