@@ -110,6 +110,17 @@ async function closeAll(dirs: FileHandle[]): Promise<void> {
   await Promise.all(dirs.splice(0).map((d) => d.close().catch(() => undefined)));
 }
 
+/** The handle, once its descriptor is checked to be inside the sandbox; closed when it is not. */
+async function keepIfInside(map: RootMap, fh: FileHandle, sandboxPath: string): Promise<FileHandle> {
+  try {
+    await assertFdInside(map, fh.fd, sandboxPath);
+  } catch (err) {
+    await fh.close();
+    throw err;
+  }
+  return fh;
+}
+
 /** Opens a mount's directory (a host path the map trusts, e.g. /proc/<pid>/root: no O_NOFOLLOW). */
 async function openMountDir(map: RootMap, dir: string, sandboxPath: string): Promise<FileHandle> {
   let fh: FileHandle;
@@ -119,13 +130,7 @@ async function openMountDir(map: RootMap, dir: string, sandboxPath: string): Pro
     if (errCode(err) === 'ENOENT' || errCode(err) === 'ESRCH') throw new SandboxError('conflict', 'sandbox is not running');
     throw err;
   }
-  try {
-    await assertFdInside(map, fh.fd, sandboxPath);
-  } catch (err) {
-    await fh.close();
-    throw err;
-  }
-  return fh;
+  return keepIfInside(map, fh, sandboxPath);
 }
 
 /**
@@ -280,13 +285,7 @@ async function openResolved(map: RootMap, r: Resolved, flags: number, mode: numb
       if (code === 'ENXIO') throw new SandboxError('invalid_request', `not a regular file: ${sandboxPath}`);
       throw err;
     }
-    try {
-      await assertFdInside(map, fh.fd, sandboxPath);
-    } catch (err) {
-      await fh.close();
-      throw err;
-    }
-    return fh;
+    return await keepIfInside(map, fh, sandboxPath);
   } finally {
     await closeAll(r.dirs);
   }

@@ -75,26 +75,20 @@ if [ ! -x "$fbin" ]; then
 fi
 ln -sfn "$fbin" "$root/.tools/bin/ferretdb"
 
-# --- sap-sandbox-init (optional) ---------------------------------------------------------
-# Starts a sandbox's init with one exec instead of sh + mount + mount (see sandbox/bwrap.ts);
-# without a C compiler the host falls back to the shell and says so in its log.
-isrc="$root/tools/sandbox-init/sandbox-init.c"
-ibin="$cache/sap-sandbox-init-$(sha256sum "$isrc" | cut -c1-16)"
-if [ ! -x "$ibin" ] && command -v cc >/dev/null 2>&1; then
-  say "building sap-sandbox-init"
-  cc -O2 -Wall -o "$ibin.tmp" "$isrc" && mv "$ibin.tmp" "$ibin"
-fi
-if [ -x "$ibin" ]; then ln -sfn "$ibin" "$root/.tools/bin/sap-sandbox-init"; else say "no C compiler: sandboxes start through sh + mount"; fi
-
-# --- sap-sandbox-enter (optional) --------------------------------------------------------
-# Runs a process inside a sandbox with one exec instead of sh + nsenter + setpriv + env + timeout
-# (see sandbox/bwrap.ts); without a C compiler the host uses that chain.
-esrc="$root/tools/sandbox-enter/sandbox-enter.c"
-ebin="$cache/sap-sandbox-enter-$(sha256sum "$esrc" | cut -c1-16)"
-if [ ! -x "$ebin" ] && command -v cc >/dev/null 2>&1; then
-  say "building sap-sandbox-enter"
-  cc -O2 -Wall -o "$ebin.tmp" "$esrc" && mv "$ebin.tmp" "$ebin"
-fi
-if [ -x "$ebin" ]; then ln -sfn "$ebin" "$root/.tools/bin/sap-sandbox-enter"; else say "no C compiler: processes enter sandboxes through sh + nsenter + setpriv + env"; fi
+# --- sap-sandbox-init and sap-sandbox-enter (optional) ------------------------------------
+# sap-sandbox-init starts a sandbox's init with one exec instead of sh + mount + mount;
+# sap-sandbox-enter runs a process inside a sandbox with one exec instead of sh + nsenter +
+# setpriv + env + timeout (see sandbox/bwrap.ts). Each is built once per version of its source;
+# without a C compiler the host uses the shell chains and says so in its log.
+build_helper() { # name, source, what the host does without it
+  local bin="$cache/$1-$(sha256sum "$2" | cut -c1-16)"
+  if [ ! -x "$bin" ] && command -v cc >/dev/null 2>&1; then
+    say "building $1"
+    cc -O2 -Wall -o "$bin.tmp" "$2" && mv "$bin.tmp" "$bin"
+  fi
+  if [ -x "$bin" ]; then ln -sfn "$bin" "$root/.tools/bin/$1"; else say "no C compiler: $3"; fi
+}
+build_helper sap-sandbox-init "$root/tools/sandbox-init/sandbox-init.c" "sandboxes start through sh + mount"
+build_helper sap-sandbox-enter "$root/tools/sandbox-enter/sandbox-enter.c" "processes enter sandboxes through sh + nsenter + setpriv + env"
 
 say "ready: $("$root/.tools/bin/temporal" --version | head -1); ferretdb; $(bwrap --version)"
