@@ -688,6 +688,9 @@ export abstract class BaseProvider implements SandboxProvider {
   /** See SandboxProvider.close: stops the spawner helper (the processes it started live on). */
   async close(): Promise<void> {
     this.spawner.close();
+    // An empty scratch directory goes with the host (the next start makes it again); one that holds
+    // running sessions' sandboxes stays.
+    if (this.scratchDir) await fsp.rmdir(this.scratchDir).catch(() => undefined);
   }
 
   /** Waits until none of the given processes is alive (bounded). */

@@ -50,6 +50,15 @@ function readySpares(): string[] {
   return names.filter((n) => n.startsWith(`spare-${process.pid}-`) && pidsOfCgroup(n).length === 1);
 }
 
+/** True while the process exists and is not a zombie (it may vanish between two looks). */
+function isRunning(pid: number): boolean {
+  try {
+    return !/\) [ZX] /.test(require('node:fs').readFileSync(`/proc/${pid}/stat`, 'utf8'));
+  } catch {
+    return false;
+  }
+}
+
 describe('sandbox host (bwrap)', () => {
   let dataDir: string;
   let host: RunningHost;
@@ -320,7 +329,7 @@ describe('sandbox host (bwrap)', () => {
     expect(await client.destroySandbox(id)).toBe(true);
     expect(await client.destroySandbox(id)).toBe(false);
     expect(await client.getSandbox(id)).toBeNull();
-    for (const pid of pids) expect(existsSync(`/proc/${pid}`) && !require('node:fs').readFileSync(`/proc/${pid}/stat`, 'utf8').includes(') Z')).toBe(false);
+    for (const pid of pids) expect(isRunning(Number(pid))).toBe(false);
     expect(existsSync(path.join(dataDir, 'sandboxes', id))).toBe(false);
     expect(await fsp.readFile('/proc/mounts', 'utf8')).not.toContain(id);
     expect(hostMountsOf(id)).toEqual([]);
@@ -429,6 +438,22 @@ describe('sandbox host (bwrap)', () => {
     expect(existsSync(`/sys/fs/cgroup/pids/sap/${lost}`)).toBe(false);
   });
 
+  it('removes its scratch directory when it stops with no session sandbox left, and keeps it otherwise', async () => {
+    const dir = await fsp.mkdtemp(path.join(os.tmpdir(), 'sap-host-scratch-'));
+    const other = await startHost({ dataDir: dir, token: TOKEN, listen: '127.0.0.1:0', hostId: 'test-host-2' });
+    const scratch = (other.provider as unknown as { scratchDir: string }).scratchDir;
+    const c = new HostClient({ url: other.url, token: TOKEN });
+    const id = newId();
+    await c.createSandbox({ id, orgId: 'o', owner: { kind: 'session', id: 'sess_z' } });
+    await other.close();
+    expect(existsSync(path.join(scratch, id))).toBe(true);
+    const again = await startHost({ dataDir: dir, token: TOKEN, listen: '127.0.0.1:0', hostId: 'test-host-2' });
+    expect(await new HostClient({ url: again.url, token: TOKEN }).destroySandbox(id)).toBe(true);
+    await again.close();
+    expect(existsSync(scratch)).toBe(false);
+    await fsp.rm(dir, { recursive: true, force: true });
+  });
+
   it('removes, at restart, a sandbox whose state was never written (the host died while creating it)', async () => {
     const id = newId();
     await client.createSandbox({ id, orgId: 'o', entrypoint: { argv: ['sleep', '300'] } });
@@ -445,7 +470,7 @@ describe('sandbox host (bwrap)', () => {
     client = new HostClient({ url: host.url, token: TOKEN });
     expect(await client.getSandbox(id)).toBeNull();
     // Killed and out of the cgroup; give them a moment to finish exiting.
-    const alive = () => pids.filter((pid) => existsSync(`/proc/${pid}`) && !/\) [ZX] /.test(require('node:fs').readFileSync(`/proc/${pid}/stat`, 'utf8')));
+    const alive = () => pids.filter((pid) => isRunning(Number(pid)));
     for (let i = 0; i < 100 && alive().length > 0; i++) await new Promise((r) => setTimeout(r, 20));
     expect(alive()).toEqual([]);
     expect(existsSync(path.join(dataDir, 'sandboxes', id))).toBe(false);
@@ -476,7 +501,7 @@ describe('sandbox host (bwrap)', () => {
     await host.close();
     const pids = pidsOfCgroup(id);
     for (const pid of pids) process.kill(Number(pid), 'SIGKILL');
-    const alive = () => pids.filter((pid) => existsSync(`/proc/${pid}`) && !/\) [ZX] /.test(require('node:fs').readFileSync(`/proc/${pid}/stat`, 'utf8')));
+    const alive = () => pids.filter((pid) => isRunning(Number(pid)));
     for (let i = 0; i < 100 && alive().length > 0; i++) await new Promise((r) => setTimeout(r, 20));
     host = await startHost({ dataDir, token: TOKEN, listen: '127.0.0.1:0', hostId: 'test-host' });
     client = new HostClient({ url: host.url, token: TOKEN });
