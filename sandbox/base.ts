@@ -187,10 +187,9 @@ export abstract class BaseProvider implements SandboxProvider {
    */
   private async makeDir(id: string, owner: CreateSandboxRequest['owner']): Promise<void> {
     const dir = this.dirOf(id);
+    const real = this.scratchDir && owner?.kind === 'session' ? path.join(this.scratchDir, id) : null;
     const make = async () => {
-      if (!this.scratchDir || owner?.kind !== 'session') return fsp.mkdir(dir);
-      const real = path.join(this.scratchDir, id);
-      await fsp.rm(real, { recursive: true, force: true });
+      if (!real) return fsp.mkdir(dir);
       await fsp.mkdir(real, { mode: 0o700 });
       await fsp.symlink(real, dir);
     };
@@ -198,8 +197,10 @@ export abstract class BaseProvider implements SandboxProvider {
       await make();
     } catch (err) {
       if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
-      // A leftover directory without adopted state: clear it and start over.
+      // A leftover directory without adopted state (or a scratch directory never linked): clear it
+      // and start over.
       await this.destroyUnlocked(id);
+      if (real) await fsp.rm(real, { recursive: true, force: true });
       await make();
     }
   }

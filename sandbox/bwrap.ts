@@ -520,6 +520,8 @@ export class BwrapProvider extends BaseProvider {
       '--',
       ...bwrap,
     ];
+    // The same for a helper that waits (-w): its log first, each argument ended by a NUL byte.
+    const waitingHelperArgs = () => Buffer.from(['-l', sub('init.log'), ...helperArgs()].map((a) => a + '\0').join(''));
     const failure = async (why: string) => {
       const logText = await fsp.readFile(sub('init.log'), 'utf8').catch(() => '');
       return new SandboxError('internal', `sandbox ${id} failed to start (${why}): ${logText.trim().slice(-1000)}`);
@@ -530,7 +532,7 @@ export class BwrapProvider extends BaseProvider {
     const spare = await this.claimSpare(id, state.limits);
     if (spare) {
       starting = spare;
-      starting.send(Buffer.from(['-l', sub('init.log'), ...helperArgs()].map((a) => a + '\0').join('')));
+      starting.send(waitingHelperArgs());
     } else if (this.initHelper && this.helperSocket) {
       // No spare ready (a burst): a helper of its own through the spawner, over the socket like a spare.
       const cgroups = await SandboxCgroups.create(id, state.limits);
@@ -552,7 +554,7 @@ export class BwrapProvider extends BaseProvider {
         })
         .finally(() => clearTimeout(timer));
       starting = startingOfSocket(proc.pid, sock);
-      starting.send(Buffer.from(['-l', sub('init.log'), ...helperArgs()].map((a) => a + '\0').join('')));
+      starting.send(waitingHelperArgs());
     } else if (this.initHelper) {
       // No spare ready and no socket: start a helper through the spawner (no fork of the host). bwrap
       // writes its info (the init's pid) to a file instead of a pipe.

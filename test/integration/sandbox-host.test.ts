@@ -126,6 +126,11 @@ describe('sandbox host (bwrap)', () => {
     expect(Date.now() - t0).toBeGreaterThanOrEqual(290);
     expect(slow.entrypoint).toMatchObject({ state: 'running' });
     expect(slow.file).toBeUndefined();
+    // Bad awaitExit values are refused before anything is created.
+    const bad = newId();
+    await expect(client.createSandbox({ id: bad, orgId: 'o', entrypoint: { argv: ['true'] }, awaitExit: { waitMs: -1 } })).rejects.toMatchObject({ type: 'invalid_request', status: 400 });
+    await expect(client.createSandbox({ id: bad, orgId: 'o', entrypoint: { argv: ['true'] }, awaitExit: { waitMs: 10, readFile: { path: '', maxBytes: 0 } } })).rejects.toMatchObject({ type: 'invalid_request', status: 400 });
+    expect(await client.getSandbox(bad)).toBeNull();
     // Without awaitExit, a create answers at once, as before.
     expect((await client.createSandbox({ id: newId(), orgId: 'o', entrypoint: { argv: ['sleep', '30'] } })).entrypoint).toBeUndefined();
   });
