@@ -59,6 +59,17 @@ function isRunning(pid: number): boolean {
   }
 }
 
+/** SIGKILLs each process; one already gone (the init's death takes its namespace along) is fine. */
+function killAllOf(pids: (number | string)[]): void {
+  for (const pid of pids) {
+    try {
+      process.kill(Number(pid), 'SIGKILL');
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== 'ESRCH') throw err;
+    }
+  }
+}
+
 describe('sandbox host (bwrap)', () => {
   let dataDir: string;
   let host: RunningHost;
@@ -432,7 +443,7 @@ describe('sandbox host (bwrap)', () => {
     const lost = newId();
     await client.createSandbox({ id: lost, orgId: 'o', owner: { kind: 'session', id: 'sess_y' }, entrypoint: { argv: ['sleep', '300'] } });
     await host.close();
-    for (const pid of pidsOfCgroup(lost)) process.kill(pid, 'SIGKILL');
+    killAllOf(pidsOfCgroup(lost));
     await fsp.rm(path.join(scratch!, lost), { recursive: true, force: true });
     await fsp.mkdir(path.join(scratch!, 'sb-unlinked'));
     host = await startHost({ dataDir, token: TOKEN, listen: '127.0.0.1:0', hostId: 'test-host' });
@@ -505,7 +516,7 @@ describe('sandbox host (bwrap)', () => {
     await client.createSandbox({ id, orgId: 'o', entrypoint: { argv: ['sleep', '300'] } });
     await host.close();
     const pids = pidsOfCgroup(id);
-    for (const pid of pids) process.kill(Number(pid), 'SIGKILL');
+    killAllOf(pids);
     const alive = () => pids.filter((pid) => isRunning(Number(pid)));
     for (let i = 0; i < 100 && alive().length > 0; i++) await new Promise((r) => setTimeout(r, 20));
     host = await startHost({ dataDir, token: TOKEN, listen: '127.0.0.1:0', hostId: 'test-host' });
