@@ -18,10 +18,15 @@ export interface CreateSandboxRequest {
   envs?: Record<string, string>;
   /** Default working directory (absolute) of every process started in the sandbox; default /workspace. */
   cwd?: string;
-  /** Resource hints, applied where the machine supports them (cgroups). */
+  /**
+   * Resource limits (cgroups and the writable layer's size). Absent: the host's defaults
+   * (SANDBOX_MEMORY_MB, SANDBOX_DISK_MB, …); the host clamps nothing: callers check the operator's maxima.
+   */
   memoryMB?: number;
   cpuCount?: number;
   maxProcesses?: number;
+  /** Size of the writable layer (everything the sandbox writes to its filesystem); writes past it get ENOSPC. */
+  diskMB?: number;
   /** Files written before anything runs: absolute path inside the sandbox → UTF-8 content. */
   files?: Record<string, string>;
   /** Scripts run with bash, in order, before anything else (checkpoint patches). */
@@ -80,7 +85,16 @@ export interface SandboxInfo {
 export type EntrypointStatus =
   | { state: 'none' }
   | { state: 'running'; pid: number; startedAt: string }
-  | { state: 'exited'; exitCode: number; timedOut: boolean; signal: string | null; startedAt: string; exitedAt: string };
+  | {
+      state: 'exited';
+      exitCode: number;
+      timedOut: boolean;
+      signal: string | null;
+      startedAt: string;
+      exitedAt: string;
+      /** The kernel's OOM killer killed a process of the sandbox (its memory limit was reached) while the entrypoint ran. */
+      oomKilled?: boolean;
+    };
 
 /** Error body the host answers with: { error: { type, message } } like the public API. */
 export interface HostErrorBody {
@@ -112,6 +126,8 @@ export interface ExecSessionInfo {
   attachedClients: number;
   /** When the command exited; null while running. */
   exitedAt?: string | null;
+  /** Set once the command has exited: whether the sandbox's memory limit made the OOM killer kill a process meanwhile. */
+  oomKilled?: boolean;
 }
 
 /** Result of `POST /sandboxes/:id/exec/run`. */
