@@ -49,6 +49,8 @@ export interface SandboxState {
    * sandbox's own, gone with its processes; absent: a sandbox of an older host, so treated as true).
    */
   hostMounts?: boolean;
+  /** bwrap: host uid/gid of the sandbox's root; its ids 0..65535 are host ids idBase.. (see id-slots.ts). */
+  idBase?: number;
   entrypoint?: { wrapper: ProcRef; startedAt: string; timeoutSeconds?: number };
 }
 
@@ -212,6 +214,8 @@ export abstract class BaseProvider implements SandboxProvider {
     return target && path.dirname(target) === this.scratchDir ? target : null;
   }
 
+  /** Called for each sandbox found on disk at start, before it is adopted (e.g. to mark resources it holds). */
+  protected adopted(_state: SandboxState): void {}
   /** Sets up provider-wide files (e.g. the base filesystem) once. */
   protected abstract prepare(): Promise<void>;
   /** Builds the sandbox's filesystem, cgroups and long-lived processes; fills `state.init` where it has one. */
@@ -296,6 +300,7 @@ export abstract class BaseProvider implements SandboxProvider {
         await this.saveState(state);
         this.log.warn({ sandboxId: id }, 'sandbox init is gone; marked stopped');
       }
+      this.adopted(state);
       this.states.set(id, state);
     }
     await this.removeUnlinkedScratch();
@@ -321,7 +326,7 @@ export abstract class BaseProvider implements SandboxProvider {
         layers: await this.expandLayers(req.layers ?? []),
         envs: req.envs ?? {},
         ...(req.cwd ? { cwd: req.cwd } : {}),
-        limits: { memoryMB: req.memoryMB, cpuCount: req.cpuCount, maxProcesses: req.maxProcesses ?? 512 },
+        limits: { memoryMB: req.memoryMB, cpuCount: req.cpuCount, maxProcesses: req.maxProcesses ?? 512, diskMB: req.diskMB },
         createdAt: new Date().toISOString(),
         metadata: req.metadata ?? {},
         patches: [],
@@ -587,6 +592,8 @@ export abstract class BaseProvider implements SandboxProvider {
     const timedOut =
       !!ep.timeoutSeconds && (exit.code === 124 || (exit.code === 137 && elapsed >= ep.timeoutSeconds * 1000 - 50));
     const sig = exit.code > 128 && exit.code < 160 ? signalName(exit.code - 128) : null;
+    // Read while the sandbox's cgroups exist (a session captures its ending before destroying them).
+    const oomKilled = SandboxCgroups.of(id).oomKills() > 0;
     return {
       state: 'exited',
       exitCode: exit.code,
@@ -594,6 +601,7 @@ export abstract class BaseProvider implements SandboxProvider {
       signal: timedOut ? 'SIGTERM' : sig,
       startedAt: ep.startedAt,
       exitedAt: new Date(exit.at).toISOString(),
+      ...(oomKilled ? { oomKilled } : {}),
     };
   }
 

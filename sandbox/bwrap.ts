@@ -1,44 +1,46 @@
 /**
- * The default provider: each sandbox is a small Linux machine built from namespaces (bubblewrap),
- * overlayfs and cgroups.
+ * The default provider: each sandbox is a small Linux machine built from namespaces, overlayfs and
+ * cgroups, for untrusted code.
  *
  * On disk, `${dataDir}/sandboxes/<id>/`:
  *   state.json               what the host knows (see SandboxState)
- *   upper/root, upper/usr    the writable layer (what a checkpoint captures)
- *   work/root, work/usr      overlayfs work directories
- *   rootfs, usrfs            the merged trees, mounted on the host: `/` and `/usr` of the sandbox
- *   init.log                 stderr of the mount + bwrap start
+ *   m/                       the staging directory: a mount point in the sandbox's own mount namespace
+ *   init.log                 stderr of the sandbox's start
  *   entrypoint.{out,err,exit}
  *
- * The root overlay stacks the checkpoint layers (`${dataDir}/layers/<id>/root`) over a base skeleton
- * (`${dataDir}/base`); the /usr overlay stacks their `usr` parts over the host's /usr.
- * Each sandbox runs one long-lived init (bwrap with `sleep infinity`) that owns the pid, mount, net, ipc,
- * uts and cgroup namespaces. It is started by `sap-sandbox-init` (tools/sandbox-init: joins the cgroups,
- * enters a private mount namespace of its own, mounts both overlays there and execs bwrap, in one
- * process) or, where that helper was not built, by sh + mount. Through the helper, the overlays are
- * never in the host's mount table (which every new bwrap copies and parses, and whose size would grow
- * with the number of live sandboxes): they live in the sandbox's namespaces only and vanish with its
- * last process. The sh path mounts them on the host (`state.hostMounts`); teardown unmounts those.
- * The host reaches the sandbox's files through /proc/<init pid>/root (see rootMap and paths.ts).
- * One helper is kept started ahead of the next create, already in cgroups of its own (see prepareSpare).
- * Every other process (patches, entrypoint, exec) enters them and drops all capabilities through
- * `sap-sandbox-enter` (tools/sandbox-enter: cgroups, namespaces, root, capabilities, environment,
- * timeout and exit file in one exec) or, where that helper was not built, through sh + nsenter +
- * setpriv + env (+ timeout). All processes of a sandbox are in its cgroups, which is also how
- * destroy finds and kills them.
+ * Every sandbox starts one way: `sap-sandbox-init` (tools/sandbox-init), started ahead of the create
+ * through the spawner in cgroups of its own (a spare, see prepareSpare; a burst starts one more the
+ * same way) and handed the rest of its arguments over `${dataDir}/init.sock`. In a mount namespace
+ * of its own it maps a user namespace whose ids 0..65535 are the host ids of the sandbox's slot
+ * (`state.idBase`, see idSlots), clones every read-only layer as an idmapped mount (the base skeleton
+ * `${dataDir}/base-v2`, the checkpoint layers `${dataDir}/layers/<id>/{root,usr}`, the host's /usr),
+ * puts the writable layer on a tmpfs of `diskMB` and mounts the overlays of `/` and `/usr`; then its
+ * child, root of that user namespace, unshares the mount, pid, net, ipc, uts and cgroup namespaces
+ * and becomes the sandbox's pid 1: proc with the OCI runtime spec's read-only and masked paths, a
+ * private /dev, pivot_root, Docker's default capabilities, no_new_privs, seccomp. None of these mounts
+ * is in the host's mount table, and the overlays name their layers by relative names only (l0, p0,
+ * w/root…), so nothing the sandbox can read names a host path.
+ * The host reaches a sandbox's files through /proc/<pid 1>/root (see rootMap and paths.ts), creating
+ * what it writes as sandbox root, and its writable layer through /proc/<helper>/root/…/m/w (checkpoints).
+ * Every other process (patches, entrypoint, exec) enters through `sap-sandbox-enter`
+ * (tools/sandbox-enter: cgroups, the user namespace and then the others, root, capabilities,
+ * no_new_privs, seccomp, environment, timeout and exit file in one exec). All processes of a sandbox
+ * are in its cgroups, which is also how destroy finds and kills them.
  */
-import { execFile, spawn, type ChildProcess } from 'node:child_process';
+import { execFile } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
-import { promises as fsp, constants as fsc, openSync, readSync, closeSync } from 'node:fs';
+import { promises as fsp, constants as fsc } from 'node:fs';
 import * as net from 'node:net';
+import * as os from 'node:os';
 import * as path from 'node:path';
 import { promisify } from 'node:util';
 import type { Spawner } from './spawner';
 import { PROJECT_ROOT } from '../config';
-import { BaseProvider, DEFAULT_ENV, assertId, cgroupJoin, envPairs, shq, type EnterOptions, type SandboxState } from './base';
+import { BaseProvider, DEFAULT_ENV, assertId, envPairs, type EnterOptions, type SandboxState } from './base';
 import { SandboxError } from './errors';
 import type { RootMap } from './paths';
 import { isAlive, procRef, SandboxCgroups, signalRef, type ProcRef } from './procs';
+import { IdSlots, shiftIdsToSandbox } from './id-slots';
 import type { ProviderOptions, SpawnOptions } from './provider';
 
 const execFileP = promisify(execFile);
@@ -82,15 +84,12 @@ async function unmountUnder(dir: string, spawner: Spawner): Promise<void> {
 const SPARE_PREFIX = 'spare-';
 
 /**
- * A spare init helper: its cgroups (named `name` until claimed), how the host reaches it once started
- * (its pipes when the host forked it; its connection to the host's socket when the spawner started
- * it), and whether it has joined its cgroups.
+ * A spare init helper: its cgroups (named `name` until claimed), its process, its key (what it says
+ * when it connects to the host's socket) and that connection, and whether it has joined its cgroups.
  */
 interface Spare {
   name: string;
   cgroups: SandboxCgroups | null;
-  child: ChildProcess | null;
-  /** Started by the spawner: the helper's process, its key (what it says when it connects) and its connection. */
   proc: ProcRef | null;
   key: string | null;
   sock: net.Socket | null;
@@ -103,53 +102,10 @@ interface Spare {
   failed?: (why: string) => void;
 }
 
-/**
- * An init being started, whose bwrap info (the sandbox's pid) is still to come: the helper's pid,
- * how to hand it its remaining arguments, the stream bwrap's --info-fd writes to, and its end.
- */
+/** An init helper handed its arguments: its pid, and its connection (bwrap-style info arrives there). */
 interface Starting {
-  pid: number | undefined;
-  /** Hands a waiting helper (-w) its remaining arguments. */
-  send(args: Buffer): void;
-  info: NodeJS.ReadableStream & { destroy(): void; resume(): unknown };
-  /** Calls back when the helper is gone before its info came. */
-  onGone(cb: (why: string) => void): void;
-  /** Lets go of the process and its streams once the sandbox runs. */
-  release(): void;
-}
-
-/** A Starting for a helper (or sh) the host forked: its stdin, its descriptor 3, its exit. */
-function startingOfChild(child: ChildProcess): Starting {
-  return {
-    pid: child.pid,
-    send: (args) => child.stdin!.end(args),
-    info: child.stdio[3] as Starting['info'],
-    onGone: (cb) => {
-      child.on('exit', (code) => cb(`exit code ${code}`));
-      child.on('error', (err) => cb(err.message));
-    },
-    release: () => {
-      child.removeAllListeners('exit');
-      child.removeAllListeners('error');
-      child.unref();
-      for (const stream of [child.stdin, child.stdout, child.stdio[3]]) stream?.destroy();
-    },
-  };
-}
-
-/** A Starting for a helper started by the spawner, connected to the host's socket (its descriptor 3). */
-function startingOfSocket(pid: number, sock: net.Socket): Starting {
-  return {
-    pid,
-    // Shuts down the host's side: the helper reads its arguments to the end.
-    send: (args) => sock.end(args),
-    info: sock,
-    onGone: (cb) => sock.on('close', () => cb('the init helper closed its connection')),
-    release: () => {
-      sock.removeAllListeners('close');
-      sock.destroy();
-    },
-  };
+  pid: number;
+  sock: net.Socket;
 }
 
 /** Where scripts/toolchain.sh puts the init helper (tools/sandbox-init). */
@@ -157,23 +113,31 @@ const DEFAULT_INIT_HELPER = path.join(PROJECT_ROOT, '.tools', 'bin', 'sap-sandbo
 /** Where scripts/toolchain.sh puts the entry helper (tools/sandbox-enter). */
 const DEFAULT_ENTER_HELPER = path.join(PROJECT_ROOT, '.tools', 'bin', 'sap-sandbox-enter');
 
-/** `option` if given (null: none), else `fallback`; null unless executable. Throws when a given path is not. */
-async function resolveHelper(option: string | null | undefined, fallback: string, what: string): Promise<string | null> {
-  const helper = option === undefined ? fallback : option;
-  const usable = !!helper && (await fsp.access(helper, fsc.X_OK).then(() => true, () => false));
-  if (helper && !usable && option !== undefined) throw new Error(`${what} ${helper} is not executable`);
-  return usable ? helper : null;
+/** Where scripts/toolchain.sh puts the seccomp filter (tools/sandbox-seccomp). */
+/** Size of the writable layer when the request gives none (the host's server fills in SANDBOX_DISK_MB). */
+const DEFAULT_DISK_MB = 2048;
+const DEFAULT_SECCOMP = path.join(PROJECT_ROOT, '.tools', 'lib', 'sap-seccomp.bpf');
+/** Version of the base skeleton's contents: a new one is made next to an older one (sandboxes may still use it). */
+const BASE_NAME = 'base-v2';
+/** Files of the host's /etc copied into the base skeleton, so that su, useradd and PAM work as root inside. */
+const BASE_ETC_COPIES = ['pam.d', 'login.defs', 'security', 'default/useradd', 'skel'];
+
+/** Throws unless `file` exists (and is executable when `exec`): the sandboxes cannot be isolated without it. */
+async function requireFile(file: string, what: string, exec: boolean): Promise<string> {
+  if (!(await fsp.access(file, exec ? fsc.X_OK : fsc.R_OK).then(() => true, () => false))) {
+    throw new Error(`${what} ${file} is missing: run scripts/toolchain.sh (npm start and npm test do)`);
+  }
+  return file;
 }
 
 /** Namespaced sandboxes with a copy-on-write root; see the module comment. */
 export class BwrapProvider extends BaseProvider {
   readonly kind = 'bwrap' as const;
-  private readonly initHelperOption: string | null | undefined;
-  /** The init helper in use (resolved by prepare), or null for sh + mount. */
-  private initHelper: string | null = null;
-  private readonly enterHelperOption: string | null | undefined;
-  /** The entry helper in use (resolved by prepare), or null for sh + nsenter + setpriv + env. */
-  private enterHelper: string | null = null;
+  private readonly initHelper: string;
+  private readonly enterHelper: string;
+  private readonly seccompFilter: string;
+  /** Which host id ranges are taken (one slot of 65536 ids per sandbox). */
+  private readonly idSlots: IdSlots;
   /** The spare init helper started ahead of the next create (see prepareSpare). */
   private spare: Spare | null = null;
   private spareSeq = 0;
@@ -188,20 +152,25 @@ export class BwrapProvider extends BaseProvider {
 
   constructor(opts: ProviderOptions) {
     super(opts);
-    this.initHelperOption = opts.initHelper;
-    this.enterHelperOption = opts.enterHelper;
+    this.initHelper = opts.initHelper ?? DEFAULT_INIT_HELPER;
+    this.enterHelper = opts.enterHelper ?? DEFAULT_ENTER_HELPER;
+    this.seccompFilter = opts.seccompFilter ?? DEFAULT_SECCOMP;
+    this.idSlots = new IdSlots(opts.idBase ?? (process.env.SANDBOX_ID_BASE ? Number(process.env.SANDBOX_ID_BASE) : undefined));
   }
 
   private baseDir(): string {
-    return path.join(this.dataDir, 'base');
+    return path.join(this.dataDir, BASE_NAME);
+  }
+
+  protected override adopted(state: SandboxState): void {
+    if (state.idBase !== undefined) this.idSlots.take(state.idBase);
   }
 
   protected async prepare(): Promise<void> {
-    this.initHelper = await resolveHelper(this.initHelperOption, DEFAULT_INIT_HELPER, 'init helper');
-    this.log.info({ initHelper: this.initHelper ?? '/bin/sh + mount' }, 'sandboxes start through');
-    if (this.initHelper && !this.closed) await this.listenForHelpers();
-    this.enterHelper = await resolveHelper(this.enterHelperOption, DEFAULT_ENTER_HELPER, 'enter helper');
-    this.log.info({ enterHelper: this.enterHelper ?? '/bin/sh + nsenter + setpriv + env' }, 'processes enter sandboxes through');
+    await requireFile(this.initHelper, 'the sandbox init helper', true);
+    await requireFile(this.enterHelper, 'the sandbox entry helper', true);
+    await requireFile(this.seccompFilter, 'the seccomp filter', false);
+    if (!this.closed) await this.listenForHelpers();
     // Cgroups of spare helpers whose host process is gone (a live host's spare is in use and stays).
     await SandboxCgroups.removeGroups((n) => n.startsWith(SPARE_PREFIX) && !signalable(Number(n.slice(SPARE_PREFIX.length).split('-')[0])));
     this.prepareSpare();
@@ -223,6 +192,12 @@ export class BwrapProvider extends BaseProvider {
     await fsp.writeFile(path.join(etc, 'hosts'), '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n');
     await fsp.writeFile(path.join(etc, 'resolv.conf'), '# no network inside the sandbox\n');
     await fsp.writeFile(path.join(etc, 'nsswitch.conf'), 'passwd: files\ngroup: files\nshadow: files\nhosts: files dns\n');
+    await fsp.writeFile(path.join(etc, 'shadow'), 'root:*:19000:0:99999:7:::\nnobody:*:19000:0:99999:7:::\n', { mode: 0o640 });
+    await fsp.writeFile(path.join(etc, 'gshadow'), 'root:*::\nnogroup:*::\n', { mode: 0o640 });
+    for (const name of BASE_ETC_COPIES) {
+      await fsp.mkdir(path.dirname(path.join(etc, name)), { recursive: true });
+      await execFileP('cp', ['-a', path.join('/etc', name), path.join(etc, name)]).catch(() => undefined);
+    }
     await fsp.symlink('../usr/lib/os-release', path.join(etc, 'os-release'));
     await fsp.copyFile('/etc/ld.so.cache', path.join(etc, 'ld.so.cache')).catch(() => undefined);
     // The alternatives system's symlinks (e.g. /usr/bin/awk → /etc/alternatives/awk → /usr/bin/mawk).
@@ -269,6 +244,7 @@ export class BwrapProvider extends BaseProvider {
     return {
       mounts: [{ at: '/', dir: `/proc/${ns.pid}/root` }],
       mountIds: cached.ids,
+      ...(state.idBase !== undefined ? { owner: { uid: state.idBase, gid: state.idBase } } : {}),
       // The root opened through the pid is the sandbox's only if the init is still that process.
       verifyRoot: () => {
         if (!isAlive(ns)) throw notRunning();
@@ -281,15 +257,17 @@ export class BwrapProvider extends BaseProvider {
   }
 
   /**
-   * Listens on `${dataDir}/init.sock` for init helpers started by the spawner (`-w -s`): each connects
-   * once it has joined its cgroups and says which it is ("ready KEY"). Without it (a data directory
-   * path too long for a unix socket) spares are forked by the host and bursts wait for an info file.
+   * Listens on `${dataDir}/init.sock` (or, when that path is too long for a unix socket, on a socket
+   * in a private directory under the system's temporary directory) for init helpers started by the
+   * spawner (`-w -s`): each connects once it has joined its cgroups and says which it is ("ready KEY").
    */
   private async listenForHelpers(): Promise<void> {
-    const sockPath = path.join(this.dataDir, 'init.sock');
+    let sockPath = path.join(this.dataDir, 'init.sock');
     if (Buffer.byteLength(sockPath) >= 100) {
-      this.log.warn({ sockPath }, 'data directory path too long for the init helpers\' socket; spares are forked');
-      return;
+      const dir = path.join(os.tmpdir(), `sap-init-${createHash('sha256').update(this.dataDir).digest('hex').slice(0, 12)}`);
+      await fsp.mkdir(dir, { recursive: true, mode: 0o700 });
+      await fsp.chmod(dir, 0o700);
+      sockPath = path.join(dir, 'init.sock');
     }
     await fsp.rm(sockPath, { force: true });
     const server = net.createServer({ allowHalfOpen: true }, (sock) => this.helperConnected(sock));
@@ -353,13 +331,12 @@ export class BwrapProvider extends BaseProvider {
    * Starts a spare init helper (`sap-sandbox-init -w`) in cgroups of its own, unless one is there or
    * starting. Joining cgroups waits for a kernel RCU grace period (5–15 ms), so it is done ahead of
    * the next create, which renames the groups to its sandbox's and hands the helper the rest of its
-   * arguments. Started through the spawner when the host listens for helpers (listenForHelpers),
-   * else forked. Gives up after three failures in a row (creates then start a helper each time).
+   * arguments. Gives up after three failures in a row (creates then start a helper each time).
    */
   private prepareSpare(): void {
-    if (!this.initHelper || this.spare || this.closed || this.spareFailures >= 3) return;
+    if (!this.helperSocket || this.spare || this.closed || this.spareFailures >= 3) return;
     const name = `${SPARE_PREFIX}${process.pid}-${++this.spareSeq}`;
-    const pending: Spare = { name, child: null, proc: null, key: null, sock: null, cgroups: null, ready: false, claimed: false, discarded: false };
+    const pending: Spare = { name, proc: null, key: null, sock: null, cgroups: null, ready: false, claimed: false, discarded: false };
     this.spare = pending;
     let done = false;
     const failed = (why: string) => {
@@ -371,44 +348,23 @@ export class BwrapProvider extends BaseProvider {
       void this.discardSpare(pending);
     };
     pending.failed = failed;
-    const isReady = () => {
-      pending.ready = true;
-      this.spareFailures = 0;
-    };
     void (async () => {
       const cgroups = await SandboxCgroups.create(name, { maxProcesses: 512 });
       pending.cgroups = cgroups;
       if (this.spare !== pending) return void this.discardSpare(pending);
-      if (this.helperSocket) {
-        pending.key = `${name}.${randomBytes(8).toString('hex')}`;
-        const connected = (sock: net.Socket) => {
-          if (pending.discarded || done) return void sock.destroy();
-          pending.sock = sock;
-          sock.on('close', () => failed('the init helper closed its connection'));
-          isReady();
-        };
-        pending.proc = await this.startLinkedHelper(pending.key, cgroups, connected);
-        // One timer, not a poll: a helper that has not connected by then is taken as failed.
-        setTimeout(() => {
-          if (!pending.ready) failed('no connection from the init helper within 10 s');
-        }, 10_000).unref();
-        return;
-      }
-      const child = spawn(this.initHelper!, ['-w', ...cgroups.procsFiles().flatMap((f) => ['-c', f])], {
-        stdio: ['pipe', 'pipe', 'ignore', 'pipe'],
-        detached: true,
-        env: { PATH: DEFAULT_ENV.PATH },
-      });
-      pending.child = child;
-      // A spare must not keep the host's event loop alive.
-      child.unref();
-      for (const stream of [child.stdin, child.stdout, child.stdio[3]]) (stream as unknown as { unref?(): void } | null)?.unref?.();
-      child.on('error', (err) => failed(err.message));
-      child.on('exit', (code) => failed(`exit code ${code}`));
-      child.stdout!.once('data', (chunk: Buffer) => {
-        if (chunk.toString() !== 'ready\n') return failed(`unexpected output ${JSON.stringify(chunk.toString().slice(0, 100))}`);
-        isReady();
-      });
+      pending.key = `${name}.${randomBytes(8).toString('hex')}`;
+      const connected = (sock: net.Socket) => {
+        if (pending.discarded || done) return void sock.destroy();
+        pending.sock = sock;
+        sock.on('close', () => failed('the init helper closed its connection'));
+        pending.ready = true;
+        this.spareFailures = 0;
+      };
+      pending.proc = await this.startLinkedHelper(pending.key, cgroups, connected);
+      // One timer, not a poll: a helper that has not connected by then is taken as failed.
+      setTimeout(() => {
+        if (!pending.ready) failed('no connection from the init helper within 10 s');
+      }, 10_000).unref();
     })().catch((err: Error) => failed(err.message));
   }
 
@@ -418,14 +374,10 @@ export class BwrapProvider extends BaseProvider {
    */
   private async claimSpare(id: string, limits: SandboxState['limits']): Promise<Starting | null> {
     const spare = this.spare;
-    if (!spare?.ready || !spare.cgroups) return null;
-    if (spare.child && spare.child.exitCode !== null) return null;
-    if (!spare.child && (!spare.sock || spare.sock.destroyed || !spare.proc)) return null;
+    if (!spare?.ready || !spare.cgroups || !spare.sock || spare.sock.destroyed || !spare.proc) return null;
     this.spare = null;
     spare.claimed = true;
-    spare.child?.removeAllListeners('exit');
-    spare.child?.removeAllListeners('error');
-    spare.sock?.removeAllListeners('close');
+    spare.sock.removeAllListeners('close');
     try {
       const cgroups = await spare.cgroups.renameTo(id);
       await cgroups.applyLimits(limits);
@@ -434,26 +386,41 @@ export class BwrapProvider extends BaseProvider {
       await this.discardSpare(spare, id);
       return null;
     }
-    if (spare.sock) {
-      spare.sock.ref();
-      return startingOfSocket(spare.proc!.pid, spare.sock);
-    }
-    const child = spare.child!;
-    child.ref();
-    for (const stream of [child.stdin, child.stdout, child.stdio[3]]) (stream as unknown as { ref?(): void } | null)?.ref?.();
-    return startingOfChild(child);
+    spare.sock.ref();
+    return { pid: spare.proc.pid, sock: spare.sock };
+  }
+
+  /**
+   * A helper of its own for sandbox `id` when no spare is ready (a burst): started the same way as a
+   * spare, in the sandbox's cgroups, and waited for.
+   */
+  private async startHelperFor(id: string, limits: SandboxState['limits'], failure: (why: string) => Promise<Error>): Promise<Starting> {
+    const cgroups = await SandboxCgroups.create(id, limits);
+    const key = `${id}.${randomBytes(8).toString('hex')}`;
+    let connected!: (sock: net.Socket) => void;
+    const sockP = new Promise<net.Socket>((r) => (connected = r));
+    const proc = await this.startLinkedHelper(key, cgroups, connected);
+    let timer: NodeJS.Timeout | undefined;
+    const sock = await Promise.race([
+      sockP,
+      new Promise<never>((_r, reject) => {
+        timer = setTimeout(() => reject(new Error('no connection from the init helper within 15 s')), 15_000);
+      }),
+    ])
+      .catch(async (err: Error) => {
+        this.helperWaiters.delete(key);
+        signalRef(proc, 'SIGKILL');
+        throw await failure(err.message);
+      })
+      .finally(() => clearTimeout(timer));
+    sock.ref();
+    return { pid: proc.pid, sock };
   }
 
   /** Kills a spare helper and removes its cgroups (under its own name and, if given, the name it was renamed to). */
   private async discardSpare(spare: Spare, renamedTo?: string): Promise<void> {
     spare.discarded = true;
     if (spare.key) this.helperWaiters.delete(spare.key);
-    if (spare.child && spare.child.exitCode === null && spare.child.signalCode === null) {
-      const exited = new Promise((r) => spare.child!.once('exit', r));
-      spare.child.ref();
-      spare.child.kill('SIGKILL');
-      await exited;
-    }
     spare.sock?.destroy();
     if (spare.proc) {
       signalRef(spare.proc, 'SIGKILL');
@@ -484,127 +451,37 @@ export class BwrapProvider extends BaseProvider {
     const dir = this.dirOf(id);
     const sub = (p: string) => path.join(dir, p);
     const layerPart = (part: 'root' | 'usr') => state.layers.map((l) => path.join(this.layersDir(), l, part));
-    const overlay = (lowers: string[], part: 'root' | 'usr', target: string) => ({
-      target,
-      options: `lowerdir=${lowers.join(':')},upperdir=${sub('upper/' + part)},workdir=${sub('work/' + part)}`,
-    });
-    const overlays = [
-      overlay([...layerPart('root'), this.baseDir()], 'root', sub('rootfs')),
-      overlay([...layerPart('usr'), '/usr'], 'usr', sub('usrfs')),
+    state.idBase = this.idSlots.allocate();
+    state.hostMounts = false;
+    // Everything the helper does, in order (see tools/sandbox-init); its log comes first, so that any
+    // failure is in init.log. Each argument ends with a NUL byte.
+    const args = [
+      '-l', sub('init.log'),
+      '-m', sub('m'),
+      '-u', String(state.idBase),
+      ...[...layerPart('root'), this.baseDir()].flatMap((l) => ['-r', l]),
+      ...[...layerPart('usr'), '/usr'].flatMap((l) => ['-p', l]),
+      '-D', String(state.limits.diskMB ?? DEFAULT_DISK_MB),
+      '-H', id,
+      '-S', this.seccompFilter,
     ];
-    const source = `sap-${id}`;
-    const bwrap = [
-      'bwrap',
-      '--bind', sub('rootfs'), '/',
-      '--bind', sub('usrfs'), '/usr',
-      '--proc', '/proc',
-      '--dev', '/dev',
-      '--unshare-pid', '--unshare-net', '--unshare-ipc', '--unshare-uts', '--unshare-cgroup-try',
-      '--hostname', id,
-      '--chdir', '/workspace',
-      '--clearenv',
-      '--setenv', 'HOME', '/root',
-      '--setenv', 'PATH', DEFAULT_ENV.PATH,
-      '--new-session',
-      '--cap-drop', 'ALL',
-      '--info-fd', '3',
-      '--', '/usr/bin/sleep', 'infinity',
-    ];
-    const dirs = ['upper', 'upper/root', 'upper/usr', 'work', 'work/root', 'work/usr', 'rootfs', 'usrfs'].map(sub);
-    // What the helper does after joining the cgroups: directories, both overlays, exec bwrap. Its log
-    // (`-l`) comes first, so that any failure is in init.log.
-    const helperArgs = () => [
-      ...dirs.flatMap((d) => ['-d', d]),
-      '-n',
-      ...overlays.flatMap((o) => ['-o', source, o.target, o.options]),
-      '--',
-      ...bwrap,
-    ];
-    // The same for a helper that waits (-w): its log first, each argument ended by a NUL byte.
-    const waitingHelperArgs = () => Buffer.from(['-l', sub('init.log'), ...helperArgs()].map((a) => a + '\0').join(''));
     const failure = async (why: string) => {
       const logText = await fsp.readFile(sub('init.log'), 'utf8').catch(() => '');
       return new SandboxError('internal', `sandbox ${id} failed to start (${why}): ${logText.trim().slice(-1000)}`);
     };
-    let starting: Starting;
-    // Through the helper, the overlays are mounted in the sandbox's own mount namespace (-n).
-    state.hostMounts = false;
-    const spare = await this.claimSpare(id, state.limits);
-    if (spare) {
-      starting = spare;
-      starting.send(waitingHelperArgs());
-    } else if (this.initHelper && this.helperSocket) {
-      // No spare ready (a burst): a helper of its own through the spawner, over the socket like a spare.
-      const cgroups = await SandboxCgroups.create(id, state.limits);
-      const key = `${id}.${randomBytes(8).toString('hex')}`;
-      let connected!: (sock: net.Socket) => void;
-      const sockP = new Promise<net.Socket>((r) => (connected = r));
-      const proc = await this.startLinkedHelper(key, cgroups, connected);
-      let timer: NodeJS.Timeout | undefined;
-      const sock = await Promise.race([
-        sockP,
-        new Promise<never>((_r, reject) => {
-          timer = setTimeout(() => reject(new Error('no connection from the init helper within 15 s')), 15_000);
-        }),
-      ])
-        .catch(async (err: Error) => {
-          this.helperWaiters.delete(key);
-          signalRef(proc, 'SIGKILL');
-          throw await failure(err.message);
-        })
-        .finally(() => clearTimeout(timer));
-      starting = startingOfSocket(proc.pid, sock);
-      starting.send(waitingHelperArgs());
-    } else if (this.initHelper) {
-      // No spare ready and no socket: start a helper through the spawner (no fork of the host). bwrap
-      // writes its info (the init's pid) to a file instead of a pipe.
-      const cgroups = await SandboxCgroups.create(id, state.limits);
-      const args = ['-l', sub('init.log'), ...cgroups.procsFiles().flatMap((f) => ['-c', f]), ...helperArgs()];
-      const infoFile = sub('init.info');
-      const outerPid = await this.spawner.spawn({ argv: [this.initHelper, ...args], env: { PATH: DEFAULT_ENV.PATH }, fd3: infoFile });
-      const outerRef = procRef(outerPid);
-      const nsPid = await waitForInfoFile(infoFile, outerPid, 15_000).catch(async (err: Error) => {
-        throw await failure(err.message);
-      });
-      await waitForInitChild(nsPid, 15_000).catch(async (err: Error) => {
-        throw await failure(err.message);
-      });
-      const ns = procRef(nsPid);
-      if (!outerRef || !ns || !isAlive(outerRef)) throw new SandboxError('internal', `sandbox ${id} init exited right after start`);
-      this.prepareSpare();
-      state.init = { outer: outerRef, ns };
-      return;
-    } else {
-      state.hostMounts = true;
-      const [, cgroups] = await Promise.all([
-        Promise.all(dirs.map((d) => fsp.mkdir(d, { recursive: true }))),
-        SandboxCgroups.create(id, state.limits),
-      ]);
-      const script =
-        overlays.map((o) => `mount -t overlay ${shq(source)} -o ${shq(o.options)} ${shq(o.target)}`).join(' && ') +
-        ` && { ${cgroupJoin(cgroups.procsFiles())} exec "$@"; }`;
-      const log = await fsp.open(sub('init.log'), 'a');
-      try {
-        starting = startingOfChild(
-          spawn('/bin/sh', ['-c', script, 'sh', ...bwrap], {
-            stdio: ['ignore', log.fd, log.fd, 'pipe'],
-            detached: true,
-            env: { PATH: DEFAULT_ENV.PATH },
-          }),
-        );
-      } finally {
-        await log.close();
-      }
-    }
+    const starting = (await this.claimSpare(id, state.limits)) ?? (await this.startHelperFor(id, state.limits, failure));
     this.prepareSpare();
-    const info = starting.info;
+    // Shuts down the host's side: the helper reads its arguments to the end. It answers with the
+    // sandbox's pid 1 once the sandbox is ready, or closes the connection when a step failed.
+    const sock = starting.sock;
+    sock.end(Buffer.from(args.map((a) => a + '\0').join('')));
     const nsPid = await new Promise<number>((resolve, reject) => {
       let text = '';
       const fail = async (why: string) => {
         reject(await failure(why));
       };
       const timer = setTimeout(() => void fail('timeout'), 15000);
-      info.on('data', (chunk: Buffer) => {
+      sock.on('data', (chunk: Buffer) => {
         text += chunk.toString('utf8');
         try {
           const parsed = JSON.parse(text) as { 'child-pid'?: number };
@@ -616,16 +493,14 @@ export class BwrapProvider extends BaseProvider {
         }
       });
       // A socket paused since its helper connected.
-      info.resume();
-      starting.onGone((why) => {
+      sock.resume();
+      sock.on('close', () => {
         clearTimeout(timer);
-        void fail(why);
+        void fail('the init helper closed its connection');
       });
-    }).finally(() => starting.release());
-    // bwrap reports the child's pid right after clone, before the child has mounted the new root.
-    // Entering it before then would enter the host's filesystem: wait until it has forked sleep.
-    await waitForInitChild(nsPid, 15_000).catch(async (err: Error) => {
-      throw await failure(err.message);
+    }).finally(() => {
+      sock.removeAllListeners('close');
+      sock.destroy();
     });
     const outer = procRef(starting.pid);
     const ns = procRef(nsPid);
@@ -643,24 +518,19 @@ export class BwrapProvider extends BaseProvider {
     return { nsPid: ns.pid, cwd, env: envPairs(DEFAULT_ENV, { HOSTNAME: state.id }, state.envs, opts.env) };
   }
 
+  /** The entry helper without cgroups (every process enters through it). */
   protected innerArgv(state: SandboxState, opts: SpawnOptions): string[] {
-    const { nsPid, cwd, env } = this.target(state, opts);
-    return [
-      '/usr/bin/nsenter', '-t', String(nsPid), '-m', '-u', '-i', '-n', '-p', '-C', '-r', '-w',
-      '/usr/bin/setpriv', '--bounding-set=-all', '--inh-caps=-all', '--ambient-caps=-all', '--no-new-privs', '--',
-      '/usr/bin/env', '-i', '-C', cwd, '--', ...env,
-      ...opts.argv,
-    ];
+    return this.enterArgv(state, opts, { cgroupProcs: [] });
   }
 
-  /** `sap-sandbox-enter` does what the shell wrapper + innerArgv do, in one exec (tools/sandbox-enter). */
-  protected override enterArgv(state: SandboxState, opts: SpawnOptions, how: EnterOptions): string[] | null {
-    if (!this.enterHelper) return null;
+  /** `sap-sandbox-enter`: cgroups, namespaces, root, capabilities, seccomp, environment, timeout and exit file in one exec. */
+  protected override enterArgv(state: SandboxState, opts: SpawnOptions, how: EnterOptions): string[] {
     const { nsPid, cwd, env } = this.target(state, opts);
     return [
       this.enterHelper,
       ...how.cgroupProcs.flatMap((f) => ['-c', f]),
       '-n', String(nsPid),
+      '-S', this.seccompFilter,
       '-w', cwd,
       ...env.flatMap((e) => ['-e', e]),
       ...(how.ownGroup ? ['-g'] : []),
@@ -686,9 +556,10 @@ export class BwrapProvider extends BaseProvider {
     await this.waitGone([state?.entrypoint?.wrapper]);
     this.mountIds.delete(id);
     // Overlays mounted in the sandbox's own namespace went with its processes. Those on the host: a
-    // sandbox of the sh path or of an older host (no hostMounts), or one whose state is unknown.
+    // sandbox of an older host (no hostMounts), or one whose state is unknown.
     if (!state?.init || state.hostMounts !== false) await unmountUnder(this.dirOf(id), this.spawner);
     await cgroups.remove();
+    if (state?.idBase !== undefined) this.idSlots.release(state.idBase);
   }
 
   override async checkpoint(id: string, layerId: string): Promise<{ layerId: string; parents: string[] }> {
@@ -701,13 +572,19 @@ export class BwrapProvider extends BaseProvider {
     await fsp.mkdir(tmp, { recursive: true });
     try {
       // Freeze the sandbox so the copy is consistent; cp -a keeps whiteouts (0/0 char devices) and
-      // the trusted.overlay.* xattrs that mark opaque directories.
+      // the trusted.overlay.* xattrs that mark opaque directories. The writable layer is a tmpfs in the
+      // namespace of the sandbox's init helper, reached through it.
+      const outer = state.init?.outer;
+      if (!outer || !isAlive(outer) || state.idBase === undefined) throw new SandboxError('conflict', `sandbox ${id} is not running`);
+      const upper = path.join(`/proc/${outer.pid}/root`, this.dirOf(id), 'm', 'w');
       await cgroups.pause();
       try {
-        await execFileP('cp', ['-a', path.join(this.dirOf(id), 'upper', 'root'), path.join(this.dirOf(id), 'upper', 'usr'), tmp]);
+        await execFileP('cp', ['-a', path.join(upper, 'root'), path.join(upper, 'usr'), tmp]);
       } finally {
         await cgroups.resume();
       }
+      // On disk, a layer holds the sandbox's own ids (0..65535), not the host ids of this sandbox's slot.
+      await shiftIdsToSandbox(tmp, state.idBase);
       const parents = [...state.layers];
       await fsp.writeFile(
         path.join(tmp, 'layer.json'),
@@ -737,12 +614,12 @@ export class BwrapProvider extends BaseProvider {
         const st = await fsp.lstat(abs);
         const mode = (st.mode & 0o7777).toString(8);
         if (st.isDirectory()) {
-          hash.update(`d ${r} ${mode}\n`);
+          hash.update(`d ${r} ${mode} ${st.uid}:${st.gid}\n`);
           await walk(r);
         } else if (st.isSymbolicLink()) {
-          hash.update(`l ${r} ${await fsp.readlink(abs)}\n`);
+          hash.update(`l ${r} ${await fsp.readlink(abs)} ${st.uid}:${st.gid}\n`);
         } else if (st.isFile()) {
-          hash.update(`f ${r} ${mode} ${st.size}\n`);
+          hash.update(`f ${r} ${mode} ${st.size} ${st.uid}:${st.gid}\n`);
           const fh = await fsp.open(abs, fsc.O_RDONLY | fsc.O_NOFOLLOW);
           try {
             const buf = Buffer.alloc(1 << 16);
@@ -763,65 +640,6 @@ export class BwrapProvider extends BaseProvider {
     };
     await walk('');
     return hash.digest('hex');
-  }
-}
-
-/**
- * Resolves once the sandbox's pid-1 (bwrap's own init, `pid`) has forked its command, which it
- * does only after the new root is mounted: rereads /proc/<pid>/task/<pid>/children every millisecond
- * (bwrap needs ~5–15 ms; polling on timers leaves the CPU to it).
- */
-async function waitForInitChild(pid: number, timeoutMs: number): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  let fd: number;
-  try {
-    fd = openSync(`/proc/${pid}/task/${pid}/children`, 'r');
-  } catch {
-    throw new Error(`init process ${pid} is gone`);
-  }
-  try {
-    const buf = Buffer.alloc(64);
-    for (;;) {
-      // A read at offset 0 makes procfs regenerate the list. It is read synchronously: a procfs
-      // read never waits for a disk, and costs less than a trip through the thread pool.
-      let bytesRead: number;
-      try {
-        bytesRead = readSync(fd, buf, 0, buf.length, 0);
-      } catch {
-        bytesRead = -1;
-      }
-      if (bytesRead > 0 && buf.subarray(0, bytesRead).toString('latin1').trim() !== '') return;
-      if (bytesRead < 0 || !signalable(pid)) throw new Error(`init process ${pid} is gone`);
-      if (Date.now() > deadline) throw new Error(`init did not start within ${timeoutMs} ms`);
-      await new Promise((r) => setTimeout(r, 1));
-    }
-  } finally {
-    closeSync(fd);
-  }
-}
-
-/** The init's pid from bwrap's info file (`--info-fd` written to a file), once `outerPid` has written it. */
-async function waitForInfoFile(file: string, outerPid: number, timeoutMs: number): Promise<number> {
-  const deadline = Date.now() + timeoutMs;
-  let delay = 1;
-  for (;;) {
-    const text = await fsp.readFile(file, 'utf8').catch(() => '');
-    try {
-      const pid = (JSON.parse(text) as { 'child-pid'?: number })['child-pid'];
-      if (pid) return pid;
-      throw new Error('no child pid in bwrap info');
-    } catch (err) {
-      if (!(err instanceof SyntaxError)) throw err;
-    }
-    if (!signalable(outerPid)) {
-      // It may have written the info just before exiting.
-      const last = await fsp.readFile(file, 'utf8').catch(() => '');
-      if (!last.includes('child-pid')) throw new Error('exited before starting');
-    }
-    if (Date.now() > deadline) throw new Error('timeout');
-    // 1 ms at first (bwrap answers within a few), then less often: each look is a file read.
-    await new Promise((r) => setTimeout(r, delay));
-    delay = Math.min(delay * 1.5, 8);
   }
 }
 

@@ -31,6 +31,11 @@ export interface RootMap {
   mountIds?: ReadonlySet<number>;
   /** Called once the root directory is open; throws when it may not be the sandbox's (e.g. its init died). */
   verifyRoot?: () => void;
+  /**
+   * Host ids of the sandbox's root, when the sandbox has a user namespace: what the host creates
+   * there (files, parent directories) is given to sandbox root, as if root inside had made it.
+   */
+  owner?: { uid: number; gid: number };
 }
 
 const MAX_SYMLINKS = 40;
@@ -179,9 +184,15 @@ async function walk(map: RootMap, sandboxPath: string, opts: { createDirs?: bool
           if (code === 'ENOENT') {
             if (last) return { parts: [...done, comp], dirs, name: comp };
             if (!opts.createDirs) throw new SandboxError('not_found', `no such file or directory: ${sandboxPath}`);
-            await fsp.mkdir(rel, { mode: 0o755 }).catch((e) => {
-              if (errCode(e) !== 'EEXIST') throw e;
-            });
+            const made = await fsp.mkdir(rel, { mode: 0o755 }).then(
+              () => true,
+              (e) => {
+                if (errCode(e) !== 'EEXIST') throw e;
+                return false;
+              },
+            );
+            // lchown: never follows a link the sandbox may have put there since.
+            if (made && map.owner) await fsp.lchown(rel, map.owner.uid, map.owner.gid);
             retry(comp);
             continue;
           }
@@ -299,6 +310,8 @@ export async function writeSandboxFile(map: RootMap, sandboxPath: string, conten
   try {
     const st = await fh.stat();
     if (!st.isFile()) throw new SandboxError('invalid_request', `not a regular file: ${sandboxPath}`);
+    // Created just now by the host (sandbox files never belong to the host's uid): sandbox root's.
+    if (map.owner && st.uid === process.getuid?.()) await fh.chown(map.owner.uid, map.owner.gid);
     await fh.truncate(0);
     await fh.writeFile(content);
   } finally {

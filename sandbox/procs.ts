@@ -64,6 +64,8 @@ export interface Limits {
   memoryMB?: number;
   cpuCount?: number;
   maxProcesses: number;
+  /** Size of the writable layer (a tmpfs, see tools/sandbox-init); not a cgroup limit. */
+  diskMB?: number;
 }
 
 /** Per-sandbox cgroups under `/sys/fs/cgroup/<controller>/sap/<id>`, for the controllers available. */
@@ -145,6 +147,20 @@ export class SandboxCgroups {
       return [];
     }
     return text.split('\n').filter(Boolean).map(Number);
+  }
+
+  /**
+   * How many processes the kernel's OOM killer has killed in the sandbox's memory group so far
+   * (`oom_kill` of memory.oom_control); 0 without a memory controller.
+   */
+  oomKills(): number {
+    if (!this.dirs.memory) return 0;
+    try {
+      const m = /^oom_kill (\d+)$/m.exec(readFileSync(path.join(this.dirs.memory, 'memory.oom_control'), 'utf8'));
+      return m ? Number(m[1]) : 0;
+    } catch {
+      return 0;
+    }
   }
 
   private async freeze(state: 'FROZEN' | 'THAWED'): Promise<void> {

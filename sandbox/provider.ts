@@ -110,11 +110,10 @@ export interface ProviderOptions {
   hostId: string;
   logger?: Logger;
   /**
-   * bwrap provider: the `sap-sandbox-init` helper that starts a sandbox's init in one exec (built by
-   * scripts/toolchain.sh into .tools/bin). Default: that path when it is executable; null: start
-   * through sh + mount.
+   * bwrap provider: the `sap-sandbox-init` helper that builds a sandbox and becomes its pid 1 (built
+   * by scripts/toolchain.sh into .tools/bin). Default: that path. Required.
    */
-  initHelper?: string | null;
+  initHelper?: string;
   /**
    * Where sandboxes of sessions keep their files (linked from DATA_DIR/sandboxes), best a tmpfs:
    * they live only as long as their session. Default: a directory under /dev/shm when that is a
@@ -123,10 +122,16 @@ export interface ProviderOptions {
   scratchDir?: string | null;
   /**
    * bwrap provider: the `sap-sandbox-enter` helper that runs a process inside a sandbox in one exec
-   * (built by scripts/toolchain.sh into .tools/bin). Default: that path when it is executable; null:
-   * enter through sh + nsenter + setpriv + env (+ timeout).
+   * (built by scripts/toolchain.sh into .tools/bin). Default: that path. Required.
    */
-  enterHelper?: string | null;
+  enterHelper?: string;
+  /** bwrap provider: the seccomp filter (scripts/toolchain.sh builds it into .tools/lib/sap-seccomp.bpf). */
+  seccompFilter?: string;
+  /**
+   * bwrap provider: host uid/gid of the first sandbox's root (SANDBOX_ID_BASE). Sandbox n (a slot
+   * reused once its sandbox is gone) maps its ids 0..65535 to base + n × 65536 + 0..65535.
+   */
+  idBase?: number;
 }
 
 /** Creates the provider of the given kind. The `process` provider offers no isolation and says so in the log. */

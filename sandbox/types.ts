@@ -136,6 +136,8 @@ export interface ExecRunResult {
   /** Name of the signal that killed it, if any. */
   signal: string | null;
   timedOut: boolean;
+  /** Whether the OOM killer killed a process of the sandbox while the command ran (its memory limit). */
+  oomKilled?: boolean;
   stdout: string;
   stderr: string;
 }

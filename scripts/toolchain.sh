@@ -75,20 +75,21 @@ if [ ! -x "$fbin" ]; then
 fi
 ln -sfn "$fbin" "$root/.tools/bin/ferretdb"
 
-# --- sap-sandbox-init and sap-sandbox-enter (optional) ------------------------------------
-# sap-sandbox-init starts a sandbox's init with one exec instead of sh + mount + mount;
-# sap-sandbox-enter runs a process inside a sandbox with one exec instead of sh + nsenter +
-# setpriv + env + timeout (see sandbox/bwrap.ts). Each is built once per version of its source;
-# without a C compiler the host uses the shell chains and says so in its log.
-build_helper() { # name, source, what the host does without it
-  local bin="$cache/$1-$(sha256sum "$2" | cut -c1-16)"
-  if [ ! -x "$bin" ] && command -v cc >/dev/null 2>&1; then
+# --- sap-sandbox-init and sap-sandbox-enter ----------------------------------------------
+# sap-sandbox-init builds a sandbox (user namespace, idmapped layers, overlays, /proc, /dev,
+# capabilities, seccomp) and becomes its pid 1; sap-sandbox-enter runs a process inside one (see
+# sandbox/bwrap.ts). Sandboxes cannot be isolated without them: no C compiler stops here. Each is
+# built once per version of its source and the shared header.
+command -v cc >/dev/null 2>&1 || { echo "toolchain: a C compiler (cc) is needed to build the sandbox helpers: apt-get install -y gcc" >&2; exit 1; }
+build_helper() { # name, source
+  local bin="$cache/$1-$(cat "$2" "$root"/tools/sandbox-common/*.h | sha256sum | cut -c1-16)"
+  if [ ! -x "$bin" ]; then
     say "building $1"
     cc -O2 -Wall -o "$bin.tmp" "$2" && mv "$bin.tmp" "$bin"
   fi
-  if [ -x "$bin" ]; then ln -sfn "$bin" "$root/.tools/bin/$1"; else say "no C compiler: $3"; fi
+  ln -sfn "$bin" "$root/.tools/bin/$1"
 }
-build_helper sap-sandbox-init "$root/tools/sandbox-init/sandbox-init.c" "sandboxes start through sh + mount"
-build_helper sap-sandbox-enter "$root/tools/sandbox-enter/sandbox-enter.c" "processes enter sandboxes through sh + nsenter + setpriv + env"
+build_helper sap-sandbox-init "$root/tools/sandbox-init/sandbox-init.c"
+build_helper sap-sandbox-enter "$root/tools/sandbox-enter/sandbox-enter.c"
 
 say "ready: $("$root/.tools/bin/temporal" --version | head -1); ferretdb; $(bwrap --version)"

@@ -31,6 +31,7 @@ import type { Logger } from 'pino';
 import { WebSocketServer, WebSocket } from 'ws';
 import { z } from 'zod';
 import { SandboxError } from '../errors';
+import { SandboxCgroups } from '../procs';
 import type { SandboxProvider } from '../provider';
 import type { ExecRequest, ExecRunResult, ExecSessionInfo } from '../types';
 import { bearerMatchesHeader } from './auth';
@@ -76,6 +77,9 @@ export class ExecSession {
   exitedAt: string | null = null;
   signal: NodeJS.Signals | null = null;
   timedOut = false;
+  /** Whether the OOM killer killed a process of the sandbox while the command ran (set at exit). */
+  oomKilled = false;
+  private readonly oomBefore: number;
   /** Chunks in the order produced; `slab` is held (retained) while a chunk is here. */
   private readonly scrollback: { kind: number; data: Buffer; slab: Slab | null }[] = [];
   private readonly readers: OutputReader[] = [];
@@ -91,6 +95,7 @@ export class ExecSession {
     readonly child: ChildProcess,
     private readonly log: Logger,
   ) {
+    this.oomBefore = SandboxCgroups.of(sandboxId).oomKills();
     if (child.stdout) this.readers.push(readOutput(child.stdout, (d, slab) => this.output(FRAME_STDOUT, d, slab)));
     if (child.stderr) this.readers.push(readOutput(child.stderr, (d, slab) => this.output(FRAME_STDERR, d, slab)));
     child.stdin?.on('error', () => undefined);
@@ -104,6 +109,7 @@ export class ExecSession {
       child.once('close', (code, signal) => resolve([code, signal]));
     });
     this.exited = Promise.all([exit, ...this.readers.map((r) => r.ended)]).then(([[code, signal]]) => {
+      this.oomKilled = SandboxCgroups.of(sandboxId).oomKills() > this.oomBefore;
       this.exitCode = exitCodeOf(code, signal);
       this.exitedAt = new Date().toISOString();
       this.signal = signal;
@@ -142,6 +148,7 @@ export class ExecSession {
       startedAt: this.startedAt,
       attachedClients: this.clients.size,
       exitedAt: this.exitedAt,
+      ...(this.exitCode !== null ? { oomKilled: this.oomKilled } : {}),
     };
   }
 
@@ -310,6 +317,7 @@ export class ExecManager {
 
   /** Runs a command to completion, collecting its output (each stream capped at 16 MiB, the rest dropped). */
   async run(sandboxId: string, req: ExecRequest & { stdin?: string }): Promise<ExecRunResult> {
+    const oomBefore = SandboxCgroups.of(sandboxId).oomKills();
     const child = this.provider.spawn(sandboxId, { argv: [req.cmd, ...(req.args ?? [])], env: req.envs, cwd: req.cwd });
     const out: Buffer[] = [];
     const err: Buffer[] = [];
@@ -345,6 +353,7 @@ export class ExecManager {
       exitCode: exitCodeOf(code, signal),
       signal,
       timedOut,
+      oomKilled: SandboxCgroups.of(sandboxId).oomKills() > oomBefore,
       stdout: Buffer.concat(out).toString('utf8'),
       stderr: Buffer.concat(err).toString('utf8'),
     };

@@ -10,6 +10,8 @@ import { startHost, type RunningHost } from '../../sandbox/host/server';
 import { createSandboxProvider, type SandboxProvider } from '../../sandbox/provider';
 import { eventually } from '../helpers/env';
 
+/** CapEff of sandbox root: Docker's default set (CHOWN … SETFCAP), inside the sandbox's user namespace. */
+const DEFAULT_CAPS = '00000000a80425fb';
 const TOKEN = 'test-token-' + Math.random().toString(36).slice(2);
 
 /** Runs a bash script inside a live sandbox through the provider. */
@@ -176,8 +178,11 @@ describe('sandbox host (bwrap)', () => {
     // The overlays are in the sandbox's own mount namespace, not the host's; files go through its init's root.
     expect(hostMountsOf(id)).toEqual([]);
     const mine = await fsp.readFile(`/proc/${await initPid(dataDir, id)}/mountinfo`, 'utf8');
-    expect(mine).toMatch(/ \/ \S+ - overlay sap-sb-/);
-    expect(mine).toMatch(/ \/usr \S+ - overlay sap-sb-/);
+    expect(mine).toMatch(new RegExp(` / \\S+ - overlay ${id} `));
+    expect(mine).toMatch(new RegExp(` /usr \\S+ - overlay ${id} `));
+    // Its layers are named by relative names only: no host path in the sandbox's mount table.
+    expect(mine).toContain('lowerdir=l0,upperdir=w/root,workdir=w/work-root');
+    expect(mine).not.toContain(dataDir);
     // A parent directory that is a symlink to a host path is resolved inside the sandbox, and so is `..`.
     const hostDir = await fsp.mkdtemp(path.join(os.tmpdir(), 'sap-host-only-'));
     await fsp.writeFile(path.join(hostDir, 'secret'), 'HOST');
@@ -266,7 +271,7 @@ describe('sandbox host (bwrap)', () => {
         'hostname',
         `cat ${dataDir}/host-secret 2>/dev/null || echo no-datadir`,
         'ls /work 2>/dev/null || echo no-work',
-        'cat /etc/shadow 2>/dev/null || echo no-shadow',
+        'head -c 5 /etc/shadow 2>/dev/null; grep -c . /etc/shadow',
         'ls -A /root | wc -l',
         'ls -A /home | wc -l',
         'ip -o link 2>/dev/null | wc -l || cat /proc/net/dev | tail -n +3 | wc -l',
@@ -278,7 +283,8 @@ describe('sandbox host (bwrap)', () => {
     expect(lines[1]).toMatch(/^node v\d+/);
     expect(lines[2]).toBe('python 3');
     expect(lines[3]).toBe(id);
-    expect(lines.slice(4, 9)).toEqual(['no-datadir', 'no-work', 'no-shadow', '0', '0']);
+    // /etc/shadow is the base skeleton's (root and nobody, no passwords), not the host's.
+    expect(lines.slice(4, 9)).toEqual(['no-datadir', 'no-work', 'root:2', '0', '0']);
     expect(lines[9]).toBe('1'); // loopback only
   });
 
@@ -306,13 +312,16 @@ describe('sandbox host (bwrap)', () => {
     const w = await sh(host.provider, a, `echo mine > /usr/bin/${marker} && cat /usr/bin/${marker} && rm /usr/bin/env.not-there 2>/dev/null; echo ok`);
     expect(w.stdout).toBe('mine\nok\n');
     expect(existsSync(`/usr/bin/${marker}`)).toBe(false);
-    expect(existsSync(path.join(dataDir, 'sandboxes', a, 'upper', 'usr', 'bin', marker))).toBe(true);
+    // The writable layer is a tmpfs in the mount namespace of the sandbox's init helper.
+    const outer = JSON.parse(await fsp.readFile(path.join(dataDir, 'sandboxes', a, 'state.json'), 'utf8')).init.outer.pid;
+    expect(existsSync(path.join(`/proc/${outer}/root`, dataDir, 'sandboxes', a, 'm', 'w', 'usr', 'bin', marker))).toBe(true);
     expect((await sh(host.provider, b, `test -e /usr/bin/${marker}; echo $?`)).stdout).toBe('1\n');
     const m = await sh(host.provider, a, 'mount -t tmpfs x /mnt; echo "rc=$?"; grep Cap /proc/self/status');
     expect(m.stdout).toMatch(/rc=(32|1)\b/);
     expect(m.stderr).toMatch(/permission denied|must be superuser|Operation not permitted/i);
-    expect(m.stdout).toContain('CapEff:\t0000000000000000');
-    expect(m.stdout).toContain('CapBnd:\t0000000000000000');
+    // Root's capabilities are a container's default set, inside its user namespace only (no CAP_SYS_ADMIN).
+    expect(m.stdout).toContain(`CapEff:\t${DEFAULT_CAPS}`);
+    expect(m.stdout).toContain(`CapBnd:\t${DEFAULT_CAPS}`);
   });
 
   it('applies memory and process limits through cgroups', async () => {
@@ -418,9 +427,9 @@ describe('sandbox host (bwrap)', () => {
     const cg = (c: string, f: string) => require('node:fs').readFileSync(`/sys/fs/cgroup/${c}/sap/${id}/${f}`, 'utf8').trim();
     expect(cg('memory', 'memory.limit_in_bytes')).toBe(String(48 * 1024 * 1024));
     expect(cg('pids', 'pids.max')).toBe('30');
-    expect((await sh(host.provider, id, 'hostname; grep CapEff /proc/self/status')).stdout).toBe(`${id}\nCapEff:\t0000000000000000\n`);
-    // The helper became the sandbox's init (bwrap), and the next spare is on its way.
-    expect(require('node:fs').readFileSync(`/proc/${helper}/comm`, 'utf8').trim()).toBe('bwrap');
+    expect((await sh(host.provider, id, 'hostname; grep CapEff /proc/self/status')).stdout).toBe(`${id}\nCapEff:\t${DEFAULT_CAPS}\n`);
+    // The helper stays as the keeper of the sandbox's mounts, and the next spare is on its way.
+    expect(require('node:fs').readFileSync(`/proc/${helper}/comm`, 'utf8').trim()).toBe('sap-sandbox-ini');
     await eventually(async () => readySpares().length === 1 && readySpares()[0] !== spare, 10_000, 20);
   });
 
@@ -554,48 +563,7 @@ describe('sandbox host (bwrap)', () => {
   });
 });
 
-describe('sandbox host (bwrap), started through sh + mount (no init helper)', () => {
-  let dataDir: string;
-  let host: RunningHost;
-  let client: HostClient;
-
-  beforeAll(async () => {
-    dataDir = await fsp.mkdtemp(path.join(os.tmpdir(), 'sap-host-sh-'));
-    const provider = createSandboxProvider({ kind: 'bwrap', dataDir, hostId: 'test-host-sh', initHelper: null });
-    host = await startHost({ dataDir, token: TOKEN, listen: '127.0.0.1:0', provider });
-    client = new HostClient({ url: host.url, token: TOKEN });
-  });
-
-  afterAll(async () => {
-    for (const sb of await client.listSandboxes()) await client.destroySandbox(sb.id);
-    await host.close();
-    await fsp.rm(dataDir, { recursive: true, force: true });
-  });
-
-  it('isolates the sandbox and removes all of it', async () => {
-    expect(readySpares()).toEqual([]);
-    const id = `sb-sh${process.pid}`;
-    await client.createSandbox({ id, orgId: 'o', maxProcesses: 40 });
-    expect(pidsOfCgroup(id).length).toBeGreaterThanOrEqual(2);
-    const r = await sh(host.provider, id, `hostname; echo mine > /usr/bin/sap-sh-marker && cat /usr/bin/sap-sh-marker; ls ${dataDir} 2>/dev/null || echo no-datadir; grep CapEff /proc/self/status; ls /proc | grep -c "^[0-9]"`);
-    expect(r.stdout.split('\n').slice(0, 5)).toEqual([id, 'mine', 'no-datadir', 'CapEff:\t0000000000000000', expect.stringMatching(/^[1-9]$/)]);
-    expect(existsSync('/usr/bin/sap-sh-marker')).toBe(false);
-    expect(require('node:fs').readFileSync(`/sys/fs/cgroup/pids/sap/${id}/pids.max`, 'utf8').trim()).toBe('40');
-    // This path mounts the overlays on the host (the old way); the files API works the same.
-    expect(hostMountsOf(id).length).toBe(2);
-    await client.writeFile(id, '/workspace/sh.txt', 'via files');
-    expect((await sh(host.provider, id, 'cat /workspace/sh.txt')).stdout).toBe('via files');
-    expect((await client.readFile(id, '/usr/bin/sap-sh-marker'))?.toString()).toBe('mine\n');
-    await expect(client.readFile(id, '/proc/1/cmdline')).rejects.toMatchObject({ type: 'invalid_request' });
-    expect(await client.destroySandbox(id)).toBe(true);
-    expect(hostMountsOf(id)).toEqual([]);
-    expect(await fsp.readFile('/proc/mounts', 'utf8')).not.toContain(id);
-    expect(existsSync(path.join(dataDir, 'sandboxes', id))).toBe(false);
-    expect(existsSync(`/sys/fs/cgroup/pids/sap/${id}`)).toBe(false);
-  });
-});
-
-describe('sandbox host (bwrap), data directory too long for the helpers\' socket (forked spares)', () => {
+describe('sandbox host (bwrap), data directory too long for the helpers\' socket there', () => {
   let dataDir: string;
   let host: RunningHost;
   let client: HostClient;
@@ -613,11 +581,12 @@ describe('sandbox host (bwrap), data directory too long for the helpers\' socket
     await fsp.rm(path.dirname(dataDir), { recursive: true, force: true });
   });
 
-  it('starts sandboxes from forked spares and through info files, in their own mount namespaces', async () => {
+  it('listens for its init helpers in a private directory of the system\'s temporary directory instead, and starts sandboxes the same way', async () => {
     expect(existsSync(path.join(dataDir, 'init.sock'))).toBe(false);
     const [spare] = await eventually(async () => (readySpares().length === 1 ? readySpares() : null), 10_000, 20);
     const [helper] = pidsOfCgroup(spare!);
-    expect(Number(/^PPid:\s+(\d+)/m.exec(require('node:fs').readFileSync(`/proc/${helper}/status`, 'utf8'))![1])).toBe(process.pid);
+    // Started by the spawner, not forked by the host.
+    expect(Number(/^PPid:\s+(\d+)/m.exec(require('node:fs').readFileSync(`/proc/${helper}/status`, 'utf8'))![1])).not.toBe(process.pid);
     // One from the spare, the others without one (a burst).
     const ids = [1, 2, 3].map((i) => `sb-long${process.pid}-${i}`);
     await Promise.all(ids.map((id) => client.createSandbox({ id, orgId: 'o', files: { '/workspace/f': id } })));
@@ -657,17 +626,13 @@ function run(
 
 const ENTER_HELPER = path.join(__dirname, '..', '..', '.tools', 'bin', 'sap-sandbox-enter');
 
-// Every process that enters a sandbox (exec, patches, entrypoints) goes through sap-sandbox-enter when it
-// is built, else through sh + nsenter + setpriv + env (+ timeout): both must behave the same.
-describe.each([
-  ['sap-sandbox-enter', undefined, 'sap-sandbox-ent'],
-  ['sh + nsenter + setpriv + env (no enter helper)', null, 'nsenter'],
-] as const)('entering a sandbox through %s', (_name, enterHelper, comm) => {
+// Every process that enters a sandbox (exec, patches, entrypoints) goes through sap-sandbox-enter.
+describe.each([['sap-sandbox-enter', undefined, 'sap-sandbox-ent']] as const)('entering a sandbox through %s', (_name, enterHelper, comm) => {
   let dataDir: string;
   let host: RunningHost;
   let client: HostClient;
   let n = 0;
-  const newId = () => `sb-e${enterHelper === null ? 'f' : 'h'}${process.pid}-${++n}`;
+  const newId = () => `sb-eh${process.pid}-${++n}`;
   const start = async () => {
     const provider = createSandboxProvider({ kind: 'bwrap', dataDir, hostId: 'test-host-enter', enterHelper });
     host = await startHost({ dataDir, token: TOKEN, listen: '127.0.0.1:0', provider });
@@ -727,7 +692,7 @@ describe.each([
     await host.provider.destroy(id);
   });
 
-  it('gives exactly the environment asked for, no capabilities, and the sandbox\'s pid namespace and cgroups', async () => {
+  it('gives exactly the environment asked for, a container root\'s capabilities, seccomp, and the sandbox\'s pid namespace and cgroups', async () => {
     const a = newId();
     const b = newId();
     process.env.SAP_HOST_ONLY = 'leak';
@@ -747,14 +712,23 @@ describe.each([
       ].sort(),
     );
     const caps = await run(host.provider, a, ['grep', 'Cap', '/proc/self/status']);
-    expect(caps.stdout.trim().split('\n').map((l) => l.split(':\t')[1])).toEqual(Array(5).fill('0000000000000000'));
+    // Inheritable, permitted, effective, bounding: a container root's set; ambient: none. Seccomp on, no_new_privs.
+    expect(caps.stdout.trim().split('\n').map((l) => l.split(':\t')[1])).toEqual([...Array(4).fill(DEFAULT_CAPS), '0000000000000000']);
+    const status = (await run(host.provider, a, ['cat', '/proc/self/status'])).stdout;
+    expect(status).toMatch(/^NoNewPrivs:\t1$/m);
+    expect(status).toMatch(/^Seccomp:\t2$/m);
     const seen = await run(host.provider, a, ['ps', '-eo', 'args']);
     expect(seen.stdout).toContain('sleep 123');
     expect(seen.stdout).not.toContain('sleep 456');
     expect(seen.stdout).not.toContain('jest');
-    const [nsSelf, nsInit] = (await run(host.provider, a, ['readlink', '/proc/self/ns/pid', '/proc/1/ns/pid'])).stdout.trim().split('\n');
+    // Every process entered joins the same pid namespace, not the host's. (pid 1 is the host's helper:
+    // not dumpable, so the sandbox cannot read its /proc/1/ns.)
+    const nsSelf = (await run(host.provider, a, ['readlink', '/proc/self/ns/pid'])).stdout.trim();
+    const nsAgain = (await run(host.provider, a, ['readlink', '/proc/self/ns/pid'])).stdout.trim();
     expect(nsSelf).toMatch(/^pid:\[\d+\]$/);
-    expect(nsSelf).toBe(nsInit);
+    expect(nsSelf).toBe(nsAgain);
+    expect(nsSelf).not.toBe(await fsp.readlink('/proc/self/ns/pid'));
+    expect((await run(host.provider, a, ['readlink', '/proc/1/ns/pid'])).code).not.toBe(0);
     // Inside its cgroup namespace, the sandbox's own cgroups are the root.
     const cgroups = (await run(host.provider, a, ['cat', '/proc/self/cgroup'])).stdout;
     expect(cgroups).toMatch(/:pids:\/\n/);

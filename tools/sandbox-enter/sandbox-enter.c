@@ -2,12 +2,14 @@
  * sap-sandbox-enter: runs one command inside a live sandbox with one exec, instead of
  * `sh` + `nsenter` + `setpriv` + `env` + `timeout`.
  *
- *   sap-sandbox-enter [-c CGROUP_PROCS]... [-n PID] [-w DIR] [-e NAME=VALUE]... [-g]
+ *   sap-sandbox-enter [-c CGROUP_PROCS]... -n PID -S SECCOMP_FILE [-w DIR] [-e NAME=VALUE]... [-g]
  *                     [-t SECONDS [-k SECONDS]] [-x EXIT_FILE] -- PROGRAM [ARG]...
  *
  *   -c FILE   join this cgroup: writes the helper's pid into FILE (a `cgroup.procs`); a controller
  *             that is missing or refuses is skipped, as the shell's `2>/dev/null` did.
- *   -n PID    enter the namespaces (cgroup, ipc, uts, net, pid, mnt) and the root directory of PID.
+ *   -n PID    enter the namespaces (user first, then cgroup, ipc, uts, net, pid, mnt) and the root
+ *             directory of PID (a sandbox's pid 1, see tools/sandbox-init), as root of its user namespace.
+ *   -S FILE   the seccomp filter every process of the sandbox gets (required with -n).
  *   -w DIR    working directory of the command (inside the root); the command is not started when
  *             it does not exist (exit 125, like `env -C`). Default: the root directory.
  *   -e N=V    the command's environment is exactly these pairs (nothing of the caller's is kept).
@@ -20,12 +22,15 @@
  *   -x FILE   when the command has ended, write its status ("<code>\n", one write) into FILE. FILE
  *             is created (emptied) at start, before entering, since it is a path of the caller's.
  *
- * Steps: join the cgroups; open the exit file, /proc/PID/ns/... and /proc/PID/root; enter the
- * namespaces; fork (entering a pid namespace takes effect for children only). The child moves to the
- * root (fchdir + chroot), to DIR, drops every capability as `setpriv --bounding-set=-all
- * --inh-caps=-all --ambient-caps=-all --no-new-privs` does, resets signal dispositions and mask, sets
- * the environment and execs PROGRAM (PATH lookup with the given PATH, like `env`). It is killed
- * (SIGKILL) if the helper dies before it.
+ * Steps: join the cgroups; raise its oom_score_adj to 500 (inherited by the command: the OOM killer's
+ * first choice); read the seccomp filter; open the exit file, /proc/PID/ns/... and
+ * /proc/PID/root; enter the namespaces, the user namespace first (the others belong to it); fork
+ * (entering a pid namespace takes effect for children only). The child becomes root of the user
+ * namespace (host ids BASE, see sandbox-init), moves to the root (fchdir + chroot) and to DIR, makes
+ * keeps the capability set of a container's root (tools/sandbox-common), sets
+ * no_new_privs and the seccomp filter, resets signal dispositions and mask, sets the environment and
+ * execs PROGRAM (PATH lookup with the given PATH, like `env`). It is killed (SIGKILL) if the helper
+ * dies before it.
  *
  * The helper waits for the command (with -g forwarding SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and
  * SIGUSR2 to it), and ends the way the command did: its exit code, or, when a signal killed it, the same
@@ -51,12 +56,8 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-#include <linux/capability.h>
+#include "../sandbox-common/isolation.h"
 
-#ifndef PR_CAP_AMBIENT
-#define PR_CAP_AMBIENT 47
-#define PR_CAP_AMBIENT_CLEAR_ALL 4
-#endif
 #ifndef CLOSE_RANGE_CLOEXEC
 #define CLOSE_RANGE_CLOEXEC (1U << 2)
 #endif
@@ -66,8 +67,8 @@
 #define EXIT_NOT_FOUND 127
 #define EXIT_TIMEDOUT 124
 
-static const char *const NS_NAMES[] = {"cgroup", "ipc", "uts", "net", "pid", "mnt"};
-static const int NS_TYPES[] = {CLONE_NEWCGROUP, CLONE_NEWIPC, CLONE_NEWUTS, CLONE_NEWNET, CLONE_NEWPID, CLONE_NEWNS};
+static const char *const NS_NAMES[] = {"user", "cgroup", "ipc", "uts", "net", "pid", "mnt"};
+static const int NS_TYPES[] = {CLONE_NEWUSER, CLONE_NEWCGROUP, CLONE_NEWIPC, CLONE_NEWUTS, CLONE_NEWNET, CLONE_NEWPID, CLONE_NEWNS};
 #define NS_COUNT (sizeof NS_TYPES / sizeof NS_TYPES[0])
 
 static const int FORWARDED[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
@@ -81,6 +82,8 @@ struct options {
   long ns_pid; /* 0: do not enter */
   const char *cwd;
   const char *exit_file;
+  const char *seccomp_file;
+  struct sock_fprog seccomp;
   double timeout, kill_after;
   int own_group;
   char **argv;
@@ -93,7 +96,7 @@ static void warn_errno(const char *what, const char *arg) {
 static int usage(const char *arg) {
   fprintf(stderr,
           "sap-sandbox-enter: bad argument %s\n"
-          "usage: sap-sandbox-enter [-c CGROUP_PROCS]... [-n PID] [-w DIR] [-e NAME=VALUE]... [-g]\n"
+          "usage: sap-sandbox-enter [-c CGROUP_PROCS]... -n PID -S SECCOMP_FILE [-w DIR] [-e NAME=VALUE]... [-g]\n"
           "                         [-t SECONDS [-k SECONDS]] [-x EXIT_FILE] -- PROGRAM [ARG]...\n",
           arg);
   return EXIT_SETUP;
@@ -144,12 +147,14 @@ static int parse_args(int argc, char **argv, struct options *o) {
       }
       case 'w': o->cwd = v; break;
       case 'x': o->exit_file = v; break;
+      case 'S': o->seccomp_file = v; break;
       case 't': if (parse_seconds(v, &o->timeout)) return usage(v); break;
       case 'k': if (parse_seconds(v, &o->kill_after)) return usage(v); break;
       default: return usage(a);
     }
   }
   if (i >= argc) return usage("(no program)");
+  if (o->ns_pid && !o->seccomp_file) return usage("(-n without -S)");
   o->argv = argv + i;
   return 0;
 }
@@ -195,45 +200,6 @@ static long long now_ns(void) {
   return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-static int drop_capabilities(void) {
-  int last = 63;
-  int fd = open("/proc/sys/kernel/cap_last_cap", O_RDONLY | O_CLOEXEC);
-  if (fd >= 0) {
-    char buf[16] = {0};
-    ssize_t r;
-    do r = read(fd, buf, sizeof buf - 1);
-    while (r < 0 && errno == EINTR);
-    close(fd);
-    if (r > 0) last = atoi(buf);
-  }
-  for (int c = 0; c <= last; c++) {
-    if (prctl(PR_CAPBSET_DROP, c, 0, 0, 0) != 0 && errno != EINVAL) {
-      warn_errno("drop capability from the bounding set", NULL);
-      return -1;
-    }
-  }
-  struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
-  struct __user_cap_data_struct data[2];
-  if (syscall(SYS_capget, &hdr, data) != 0) {
-    warn_errno("capget", NULL);
-    return -1;
-  }
-  data[0].inheritable = data[1].inheritable = 0;
-  if (syscall(SYS_capset, &hdr, data) != 0) {
-    warn_errno("clear inheritable capabilities", NULL);
-    return -1;
-  }
-  if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0 && errno != EINVAL) {
-    warn_errno("clear ambient capabilities", NULL);
-    return -1;
-  }
-  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) {
-    warn_errno("set no_new_privs", NULL);
-    return -1;
-  }
-  return 0;
-}
-
 /* The command's side of the fork: never returns. */
 static void run_child(const struct options *o, int root_fd, int alive_fd) {
   if (o->own_group) setpgid(0, 0);
@@ -242,19 +208,25 @@ static void run_child(const struct options *o, int root_fd, int alive_fd) {
   struct pollfd p = {.fd = alive_fd, .events = POLLIN};
   if (poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLIN))) _exit(EXIT_SETUP);
   close(alive_fd);
-  if (root_fd >= 0) {
-    if (fchdir(root_fd) != 0 || chroot(".") != 0) {
-      warn_errno("enter the sandbox's root", NULL);
-      _exit(EXIT_SETUP);
-    }
-    close(root_fd);
-    if (!o->cwd && chdir("/") != 0) _exit(EXIT_SETUP);
+  char err[256];
+  if (sap_become_root(err, sizeof err) != 0) {
+    fprintf(stderr, "sap-sandbox-enter: %s\n", err);
+    _exit(EXIT_SETUP);
   }
+  if (fchdir(root_fd) != 0 || chroot(".") != 0) {
+    warn_errno("enter the sandbox's root", NULL);
+    _exit(EXIT_SETUP);
+  }
+  close(root_fd);
+  if (!o->cwd && chdir("/") != 0) _exit(EXIT_SETUP);
   if (o->cwd && chdir(o->cwd) != 0) {
     warn_errno("cannot change directory to", o->cwd);
     _exit(EXIT_SETUP);
   }
-  if (drop_capabilities() != 0) _exit(EXIT_SETUP);
+  if (sap_lock_down(&o->seccomp, err, sizeof err) != 0) {
+    fprintf(stderr, "sap-sandbox-enter: %s\n", err);
+    _exit(EXIT_SETUP);
+  }
   /* Nothing of the helper's signal handling reaches the command. */
   struct sigaction dfl;
   memset(&dfl, 0, sizeof dfl);
@@ -315,6 +287,21 @@ int main(int argc, char **argv) {
   syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC);
 
   join_cgroups(&o);
+  if (!o.ns_pid) return usage("(no -n)");
+  /*
+   * The command inherits this: the OOM killer's first choice, before the host's processes and the
+   * sandbox's pid 1 (raising it needs no privilege; the helper itself is tiny and never the biggest).
+   */
+  int adj = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+  if (adj >= 0) {
+    (void)write(adj, "500", 3);
+    close(adj);
+  }
+  char err[256];
+  if (sap_read_seccomp(o.seccomp_file, &o.seccomp, err, sizeof err) != 0) {
+    fprintf(stderr, "sap-sandbox-enter: %s\n", err);
+    return EXIT_SETUP;
+  }
 
   int exit_fd = -1;
   if (o.exit_file) {
@@ -330,7 +317,7 @@ int main(int argc, char **argv) {
   int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
 
   int root_fd = -1;
-  if (o.ns_pid) {
+  {
     int ns_fds[NS_COUNT];
     for (size_t k = 0; k < NS_COUNT; k++) {
       char name[16];

@@ -1,102 +1,188 @@
 /*
- * sap-sandbox-init: starts a sandbox's init with one exec instead of `sh` + `mount` + `mount`.
+ * sap-sandbox-init: builds a sandbox and becomes its pid 1. The only way a sandbox starts.
  *
- *   sap-sandbox-init [-c CGROUP_PROCS]... [-d DIR]... [-l LOG] [-n] [-o SOURCE TARGET OPTIONS]... -- PROGRAM [ARG]...
- *   sap-sandbox-init -w [-s SOCKET ID] [-c CGROUP_PROCS]...   (the rest of the arguments come later)
+ *   sap-sandbox-init -w -s SOCKET KEY [-c CGROUP_PROCS]...   a spare: the rest of the arguments come later
+ *   sap-sandbox-init [-c CGROUP_PROCS]... SETUP...            all at once (tests)
  *
- * In order: moves itself into each cgroup (writes its pid into the `cgroup.procs` file), creates each
- * directory (an existing one is fine), sends stdout and stderr to LOG (appended), with -n moves into a
- * mount namespace of its own whose mounts are all private (nothing it mounts afterwards propagates
- * back to the host's namespace), mounts each overlay (`mount -t overlay SOURCE TARGET -o OPTIONS`),
- * then execs PROGRAM (looked up in PATH) with the remaining arguments. The sandbox host
- * (sandbox/bwrap.ts) runs it with -n and bwrap as PROGRAM: bwrap builds the sandbox from that
- * namespace, so the overlays never appear in the host's mount table and vanish with the sandbox's
- * last process.
+ * SETUP, every option required unless marked:
+ *   -l LOG      stdout and stderr of the helper go to LOG (appended)           (optional)
+ *   -m DIR      the sandbox's staging directory on the host (made if missing)
+ *   -u BASE     host uid and gid of sandbox root: sandbox ids 0..65535 are host ids BASE..BASE+65535
+ *   -r DIR      a read-only layer of `/`, topmost first (repeat; the last is the base skeleton)
+ *   -p DIR      a read-only layer of `/usr`, topmost first (repeat; the last is the host's /usr)
+ *   -D MB       size of the writable layer (a tmpfs of its own: writes past it get ENOSPC)
+ *   -H NAME     hostname, also the name of the overlay mounts
+ *   -S FILE     the seccomp filter (a classic BPF program, see tools/sandbox-seccomp)
  *
- * With -w it prepares ahead of a request: it joins the cgroups, writes "ready\n" to stdout, then reads
- * the remaining arguments from stdin, each ended by a NUL byte, until end of file, and goes on as above.
- * Joining a cgroup waits for an RCU grace period in the kernel (5-15 ms); done ahead, it is off the
- * path of a create. An empty stdin (the host went away) makes it exit 0 without doing anything.
+ * With -w the helper joins its cgroups ahead of a request (the first move of a process into a cgroup
+ * waits for a kernel RCU grace period, 5-15 ms), connects to the unix socket SOCKET, writes
+ * "ready KEY\n", reads the SETUP arguments (each ended by a NUL byte) until the host shuts down its
+ * side, and keeps the socket as descriptor 3.
  *
- * With -s (and -w) it talks over a unix stream socket instead of stdin and stdout, so that it can be
- * started by a process other than the host (the host's spawner) and still reach the host: once in its
- * cgroups it connects to SOCKET, writes "ready ID\n", reads the remaining arguments from the socket
- * until the host shuts down its side, and leaves the socket as descriptor 3 for what it execs (bwrap
- * writes its --info-fd 3 there, so the host learns the sandbox's pid over the same connection).
- *
- * Exits 1 with a message on stderr when a step fails, 2 on bad usage.
+ * Steps, in this fixed order; a failing step names itself on stderr ("sap-sandbox-init: STEP: ...")
+ * and the helper exits 1 (2 on bad usage):
+ *   cgroups       join each cgroup (-c)
+ *   namespaces    a private mount namespace for the helper, then the sandbox's user namespace
+ *   id maps       sandbox ids 0..65535 -> host ids BASE.. (uid_map, gid_map)
+ *   mounts        in the helper's namespace: a small tmpfs on DIR (relative names below, so that no
+ *                 host path appears in the sandbox's mountinfo); each read-only layer cloned as an
+ *                 idmapped mount (on disk ids 0..65535 are the sandbox's ids, so layers stay portable
+ *                 between sandboxes and hosts); the writable layer on a tmpfs of -D MB; the overlays of
+ *                 `/` and `/usr`
+ *   pid 1         a child joins the user namespace as its root and unshares the mount, pid, net, ipc,
+ *                 uts and cgroup namespaces (all owned by the sandbox's user namespace); its child is
+ *                 the sandbox's pid 1
+ *   root          pid 1 binds the overlay, brings up loopback, sets the hostname
+ *   /proc         mounts proc; /proc/sys, sysrq-trigger, irq, bus and fs read-only; kcore, keys,
+ *                 timer_list, sched_debug, acpi, scsi (and the rest of the OCI runtime spec's list) masked
+ *   /dev          a tmpfs with null, zero, full, random, urandom, tty, a devpts of its own, shm
+ *   pivot_root    into the overlay; the host's tree is detached
+ *   capabilities  Docker's default set (inside the user namespace only), no_new_privs, seccomp
+ * Then the helper writes {"child-pid": PID} (PID: pid 1's pid on the host) to descriptor 3 when it is
+ * open, and waits for pid 1; pid 1 reaps orphans until it is killed. The helper stays as the keeper of
+ * the mount namespace that holds the writable layer: the host reaches that layer through
+ * /proc/<helper>/root (checkpoints). Both are the OOM killer's last choice (see run).
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <net/if.h>
 #include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
+#include <linux/mount.h>
 
-static int fail(const char *what, const char *arg) {
-  fprintf(stderr, "sap-sandbox-init: %s %s: %s\n", what, arg, strerror(errno));
-  return 1;
+#include "../sandbox-common/isolation.h"
+
+#ifndef MOUNT_ATTR_IDMAP
+#define MOUNT_ATTR_IDMAP 0x00100000
+#endif
+#ifndef CLONE_NEWTIME
+#define CLONE_NEWTIME 0x00000080
+#endif
+
+#define MAX_LAYERS 64
+
+struct setup {
+  char *cgroups[64];
+  int ncgroups;
+  const char *log, *staging, *hostname, *seccomp;
+  long base;
+  long disk_mb;
+  struct sock_fprog filter;
+  const char *root_layers[MAX_LAYERS];
+  int nroot;
+  const char *usr_layers[MAX_LAYERS];
+  int nusr;
+};
+
+static const char *step = "arguments";
+
+/* Prints "sap-sandbox-init: STEP: message: strerror(errno)" and exits 1. */
+static void die(const char *fmt, ...) {
+  int e = errno;
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  if (e) fprintf(stderr, "sap-sandbox-init: %s: %s: %s\n", step, msg, strerror(e));
+  else fprintf(stderr, "sap-sandbox-init: %s: %s\n", step, msg);
+  exit(1);
 }
 
 static int usage(const char *arg) {
-  fprintf(stderr,
-          "sap-sandbox-init: bad argument %s\n"
-          "usage: sap-sandbox-init [-w] [-c FILE]... [-d DIR]... [-l LOG] [-n] [-o SOURCE TARGET OPTIONS]... -- PROGRAM [ARG]...\n",
+  fprintf(stderr, "sap-sandbox-init: bad argument %s\n"
+                  "usage: sap-sandbox-init [-w -s SOCKET KEY] [-c FILE]... -l LOG -m DIR -u BASE -r DIR... -p DIR... -D MB -H NAME -S FILE\n",
           arg);
   return 2;
 }
 
-static int join_cgroup(const char *file) {
-  char pid[32];
-  int len = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
-  int fd = open(file, O_WRONLY | O_CLOEXEC);
-  if (fd < 0) return fail("join cgroup", file);
-  if (write(fd, pid, (size_t)len) != len) {
-    int e = errno;
-    close(fd);
-    errno = e;
-    return fail("join cgroup", file);
+static int write_all(int fd, const char *buf, size_t len) {
+  while (len > 0) {
+    ssize_t w = write(fd, buf, len);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return -1;
+    buf += w;
+    len -= (size_t)w;
   }
-  close(fd);
   return 0;
 }
 
-/* Runs the options in args[0..n) in order; on "--" execs the program that follows. Returns an exit code. */
-static int run(char **args, int n, int allow_exec) {
+static void write_file(const char *file, const char *text) {
+  int fd = open(file, O_WRONLY | O_CLOEXEC);
+  if (fd < 0 || write_all(fd, text, strlen(text)) != 0) die("write %s", file);
+  close(fd);
+}
+
+static long parse_long(const char *s, long min, long max) {
+  char *end;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (errno || *end || end == s || v < min || v > max) return -1;
+  return v;
+}
+
+/* Parses options into `o`; returns 0, or an exit code. `need_setup`: the SETUP options must all be there. */
+static int parse(char **args, int n, struct setup *o, int need_setup) {
   for (int i = 0; i < n; i++) {
     const char *a = args[i];
-    if (strcmp(a, "--") == 0) {
-      if (!allow_exec) return usage(a);
-      if (i + 1 >= n) return usage("(no program)");
-      args[n] = NULL;
-      execvp(args[i + 1], args + i + 1);
-      return fail("exec", args[i + 1]);
-    } else if (strcmp(a, "-c") == 0 && i + 1 < n) {
-      if (join_cgroup(args[++i])) return 1;
-    } else if (strcmp(a, "-d") == 0 && i + 1 < n) {
-      if (mkdir(args[++i], 0755) != 0 && errno != EEXIST) return fail("mkdir", args[i]);
-    } else if (strcmp(a, "-l") == 0 && i + 1 < n) {
-      int fd = open(args[++i], O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-      if (fd < 0) return fail("open", args[i]);
-      if (dup2(fd, 1) < 0 || dup2(fd, 2) < 0) return fail("redirect to", args[i]);
-      close(fd);
-    } else if (strcmp(a, "-n") == 0) {
-      if (unshare(CLONE_NEWNS) != 0) return fail("unshare", "mount namespace");
-      if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) return fail("make private", "/");
-    } else if (strcmp(a, "-o") == 0 && i + 3 < n) {
-      if (mount(args[i + 1], args[i + 2], "overlay", 0, args[i + 3]) != 0) return fail("mount overlay on", args[i + 2]);
-      i += 3;
-    } else {
-      return usage(a);
+    const char *v = i + 1 < n ? args[i + 1] : NULL;
+    if (a[0] != '-' || !a[1] || a[2] || !v) return usage(a);
+    i++;
+    switch (a[1]) {
+      case 'c':
+        if (o->ncgroups >= 64) return usage(a);
+        o->cgroups[o->ncgroups++] = args[i];
+        break;
+      case 'l': o->log = v; break;
+      case 'm': o->staging = v; break;
+      case 'H': o->hostname = v; break;
+      case 'S': o->seccomp = v; break;
+      case 'u':
+        if ((o->base = parse_long(v, 1, 4294967295L - SAP_ID_COUNT)) < 0) return usage(v);
+        break;
+      case 'D':
+        if ((o->disk_mb = parse_long(v, 1, 1L << 30)) < 0) return usage(v);
+        break;
+      case 'r':
+        if (o->nroot >= MAX_LAYERS) return usage(a);
+        o->root_layers[o->nroot++] = v;
+        break;
+      case 'p':
+        if (o->nusr >= MAX_LAYERS) return usage(a);
+        o->usr_layers[o->nusr++] = v;
+        break;
+      default: return usage(a);
     }
   }
-  return allow_exec ? usage("(no program)") : 0;
+  if (need_setup && (!o->staging || !o->hostname || !o->seccomp || o->base <= 0 || o->disk_mb <= 0 || !o->nroot || !o->nusr)) {
+    return usage("(missing -m, -u, -r, -p, -D, -H or -S)");
+  }
+  return 0;
+}
+
+static void join_cgroups(const struct setup *o) {
+  step = "cgroups";
+  char pid[32];
+  int len = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+  for (int k = 0; k < o->ncgroups; k++) {
+    int fd = open(o->cgroups[k], O_WRONLY | O_CLOEXEC);
+    if (fd < 0 || write_all(fd, pid, (size_t)len) != 0) die("join %s", o->cgroups[k]);
+    close(fd);
+  }
 }
 
 /* Reads `fd` to its end and splits it at NUL bytes; returns the number of arguments (-1 on error). */
@@ -133,7 +219,6 @@ static int read_args(int fd, char ***out) {
   return n;
 }
 
-/* Connects to the unix socket at `path`; returns the descriptor (not close-on-exec), -1 on error. */
 static int connect_to(const char *path) {
   struct sockaddr_un addr = {.sun_family = AF_UNIX};
   if (strlen(path) >= sizeof addr.sun_path) {
@@ -152,55 +237,363 @@ static int connect_to(const char *path) {
   return fd;
 }
 
-static int write_all(int fd, const char *text) {
-  size_t len = strlen(text);
-  while (len > 0) {
-    ssize_t w = write(fd, text, len);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return -1;
-    text += w;
-    len -= (size_t)w;
+/* A user namespace whose ids 0..65535 are host ids base..: returns a descriptor of it. */
+static int make_userns(long base) {
+  step = "namespaces";
+  int hold[2];
+  if (pipe2(hold, O_CLOEXEC) != 0) die("pipe");
+  /* A child in a new user namespace that waits for the pipe to close; its namespace outlives it through the descriptor. */
+  pid_t child = (pid_t)syscall(SYS_clone, CLONE_NEWUSER | SIGCHLD, NULL, NULL, NULL, NULL);
+  if (child < 0) die("new user namespace");
+  if (child == 0) {
+    char c;
+    close(hold[1]);
+    while (read(hold[0], &c, 1) < 0 && errno == EINTR) {
+    }
+    _exit(0);
   }
-  return 0;
+  close(hold[0]);
+  step = "id maps";
+  char file[64], map[64];
+  snprintf(map, sizeof map, "0 %ld %d\n", base, SAP_ID_COUNT);
+  snprintf(file, sizeof file, "/proc/%d/uid_map", (int)child);
+  write_file(file, map);
+  snprintf(file, sizeof file, "/proc/%d/gid_map", (int)child);
+  write_file(file, map);
+  snprintf(file, sizeof file, "/proc/%d/ns/user", (int)child);
+  int fd = open(file, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) die("open %s", file);
+  close(hold[1]);
+  while (waitpid(child, NULL, 0) < 0 && errno == EINTR) {
+  }
+  return fd;
+}
+
+/* Clones `src` as a read-only mount whose ids go through the user namespace `userns`, attached at `at` (relative). */
+static void idmapped_layer(const char *src, const char *at, int userns) {
+  if (mkdir(at, 0755) != 0) die("mkdir %s", at);
+  int fd = (int)syscall(SYS_open_tree, AT_FDCWD, src, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+  if (fd < 0) die("clone layer %s", src);
+  struct mount_attr attr = {
+      .attr_set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+      .userns_fd = (unsigned long long)userns,
+  };
+  if (syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH, &attr, sizeof attr) != 0) die("idmap layer %s", src);
+  if (syscall(SYS_move_mount, fd, "", AT_FDCWD, at, MOVE_MOUNT_F_EMPTY_PATH) != 0) die("attach layer %s", src);
+  close(fd);
+}
+
+/* Appends "PREFIX0:PREFIX1:..." for n layers to buf. */
+static void layer_list(char *buf, size_t size, const char *prefix, int n) {
+  size_t len = strlen(buf);
+  for (int i = 0; i < n; i++) len += (size_t)snprintf(buf + len, size - len, "%s%s%d", i ? ":" : "", prefix, i);
+}
+
+/*
+ * The mounts, in the helper's own namespace, under the staging directory (the working directory from
+ * here on): l<i> and p<i> the idmapped layers of / and /usr, w the writable layer (w/root, w/usr and
+ * their work directories), root the overlay of / with the overlay of /usr on root/usr.
+ */
+static void mount_layers(const struct setup *o, int userns) {
+  step = "mounts";
+  if (unshare(CLONE_NEWNS) != 0) die("private mount namespace");
+  if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) die("make mounts private");
+  if (mkdir(o->staging, 0711) != 0 && errno != EEXIST) die("mkdir %s", o->staging);
+  if (mount("sap", o->staging, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=64k,nr_inodes=256,mode=0711") != 0) die("staging tmpfs on %s", o->staging);
+  if (chdir(o->staging) != 0) die("chdir %s", o->staging);
+  char at[32];
+  for (int i = 0; i < o->nroot; i++) {
+    snprintf(at, sizeof at, "l%d", i);
+    idmapped_layer(o->root_layers[i], at, userns);
+  }
+  for (int i = 0; i < o->nusr; i++) {
+    snprintf(at, sizeof at, "p%d", i);
+    idmapped_layer(o->usr_layers[i], at, userns);
+  }
+  /* The writable layer: about one inode per 4 KiB, so that empty files cannot exhaust the host's memory either. */
+  if (mkdir("w", 0755) != 0) die("mkdir w");
+  char opts[4096];
+  long inodes = o->disk_mb * 256 < 16384 ? 16384 : o->disk_mb * 256;
+  snprintf(opts, sizeof opts, "size=%ldm,nr_inodes=%ld,mode=0755", o->disk_mb, inodes);
+  if (mount("sap-upper", "w", "tmpfs", MS_NOSUID | MS_NODEV, opts) != 0) die("writable layer tmpfs (%s)", opts);
+  const char *dirs[] = {"w/root", "w/usr", "w/work-root", "w/work-usr", "root"};
+  for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
+    if (mkdir(dirs[i], 0755) != 0) die("mkdir %s", dirs[i]);
+  }
+  /* The overlay's own root directories take their owner from the upper ones: sandbox root's. */
+  if (chown("w/root", (uid_t)o->base, (gid_t)o->base) != 0 || chown("w/usr", (uid_t)o->base, (gid_t)o->base) != 0) die("chown the writable layer");
+  snprintf(opts, sizeof opts, "lowerdir=");
+  layer_list(opts, sizeof opts, "l", o->nroot);
+  snprintf(opts + strlen(opts), sizeof opts - strlen(opts), ",upperdir=w/root,workdir=w/work-root");
+  if (mount(o->hostname, "root", "overlay", MS_NOSUID | MS_NODEV, opts) != 0) die("overlay of / (%s)", opts);
+  snprintf(opts, sizeof opts, "lowerdir=");
+  layer_list(opts, sizeof opts, "p", o->nusr);
+  snprintf(opts + strlen(opts), sizeof opts - strlen(opts), ",upperdir=w/usr,workdir=w/work-usr");
+  if (mkdir("root/usr", 0755) != 0 && errno != EEXIST) die("mkdir /usr");
+  if (mount(o->hostname, "root/usr", "overlay", MS_NOSUID | MS_NODEV, opts) != 0) die("overlay of /usr (%s)", opts);
+}
+
+/* Reports a failure of pid 1's setup to the helper (one line on `report`) and exits. */
+static int report_fd = -1;
+static void child_die(const char *fmt, ...) {
+  int e = errno;
+  char msg[600];
+  va_list ap;
+  va_start(ap, fmt);
+  int len = snprintf(msg, sizeof msg, "error %s: ", step);
+  len += vsnprintf(msg + len, sizeof msg - (size_t)len, fmt, ap);
+  va_end(ap);
+  if (e && len < (int)sizeof msg) len += snprintf(msg + len, sizeof msg - (size_t)len, ": %s", strerror(e));
+  if (len >= (int)sizeof msg) len = (int)sizeof msg - 1;
+  msg[len++] = '\n';
+  (void)write_all(report_fd, msg, (size_t)len);
+  _exit(1);
+}
+
+static void bind_onto(const char *src, const char *dst, unsigned long extra) {
+  if (mount(src, dst, NULL, MS_BIND | MS_REC, NULL) != 0) child_die("bind %s", dst);
+  if (extra && mount(NULL, dst, NULL, MS_BIND | MS_REMOUNT | extra, NULL) != 0) child_die("remount %s", dst);
+}
+
+/* Creates an empty file (or keeps an existing one) to bind a file onto. */
+static void touch(const char *file) {
+  int fd = open(file, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) child_die("create %s", file);
+  close(fd);
+}
+
+static void setup_proc(void) {
+  step = "/proc";
+  if (mount("proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) != 0) child_die("mount proc");
+  /* Read-only: kernel settings and interfaces that are not namespaced (OCI runtime spec's readonlyPaths). */
+  const char *ro[] = {"proc/sys", "proc/sysrq-trigger", "proc/irq", "proc/bus", "proc/fs"};
+  for (size_t i = 0; i < sizeof ro / sizeof ro[0]; i++) {
+    struct stat st;
+    if (lstat(ro[i], &st) != 0) continue;
+    bind_onto(ro[i], ro[i], MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC);
+  }
+  /* Masked: files under /dev/null, directories under an empty read-only tmpfs (maskedPaths). */
+  const char *masked[] = {"proc/kcore", "proc/keys", "proc/timer_list", "proc/timer_stats", "proc/sched_debug", "proc/latency_stats",
+                          "proc/acpi", "proc/scsi", "proc/asound", "proc/kallsyms", "proc/kmsg", "proc/kpagecount", "proc/kpageflags",
+                          "proc/kpagecgroup", "proc/pagetypeinfo", "proc/sysvipc"};
+  for (size_t i = 0; i < sizeof masked / sizeof masked[0]; i++) {
+    struct stat st;
+    if (lstat(masked[i], &st) != 0) continue;
+    if (S_ISDIR(st.st_mode)) {
+      if (mount("sap-masked", masked[i], "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=0,nr_inodes=1,mode=0555") != 0) child_die("mask %s", masked[i]);
+    } else if (mount("/dev/null", masked[i], NULL, MS_BIND, NULL) != 0) {
+      child_die("mask %s", masked[i]);
+    }
+  }
+}
+
+static void setup_dev(long disk_mb) {
+  step = "/dev";
+  if (mount("sap-dev", "dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=1m,nr_inodes=64,mode=0755") != 0) child_die("tmpfs");
+  const char *nodes[] = {"null", "zero", "full", "random", "urandom", "tty"};
+  char src[64], dst[64];
+  for (size_t i = 0; i < sizeof nodes / sizeof nodes[0]; i++) {
+    snprintf(src, sizeof src, "/dev/%s", nodes[i]);
+    snprintf(dst, sizeof dst, "dev/%s", nodes[i]);
+    touch(dst);
+    if (mount(src, dst, NULL, MS_BIND, NULL) != 0) child_die("bind %s", src);
+  }
+  if (mkdir("dev/pts", 0755) != 0 || mkdir("dev/shm", 01777) != 0) child_die("mkdir pts, shm");
+  /* POSIX shared memory: RAM, charged to the sandbox's memory cgroup like every tmpfs page it writes. */
+  char opts[64];
+  snprintf(opts, sizeof opts, "size=%ldm,mode=1777", disk_mb);
+  if (mount("sap-shm", "dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, opts) != 0) child_die("shm");
+  if (mount("devpts", "dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620") != 0) child_die("devpts");
+  const char *links[][2] = {{"pts/ptmx", "dev/ptmx"}, {"/proc/self/fd", "dev/fd"}, {"/proc/self/fd/0", "dev/stdin"},
+                            {"/proc/self/fd/1", "dev/stdout"}, {"/proc/self/fd/2", "dev/stderr"}};
+  for (size_t i = 0; i < sizeof links / sizeof links[0]; i++) {
+    if (symlink(links[i][0], links[i][1]) != 0) child_die("symlink %s", links[i][1]);
+  }
+}
+
+static void loopback_up(void) {
+  int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (s < 0) child_die("socket");
+  struct ifreq ifr;
+  memset(&ifr, 0, sizeof ifr);
+  strcpy(ifr.ifr_name, "lo");
+  if (ioctl(s, SIOCGIFFLAGS, &ifr) != 0) child_die("loopback flags");
+  ifr.ifr_flags |= IFF_UP | IFF_RUNNING;
+  if (ioctl(s, SIOCSIFFLAGS, &ifr) != 0) child_die("bring up loopback");
+  close(s);
+}
+
+/* pid 1's side: finishes the sandbox's root in its own namespaces, locks itself down, then reaps. */
+static void run_pid1(const struct setup *o) {
+  step = "root";
+  if (mount("root", "root", NULL, MS_BIND | MS_REC, NULL) != 0) child_die("bind the overlay");
+  if (chdir("root") != 0) child_die("chdir");
+  loopback_up();
+  if (sethostname(o->hostname, strlen(o->hostname)) != 0) child_die("hostname");
+  setup_proc();
+  setup_dev(o->disk_mb);
+  step = "pivot_root";
+  if (syscall(SYS_pivot_root, ".", ".") != 0) child_die("pivot_root");
+  if (umount2(".", MNT_DETACH) != 0) child_die("detach the host's tree");
+  if (chdir("/") != 0) child_die("chdir /");
+  step = "capabilities";
+  char err[256];
+  if (sap_lock_down(&o->filter, err, sizeof err) != 0) {
+    errno = 0;
+    child_die("%s", err);
+  }
+  /* Ready: nothing of the host stays open. */
+  if (write_all(report_fd, "ready\n", 6) != 0) _exit(1);
+  int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+  if (devnull >= 0) {
+    dup2(devnull, 0);
+    dup2(devnull, 1);
+    dup2(devnull, 2);
+  }
+  syscall(SYS_close_range, 3U, ~0U, 0);
+  sigset_t chld;
+  sigemptyset(&chld);
+  sigaddset(&chld, SIGCHLD);
+  sigprocmask(SIG_BLOCK, &chld, NULL);
+  for (;;) {
+    while (waitpid(-1, NULL, WNOHANG) > 0) {
+    }
+    siginfo_t info;
+    sigwaitinfo(&chld, &info);
+  }
+}
+
+/* Builds the sandbox described by `o` and waits for its pid 1; returns the exit code. */
+static int run(struct setup *o) {
+  if (o->log) {
+    int fd = open(o->log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0) die("open log %s", o->log);
+    close(fd);
+  }
+  step = "seccomp";
+  char err[256];
+  if (sap_read_seccomp(o->seccomp, &o->filter, err, sizeof err) != 0) {
+    errno = 0;
+    die("%s", err);
+  }
+  /*
+   * Never the OOM killer's choice when that can be set (it needs CAP_SYS_RESOURCE, which some hosts
+   * withhold); in any case the sandbox's own processes are its first choice (sap-sandbox-enter raises
+   * theirs). Inherited by pid 1.
+   */
+  int adj = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+  if (adj >= 0) {
+    (void)write(adj, "-1000", 5);
+    close(adj);
+  }
+  if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0) die("subreaper");
+  int userns = make_userns(o->base);
+  mount_layers(o, userns);
+  step = "pid 1";
+  int report[2];
+  if (pipe2(report, O_CLOEXEC) != 0) die("pipe");
+  pid_t setup_pid = fork();
+  if (setup_pid < 0) die("fork");
+  if (setup_pid == 0) {
+    close(report[0]);
+    report_fd = report[1];
+    if (setns(userns, CLONE_NEWUSER) != 0) child_die("join the user namespace");
+    if (sap_become_root(err, sizeof err) != 0) {
+      errno = 0;
+      child_die("%s", err);
+    }
+    if (unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP) != 0) child_die("unshare");
+    pid_t init = fork();
+    if (init < 0) child_die("fork");
+    if (init == 0) run_pid1(o);
+    char line[32];
+    int len = snprintf(line, sizeof line, "pid %d\n", (int)init);
+    _exit(write_all(report_fd, line, (size_t)len) == 0 ? 0 : 1);
+  }
+  close(report[1]);
+  close(userns);
+  /* Lines from the setup child ("pid N") and from pid 1 ("ready", or "error STEP: ..."). */
+  char buf[1024];
+  size_t len = 0;
+  long init = -1;
+  int ready = 0;
+  while (!ready) {
+    ssize_t r = read(report[0], buf + len, sizeof buf - 1 - len);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      errno = 0;
+      die("the sandbox's pid 1 ended before it was ready");
+    }
+    len += (size_t)r;
+    buf[len] = '\0';
+    char *nl;
+    while ((nl = strchr(buf, '\n'))) {
+      *nl = '\0';
+      if (strncmp(buf, "pid ", 4) == 0) init = atol(buf + 4);
+      else if (strcmp(buf, "ready") == 0) ready = 1;
+      else if (strncmp(buf, "error ", 6) == 0) {
+        fprintf(stderr, "sap-sandbox-init: %s\n", buf + 6);
+        if (init > 0) kill((pid_t)init, SIGKILL);
+        exit(1);
+      }
+      len -= (size_t)(nl + 1 - buf);
+      memmove(buf, nl + 1, len + 1);
+    }
+  }
+  close(report[0]);
+  while (waitpid(setup_pid, NULL, 0) < 0 && errno == EINTR) {
+  }
+  if (init <= 0) {
+    errno = 0;
+    die("no pid from the setup");
+  }
+  char info[64];
+  int n = snprintf(info, sizeof info, "{\"child-pid\": %ld}\n", init);
+  if (fcntl(3, F_GETFD) >= 0) {
+    (void)write_all(3, info, (size_t)n);
+    close(3);
+  }
+  int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+  if (devnull >= 0) dup2(devnull, 0);
+  int status = 0;
+  for (;;) {
+    pid_t r = waitpid(-1, &status, 0);
+    if (r == (pid_t)init) break;
+    if (r < 0 && errno != EINTR) break;
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
 }
 
 int main(int argc, char **argv) {
+  struct setup o;
+  memset(&o, 0, sizeof o);
   if (argc > 1 && strcmp(argv[1], "-w") == 0) {
-    const char *sock_path = NULL, *id = "";
-    int first = 2;
-    if (argc > 4 && strcmp(argv[2], "-s") == 0) {
-      sock_path = argv[3];
-      id = argv[4];
-      first = 5;
-    }
-    int code = run(argv + first, argc - first, 0);
+    if (argc < 5 || strcmp(argv[2], "-s") != 0) return usage(argv[1]);
+    const char *sock_path = argv[3], *key = argv[4];
+    int code = parse(argv + 5, argc - 5, &o, 0);
     if (code) return code;
-    int in = 0;
-    if (sock_path) {
-      int sock = connect_to(sock_path);
-      if (sock < 0) return fail("connect to", sock_path);
-      char line[256];
-      snprintf(line, sizeof line, "ready %s\n", id);
-      if (write_all(sock, line) != 0) return fail("write", "ready");
-      /* Descriptor 3 for bwrap's --info-fd; read from it until the host shuts down its side. */
-      if (sock != 3) {
-        if (dup2(sock, 3) < 0) return fail("dup", "socket");
-        close(sock);
-      }
-      in = 3;
-    } else if (write(1, "ready\n", 6) != 6) {
-      return fail("write", "ready");
+    join_cgroups(&o);
+    step = "connect";
+    int sock = connect_to(sock_path);
+    if (sock < 0) die("connect to %s", sock_path);
+    char line[256];
+    snprintf(line, sizeof line, "ready %s\n", key);
+    if (write_all(sock, line, strlen(line)) != 0) die("write ready");
+    if (sock != 3) {
+      if (dup2(sock, 3) < 0) die("dup socket");
+      close(sock);
     }
     char **args = NULL;
-    int n = read_args(in, &args);
-    if (n < 0) return fail("read", "arguments");
-    if (n == 0) return 0;
-    if (!sock_path) {
-      int devnull = open("/dev/null", O_RDONLY);
-      if (devnull < 0 || dup2(devnull, 0) < 0) return fail("open", "/dev/null");
-      close(devnull);
-    }
-    return run(args, n, 1);
+    step = "arguments";
+    int n = read_args(3, &args);
+    if (n < 0) die("read arguments");
+    if (n == 0) return 0; /* the host let go of this spare */
+    code = parse(args, n, &o, 1);
+    if (code) return code;
+    return run(&o);
   }
-  return run(argv + 1, argc - 1, 1);
+  int code = parse(argv + 1, argc - 1, &o, 1);
+  if (code) return code;
+  join_cgroups(&o);
+  return run(&o);
 }

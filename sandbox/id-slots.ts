@@ -1,0 +1,74 @@
+/**
+ * Host id ranges of sandboxes' user namespaces. Sandbox ids 0..65535 map to host ids
+ * base + slot × 65536 + 0..65535, one slot per live sandbox, so that no two sandboxes share a host
+ * uid: even if they met, neither could touch the other's files or processes. On disk (checkpoint
+ * layers, snapshots) ids are the sandbox's own, 0..65535: a layer means the same in every sandbox
+ * and on every host (see shiftIdsToSandbox).
+ */
+import { promises as fsp } from 'node:fs';
+import * as path from 'node:path';
+
+/** Ids in a sandbox's user namespace. */
+export const ID_COUNT = 65536;
+/** Default host id of the first slot's root: 2^30, far above the ids of the host's own users. */
+export const DEFAULT_ID_BASE = 1 << 30;
+/** The overflow id: what an unmapped owner reads as inside a sandbox. */
+const NOBODY = 65534;
+
+export class IdSlots {
+  private readonly used = new Set<number>();
+  private readonly max: number;
+
+  constructor(readonly base = DEFAULT_ID_BASE) {
+    if (!Number.isInteger(base) || base < ID_COUNT || base > 2 ** 32 - 2 * ID_COUNT) {
+      throw new Error(`SANDBOX_ID_BASE must be an integer from ${ID_COUNT} to ${2 ** 32 - 2 * ID_COUNT}: ${base}`);
+    }
+    // uid (2^32 - 1) is invalid: the last slot ends below it.
+    this.max = Math.floor((2 ** 32 - 1 - base) / ID_COUNT);
+  }
+
+  /** The host id of a free slot's root, now taken. */
+  allocate(): number {
+    for (let slot = 0; slot < this.max; slot++) {
+      if (!this.used.has(slot)) {
+        this.used.add(slot);
+        return this.base + slot * ID_COUNT;
+      }
+    }
+    throw new Error('no free user-namespace id range');
+  }
+
+  /** Marks the slot of an adopted sandbox (its root's host id) as taken. */
+  take(idBase: number): void {
+    const slot = (idBase - this.base) / ID_COUNT;
+    if (Number.isInteger(slot) && slot >= 0) this.used.add(slot);
+  }
+
+  release(idBase: number): void {
+    this.used.delete((idBase - this.base) / ID_COUNT);
+  }
+}
+
+/** The sandbox's id for a host id of the slot starting at `idBase` (unmapped ones read as nobody). */
+export function toSandboxId(hostId: number, idBase: number): number {
+  return hostId >= idBase && hostId < idBase + ID_COUNT ? hostId - idBase : NOBODY;
+}
+
+/**
+ * Rewrites the owners of everything under `dir` (a copy of a sandbox's writable layer, owned by the
+ * host ids of its slot) to the sandbox's own ids, so that the layer is portable.
+ */
+export async function shiftIdsToSandbox(dir: string, idBase: number): Promise<void> {
+  const walk = async (p: string): Promise<void> => {
+    const st = await fsp.lstat(p);
+    const uid = toSandboxId(st.uid, idBase);
+    const gid = toSandboxId(st.gid, idBase);
+    if (uid !== st.uid || gid !== st.gid) {
+      await fsp.lchown(p, uid, gid);
+      // chown clears set-id bits of files; put them back (they are the layer's content).
+      if (!st.isSymbolicLink() && st.mode & 0o6000) await fsp.chmod(p, st.mode & 0o7777);
+    }
+    if (st.isDirectory()) for (const name of await fsp.readdir(p)) await walk(path.join(p, name));
+  };
+  await walk(dir);
+}

@@ -1,0 +1,142 @@
+/*
+ * What every process of a sandbox gets, shared by sap-sandbox-init (the sandbox's pid 1) and
+ * sap-sandbox-enter (everything started in it later): the user-namespace identity, the capability
+ * set a container's root gets by default, no_new_privs and the seccomp filter. Header-only: each
+ * helper is one translation unit.
+ */
+#ifndef SAP_ISOLATION_H
+#define SAP_ISOLATION_H
+
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include <linux/capability.h>
+
+#include <sys/stat.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+
+#ifndef PR_CAP_AMBIENT
+#define PR_CAP_AMBIENT 47
+#define PR_CAP_AMBIENT_CLEAR_ALL 4
+#endif
+
+/* Sandbox ids 0..SAP_ID_COUNT-1 map to host ids BASE..BASE+SAP_ID_COUNT-1. */
+#define SAP_ID_COUNT 65536
+
+/*
+ * The capabilities sandbox root keeps inside its user namespace: Docker's default set. All of them
+ * act on objects of the sandbox's own namespaces only (files it owns, its own processes, its own
+ * network namespace), never on the host's.
+ */
+static const int SAP_DEFAULT_CAPS[] = {
+    CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_FOWNER,           CAP_FSETID,   CAP_KILL,  CAP_SETGID,     CAP_SETUID,
+    CAP_SETPCAP, CAP_NET_BIND_SERVICE, CAP_NET_RAW,    CAP_SYS_CHROOT, CAP_MKNOD, CAP_AUDIT_WRITE, CAP_SETFCAP,
+};
+
+/* Becomes root of the user namespace it has joined (host ids BASE), with no supplementary groups. */
+static int sap_become_root(char *err, size_t errlen) {
+  if (setgroups(0, NULL) != 0 || setresgid(0, 0, 0) != 0 || setresuid(0, 0, 0) != 0) {
+    snprintf(err, errlen, "become root of the sandbox's user namespace: %s", strerror(errno));
+    return -1;
+  }
+  return 0;
+}
+
+/*
+ * Limits the capabilities to SAP_DEFAULT_CAPS: bounding set, then effective, permitted and
+ * inheritable; ambient cleared. A root process exec'd afterwards gets exactly this set; other users none.
+ */
+static int sap_drop_capabilities(char *err, size_t errlen) {
+  unsigned long long keep = 0;
+  for (size_t i = 0; i < sizeof SAP_DEFAULT_CAPS / sizeof SAP_DEFAULT_CAPS[0]; i++) keep |= 1ULL << SAP_DEFAULT_CAPS[i];
+  int last = 40;
+  int fd = open("/proc/sys/kernel/cap_last_cap", O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    char buf[16] = {0};
+    if (read(fd, buf, sizeof buf - 1) > 0) last = atoi(buf);
+    close(fd);
+  }
+  if (last > 63) last = 63;
+  for (int c = 0; c <= last; c++) {
+    if (keep & (1ULL << c)) continue;
+    if (prctl(PR_CAPBSET_DROP, c, 0, 0, 0) != 0 && errno != EINVAL) {
+      snprintf(err, errlen, "drop capability %d from the bounding set: %s", c, strerror(errno));
+      return -1;
+    }
+  }
+  struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+  struct __user_cap_data_struct data[2];
+  memset(data, 0, sizeof data);
+  data[0].effective = data[0].permitted = data[0].inheritable = (unsigned)(keep & 0xffffffffu);
+  data[1].effective = data[1].permitted = data[1].inheritable = (unsigned)(keep >> 32);
+  if (syscall(SYS_capset, &hdr, data) != 0) {
+    snprintf(err, errlen, "set capabilities: %s", strerror(errno));
+    return -1;
+  }
+  if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0 && errno != EINVAL) {
+    snprintf(err, errlen, "clear ambient capabilities: %s", strerror(errno));
+    return -1;
+  }
+  return 0;
+}
+
+/*
+ * Reads the seccomp filter (a raw classic BPF program, written by sap-seccomp-gen) into `prog`. Read
+ * while the host's files are still reachable: it is installed later, from inside the sandbox.
+ */
+static int sap_read_seccomp(const char *file, struct sock_fprog *prog, char *err, size_t errlen) {
+  int fd = open(file, O_RDONLY | O_CLOEXEC);
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) != 0) {
+    snprintf(err, errlen, "open the seccomp filter %s: %s", file, strerror(errno));
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+  size_t size = (size_t)st.st_size;
+  if (size == 0 || size % sizeof(struct sock_filter) != 0 || size > BPF_MAXINSNS * sizeof(struct sock_filter)) {
+    snprintf(err, errlen, "the seccomp filter %s is not a BPF program (%zu bytes)", file, size);
+    close(fd);
+    return -1;
+  }
+  struct sock_filter *insns = malloc(size);
+  size_t got = 0;
+  while (insns && got < size) {
+    ssize_t r = read(fd, (char *)insns + got, size - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    got += (size_t)r;
+  }
+  close(fd);
+  if (!insns || got != size) {
+    snprintf(err, errlen, "read the seccomp filter %s", file);
+    free(insns);
+    return -1;
+  }
+  prog->len = (unsigned short)(size / sizeof(struct sock_filter));
+  prog->filter = insns;
+  return 0;
+}
+
+/* The last steps before a sandbox process runs untrusted code: capabilities, no_new_privs, seccomp. */
+static int sap_lock_down(const struct sock_fprog *seccomp, char *err, size_t errlen) {
+  if (sap_drop_capabilities(err, errlen) != 0) return -1;
+  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) {
+    snprintf(err, errlen, "no_new_privs: %s", strerror(errno));
+    return -1;
+  }
+  if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, seccomp) != 0) {
+    snprintf(err, errlen, "seccomp: install the filter: %s", strerror(errno));
+    return -1;
+  }
+  return 0;
+}
+
+#endif
