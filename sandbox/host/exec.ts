@@ -353,7 +353,7 @@ export class ExecManager {
       exitCode: exitCodeOf(code, signal),
       signal,
       timedOut,
-      oomKilled: SandboxCgroups.of(sandboxId).oomKills() > oomBefore,
+      ...(SandboxCgroups.of(sandboxId).oomKills() > oomBefore ? { oomKilled: true } : {}),
       stdout: Buffer.concat(out).toString('utf8'),
       stderr: Buffer.concat(err).toString('utf8'),
     };
