@@ -1,5 +1,6 @@
 import type { Store } from '../store';
 import type { HostClient } from '../sandbox/host/client';
+import type { SandboxLimits } from '../config/limits';
 
 /** What the activities need from the process that runs them (the worker beside a sandbox host). */
 export interface ActivityDeps {
@@ -9,4 +10,6 @@ export interface ActivityDeps {
   /** Task queue of the worker beside `host`; returned by provisioning so later steps land here. */
   hostTaskQueue: string;
   resultMaxBytes: number;
+  /** The sandbox limits' defaults and maxima (the same SANDBOX_* variables as the host beside it). */
+  limits: SandboxLimits;
 }

@@ -5,6 +5,7 @@ import { instancesOf, sandboxIdForInstance } from '../store/instances';
 import { SandboxDoc, sandboxesOf } from '../store/sandboxes';
 import type { ActivityDeps } from './deps';
 import { createOrExplain, imageOrFail } from './sessions';
+import { effectiveResources } from '../config/limits';
 
 /** The id of the host beside this worker (asked once). */
 const hostIds = new WeakMap<object, Promise<string>>();
@@ -35,6 +36,8 @@ export const createInstanceActivities = (deps: ActivityDeps) => ({
     const sandboxId = sandboxIdForInstance(args.instanceId);
     const image = args.run.snapshot ? await imageOrFail(deps, args.orgId, args.run.snapshotRef?.snapshotId ?? args.run.snapshot) : null;
     const hostId = await hostIdOf(deps);
+    // The agent's limits, else the defaults: recorded as the sandbox's effective limits and sent to the host.
+    const { memoryMB, cpuCount, diskMB } = effectiveResources(deps.limits, args.run);
     const now = new Date();
     const record: SandboxDoc = {
       _id: sandboxId,
@@ -46,8 +49,9 @@ export const createInstanceActivities = (deps: ActivityDeps) => ({
       fromCheckpoint: image?.checkpointId ?? null,
       snapshot: image?.snapshotId ?? null,
       timeout: 0,
-      memoryMB: null,
-      cpuCount: null,
+      memoryMB,
+      cpuCount,
+      diskMB,
       instanceId: args.instanceId,
       createdAt: now,
       updatedAt: now,
@@ -65,6 +69,9 @@ export const createInstanceActivities = (deps: ActivityDeps) => ({
         envs: { ...image?.env, ...args.run.env, INSTANCE_ID: args.instanceId, AGENT_ID: args.agentId },
         files: args.run.files,
         ...(image ? { layers: image.layers, patches: image.patches, ...(image.workdir ? { cwd: image.workdir } : {}) } : {}),
+        memoryMB,
+        cpuCount,
+        diskMB,
         metadata: { instanceId: args.instanceId, agentId: args.agentId },
       });
     } catch (err) {

@@ -2,10 +2,11 @@ import { Context, ApplicationFailure } from '@temporalio/activity';
 import type { AgentRunSpec } from '../store';
 import { markSessionRunning, recordSessionEnd, sessionResultsOf } from '../store/sessions';
 import type { HostClient } from '../sandbox/host/client';
-import type { CreatedSandbox } from '../sandbox/types';
+import type { CreatedSandbox, EntrypointStatus } from '../sandbox/types';
 import type { SessionEnd } from '../workflows/types';
 import { sandboxIdForSession } from '../lib/naming';
 import { ImageError, resolveImage, type ResolvedImage } from '../store/checkpoints';
+import { effectiveResources } from '../config/limits';
 
 import type { ActivityDeps } from './deps';
 
@@ -41,6 +42,9 @@ export const createSessionActivities = (deps: ActivityDeps) => ({
     }
     // Only an agent with a snapshot pays for resolving it (its layer, the checkpoint's patches).
     const image = args.run.snapshot ? await imageOrFail(deps, args.orgId, args.run.snapshotRef?.snapshotId ?? args.run.snapshot) : null;
+    // The agent's limits, else the defaults (the same variables as the host's), sent explicitly so
+    // that an OOM's message names the limit that was applied.
+    const { memoryMB, cpuCount, diskMB } = effectiveResources(deps.limits, args.run);
     const created = await createOrExplain(deps, {
       id: sandboxId,
       orgId: args.orgId,
@@ -48,6 +52,9 @@ export const createSessionActivities = (deps: ActivityDeps) => ({
       envs: { ...image?.env, ...args.run.env, AGENT_INPUT_PATH, AGENT_RESULT_PATH, SESSION_ID: args.sessionId, AGENT_ID: args.agentId },
       files: { ...args.run.files, [AGENT_INPUT_PATH]: input },
       ...(image ? { layers: image.layers, patches: image.patches, ...(image.workdir ? { cwd: image.workdir } : {}) } : {}),
+      memoryMB,
+      cpuCount,
+      diskMB,
       entrypoint: { argv: args.run.entrypoint, timeoutSeconds: args.run.timeoutSeconds, cwd: image?.workdir ?? '/workspace' },
       // A short entrypoint is over when the host answers, with its result file read: one call.
       awaitExit: { waitMs: QUICK_EXIT_WAIT_MS, readFile: { path: AGENT_RESULT_PATH, maxBytes: deps.resultMaxBytes } },
@@ -59,9 +66,9 @@ export const createSessionActivities = (deps: ActivityDeps) => ({
       return { sandboxId, taskQueue: deps.hostTaskQueue, exit: null, end: null };
     }
     // Over already: the session goes from creating to its ending, which records when it started.
-    const exit = { exitCode: early.exitCode, timedOut: early.timedOut, signal: early.signal };
+    const exit = exitOf(early);
     const captured = created.file ? capturedFrom(created.file, deps.resultMaxBytes) : undefined;
-    const end = await finishSession(deps, { sessionId: args.sessionId, sandboxId, exit, cancelled: false, started }, captured);
+    const end = await finishSession(deps, { sessionId: args.sessionId, sandboxId, exit, cancelled: false, started, memoryMB }, captured);
     return { sandboxId, taskQueue: deps.hostTaskQueue, exit, end };
   },
 
@@ -75,7 +82,7 @@ export const createSessionActivities = (deps: ActivityDeps) => ({
       ctx.heartbeat();
       const st = await deps.host.entrypointStatus(args.sandboxId, { waitMs: 5000, signal: ctx.cancellationSignal });
       if (st.state === 'none') throw ApplicationFailure.nonRetryable(`sandbox ${args.sandboxId} has no entrypoint`, 'SandboxLost');
-      if (st.state === 'exited') return { exitCode: st.exitCode, timedOut: st.timedOut, signal: st.signal };
+      if (st.state === 'exited') return exitOf(st);
     }
   },
 
@@ -119,6 +126,8 @@ interface FinishArgs {
   failure?: string;
   /** Where and when the entrypoint started, recorded with the ending when no progress record was written. */
   started?: { sandboxId: string; at: Date };
+  /** The sandbox's memory limit (the agent's memoryMB; absent: the default), named when it was OOM-killed. */
+  memoryMB?: number;
 }
 
 /**
@@ -127,7 +136,7 @@ interface FinishArgs {
  */
 async function finishSession(deps: ActivityDeps, args: FinishArgs, captured?: Captured): Promise<SessionEnd> {
   captured ??= await captureResult(deps, args.sandboxId);
-  const end = decideEnd(args.exit, args.cancelled, captured, args.failure);
+  const end = decideEnd(args.exit, args.cancelled, captured, args.failure, args.memoryMB ?? deps.limits.memoryMB);
   await recordSessionEnd(deps.store, args.sessionId, end, args.started);
   await deps.host.destroySandbox(args.sandboxId);
   return { ...end, result: null };
@@ -138,19 +147,43 @@ export interface EntrypointExit {
   exitCode: number;
   timedOut: boolean;
   signal: string | null;
+  /** The sandbox's memory limit made the kernel kill a process of it while the entrypoint ran. */
+  oomKilled?: boolean;
 }
 
-/** The session's ending from the entrypoint's exit and its captured result. */
-export function decideEnd(exit: EntrypointExit | null, cancelled: boolean, captured: { data: Record<string, unknown> | null; error?: string }, failure?: string): SessionEnd {
+/** The exit of an entrypoint's exited status (oomKilled only when set, to keep histories small). */
+function exitOf(st: Extract<EntrypointStatus, { state: 'exited' }>): EntrypointExit {
+  return { exitCode: st.exitCode, timedOut: st.timedOut, signal: st.signal, ...(st.oomKilled ? { oomKilled: true } : {}) };
+}
+
+/**
+ * The session's ending from the entrypoint's exit and its captured result. `memoryMB` is the
+ * sandbox's memory limit, named in the message of an OOM kill.
+ */
+export function decideEnd(
+  exit: EntrypointExit | null,
+  cancelled: boolean,
+  captured: { data: Record<string, unknown> | null; error?: string },
+  failure?: string,
+  memoryMB?: number,
+): SessionEnd {
   if (cancelled) return { status: 'failed', result: captured.data, outcome: { reason: 'cancelled', exit_code: exit?.exitCode ?? null, message: 'session ended by request' } };
   if (!exit) return { status: 'failed', result: captured.data, outcome: { reason: null, exit_code: null, message: failure ?? 'entrypoint status unknown' } };
   if (exit.timedOut) return { status: 'failed', result: captured.data, outcome: { reason: 'timeout', exit_code: exit.exitCode, message: 'entrypoint exceeded the agent timeout' } };
+  const limit = `the sandbox reached its memory limit${memoryMB ? ` (${memoryMB} MB)` : ''}`;
+  if (exit.oomKilled && exit.exitCode !== 0) {
+    // Before invalid_result: a result cut short by the kill is a symptom, the memory limit the cause.
+    const how = exit.signal ? `was killed` : `exited with code ${exit.exitCode} after a process was killed`;
+    return { status: 'failed', result: captured.data, outcome: { reason: 'oom', exit_code: exit.exitCode, message: `entrypoint ${how}: ${limit}` } };
+  }
   if (captured.error) return { status: 'failed', result: null, outcome: { reason: 'invalid_result', exit_code: exit.exitCode, message: captured.error } };
   if (exit.exitCode !== 0) {
     const how = exit.signal ? `was killed by ${exit.signal}` : `exited with code ${exit.exitCode}`;
     return { status: 'failed', result: captured.data, outcome: { reason: 'exit_code', exit_code: exit.exitCode, message: `entrypoint ${how}` } };
   }
-  return { status: 'completed', result: captured.data, outcome: { reason: null, exit_code: 0, message: null } };
+  // The entrypoint survived a process of its sandbox being OOM-killed and succeeded: completed, with a note.
+  const note = exit.oomKilled ? `a process of the sandbox was killed: ${limit}` : null;
+  return { status: 'completed', result: captured.data, outcome: { reason: null, exit_code: 0, message: note } };
 }
 
 

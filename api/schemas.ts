@@ -1,5 +1,6 @@
 import { z } from 'zod';
 import './http'; // extends zod with .openapi()
+import { MIN_MEMORY_MB } from '../config/limits';
 
 /** Agent ids: chosen by the caller or generated; safe in paths and workflow ids. */
 export const AgentId = z
@@ -28,6 +29,10 @@ const agentFields = {
   env: z.record(EnvName, z.string().max(32768)),
   snapshot: z.string().min(1).max(200).nullable(),
   timeoutSeconds: z.number().int().min(1).max(7 * 24 * 3600),
+  // Limits of the agent's sandboxes (sessions and instances); the maxima are the operator's (checked by the routes).
+  memoryMB: z.number().int().min(MIN_MEMORY_MB).describe('Memory limit of its sandboxes in MB; default SANDBOX_MEMORY_MB, at most SANDBOX_MAX_MEMORY_MB'),
+  cpuCount: z.number().min(0.1).describe('CPUs of CFS quota of its sandboxes; default SANDBOX_CPU_COUNT (0: no quota), at most SANDBOX_MAX_CPU_COUNT'),
+  diskMB: z.number().int().min(1).describe('Size of its sandboxes\' writable layer in MB; default SANDBOX_DISK_MB, at most SANDBOX_MAX_DISK_MB'),
 };
 
 export const CreateAgentBody = z
@@ -44,6 +49,9 @@ export const CreateAgentBody = z
     env: agentFields.env.default({}),
     snapshot: agentFields.snapshot.default(null),
     timeoutSeconds: agentFields.timeoutSeconds.default(3600),
+    memoryMB: agentFields.memoryMB.optional(),
+    cpuCount: agentFields.cpuCount.optional(),
+    diskMB: agentFields.diskMB.optional(),
   })
   .strict()
   .openapi('CreateAgent');
@@ -61,6 +69,10 @@ export const UpdateAgentBody = z
     env: agentFields.env,
     snapshot: agentFields.snapshot,
     timeoutSeconds: agentFields.timeoutSeconds,
+    // null: back to the operator's default.
+    memoryMB: agentFields.memoryMB.nullable(),
+    cpuCount: agentFields.cpuCount.nullable(),
+    diskMB: agentFields.diskMB.nullable(),
   })
   .partial()
   .strict()
@@ -80,6 +92,9 @@ export const Agent = z
     env: z.record(z.string(), z.string()).describe('Values are never returned: each is shown as "[set]"'),
     snapshot: z.string().nullable(),
     timeoutSeconds: z.number().int(),
+    memoryMB: z.number().nullable().describe("null: the operator's default (SANDBOX_MEMORY_MB)"),
+    cpuCount: z.number().nullable().describe("null: the operator's default (SANDBOX_CPU_COUNT)"),
+    diskMB: z.number().nullable().describe("null: the operator's default (SANDBOX_DISK_MB)"),
     created_at: z.string(),
     updated_at: z.string(),
   })
@@ -89,7 +104,7 @@ export const SessionStatusEnum = z.enum(['creating', 'running', 'completed', 'fa
 
 export const Outcome = z
   .object({
-    reason: z.enum(['exit_code', 'timeout', 'cancelled', 'invalid_result', 'provisioning_failed']).nullable(),
+    reason: z.enum(['exit_code', 'timeout', 'cancelled', 'invalid_result', 'oom', 'provisioning_failed']).nullable(),
     exit_code: z.number().int().nullable(),
     message: z.string().nullable(),
   })

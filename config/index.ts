@@ -1,5 +1,6 @@
 import path from 'node:path';
 import { z } from 'zod';
+import { limitsEnvShape, resolveLimits, type SandboxLimits } from './limits';
 
 /** Directory of this checkout: the nearest parent holding package.json (from source or dist/). */
 export const PROJECT_ROOT = ((): string => {
@@ -39,9 +40,14 @@ export const configSchema = z.object({
   /** The worker's Prometheus endpoint (GET /metrics); the Temporal SDK's exporter takes the next port. 0: off. */
   WORKER_METRICS_PORT: z.coerce.number().int().min(0).max(65534).default(9464),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+  /** Sandbox resource defaults and maxima (SANDBOX_MEMORY_MB, …): see config/limits.ts. */
+  ...limitsEnvShape,
 });
 
-export type Config = z.infer<typeof configSchema>;
+export type Config = z.infer<typeof configSchema> & {
+  /** The sandbox limits resolved from the SANDBOX_* variables (defaults filled in). */
+  limits: SandboxLimits;
+};
 
 /** Thrown when the environment holds a bad value; the message names each variable. */
 export class ConfigError extends Error {
@@ -58,7 +64,9 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     throw new ConfigError(`invalid configuration:\n${lines.join('\n')}`);
   }
   const cfg = parsed.data;
-  return { ...cfg, DATA_DIR: path.resolve(cfg.DATA_DIR) };
+  const { limits, issues } = resolveLimits(cfg);
+  if (issues.length) throw new ConfigError(`invalid configuration:\n${issues.map((i) => `  ${i.variable}: ${i.message}`).join('\n')}`);
+  return { ...cfg, DATA_DIR: path.resolve(cfg.DATA_DIR), limits };
 }
 
 /** loadConfig for a process entry point: prints the problem and exits 2 on a bad value. */

@@ -16,6 +16,8 @@ export interface ExecDoc {
   /** Set once the API has seen the command exit (from the host's own exit time when it has one). */
   exitedAt: Date | null;
   exitCode: number | null;
+  /** Set with the exit when the host reported it: whether the sandbox's memory limit got a process OOM-killed meanwhile. */
+  oomKilled?: boolean;
 }
 
 /**
@@ -35,6 +37,8 @@ export interface AgentSessionDoc {
   startedAt: Date;
   exitedAt: Date | null;
   exitCode: number | null;
+  /** As ExecDoc.oomKilled. */
+  oomKilled?: boolean;
 }
 
 export const execSessionsOf = (store: Store) => store.db.collection<ExecDoc>('exec_sessions');

@@ -25,6 +25,10 @@ export interface AgentRunSpec {
   env: Record<string, string>;
   snapshot: string | null;
   timeoutSeconds: number;
+  /** Limits of the agent's sandboxes; absent: the operator's defaults (config/limits.ts). */
+  memoryMB?: number;
+  cpuCount?: number;
+  diskMB?: number;
   /** Set at session creation when `snapshot` is: the snapshot's id and the task queue of the host that has its layer. */
   snapshotRef?: { snapshotId: string; taskQueue: string };
 }
@@ -34,7 +38,7 @@ export interface AgentRunSpec {
  * Caller-supplied JSON (config) and file paths are stored as JSON text / arrays, since keys with
  * `.` or a leading `$` are not storable on every MongoDB-wire server.
  */
-export interface AgentDoc extends Omit<AgentRunSpec, 'files'> {
+export interface AgentDoc extends Omit<AgentRunSpec, 'files' | 'memoryMB' | 'cpuCount' | 'diskMB'> {
   _id: string;
   orgId: string;
   id: string;
@@ -45,6 +49,10 @@ export interface AgentDoc extends Omit<AgentRunSpec, 'files'> {
   /** JSON text of the config object, or null. */
   config: string | null;
   files: { path: string; content: string }[];
+  /** Limits of its sandboxes; absent or null: the operator's defaults. */
+  memoryMB?: number | null;
+  cpuCount?: number | null;
+  diskMB?: number | null;
   created_at: Date;
   updated_at: Date;
 }
@@ -53,7 +61,7 @@ export type SessionStatus = 'creating' | 'running' | 'completed' | 'failed';
 
 /** Why a session ended (null while it runs, and for a clean exit 0). */
 export interface SessionOutcome {
-  reason: 'exit_code' | 'timeout' | 'cancelled' | 'invalid_result' | 'provisioning_failed' | null;
+  reason: 'exit_code' | 'timeout' | 'cancelled' | 'invalid_result' | 'oom' | 'provisioning_failed' | null;
   exit_code: number | null;
   message: string | null;
 }
@@ -134,6 +142,10 @@ export function runSpecOf(a: AgentDoc): AgentRunSpec {
     env: a.env,
     snapshot: a.snapshot,
     timeoutSeconds: a.timeoutSeconds,
+    // Only when set: the run spec travels in every session's workflow arguments.
+    ...(a.memoryMB != null ? { memoryMB: a.memoryMB } : {}),
+    ...(a.cpuCount != null ? { cpuCount: a.cpuCount } : {}),
+    ...(a.diskMB != null ? { diskMB: a.diskMB } : {}),
   };
 }
 

@@ -18,8 +18,12 @@ export interface SandboxDoc {
   snapshot: string | null;
   /** Idle timeout in seconds, 0 = none. */
   timeout: number;
+  /** Effective limits (defaults filled in); null in records written before limits were recorded. */
   memoryMB: number | null;
+  /** CPUs of CFS quota; 0 = no quota (an equal cpu.shares weight). */
   cpuCount: number | null;
+  /** Size of the writable layer in MB; absent in records written before it existed. */
+  diskMB?: number | null;
   /** The instance that owns it, if any. */
   instanceId: string | null;
   /** Last time a caller used it (exec, files, previews); the idle timeout counts from here. */

@@ -118,7 +118,7 @@ export async function sessionWorkflow(args: SessionWorkflowArgs): Promise<Sessio
   // Every path with a sandbox ends here: capture, record, destroy, even when cancelled.
   const { sandboxId, taskQueue } = provisioned!;
   end = await CancellationScope.nonCancellable(() =>
-    hostActivities(taskQueue, args.run.timeoutSeconds).captureResultAndDestroySandbox({ sessionId, sandboxId, exit, cancelled, failure }),
+    hostActivities(taskQueue, args.run.timeoutSeconds).captureResultAndDestroySandbox({ sessionId, sandboxId, exit, cancelled, failure, memoryMB: args.run.memoryMB }),
   );
   setStatus(end.status);
   return { sessionId, workflowId: workflowInfo().workflowId, status: end.status, outcome: end.outcome };

@@ -2,7 +2,8 @@ import { z } from 'zod';
 import type { ApiDeps } from '../deps';
 import type { RouteTable } from '../http';
 import { Agent, AgentParams, CreateAgentBody, Cursor, Limit, UpdateAgentBody } from '../schemas';
-import { conflict, notFound } from '../../lib/errors';
+import { conflict, invalid, notFound } from '../../lib/errors';
+import { overMaximum } from '../../config/limits';
 import { randomId } from '../../lib/ids';
 import { AgentDoc, fromJsonText, isDuplicateKey } from '../../store';
 import { pageOf } from '../cursor';
@@ -22,6 +23,9 @@ export function agentView(a: AgentDoc): z.infer<typeof Agent> {
     env: Object.fromEntries(Object.keys(a.env ?? {}).map((k) => [k, '[set]'])),
     snapshot: a.snapshot,
     timeoutSeconds: a.timeoutSeconds,
+    memoryMB: a.memoryMB ?? null,
+    cpuCount: a.cpuCount ?? null,
+    diskMB: a.diskMB ?? null,
     created_at: a.created_at.toISOString(),
     updated_at: a.updated_at.toISOString(),
   };
@@ -63,6 +67,12 @@ export async function getAgent(deps: ApiDeps, orgId: string, agentId: string): P
   return agent;
 }
 
+/** 400 when an agent's limits exceed the operator's maxima. */
+function checkLimits(deps: ApiDeps, body: { memoryMB?: number | null; cpuCount?: number | null; diskMB?: number | null }): void {
+  const over = overMaximum(deps.cfg.limits, { memoryMB: body.memoryMB ?? undefined, cpuCount: body.cpuCount ?? undefined, diskMB: body.diskMB ?? undefined }, 'body.');
+  if (over) throw invalid(over);
+}
+
 /** /v1/agents: create, list, read, update, delete. */
 export function registerAgentRoutes(t: RouteTable, deps: ApiDeps): void {
   t.add({
@@ -74,6 +84,7 @@ export function registerAgentRoutes(t: RouteTable, deps: ApiDeps): void {
     responses: { 201: { description: 'The agent', schema: Agent } },
     errors: [409],
     handler: async ({ body, org, res }) => {
+      checkLimits(deps, body);
       const id = body.id ?? `agt_${randomId()}`;
       const now = new Date();
       const doc: AgentDoc = {
@@ -91,6 +102,9 @@ export function registerAgentRoutes(t: RouteTable, deps: ApiDeps): void {
         env: body.env,
         snapshot: body.snapshot,
         timeoutSeconds: body.timeoutSeconds,
+        ...(body.memoryMB !== undefined ? { memoryMB: body.memoryMB } : {}),
+        ...(body.cpuCount !== undefined ? { cpuCount: body.cpuCount } : {}),
+        ...(body.diskMB !== undefined ? { diskMB: body.diskMB } : {}),
         created_at: now,
         updated_at: now,
       };
@@ -138,6 +152,7 @@ export function registerAgentRoutes(t: RouteTable, deps: ApiDeps): void {
     body: UpdateAgentBody,
     responses: { 200: { description: 'The updated agent', schema: Agent } },
     handler: async ({ params, body, org, res }) => {
+      checkLimits(deps, body);
       const _id = agentKey(org.id, params.agentId);
       runCacheOf(deps).delete(_id);
       const set: Record<string, unknown> = { updated_at: new Date() };

@@ -73,10 +73,21 @@ export const ExecSessionView = z
     startedAt: z.string(),
     exitedAt: z.string().nullable(),
     attachedClients: z.number().int(),
+    oomKilled: z
+      .boolean()
+      .optional()
+      .describe("Once exited: whether the sandbox's memory limit made the kernel kill a process of it while the command ran (present when the host reports it)"),
   })
   .openapi('ExecSession');
 
-export const RunResultView = z.object({ exitCode: z.number().int(), stdout: z.string(), stderr: z.string() }).openapi('ExecRunResult');
+export const RunResultView = z
+  .object({
+    exitCode: z.number().int(),
+    stdout: z.string(),
+    stderr: z.string(),
+    oomKilled: z.literal(true).optional().describe("Present (true) when the sandbox's memory limit made the kernel kill a process while the command ran"),
+  })
+  .openapi('ExecRunResult');
 
 type View = z.infer<typeof ExecSessionView>;
 
@@ -145,13 +156,14 @@ export async function recordExit(
   id: string,
   exitCode: number | null,
   exitedAt: Date,
+  oomKilled?: boolean,
 ): Promise<void> {
   if (recordedExits.has(id)) return;
   if (recordedExits.size > 100_000) recordedExits.clear();
   recordedExits.add(id);
   const coll = kind === 'exec' ? execSessionsOf(deps.store) : agentSessionsOf(deps.store);
   try {
-    await (coll as ReturnType<typeof execSessionsOf>).updateOne({ _id: id }, { $set: { exitedAt, exitCode } });
+    await (coll as ReturnType<typeof execSessionsOf>).updateOne({ _id: id }, { $set: { exitedAt, exitCode, ...(oomKilled !== undefined ? { oomKilled } : {}) } });
   } catch (err) {
     recordedExits.delete(id);
     deps.logger.warn({ err, id }, 'could not record an exec exit');
@@ -161,24 +173,55 @@ export async function recordExit(
 /** Live fields of a session from the host's answer, or from the record when the host forgot it. */
 export function liveFields(
   info: ExecSessionInfo | null,
-  rec: { exitCode: number | null; exitedAt: Date | null },
-): { running: boolean; exitCode: number | null; exitedAt: string | null; attachedClients: number } {
+  rec: { exitCode: number | null; exitedAt: Date | null; oomKilled?: boolean },
+): { running: boolean; exitCode: number | null; exitedAt: string | null; attachedClients: number; oomKilled?: boolean } {
   if (info) {
+    const oomKilled = info.oomKilled ?? rec.oomKilled;
     return {
       running: info.running,
       exitCode: info.exitCode,
       exitedAt: info.exitedAt ?? (info.running ? null : (rec.exitedAt?.toISOString() ?? null)),
       attachedClients: info.attachedClients,
+      ...(oomKilled !== undefined ? { oomKilled } : {}),
     };
   }
-  return { running: false, exitCode: rec.exitCode, exitedAt: rec.exitedAt?.toISOString() ?? null, attachedClients: 0 };
+  return {
+    running: false,
+    exitCode: rec.exitCode,
+    exitedAt: rec.exitedAt?.toISOString() ?? null,
+    attachedClients: 0,
+    ...(rec.oomKilled !== undefined ? { oomKilled: rec.oomKilled } : {}),
+  };
 }
 
-/** Persists an exit the host reports (or the host's loss of the session) if the record lacks it. */
-export function noteExit(deps: ApiDeps, kind: 'exec' | 'agent', id: string, info: ExecSessionInfo | null, rec: { exitedAt: Date | null }): void {
-  if (rec.exitedAt || (info && info.running)) return;
+/**
+ * Persists an exit the host reports (or the host's loss of the session) if the record lacks it; and
+ * the host's oomKilled when the exit was recorded without it (from the WebSocket's exit frame).
+ */
+export function noteExit(deps: ApiDeps, kind: 'exec' | 'agent', id: string, info: ExecSessionInfo | null, rec: { exitedAt: Date | null; oomKilled?: boolean }): void {
+  if (info && info.running) return;
+  if (rec.exitedAt) {
+    if (info?.oomKilled !== undefined && rec.oomKilled === undefined) void recordOomKilled(deps, kind, id, info.oomKilled);
+    return;
+  }
   const at = info?.exitedAt ? new Date(info.exitedAt) : new Date();
-  void recordExit(deps, kind, id, info ? info.exitCode : null, at);
+  void recordExit(deps, kind, id, info ? info.exitCode : null, at, info?.oomKilled);
+}
+
+const recordedOom = new Set<string>();
+
+/** Stores oomKilled in a record whose exit is there already (once per session per process). */
+async function recordOomKilled(deps: ApiDeps, kind: 'exec' | 'agent', id: string, oomKilled: boolean): Promise<void> {
+  if (recordedOom.has(id)) return;
+  if (recordedOom.size > 100_000) recordedOom.clear();
+  recordedOom.add(id);
+  const coll = kind === 'exec' ? execSessionsOf(deps.store) : agentSessionsOf(deps.store);
+  try {
+    await (coll as ReturnType<typeof execSessionsOf>).updateOne({ _id: id }, { $set: { oomKilled } });
+  } catch (err) {
+    recordedOom.delete(id);
+    deps.logger.warn({ err, id }, 'could not record an exec exit');
+  }
 }
 
 function view(doc: ExecDoc, info: ExecSessionInfo | null): View {
@@ -308,7 +351,7 @@ export function registerExecRoutes(t: RouteTable, deps: ApiDeps): void {
       const host = await sandboxHost(deps, org.id, params.id);
       try {
         const r = await host.execRun(params.id, body);
-        res.json({ exitCode: r.exitCode, stdout: r.stdout, stderr: r.stderr });
+        res.json({ exitCode: r.exitCode, stdout: r.stdout, stderr: r.stderr, ...(r.oomKilled ? { oomKilled: true } : {}) });
       } catch (err) {
         throw fromHostError(err, `sandbox ${params.id}`);
       }

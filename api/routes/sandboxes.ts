@@ -2,7 +2,8 @@ import { z } from 'zod';
 import type { ApiDeps } from '../deps';
 import type { RouteTable } from '../http';
 import '../http';
-import { ApiError, notFound } from '../../lib/errors';
+import { ApiError, invalid, notFound } from '../../lib/errors';
+import { effectiveResources, MIN_MEMORY_MB, overMaximum } from '../../config/limits';
 import { randomId } from '../../lib/ids';
 import { fromJsonText } from '../../store';
 import { deleteSandboxPreviews } from '../preview-proxy';
@@ -19,8 +20,19 @@ export const CreateSandboxBody = z
     envs: z.record(EnvName, z.string().max(32768)).default({}),
     metadata: z.record(z.string(), z.string().max(4096)).default({}),
     timeout: z.number().int().min(0).max(30 * 24 * 3600).default(0).describe('Idle seconds before the sandbox is destroyed; 0 = never'),
-    memoryMB: z.number().int().min(16).max(1024 * 1024).optional(),
-    cpuCount: z.number().min(0.1).max(256).optional(),
+    memoryMB: z
+      .number()
+      .int()
+      .min(MIN_MEMORY_MB)
+      .optional()
+      .describe('Memory limit in MB; default SANDBOX_MEMORY_MB (2048), at most SANDBOX_MAX_MEMORY_MB (the machine\'s memory)'),
+    cpuCount: z.number().min(0.1).optional().describe('CPUs of CFS quota; default SANDBOX_CPU_COUNT (0: no quota, an equal share), at most SANDBOX_MAX_CPU_COUNT'),
+    diskMB: z
+      .number()
+      .int()
+      .min(1)
+      .optional()
+      .describe('Size of the writable layer in MB (writes past it get ENOSPC); default SANDBOX_DISK_MB (2048), at most SANDBOX_MAX_DISK_MB (20480)'),
   })
   .openapi('CreateSandbox');
 
@@ -31,8 +43,9 @@ export const SandboxView = z
     templateID: z.string(),
     metadata: z.record(z.string(), z.string()),
     timeout: z.number().int(),
-    memoryMB: z.number().nullable(),
-    cpuCount: z.number().nullable(),
+    memoryMB: z.number().nullable().describe('The effective memory limit in MB (null: a sandbox created before limits were recorded)'),
+    cpuCount: z.number().nullable().describe('The effective CPU quota; 0: no quota, an equal share of the machine'),
+    diskMB: z.number().nullable().describe('The effective size of the writable layer in MB'),
     fromCheckpoint: z.string().nullable(),
     snapshot: z.string().nullable(),
     sandboxDomain: z.string(),
@@ -52,6 +65,7 @@ export function sandboxView(deps: ApiDeps, s: SandboxDoc): z.infer<typeof Sandbo
     timeout: s.timeout,
     memoryMB: s.memoryMB,
     cpuCount: s.cpuCount,
+    diskMB: s.diskMB ?? null,
     fromCheckpoint: s.fromCheckpoint,
     snapshot: s.snapshot,
     sandboxDomain: deps.cfg.PREVIEW_DOMAIN,
@@ -104,6 +118,8 @@ export async function snapshotOrigin(deps: ApiDeps, orgId: string, ref: string):
  * same time; if either fails, the other is undone (the host sandbox destroyed, the record removed) and
  * the error passed on. A sandbox left on a host without a record (the API died between the two) is
  * destroyed by the worker's reaper once it is older than its grace period (worker/reaper.ts).
+ * Limits above the operator's maxima are refused (400) before anything is created; absent ones get
+ * the defaults, and the record holds the effective values the host is asked to apply.
  */
 export async function provisionSandbox(
   deps: ApiDeps,
@@ -111,6 +127,9 @@ export async function provisionSandbox(
   body: z.infer<typeof CreateSandboxBody>,
   origin: SandboxOrigin = {},
 ): Promise<SandboxDoc> {
+  const over = overMaximum(deps.cfg.limits, body, 'body.');
+  if (over) throw invalid(over);
+  const limits = effectiveResources(deps.cfg.limits, body);
   const { hostId, client } = origin.hostId ? { hostId: origin.hostId, client: await deps.hosts.get(origin.hostId) } : await deps.hosts.pick();
   const now = new Date();
   const doc: SandboxDoc = {
@@ -123,8 +142,9 @@ export async function provisionSandbox(
     fromCheckpoint: origin.fromCheckpoint ?? null,
     snapshot: origin.snapshot ?? null,
     timeout: body.timeout,
-    memoryMB: body.memoryMB ?? null,
-    cpuCount: body.cpuCount ?? null,
+    memoryMB: limits.memoryMB,
+    cpuCount: limits.cpuCount,
+    diskMB: limits.diskMB,
     instanceId: origin.instanceId ?? null,
     createdAt: now,
     updatedAt: now,
@@ -137,8 +157,9 @@ export async function provisionSandbox(
       owner: origin.instanceId ? { kind: 'instance', id: origin.instanceId } : { kind: 'api', id: doc._id },
       envs: origin.envs ? { ...origin.envs, ...body.envs } : body.envs,
       ...(origin.cwd ? { cwd: origin.cwd } : {}),
-      memoryMB: body.memoryMB,
-      cpuCount: body.cpuCount,
+      memoryMB: limits.memoryMB,
+      cpuCount: limits.cpuCount,
+      diskMB: limits.diskMB,
       layers: origin.layers,
       patches: origin.patches,
       metadata: body.metadata,

@@ -51,7 +51,7 @@ export const ImageManifestSchema = z
   .object({
     base: z.literal('base', { message: 'only the "base" image exists' }).default('base'),
     steps: z.array(ImageStepSchema).max(500).default([]),
-    builderMemoryMB: z.number().int().min(64).max(1024 * 1024).optional(),
+    builderMemoryMB: z.number().int().min(64).optional().describe('Memory limit of the build sandbox in MB; default SANDBOX_MEMORY_MB, at most SANDBOX_MAX_MEMORY_MB'),
   })
   .openapi('ImageManifest');
 
@@ -145,6 +145,10 @@ export function registerSnapshotRoutes(t: RouteTable, deps: ApiDeps): void {
     },
     errors: [409, 503],
     handler: async ({ body, org, req, res }) => {
+      const builderMB = body.image?.builderMemoryMB;
+      if (builderMB !== undefined && builderMB > deps.cfg.limits.maxMemoryMB) {
+        throw invalid(`body.image.builderMemoryMB: ${builderMB} is above the maximum of ${deps.cfg.limits.maxMemoryMB} MB (SANDBOX_MAX_MEMORY_MB)`);
+      }
       const cp = body.checkpointId ? await getOrgCheckpoint(deps, org.id, body.checkpointId).catch(() => null) : null;
       if (body.checkpointId && !cp) throw invalid(`body.checkpointId: checkpoint ${body.checkpointId} not found`);
       const now = new Date();

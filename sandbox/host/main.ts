@@ -2,12 +2,14 @@
  * The sandbox host daemon: one per machine, owns every sandbox on it. Configured by environment:
  * DATA_DIR (required), HOST_TOKEN (required), HOST_ID (default hostname), SANDBOX_PROVIDER
  * (bwrap | process, default bwrap), HOST_LISTEN (default 127.0.0.1:7300), LOG_LEVEL (default info),
- * SANDBOX_SCRATCH_DIR (where sessions' sandboxes keep their files; default /dev/shm when it is a tmpfs, `off`: DATA_DIR).
+ * SANDBOX_SCRATCH_DIR (where sessions' sandboxes keep their files; default /dev/shm when it is a tmpfs, `off`: DATA_DIR),
+ * and the sandboxes' default limits and maxima (SANDBOX_MEMORY_MB, SANDBOX_MAX_MEMORY_MB, …: config/limits.ts).
  * SIGTERM/SIGINT stop the HTTP server; sandboxes keep running and are adopted by the next start.
  */
 import * as os from 'node:os';
 import pino from 'pino';
 import { z } from 'zod';
+import { limitsEnvShape, resolveLimits } from '../../config/limits';
 import { startHost } from './server';
 
 const envSchema = z.object({
@@ -19,6 +21,7 @@ const envSchema = z.object({
   // Where sessions' sandboxes keep their files: unset = /dev/shm when it is a tmpfs, 'off' = DATA_DIR.
   SANDBOX_SCRATCH_DIR: z.string().optional(),
   LOG_LEVEL: z.enum(['trace', 'debug', 'info', 'warn', 'error', 'fatal', 'silent']).default('info'),
+  ...limitsEnvShape,
 });
 
 async function main(): Promise<void> {
@@ -29,6 +32,11 @@ async function main(): Promise<void> {
     process.exit(2);
   }
   const env = parsed.data;
+  const { limits, issues } = resolveLimits(env);
+  if (issues.length) {
+    logger.fatal({ issues: issues.map((i) => `${i.variable}: ${i.message}`) }, 'invalid environment');
+    process.exit(2);
+  }
   logger.level = env.LOG_LEVEL;
   const host = await startHost({
     dataDir: env.DATA_DIR,
@@ -37,6 +45,7 @@ async function main(): Promise<void> {
     hostId: env.HOST_ID,
     listen: env.HOST_LISTEN,
     scratchDir: env.SANDBOX_SCRATCH_DIR === 'off' ? null : env.SANDBOX_SCRATCH_DIR || undefined,
+    limits,
     logger,
   });
   let stopping = false;

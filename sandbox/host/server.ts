@@ -8,6 +8,7 @@ import * as os from 'node:os';
 import express, { type NextFunction, type Request, type Response } from 'express';
 import pino, { type Logger } from 'pino';
 import { z } from 'zod';
+import { effectiveResources, loadLimits, overMaximum, type SandboxLimits } from '../../config/limits';
 import { errorStatus, isSandboxError, SandboxError, type SandboxErrorType } from '../errors';
 import { createSandboxProvider, type ProviderKind, type SandboxProvider } from '../provider';
 import type { CreatedSandbox } from '../types';
@@ -24,6 +25,8 @@ export interface HostDeps {
   exec: ExecManager;
   /** Forwarded ports (previews); absent in hosts built without them. */
   forward?: PortForwarder;
+  /** Default limits filled into a create that leaves them out, and the maxima a create may not exceed. */
+  limits: SandboxLimits;
 }
 
 const MAX_WAIT_MS = 30_000;
@@ -48,9 +51,11 @@ const schemas = {
       layers: z.array(z.string()).optional(),
       envs: stringMap.optional(),
       cwd: z.string().startsWith('/').optional(),
-      memoryMB: z.number().positive().optional(),
-      cpuCount: z.number().positive().optional(),
+      memoryMB: z.number().int().positive().optional(),
+      // 0: no CFS quota (an equal cpu.shares weight).
+      cpuCount: z.number().min(0).optional(),
       maxProcesses: z.number().int().positive().optional(),
+      diskMB: z.number().int().positive().optional(),
       files: stringMap.optional(),
       patches: z.array(z.object({ id: z.string().min(1), script: z.string() })).optional(),
       entrypoint: entrypointSchema.optional(),
@@ -138,7 +143,11 @@ export function createApp(deps: HostDeps): express.Express {
 
   app.post('/sandboxes', h(async (req, res) => {
     const { body } = parse(schemas.create, req);
-    const { awaitExit, ...spec } = body;
+    const { awaitExit, ...given } = body;
+    const over = overMaximum(deps.limits, given, 'body.');
+    if (over) throw new SandboxError('invalid_request', over);
+    // Every sandbox gets limits: the caller's, else this host's defaults.
+    const spec = { ...given, ...effectiveResources(deps.limits, given) };
     const { info, created } = await provider.create(spec);
     const answer: CreatedSandbox = info;
     if (awaitExit && spec.entrypoint) {
@@ -259,6 +268,8 @@ export interface StartHostOptions {
   logger?: Logger;
   /** See ProviderOptions.scratchDir. */
   scratchDir?: string | null;
+  /** Default limits and maxima of sandboxes; default: from the SANDBOX_* environment variables (config/limits.ts). */
+  limits?: SandboxLimits;
 }
 
 /** A running host. `close()` stops the HTTP server, exec sessions' sockets and the provider's spare init; sandboxes keep running. */
@@ -272,6 +283,8 @@ export interface RunningHost {
 export async function startHost(opts: StartHostOptions): Promise<RunningHost> {
   if (!opts.token) throw new Error('a host token is required');
   const logger = opts.logger ?? pino({ level: 'silent' });
+  // Before anything is adopted: a bad SANDBOX_* variable fails the start.
+  const limits = opts.limits ?? loadLimits(process.env);
   const hostId = opts.hostId ?? os.hostname();
   const provider =
     typeof opts.provider === 'object'
@@ -280,7 +293,7 @@ export async function startHost(opts: StartHostOptions): Promise<RunningHost> {
   await provider.init();
   const exec = new ExecManager(provider, logger);
   const forward = new PortForwarder(provider, opts.dataDir, logger);
-  const app = createApp({ provider, token: opts.token, logger, hostId, exec, forward });
+  const app = createApp({ provider, token: opts.token, logger, hostId, exec, forward, limits });
   const server = http.createServer(app);
   // Workers and APIs keep connections to the host open between calls; keep idle ones for a minute
   // (Node's default is 5 s), so that a pause between bursts does not close them under the clients.
@@ -293,7 +306,7 @@ export async function startHost(opts: StartHostOptions): Promise<RunningHost> {
   });
   const addr = server.address() as import('node:net').AddressInfo;
   const url = `http://${addr.family === 'IPv6' ? `[${addr.address}]` : addr.address}:${addr.port}`;
-  logger.info({ url, hostId, provider: provider.kind }, 'sandbox host listening');
+  logger.info({ url, hostId, provider: provider.kind, limits }, 'sandbox host listening');
   return {
     url,
     provider,

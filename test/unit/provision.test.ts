@@ -5,6 +5,7 @@
 import pino from 'pino';
 import type { ApiDeps } from '../../api/deps';
 import { CreateSandboxBody, provisionSandbox } from '../../api/routes/sandboxes';
+import { loadLimits } from '../../config/limits';
 import { ApiError } from '../../lib/errors';
 import { HostError } from '../../sandbox/host/client';
 import type { SandboxInfo } from '../../sandbox/types';
@@ -33,6 +34,7 @@ function fakes(opts: { insert: () => Promise<unknown>; create: () => Promise<unk
     destroySandbox: jest.fn(async (_id: string) => true),
   };
   const deps = {
+    cfg: { limits: loadLimits({}) },
     store: { db: { collection: () => collection } },
     hosts: { pick: async () => ({ hostId: 'h1', client, taskQueue: 'q' }), get: async () => client },
     logger,
