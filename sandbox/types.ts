@@ -140,6 +140,4 @@ export interface ExecRunResult {
   oomKilled?: boolean;
   stdout: string;
   stderr: string;
-  /** Whether the sandbox's memory limit made the OOM killer kill a process while the command ran (when the host knows). */
-  oomKilled?: boolean;
 }
