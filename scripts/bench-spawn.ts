@@ -1,21 +1,52 @@
 import os from 'node:os';
 
+/** One JSON request to the API: bench.ts's node:http client (kept-alive connections). */
+export type BenchCall = (method: string, path: string, body?: unknown) => Promise<{ status: number; body: any }>;
+
+/** The parts of `npm run bench -- spawn`, for `--only`. */
+export const SPAWN_PARTS = ['create', 'node', 'burst', 'checkpoint'] as const;
+export type SpawnPart = (typeof SPAWN_PARTS)[number];
+
+/** Parses `--only a,b` (default: every part); throws on an unknown part. */
+export function parseSpawnParts(only: string | undefined): Set<SpawnPart> {
+  if (only === undefined || only.trim() === '') return new Set(SPAWN_PARTS);
+  const parts = only.split(',').map((p) => p.trim()).filter(Boolean);
+  for (const p of parts) {
+    if (!(SPAWN_PARTS as readonly string[]).includes(p)) throw new Error(`--only: unknown part "${p}" (parts: ${SPAWN_PARTS.join(', ')})`);
+  }
+  return new Set(parts as SpawnPart[]);
+}
+
+const NODE_V = { cmd: 'node', args: ['-v'] };
+
 /**
- * `npm run bench -- spawn [--n N]`: latency of POST /api/sandboxes (a sandbox from the base image),
- * and of POST /api/sandboxes/from-checkpoint/{id} from an empty, a 1 MB and a 100 MB checkpoint
- * (made by snapshot builds that write random bytes). Each sandbox is deleted after it is measured,
- * so only one exists at a time. Sequential: this is latency, not throughput.
+ * `npm run bench -- spawn [--n N] [--burst B] [--only create,node,burst,checkpoint]`, against a
+ * running stack. Every request goes through the one client `call` (bench.ts's node:http client),
+ * so all figures of a run are measured the same way. Parts:
+ *  - `create` (create_ms): POST /api/sandboxes (a sandbox from the base image), n times in
+ *    sequence, each sandbox deleted (untimed) before the next.
+ *  - `node` (create_node_ms): POST /api/sandboxes, then POST /api/sandboxes/{id}/exec/run of
+ *    `node -v`, timed until the answer with its output arrives; stdout must start with `v`.
+ *    n times in sequence, each sandbox deleted (untimed). exec_node_ms is the exec/run part alone.
+ *  - `burst`: B (default 100) of those create → `node -v` at once. wall_ms from the first request
+ *    to the last answer; per_sandbox_ms (create → output) and create_ms over the sandboxes that
+ *    succeeded; failures counted (with the first error), not thrown. Then all are deleted (untimed).
+ *  - `checkpoint` (spawn_{empty,1mb,100mb}_ms): POST /api/sandboxes/from-checkpoint/{id} from an
+ *    empty, a 1 MB and a 100 MB checkpoint (made by snapshot builds that write random bytes).
+ * The sequential parts are latency, not throughput: one sandbox exists at a time, and the first
+ * two rounds of each are warm-up (connections and caches), not counted.
  */
-export async function benchSpawn(opts: { url: string; key: string; n: number }): Promise<Record<string, unknown>> {
-  const call = async (method: string, path: string, body?: unknown): Promise<{ status: number; body: any }> => {
-    const res = await fetch(`${opts.url}${path}`, {
-      method,
-      headers: { 'x-api-key': opts.key, ...(body !== undefined ? { 'content-type': 'application/json' } : {}) },
-      body: body === undefined ? undefined : JSON.stringify(body),
-    });
-    return { status: res.status, body: await res.json() };
-  };
+export async function benchSpawn(opts: {
+  n: number;
+  burst: number;
+  parts: Set<SpawnPart>;
+  call: BenchCall;
+}): Promise<Record<string, unknown>> {
+  const { call } = opts;
+  if (!Number.isInteger(opts.n) || opts.n < 1) throw new Error(`--n: must be a positive integer (got ${opts.n})`);
+  if (!Number.isInteger(opts.burst) || opts.burst < 0) throw new Error(`--burst: must be an integer >= 0 (got ${opts.burst})`);
   const stats = (xs: number[]) => {
+    if (xs.length === 0) return { p50: null, p95: null };
     const s = [...xs].sort((a, b) => a - b);
     const at = (p: number) => Math.round(s[Math.min(s.length - 1, Math.max(0, Math.ceil((p / 100) * s.length) - 1))]! * 10) / 10;
     return { p50: at(50), p95: at(95) };
@@ -35,26 +66,107 @@ export async function benchSpawn(opts: { url: string; key: string; n: number }):
     }
   };
 
-  /** Times `n` creates made by `make`, deleting each sandbox after it is measured. */
-  const measure = async (make: () => Promise<{ status: number; body: any }>): Promise<number[]> => {
+  const create = async (path = '/api/sandboxes'): Promise<string> => {
+    const r = await call('POST', path, {});
+    if (r.status !== 201) throw new Error(`create: ${r.status} ${JSON.stringify(r.body)}`);
+    return r.body.sandboxID as string;
+  };
+  /** `node -v` in sandbox `id`; throws unless it answers 200 with exit 0 and a stdout starting with `v`. */
+  const nodeV = async (id: string): Promise<void> => {
+    const r = await call('POST', `/api/sandboxes/${id}/exec/run`, NODE_V);
+    if (r.status !== 200) throw new Error(`exec/run node -v in ${id}: ${r.status} ${JSON.stringify(r.body)}`);
+    const out = r.body as { exitCode: number; stdout: string; stderr: string };
+    if (out.exitCode !== 0 || typeof out.stdout !== 'string' || !out.stdout.startsWith('v')) {
+      throw new Error(`node -v in ${id}: exit ${out.exitCode}, stdout ${JSON.stringify(out.stdout)}, stderr ${JSON.stringify(out.stderr)}`);
+    }
+  };
+  const destroy = async (id: string): Promise<void> => {
+    const r = await call('DELETE', `/api/sandboxes/${id}`);
+    if (r.status !== 200) throw new Error(`delete ${id}: ${r.status} ${JSON.stringify(r.body)}`);
+  };
+
+  /** Times `n` creates made by `make` (plus two warm-ups), deleting each sandbox after it is measured. */
+  const measure = async (make: () => Promise<string>): Promise<number[]> => {
     const out: number[] = [];
     for (let i = 0; i < opts.n + 2; i++) {
       const t0 = performance.now();
-      const r = await make();
+      const id = await make();
       const ms = performance.now() - t0;
-      if (r.status !== 201) throw new Error(`create: ${r.status} ${JSON.stringify(r.body)}`);
-      if (i >= 2) out.push(ms); // the first two warm up connections and caches
-      await call('DELETE', `/api/sandboxes/${r.body.sandboxID}`);
+      if (i >= 2) out.push(ms);
+      await destroy(id);
     }
     return out;
   };
 
-  const create = await measure(() => call('POST', '/api/sandboxes', {}));
-  const result: Record<string, unknown> = { bench: 'spawn', n: opts.n, cores: os.cpus().length, create_ms: stats(create) };
-  for (const [label, mb] of [['empty', 0], ['1mb', 1], ['100mb', 100]] as const) {
-    const { checkpointId, snapshot } = await checkpointOf(mb);
-    result[`spawn_${label}_ms`] = stats(await measure(() => call('POST', `/api/sandboxes/from-checkpoint/${checkpointId}`, {})));
-    await call('DELETE', `/api/snapshots/${snapshot}`);
+  const result: Record<string, unknown> = { bench: 'spawn', n: opts.n, cores: os.cpus().length, loadavg: os.loadavg().map((l) => Math.round(l * 100) / 100) };
+
+  if (opts.parts.has('create')) result.create_ms = stats(await measure(() => create()));
+
+  if (opts.parts.has('node')) {
+    const total: number[] = [];
+    const exec: number[] = [];
+    for (let i = 0; i < opts.n + 2; i++) {
+      const t0 = performance.now();
+      const id = await create();
+      const t1 = performance.now();
+      await nodeV(id);
+      const t2 = performance.now();
+      if (i >= 2) {
+        total.push(t2 - t0);
+        exec.push(t2 - t1);
+      }
+      await destroy(id);
+    }
+    result.create_node_ms = stats(total);
+    result.exec_node_ms = stats(exec);
+  }
+
+  if (opts.parts.has('burst') && opts.burst > 0) {
+    const ids: string[] = [];
+    const perSandbox: number[] = [];
+    const creates: number[] = [];
+    let failures = 0;
+    let firstError: string | undefined;
+    const t0 = performance.now();
+    await Promise.all(
+      Array.from({ length: opts.burst }, async () => {
+        const s0 = performance.now();
+        try {
+          const id = await create();
+          ids.push(id);
+          const s1 = performance.now();
+          await nodeV(id);
+          perSandbox.push(performance.now() - s0);
+          creates.push(s1 - s0);
+        } catch (err) {
+          failures++;
+          firstError ??= err instanceof Error ? err.message : String(err);
+        }
+      }),
+    );
+    const wall = performance.now() - t0;
+    // Untimed clean-up, a few at a time.
+    let deleteFailures = 0;
+    for (let i = 0; i < ids.length; i += 10) {
+      await Promise.all(ids.slice(i, i + 10).map((id) => destroy(id).catch(() => void deleteFailures++)));
+    }
+    result.burst = {
+      n: opts.burst,
+      wall_ms: Math.round(wall * 10) / 10,
+      per_sandbox_ms: stats(perSandbox),
+      create_ms: stats(creates),
+      failures,
+      ...(firstError ? { first_error: firstError.slice(0, 500) } : {}),
+      ...(deleteFailures ? { delete_failures: deleteFailures } : {}),
+    };
+  }
+
+  if (opts.parts.has('checkpoint')) {
+    for (const [label, mb] of [['empty', 0], ['1mb', 1], ['100mb', 100]] as const) {
+      const { checkpointId, snapshot } = await checkpointOf(mb);
+      result[`spawn_${label}_ms`] = stats(await measure(() => create(`/api/sandboxes/from-checkpoint/${checkpointId}`)));
+      await call('DELETE', `/api/snapshots/${snapshot}`);
+    }
   }
   return result;
 }

@@ -4,15 +4,15 @@ import os from 'node:os';
 import { parseArgs } from 'node:util';
 import { benchPreview } from './bench-preview';
 import { benchExec } from './bench-exec';
-import { benchSpawn } from './bench-spawn';
+import { benchSpawn, parseSpawnParts } from './bench-spawn';
 
 /**
- * `npm run bench -- <name> [--n N] [--c C] [--rounds R (batch)]` against a running stack (npm start).
+ * `npm run bench -- <name> [--n N] [--c C] [--rounds R (batch)] [--burst B] [--only PARTS (spawn)]` against a running stack (npm start).
  * Prints one JSON line of measurements. SAP_API_URL / SAP_API_KEY pick the stack.
  */
 const { positionals, values } = parseArgs({
   allowPositionals: true,
-  options: { n: { type: 'string' }, c: { type: 'string' }, mb: { type: 'string' }, rounds: { type: 'string' }, runs: { type: 'string' }, url: { type: 'string' }, key: { type: 'string' } },
+  options: { n: { type: 'string' }, c: { type: 'string' }, mb: { type: 'string' }, rounds: { type: 'string' }, runs: { type: 'string' }, burst: { type: 'string' }, only: { type: 'string' }, url: { type: 'string' }, key: { type: 'string' } },
 });
 const URL_ = values.url ?? process.env.SAP_API_URL ?? 'http://127.0.0.1:8080';
 const KEY = values.key ?? process.env.SAP_API_KEY ?? 'dev-key';
@@ -212,11 +212,11 @@ async function main(): Promise<void> {
       out = await benchExec({ url: URL_, key: KEY, n: Number(values.n ?? 100), mb: Number(values.mb ?? 512), runs: Number(values.runs ?? 3) });
       break;
     case 'spawn':
-      out = await benchSpawn({ url: URL_, key: KEY, n: Number(values.n ?? 50) });
+      out = await benchSpawn({ n: Number(values.n ?? 50), burst: Number(values.burst ?? 100), parts: parseSpawnParts(values.only), call });
       break;
     default:
       process.stderr.write('usage: npm run bench -- sessions|batch [--n 1000] [--c 50]\n');
-      process.stderr.write('       npm run bench -- spawn [--n 50]\n');
+      process.stderr.write('       npm run bench -- spawn [--n 50] [--burst 100] [--only create,node,burst,checkpoint]\n');
       process.stderr.write('       npm run bench -- exec [--n 100] [--mb 512] [--runs 3]\n');
       process.stderr.write('       npm run bench -- preview [--n 2000] [--c 10]  (SAP_HOST_URL, SAP_HOST_TOKEN: add the forwarder-only leg)\n');
       process.exit(2);
