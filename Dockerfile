@@ -1,9 +1,14 @@
 FROM node:20-bookworm
-RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap util-linux python3 && rm -rf /var/lib/apt/lists/*
+RUN apt-get update && apt-get install -y --no-install-recommends util-linux python3 gcc libc6-dev libseccomp-dev && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
 COPY package.json package-lock.json ./
 RUN npm ci --no-audit --no-fund
 COPY . .
-# The sandbox host's init helper (see tools/sandbox-init); without it sandboxes start through sh + mount.
-RUN mkdir -p .tools/bin && rm -f .tools/bin/sap-sandbox-init && cc -O2 -Wall -o .tools/bin/sap-sandbox-init tools/sandbox-init/sandbox-init.c
+# The sandbox host's C helpers (tools/sandbox-init, tools/sandbox-enter) and the sandbox's seccomp
+# filter (tools/sandbox-seccomp): sandboxes cannot start without them.
+RUN mkdir -p .tools/bin .tools/lib \
+ && cc -O2 -Wall -o .tools/bin/sap-sandbox-init tools/sandbox-init/sandbox-init.c \
+ && cc -O2 -Wall -o .tools/bin/sap-sandbox-enter tools/sandbox-enter/sandbox-enter.c \
+ && cc -O2 -Wall -o .tools/bin/sap-seccomp-gen tools/sandbox-seccomp/seccomp-gen.c -l:libseccomp.a \
+ && .tools/bin/sap-seccomp-gen .tools/lib/sap-seccomp.bpf
 RUN npm run build

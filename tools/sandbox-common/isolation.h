@@ -28,6 +28,18 @@
 #define PR_CAP_AMBIENT_CLEAR_ALL 4
 #endif
 
+/* Writes all of buf, retrying on EINTR and partial writes; 0, or -1 with errno set. */
+static int sap_write_all(int fd, const char *buf, size_t len) {
+  while (len > 0) {
+    ssize_t w = write(fd, buf, len);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return -1;
+    buf += w;
+    len -= (size_t)w;
+  }
+  return 0;
+}
+
 /* Sandbox ids 0..SAP_ID_COUNT-1 map to host ids BASE..BASE+SAP_ID_COUNT-1. */
 #define SAP_ID_COUNT 65536
 

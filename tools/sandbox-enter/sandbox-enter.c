@@ -159,18 +159,6 @@ static int parse_args(int argc, char **argv, struct options *o) {
   return 0;
 }
 
-/* Writes all of buf, retrying on EINTR and partial writes. */
-static int write_all(int fd, const char *buf, size_t len) {
-  while (len > 0) {
-    ssize_t w = write(fd, buf, len);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return -1;
-    buf += w;
-    len -= (size_t)w;
-  }
-  return 0;
-}
-
 static void join_cgroups(const struct options *o) {
   char pid[24];
   int len = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
@@ -179,7 +167,7 @@ static void join_cgroups(const struct options *o) {
     do fd = open(o->cgroups[k], O_WRONLY | O_CLOEXEC);
     while (fd < 0 && errno == EINTR);
     if (fd < 0) continue; /* controller missing: skipped */
-    (void)write_all(fd, pid, (size_t)len);
+    (void)sap_write_all(fd, pid, (size_t)len);
     close(fd);
   }
 }
@@ -261,7 +249,7 @@ static int finish(int status, int timed_out, int exit_fd) {
   if (exit_fd >= 0) {
     char line[24];
     int len = snprintf(line, sizeof line, "%d\n", code);
-    if (write_all(exit_fd, line, (size_t)len) != 0) warn_errno("write the exit file", NULL);
+    if (sap_write_all(exit_fd, line, (size_t)len) != 0) warn_errno("write the exit file", NULL);
     close(exit_fd);
   }
   if (!timed_out && WIFSIGNALED(status)) {

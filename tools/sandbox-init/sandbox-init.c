@@ -110,20 +110,9 @@ static int usage(const char *arg) {
   return 2;
 }
 
-static int write_all(int fd, const char *buf, size_t len) {
-  while (len > 0) {
-    ssize_t w = write(fd, buf, len);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return -1;
-    buf += w;
-    len -= (size_t)w;
-  }
-  return 0;
-}
-
 static void write_file(const char *file, const char *text) {
   int fd = open(file, O_WRONLY | O_CLOEXEC);
-  if (fd < 0 || write_all(fd, text, strlen(text)) != 0) die("write %s", file);
+  if (fd < 0 || sap_write_all(fd, text, strlen(text)) != 0) die("write %s", file);
   close(fd);
 }
 
@@ -180,7 +169,7 @@ static void join_cgroups(const struct setup *o) {
   int len = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
   for (int k = 0; k < o->ncgroups; k++) {
     int fd = open(o->cgroups[k], O_WRONLY | O_CLOEXEC);
-    if (fd < 0 || write_all(fd, pid, (size_t)len) != 0) die("join %s", o->cgroups[k]);
+    if (fd < 0 || sap_write_all(fd, pid, (size_t)len) != 0) die("join %s", o->cgroups[k]);
     close(fd);
   }
 }
@@ -346,7 +335,7 @@ static void child_die(const char *fmt, ...) {
   if (e && len < (int)sizeof msg) len += snprintf(msg + len, sizeof msg - (size_t)len, ": %s", strerror(e));
   if (len >= (int)sizeof msg) len = (int)sizeof msg - 1;
   msg[len++] = '\n';
-  (void)write_all(report_fd, msg, (size_t)len);
+  (void)sap_write_all(report_fd, msg, (size_t)len);
   _exit(1);
 }
 
@@ -443,7 +432,7 @@ static void run_pid1(const struct setup *o) {
     child_die("%s", err);
   }
   /* Ready: nothing of the host stays open. */
-  if (write_all(report_fd, "ready\n", 6) != 0) _exit(1);
+  if (sap_write_all(report_fd, "ready\n", 6) != 0) _exit(1);
   int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
   if (devnull >= 0) {
     dup2(devnull, 0);
@@ -508,7 +497,7 @@ static int run(struct setup *o) {
     if (init == 0) run_pid1(o);
     char line[32];
     int len = snprintf(line, sizeof line, "pid %d\n", (int)init);
-    _exit(write_all(report_fd, line, (size_t)len) == 0 ? 0 : 1);
+    _exit(sap_write_all(report_fd, line, (size_t)len) == 0 ? 0 : 1);
   }
   close(report[1]);
   close(userns);
@@ -550,7 +539,7 @@ static int run(struct setup *o) {
   char info[64];
   int n = snprintf(info, sizeof info, "{\"child-pid\": %ld}\n", init);
   if (fcntl(3, F_GETFD) >= 0) {
-    (void)write_all(3, info, (size_t)n);
+    (void)sap_write_all(3, info, (size_t)n);
     close(3);
   }
   int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
@@ -578,7 +567,7 @@ int main(int argc, char **argv) {
     if (sock < 0) die("connect to %s", sock_path);
     char line[256];
     snprintf(line, sizeof line, "ready %s\n", key);
-    if (write_all(sock, line, strlen(line)) != 0) die("write ready");
+    if (sap_write_all(sock, line, strlen(line)) != 0) die("write ready");
     if (sock != 3) {
       if (dup2(sock, 3) < 0) die("dup socket");
       close(sock);
