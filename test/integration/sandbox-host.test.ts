@@ -210,7 +210,10 @@ describe('sandbox host (bwrap)', () => {
     swapper.stdin?.end();
     try {
       const seen = new Set<string>();
-      for (let i = 0; i < 300; i++) {
+      // 300 rounds, and more (up to 20 s) until one read has landed on the real directory: on a
+      // loaded machine the swapper can win many rounds in a row.
+      const deadline = Date.now() + 20_000;
+      for (let i = 0; i < 300 || (!seen.has('sandbox\n') && Date.now() < deadline); i++) {
         const got = await client.readFile(id, '/workspace/race/d/secret').then((b) => b?.toString() ?? 'missing', (e: HostError) => `${e.type}: ${e.message}`);
         seen.add(got);
         await client.writeFile(id, '/workspace/race/d/w' + (i % 5), 'w').catch(() => undefined);

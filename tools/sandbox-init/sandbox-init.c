@@ -506,7 +506,8 @@ static int run(struct setup *o) {
   size_t len = 0;
   long init = -1;
   int ready = 0;
-  while (!ready) {
+  /* Both lines are needed; they come from two processes, in either order. */
+  while (!ready || init <= 0) {
     ssize_t r = read(report[0], buf + len, sizeof buf - 1 - len);
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) {
@@ -531,10 +532,6 @@ static int run(struct setup *o) {
   }
   close(report[0]);
   while (waitpid(setup_pid, NULL, 0) < 0 && errno == EINTR) {
-  }
-  if (init <= 0) {
-    errno = 0;
-    die("no pid from the setup");
   }
   char info[64];
   int n = snprintf(info, sizeof info, "{\"child-pid\": %ld}\n", init);
