@@ -204,16 +204,15 @@ describe('sandbox host (bwrap)', () => {
     // The sandbox swaps a directory for a symlink to the host directory as fast as it can, while the
     // host reads and writes through it: the host's file is never read or written.
     expect((await sh(host.provider, id, `mkdir -p /workspace/race/d && echo sandbox > /workspace/race/d/secret && ln -s ${hostDir} /workspace/race/l`)).code).toBe(0);
+    // Through the real directory, before the race: the read path works.
+    expect((await client.readFile(id, '/workspace/race/d/secret'))?.toString()).toBe('sandbox\n');
     const swapper = host.provider.spawn(id, {
       argv: ['/bin/bash', '-c', 'cd /workspace/race; while :; do mv -T d t; mv -T l d; mv -T d l; mv -T t d; done'],
     });
     swapper.stdin?.end();
     try {
       const seen = new Set<string>();
-      // 300 rounds, and more (up to 20 s) until one read has landed on the real directory: on a
-      // loaded machine the swapper can win many rounds in a row.
-      const deadline = Date.now() + 20_000;
-      for (let i = 0; i < 300 || (!seen.has('sandbox\n') && Date.now() < deadline); i++) {
+      for (let i = 0; i < 300; i++) {
         const got = await client.readFile(id, '/workspace/race/d/secret').then((b) => b?.toString() ?? 'missing', (e: HostError) => `${e.type}: ${e.message}`);
         seen.add(got);
         await client.writeFile(id, '/workspace/race/d/w' + (i % 5), 'w').catch(() => undefined);
@@ -221,7 +220,10 @@ describe('sandbox host (bwrap)', () => {
       expect(seen.has('HOST')).toBe(false);
       // 'sandbox' (no newline): through the symlink, the sandbox's own copy at the host directory's path.
       expect([...seen].filter((v) => !(['sandbox\n', 'sandbox', 'missing'].includes(v) || /^(invalid_request|conflict):/.test(v)))).toEqual([]);
-      expect(seen.has('sandbox\n')).toBe(true);
+      // No read is required to land on the real directory during the race: a write that finds `d`
+      // missing between two renames creates it (as writes do with parents), after which the swapper's
+      // renames fail and every later read sees that new directory ('missing'). What matters is above:
+      // the host's file is never read or written, whatever the interleaving.
     } finally {
       swapper.kill('SIGKILL');
     }
