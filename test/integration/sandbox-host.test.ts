@@ -353,9 +353,8 @@ describe('sandbox host (bwrap)', () => {
     const id = newId();
     await client.createSandbox({ id, orgId: 'o', entrypoint: { argv: ['bash', '-c', 'sleep 300 & sleep 300'] } });
     const child = host.provider.spawn(id, { argv: ['sleep', '301'] });
-    await new Promise((r) => setTimeout(r, 200));
-    const pids = pidsOfCgroup(id);
-    expect(pids.length).toBeGreaterThanOrEqual(5);
+    // Helpers join the cgroups themselves, just after they were started.
+    const pids = await eventually(async () => (pidsOfCgroup(id).length >= 5 ? pidsOfCgroup(id) : null), 10_000, 20);
     expect(await client.destroySandbox(id)).toBe(true);
     expect(await client.destroySandbox(id)).toBe(false);
     expect(await client.getSandbox(id)).toBeNull();
@@ -487,8 +486,9 @@ describe('sandbox host (bwrap)', () => {
   it('removes, at restart, a sandbox whose state was never written (the host died while creating it)', async () => {
     const id = newId();
     await client.createSandbox({ id, orgId: 'o', entrypoint: { argv: ['sleep', '300'] } });
-    const pids = pidsOfCgroup(id);
-    expect(pids.length).toBeGreaterThanOrEqual(3);
+    // The init helper and pid 1 are in the cgroups when the create answers; the entrypoint's helper
+    // joins them itself, just after it was started.
+    const pids = await eventually(async () => (pidsOfCgroup(id).length >= 3 ? pidsOfCgroup(id) : null), 10_000, 20);
     // What a crash between starting the init and writing state.json leaves behind; and the cgroups
     // of a spare init helper whose host process is gone.
     await fsp.rm(path.join(dataDir, 'sandboxes', id, 'state.json'));
