@@ -141,6 +141,10 @@ export class BwrapProvider extends BaseProvider {
   /** The spare init helper started ahead of the next create (see prepareSpare). */
   private spare: Spare | null = null;
   private spareSeq = 0;
+  /** Distinguishes this provider's spares from another's in the same process (a host restarted in place). */
+  private readonly spareTag = randomBytes(3).toString('hex');
+  /** Every connection of an init helper still open: close() ends them, so that it never waits on one. */
+  private readonly helperConns = new Set<net.Socket>();
   private spareFailures = 0;
   private closed = false;
   /** Where init helpers started by the spawner connect (listenForHelpers), and who waits for which key. */
@@ -287,6 +291,8 @@ export class BwrapProvider extends BaseProvider {
 
   /** A helper's connection: its first line names the spare (or the create) waiting for it. */
   private helperConnected(sock: net.Socket): void {
+    this.helperConns.add(sock);
+    sock.once('close', () => this.helperConns.delete(sock));
     sock.unref();
     sock.on('error', () => undefined);
     let text = '';
@@ -335,7 +341,7 @@ export class BwrapProvider extends BaseProvider {
    */
   private prepareSpare(): void {
     if (!this.helperSocket || this.spare || this.closed || this.spareFailures >= 3) return;
-    const name = `${SPARE_PREFIX}${process.pid}-${++this.spareSeq}`;
+    const name = `${SPARE_PREFIX}${process.pid}-${this.spareTag}${++this.spareSeq}`;
     const pending: Spare = { name, proc: null, key: null, sock: null, cgroups: null, ready: false, claimed: false, discarded: false };
     this.spare = pending;
     let done = false;
@@ -439,6 +445,8 @@ export class BwrapProvider extends BaseProvider {
     const server = this.helperServer;
     this.helperServer = null;
     if (server) {
+      // Connections of helpers still starting a sandbox are the host's own: ended, not waited for.
+      for (const sock of this.helperConns) sock.destroy();
       await new Promise((r) => server.close(r));
       if (this.helperSocket) await fsp.rm(this.helperSocket, { force: true });
     }
