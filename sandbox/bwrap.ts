@@ -36,6 +36,7 @@ import * as path from 'node:path';
 import { promisify } from 'node:util';
 import type { Spawner } from './spawner';
 import { PROJECT_ROOT } from '../config';
+import { DEFAULT_MEMORY_MB } from '../config/limits';
 import { BaseProvider, DEFAULT_ENV, assertId, envPairs, type EnterOptions, type SandboxState } from './base';
 import { SandboxError } from './errors';
 import type { RootMap } from './paths';
@@ -114,8 +115,6 @@ const DEFAULT_INIT_HELPER = path.join(PROJECT_ROOT, '.tools', 'bin', 'sap-sandbo
 const DEFAULT_ENTER_HELPER = path.join(PROJECT_ROOT, '.tools', 'bin', 'sap-sandbox-enter');
 
 /** Where scripts/toolchain.sh puts the seccomp filter (tools/sandbox-seccomp). */
-/** Size of the writable layer when the request gives none (the host's server fills in SANDBOX_DISK_MB). */
-const DEFAULT_DISK_MB = 2048;
 const DEFAULT_SECCOMP = path.join(PROJECT_ROOT, '.tools', 'lib', 'sap-seccomp.bpf');
 /** Version of the base skeleton's contents: a new one is made next to an older one (sandboxes may still use it). */
 const BASE_NAME = 'base-v2';
@@ -469,7 +468,8 @@ export class BwrapProvider extends BaseProvider {
       '-u', String(state.idBase),
       ...[...layerPart('root'), this.baseDir()].flatMap((l) => ['-r', l]),
       ...[...layerPart('usr'), '/usr'].flatMap((l) => ['-p', l]),
-      '-D', String(state.limits.diskMB ?? DEFAULT_DISK_MB),
+      '-D', // The host's server fills in SANDBOX_DISK_MB; a provider used on its own takes the built-in default.
+      String(state.limits.diskMB ?? DEFAULT_MEMORY_MB),
       '-H', id,
       '-S', this.seccompFilter,
     ];

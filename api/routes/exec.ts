@@ -145,12 +145,27 @@ export async function liveExecsOf(host: HostClient, sandboxId: string): Promise<
 }
 
 const recordedExits = new Set<string>();
+const recordedOom = new Set<string>();
 
 /**
- * Stores an exit in the record (once per session per process; the write is not awaited by callers
- * that pass `wait: false`). `kind` picks the collection.
+ * Sets `fields` in a session's record once per session per process (`seen` remembers which; a failed
+ * write is forgotten so that the next look retries). `kind` picks the collection.
  */
-export async function recordExit(
+async function recordOnce(deps: ApiDeps, kind: 'exec' | 'agent', id: string, seen: Set<string>, fields: Record<string, unknown>): Promise<void> {
+  if (seen.has(id)) return;
+  if (seen.size > 100_000) seen.clear();
+  seen.add(id);
+  const coll = kind === 'exec' ? execSessionsOf(deps.store) : agentSessionsOf(deps.store);
+  try {
+    await (coll as ReturnType<typeof execSessionsOf>).updateOne({ _id: id }, { $set: fields });
+  } catch (err) {
+    seen.delete(id);
+    deps.logger.warn({ err, id }, 'could not record an exec exit');
+  }
+}
+
+/** Stores an exit (and oomKilled when known) in the record, once per session per process. */
+export function recordExit(
   deps: ApiDeps,
   kind: 'exec' | 'agent',
   id: string,
@@ -158,16 +173,7 @@ export async function recordExit(
   exitedAt: Date,
   oomKilled?: boolean,
 ): Promise<void> {
-  if (recordedExits.has(id)) return;
-  if (recordedExits.size > 100_000) recordedExits.clear();
-  recordedExits.add(id);
-  const coll = kind === 'exec' ? execSessionsOf(deps.store) : agentSessionsOf(deps.store);
-  try {
-    await (coll as ReturnType<typeof execSessionsOf>).updateOne({ _id: id }, { $set: { exitedAt, exitCode, ...(oomKilled !== undefined ? { oomKilled } : {}) } });
-  } catch (err) {
-    recordedExits.delete(id);
-    deps.logger.warn({ err, id }, 'could not record an exec exit');
-  }
+  return recordOnce(deps, kind, id, recordedExits, { exitedAt, exitCode, ...(oomKilled !== undefined ? { oomKilled } : {}) });
 }
 
 /** Live fields of a session from the host's answer, or from the record when the host forgot it. */
@@ -201,27 +207,11 @@ export function liveFields(
 export function noteExit(deps: ApiDeps, kind: 'exec' | 'agent', id: string, info: ExecSessionInfo | null, rec: { exitedAt: Date | null; oomKilled?: boolean }): void {
   if (info && info.running) return;
   if (rec.exitedAt) {
-    if (info?.oomKilled !== undefined && rec.oomKilled === undefined) void recordOomKilled(deps, kind, id, info.oomKilled);
+    if (info?.oomKilled !== undefined && rec.oomKilled === undefined) void recordOnce(deps, kind, id, recordedOom, { oomKilled: info.oomKilled });
     return;
   }
   const at = info?.exitedAt ? new Date(info.exitedAt) : new Date();
   void recordExit(deps, kind, id, info ? info.exitCode : null, at, info?.oomKilled);
-}
-
-const recordedOom = new Set<string>();
-
-/** Stores oomKilled in a record whose exit is there already (once per session per process). */
-async function recordOomKilled(deps: ApiDeps, kind: 'exec' | 'agent', id: string, oomKilled: boolean): Promise<void> {
-  if (recordedOom.has(id)) return;
-  if (recordedOom.size > 100_000) recordedOom.clear();
-  recordedOom.add(id);
-  const coll = kind === 'exec' ? execSessionsOf(deps.store) : agentSessionsOf(deps.store);
-  try {
-    await (coll as ReturnType<typeof execSessionsOf>).updateOne({ _id: id }, { $set: { oomKilled } });
-  } catch (err) {
-    recordedOom.delete(id);
-    deps.logger.warn({ err, id }, 'could not record an exec exit');
-  }
 }
 
 function view(doc: ExecDoc, info: ExecSessionInfo | null): View {

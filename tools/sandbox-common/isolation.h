@@ -19,9 +19,7 @@
 #include <unistd.h>
 #include <linux/capability.h>
 
-#include <sys/stat.h>
-#include <linux/filter.h>
-#include <linux/seccomp.h>
+#include "../sandbox-seccomp/seccomp-load.h"
 
 #ifndef PR_CAP_AMBIENT
 #define PR_CAP_AMBIENT 47
@@ -100,55 +98,11 @@ static int sap_drop_capabilities(char *err, size_t errlen) {
   return 0;
 }
 
-/*
- * Reads the seccomp filter (a raw classic BPF program, written by sap-seccomp-gen) into `prog`. Read
- * while the host's files are still reachable: it is installed later, from inside the sandbox.
- */
-static int sap_read_seccomp(const char *file, struct sock_fprog *prog, char *err, size_t errlen) {
-  int fd = open(file, O_RDONLY | O_CLOEXEC);
-  struct stat st;
-  if (fd < 0 || fstat(fd, &st) != 0) {
-    snprintf(err, errlen, "open the seccomp filter %s: %s", file, strerror(errno));
-    if (fd >= 0) close(fd);
-    return -1;
-  }
-  size_t size = (size_t)st.st_size;
-  if (size == 0 || size % sizeof(struct sock_filter) != 0 || size > BPF_MAXINSNS * sizeof(struct sock_filter)) {
-    snprintf(err, errlen, "the seccomp filter %s is not a BPF program (%zu bytes)", file, size);
-    close(fd);
-    return -1;
-  }
-  struct sock_filter *insns = malloc(size);
-  size_t got = 0;
-  while (insns && got < size) {
-    ssize_t r = read(fd, (char *)insns + got, size - got);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) break;
-    got += (size_t)r;
-  }
-  close(fd);
-  if (!insns || got != size) {
-    snprintf(err, errlen, "read the seccomp filter %s", file);
-    free(insns);
-    return -1;
-  }
-  prog->len = (unsigned short)(size / sizeof(struct sock_filter));
-  prog->filter = insns;
-  return 0;
-}
-
 /* The last steps before a sandbox process runs untrusted code: capabilities, no_new_privs, seccomp. */
-static int sap_lock_down(const struct sock_fprog *seccomp, char *err, size_t errlen) {
+static int sap_lock_down(const struct sock_fprog *seccomp, const char *seccomp_file, char *err, size_t errlen) {
   if (sap_drop_capabilities(err, errlen) != 0) return -1;
-  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) {
-    snprintf(err, errlen, "no_new_privs: %s", strerror(errno));
-    return -1;
-  }
-  if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, seccomp) != 0) {
-    snprintf(err, errlen, "seccomp: install the filter: %s", strerror(errno));
-    return -1;
-  }
-  return 0;
+  /* no_new_privs, then seccomp (tools/sandbox-seccomp/seccomp-load.h). */
+  return sap_install_seccomp(seccomp, seccomp_file, err, errlen);
 }
 
 #endif

@@ -211,7 +211,7 @@ static void run_child(const struct options *o, int root_fd, int alive_fd) {
     warn_errno("cannot change directory to", o->cwd);
     _exit(EXIT_SETUP);
   }
-  if (sap_lock_down(&o->seccomp, err, sizeof err) != 0) {
+  if (sap_lock_down(&o->seccomp, o->seccomp_file, err, sizeof err) != 0) {
     fprintf(stderr, "sap-sandbox-enter: %s\n", err);
     _exit(EXIT_SETUP);
   }

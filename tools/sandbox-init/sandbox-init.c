@@ -427,7 +427,7 @@ static void run_pid1(const struct setup *o) {
   if (chdir("/") != 0) child_die("chdir /");
   step = "capabilities";
   char err[256];
-  if (sap_lock_down(&o->filter, err, sizeof err) != 0) {
+  if (sap_lock_down(&o->filter, o->seccomp, err, sizeof err) != 0) {
     errno = 0;
     child_die("%s", err);
   }
