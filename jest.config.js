@@ -8,5 +8,5 @@ module.exports = {
   globalSetup: '<rootDir>/test/global-setup.ts',
   globalTeardown: '<rootDir>/test/global-teardown.ts',
   testTimeout: 60000,
-  reporters: ['default', '<rootDir>/test/summary-reporter.js'],
+  reporters: ['default', '<rootDir>/test/summary-reporter.js', '<rootDir>/test/exit-watchdog.js'],
 };

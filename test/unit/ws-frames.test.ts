@@ -98,44 +98,47 @@ describe('FrameReader', () => {
 
 describe('ExecStream', () => {
   it('handshakes with a ws server, reads its frames, answers pings, sends masked stdin and closes cleanly', async () => {
-    let serverSide: WebSocket | undefined;
     const stdin: Buffer[] = [];
+    // The pong listener is attached in the connection handler, before the ping goes out: attached any
+    // later (the test once polled for the server side every 5 ms), a quick pong could come first and be
+    // missed, and the test waited for it until its timeout.
+    let gotPong!: (b: Buffer) => void;
+    const pong = new Promise<Buffer>((r) => (gotPong = r));
     const srv = await server((ws) => {
-      serverSide = ws;
+      ws.once('pong', gotPong);
       ws.on('message', (d: Buffer) => {
         stdin.push(d);
         ws.send(Buffer.concat([Buffer.from([0x01]), d.subarray(1)]));
       });
       ws.ping(Buffer.from('are you there'));
     });
-    const frames: ReadFrame[] = [];
-    let closedWith: [number, string] | undefined;
-    const pong = new Promise<Buffer>((r) => {
-      const wait = () => (serverSide ? serverSide.once('pong', r) : setTimeout(wait, 5));
-      wait();
-    });
-    const done = new Promise<void>((resolve, reject) => {
-      const s: ExecStream = new ExecStream(srv.url, 'token', {
-        onOpen: () => s.send(Buffer.concat([Buffer.from([0x00]), Buffer.alloc(100_000, 'z')])),
-        onFrame: (f) => {
-          frames.push(f);
-          s.close(1000, 'client left');
-        },
-        onClose: (code, reason) => {
-          closedWith = [code, reason];
-          resolve();
-        },
-        onError: reject,
+    try {
+      const frames: ReadFrame[] = [];
+      let closedWith: [number, string] | undefined;
+      const done = new Promise<void>((resolve, reject) => {
+        const s: ExecStream = new ExecStream(srv.url, 'token', {
+          onOpen: () => s.send(Buffer.concat([Buffer.from([0x00]), Buffer.alloc(100_000, 'z')])),
+          onFrame: (f) => {
+            frames.push(f);
+            s.close(1000, 'client left');
+          },
+          onClose: (code, reason) => {
+            closedWith = [code, reason];
+            resolve();
+          },
+          onError: reject,
+        });
       });
-    });
-    await done;
-    expect((await pong).toString()).toBe('are you there');
-    await srv.close();
-    expect(stdin).toHaveLength(1);
-    expect(stdin[0]!.equals(Buffer.concat([Buffer.from([0x00]), Buffer.alloc(100_000, 'z')]))).toBe(true);
-    expect(frames).toHaveLength(1);
-    expect(Buffer.concat(frames[0]!.raw).subarray(-100_001).equals(Buffer.concat([Buffer.from([0x01]), Buffer.alloc(100_000, 'z')]))).toBe(true);
-    expect(closedWith).toEqual([1000, 'client left']);
+      await done;
+      expect((await pong).toString()).toBe('are you there');
+      expect(stdin).toHaveLength(1);
+      expect(stdin[0]!.equals(Buffer.concat([Buffer.from([0x00]), Buffer.alloc(100_000, 'z')]))).toBe(true);
+      expect(frames).toHaveLength(1);
+      expect(Buffer.concat(frames[0]!.raw).subarray(-100_001).equals(Buffer.concat([Buffer.from([0x01]), Buffer.alloc(100_000, 'z')]))).toBe(true);
+      expect(closedWith).toEqual([1000, 'client left']);
+    } finally {
+      await srv.close();
+    }
   });
 
   it('reports the HTTP status of a refused handshake, then closes', async () => {
