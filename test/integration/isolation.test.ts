@@ -1,6 +1,9 @@
+import { execFile } from 'node:child_process';
 import fs from 'node:fs';
+import net from 'node:net';
+import os from 'node:os';
 import path from 'node:path';
-import { api, T, unique } from '../helpers/env';
+import { api, eventually, T, unique } from '../helpers/env';
 import { hostClient } from '../helpers/checkpoints';
 import {
   createProbeAgent,
@@ -199,6 +202,106 @@ describe('isolation between sandboxes and of the host', () => {
     if (snap.status !== 'ready') throw new Error(`snapshot with a chown step is ${snap.status}: ${JSON.stringify(snap.error ?? snap)}`);
     const sb = await newSandbox({ snapshot: name });
     expect(await sh(sb, 'stat -c %u:%g /opt/owned/f /opt/owned')).toBe('1000:1000\n1001:1002\n');
+  });
+});
+
+/** A python3 script that tries to connect to each host:port and prints {"host:port": "connected" | errno name}. */
+const CONNECT_PROBE = `
+import errno, json, socket, sys
+out = {}
+for target in sys.argv[1:]:
+    host, port = target.rsplit(":", 1)
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.settimeout(5)
+    try:
+        s.connect((host, int(port)))
+        out[target] = "connected"
+    except socket.timeout:
+        out[target] = "timeout"
+    except OSError as e:
+        out[target] = errno.errorcode.get(e.errno, str(e.errno))
+    finally:
+        s.close()
+print(json.dumps(out))
+`;
+
+async function connectFrom(sandboxId: string, targets: string[]): Promise<Record<string, string>> {
+  const r = await api('POST', `/api/sandboxes/${sandboxId}/exec/run`, { body: { cmd: 'python3', args: ['-c', CONNECT_PROBE, ...targets], timeout: 60 } });
+  if (r.status !== 200 || r.body.exitCode !== 0) throw new Error(`connect probe in ${sandboxId}: ${r.status} ${JSON.stringify(r.body)}`);
+  return JSON.parse(r.body.stdout) as Record<string, string>;
+}
+
+/** The host's own addresses other than loopback (eth0 and the like). */
+function hostAddresses(): string[] {
+  return Object.values(os.networkInterfaces())
+    .flat()
+    .filter((a): a is os.NetworkInterfaceInfo => !!a && a.family === 'IPv4' && !a.internal)
+    .map((a) => a.address);
+}
+
+describe('what one sandbox can reach of another and of the host', () => {
+  it("cannot read another sandbox's files, see its processes or connect to its ports", async () => {
+    const [a, b] = await Promise.all([newSandbox(), newSandbox()]);
+    const mark = unique('secret').replace(/-/g, '');
+    // In a: files in /workspace, /tmp and /root, a process named after the mark, a listener on every address.
+    await sh(a, `echo ${mark} > /workspace/${mark}; echo ${mark} > /tmp/${mark}; echo ${mark} > /root/${mark}`);
+    await sh(
+      a,
+      `setsid nohup python3 -c 'import socket,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("0.0.0.0", 8123)); s.listen(); time.sleep(600)' ${mark} > /dev/null 2>&1 < /dev/null &`,
+    );
+    // Positive controls, in a itself: the listener answers and the process is visible.
+    await eventually(async () => (await connectFrom(a, ['127.0.0.1:8123']))['127.0.0.1:8123'] === 'connected', 20_000, 200);
+    // (The pattern [x]yz matches "xyz" but not itself, so grep's own command line is not counted.)
+    const own = `[${mark[0]}]${mark.slice(1)}`;
+    expect(await sh(a, `grep -l '${own}' /proc/[0-9]*/cmdline 2>/dev/null | wc -l`)).not.toBe('0\n');
+
+    // From b: none of it.
+    const found = await run(b, `find / \\( -path /proc -o -path /sys \\) -prune -o -name '${mark}*' -print 2>/dev/null; grep -rl ${mark} /workspace /tmp /root /dev/shm 2>/dev/null; true`);
+    expect(found.stdout).toBe('');
+    expect(await sh(b, `grep -l '${own}' /proc/[0-9]*/cmdline 2>/dev/null | wc -l`)).toBe('0\n');
+    // b sees its own processes only: pid 1 and this exec's few.
+    const pids = (await sh(b, 'ls -d /proc/[0-9]* | wc -l')).trim();
+    expect(Number(pids)).toBeLessThan(10);
+    const conn = await connectFrom(b, ['127.0.0.1:8123', ...hostAddresses().map((h) => `${h}:8123`)]);
+    for (const [target, outcome] of Object.entries(conn)) {
+      if (outcome === 'connected' || outcome === 'timeout') throw new Error(`from another sandbox, ${target} answered "${outcome}" (want refused or unreachable)`);
+    }
+  });
+
+  it("cannot reach the host's services (API, FerretDB, Temporal, sandbox host) on loopback or on the host's addresses", async () => {
+    const sb = await newSandbox();
+    const ports = [new URL(T.api()).port, new URL(T.mongo()).port, T.temporal().split(':')[1]!, new URL(T.hostUrl()).port];
+    // The services do listen: checked from the host first (a probe of closed ports would prove nothing).
+    for (const port of ports) {
+      await new Promise<void>((resolve, reject) => {
+        const s = net.connect(Number(port), '127.0.0.1', () => {
+          s.destroy();
+          resolve();
+        });
+        s.once('error', (err) => reject(new Error(`the host's own service on port ${port} is not listening: ${err.message}`)));
+      });
+    }
+    const targets = ports.flatMap((port) => ['127.0.0.1', 'localhost', ...hostAddresses()].map((h) => `${h === 'localhost' ? '127.0.0.1' : h}:${port}`));
+    const conn = await connectFrom(sb, [...new Set(targets)]);
+    expect(Object.keys(conn).length).toBeGreaterThanOrEqual(ports.length);
+    for (const [target, outcome] of Object.entries(conn)) {
+      // refused (its own loopback has nothing there) or unreachable (no route out): quick, never a hang.
+      if (!['ECONNREFUSED', 'ENETUNREACH', 'EHOSTUNREACH'].includes(outcome)) throw new Error(`from a sandbox, ${target} answered "${outcome}"`);
+    }
+  });
+
+  it("writes nothing outside its own root: not to the host's /, /usr or DATA_DIR", async () => {
+    const sb = await newSandbox();
+    const mark = unique('escape').replace(/-/g, '');
+    // The sandbox's whole tree is writable, /usr included (the host's /usr is a read-only lower layer
+    // under the sandbox's own writable layer): every write must land in that layer, none on the host.
+    const r = await run(sb, `echo x > /${mark} && echo x > /usr/${mark} && echo x > /workspace/../../../${mark}-up && echo written`);
+    expect(r.stdout).toBe('written\n');
+    for (const p of [`/${mark}`, `/usr/${mark}`, `/${mark}-up`]) expect(fs.existsSync(p)).toBe(false);
+    const onHostDisk = await new Promise<string>((resolve) =>
+      execFile('find', [T.dataDir(), '-name', `${mark}*`], (_err, out) => resolve(out)),
+    );
+    expect(onHostDisk).toBe('');
   });
 });
 
