@@ -81,7 +81,7 @@ describe('supervised stack', () => {
       const pid = crash('host');
       const closed = await a.closed;
       expect(closed.code).toBe(1011);
-      expect(JSON.parse(a.texts[0])).toEqual({ error: { type: 'bad_gateway', message: expect.stringContaining('sandbox host') } });
+      expect(JSON.parse(a.texts[0])).toEqual({ error: { type: 'bad_gateway', message: expect.stringContaining('connection to the sandbox host dropped') } });
       await restarted('host', pid);
       const done = await waitForStatus(agent, s.id, ['completed', 'failed'], 120_000);
       expect(done).toMatchObject({ status: 'completed', result: { across: 'host kill' } });
