@@ -21,6 +21,7 @@ import { registerCapacityRoutes } from './routes/capacity';
 import { registerPreviewRoutes } from './routes/previews';
 import { registerExecRoutes, registerExecSocket } from './routes/exec';
 import { registerSandboxAgentRoutes } from './routes/sandbox-agents';
+import { notReadyMessage, Readiness } from './readiness';
 
 /** Body types the API reads; anything else on a request with a body is 415. */
 const JSON_TYPES = ['application/json', 'application/*+json'];
@@ -59,18 +60,23 @@ export function createApp(deps: ApiDeps, opts: { server?: http.Server } = {}): {
 
   // Prometheus text format, without authentication (labels hold route patterns only).
   app.get('/metrics', (req, res) => void metrics.handler(req, res));
+  // Liveness only: the process serves HTTP. Readiness (below) asks the dependencies.
   app.get('/healthz', (_req, res) => {
     res.json({ status: 'ok' });
   });
+  const readiness = new Readiness({
+    store: deps.store,
+    temporal: deps.temporal,
+    hosts: deps.hosts,
+    namespace: deps.cfg.TEMPORAL_NAMESPACE,
+    taskQueue: deps.cfg.TASK_QUEUE,
+    workerMaxAgeMs: deps.cfg.READY_WORKER_MAX_AGE_MS,
+  });
   app.get('/readyz', async (_req, res) => {
-    const checks = await Promise.allSettled([
-      deps.store.ping(),
-      deps.temporal.workflowService.getSystemInfo({}),
-    ]);
-    const [mongo, temporal] = checks.map((c) => (c.status === 'fulfilled' ? 'ok' : `error: ${(c.reason as Error).message}`));
-    const ok = checks.every((c) => c.status === 'fulfilled');
-    if (ok) res.json({ status: 'ok', mongo, temporal });
-    else res.status(503).json({ error: { type: 'unavailable', message: `not ready: mongo ${mongo}; temporal ${temporal}` } });
+    const report = await readiness.check();
+    const { mongo, temporal, worker, host } = report.checks;
+    if (report.ok) res.json({ status: 'ok', mongo: mongo.message, temporal: temporal.message, worker: worker.message, host: host.message, checks: report.checks });
+    else res.status(503).json({ error: { type: 'unavailable', message: notReadyMessage(report) } });
   });
 
   app.use((req, _res, next) => {

@@ -39,6 +39,11 @@ export const configSchema = z.object({
   BODY_LIMIT_BYTES: z.coerce.number().int().positive().default(8 * 1024 * 1024),
   /** The worker's Prometheus endpoint (GET /metrics); the Temporal SDK's exporter takes the next port. 0: off. */
   WORKER_METRICS_PORT: z.coerce.number().int().min(0).max(65534).default(9464),
+  /**
+   * /readyz counts a worker as gone once Temporal has seen neither a poll nor a heartbeat from it for
+   * this long; workers heartbeat every third of it (1-60 s).
+   */
+  READY_WORKER_MAX_AGE_MS: z.coerce.number().int().min(3_000).max(600_000).default(12_000),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
   /** Sandbox resource defaults and maxima (SANDBOX_MEMORY_MB, …): see config/limits.ts. */
   ...limitsEnvShape,
@@ -120,4 +125,9 @@ export const DEV_API_KEY = 'dev-key';
 /** The key of the organisation `default` that the API makes sure exists at start, if any. */
 export function bootstrapApiKey(cfg: Config): string | undefined {
   return cfg.API_KEY ?? (cfg.NODE_ENV === 'production' ? undefined : DEV_API_KEY);
+}
+
+/** How often a worker sends Temporal its heartbeat: a third of READY_WORKER_MAX_AGE_MS, within the SDK's 1-60 s. */
+export function workerHeartbeatMs(cfg: Pick<Config, 'READY_WORKER_MAX_AGE_MS'>): number {
+  return Math.min(60_000, Math.max(1_000, Math.floor(cfg.READY_WORKER_MAX_AGE_MS / 3)));
 }

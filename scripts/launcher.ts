@@ -164,6 +164,9 @@ export async function startStack(o: StackOptions): Promise<Stack> {
         '--sqlite-pragma', 'journal_mode=wal',
         '--sqlite-pragma', 'synchronous=normal',
         '--dynamic-config-value', 'history.transferProcessorMaxPollRPS=1000',
+        // Idle workers start a new long poll every 5 s instead of every minute, so the poll times
+        // Temporal lists tell a live worker from a dead one within seconds (/readyz, api/readiness.ts).
+        '--dynamic-config-value', 'matching.longPollExpirationInterval="5s"',
         '--log-level', 'warn',
         ...SEARCH_ATTRIBUTE_FLAGS.flatMap((a) => ['--search-attribute', a]),
       ],

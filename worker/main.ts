@@ -2,7 +2,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { NativeConnection, Worker } from '@temporalio/worker';
 import { Client, Connection } from '@temporalio/client';
-import { hostTaskQueue, loadConfigOrExit, PROJECT_ROOT, resolveHostToken } from '../config';
+import { hostTaskQueue, loadConfigOrExit, PROJECT_ROOT, resolveHostToken, workerHeartbeatMs } from '../config';
 import { createActivities } from '../activities';
 import { createLogger } from '../lib/logger';
 import { HostClient } from '../sandbox/host/client';
@@ -10,6 +10,7 @@ import { connectStore } from '../store';
 import { startReaper } from './reaper';
 import { createWorkerMetrics, installTemporalRuntime, serveWorkerMetrics } from './metrics';
 import { registerHost } from '../store/hosts';
+import { workerReadiness } from './readiness';
 
 /** Where `npm run build` puts the prebundled workflow code (bundling at start costs ~2 s). */
 export const WORKFLOW_BUNDLE = path.join(PROJECT_ROOT, 'dist', 'workflow-bundle.js');
@@ -31,9 +32,12 @@ async function main(): Promise<void> {
   const activities = createActivities({ store, host, hostTaskQueue: hostTaskQueue(cfg, hostId), resultMaxBytes: cfg.RESULT_MAX_BYTES, limits: cfg.limits });
 
   // Before any NativeConnection: SDK logs through pino, SDK metrics to a Prometheus exporter (port + 1).
-  const sdkMetricsUrl = installTemporalRuntime({ logger, prometheusPort: cfg.WORKER_METRICS_PORT ? cfg.WORKER_METRICS_PORT + 1 : 0 });
+  const sdkMetricsUrl = installTemporalRuntime({ logger, prometheusPort: cfg.WORKER_METRICS_PORT ? cfg.WORKER_METRICS_PORT + 1 : 0, heartbeatMs: workerHeartbeatMs(cfg) });
   const metrics = createWorkerMetrics({ host });
-  if (cfg.WORKER_METRICS_PORT) serveWorkerMetrics(metrics, { host: cfg.HOST, port: cfg.WORKER_METRICS_PORT, sdkMetricsUrl, logger });
+  // Filled once the Temporal workers exist; until then /readyz says they are not created yet.
+  const temporalWorkers: { name: string; worker: Worker }[] = [];
+  const ready = workerReadiness({ workers: () => temporalWorkers, host });
+  if (cfg.WORKER_METRICS_PORT) serveWorkerMetrics(metrics, { host: cfg.HOST, port: cfg.WORKER_METRICS_PORT, sdkMetricsUrl, logger, ready });
   const connection = await NativeConnection.connect({ address: cfg.TEMPORAL_ADDRESS });
   const workflowSource = fs.existsSync(WORKFLOW_BUNDLE)
     ? { workflowBundle: { codePath: WORKFLOW_BUNDLE } }
@@ -41,6 +45,7 @@ async function main(): Promise<void> {
   const common = { connection, namespace: cfg.TEMPORAL_NAMESPACE, activities, maxConcurrentActivityTaskExecutions: 500, interceptors: { activity: [metrics.activityInterceptor] } };
   const shared = await Worker.create({ ...common, ...workflowSource, taskQueue: cfg.TASK_QUEUE, maxConcurrentWorkflowTaskExecutions: 100 });
   const local = await Worker.create({ ...common, taskQueue: hostTaskQueue(cfg, hostId) });
+  temporalWorkers.push({ name: cfg.TASK_QUEUE, worker: shared }, { name: hostTaskQueue(cfg, hostId), worker: local });
 
   const clientConnection = await Connection.connect({ address: cfg.TEMPORAL_ADDRESS });
   const client = new Client({ connection: clientConnection, namespace: cfg.TEMPORAL_NAMESPACE });

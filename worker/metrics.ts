@@ -5,6 +5,7 @@ import type { Context } from '@temporalio/activity';
 import type { Logger } from '../lib/logger';
 import type { HostClient } from '../sandbox/host/client';
 import type { SessionEnd } from '../workflows/types';
+import type { WorkerReadiness } from './readiness';
 
 /** The worker's Prometheus metrics and the activity interceptor that feeds them. */
 export interface WorkerMetrics {
@@ -112,14 +113,31 @@ function sessionEndOf(type: string, input: ActivityExecuteInput, out: unknown): 
 }
 
 /**
- * Serves GET /metrics on `port`: this registry, followed by the Temporal SDK's own metrics read
- * from its Prometheus exporter at `sdkMetricsUrl` (when set). A port already in use is logged,
- * not fatal.
+ * Serves, on `port`: GET /metrics (this registry, followed by the Temporal SDK's own metrics read
+ * from its Prometheus exporter at `sdkMetricsUrl`, when set); GET /healthz (liveness: the process
+ * answers); GET /readyz (`ready`: 200 `{ status: 'ok', ... }` or 503 with the error body). A port
+ * already in use is logged, not fatal.
  */
-export function serveWorkerMetrics(metrics: WorkerMetrics, opts: { host: string; port: number; sdkMetricsUrl?: string; logger: Logger }): http.Server {
+export function serveWorkerMetrics(
+  metrics: WorkerMetrics,
+  opts: { host: string; port: number; sdkMetricsUrl?: string; logger: Logger; ready?: () => Promise<WorkerReadiness> },
+): http.Server {
+  const json = (res: http.ServerResponse, status: number, body: unknown) => res.writeHead(status, { 'content-type': 'application/json' }).end(JSON.stringify(body));
   const server = http.createServer((req, res) => {
-    if (req.method !== 'GET' || (req.url ?? '').split('?')[0] !== '/metrics') {
-      res.writeHead(404, { 'content-type': 'application/json' }).end(JSON.stringify({ error: { type: 'not_found', message: 'GET /metrics' } }));
+    const path = (req.url ?? '').split('?')[0];
+    if (req.method === 'GET' && path === '/healthz') {
+      json(res, 200, { status: 'ok' });
+      return;
+    }
+    if (req.method === 'GET' && path === '/readyz' && opts.ready) {
+      opts.ready().then(
+        ({ ok, message, workers, host }) => (ok ? json(res, 200, { status: 'ok', workers, host }) : json(res, 503, { error: { type: 'unavailable', message } })),
+        (err: unknown) => json(res, 503, { error: { type: 'unavailable', message: `not ready: ${(err as Error).message}` } }),
+      );
+      return;
+    }
+    if (req.method !== 'GET' || path !== '/metrics') {
+      json(res, 404, { error: { type: 'not_found', message: `GET /metrics, /healthz${opts.ready ? ', /readyz' : ''}` } });
       return;
     }
     void (async () => {
@@ -133,7 +151,7 @@ export function serveWorkerMetrics(metrics: WorkerMetrics, opts: { host: string;
         }
         res.writeHead(200, { 'content-type': metrics.registry.contentType }).end(text);
       } catch (err) {
-        res.writeHead(500, { 'content-type': 'application/json' }).end(JSON.stringify({ error: { type: 'internal', message: (err as Error).message } }));
+        json(res, 500, { error: { type: 'internal', message: (err as Error).message } });
       }
     })();
   });
@@ -148,8 +166,9 @@ export function serveWorkerMetrics(metrics: WorkerMetrics, opts: { host: string;
  * through pino (JSON, with the workflow and activity ids the SDK attaches), and its metrics to a
  * Prometheus exporter on 127.0.0.1:`prometheusPort` (0: none). Answers the exporter's URL, or
  * undefined when it has none (port 0, or the port is taken: then the runtime runs without it).
+ * Workers heartbeat to Temporal every `heartbeatMs` (default 60 s).
  */
-export function installTemporalRuntime(opts: { logger: Logger; prometheusPort: number }): string | undefined {
+export function installTemporalRuntime(opts: { logger: Logger; prometheusPort: number; heartbeatMs?: number }): string | undefined {
   const { Runtime, DefaultLogger } = require('@temporalio/worker') as typeof import('@temporalio/worker');
   const levels = { TRACE: 'trace', DEBUG: 'debug', INFO: 'info', WARN: 'warn', ERROR: 'error' } as const;
   const sdkLogger = new DefaultLogger('INFO', (entry) => {
@@ -157,15 +176,17 @@ export function installTemporalRuntime(opts: { logger: Logger; prometheusPort: n
     const { sdkComponent, taskToken: _taskToken, ...meta } = (entry.meta ?? {}) as Record<string, unknown>;
     opts.logger[levels[entry.level]]({ sdk: sdkComponent ?? 'temporal', ...meta }, entry.message);
   });
+  // Worker heartbeats let the API's /readyz tell a live idle worker from a dead one (see api/readiness.ts).
+  const workerHeartbeatInterval = opts.heartbeatMs ?? 60_000;
   if (opts.prometheusPort) {
     const bindAddress = `127.0.0.1:${opts.prometheusPort}`;
     try {
-      Runtime.install({ logger: sdkLogger, telemetryOptions: { metrics: { prometheus: { bindAddress } } } });
+      Runtime.install({ logger: sdkLogger, workerHeartbeatInterval, telemetryOptions: { metrics: { prometheus: { bindAddress } } } });
       return `http://${bindAddress}/metrics`;
     } catch (err) {
       opts.logger.warn({ err: String(err), bindAddress }, 'Temporal SDK metrics exporter not started');
     }
   }
-  Runtime.install({ logger: sdkLogger });
+  Runtime.install({ logger: sdkLogger, workerHeartbeatInterval });
   return undefined;
 }

@@ -135,9 +135,9 @@ export class HostClient {
     });
   }
 
-  /** Liveness of the host. */
-  health(): Promise<{ ok: boolean; hostId: string; provider: string; sandboxes: number }> {
-    return this.call('GET', '/healthz');
+  /** Liveness of the host; `signal` bounds the wait (readiness probes). */
+  health(opts: { signal?: AbortSignal } = {}): Promise<{ ok: boolean; hostId: string; provider: string; sandboxes: number }> {
+    return this.call('GET', '/healthz', { signal: opts.signal });
   }
 
   /** Creates a sandbox (idempotent on `req.id`: an existing one is returned as is). Throws HostError patch_failed, not_found (layer), invalid_request. */
