@@ -12,6 +12,7 @@ import * as path from 'node:path';
 import type { Logger } from 'pino';
 import pino from 'pino';
 import { SandboxError } from './errors';
+import { AuditLog, defaultAuditLogPath } from './audit-log';
 import { readSandboxFile, writeSandboxFile, type RootMap } from './paths';
 import { isAlive, procRef, SandboxCgroups, signalRef, type Limits, type ProcRef } from './procs';
 import type {
@@ -155,12 +156,15 @@ export abstract class BaseProvider implements SandboxProvider {
   /** Where sandboxes of sessions keep their files (see ProviderOptions.scratchDir); null: in DATA_DIR. */
   protected scratchDir: string | null = null;
   private readonly scratchOption: string | null | undefined;
+  /** Records every entrypoint start before it happens (null: off). */
+  protected readonly audit: AuditLog | null;
 
   constructor(opts: ProviderOptions) {
     this.dataDir = path.resolve(opts.dataDir);
     this.hostId = opts.hostId;
     this.log = opts.logger ?? pino({ level: 'silent' });
     this.scratchOption = opts.scratchDir;
+    this.audit = opts.auditLog === null ? null : new AuditLog(opts.auditLog ?? defaultAuditLogPath(this.dataDir));
     if (/[,:\s]/.test(this.dataDir)) throw new Error(`DATA_DIR must not contain ',', ':' or spaces: ${this.dataDir}`);
   }
 
@@ -536,6 +540,20 @@ export abstract class BaseProvider implements SandboxProvider {
         `printf '%s\\n' "$code" > ${shq(exitFile)}`;
       wrapperArgv = ['/bin/sh', '-c', script, 'sh', ...inner];
     }
+    // On disk before the start: a run that happens is never missing from the log.
+    try {
+      await this.audit?.record({
+        at: new Date().toISOString(),
+        event: 'entrypoint_start',
+        sandboxId: state.id,
+        orgId: state.orgId,
+        hostId: state.hostId,
+        ...(state.owner ? { owner: state.owner } : {}),
+      });
+    } catch (e) {
+      this.log.error({ err: e, sandboxId: state.id }, 'entrypoint audit log write failed');
+      throw new SandboxError('internal', `could not record the entrypoint start of ${state.id} in the audit log: ${(e as Error).message}`);
+    }
     let pid: number;
     try {
       pid = await this.spawner.spawn({
@@ -697,6 +715,7 @@ export abstract class BaseProvider implements SandboxProvider {
   /** See SandboxProvider.close: stops the spawner helper (the processes it started live on). */
   async close(): Promise<void> {
     this.spawner.close();
+    await this.audit?.close();
     // An empty scratch directory goes with the host (the next start makes it again); one that holds
     // running sessions' sandboxes stays.
     if (this.scratchDir) await fsp.rmdir(this.scratchDir).catch(() => undefined);
