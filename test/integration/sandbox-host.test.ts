@@ -122,6 +122,37 @@ describe('sandbox host (bwrap)', () => {
     expect(await client.getSandbox(id)).toMatchObject({ id });
   });
 
+  it('records every entrypoint start once, fsync\'d before the start, in the audit log (not a create that finds the sandbox)', async () => {
+    const log = path.join(dataDir, 'audit', 'entrypoints.ndjson');
+    const linesOf = async (sessionId: string) =>
+      (await fsp.readFile(log, 'utf8').catch(() => ''))
+        .split('\n')
+        .filter(Boolean)
+        .map((l) => JSON.parse(l))
+        .filter((e) => e.owner?.id === sessionId);
+    const sessionId = `sess_audit${process.pid}`;
+    const id = newId();
+    const req = { id, orgId: 'org1', owner: { kind: 'session' as const, id: sessionId }, entrypoint: { argv: ['true'] } };
+    await client.createSandbox(req);
+    await client.createSandbox(req);
+    await expect(client.startEntrypoint(id, { argv: ['true'] })).rejects.toMatchObject({ type: 'conflict' });
+    const st = await client.entrypointStatus(id, { waitMs: 10000 });
+    const lines = await linesOf(sessionId);
+    expect(lines).toEqual([{ at: expect.any(String), event: 'entrypoint_start', sandboxId: id, orgId: 'org1', hostId: 'test-host', owner: { kind: 'session', id: sessionId } }]);
+    expect(st.state).toBe('exited');
+    if (st.state !== 'none') expect(Date.parse(lines[0].at)).toBeLessThanOrEqual(Date.parse(st.startedAt));
+    // A sandbox without an entrypoint has no line until one is started.
+    const other = newId();
+    const otherOwner = `${sessionId}b`;
+    await client.createSandbox({ id: other, orgId: 'org1', owner: { kind: 'session', id: otherOwner } });
+    expect(await linesOf(otherOwner)).toEqual([]);
+    await client.startEntrypoint(other, { argv: ['true'] });
+    expect((await linesOf(otherOwner)).map((e) => e.sandboxId)).toEqual([other]);
+    expect((await fsp.stat(log)).mode & 0o777).toBe(0o600);
+    await client.destroySandbox(id);
+    await client.destroySandbox(other);
+  });
+
   it('answers a create with the exit and a file of an entrypoint that ends within awaitExit, and says running otherwise', async () => {
     const quick = (argv: string[], maxBytes = 100) =>
       client.createSandbox({ id: newId(), orgId: 'o', entrypoint: { argv }, awaitExit: { waitMs: 10_000, readFile: { path: '/tmp/out.json', maxBytes } } });
