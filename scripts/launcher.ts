@@ -4,6 +4,7 @@ import net from 'node:net';
 import path from 'node:path';
 import { PROJECT_ROOT } from '../config';
 import { SEARCH_ATTRIBUTE_FLAGS } from '../workflows/search-attributes';
+import { ProcSpec, Supervisor } from './supervisor';
 
 /** The processes of a local stack, in start order. */
 export type ProcName = 'temporal' | 'mongo' | 'host' | 'worker' | 'api';
@@ -23,7 +24,28 @@ export interface StackOptions {
   env?: Record<string, string>;
   /** Lines of our processes' output go here as well as to their log files. */
   echo?: (proc: ProcName, line: string) => void;
+  /**
+   * Restart a process that exits unexpectedly, with backoff (scripts/supervisor.ts). stop()/kill()
+   * are deliberate and never followed by a restart.
+   */
+  supervise?: boolean;
+  /** The supervisor's lines (deaths, restarts, give-ups); they also go to <logDir>/supervisor.log. */
+  log?: (line: string) => void;
+  /** A process died too often in a row and is no longer restarted (the caller should stop the stack). */
+  onGiveUp?: (proc: ProcName, message: string) => void;
 }
+
+/** What <dataDir>/stack.json holds while a stack runs: the pids of its running processes and where they listen. */
+export interface StackFile {
+  pids: Partial<Record<ProcName, number>>;
+  apiUrl: string;
+  hostUrl: string;
+  temporalAddress: string;
+  mongoUrl: string;
+}
+
+/** The path of the stack file of a stack whose state lives in dataDir. */
+export const stackFilePath = (dataDir: string): string => path.join(dataDir, 'stack.json');
 
 export interface Stack {
   apiUrl: string;
@@ -39,6 +61,8 @@ export interface Stack {
   /** Sends `signal` to one process and waits for it to exit. */
   kill(name: ProcName, signal?: NodeJS.Signals): Promise<void>;
   pid(name: ProcName): number | undefined;
+  /** How many times the supervisor restarted `name` after an unexpected exit. */
+  restarts(name: ProcName): number;
   /** Stops everything, newest first. With destroySandboxes, the host's sandboxes go too. */
   stop(opts?: { destroySandboxes?: boolean }): Promise<void>;
 }
@@ -61,7 +85,7 @@ export async function freePort(): Promise<number> {
 async function waitFor(what: string, check: () => Promise<boolean>, timeoutMs: number, proc?: ChildProcess): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
-    if (proc && proc.exitCode !== null) throw new Error(`${what} exited with code ${proc.exitCode} before it was ready`);
+    if (proc && (proc.exitCode !== null || proc.signalCode !== null)) throw new Error(`${what} exited with ${proc.signalCode ?? `code ${proc.exitCode}`} before it was ready`);
     if (await check().catch(() => false)) return;
     if (Date.now() > deadline) throw new Error(`${what} not ready after ${timeoutMs} ms`);
     await new Promise((r) => setTimeout(r, 100));
@@ -109,7 +133,22 @@ export async function startStack(o: StackOptions): Promise<Stack> {
     SANDBOX_PROVIDER: o.sandboxProvider ?? 'bwrap',
     ...o.env,
   };
-  const procs = new Map<ProcName, ChildProcess>();
+  const hostUrl = `http://127.0.0.1:${o.hostPort}`;
+  const apiUrl = `http://127.0.0.1:${o.apiPort}`;
+  const supervisorLog = fs.openSync(path.join(logDir, 'supervisor.log'), 'a');
+  let stopping = false;
+  let stopped: Promise<void> | undefined;
+  const sup = new Supervisor({
+    restart: o.supervise ?? false,
+    log: (line) => {
+      fs.writeSync(supervisorLog, `${new Date().toISOString()} ${line}\n`);
+      o.log?.(line);
+    },
+    onChange: () => {
+      if (!stopping) writeStackFile(o.dataDir, { pids: sup.pids(), apiUrl, hostUrl, temporalAddress, mongoUrl });
+    },
+    onGiveUp: (name, message) => o.onGiveUp?.(name as ProcName, message),
+  });
   // NODE_PROFILE_DIR=/tmp/prof writes a V8 CPU profile of the host, worker and API (on a clean stop).
   const nodeArgs = process.env.NODE_PROFILE_DIR ? ['--cpu-prof', `--cpu-prof-dir=${process.env.NODE_PROFILE_DIR}`] : [];
 
@@ -154,8 +193,12 @@ export async function startStack(o: StackOptions): Promise<Stack> {
     }),
   };
 
-  async function start(name: ProcName): Promise<void> {
+  const spec = (name: ProcName): ProcSpec => {
     const { cmd, args, ready } = commands[name]();
+    return { spawn: () => spawnLogged(name, cmd, args), ready };
+  };
+
+  function spawnLogged(name: ProcName, cmd: string, args: string[]): ChildProcess {
     const logFile = path.join(logDir, `${name}.log`);
     if (name === 'worker') fs.writeFileSync(logFile, '');
     const out = fs.openSync(logFile, 'a');
@@ -177,23 +220,14 @@ export async function startStack(o: StackOptions): Promise<Stack> {
       }
     }
     child.once('exit', () => fs.closeSync(out));
-    procs.set(name, child);
-    await ready(child);
+    return child;
   }
 
-  async function kill(name: ProcName, signal: NodeJS.Signals = 'SIGTERM'): Promise<void> {
-    const p = procs.get(name);
-    if (!p || p.exitCode !== null || p.signalCode !== null) return;
-    const exited = new Promise<void>((r) => p.once('exit', () => r()));
-    p.kill(signal);
-    const escalate = setTimeout(() => p.kill('SIGKILL'), 15_000);
-    await exited;
-    clearTimeout(escalate);
-  }
+  const start = (name: ProcName) => sup.start(name, spec(name));
+  const kill = (name: ProcName, signal: NodeJS.Signals = 'SIGTERM') => sup.stop(name, signal);
 
-  const hostUrl = `http://127.0.0.1:${o.hostPort}`;
   const stack: Stack = {
-    apiUrl: `http://127.0.0.1:${o.apiPort}`,
+    apiUrl,
     uiUrl: o.uiPort ? `http://127.0.0.1:${o.uiPort}` : null,
     temporalAddress,
     mongoUrl,
@@ -202,13 +236,22 @@ export async function startStack(o: StackOptions): Promise<Stack> {
     logDir,
     start,
     kill,
-    pid: (name) => procs.get(name)?.pid,
-    async stop(opts = {}) {
-      await kill('api');
-      await kill('worker');
-      if (opts.destroySandboxes) await destroyAllSandboxes(hostUrl, o.hostToken).catch(() => undefined);
-      await kill('host');
-      await Promise.all([kill('temporal'), kill('mongo')]);
+    pid: (name) => sup.pid(name),
+    restarts: (name) => sup.restarts(name),
+    stop(opts = {}) {
+      // A second call (Ctrl-C during a give-up, say) waits for the first.
+      stopped ??= (async () => {
+        stopping = true;
+        sup.close();
+        await kill('api');
+        await kill('worker');
+        if (opts.destroySandboxes) await destroyAllSandboxes(hostUrl, o.hostToken).catch(() => undefined);
+        await kill('host');
+        await Promise.all([kill('temporal'), kill('mongo')]);
+        fs.rmSync(stackFilePath(o.dataDir), { force: true });
+        fs.closeSync(supervisorLog);
+      })();
+      return stopped;
     },
   };
   try {
@@ -221,6 +264,14 @@ export async function startStack(o: StackOptions): Promise<Stack> {
     throw err;
   }
   return stack;
+}
+
+/** Replaces <dataDir>/stack.json atomically (a reader never sees half a file). */
+function writeStackFile(dataDir: string, content: StackFile): void {
+  const file = stackFilePath(dataDir);
+  const tmp = `${file}.${process.pid}.tmp`;
+  fs.writeFileSync(tmp, JSON.stringify(content, null, 2) + '\n');
+  fs.renameSync(tmp, file);
 }
 
 /** Asks the sandbox host to destroy every sandbox it owns. */

@@ -18,13 +18,13 @@ async function main(): Promise<void> {
   const colors: Record<string, string> = { api: '36', worker: '35', host: '33' };
   let stack: Stack | undefined;
   let stopping = false;
-  const stop = async () => {
+  const stop = async (code = 0) => {
     if (stopping) return;
     stopping = true;
     process.stdout.write('\nstopping…\n');
     await stack?.stop({ destroySandboxes: process.env.KEEP_SANDBOXES !== '1' });
     process.stdout.write('stopped\n');
-    process.exit(0);
+    process.exit(code);
   };
   process.on('SIGINT', () => void stop());
   process.on('SIGTERM', () => void stop());
@@ -40,6 +40,13 @@ async function main(): Promise<void> {
     apiKey,
     hostToken: resolveHostToken(cfg),
     sandboxProvider: cfg.SANDBOX_PROVIDER,
+    supervise: true,
+    // Deaths and restarts go to stderr, so they stand out from the processes' own output.
+    log: (line) => process.stderr.write(`\x1b[31msupervisor\x1b[0m ${line}\n`),
+    onGiveUp: (name, message) => {
+      process.stderr.write(`\nstopping the stack: ${message} (its log: ${cfg.DATA_DIR}/logs/${name}.log)\n`);
+      void stop(1);
+    },
     echo: (name, line) => {
       if (!stopping) process.stdout.write(`\x1b[${colors[name] ?? '0'}m${name.padEnd(6)}\x1b[0m ${line}\n`);
     },

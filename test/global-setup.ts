@@ -23,6 +23,9 @@ export default async function globalSetup(): Promise<void> {
     apiKey,
     hostToken,
     env: { LOG_LEVEL: 'info', NODE_ENV: 'test', WORKER_METRICS_PORT: String(workerMetricsPort) },
+    // As under npm start: a process that dies unexpectedly comes back (test/integration/supervision.test.ts).
+    supervise: true,
+    log: (line) => process.stderr.write(`[stack supervisor] ${line}\n`),
   });
   const control = http.createServer((req, res) => {
     const m = /^\/(start|kill)\/(\w+)(?:\?signal=(\w+))?$/.exec(req.url ?? '');
