@@ -8,7 +8,7 @@ import { batchSessionId } from '../lib/batch-ids';
 import { sandboxIdForSession } from '../lib/naming';
 import { defaultAuditLogPath } from '../sandbox/audit-log';
 import { defaultScratchDir } from '../sandbox/base';
-import type { ProcName } from './launcher';
+import type { ProcName, StackFile } from './launcher';
 
 /**
  * `npm run chaos`: sessions and a batch against a running `npm start` stack while its processes are
@@ -79,14 +79,6 @@ function rng(seed: number): () => number {
 const rand = rng(SEED);
 const between = (lo: number, hi: number) => lo + Math.floor(rand() * (hi - lo + 1));
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-
-interface StackFile {
-  pids: Partial<Record<ProcName, number>>;
-  apiUrl: string;
-  hostUrl: string;
-  temporalAddress: string;
-  mongoUrl: string;
-}
 
 function readStack(): StackFile | null {
   try {
@@ -280,6 +272,7 @@ interface BatchOutcome {
   id: string;
   tasks: Task[];
   status?: string;
+  counts: unknown;
   linesFile: string;
   lines: number;
   missing: number[];
@@ -314,6 +307,15 @@ async function runBatch(agentId: string, runId: string): Promise<BatchOutcome> {
     if (Date.now() > deadline) break;
     await sleep(1000);
   }
+  // The last lines can be readable a moment before the batch records its own end.
+  let counts: unknown = null;
+  while (Date.now() < deadline) {
+    const g = await call('GET', `/v1/agents/${agentId}/batches/${id}`);
+    if (g.status !== 200) throw new Error(`get batch: ${g.status} ${g.text.slice(0, 200)}`);
+    ({ status, counts } = g.json as { status: string; counts: unknown });
+    if (status !== 'running') break;
+    await sleep(1000);
+  }
   const seen = new Map<number, number>();
   const wrong: BatchOutcome['wrong'] = [];
   const text = fs.readFileSync(linesFile, 'utf8');
@@ -335,6 +337,7 @@ async function runBatch(agentId: string, runId: string): Promise<BatchOutcome> {
     id,
     tasks,
     status,
+    counts,
     linesFile,
     lines: lines.length,
     missing: tasks.map((_, i) => i).filter((i) => !seen.has(i)),
@@ -621,6 +624,7 @@ async function main(): Promise<void> {
     httpStats.serverErrors.length === 0 &&
     httpStats.bad503Bodies === 0 &&
     b.lines === N_BATCH &&
+    b.status === 'completed' &&
     batchLost === 0 &&
     b.duplicateLines.length === 0 &&
     b.wrong.length === 0 &&
@@ -634,7 +638,7 @@ async function main(): Promise<void> {
     seconds: Math.round(workloadS),
     concurrency: CONCURRENCY,
     sessions: { total: sessions.length, by_kind: byKind, lost: lost.length, wrong: wrong.length, samples: [...lost, ...wrong].slice(0, 10).map((s) => ({ n: s.n, kind: s.task.kind, id: s.id, lost: s.lost, wrong: s.wrong })) },
-    batch: { id: b.id, items: N_BATCH, status: b.status, results_file: b.linesFile, lines: b.lines, missing: batchLost, duplicate_lines: b.duplicateLines.length, wrong: b.wrong.length, samples: b.wrong.slice(0, 10) },
+    batch: { id: b.id, items: N_BATCH, status: b.status, counts: b.counts, results_file: b.linesFile, lines: b.lines, missing: batchLost, duplicate_lines: b.duplicateLines.length, wrong: b.wrong.length, samples: b.wrong.slice(0, 10) },
     runs: { recorded: [...runs.values()].reduce((x, y) => x + y, 0), duplicates: duplicates.length, never_ran: neverRan.length, samples: [...duplicates.slice(0, 10), ...neverRan.slice(0, 10)] },
     kills: Object.fromEntries(Object.keys(KILL_PLAN).map((n) => [n, kills.filter((k) => k.name === n).length])),
     not_recovered: notRecovered,
