@@ -160,9 +160,11 @@ export class Supervisor {
           if (e.readyAt !== null) this.o.log(`${name} restarted (pid ${e.child?.pid}, restart #${n})`);
         },
         (err: Error) => {
-          // Not ready: kill it if it still runs; its exit counts as the next death.
+          // A child that died before it was ready was logged as a death already. One that still runs
+          // but is not ready is killed: its exit counts as the next death.
+          if (!alive(e.child) || !e.wanted) return;
           this.o.log(`${name} restart #${n} failed: ${err.message}`);
-          if (e.child && alive(e.child)) e.child.kill('SIGKILL');
+          e.child.kill('SIGKILL');
         },
       );
     }, delay);

@@ -516,6 +516,9 @@ function relay(
     onClose: (code, reason) => {
       if (client.readyState !== WebSocket.OPEN) return;
       if (code === 1000) client.close(1000, reason.slice(0, 120));
+      // 1006: the host's end vanished without a close frame, as when the host process dies; its exec
+      // sessions lived in its memory, so a restarted host does not have them.
+      else if (code === 1006) closeWith(client, 1011, 'bad_gateway', 'the connection to the sandbox host dropped (a host that restarts loses its exec sessions)');
       else closeWith(client, 1011, 'bad_gateway', `the sandbox host closed the stream (${code})`);
     },
     onError: (err) => {
