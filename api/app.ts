@@ -4,7 +4,7 @@ import type http from 'node:http';
 import { OpenApiGeneratorV31 } from '@asteasolutions/zod-to-openapi';
 import { randomUUID } from 'node:crypto';
 import pinoHttp from 'pino-http';
-import { ApiError } from '../lib/errors';
+import { ApiError, unreachableService } from '../lib/errors';
 import { scrubUrl } from '../lib/logger';
 import { createAuthenticator, Authenticator } from './auth';
 import type { ApiDeps } from './deps';
@@ -162,5 +162,8 @@ export function toApiError(err: unknown): ApiError {
       return new ApiError('invalid_request', 'request aborted');
   }
   if (e?.status && e.status >= 400 && e.status < 500) return new ApiError('invalid_request', e.message ?? 'bad request');
+  // MongoDB or Temporal restarting is an outage the client can wait out, not a bug.
+  const service = unreachableService(err);
+  if (service) return new ApiError('unavailable', `${service} is unavailable; retry shortly`);
   return new ApiError('internal', 'internal error');
 }

@@ -12,8 +12,9 @@ import * as path from 'node:path';
 import type { Logger } from 'pino';
 import pino from 'pino';
 import { SandboxError } from './errors';
+import { AuditLog, defaultAuditLogPath } from './audit-log';
 import { readSandboxFile, writeSandboxFile, type RootMap } from './paths';
-import { isAlive, procRef, SandboxCgroups, signalRef, type Limits, type ProcRef } from './procs';
+import { isAlive, procRef, procStart, SandboxCgroups, signalRef, type Limits, type ProcRef } from './procs';
 import type {
   CreateResult,
   ListFilter,
@@ -51,7 +52,12 @@ export interface SandboxState {
   hostMounts?: boolean;
   /** bwrap: host uid/gid of the sandbox's root; its ids 0..65535 are host ids idBase.. (see id-slots.ts). */
   idBase?: number;
-  entrypoint?: { wrapper: ProcRef; startedAt: string; timeoutSeconds?: number };
+  /**
+   * The entrypoint. `starting` is saved before the entrypoint's helper is started and cleared once
+   * its pid is saved: a host that dies in between finds out at its next start whether the start
+   * happened (see adoptInterruptedStart), so an entrypoint is never started twice.
+   */
+  entrypoint?: { wrapper: ProcRef; startedAt: string; timeoutSeconds?: number; starting?: boolean };
 }
 
 /**
@@ -155,12 +161,15 @@ export abstract class BaseProvider implements SandboxProvider {
   /** Where sandboxes of sessions keep their files (see ProviderOptions.scratchDir); null: in DATA_DIR. */
   protected scratchDir: string | null = null;
   private readonly scratchOption: string | null | undefined;
+  /** Records every entrypoint start before it happens (null: off). */
+  protected readonly audit: AuditLog | null;
 
   constructor(opts: ProviderOptions) {
     this.dataDir = path.resolve(opts.dataDir);
     this.hostId = opts.hostId;
     this.log = opts.logger ?? pino({ level: 'silent' });
     this.scratchOption = opts.scratchDir;
+    this.audit = opts.auditLog === null ? null : new AuditLog(opts.auditLog ?? defaultAuditLogPath(this.dataDir));
     if (/[,:\s]/.test(this.dataDir)) throw new Error(`DATA_DIR must not contain ',', ':' or spaces: ${this.dataDir}`);
   }
 
@@ -295,6 +304,7 @@ export abstract class BaseProvider implements SandboxProvider {
         await this.destroyUnlocked(id).catch((err) => this.log.error({ err, sandboxId: id }, 'cleanup failed'));
         continue;
       }
+      if (state.entrypoint?.starting) await this.adoptInterruptedStart(state);
       if (state.status === 'running' && !this.isLive(state)) {
         state.status = 'stopped';
         await this.saveState(state);
@@ -313,7 +323,15 @@ export abstract class BaseProvider implements SandboxProvider {
     assertId(req.id);
     return this.lock.run(req.id, async () => {
       const existing = this.states.get(req.id);
-      if (existing) return { info: this.info(existing), created: false };
+      if (existing) {
+        // A create retried after a host crash that came before the entrypoint's start (see
+        // adoptInterruptedStart) starts it now; one that finds it started never starts it again.
+        if (req.entrypoint && !existing.entrypoint && existing.status === 'running' && this.isLive(existing)) {
+          await this.startEntrypointUnlocked(existing, req.entrypoint);
+          await this.saveState(existing);
+        }
+        return { info: this.info(existing), created: false };
+      }
       envPairs(req.envs, req.entrypoint?.env);
       const t0 = Date.now();
       const state: SandboxState = {
@@ -362,6 +380,28 @@ export abstract class BaseProvider implements SandboxProvider {
       this.log.info({ sandboxId: req.id, ms: Date.now() - t0 }, 'sandbox created');
       return { info: this.info(state), created: true };
     });
+  }
+
+  /**
+   * A host that died while starting an entrypoint left `starting` in its state.json: the start may
+   * or may not have happened. Its helper (the process whose command line names the sandbox's exit
+   * file) or its exit file says that it did: the entrypoint is adopted. Otherwise it never started,
+   * and a create of the same sandbox (the caller's retry) starts it. Either way it runs once.
+   */
+  private async adoptInterruptedStart(state: SandboxState): Promise<void> {
+    const exitFile = path.join(this.dirOf(state.id), 'entrypoint.exit');
+    // The helper first: it writes the exit file before it exits, so one of the two is seen.
+    const helper = await processNaming(exitFile);
+    const exited = await fsp.stat(exitFile).then(() => true, () => false);
+    if (helper !== null || exited) {
+      const { starting: _, ...ep } = state.entrypoint!;
+      state.entrypoint = { ...ep, wrapper: procRef(helper ?? undefined) ?? { pid: 0, start: -1 } };
+      this.log.warn({ sandboxId: state.id, pid: helper }, 'adopted an entrypoint whose start the previous host did not finish recording');
+    } else {
+      delete state.entrypoint;
+      this.log.warn({ sandboxId: state.id }, 'the previous host died before starting the entrypoint; the next create starts it');
+    }
+    await this.saveState(state);
   }
 
   /** Removes scratch directories no sandbox links to (the host died between making one and linking it). */
@@ -536,6 +576,25 @@ export abstract class BaseProvider implements SandboxProvider {
         `printf '%s\\n' "$code" > ${shq(exitFile)}`;
       wrapperArgv = ['/bin/sh', '-c', script, 'sh', ...inner];
     }
+    // Saved before the start (on disk only: until the helper runs, the entrypoint is not there to
+    // report on): after a crash, the next host knows that a start may have happened.
+    const starting = { wrapper: { pid: 0, start: -1 }, startedAt: new Date().toISOString(), ...(spec.timeoutSeconds ? { timeoutSeconds: spec.timeoutSeconds } : {}), starting: true };
+    await this.saveState({ ...state, entrypoint: starting });
+    // On disk before the start: a run that happens is never missing from the log.
+    try {
+      await this.audit?.record({
+        at: new Date().toISOString(),
+        event: 'entrypoint_start',
+        sandboxId: state.id,
+        orgId: state.orgId,
+        hostId: state.hostId,
+        ...(state.owner ? { owner: state.owner } : {}),
+      });
+    } catch (e) {
+      this.log.error({ err: e, sandboxId: state.id }, 'entrypoint audit log write failed');
+      await this.saveState(state);
+      throw new SandboxError('internal', `could not record the entrypoint start of ${state.id} in the audit log: ${(e as Error).message}`);
+    }
     let pid: number;
     try {
       pid = await this.spawner.spawn({
@@ -546,6 +605,7 @@ export abstract class BaseProvider implements SandboxProvider {
       });
     } catch (e) {
       this.log.error({ err: e, sandboxId: state.id }, 'entrypoint wrapper failed');
+      await this.saveState(state);
       throw new SandboxError('internal', `could not start the entrypoint of ${state.id}: ${(e as Error).message}`);
     }
     const wrapper = procRef(pid) ?? { pid, start: -1 };
@@ -697,6 +757,7 @@ export abstract class BaseProvider implements SandboxProvider {
   /** See SandboxProvider.close: stops the spawner helper (the processes it started live on). */
   async close(): Promise<void> {
     this.spawner.close();
+    await this.audit?.close();
     // An empty scratch directory goes with the host (the next start makes it again); one that holds
     // running sessions' sandboxes stays.
     if (this.scratchDir) await fsp.rmdir(this.scratchDir).catch(() => undefined);
@@ -711,5 +772,15 @@ export abstract class BaseProvider implements SandboxProvider {
 
 function signalName(n: number): string | null {
   for (const [name, num] of Object.entries(osConstants.signals)) if (num === n) return name;
+  return null;
+}
+
+/** The pid of a live process with an argument containing `text`, or null. */
+async function processNaming(text: string): Promise<number | null> {
+  for (const name of await fsp.readdir('/proc')) {
+    if (!/^\d+$/.test(name)) continue;
+    const cmdline = await fsp.readFile(`/proc/${name}/cmdline`, 'utf8').catch(() => '');
+    if (cmdline.split('\0').some((a) => a.includes(text)) && procStart(Number(name)) !== null) return Number(name);
+  }
   return null;
 }

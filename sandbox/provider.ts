@@ -132,6 +132,11 @@ export interface ProviderOptions {
    * reused once its sandbox is gone) maps its ids 0..65535 to base + n × 65536 + 0..65535.
    */
   idBase?: number;
+  /**
+   * The entrypoint audit log (see audit-log.ts): one fsync'd line per entrypoint start.
+   * Default: DATA_DIR/audit/entrypoints.ndjson; null: off.
+   */
+  auditLog?: string | null;
 }
 
 /** Creates the provider of the given kind. The `process` provider offers no isolation and says so in the log. */

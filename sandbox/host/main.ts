@@ -3,6 +3,7 @@
  * DATA_DIR (required), HOST_TOKEN (required), HOST_ID (default hostname), SANDBOX_PROVIDER
  * (bwrap | process, default bwrap), HOST_LISTEN (default 127.0.0.1:7300), LOG_LEVEL (default info),
  * SANDBOX_SCRATCH_DIR (where sessions' sandboxes keep their files; default /dev/shm when it is a tmpfs, `off`: DATA_DIR),
+ * SANDBOX_AUDIT_LOG (the entrypoint audit log; default DATA_DIR/audit/entrypoints.ndjson, `off`: none),
  * and the sandboxes' default limits and maxima (SANDBOX_MEMORY_MB, SANDBOX_MAX_MEMORY_MB, …: config/limits.ts).
  * SIGTERM/SIGINT stop the HTTP server; sandboxes keep running and are adopted by the next start.
  */
@@ -20,6 +21,8 @@ const envSchema = z.object({
   HOST_LISTEN: z.string().default('127.0.0.1:7300'),
   // Where sessions' sandboxes keep their files: unset = /dev/shm when it is a tmpfs, 'off' = DATA_DIR.
   SANDBOX_SCRATCH_DIR: z.string().optional(),
+  // One fsync'd line per entrypoint start: a path, or 'off'.
+  SANDBOX_AUDIT_LOG: z.string().min(1).optional(),
   LOG_LEVEL: z.enum(['trace', 'debug', 'info', 'warn', 'error', 'fatal', 'silent']).default('info'),
   ...limitsEnvShape,
 });
@@ -47,6 +50,7 @@ async function main(): Promise<void> {
     scratchDir: env.SANDBOX_SCRATCH_DIR === 'off' ? null : env.SANDBOX_SCRATCH_DIR || undefined,
     limits,
     logger,
+    auditLog: env.SANDBOX_AUDIT_LOG === 'off' ? null : env.SANDBOX_AUDIT_LOG,
   });
   let stopping = false;
   const stop = (signal: string) => {

@@ -270,6 +270,8 @@ export interface StartHostOptions {
   scratchDir?: string | null;
   /** Default limits and maxima of sandboxes; default: from the SANDBOX_* environment variables (config/limits.ts). */
   limits?: SandboxLimits;
+  /** See ProviderOptions.auditLog (default DATA_DIR/audit/entrypoints.ndjson; null: off). */
+  auditLog?: string | null;
 }
 
 /** A running host. `close()` stops the HTTP server, exec sessions' sockets and the provider's spare init; sandboxes keep running. */
@@ -289,7 +291,7 @@ export async function startHost(opts: StartHostOptions): Promise<RunningHost> {
   const provider =
     typeof opts.provider === 'object'
       ? opts.provider
-      : createSandboxProvider({ kind: opts.provider ?? 'bwrap', dataDir: opts.dataDir, hostId, logger, scratchDir: opts.scratchDir });
+      : createSandboxProvider({ kind: opts.provider ?? 'bwrap', dataDir: opts.dataDir, hostId, logger, scratchDir: opts.scratchDir, auditLog: opts.auditLog });
   await provider.init();
   const exec = new ExecManager(provider, logger);
   const forward = new PortForwarder(provider, opts.dataDir, logger);

@@ -122,6 +122,76 @@ describe('sandbox host (bwrap)', () => {
     expect(await client.getSandbox(id)).toMatchObject({ id });
   });
 
+  it('records every entrypoint start once, fsync\'d before the start, in the audit log (not a create that finds the sandbox)', async () => {
+    const log = path.join(dataDir, 'audit', 'entrypoints.ndjson');
+    const linesOf = async (sessionId: string) =>
+      (await fsp.readFile(log, 'utf8').catch(() => ''))
+        .split('\n')
+        .filter(Boolean)
+        .map((l) => JSON.parse(l))
+        .filter((e) => e.owner?.id === sessionId);
+    const sessionId = `sess_audit${process.pid}`;
+    const id = newId();
+    const req = { id, orgId: 'org1', owner: { kind: 'session' as const, id: sessionId }, entrypoint: { argv: ['true'] } };
+    await client.createSandbox(req);
+    await client.createSandbox(req);
+    await expect(client.startEntrypoint(id, { argv: ['true'] })).rejects.toMatchObject({ type: 'conflict' });
+    const st = await client.entrypointStatus(id, { waitMs: 10000 });
+    const lines = await linesOf(sessionId);
+    expect(lines).toEqual([{ at: expect.any(String), event: 'entrypoint_start', sandboxId: id, orgId: 'org1', hostId: 'test-host', owner: { kind: 'session', id: sessionId } }]);
+    expect(st.state).toBe('exited');
+    if (st.state !== 'none') expect(Date.parse(lines[0].at)).toBeLessThanOrEqual(Date.parse(st.startedAt));
+    // A sandbox without an entrypoint has no line until one is started.
+    const other = newId();
+    const otherOwner = `${sessionId}b`;
+    await client.createSandbox({ id: other, orgId: 'org1', owner: { kind: 'session', id: otherOwner } });
+    expect(await linesOf(otherOwner)).toEqual([]);
+    await client.startEntrypoint(other, { argv: ['true'] });
+    expect((await linesOf(otherOwner)).map((e) => e.sandboxId)).toEqual([other]);
+    expect((await fsp.stat(log)).mode & 0o777).toBe(0o600);
+    await client.destroySandbox(id);
+    await client.destroySandbox(other);
+  });
+
+  it('never starts an entrypoint twice when the host died while starting it: adopts one that started, starts one that did not', async () => {
+    const log = path.join(dataDir, 'audit', 'entrypoints.ndjson');
+    const startsOf = async (owner: string) => (await fsp.readFile(log, 'utf8')).split('\n').filter((l) => l.includes(`"${owner}"`)).length;
+    const stateFile = (id: string) => path.join(dataDir, 'sandboxes', id, 'state.json');
+    const tag = `sess_crash${process.pid}`;
+    const running = { id: newId(), orgId: 'o', owner: { kind: 'session' as const, id: `${tag}r` }, entrypoint: { argv: ['sleep', '300'] } };
+    const exited = { id: newId(), orgId: 'o', owner: { kind: 'session' as const, id: `${tag}e` }, entrypoint: { argv: ['bash', '-c', 'exit 4'] } };
+    const never = { id: newId(), orgId: 'o', owner: { kind: 'session' as const, id: `${tag}n` }, entrypoint: { argv: ['bash', '-c', 'exit 5'] } };
+    await client.createSandbox(running);
+    await client.createSandbox(exited);
+    await client.createSandbox({ ...never, entrypoint: undefined });
+    const helper = await client.entrypointStatus(running.id);
+    expect(helper.state).toBe('running');
+    expect((await client.entrypointStatus(exited.id, { waitMs: 10_000 })).state).toBe('exited');
+    await host.close();
+    // What a host that died between saving `starting` and saving the helper's pid leaves: for the
+    // first two the start happened, for the third it did not.
+    for (const { id } of [running, exited]) {
+      const st = JSON.parse(await fsp.readFile(stateFile(id), 'utf8'));
+      await fsp.writeFile(stateFile(id), JSON.stringify({ ...st, entrypoint: { ...st.entrypoint, wrapper: { pid: 0, start: -1 }, starting: true } }));
+    }
+    const st = JSON.parse(await fsp.readFile(stateFile(never.id), 'utf8'));
+    await fsp.writeFile(stateFile(never.id), JSON.stringify({ ...st, entrypoint: { wrapper: { pid: 0, start: -1 }, startedAt: new Date().toISOString(), starting: true } }));
+    host = await startHost({ dataDir, token: TOKEN, listen: '127.0.0.1:0', hostId: 'test-host' });
+    client = new HostClient({ url: host.url, token: TOKEN });
+    try {
+      expect(await client.entrypointStatus(running.id)).toMatchObject({ state: 'running', pid: helper.state === 'running' ? helper.pid : -1 });
+      expect(await client.entrypointStatus(exited.id)).toMatchObject({ state: 'exited', exitCode: 4 });
+      expect(await client.entrypointStatus(never.id)).toEqual({ state: 'none' });
+      // The callers' retries: the two that started are not started again; the third starts now.
+      for (const req of [running, exited, never]) await client.createSandbox(req);
+      expect(await client.entrypointStatus(running.id)).toMatchObject({ state: 'running' });
+      expect(await client.entrypointStatus(never.id, { waitMs: 10_000 })).toMatchObject({ state: 'exited', exitCode: 5 });
+      for (const req of [running, exited, never]) expect(await startsOf(req.owner.id)).toBe(1);
+    } finally {
+      for (const req of [running, exited, never]) await client.destroySandbox(req.id);
+    }
+  });
+
   it('answers a create with the exit and a file of an entrypoint that ends within awaitExit, and says running otherwise', async () => {
     const quick = (argv: string[], maxBytes = 100) =>
       client.createSandbox({ id: newId(), orgId: 'o', entrypoint: { argv }, awaitExit: { waitMs: 10_000, readFile: { path: '/tmp/out.json', maxBytes } } });

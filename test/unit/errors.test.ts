@@ -1,3 +1,5 @@
+import { MongoNetworkError, MongoServerError } from 'mongodb';
+import { ServiceError } from '@temporalio/client';
 import { toApiError } from '../../api/app';
 import { ApiError, ERROR_STATUS } from '../../lib/errors';
 import { afterCursor, decodeCursor, encodeCursor } from '../../api/cursor';
@@ -19,6 +21,27 @@ describe('error vocabulary', () => {
     const internal = toApiError(new Error('secret stack detail'));
     expect(internal.type).toBe('internal');
     expect(internal.message).not.toMatch(/secret/);
+  });
+});
+
+describe('outages of backing services', () => {
+  const grpcError = (code: number) => Object.assign(new Error(`${code} grpc`), { code, details: 'x', metadata: {} });
+
+  it('answers 503 unavailable, naming the service, when MongoDB or Temporal cannot be reached', () => {
+    const mongo = toApiError(new MongoNetworkError('connect ECONNREFUSED 127.0.0.1:27017'));
+    expect([mongo.status, mongo.type]).toEqual([503, 'unavailable']);
+    expect(mongo.message).toMatch(/MongoDB/);
+    expect(mongo.message).not.toMatch(/27017/);
+    const temporal = toApiError(new ServiceError('Failed to query Workflow', { cause: grpcError(14) }));
+    expect([temporal.status, temporal.message]).toEqual([503, 'Temporal is unavailable; retry shortly']);
+    const socket = toApiError(new TypeError('fetch failed', { cause: Object.assign(new Error('connect ECONNREFUSED'), { code: 'ECONNREFUSED' }) }));
+    expect(socket.status).toBe(503);
+  });
+
+  it('keeps other failures of those services a 500', () => {
+    expect(toApiError(new MongoServerError({ message: 'bad query', code: 2 })).status).toBe(500);
+    expect(toApiError(new ServiceError('Failed', { cause: grpcError(3) })).status).toBe(500);
+    expect(toApiError(Object.assign(new Error('no such file'), { code: 'ENOENT' })).status).toBe(500);
   });
 });
 
