@@ -187,7 +187,7 @@ export async function startStack(o: StackOptions): Promise<Stack> {
       cmd: process.execPath,
       args: [...nodeArgs, path.join(DIST, 'worker', 'main.js')],
       ready: (p) =>
-        waitFor('worker', async () => fs.readFileSync(path.join(logDir, 'worker.log'), 'utf8').includes('"worker running"'), 60_000, p),
+        waitFor('worker', async () => logSince(path.join(logDir, 'worker.log'), logOffsets.get(p) ?? 0).includes('"worker running"'), 60_000, p),
     }),
     api: () => ({
       cmd: process.execPath,
@@ -196,6 +196,7 @@ export async function startStack(o: StackOptions): Promise<Stack> {
     }),
   };
 
+  const logOffsets = new WeakMap<ChildProcess, number>();
   const spec = (name: ProcName): ProcSpec => {
     const { cmd, args, ready } = commands[name]();
     return { spawn: () => spawnLogged(name, cmd, args), ready };
@@ -203,8 +204,10 @@ export async function startStack(o: StackOptions): Promise<Stack> {
 
   function spawnLogged(name: ProcName, cmd: string, args: string[]): ChildProcess {
     const logFile = path.join(logDir, `${name}.log`);
-    if (name === 'worker') fs.writeFileSync(logFile, '');
     const out = fs.openSync(logFile, 'a');
+    // Where this child's output starts: the worker's readiness is read from its own lines only (a
+    // restart keeps the dead one's lines, which tell why it died).
+    const offset = fs.fstatSync(out).size;
     // The servers' own output stays in their log files; our processes' lines are also echoed.
     const echo = name === 'temporal' || name === 'mongo' ? undefined : o.echo;
     const child = spawn(cmd, args, { env, stdio: ['ignore', echo ? 'pipe' : out, echo ? 'pipe' : out], cwd: PROJECT_ROOT });
@@ -223,6 +226,7 @@ export async function startStack(o: StackOptions): Promise<Stack> {
       }
     }
     child.once('exit', () => fs.closeSync(out));
+    logOffsets.set(child, offset);
     return child;
   }
 
@@ -267,6 +271,19 @@ export async function startStack(o: StackOptions): Promise<Stack> {
     throw err;
   }
   return stack;
+}
+
+/** What was appended to `file` after `offset`. */
+function logSince(file: string, offset: number): string {
+  const fd = fs.openSync(file, 'r');
+  try {
+    const size = fs.fstatSync(fd).size;
+    const buf = Buffer.alloc(Math.max(0, size - offset));
+    fs.readSync(fd, buf, 0, buf.length, offset);
+    return buf.toString('utf8');
+  } finally {
+    fs.closeSync(fd);
+  }
 }
 
 /** Replaces <dataDir>/stack.json atomically (a reader never sees half a file). */

@@ -97,6 +97,17 @@ describe('supervised stack', () => {
     }
   }, 180_000);
 
+  it('restarts a SIGKILLed API; the worker and the host carry on', async () => {
+    const agent = await bashAgent(COPY);
+    const { worker: workerPid, host: hostPid } = stackFile().pids;
+    const pid = crash('api');
+    await restarted('api', pid);
+    const s = await startSession(agent, { input: { after: 'api kill' } });
+    const done = await waitForStatus(agent, s.id, ['completed', 'failed'], 120_000);
+    expect(done).toMatchObject({ status: 'completed', result: { after: 'api kill' } });
+    expect(stackFile().pids).toMatchObject({ worker: workerPid, host: hostPid });
+  }, 180_000);
+
   it('restarts a SIGKILLed FerretDB; the API and the worker reconnect without a restart of their own', async () => {
     const agent = await bashAgent(COPY);
     const { api: apiPid, worker: workerPid, host: hostPid } = stackFile().pids;
