@@ -7,7 +7,7 @@ prints a summary: operations, requests, statuses, 5xx answers, contract violatio
 Exit status 0 only when there is no 5xx answer, no contract violation and no failed check.
 
 Settings (environment): SAP_API_URL (default http://127.0.0.1:8080), SAP_API_KEY (default dev-key),
-FUZZ_MAX_EXAMPLES (per operation and phase, default 25), FUZZ_WORKERS (default 2), FUZZ_SEED (default random),
+FUZZ_MAX_EXAMPLES (per operation and phase, default 25), FUZZ_WORKERS (default 1: with 2, hypothesis on Python 3.11 hit a SystemError in ast.parse once), FUZZ_SEED (default random),
 FUZZ_MAX_TIME (seconds, default 600).
 """
 import collections
@@ -94,7 +94,7 @@ def main():
         "--checks", checks,
         "--phases", "examples,coverage,fuzzing",
         "--max-examples", os.environ.get("FUZZ_MAX_EXAMPLES", "25"),
-        "--workers", os.environ.get("FUZZ_WORKERS", "2"),
+        "--workers", os.environ.get("FUZZ_WORKERS", "1"),
         "--max-time", os.environ.get("FUZZ_MAX_TIME", "600"),
         "--request-timeout", "90",
         "--suppress-health-check", "all",
