@@ -19,7 +19,7 @@ import { registerSnapshotRoutes } from './routes/snapshots';
 import { registerInstanceRoutes } from './routes/instances';
 import { registerCapacityRoutes } from './routes/capacity';
 import { registerPreviewRoutes } from './routes/previews';
-import { registerExecRoutes, registerExecSocket } from './routes/exec';
+import { closeWith, registerExecRoutes, registerExecSocket } from './routes/exec';
 import { registerSandboxAgentRoutes } from './routes/sandbox-agents';
 import { notReadyMessage, Readiness } from './readiness';
 
@@ -118,11 +118,20 @@ export function createApp(deps: ApiDeps, opts: { server?: http.Server } = {}): {
   app.use(router);
 
   app.use((req, _res, next) => {
-    next(new ApiError('not_found', `no route for ${req.method} ${req.path}`));
+    // express-ws routes an upgrade as GET <path>/.websocket: name the path the client asked for.
+    const path = (req as { ws?: unknown }).ws ? req.path.replace(/\/\.websocket$/, '') : req.path;
+    next(new ApiError('not_found', `no route for ${(req as { ws?: unknown }).ws ? 'WebSocket' : req.method} ${path}`));
   });
   app.use((err: unknown, req: Request, res: Response, _next: NextFunction) => {
     const e = toApiError(err);
     if (e.status >= 500) req.log?.error({ err }, 'request failed');
+    // An upgrade no WebSocket route took (express-ws has completed the handshake): the error body as
+    // a text frame, then a policy-violation close, as the exec attach refuses.
+    const ws = (req as { ws?: import('ws').WebSocket }).ws;
+    if (ws) {
+      closeWith(ws, e.status >= 500 ? 1011 : 1008, e.type, e.message);
+      return;
+    }
     if (res.headersSent) {
       res.end();
       return;

@@ -34,7 +34,7 @@ export interface RouteDef<PS extends AnyObject, QS extends AnyObject, BS extends
   query?: QS;
   body?: BS;
   /** Documented success answers: status → schema (or null for no body). */
-  responses: Record<number, { description: string; schema?: ZodType }>;
+  responses: Record<number, { description: string; schema?: ZodType; /** default application/json */ contentType?: string }>;
   /** Error types this route may answer with, for the document. */
   errors?: number[];
   handler: (ctx: Ctx<z.infer<PS>, z.infer<QS>, z.infer<BS>>) => Promise<void> | void;
@@ -78,9 +78,10 @@ export class RouteTable {
   add<PS extends AnyObject, QS extends AnyObject, BS extends ZodType>(def: RouteDef<PS, QS, BS>): void {
     const responses: Record<string, { description: string; content?: Record<string, { schema: ZodType }> }> = {};
     for (const [status, r] of Object.entries(def.responses)) {
-      responses[status] = r.schema ? { description: r.description, content: { 'application/json': { schema: r.schema } } } : { description: r.description };
+      responses[status] = r.schema ? { description: r.description, content: { [r.contentType ?? 'application/json']: { schema: r.schema } } } : { description: r.description };
     }
-    for (const status of [400, 401, 404, ...(def.errors ?? [])]) {
+    // Any route with a body may also meet the body parser's 413 (too large) and 415 (not JSON).
+    for (const status of [400, 401, 404, ...(def.body ? [413, 415] : []), ...(def.errors ?? [])]) {
       responses[String(status)] ??= { description: 'Error', content: { 'application/json': { schema: ErrorBodySchema } } };
     }
     this.registry.registerPath({

@@ -252,7 +252,7 @@ export function registerBatchRoutes(t: RouteTable, deps: ApiDeps): void {
       'Stream finished items as NDJSON lines { index, session_id, status, data, error?, attempts }, in index order, starting after `after`. The stream stops at the first item not finished yet: pass the last index read as `after` to resume. Headers: X-Batch-Status, X-Next-After (the `after` to send next).',
     params: BatchParams,
     query: BatchResultsQuery,
-    responses: { 200: { description: 'application/x-ndjson, one BatchResultLine per line', schema: BatchResultLine } },
+    responses: { 200: { description: 'One BatchResultLine per line', schema: BatchResultLine, contentType: 'application/x-ndjson' } },
     handler: async ({ params, query, org, res }) => {
       const b = await getBatch(deps, org.id, params.agentId, params.id);
       const end = Math.min(b.total, query.after + 1 + query.limit);

@@ -441,7 +441,7 @@ function resumeSocket(ws: AnySocket): void {
   else ws._socket?.resume();
 }
 
-function closeWith(ws: WebSocket, code: number, type: string, message: string): void {
+export function closeWith(ws: WebSocket, code: number, type: string, message: string): void {
   if (ws.readyState !== WebSocket.OPEN) {
     ws.terminate();
     return;
