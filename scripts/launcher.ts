@@ -192,7 +192,9 @@ export async function startStack(o: StackOptions): Promise<Stack> {
     api: () => ({
       cmd: process.execPath,
       args: [...nodeArgs, path.join(DIST, 'api', 'main.js')],
-      ready: (p) => waitFor('api', httpOk(`http://127.0.0.1:${o.apiPort}/readyz`), 60_000, p),
+      // Liveness, not /readyz: an API (re)started while the worker or host is down is still up and
+      // answers 503s with the reason; waiting for readiness would count it as a failed start.
+      ready: (p) => waitFor('api', httpOk(`http://127.0.0.1:${o.apiPort}/healthz`), 60_000, p),
     }),
   };
 
