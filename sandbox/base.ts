@@ -73,6 +73,11 @@ export interface EnterOptions {
   killAfterSeconds?: number;
   /** Where the exit code ("<code>\n", one write) goes when the process ends. */
   exitFile?: string;
+  /**
+   * The process is hung up (SIGHUP to its group) when the process that started it dies: for
+   * processes that only this host process can serve (exec sessions, patches), never for entrypoints.
+   */
+  hangUpWithCaller?: boolean;
 }
 
 /** Environment every process in a sandbox starts with (the sandbox's and the process's own envs are added). */
@@ -505,7 +510,8 @@ export abstract class BaseProvider implements SandboxProvider {
       throw new SandboxError('invalid_request', 'argv must be non-empty and argv[0] must not contain "="');
     }
     const cgroupProcs = SandboxCgroups.of(id).procsFiles();
-    const direct = this.enterArgv(state, opts, { cgroupProcs });
+    // Exec sessions and patches live in this process's memory: if it dies, they are hung up.
+    const direct = this.enterArgv(state, opts, { cgroupProcs, hangUpWithCaller: true });
     if (direct) {
       return spawn(direct[0]!, direct.slice(1), { stdio: ['pipe', 'pipe', 'pipe'], detached: true, env: { PATH: DEFAULT_ENV.PATH } });
     }

@@ -88,6 +88,17 @@ describe('supervised stack', () => {
       // The restarted host adopted the sandbox (it still answers) but not the exec session.
       expect((await api('GET', `/api/sandboxes/${sb}`)).status).toBe(200);
       expect(await getExec(sb, es.sessionID)).toMatchObject({ running: false });
+      // Nobody can attach to or stop that command any more: it was hung up with the host (SIGHUP to
+      // its group, see sap-sandbox-enter -P), not left running unattended.
+      const leftover = async () => {
+        const r = await api('POST', `/api/sandboxes/${sb}/exec/run`, {
+          body: { cmd: 'bash', args: ['-c', "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done | grep -c '[s]leep 600'; true"] },
+        });
+        return Number(String(r.body.stdout).trim());
+      };
+      await eventually(async () => (await leftover()) === 0, 30_000, 250).catch(async () => {
+        throw new Error(`the exec session's command still runs in its sandbox after the host restart (${await leftover()} processes)`);
+      });
       const again = attach(sb, es.sessionID);
       expect((await again.closed).code).toBe(1011);
       expect(JSON.parse(again.texts[0])).toEqual({ error: { type: 'not_found', message: expect.any(String) } });

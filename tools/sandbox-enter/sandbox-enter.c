@@ -3,7 +3,7 @@
  * `sh` + `nsenter` + `setpriv` + `env` + `timeout`.
  *
  *   sap-sandbox-enter [-c CGROUP_PROCS]... -n PID -S SECCOMP_FILE [-w DIR] [-e NAME=VALUE]... [-g]
- *                     [-t SECONDS [-k SECONDS]] [-x EXIT_FILE] -- PROGRAM [ARG]...
+ *                     [-t SECONDS [-k SECONDS]] [-x EXIT_FILE] [-P CALLER_PID] -- PROGRAM [ARG]...
  *
  *   -c FILE   join this cgroup: writes the helper's pid into FILE (a `cgroup.procs`); a controller
  *             that is missing or refuses is skipped, as the shell's `2>/dev/null` did.
@@ -21,6 +21,11 @@
  *   -t SECS   timeout (decimals allowed; 0: none): then SIGTERM, and SIGKILL -k SECS later (0: never).
  *   -x FILE   when the command has ended, write its status ("<code>\n", one write) into FILE. FILE
  *             is created (emptied) at start, before entering, since it is a path of the caller's.
+ *   -P PID    the caller's pid (the helper's parent): when the caller dies, the command is hung up,
+ *             as a terminal's would be: SIGHUP (and SIGCONT) to its process group (with or without
+ *             -g). A command that ignores SIGHUP (nohup) runs on; its status is still waited for.
+ *             Nothing starts when the caller is already gone. Exec sessions live in the sandbox
+ *             host's memory: this ends them with the host instead of leaving them unattended.
  *
  * Steps: join the cgroups; raise its oom_score_adj to 500 (inherited by the command: the OOM killer's
  * first choice); read the seccomp filter; open the exit file, /proc/PID/ns/... and
@@ -86,6 +91,7 @@ struct options {
   struct sock_fprog seccomp;
   double timeout, kill_after;
   int own_group;
+  long caller; /* -P: 0 when not given */
   char **argv;
 };
 
@@ -97,7 +103,7 @@ static int usage(const char *arg) {
   fprintf(stderr,
           "sap-sandbox-enter: bad argument %s\n"
           "usage: sap-sandbox-enter [-c CGROUP_PROCS]... -n PID -S SECCOMP_FILE [-w DIR] [-e NAME=VALUE]... [-g]\n"
-          "                         [-t SECONDS [-k SECONDS]] [-x EXIT_FILE] -- PROGRAM [ARG]...\n",
+          "                         [-t SECONDS [-k SECONDS]] [-x EXIT_FILE] [-P CALLER_PID] -- PROGRAM [ARG]...\n",
           arg);
   return EXIT_SETUP;
 }
@@ -150,6 +156,14 @@ static int parse_args(int argc, char **argv, struct options *o) {
       case 'S': o->seccomp_file = v; break;
       case 't': if (parse_seconds(v, &o->timeout)) return usage(v); break;
       case 'k': if (parse_seconds(v, &o->kill_after)) return usage(v); break;
+      case 'P': {
+        char *end;
+        errno = 0;
+        long pid = strtol(v, &end, 10);
+        if (errno || *end || pid <= 0 || pid > INT_MAX) return usage(v);
+        o->caller = pid;
+        break;
+      }
       default: return usage(a);
     }
   }
@@ -274,6 +288,18 @@ int main(int argc, char **argv) {
   /* Whatever the caller let through is not passed on. */
   syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC);
 
+  /*
+   * -P: SIGHUP when the caller dies. Until the signals are waited for below, it ends the helper (and
+   * the command with it, by the command's own PR_SET_PDEATHSIG). Set before checking the parent, so a
+   * death between the two cannot be missed.
+   */
+  if (o.caller) {
+    prctl(PR_SET_PDEATHSIG, SIGHUP, 0, 0, 0);
+    if (getppid() != (pid_t)o.caller) {
+      fprintf(stderr, "sap-sandbox-enter: the caller (pid %ld) is gone\n", o.caller);
+      return EXIT_SETUP;
+    }
+  }
   join_cgroups(&o);
   if (!o.ns_pid) return usage("(no -n)");
   /*
@@ -367,6 +393,7 @@ int main(int argc, char **argv) {
   long long term_at = o.timeout > 0 ? now_ns() + (long long)(o.timeout * 1e9) : -1;
   long long kill_at = -1;
   int timed_out = 0;
+  int hung_up = 0;
   for (;;) {
     int status;
     pid_t r = waitpid(child, &status, WNOHANG);
@@ -402,6 +429,19 @@ int main(int argc, char **argv) {
       } else if (kill_at >= 0 && t >= kill_at) {
         kill_at = -1;
         signal_child(&o, child, SIGKILL);
+      }
+      continue;
+    }
+    if (sig == SIGHUP && o.caller && !hung_up && getppid() != (pid_t)o.caller) {
+      /* The caller died: hang the command up, once (without -g the group is the helper's own, and the
+       * helper gets this SIGHUP back: hung_up makes it a no-op). */
+      hung_up = 1;
+      if (o.own_group) {
+        signal_child(&o, child, SIGHUP);
+        signal_child(&o, child, SIGCONT);
+      } else {
+        kill(0, SIGHUP);
+        kill(0, SIGCONT);
       }
       continue;
     }
