@@ -117,6 +117,15 @@ static int parse_seconds(const char *s, double *out) {
   return 0;
 }
 
+static int parse_pid(const char *s, long *out) {
+  char *end;
+  errno = 0;
+  long pid = strtol(s, &end, 10);
+  if (errno || end == s || *end || pid <= 0 || pid > INT_MAX) return -1;
+  *out = pid;
+  return 0;
+}
+
 static int parse_args(int argc, char **argv, struct options *o) {
   memset(o, 0, sizeof *o);
   o->cgroups = calloc((size_t)argc, sizeof *o->cgroups);
@@ -143,27 +152,13 @@ static int parse_args(int argc, char **argv, struct options *o) {
         if (!strchr(v, '=') || v[0] == '=') return usage(v);
         o->envs[o->nenvs++] = argv[i];
         break;
-      case 'n': {
-        char *end;
-        errno = 0;
-        long pid = strtol(v, &end, 10);
-        if (errno || *end || pid <= 0 || pid > INT_MAX) return usage(v);
-        o->ns_pid = pid;
-        break;
-      }
+      case 'n': if (parse_pid(v, &o->ns_pid)) return usage(v); break;
       case 'w': o->cwd = v; break;
       case 'x': o->exit_file = v; break;
       case 'S': o->seccomp_file = v; break;
       case 't': if (parse_seconds(v, &o->timeout)) return usage(v); break;
       case 'k': if (parse_seconds(v, &o->kill_after)) return usage(v); break;
-      case 'P': {
-        char *end;
-        errno = 0;
-        long pid = strtol(v, &end, 10);
-        if (errno || *end || pid <= 0 || pid > INT_MAX) return usage(v);
-        o->caller = pid;
-        break;
-      }
+      case 'P': if (parse_pid(v, &o->caller)) return usage(v); break;
       default: return usage(a);
     }
   }
