@@ -183,13 +183,16 @@ export function registerSecretStoreRoutes(t: RouteTable, deps: ApiDeps): void {
       const doc = await getStore(deps, org.id, params.id);
       const now = new Date();
       const sealed = deps.secrets.seal(body.value, sealContext(org.id, doc.id, params.name));
-      const entry = await secretEntriesOf(deps.store).findOneAndUpdate(
-        { _id: `${doc.id}/${params.name}` },
+      const _id = `${doc.id}/${params.name}`;
+      await secretEntriesOf(deps.store).updateOne(
+        { _id },
         { $set: { value: sealed, updatedAt: now }, $setOnInsert: { orgId: org.id, storeId: doc.id, name: params.name, createdAt: now } },
-        { upsert: true, returnDocument: 'after', projection: { value: 0 } },
+        { upsert: true },
       );
       await secretStoresOf(deps.store).updateOne({ _id: doc._id }, { $set: { updatedAt: now } });
-      res.json(entryView(entry!));
+      const entry = await secretEntriesOf(deps.store).findOne({ _id }, { projection: { value: 0 } });
+      if (!entry) throw notFound(`secret ${params.name} in store ${params.id}`); // deleted at the same moment
+      res.json(entryView(entry));
     },
   });
 
@@ -202,8 +205,9 @@ export function registerSecretStoreRoutes(t: RouteTable, deps: ApiDeps): void {
     responses: { 200: { description: 'The deleted secret, without its value', schema: SecretEntryView } },
     handler: async ({ params, org, res }) => {
       const doc = await getStore(deps, org.id, params.id);
-      const entry = await secretEntriesOf(deps.store).findOneAndDelete({ _id: `${doc.id}/${params.name}` }, { projection: { value: 0 } });
-      if (!entry) throw notFound(`secret ${params.name} in store ${params.id}`);
+      const _id = `${doc.id}/${params.name}`;
+      const entry = await secretEntriesOf(deps.store).findOne({ _id }, { projection: { value: 0 } });
+      if (!entry || (await secretEntriesOf(deps.store).deleteOne({ _id })).deletedCount === 0) throw notFound(`secret ${params.name} in store ${params.id}`);
       await secretStoresOf(deps.store).updateOne({ _id: doc._id }, { $set: { updatedAt: new Date() } });
       res.json(entryView(entry));
     },
