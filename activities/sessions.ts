@@ -7,7 +7,7 @@ import type { SessionEnd } from '../workflows/types';
 import { sandboxIdForSession } from '../lib/naming';
 import { ImageError, resolveImage, type ResolvedImage } from '../store/checkpoints';
 import { effectiveResources } from '../config/limits';
-import { secretEnvOf, SecretStoreMissing } from '../store/secrets';
+import { secretEnvOf, SecretStoreMissing, SecretUnreadable } from '../store/secrets';
 
 import type { ActivityDeps } from './deps';
 
@@ -209,6 +209,8 @@ export async function secretEnvOrFail(deps: ActivityDeps, orgId: string, name: s
     return await secretEnvOf(deps.store, deps.secrets, orgId, name);
   } catch (err) {
     if (err instanceof SecretStoreMissing) throw ApplicationFailure.nonRetryable(`the agent's ${err.message}`, 'InvalidAgent');
+    // A retry cannot help: the key is what it is until the operator acts.
+    if (err instanceof SecretUnreadable) throw ApplicationFailure.nonRetryable(err.message, 'InvalidAgent');
     throw err;
   }
 }

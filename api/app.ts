@@ -159,10 +159,12 @@ function requestLogProps(req: Request, res: Response): Record<string, string> {
 
 /**
  * JSON.parse's message without the excerpt of the body that Node puts in it (`…, "<body>" is not
- * valid JSON`): a body may carry a secret value, which must not come back in an error.
+ * valid JSON`, with `...` where it is cut): a body may carry a secret value, which must not come back in an error.
  */
 function withoutExcerpt(message: string): string {
-  return message.replace(/(, )?"[\s\S]*" is not valid JSON/, '$1the body is not valid JSON');
+  return message
+    .replace(/(, )?(\.\.\.)?"[\s\S]*"(\.\.\.)? is not valid JSON/, '$1the body is not valid JSON')
+    .replace(/^Unexpected token '[\s\S]+?'/, 'Unexpected token');
 }
 
 /** Maps any thrown value to an ApiError; internals never reach the client. */

@@ -55,6 +55,14 @@ export class SecretStoreMissing extends Error {
   }
 }
 
+/** A store's secret does not open with this process's key (SECRETS_KEY changed, or differs between processes). */
+export class SecretUnreadable extends Error {
+  override name = 'SecretUnreadable';
+  constructor(storeName: string, secretName: string) {
+    super(`secret ${secretName} of secret store ${storeName} does not open with this SECRETS_KEY; set it again, or give every process the key it was set with`);
+  }
+}
+
 /** True when naming `name` needs no existing store: none at all, or the implicit default. */
 export const needsNoStore = (name: string | undefined | null): boolean => !name || name === DEFAULT_SECRET_STORE;
 
@@ -72,6 +80,13 @@ export async function secretEnvOf(store: Store, box: SecretBox, orgId: string, n
   }
   const entries = await secretEntriesOf(store).find({ storeId: doc.id }).toArray();
   const env: Record<string, string> = {};
-  for (const e of entries) if (e.orgId === orgId) env[e.name] = box.open(e.value, sealContext(orgId, doc.id, e.name));
+  for (const e of entries) {
+    if (e.orgId !== orgId) continue;
+    try {
+      env[e.name] = box.open(e.value, sealContext(orgId, doc.id, e.name));
+    } catch {
+      throw new SecretUnreadable(name, e.name);
+    }
+  }
   return env;
 }

@@ -9,7 +9,7 @@ import { fromJsonText } from '../../store';
 import { deleteSandboxPreviews } from '../preview-proxy';
 import { findOrgSandbox, SandboxDoc, sandboxesOf } from '../../store/sandboxes';
 import { ImageError, resolveImage } from '../../store/checkpoints';
-import { secretEnvOf, SecretStoreMissing } from '../../store/secrets';
+import { secretEnvOf, SecretStoreMissing, SecretUnreadable } from '../../store/secrets';
 
 const EnvName = z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'must be a valid environment variable name');
 
@@ -142,6 +142,7 @@ export async function provisionSandbox(
     secretEnv = await secretEnvOf(deps.store, deps.secrets, orgId, body.secretStore);
   } catch (err) {
     if (err instanceof SecretStoreMissing) throw invalid(`body.secretStore: no secret store named ${err.storeName}`);
+    if (err instanceof SecretUnreadable) throw new ApiError('internal', err.message);
     throw err;
   }
   const { hostId, client } = origin.hostId ? { hostId: origin.hostId, client: await deps.hosts.get(origin.hostId) } : await deps.hosts.pick();

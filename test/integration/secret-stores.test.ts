@@ -4,6 +4,7 @@ import path from 'node:path';
 import { MongoClient } from 'mongodb';
 import { api as rawApi, eventually, Res, T, unique } from '../helpers/env';
 import { otherOrgKey } from '../helpers/checkpoints';
+import { SecretBox } from '../../lib/secret-box';
 
 /*
  * Secret stores: CRUD and its errors, secrets reaching sessions', instances' and sandboxes'
@@ -116,6 +117,11 @@ describe('secret stores', () => {
     const bad = await api('PUT', `/api/secret-stores/${store.id}/secrets/OK_NAME`, { raw: `{"value": ${VALUE}}`, headers: { 'content-type': 'application/json' } });
     expectError(bad, 400, 'invalid_request');
     expect(bad.body.error.message).toMatch(/malformed JSON/);
+    // Node quotes about ten characters around the error: none of the value's may come back.
+    expect(bad.body.error.message).not.toContain(VALUE.slice(0, 6));
+    const cut = await api('PUT', `/api/secret-stores/${store.id}/secrets/OK_NAME`, { raw: `{"value": "${VALUE}" x}`, headers: { 'content-type': 'application/json' } });
+    expectError(cut, 400, 'invalid_request');
+    expect(cut.body.error.message).not.toMatch(new RegExp(VALUE.slice(-6)));
     // None of these stored anything.
     expect((await api('GET', `/api/secret-stores/${store.id}/secrets`)).body).toEqual([]);
   });
@@ -215,6 +221,36 @@ describe('secret stores', () => {
     // The secret is still A's, unchanged.
     expect((await api('GET', `/api/secret-stores/${store.id}/secrets`)).body.map((s: { name: string }) => s.name)).toEqual(['API_TOKEN']);
   });
+
+  it('fails clearly, without retrying for ever, when a secret does not open with the key (SECRETS_KEY changed)', async () => {
+    const store = await newStore();
+    const client = new MongoClient(T.mongo());
+    try {
+      await client.connect();
+      const doc = await client.db().collection<{ _id: string; orgId: string; id: string }>('secret_stores').findOne({ id: store.id });
+      const now = new Date();
+      // Sealed with another key, in the right context: as if SECRETS_KEY had changed since.
+      const value = new SecretBox(randomBytes(32)).seal(OTHER_VALUE, `${doc!.orgId}/${store.id}/BROKEN`);
+      await client.db().collection<{ _id: string }>('secret_entries').insertOne({ _id: `${store.id}/BROKEN`, orgId: doc!.orgId, storeId: store.id, name: 'BROKEN', value, createdAt: now, updatedAt: now });
+    } finally {
+      await client.close();
+    }
+    const sb = await api('POST', '/api/sandboxes', { body: { secretStore: store.name } });
+    expectError(sb, 500, 'internal');
+    expect(sb.body.error.message).toMatch(/BROKEN.*does not open with this SECRETS_KEY/);
+    const agent = await newAgent({ entrypoint: ['bash', '-c', 'echo {} > /tmp/agent_result.json'], secret_store: store.name });
+    const s = await api('POST', `/v1/agents/${agent}/sessions`, { body: { input: {} } });
+    expect(s.status).toBe(201);
+    const done = await eventually(async () => {
+      const r = await api('GET', `/v1/agents/${agent}/sessions/${s.body.id}`);
+      return ['completed', 'failed'].includes(r.body.status) ? r.body : undefined;
+    }, 60_000);
+    expect([done.status, done.outcome?.reason]).toEqual(['failed', 'provisioning_failed']);
+    expect(done.outcome.message).toMatch(/does not open with this SECRETS_KEY/);
+    // The agent can go once Temporal's visibility has the session ended; then the store can.
+    await eventually(async () => (await api('DELETE', `/v1/agents/${agent}`)).status === 200, 30_000, 500);
+    expect((await api('DELETE', `/api/secret-stores/${store.id}`)).status).toBe(200);
+  }, 120_000);
 
   it('keeps values out of every answer above, every log line and MongoDB (sealed at rest)', async () => {
     expect(answers.length).toBeGreaterThan(40);
