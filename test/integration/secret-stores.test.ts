@@ -5,6 +5,7 @@ import { MongoClient } from 'mongodb';
 import { api as rawApi, eventually, Res, T, unique } from '../helpers/env';
 import { otherOrgKey } from '../helpers/checkpoints';
 import { SecretBox } from '../../lib/secret-box';
+import type { SecretEntryDoc, SecretStoreDoc } from '../../store/secrets';
 
 /*
  * Secret stores: CRUD and its errors, secrets reaching sessions', instances' and sandboxes'
@@ -184,6 +185,19 @@ describe('secret stores', () => {
     expect([inSandbox.status, inSandbox.body.stdout]).toEqual([200, `${sha256(VALUE)}\nfrom-envs\n`]);
     expectError(await api('POST', '/api/sandboxes', { body: { secretStore: unique('nope') } }), 400, 'invalid_request');
 
+    // From a checkpoint: the store is named again (nothing of the source sandbox's env is inherited).
+    const cp = await api('POST', `/api/sandboxes/${sb.body.sandboxID}/checkpoints`, { body: {} });
+    expect(cp.status).toBe(201);
+    cleanup.push(() => api('DELETE', `/api/sandboxes/${sb.body.sandboxID}/checkpoints/${cp.body.id}`));
+    const envCheck = { cmd: 'bash', args: ['-c', 'printf %s "${API_TOKEN-unset}" | sha256sum | cut -d" " -f1'] };
+    for (const [body, expected] of [[{ secretStore: store.name }, sha256(VALUE)], [{}, sha256('unset')]] as const) {
+      const fork = await api('POST', `/api/sandboxes/from-checkpoint/${cp.body.id}`, { body });
+      expect(fork.status).toBe(201);
+      cleanup.push(() => api('DELETE', `/api/sandboxes/${fork.body.sandboxID}`));
+      const run = await api('POST', `/api/sandboxes/${fork.body.sandboxID}/exec/run`, { body: envCheck });
+      expect([JSON.stringify(body), run.body.stdout]).toEqual([JSON.stringify(body), `${expected}\n`]);
+    }
+
     // A secret deleted now reaches new sandboxes only: the running one keeps it.
     expect((await api('DELETE', `/api/secret-stores/${store.id}/secrets/API_TOKEN`)).status).toBe(200);
     const later = await api('POST', '/api/sandboxes', { body: { secretStore: store.name } });
@@ -227,11 +241,11 @@ describe('secret stores', () => {
     const client = new MongoClient(T.mongo());
     try {
       await client.connect();
-      const doc = await client.db().collection<{ _id: string; orgId: string; id: string }>('secret_stores').findOne({ id: store.id });
+      const doc = await client.db().collection<SecretStoreDoc>('secret_stores').findOne({ id: store.id });
       const now = new Date();
       // Sealed with another key, in the right context: as if SECRETS_KEY had changed since.
       const value = new SecretBox(randomBytes(32)).seal(OTHER_VALUE, `${doc!.orgId}/${store.id}/BROKEN`);
-      await client.db().collection<{ _id: string }>('secret_entries').insertOne({ _id: `${store.id}/BROKEN`, orgId: doc!.orgId, storeId: store.id, name: 'BROKEN', value, createdAt: now, updatedAt: now });
+      await client.db().collection<SecretEntryDoc>('secret_entries').insertOne({ _id: `${store.id}/BROKEN`, orgId: doc!.orgId, storeId: store.id, name: 'BROKEN', value, createdAt: now, updatedAt: now });
     } finally {
       await client.close();
     }
