@@ -1,6 +1,7 @@
 import type { Store } from '../store';
 import type { HostClient } from '../sandbox/host/client';
 import type { SandboxLimits } from '../config/limits';
+import type { SecretBox } from '../lib/secret-box';
 
 /** What the activities need from the process that runs them (the worker beside a sandbox host). */
 export interface ActivityDeps {
@@ -12,4 +13,6 @@ export interface ActivityDeps {
   resultMaxBytes: number;
   /** The sandbox limits' defaults and maxima (the same SANDBOX_* variables as the host beside it). */
   limits: SandboxLimits;
+  /** Opens secret-store values (the same SECRETS_KEY as the API's). */
+  secrets: SecretBox;
 }

@@ -7,6 +7,7 @@ import type { SessionEnd } from '../workflows/types';
 import { sandboxIdForSession } from '../lib/naming';
 import { ImageError, resolveImage, type ResolvedImage } from '../store/checkpoints';
 import { effectiveResources } from '../config/limits';
+import { secretEnvOf, SecretStoreMissing, SecretUnreadable } from '../store/secrets';
 
 import type { ActivityDeps } from './deps';
 
@@ -45,11 +46,13 @@ export const createSessionActivities = (deps: ActivityDeps) => ({
     // The agent's limits, else the defaults (the same variables as the host's), sent explicitly so
     // that an OOM's message names the limit that was applied.
     const { memoryMB, cpuCount, diskMB } = effectiveResources(deps.limits, args.run);
+    const secretEnv = await secretEnvOrFail(deps, args.orgId, args.run.secretStore);
     const created = await createOrExplain(deps, {
       id: sandboxId,
       orgId: args.orgId,
       owner: { kind: 'session', id: args.sessionId },
-      envs: { ...image?.env, ...args.run.env, AGENT_INPUT_PATH, AGENT_RESULT_PATH, SESSION_ID: args.sessionId, AGENT_ID: args.agentId },
+      // The agent's own env wins over its store's secrets; the platform's variables win over both.
+      envs: { ...image?.env, ...secretEnv, ...args.run.env, AGENT_INPUT_PATH, AGENT_RESULT_PATH, SESSION_ID: args.sessionId, AGENT_ID: args.agentId },
       files: { ...args.run.files, [AGENT_INPUT_PATH]: input },
       ...(image ? { layers: image.layers, patches: image.patches, ...(image.workdir ? { cwd: image.workdir } : {}) } : {}),
       memoryMB,
@@ -193,6 +196,21 @@ export async function imageOrFail(deps: ActivityDeps, orgId: string, ref: string
     return await resolveImage(deps.store, orgId, ref);
   } catch (err) {
     if (err instanceof ImageError) throw ApplicationFailure.nonRetryable(err.message, 'SnapshotNotFound');
+    throw err;
+  }
+}
+
+/**
+ * The environment from the agent's secret store, opened here (never carried in workflow arguments).
+ * A store deleted since the agent named it fails the session for good, saying which.
+ */
+export async function secretEnvOrFail(deps: ActivityDeps, orgId: string, name: string | undefined): Promise<Record<string, string>> {
+  try {
+    return await secretEnvOf(deps.store, deps.secrets, orgId, name);
+  } catch (err) {
+    if (err instanceof SecretStoreMissing) throw ApplicationFailure.nonRetryable(`the agent's ${err.message}`, 'InvalidAgent');
+    // A retry cannot help: the key is what it is until the operator acts.
+    if (err instanceof SecretUnreadable) throw ApplicationFailure.nonRetryable(err.message, 'InvalidAgent');
     throw err;
   }
 }

@@ -21,6 +21,7 @@ import { registerCapacityRoutes } from './routes/capacity';
 import { registerPreviewRoutes } from './routes/previews';
 import { closeWith, registerExecRoutes, registerExecSocket } from './routes/exec';
 import { registerSandboxAgentRoutes } from './routes/sandbox-agents';
+import { registerSecretStoreRoutes } from './routes/secret-stores';
 import { notReadyMessage, Readiness } from './readiness';
 
 /** Body types the API reads; anything else on a request with a body is 415. */
@@ -105,6 +106,7 @@ export function createApp(deps: ApiDeps, opts: { server?: http.Server } = {}): {
   registerPreviewRoutes(table, deps);
   registerExecRoutes(table, deps);
   registerSandboxAgentRoutes(table, deps);
+  registerSecretStoreRoutes(table, deps);
   registerExecSocket(app, deps, auth);
 
   const openapi = new OpenApiGeneratorV31(table.registry.definitions).generateDocument({
@@ -155,13 +157,23 @@ function requestLogProps(req: Request, res: Response): Record<string, string> {
   return out;
 }
 
+/**
+ * JSON.parse's message without the excerpt of the body that Node puts in it (`…, "<body>" is not
+ * valid JSON`, with `...` where it is cut): a body may carry a secret value, which must not come back in an error.
+ */
+function withoutExcerpt(message: string): string {
+  return message
+    .replace(/(, )?(\.\.\.)?"[\s\S]*"(\.\.\.)? is not valid JSON/, '$1the body is not valid JSON')
+    .replace(/^Unexpected token '[\s\S]+?'/, 'Unexpected token');
+}
+
 /** Maps any thrown value to an ApiError; internals never reach the client. */
 export function toApiError(err: unknown): ApiError {
   if (err instanceof ApiError) return err;
   const e = err as { type?: string; status?: number; limit?: number; message?: string };
   switch (e?.type) {
     case 'entity.parse.failed':
-      return new ApiError('invalid_request', `malformed JSON body: ${e.message ?? ''}`.trim());
+      return new ApiError('invalid_request', `malformed JSON body: ${withoutExcerpt(e.message ?? '')}`.trim());
     case 'entity.too.large':
       return new ApiError('payload_too_large', `request body is larger than the ${e.limit}-byte limit`);
     case 'encoding.unsupported':

@@ -5,7 +5,7 @@ import { connectStore } from '../store';
 import { ensureApiKey } from '../store/orgs';
 import { createApiServer } from './server';
 import { HostDirectory } from './hosts';
-import { resolveHostToken } from '../config';
+import { resolveHostToken, resolveSecretBox } from '../config';
 
 /** The API process: validates configuration, connects, listens, and shuts down on SIGTERM. */
 async function main(): Promise<void> {
@@ -17,7 +17,7 @@ async function main(): Promise<void> {
   const connection = await Connection.connect({ address: cfg.TEMPORAL_ADDRESS });
   const temporal = new Client({ connection, namespace: cfg.TEMPORAL_NAMESPACE });
   const hosts = new HostDirectory(store, resolveHostToken(cfg));
-  const { server, previewServer } = createApiServer({ cfg, store, temporal, logger, hosts });
+  const { server, previewServer } = createApiServer({ cfg, store, temporal, logger, hosts, secrets: resolveSecretBox(cfg) });
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);
     server.listen(cfg.PORT, cfg.HOST, resolve);

@@ -1,6 +1,7 @@
 import path from 'node:path';
 import { z } from 'zod';
 import { limitsEnvShape, resolveLimits, type SandboxLimits } from './limits';
+import { parseSecretsKey, SecretBox } from '../lib/secret-box';
 
 /** Directory of this checkout: the nearest parent holding package.json (from source or dist/). */
 export const PROJECT_ROOT = ((): string => {
@@ -35,6 +36,15 @@ export const configSchema = z.object({
   HOST_ID: nonEmpty.regex(/^[\w.-]+$/, 'letters, digits, _ . - only').optional(),
   HOST_LISTEN: z.string().regex(/^[^:\s]+:\d+$/, 'must be host:port').default('127.0.0.1:7300'),
   HOST_TOKEN: z.string().min(16, 'must be at least 16 characters').optional(),
+  /**
+   * Key that encrypts secret-store values at rest (AES-256-GCM): 64 hex digits or base64 of 32 bytes.
+   * Unset: one is generated once into DATA_DIR/secrets.key (mode 0600). Every API and worker process
+   * must see the same key.
+   */
+  SECRETS_KEY: z
+    .string()
+    .refine((v) => parseSecretsKey(v) !== null, 'must be 64 hex digits or base64 of 32 bytes')
+    .optional(),
   RESULT_MAX_BYTES: z.coerce.number().int().positive().default(4 * 1024 * 1024),
   BODY_LIMIT_BYTES: z.coerce.number().int().positive().default(8 * 1024 * 1024),
   /** The worker's Prometheus endpoint (GET /metrics); the Temporal SDK's exporter takes the next port. 0: off. */
@@ -117,6 +127,38 @@ export function resolveHostToken(cfg: Config): string {
       return fs.readFileSync(file, 'utf8').trim();
     }
   }
+}
+
+/**
+ * The box that seals secret-store values: SECRETS_KEY, or a key generated once and kept (mode 0600)
+ * in DATA_DIR/secrets.key. The file appears whole or not at all (written aside, then linked into
+ * place), so an API and a worker starting together agree on one key.
+ */
+export function resolveSecretBox(cfg: Pick<Config, 'SECRETS_KEY' | 'DATA_DIR'>): SecretBox {
+  if (cfg.SECRETS_KEY) return new SecretBox(parseSecretsKey(cfg.SECRETS_KEY)!);
+  const fs = require('node:fs') as typeof import('node:fs');
+  const file = path.join(cfg.DATA_DIR, 'secrets.key');
+  const read = (): SecretBox => {
+    const key = parseSecretsKey(fs.readFileSync(file, 'utf8'));
+    if (!key) throw new ConfigError(`${file} does not hold a secrets key (64 hex digits)`);
+    return new SecretBox(key);
+  };
+  try {
+    return read();
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
+  }
+  fs.mkdirSync(cfg.DATA_DIR, { recursive: true });
+  const tmp = `${file}.${process.pid}.tmp`;
+  fs.writeFileSync(tmp, (require('node:crypto').randomBytes(32) as Buffer).toString('hex'), { mode: 0o600 });
+  try {
+    fs.linkSync(tmp, file);
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
+  } finally {
+    fs.rmSync(tmp, { force: true });
+  }
+  return read();
 }
 
 /** The development key used when API_KEY is unset outside production. */

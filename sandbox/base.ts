@@ -263,7 +263,8 @@ export abstract class BaseProvider implements SandboxProvider {
 
   protected async saveState(state: SandboxState): Promise<void> {
     const file = path.join(this.dirOf(state.id), 'state.json');
-    await fsp.writeFile(`${file}.tmp`, JSON.stringify(state, null, 1));
+    // Mode 0600: it holds the sandbox's environment, secret-store values included.
+    await fsp.writeFile(`${file}.tmp`, JSON.stringify(state, null, 1), { mode: 0o600 });
     await fsp.rename(`${file}.tmp`, file);
   }
 

@@ -29,6 +29,8 @@ export interface AgentRunSpec {
   memoryMB?: number;
   cpuCount?: number;
   diskMB?: number;
+  /** The agent's secret store (its secrets become environment variables when the sandbox is created). */
+  secretStore?: string;
   /** Set at session creation when `snapshot` is: the snapshot's id and the task queue of the host that has its layer. */
   snapshotRef?: { snapshotId: string; taskQueue: string };
 }
@@ -38,7 +40,7 @@ export interface AgentRunSpec {
  * Caller-supplied JSON (config) and file paths are stored as JSON text / arrays, since keys with
  * `.` or a leading `$` are not storable on every MongoDB-wire server.
  */
-export interface AgentDoc extends Omit<AgentRunSpec, 'files' | 'memoryMB' | 'cpuCount' | 'diskMB'> {
+export interface AgentDoc extends Omit<AgentRunSpec, 'files' | 'memoryMB' | 'cpuCount' | 'diskMB' | 'secretStore'> {
   _id: string;
   orgId: string;
   id: string;
@@ -130,6 +132,8 @@ async function ensureIndexes(store: Store): Promise<void> {
     store.agents.createIndex({ orgId: 1, created_at: 1 }),
     store.sessions.createIndex({ orgId: 1, agent_id: 1, created_at: -1 }),
     store.apiKeys.createIndex({ orgId: 1 }),
+    store.db.collection('secret_stores').createIndex({ orgId: 1, id: 1 }),
+    store.db.collection('secret_entries').createIndex({ storeId: 1 }),
   ]);
 }
 
@@ -142,6 +146,9 @@ export function runSpecOf(a: AgentDoc): AgentRunSpec {
     env: a.env,
     snapshot: a.snapshot,
     timeoutSeconds: a.timeoutSeconds,
+    // The name only: values are read by the worker when it creates the sandbox, never carried in
+    // workflow arguments (Temporal's history would keep them).
+    ...(a.secret_store ? { secretStore: a.secret_store } : {}),
     // Only when set: the run spec travels in every session's workflow arguments.
     ...(a.memoryMB != null ? { memoryMB: a.memoryMB } : {}),
     ...(a.cpuCount != null ? { cpuCount: a.cpuCount } : {}),

@@ -2,7 +2,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { NativeConnection, Worker } from '@temporalio/worker';
 import { Client, Connection } from '@temporalio/client';
-import { hostTaskQueue, loadConfigOrExit, PROJECT_ROOT, resolveHostToken, workerHeartbeatMs } from '../config';
+import { hostTaskQueue, loadConfigOrExit, PROJECT_ROOT, resolveHostToken, resolveSecretBox, workerHeartbeatMs } from '../config';
 import { createActivities } from '../activities';
 import { createLogger } from '../lib/logger';
 import { HostClient } from '../sandbox/host/client';
@@ -29,7 +29,7 @@ async function main(): Promise<void> {
   // The host says who it is; its sandboxes' steps are routed to that host's task queue.
   const hostId = (await host.health()).hostId;
   await registerHost(store, { id: hostId, url: hostUrl, taskQueue: hostTaskQueue(cfg, hostId) });
-  const activities = createActivities({ store, host, hostTaskQueue: hostTaskQueue(cfg, hostId), resultMaxBytes: cfg.RESULT_MAX_BYTES, limits: cfg.limits });
+  const activities = createActivities({ store, host, hostTaskQueue: hostTaskQueue(cfg, hostId), resultMaxBytes: cfg.RESULT_MAX_BYTES, limits: cfg.limits, secrets: resolveSecretBox(cfg) });
 
   // Before any NativeConnection: SDK logs through pino, SDK metrics to a Prometheus exporter (port + 1).
   const sdkMetricsUrl = installTemporalRuntime({ logger, prometheusPort: cfg.WORKER_METRICS_PORT ? cfg.WORKER_METRICS_PORT + 1 : 0, heartbeatMs: workerHeartbeatMs(cfg) });

@@ -7,6 +7,7 @@ import { overMaximum } from '../../config/limits';
 import { randomId } from '../../lib/ids';
 import { AgentDoc, fromJsonText, isDuplicateKey } from '../../store';
 import { pageOf } from '../cursor';
+import { assertSecretStoreExists } from './secret-stores';
 
 /** The public form of an agent. Environment values are secrets: they are never returned. */
 export function agentView(a: AgentDoc): z.infer<typeof Agent> {
@@ -85,6 +86,7 @@ export function registerAgentRoutes(t: RouteTable, deps: ApiDeps): void {
     errors: [409],
     handler: async ({ body, org, res }) => {
       checkLimits(deps, body);
+      await assertSecretStoreExists(deps, org.id, body.secret_store, 'body.secret_store');
       const id = body.id ?? `agt_${randomId()}`;
       const now = new Date();
       const doc: AgentDoc = {
@@ -153,6 +155,7 @@ export function registerAgentRoutes(t: RouteTable, deps: ApiDeps): void {
     responses: { 200: { description: 'The updated agent', schema: Agent } },
     handler: async ({ params, body, org, res }) => {
       checkLimits(deps, body);
+      if (body.secret_store !== undefined) await assertSecretStoreExists(deps, org.id, body.secret_store, 'body.secret_store');
       const _id = agentKey(org.id, params.agentId);
       runCacheOf(deps).delete(_id);
       const set: Record<string, unknown> = { updated_at: new Date() };

@@ -9,6 +9,7 @@ import { fromJsonText } from '../../store';
 import { deleteSandboxPreviews } from '../preview-proxy';
 import { findOrgSandbox, SandboxDoc, sandboxesOf } from '../../store/sandboxes';
 import { ImageError, resolveImage } from '../../store/checkpoints';
+import { secretEnvOf, SecretStoreMissing, SecretUnreadable } from '../../store/secrets';
 
 const EnvName = z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'must be a valid environment variable name');
 
@@ -18,6 +19,12 @@ export const CreateSandboxBody = z
     templateID: z.string().min(1).max(200).default('base'),
     snapshot: z.string().min(1).max(200).optional(),
     envs: z.record(EnvName, z.string().max(32768)).default({}),
+    secretStore: z
+      .string()
+      .min(1)
+      .max(100)
+      .optional()
+      .describe("Name of a secret store: its secrets become environment variables (the body's envs win on a clash)"),
     metadata: z.record(z.string(), z.string().max(4096)).default({}),
     timeout: z.number().int().min(0).max(30 * 24 * 3600).default(0).describe('Idle seconds before the sandbox is destroyed; 0 = never'),
     memoryMB: z
@@ -130,6 +137,14 @@ export async function provisionSandbox(
   const over = overMaximum(deps.cfg.limits, body, 'body.');
   if (over) throw invalid(over);
   const limits = effectiveResources(deps.cfg.limits, body);
+  let secretEnv: Record<string, string> = {};
+  try {
+    secretEnv = await secretEnvOf(deps.store, deps.secrets, orgId, body.secretStore);
+  } catch (err) {
+    if (err instanceof SecretStoreMissing) throw invalid(`body.secretStore: no secret store named ${err.storeName}`);
+    if (err instanceof SecretUnreadable) throw new ApiError('internal', err.message);
+    throw err;
+  }
   const { hostId, client } = origin.hostId ? { hostId: origin.hostId, client: await deps.hosts.get(origin.hostId) } : await deps.hosts.pick();
   const now = new Date();
   const doc: SandboxDoc = {
@@ -155,7 +170,8 @@ export async function provisionSandbox(
       id: doc._id,
       orgId,
       owner: origin.instanceId ? { kind: 'instance', id: origin.instanceId } : { kind: 'api', id: doc._id },
-      envs: origin.envs ? { ...origin.envs, ...body.envs } : body.envs,
+      // Image env, then the store's secrets, then the caller's envs (the most specific wins).
+      envs: { ...origin.envs, ...secretEnv, ...body.envs },
       ...(origin.cwd ? { cwd: origin.cwd } : {}),
       memoryMB: limits.memoryMB,
       cpuCount: limits.cpuCount,

@@ -35,6 +35,9 @@ interface Ids {
   port: string;
   exec: string;
   agentSession: string;
+  /** A secret store, by its name (paths take an id or a name; agents' secret_store takes the name). */
+  secretStore: string;
+  secretName: string;
 }
 
 /**
@@ -54,6 +57,8 @@ const FILL: Record<string, keyof Ids> = {
   'preview/{port}': 'port',
   'exec/{sessionID}': 'exec',
   'agent/{sessionID}': 'agentSession',
+  'secret-stores/{id}': 'secretStore',
+  'secrets/{name}': 'secretName',
 };
 
 /** Ids of the same shapes that exist nowhere: another organisation must not tell them from real ones. */
@@ -70,6 +75,8 @@ const GHOST: Ids = {
   port: '47999',
   exec: `es-${z16}`,
   agentSession: `as-${z16}`,
+  secretStore: 'ghost-store-0',
+  secretName: 'GHOST_SECRET_0',
 };
 
 const PORT = 47311;
@@ -96,6 +103,8 @@ const BODIES: Record<string, (r: Ids) => unknown> = {
   'POST /api/sandboxes/{id}/exec/{sessionID}/kill': () => ({}),
   'POST /api/sandboxes/{id}/agent': () => ({ runner: ['true'] }),
   'POST /api/sandboxes/{id}/agent/{sessionID}/kill': () => ({}),
+  'POST /api/secret-stores': () => ({ name: unique('walk-store') }),
+  'PUT /api/secret-stores/{id}/secrets/{name}': () => ({ value: 'walk-value' }),
 };
 const QUERIES: Record<string, string> = {
   'GET /api/capacity/calendar': `?from=${new Date(reservationStart).toISOString()}&to=${new Date(reservationStart + 4 * Q).toISOString()}`,
@@ -109,9 +118,11 @@ const QUERIES: Record<string, string> = {
 const CROSS_BODIES: Record<string, (a: Ids) => unknown> = {
   'POST /api/sandboxes': (a) => ({ snapshot: a.snapshot }),
   'POST /api/snapshots': (a) => ({ name: unique('walk-steal'), checkpointId: a.checkpoint }),
+  // An agent's snapshot is looked up in the caller's organisation when a session starts; its secret store at once.
+  'POST /v1/agents': (a) => ({ core: 'bash', entrypoint: ['true'], secret_store: a.secretStore }),
 };
 const NO_REFERENCE: Record<string, string> = {
-  'POST /v1/agents': "an agent's snapshot is looked up in the caller's organisation when a session starts",
+  'POST /api/secret-stores': 'a store names only itself',
   'POST /api/capacity/reservations': 'a reservation names only times and a size',
 };
 
@@ -245,6 +256,10 @@ describe('every route authenticates and hides other organisations (walked from /
     a.patch = (await must('patch', asA('POST', `/api/sandboxes/checkpoints/${a.checkpoint}/patches`, { script: 'true' }))).patch.id;
     a.snapshot = (await must('snapshot', asA('POST', '/api/snapshots', { name: unique('walk-snap'), checkpointId: a.checkpoint }))).name;
     toDelete.push(() => asA('DELETE', `/api/snapshots/${a.snapshot}`));
+    a.secretStore = (await must('secret store', asA('POST', '/api/secret-stores', { name: unique('walk-store') }))).name;
+    toDelete.push(() => asA('DELETE', `/api/secret-stores/${a.secretStore}`));
+    a.secretName = `WALK_SECRET_${Date.now().toString(36).toUpperCase()}`;
+    await must('secret', asA('PUT', `/api/secret-stores/${a.secretStore}/secrets/${a.secretName}`, { value: 'walk-value' }), 200);
     await must('reservation', asA('POST', '/api/capacity/reservations', { startsAt: new Date(reservationStart).toISOString(), endsAt: new Date(reservationStart + Q).toISOString(), capacityGb: 8 }));
     // The session's result is readable once it ended.
     await must('session end', asA('GET', `/v1/agents/${a.agent}/sessions/${a.session}?wait=60`), 200);

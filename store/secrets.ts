@@ -1,0 +1,92 @@
+import type { Store } from './index';
+import type { SecretBox } from '../lib/secret-box';
+
+/**
+ * A named secret store of an organisation. `_id` is `<orgId>/<name>` so a name is unique per
+ * organisation and the lookup by name (what agents and sandboxes hold) is an `_id` read; `id`
+ * (`ss-…`) is the stable handle that OpenComputer's client puts in paths.
+ */
+export interface SecretStoreDoc {
+  _id: string;
+  orgId: string;
+  id: string;
+  name: string;
+  createdAt: Date;
+  updatedAt: Date;
+}
+
+/**
+ * One secret of a store. `_id` is `<storeId>/<NAME>`, so setting a secret is one upsert.
+ * `value` is sealed (lib/secret-box.ts) with the context `<orgId>/<storeId>/<NAME>`.
+ */
+export interface SecretEntryDoc {
+  _id: string;
+  orgId: string;
+  storeId: string;
+  name: string;
+  value: string;
+  createdAt: Date;
+  updatedAt: Date;
+}
+
+export const secretStoresOf = (store: Store) => store.db.collection<SecretStoreDoc>('secret_stores');
+export const secretEntriesOf = (store: Store) => store.db.collection<SecretEntryDoc>('secret_entries');
+
+/**
+ * The store every agent names unless told otherwise (the agent field's default). It need not
+ * exist: an agent naming it while it does not exist gets no secrets.
+ */
+export const DEFAULT_SECRET_STORE = 'default';
+
+export const secretStoreKey = (orgId: string, name: string): string => `${orgId}/${name}`;
+export const sealContext = (orgId: string, storeId: string, name: string): string => `${orgId}/${storeId}/${name}`;
+
+/** The organisation's store by its id (`ss-…`) or its name; null when it has none such. */
+export async function findSecretStore(store: Store, orgId: string, idOrName: string): Promise<SecretStoreDoc | null> {
+  if (/^ss-/.test(idOrName)) return secretStoresOf(store).findOne({ orgId, id: idOrName });
+  return secretStoresOf(store).findOne({ _id: secretStoreKey(orgId, idOrName) });
+}
+
+/** A store an agent or sandbox names does not exist (any more). */
+export class SecretStoreMissing extends Error {
+  override name = 'SecretStoreMissing';
+  constructor(readonly storeName: string) {
+    super(`secret store ${storeName} does not exist`);
+  }
+}
+
+/** A store's secret does not open with this process's key (SECRETS_KEY changed, or differs between processes). */
+export class SecretUnreadable extends Error {
+  override name = 'SecretUnreadable';
+  constructor(storeName: string, secretName: string) {
+    super(`secret ${secretName} of secret store ${storeName} does not open with this SECRETS_KEY; set it again, or give every process the key it was set with`);
+  }
+}
+
+/** True when naming `name` needs no existing store: none at all, or the implicit default. */
+export const needsNoStore = (name: string | undefined | null): boolean => !name || name === DEFAULT_SECRET_STORE;
+
+/**
+ * The environment a sandbox gets from the store `name`: each secret's name and opened value.
+ * Read when the sandbox is created, so a secret set or deleted later reaches new sandboxes only.
+ * No name (or the default store, absent) gives none; another absent store throws SecretStoreMissing.
+ */
+export async function secretEnvOf(store: Store, box: SecretBox, orgId: string, name: string | undefined | null): Promise<Record<string, string>> {
+  if (!name) return {};
+  const doc = await secretStoresOf(store).findOne({ _id: secretStoreKey(orgId, name) });
+  if (!doc) {
+    if (name === DEFAULT_SECRET_STORE) return {};
+    throw new SecretStoreMissing(name);
+  }
+  const entries = await secretEntriesOf(store).find({ storeId: doc.id }).toArray();
+  const env: Record<string, string> = {};
+  for (const e of entries) {
+    if (e.orgId !== orgId) continue;
+    try {
+      env[e.name] = box.open(e.value, sealContext(orgId, doc.id, e.name));
+    } catch {
+      throw new SecretUnreadable(name, e.name);
+    }
+  }
+  return env;
+}
