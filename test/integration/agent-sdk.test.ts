@@ -141,8 +141,9 @@ describe('the default agent runner on the Claude Agent SDK', () => {
   it('interrupt ends a turn that is still streaming with `interrupted`; the session then takes the next prompt', async () => {
     const { id, a } = await startAgent({ prompt: 'tell a long story [slow]' });
     try {
-      // The fake has begun streaming the slow answer (about a minute long) once it logged the request.
-      await eventually(async () => (await sh(`grep -c 'long story' ${FAKE_LOG} || true`)).stdout.trim() !== '0', 90_000, 200);
+      // The fake has begun streaming the slow answer (about a minute long) once it logged the turn's
+      // request: the one that offers tools (Claude Code's side request for a title offers none).
+      await eventually(async () => (await sh(`grep 'long story' ${FAKE_LOG} | grep -c '"tools":\\[{' || true`)).stdout.trim() !== '0', 90_000, 200);
       a.stdin(`${JSON.stringify({ type: 'interrupt' })}\n`);
       await a.until(() => countOf(a, 'turn_complete') >= 1, 30_000);
       const evs = events(a);
