@@ -11,4 +11,9 @@ RUN mkdir -p .tools/bin .tools/lib \
  && cc -O2 -Wall -o .tools/bin/sap-sandbox-enter tools/sandbox-enter/sandbox-enter.c \
  && cc -O2 -Wall -o .tools/bin/sap-seccomp-gen tools/sandbox-seccomp/seccomp-gen.c -l:libseccomp.a \
  && .tools/bin/sap-seccomp-gen .tools/lib/sap-seccomp.bpf
+# The Claude Agent SDK that every sandbox sees read-only at /opt/sap/node_modules (as in scripts/toolchain.sh).
+RUN mkdir -p .tools/agent-sdk/opt/sap \
+ && cp sandbox/agent-sdk/package.json sandbox/agent-sdk/package-lock.json .tools/agent-sdk/opt/sap/ \
+ && cd .tools/agent-sdk/opt/sap && npm ci --omit=dev --no-audit --no-fund \
+ && chmod -R u=rwX,go=rX /app/.tools/agent-sdk
 RUN npm run build

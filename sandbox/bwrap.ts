@@ -116,6 +116,8 @@ const DEFAULT_ENTER_HELPER = path.join(PROJECT_ROOT, '.tools', 'bin', 'sap-sandb
 
 /** Where scripts/toolchain.sh puts the seccomp filter (tools/sandbox-seccomp). */
 const DEFAULT_SECCOMP = path.join(PROJECT_ROOT, '.tools', 'lib', 'sap-seccomp.bpf');
+/** Where scripts/toolchain.sh installs the Claude Agent SDK, as a layer holding opt/sap/node_modules. */
+const DEFAULT_AGENT_SDK_LAYER = path.join(PROJECT_ROOT, '.tools', 'agent-sdk');
 /** Version of the base skeleton's contents: a new one is made next to an older one (sandboxes may still use it). */
 const BASE_NAME = 'base-v2';
 /** Files of the host's /etc copied into the base skeleton, so that su, useradd and PAM work as root inside. */
@@ -135,6 +137,9 @@ export class BwrapProvider extends BaseProvider {
   private readonly initHelper: string;
   private readonly enterHelper: string;
   private readonly seccompFilter: string;
+  /** The agent SDK's layer as configured, and as found by prepare() (its real path, or null when absent). */
+  private readonly agentSdkSetting: string | null;
+  private agentSdkLayer: string | null = null;
   /** Which host id ranges are taken (one slot of 65536 ids per sandbox). */
   private readonly idSlots: IdSlots;
   /** The spare init helper started ahead of the next create (see prepareSpare). */
@@ -158,6 +163,7 @@ export class BwrapProvider extends BaseProvider {
     this.initHelper = opts.initHelper ?? DEFAULT_INIT_HELPER;
     this.enterHelper = opts.enterHelper ?? DEFAULT_ENTER_HELPER;
     this.seccompFilter = opts.seccompFilter ?? DEFAULT_SECCOMP;
+    this.agentSdkSetting = opts.agentSdkLayer === undefined ? process.env.SANDBOX_AGENT_SDK_LAYER || DEFAULT_AGENT_SDK_LAYER : opts.agentSdkLayer;
     this.idSlots = new IdSlots(opts.idBase ?? (process.env.SANDBOX_ID_BASE ? Number(process.env.SANDBOX_ID_BASE) : undefined));
   }
 
@@ -173,6 +179,11 @@ export class BwrapProvider extends BaseProvider {
     await requireFile(this.initHelper, 'the sandbox init helper', true);
     await requireFile(this.enterHelper, 'the sandbox entry helper', true);
     await requireFile(this.seccompFilter, 'the seccomp filter', false);
+    // Optional: without it sandboxes work, and the default agent runner reports that the SDK is missing.
+    this.agentSdkLayer = this.agentSdkSetting ? await fsp.realpath(this.agentSdkSetting).catch(() => null) : null;
+    if (this.agentSdkSetting && !this.agentSdkLayer) {
+      this.log.warn({ path: this.agentSdkSetting }, 'the Claude Agent SDK layer is missing (scripts/toolchain.sh installs it): agent sessions cannot use the default runner');
+    }
     if (!this.closed) await this.listenForHelpers();
     // Cgroups of spare helpers whose host process is gone (a live host's spare is in use and stays).
     await SandboxCgroups.removeGroups((n) => n.startsWith(SPARE_PREFIX) && !signalable(Number(n.slice(SPARE_PREFIX.length).split('-')[0])));
@@ -466,7 +477,8 @@ export class BwrapProvider extends BaseProvider {
       '-l', sub('init.log'),
       '-m', sub('m'),
       '-u', String(state.idBase),
-      ...[...layerPart('root'), this.baseDir()].flatMap((l) => ['-r', l]),
+      // The agent SDK's layer lies lowest: shared read-only by all, and a checkpoint never captures it.
+      ...[...layerPart('root'), this.baseDir(), ...(this.agentSdkLayer ? [this.agentSdkLayer] : [])].flatMap((l) => ['-r', l]),
       ...[...layerPart('usr'), '/usr'].flatMap((l) => ['-p', l]),
       '-D', // The host's server fills in SANDBOX_DISK_MB; a provider used on its own takes the built-in default.
       String(state.limits.diskMB ?? DEFAULT_MEMORY_MB),

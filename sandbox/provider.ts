@@ -128,6 +128,12 @@ export interface ProviderOptions {
   /** bwrap provider: the seccomp filter (scripts/toolchain.sh builds it into .tools/lib/sap-seccomp.bpf). */
   seccompFilter?: string;
   /**
+   * bwrap provider: a directory mounted as every sandbox's lowest read-only layer of `/`, holding
+   * opt/sap/node_modules with the Claude Agent SDK (scripts/toolchain.sh installs it at
+   * .tools/agent-sdk). Default: that path when it exists (SANDBOX_AGENT_SDK_LAYER overrides it); null: none.
+   */
+  agentSdkLayer?: string | null;
+  /**
    * bwrap provider: host uid/gid of the first sandbox's root (SANDBOX_ID_BASE). Sandbox n (a slot
    * reused once its sandbox is gone) maps its ids 0..65535 to base + n × 65536 + 0..65535.
    */

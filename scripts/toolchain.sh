@@ -144,4 +144,27 @@ ln -sfn "$sgen" "$root/.tools/bin/sap-seccomp-gen"
 ln -sfn "$srun" "$root/.tools/bin/sap-seccomp-run"
 ln -sfn "$sbpf" "$root/.tools/lib/sap-seccomp.bpf"
 
-say "ready: $("$root/.tools/bin/temporal" --version | head -1); ferretdb; sandbox helpers; seccomp filter"
+# --- the Claude Agent SDK that sandboxes see -----------------------------------------------
+# The default agent runner imports @anthropic-ai/claude-agent-sdk (sandbox/runners/agent.ts). It is
+# installed once per version of sandbox/agent-sdk/package-lock.json into a tree laid out as a sandbox
+# sees it (opt/sap/node_modules), which every sandbox mounts as its lowest read-only layer (no copy
+# per sandbox; see sandbox/bwrap.ts). The package brings the Claude Code CLI as a native binary
+# (@anthropic-ai/claude-agent-sdk-linux-<arch>, about 360 MB), which the SDK spawns.
+asrc="$root/sandbox/agent-sdk"
+ahash="$(cat "$asrc/package.json" "$asrc/package-lock.json" | sha256sum | cut -c1-16)"
+alayer="$cache/agent-sdk-$ahash"
+if [ ! -f "$alayer/.complete" ]; then
+  say "installing the Claude Agent SDK for sandboxes ($(sed -n 's/.*"@anthropic-ai\/claude-agent-sdk": "\(.*\)".*/\1/p' "$asrc/package.json"))"
+  # layer/ is the sandbox's view; the completion mark stays outside it.
+  rm -rf "$alayer" "$alayer.tmp"
+  mkdir -p "$alayer.tmp/layer/opt/sap"
+  cp "$asrc/package.json" "$asrc/package-lock.json" "$alayer.tmp/layer/opt/sap/"
+  (cd "$alayer.tmp/layer/opt/sap" && npm ci --omit=dev --no-audit --no-fund --loglevel=error >&2)
+  # Readable by every sandbox user; owned by host root, which is sandbox root through the idmapped mount.
+  chmod -R u=rwX,go=rX "$alayer.tmp"
+  mv "$alayer.tmp" "$alayer"
+  touch "$alayer/.complete"
+fi
+ln -sfn "$alayer/layer" "$root/.tools/agent-sdk"
+
+say "ready: $("$root/.tools/bin/temporal" --version | head -1); ferretdb; sandbox helpers; seccomp filter; agent SDK"

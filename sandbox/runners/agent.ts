@@ -11,8 +11,9 @@
  *
  * Two modes:
  *   node agent.cjs --config <file> --state <file>
- *       the built-in runner on the Claude Agent SDK (`@anthropic-ai/claude-agent-sdk`, which must be
- *       installed in the sandbox: in the working directory's node_modules or a global one).
+ *       the built-in runner on the Claude Agent SDK (`@anthropic-ai/claude-agent-sdk`: the platform
+ *       provides it read-only at /opt/sap/node_modules; one in the working directory's node_modules
+ *       or a global one comes first).
  *   node agent.cjs --config <file> --state <file> -- <runner argv…>
  *       runs another runner speaking the same protocol (its stdin/stdout passed through unchanged;
  *       SAP_AGENT_CONFIG names the config file for it).
@@ -59,7 +60,14 @@ export function sdkOptions(config: AgentConfig, env: Record<string, string | und
   const o: Record<string, unknown> = { env: { ...env } };
   if (config.model) o.model = config.model;
   if (config.systemPrompt) o.systemPrompt = config.systemPrompt;
-  if (config.allowedTools) o.allowedTools = [...config.allowedTools];
+  if (config.allowedTools) {
+    // The spec's allowedTools restricts the tools available. The SDK's option of that name only
+    // approves them without asking; its `tools` sets which built-in tools exist at all. So both:
+    // the built-in names (a rule such as `Bash(git:*)` names Bash; MCP tools are not built in)
+    // become `tools`, and the list as given is approved.
+    o.allowedTools = [...config.allowedTools];
+    o.tools = [...new Set(config.allowedTools.map((t) => t.replace(/\(.*$/, '').trim()).filter((t) => t && !t.startsWith('mcp__')))];
+  }
   if (config.permissionMode) {
     o.permissionMode = config.permissionMode;
     if (config.permissionMode === 'bypassPermissions') o.allowDangerouslySkipPermissions = true;

@@ -26,6 +26,7 @@ describe('the Claude Agent SDK runner', () => {
       model: 'claude-sonnet-4-5',
       systemPrompt: 'be brief',
       allowedTools: ['Read', 'Bash'],
+      tools: ['Read', 'Bash'],
       permissionMode: 'acceptEdits',
       maxTurns: 4,
       cwd: '/workspace/app',
@@ -42,6 +43,15 @@ describe('the Claude Agent SDK runner', () => {
     const o = sdkOptions({ resume: 'old' }, { PWD: '/workspace' }, 'sess-of-last-turn');
     expect(o).toEqual({ env: { PWD: '/workspace' }, cwd: '/workspace', resume: 'sess-of-last-turn' });
     expect(sdkOptions({}, {})).toEqual({ env: {}, cwd: '/workspace' });
+  });
+
+  it('restricts the built-in tools to those allowedTools names, and approves the list as given', () => {
+    expect(sdkOptions({ allowedTools: ['Bash(git:*)', 'Read', 'mcp__fs__read', 'Bash(ls)'] }, {})).toMatchObject({
+      allowedTools: ['Bash(git:*)', 'Read', 'mcp__fs__read', 'Bash(ls)'],
+      tools: ['Bash', 'Read'],
+    });
+    expect(sdkOptions({ allowedTools: [] }, {})).toMatchObject({ allowedTools: [], tools: [] });
+    expect(sdkOptions({}, {})).not.toHaveProperty('tools');
   });
 
   it('opts in to skipping permissions only with bypassPermissions', () => {

@@ -1,0 +1,211 @@
+/**
+ * The default agent runner on the real Claude Agent SDK (the one scripts/toolchain.sh installs and
+ * every sandbox sees at /opt/sap/node_modules), end to end against a fake Anthropic Messages API
+ * (test/helpers/fake-anthropic.js). Sandboxes have loopback only, so the fake runs inside the
+ * sandbox on its loopback, started as an exec session, and the SDK finds it through the sandbox's
+ * ANTHROPIC_BASE_URL. The key is a dummy: the fake accepts anything.
+ */
+import fs from 'node:fs';
+import path from 'node:path';
+import { api, eventually } from '../helpers/env';
+import { attachReady, newSandbox, startExec, type Attached } from '../helpers/exec';
+import { runSdk } from '../helpers/sdk';
+
+const FAKE_SOURCE = fs.readFileSync(path.join(__dirname, '..', 'helpers', 'fake-anthropic.js'));
+const FAKE_PORT = 18080;
+const FAKE_LOG = '/tmp/fake-anthropic.log';
+
+type Event = { type: string; [k: string]: any };
+
+let sb: string;
+let fake: Attached | undefined;
+
+/** The JSON events an agent session has printed so far. */
+function events(a: Attached): Event[] {
+  return a
+    .text('stdout')
+    .split('\n')
+    .filter((l) => l.trim())
+    .map((l) => JSON.parse(l) as Event);
+}
+
+/** The texts of the assistant messages among `evs`. */
+function assistantTexts(evs: Event[]): string[] {
+  return evs
+    .filter((e) => e.type === 'assistant')
+    .flatMap((e) => (e.message?.content ?? []) as { type: string; text?: string }[])
+    .filter((b) => b.type === 'text')
+    .map((b) => b.text ?? '');
+}
+
+/** Tool results the SDK fed back to the model (the `user` events carrying tool_result blocks). */
+function toolResults(evs: Event[]): { content: unknown; is_error?: boolean }[] {
+  return evs
+    .filter((e) => e.type === 'user' && Array.isArray(e.message?.content))
+    .flatMap((e) => e.message.content as { type: string; content: unknown; is_error?: boolean }[])
+    .filter((b) => b.type === 'tool_result');
+}
+
+const countOf = (a: Attached, type: string) => events(a).filter((e) => e.type === type).length;
+
+async function sh(script: string): Promise<{ exitCode: number; stdout: string; stderr: string }> {
+  const r = await api('POST', `/api/sandboxes/${sb}/exec/run`, { body: { cmd: 'sh', args: ['-c', script], timeout: 30 } });
+  if (r.status !== 200) throw new Error(`exec/run: ${r.status} ${JSON.stringify(r.body)}`);
+  return r.body;
+}
+
+/** Starts an agent session with the default runner and attaches to it. */
+async function startAgent(body: Record<string, unknown>): Promise<{ id: string; a: Attached; t0: number }> {
+  const t0 = Date.now();
+  const r = await api('POST', `/api/sandboxes/${sb}/agent`, { body });
+  if (r.status !== 201) throw new Error(`create agent session: ${r.status} ${JSON.stringify(r.body)}`);
+  return { id: r.body.sessionID as string, a: await attachReady(sb, r.body.sessionID as string), t0 };
+}
+
+async function stopAgent(id: string, a: Attached): Promise<void> {
+  a.ws.close();
+  await api('POST', `/api/sandboxes/${sb}/agent/${id}/kill`, { body: {} });
+}
+
+beforeAll(async () => {
+  sb = await newSandbox({
+    envs: { ANTHROPIC_BASE_URL: `http://127.0.0.1:${FAKE_PORT}`, ANTHROPIC_API_KEY: 'sk-ant-dummy-for-tests' },
+  });
+  const put = await api('POST', `/api/sandboxes/${sb}/exec/run`, {
+    body: { cmd: 'node', args: ['-e', 'require("fs").writeFileSync("/tmp/fake-anthropic.js", Buffer.from(process.argv[1], "base64"))', FAKE_SOURCE.toString('base64')] },
+  });
+  expect(put.body.exitCode).toBe(0);
+  const es = await startExec(sb, { cmd: 'node', args: ['/tmp/fake-anthropic.js', '--port', String(FAKE_PORT), '--log', FAKE_LOG] });
+  fake = await attachReady(sb, es.sessionID);
+  await fake.until(() => fake!.text('stdout').includes(`{"listening":${FAKE_PORT}}`));
+}, 60_000);
+
+afterAll(async () => {
+  fake?.ws.close();
+  if (sb) await api('DELETE', `/api/sandboxes/${sb}`);
+});
+
+describe('the default agent runner on the Claude Agent SDK', () => {
+  it('answers a prompt through the fake API, streams the SDK events, ends its turn, and continues the conversation', async () => {
+    const { id, a, t0 } = await startAgent({ prompt: 'hello there', model: 'claude-sonnet-4-5' });
+    try {
+      let firstSdkEvent = 0;
+      await a.until(() => {
+        if (!firstSdkEvent && events(a).some((e) => e.type === 'system')) firstSdkEvent = Date.now();
+        return countOf(a, 'turn_complete') >= 1;
+      }, 90_000);
+      const turnEnd = Date.now();
+      // Figures for the README (never asserted: the machine is noisy).
+      process.stdout.write(`agent-sdk timing: start → first SDK event ${firstSdkEvent - t0} ms, start → turn end ${turnEnd - t0} ms\n`);
+
+      const evs = events(a);
+      expect(evs[0]).toEqual({ type: 'ready' });
+      const init = evs.find((e) => e.type === 'system' && e.subtype === 'init')!;
+      expect(init).toMatchObject({ model: 'claude-sonnet-4-5', cwd: '/workspace' });
+      expect(typeof init.session_id).toBe('string');
+      expect(assistantTexts(evs)).toContain('You said: hello there. Earlier: (nothing)');
+      const result = evs.find((e) => e.type === 'result')!;
+      expect(result).toMatchObject({ subtype: 'success', is_error: false, result: 'You said: hello there. Earlier: (nothing)', session_id: init.session_id });
+      expect(evs[evs.length - 1]).toEqual({ type: 'turn_complete', session_id: init.session_id });
+      const state = await eventually(async () => {
+        const r = await api('GET', `/api/sandboxes/${sb}/agent/${id}`);
+        return r.body.agentSessionID ? r.body : undefined;
+      }, 15_000);
+      expect(state.agentSessionID).toBe(init.session_id);
+
+      // A second prompt on stdin resumes the same conversation: the fake sees the first message.
+      a.stdin(`${JSON.stringify({ type: 'prompt', text: 'second question' })}\n`);
+      await a.until(() => countOf(a, 'turn_complete') >= 2, 90_000);
+      expect(assistantTexts(events(a))).toContain('You said: second question. Earlier: hello there');
+
+      // The fake got requests with the dummy key, streaming.
+      const log = (await sh(`cat ${FAKE_LOG}`)).stdout.trim().split('\n').map((l) => JSON.parse(l) as { path: string; body: { stream?: boolean } });
+      expect(log.some((r) => r.path === '/v1/messages' && r.body.stream === true)).toBe(true);
+    } finally {
+      await stopAgent(id, a);
+    }
+
+    // `resume` in a new agent session continues that conversation too.
+    const first = (await api('GET', `/api/sandboxes/${sb}/agent/${id}`)).body.agentSessionID as string;
+    const again = await startAgent({ prompt: 'third', resume: first });
+    try {
+      await again.a.until(() => countOf(again.a, 'turn_complete') >= 1, 90_000);
+      const evs = events(again.a);
+      expect(assistantTexts(evs)).toContain('You said: third. Earlier: hello there | second question');
+      expect(evs.find((e) => e.type === 'result')).toMatchObject({ session_id: first });
+    } finally {
+      await stopAgent(again.id, again.a);
+    }
+  }, 240_000);
+
+  it('interrupt ends a turn that is still streaming with `interrupted`; the session then takes the next prompt', async () => {
+    const { id, a } = await startAgent({ prompt: 'tell a long story [slow]' });
+    try {
+      // The fake has begun streaming the slow answer (about a minute long) once it logged the turn's
+      // request: the one that offers tools (Claude Code's side request for a title offers none).
+      await eventually(async () => (await sh(`grep 'long story' ${FAKE_LOG} | grep -c '"tools":\\[{' || true`)).stdout.trim() !== '0', 90_000, 200);
+      a.stdin(`${JSON.stringify({ type: 'interrupt' })}\n`);
+      await a.until(() => countOf(a, 'turn_complete') >= 1, 30_000);
+      const evs = events(a);
+      const types = evs.map((e) => e.type);
+      expect(types).toContain('interrupted');
+      expect(types.indexOf('interrupted')).toBeLessThan(types.indexOf('turn_complete'));
+      // The long answer never completed.
+      expect(assistantTexts(evs).some((t) => t.includes('word599'))).toBe(false);
+      expect(evs.some((e) => e.type === 'result' && e.subtype === 'success')).toBe(false);
+
+      a.stdin(`${JSON.stringify({ type: 'prompt', text: 'after the interrupt' })}\n`);
+      await a.until(() => countOf(a, 'turn_complete') >= 2, 90_000);
+      expect(assistantTexts(events(a)).some((t) => t.startsWith('You said: after the interrupt.'))).toBe(true);
+    } finally {
+      await stopAgent(id, a);
+    }
+  }, 240_000);
+
+  it('allowedTools: a listed tool runs; a tool not listed is not available to the model', async () => {
+    const ask = (file: string) => `please [tool Bash {"command":"echo made > /workspace/${file}; echo wrote-${file}"}]`;
+    const allowed = await startAgent({ prompt: ask('allowed.txt'), allowedTools: ['Bash', 'Read'] });
+    try {
+      await allowed.a.until(() => countOf(allowed.a, 'turn_complete') >= 1, 90_000);
+      const evs = events(allowed.a);
+      expect(toolResults(evs)).toEqual([expect.objectContaining({ content: 'wrote-allowed.txt', is_error: false })]);
+      expect(assistantTexts(evs)).toContain('tool result (ok: wrote-allowed.txt)');
+    } finally {
+      await stopAgent(allowed.id, allowed.a);
+    }
+    expect((await sh('cat /workspace/allowed.txt')).stdout).toBe('made\n');
+
+    const refused = await startAgent({ prompt: ask('refused.txt'), allowedTools: ['Read'] });
+    try {
+      await refused.a.until(() => countOf(refused.a, 'turn_complete') >= 1, 90_000);
+      const evs = events(refused.a);
+      const init = evs.find((e) => e.type === 'system' && e.subtype === 'init')!;
+      expect(init.tools).toContain('Read');
+      expect(init.tools).not.toContain('Bash');
+      const results = toolResults(evs);
+      expect(results).toHaveLength(1);
+      expect(results[0]).toMatchObject({ is_error: true, content: expect.stringContaining('No such tool available: Bash') });
+    } finally {
+      await stopAgent(refused.id, refused.a);
+    }
+    expect((await sh('test -e /workspace/refused.txt; echo $?')).stdout).toBe('1\n');
+  }, 240_000);
+
+  it('starts through the published client and ends its turn with the answer', async () => {
+    const r = await runSdk(`
+      const sb = await sdk.Sandbox.connect(process.env.SB, opts);
+      const events = [];
+      const s = await sb.agent.start({ prompt: 'from the client', model: 'claude-sonnet-4-5', onEvent: (e) => {
+        events.push(e);
+        if (e.type === 'turn_complete') s.kill();
+      } });
+      const code = await s.done;
+      out({ events, code, id: s.sessionId });
+    `, { SB: sb });
+    expect(r.id).toMatch(/^as-/);
+    const evs = r.events as Event[];
+    expect(evs[0]).toEqual({ type: 'ready' });
+    expect(assistantTexts(evs)).toContain('You said: from the client. Earlier: (nothing)');
+    expect(evs[evs.length - 1].type).toBe('turn_complete');
+  }, 240_000);
+});
