@@ -3,6 +3,7 @@
  * killed behind its back (SIGKILL by pid, not through the launcher) is logged and restarted, and the
  * others carry on without a restart of their own. The pids come from <DATA_DIR>/stack.json.
  */
+import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import type { StackFile } from '../../scripts/launcher';
@@ -97,7 +98,18 @@ describe('supervised stack', () => {
         return Number(String(r.body.stdout).trim());
       };
       await eventually(async () => (await leftover()) === 0, 30_000, 250).catch(async () => {
-        throw new Error(`the exec session's command still runs in its sandbox after the host restart (${await leftover()} processes)`);
+        const ps = execFileSync('ps', ['-eo', 'pid,ppid,pgid,sid,stat,args'], { encoding: 'utf8' })
+          .split('\n')
+          .filter((l) => /sleep 600|sap-sandbox-enter/.test(l) && l.includes(sb));
+        const sig = ps.map((l) => {
+          const pid = l.trim().split(/\s+/)[0];
+          try {
+            return `${pid}: ${fs.readFileSync(`/proc/${pid}/status`, 'utf8').split('\n').filter((x) => /^(Sig|Shd|PPid)/.test(x)).join(' ')}`;
+          } catch {
+            return `${pid}: gone`;
+          }
+        });
+        throw new Error(`the exec session's command still runs in its sandbox after the host restart (${await leftover()} processes)\n${ps.join('\n')}\n${sig.join('\n')}`);
       });
       const again = attach(sb, es.sessionID);
       expect((await again.closed).code).toBe(1011);

@@ -397,7 +397,28 @@ int main(int argc, char **argv) {
       warn_errno("wait", NULL);
       return EXIT_SETUP;
     }
+    if (o.caller && !hung_up && getppid() != (pid_t)o.caller) {
+      /* The caller died: hang the command up, once (without -g the group is the helper's own, and the
+       * helper gets this SIGHUP back: it is ignored below). */
+      hung_up = 1;
+      if (o.own_group) {
+        signal_child(&o, child, SIGHUP);
+        signal_child(&o, child, SIGCONT);
+      } else {
+        kill(0, SIGHUP);
+        kill(0, SIGCONT);
+      }
+    }
     long long next = term_at >= 0 ? term_at : kill_at;
+    /*
+     * With -P, also look at the parent once a second: the parent-death signal alone let one fresh-clone
+     * run in six keep a command after its host died. (A multi-threaded caller's death sends it once per
+     * reparenting, the first while getppid() still names the caller; later ones can merge with it.)
+     */
+    if (o.caller && !hung_up) {
+      long long look_at = now_ns() + 1000000000LL;
+      if (next < 0 || look_at < next) next = look_at;
+    }
     siginfo_t info;
     int sig;
     if (next >= 0) {
@@ -427,19 +448,8 @@ int main(int argc, char **argv) {
       }
       continue;
     }
-    if (sig == SIGHUP && o.caller && !hung_up && getppid() != (pid_t)o.caller) {
-      /* The caller died: hang the command up, once (without -g the group is the helper's own, and the
-       * helper gets this SIGHUP back: hung_up makes it a no-op). */
-      hung_up = 1;
-      if (o.own_group) {
-        signal_child(&o, child, SIGHUP);
-        signal_child(&o, child, SIGCONT);
-      } else {
-        kill(0, SIGHUP);
-        kill(0, SIGCONT);
-      }
-      continue;
-    }
+    /* The caller's death (or the helper's own hang-up coming back): handled at the top of the loop. */
+    if (sig == SIGHUP && o.caller && (hung_up || getppid() != (pid_t)o.caller)) continue;
     /* Without -g the command is in the helper's process group and was signalled with it. */
     if (sig != SIGCHLD && o.own_group) signal_child(&o, child, sig);
   }
