@@ -85,7 +85,7 @@ ln -sfn "$fbin" "$root/.tools/bin/ferretdb"
 # built once per version of its source and the shared header.
 command -v cc >/dev/null 2>&1 || { echo "toolchain: a C compiler (cc) is needed to build the sandbox helpers: apt-get install -y gcc" >&2; exit 1; }
 build_helper() { # name, source
-  local bin="$cache/$1-$(cat "$2" "$root"/tools/sandbox-common/*.h "$root"/tools/sandbox-seccomp/seccomp-load.h | sha256sum | cut -c1-16)"
+  local bin="$cache/$1-$(cat "$2" $(ls "$(dirname "$2")"/*.h 2>/dev/null) "$root"/tools/sandbox-common/*.h "$root"/tools/sandbox-seccomp/seccomp-load.h | sha256sum | cut -c1-16)"
   if [ ! -x "$bin" ]; then
     say "building $1"
     cc -O2 -Wall -o "$bin.tmp" "$2" && mv "$bin.tmp" "$bin"

@@ -15,6 +15,7 @@ import type { CreatedSandbox } from '../types';
 import { bearerMatchesHeader } from './auth';
 import { attachExec, ExecManager } from './exec';
 import { PortForwarder } from './forward';
+import { networkSchema } from '../network';
 
 /** What the app needs. */
 export interface HostDeps {
@@ -56,6 +57,7 @@ const schemas = {
       cpuCount: z.number().min(0).optional(),
       maxProcesses: z.number().int().positive().optional(),
       diskMB: z.number().int().positive().optional(),
+      network: networkSchema(z).optional(),
       files: stringMap.optional(),
       patches: z.array(z.object({ id: z.string().min(1), script: z.string() })).optional(),
       entrypoint: entrypointSchema.optional(),
