@@ -161,8 +161,8 @@ export class BwrapProvider extends BaseProvider {
     this.initHelper = opts.initHelper ?? DEFAULT_INIT_HELPER;
     this.enterHelper = opts.enterHelper ?? DEFAULT_ENTER_HELPER;
     this.seccompFilter = opts.seccompFilter ?? DEFAULT_SECCOMP;
-    this.idSlots = new IdSlots(opts.idBase ?? (process.env.SANDBOX_ID_BASE ? Number(process.env.SANDBOX_ID_BASE) : undefined));
     this.network = opts.network === undefined ? SandboxNetwork.fromEnv(process.env, this.log) : opts.network;
+    this.idSlots = new IdSlots(opts.idBase ?? (process.env.SANDBOX_ID_BASE ? Number(process.env.SANDBOX_ID_BASE) : undefined), this.network?.capacity);
   }
 
   /**

@@ -89,7 +89,17 @@ export function normaliseEgress(egress: Egress | undefined): Egress {
 
 /** `network` of a create (API and sandbox host): the policy's shape; CIDRs are checked by normaliseEgress. */
 export function networkSchema(zod: typeof import('zod').z) {
-  const cidr = zod.string().regex(/^\d{1,3}(\.\d{1,3}){3}(\/\d{1,2})?$/, 'must be an IPv4 address or CIDR (a.b.c.d/n)');
+  const cidr = zod.string().refine(
+    (v) => {
+      try {
+        parseCidr(v, '');
+        return true;
+      } catch {
+        return false;
+      }
+    },
+    { message: 'must be an IPv4 address or CIDR (a.b.c.d/n)' },
+  );
   return zod.object({
     egress: zod.union([zod.enum(['internet', 'none']), zod.object({ allow: zod.array(cidr).max(256) }).strict()]).default('internet'),
   }).strict();
@@ -125,6 +135,11 @@ export class SandboxNetwork {
   /** Name servers for sandboxes' /etc/resolv.conf. */
   get dns(): string[] {
     return this.nameservers;
+  }
+
+  /** How many sandbox links the pool holds. */
+  get capacity(): number {
+    return 2 ** (32 - this.pool.bits) / 2;
   }
 
   /** The link of id slot `slot`: the slot's /31 in the pool. */

@@ -3,6 +3,7 @@ import { randomBytes } from 'node:crypto';
 import net from 'node:net';
 import os from 'node:os';
 import { api, eventually, T } from '../helpers/env';
+import { createAgent, runSession } from '../helpers/sessions';
 
 /*
  * Egress per sandbox (sandbox/network.ts). Every destination is a test host this file creates: a
@@ -14,9 +15,11 @@ import { api, eventually, T } from '../helpers/env';
 jest.setTimeout(120_000);
 
 const sandboxes: string[] = [];
+const agents: string[] = [];
 const hosts: TestHost[] = [];
 afterAll(async () => {
   await Promise.all(sandboxes.map((id) => api('DELETE', `/api/sandboxes/${id}`).catch(() => undefined)));
+  await Promise.all(agents.map((id) => api('DELETE', `/v1/agents/${id}`).catch(() => undefined)));
   for (const h of hosts) h.remove();
 });
 
@@ -198,12 +201,33 @@ describe('egress per sandbox', () => {
     expectRefused(await probe(sb, [...new Set(targets)]));
   });
 
+  it("an agent's policy applies to its sessions' sandboxes, and the agent shows it", async () => {
+    const [a, b] = [await new TestHost('198.18').serve(), await new TestHost('198.18').serve()];
+    const network = { egress: { allow: [`${a.addr}/32`] } };
+    const script = `python3 -c '${PROBE.replace(/'/g, "'\\''")}' ${a.addr}:${a.port} ${b.addr}:${b.port} > "$AGENT_RESULT_PATH"`;
+    const agentId = await createAgent(['bash', '-c', script], { network });
+    agents.push(agentId);
+    expect((await api('GET', `/v1/agents/${agentId}`)).body.network).toEqual(network);
+    const { session, result } = await runSession(agentId);
+    if (session.status !== 'completed' || !result.data) throw new Error(`session ${JSON.stringify(session)} ${JSON.stringify(result)}`);
+    const got = result.data as Record<string, string>;
+    expect(got[`${a.addr}:${a.port}`]).toBe(`body:${a.mark}`);
+    expectRefused({ [`${b.addr}:${b.port}`]: got[`${b.addr}:${b.port}`]! });
+    // null: back to the default.
+    const cleared = await api('PATCH', `/v1/agents/${agentId}`, { body: { network: null } });
+    expect(cleared.status).toBe(200);
+    expect(cleared.body.network).toBeNull();
+  });
+
   it('refuses a malformed policy with 400', async () => {
     for (const network of [{ egress: 'sometimes' }, { egress: { allow: ['not-a-cidr'] } }, { egress: { allow: ['10.0.0.0/40'] } }]) {
       const r = await api('POST', '/api/sandboxes', { body: { network } });
       if (r.status === 201) sandboxes.push(r.body.sandboxID as string);
       expect(r.status).toBe(400);
       expect(r.body.error.type).toBe('invalid_request');
+      const agent = await api('POST', '/v1/agents', { body: { core: 'bash', entrypoint: ['true'], network } });
+      if (agent.status === 201) agents.push(agent.body.id as string);
+      expect(agent.status).toBe(400);
     }
   });
 });
