@@ -2,7 +2,7 @@ import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import net from 'node:net';
 import os from 'node:os';
-import { api, eventually, T } from '../helpers/env';
+import { api, control, eventually, T } from '../helpers/env';
 import { createAgent, runSession } from '../helpers/sessions';
 
 /*
@@ -217,6 +217,20 @@ describe('egress per sandbox', () => {
     const cleared = await api('PATCH', `/v1/agents/${agentId}`, { body: { network: null } });
     expect(cleared.status).toBe(200);
     expect(cleared.body.network).toBeNull();
+  });
+
+  it('keeps the links and policies of sandboxes that survive a restart of the sandbox host', async () => {
+    const target = await new TestHost('198.18').serve();
+    const [open, closed] = [await newSandbox(), await newSandbox({ network: { egress: 'none' } })];
+    const t = `${target.addr}:${target.port}`;
+    expect((await probe(open, [t]))[t]).toBe(`body:${target.mark}`);
+    expectRefused(await probe(closed, [t]));
+    await control('kill', 'host', 'SIGKILL');
+    await control('start', 'host');
+    // The new host reloads the table from the sandboxes it adopts.
+    await eventually(async () => (await api('POST', `/api/sandboxes/${open}/exec/run`, { body: { cmd: 'true' } })).status === 200, 60_000, 250);
+    expect((await probe(open, [t]))[t]).toBe(`body:${target.mark}`);
+    expectRefused(await probe(closed, [t]));
   });
 
   it('refuses a malformed policy with 400', async () => {
