@@ -214,7 +214,9 @@ table inet ${TABLE} {
   }
 }
 `;
-    await run('nft', ['-f', '-'], text);
+    await run('nft', ['-f', '-'], text).catch((err: Error) => {
+      throw new Error(`the sandboxes' network table could not be loaded (nftables is needed, run as root; SANDBOX_NETWORK=off does without): ${err.message}`);
+    });
     this.log.info({ pool, restricted: this.restricted.size, dns: this.nameservers }, 'sandbox network ready');
   }
 
