@@ -1,5 +1,5 @@
 FROM node:20-bookworm
-RUN apt-get update && apt-get install -y --no-install-recommends util-linux python3 gcc libc6-dev libseccomp-dev && rm -rf /var/lib/apt/lists/*
+RUN apt-get update && apt-get install -y --no-install-recommends util-linux python3 gcc libc6-dev libseccomp-dev nftables iproute2 && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
 COPY package.json package-lock.json ./
 RUN npm ci --no-audit --no-fund

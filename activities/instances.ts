@@ -74,6 +74,7 @@ export const createInstanceActivities = (deps: ActivityDeps) => ({
         memoryMB,
         cpuCount,
         diskMB,
+        ...(args.run.network ? { network: args.run.network } : {}),
         metadata: { instanceId: args.instanceId, agentId: args.agentId },
       });
     } catch (err) {

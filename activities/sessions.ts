@@ -58,6 +58,7 @@ export const createSessionActivities = (deps: ActivityDeps) => ({
       memoryMB,
       cpuCount,
       diskMB,
+      ...(args.run.network ? { network: args.run.network } : {}),
       entrypoint: { argv: args.run.entrypoint, timeoutSeconds: args.run.timeoutSeconds, cwd: image?.workdir ?? '/workspace' },
       // A short entrypoint is over when the host answers, with its result file read: one call.
       awaitExit: { waitMs: QUICK_EXIT_WAIT_MS, readFile: { path: AGENT_RESULT_PATH, maxBytes: deps.resultMaxBytes } },

@@ -1,6 +1,7 @@
 import { z } from 'zod';
 import './http'; // extends zod with .openapi()
 import { MIN_MEMORY_MB } from '../config/limits';
+import { networkSchema } from '../sandbox/network';
 
 /** Agent ids: chosen by the caller or generated; safe in paths and workflow ids. */
 export const AgentId = z
@@ -33,6 +34,7 @@ const agentFields = {
   memoryMB: z.number().int().min(MIN_MEMORY_MB).describe('Memory limit of its sandboxes in MB; default SANDBOX_MEMORY_MB, at most SANDBOX_MAX_MEMORY_MB'),
   cpuCount: z.number().min(0.1).describe('CPUs of CFS quota of its sandboxes; default SANDBOX_CPU_COUNT (0: no quota), at most SANDBOX_MAX_CPU_COUNT'),
   diskMB: z.number().int().min(1).describe('Size of its sandboxes\' writable layer in MB; default SANDBOX_DISK_MB, at most SANDBOX_MAX_DISK_MB'),
+  network: networkSchema(z).describe("What its sandboxes may reach: egress 'internet' (default), 'none', or { allow: [IPv4 CIDR…] }"),
 };
 
 export const CreateAgentBody = z
@@ -52,6 +54,7 @@ export const CreateAgentBody = z
     memoryMB: agentFields.memoryMB.optional(),
     cpuCount: agentFields.cpuCount.optional(),
     diskMB: agentFields.diskMB.optional(),
+    network: agentFields.network.optional(),
   })
   .strict()
   .openapi('CreateAgent');
@@ -73,6 +76,7 @@ export const UpdateAgentBody = z
     memoryMB: agentFields.memoryMB.nullable(),
     cpuCount: agentFields.cpuCount.nullable(),
     diskMB: agentFields.diskMB.nullable(),
+    network: agentFields.network.nullable(),
   })
   .partial()
   .strict()
@@ -95,6 +99,10 @@ export const Agent = z
     memoryMB: z.number().nullable().describe("null: the operator's default (SANDBOX_MEMORY_MB)"),
     cpuCount: z.number().nullable().describe("null: the operator's default (SANDBOX_CPU_COUNT)"),
     diskMB: z.number().nullable().describe("null: the operator's default (SANDBOX_DISK_MB)"),
+    network: z
+      .object({ egress: z.union([z.enum(['internet', 'none']), z.object({ allow: z.array(z.string()) })]) })
+      .nullable()
+      .describe('null: the default (egress internet)'),
     created_at: z.string(),
     updated_at: z.string(),
   })

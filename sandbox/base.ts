@@ -50,6 +50,10 @@ export interface SandboxState {
    * sandbox's own, gone with its processes; absent: a sandbox of an older host, so treated as true).
    */
   hostMounts?: boolean;
+  /** The network policy asked for at create (absent: the default, `internet`). */
+  network?: { egress: 'internet' | 'none' | { allow: string[] } };
+  /** bwrap: the sandbox's link out (see network.ts); absent: loopback only. */
+  link?: { ifname: string; gateway: string; address: string; prefix: number };
   /** bwrap: host uid/gid of the sandbox's root; its ids 0..65535 are host ids idBase.. (see id-slots.ts). */
   idBase?: number;
   /**
@@ -350,6 +354,7 @@ export abstract class BaseProvider implements SandboxProvider {
         layers: await this.expandLayers(req.layers ?? []),
         envs: req.envs ?? {},
         ...(req.cwd ? { cwd: req.cwd } : {}),
+        ...(req.network ? { network: req.network } : {}),
         limits: { memoryMB: req.memoryMB, cpuCount: req.cpuCount, maxProcesses: req.maxProcesses ?? 512, diskMB: req.diskMB },
         createdAt: new Date().toISOString(),
         metadata: req.metadata ?? {},

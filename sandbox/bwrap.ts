@@ -41,7 +41,8 @@ import { BaseProvider, DEFAULT_ENV, assertId, envPairs, type EnterOptions, type 
 import { SandboxError } from './errors';
 import type { RootMap } from './paths';
 import { isAlive, procRef, SandboxCgroups, signalRef, type ProcRef } from './procs';
-import { IdSlots, shiftIdsToSandbox } from './id-slots';
+import { ID_COUNT, IdSlots, shiftIdsToSandbox } from './id-slots';
+import { normaliseEgress, SandboxNetwork, type Egress } from './network';
 import type { ProviderOptions, SpawnOptions } from './provider';
 
 const execFileP = promisify(execFile);
@@ -157,6 +158,8 @@ export class BwrapProvider extends BaseProvider {
   private readonly helperWaiters = new Map<string, (sock: net.Socket) => void>();
   /** Per sandbox: the mount ids of its `/` and `/usr`, read once per init (key: pid and start time). */
   private readonly mountIds = new Map<string, { key: string; ids: ReadonlySet<number> }>();
+  /** Sandboxes' links out and their policies (null: SANDBOX_NETWORK=off, loopback only). */
+  private readonly network: SandboxNetwork | null;
 
   constructor(opts: ProviderOptions) {
     super(opts);
@@ -164,7 +167,22 @@ export class BwrapProvider extends BaseProvider {
     this.enterHelper = opts.enterHelper ?? DEFAULT_ENTER_HELPER;
     this.seccompFilter = opts.seccompFilter ?? DEFAULT_SECCOMP;
     this.agentSdkSetting = opts.agentSdkLayer === undefined ? process.env.SANDBOX_AGENT_SDK_LAYER || DEFAULT_AGENT_SDK_LAYER : opts.agentSdkLayer;
-    this.idSlots = new IdSlots(opts.idBase ?? (process.env.SANDBOX_ID_BASE ? Number(process.env.SANDBOX_ID_BASE) : undefined));
+    this.network = opts.network === undefined ? SandboxNetwork.fromEnv(process.env, this.log) : opts.network;
+    this.idSlots = new IdSlots(opts.idBase ?? (process.env.SANDBOX_ID_BASE ? Number(process.env.SANDBOX_ID_BASE) : undefined), this.network?.capacity);
+  }
+
+  /**
+   * Adoption, then the network table with the policies of the sandboxes that survived (a host
+   * restart keeps their links: a veth lives as long as its sandbox's namespace).
+   */
+  override async init(): ReturnType<BaseProvider['init']> {
+    const all = await super.init();
+    if (this.network) {
+      const live = new Map<string, Egress>();
+      for (const s of this.states.values()) if (s.link && this.isLive(s)) live.set(s.link.address, s.network?.egress ?? 'internet');
+      await this.network.load(live);
+    }
+    return all;
   }
 
   private baseDir(): string {
@@ -471,6 +489,19 @@ export class BwrapProvider extends BaseProvider {
     const layerPart = (part: 'root' | 'usr') => state.layers.map((l) => path.join(this.layersDir(), l, part));
     state.idBase = this.idSlots.allocate();
     state.hostMounts = false;
+    let egress: Egress;
+    try {
+      egress = normaliseEgress(state.network?.egress);
+    } catch (err) {
+      throw new SandboxError('invalid_request', (err as Error).message);
+    }
+    if (state.network) state.network = { egress };
+    // The slot's /31; a restricted policy is in the table before the sandbox can send anything.
+    const link = this.network?.linkFor((state.idBase - this.idSlots.base) / ID_COUNT);
+    if (link) {
+      await this.network!.apply(link.address, egress);
+      state.link = link;
+    }
     // Everything the helper does, in order (see tools/sandbox-init); its log comes first, so that any
     // failure is in init.log. Each argument ends with a NUL byte.
     const args = [
@@ -484,6 +515,8 @@ export class BwrapProvider extends BaseProvider {
       String(state.limits.diskMB ?? DEFAULT_MEMORY_MB),
       '-H', id,
       '-S', this.seccompFilter,
+      ...(link ? ['-N', link.ifname, '-A', `${link.gateway}/${link.prefix}`, '-B', link.address] : []),
+      ...(link ? this.network!.dns.flatMap((a) => ['-d', a]) : []),
     ];
     const failure = async (why: string) => {
       const logText = await fsp.readFile(sub('init.log'), 'utf8').catch(() => '');
@@ -580,6 +613,8 @@ export class BwrapProvider extends BaseProvider {
     // sandbox of an older host (no hostMounts), or one whose state is unknown.
     if (!state?.init || state.hostMounts !== false) await unmountUnder(this.dirOf(id), this.spawner);
     await cgroups.remove();
+    // The veth went with the sandbox's network namespace; its policy goes from the table.
+    if (state?.link) await this.network?.release(state.link.address);
     if (state?.idBase !== undefined) this.idSlots.release(state.idBase);
   }
 

@@ -18,20 +18,29 @@ const NOBODY = 65534;
 export class IdSlots {
   private readonly used = new Set<number>();
   private readonly max: number;
+  /**
+   * Where the next search starts: slots are taken round the ring, not lowest first, so that a slot
+   * just freed is not reused at once (its sandbox's network link, see network.ts, goes with an
+   * asynchronous namespace cleanup in the kernel; deleting a leftover link takes tens of ms).
+   */
+  private next = 0;
 
-  constructor(readonly base = DEFAULT_ID_BASE) {
+  /** `capacity`: at most this many slots (e.g. the /31s of the sandbox network's pool). */
+  constructor(readonly base = DEFAULT_ID_BASE, capacity = Infinity) {
     if (!Number.isInteger(base) || base < ID_COUNT || base > 2 ** 32 - 2 * ID_COUNT) {
       throw new Error(`SANDBOX_ID_BASE must be an integer from ${ID_COUNT} to ${2 ** 32 - 2 * ID_COUNT}: ${base}`);
     }
     // uid (2^32 - 1) is invalid: the last slot ends below it.
-    this.max = Math.floor((2 ** 32 - 1 - base) / ID_COUNT);
+    this.max = Math.min(capacity, Math.floor((2 ** 32 - 1 - base) / ID_COUNT));
   }
 
   /** The host id of a free slot's root, now taken. */
   allocate(): number {
-    for (let slot = 0; slot < this.max; slot++) {
+    for (let i = 0; i < this.max; i++) {
+      const slot = (this.next + i) % this.max;
       if (!this.used.has(slot)) {
         this.used.add(slot);
+        this.next = (slot + 1) % this.max;
         return this.base + slot * ID_COUNT;
       }
     }

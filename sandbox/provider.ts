@@ -138,6 +138,8 @@ export interface ProviderOptions {
    * reused once its sandbox is gone) maps its ids 0..65535 to base + n × 65536 + 0..65535.
    */
   idBase?: number;
+  /** bwrap provider: sandboxes' network (see network.ts). Default: from SANDBOX_NETWORK and friends; null: loopback only. */
+  network?: import('./network').SandboxNetwork | null;
   /**
    * The entrypoint audit log (see audit-log.ts): one fsync'd line per entrypoint start.
    * Default: DATA_DIR/audit/entrypoints.ndjson; null: off.

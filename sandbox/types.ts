@@ -27,6 +27,12 @@ export interface CreateSandboxRequest {
   maxProcesses?: number;
   /** Size of the writable layer (everything the sandbox writes to its filesystem); writes past it get ENOSPC. */
   diskMB?: number;
+  /**
+   * What the sandbox may reach over the network (see sandbox/network.ts): `internet` (default),
+   * `none`, or `{ allow: [IPv4 CIDR…] }`. The host itself, link-local, other sandboxes and private
+   * ranges are refused whatever the policy.
+   */
+  network?: { egress: 'internet' | 'none' | { allow: string[] } };
   /** Files written before anything runs: absolute path inside the sandbox → UTF-8 content. */
   files?: Record<string, string>;
   /** Scripts run with bash, in order, before anything else (checkpoint patches). */

@@ -30,6 +30,8 @@ command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
 command -v python3 >/dev/null 2>&1 || missing+=(python3 python3-venv)
 command -v go >/dev/null 2>&1 || [ -x /usr/local/go/bin/go ] || missing+=(golang-go)
 [ -f /usr/include/seccomp.h ] || dpkg -s libseccomp-dev >/dev/null 2>&1 || missing+=(libseccomp-dev)
+# The sandboxes' network table (sandbox/network.ts; SANDBOX_NETWORK=off does without).
+command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || missing+=(nftables)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then need_root "${missing[*]}" "${missing[*]}"; fi
   say "apt-get install ${missing[*]}"
@@ -85,7 +87,7 @@ ln -sfn "$fbin" "$root/.tools/bin/ferretdb"
 # built once per version of its source and the shared header.
 command -v cc >/dev/null 2>&1 || { echo "toolchain: a C compiler (cc) is needed to build the sandbox helpers: apt-get install -y gcc" >&2; exit 1; }
 build_helper() { # name, source
-  local bin="$cache/$1-$(cat "$2" "$root"/tools/sandbox-common/*.h "$root"/tools/sandbox-seccomp/seccomp-load.h | sha256sum | cut -c1-16)"
+  local bin="$cache/$1-$(cat "$2" $(ls "$(dirname "$2")"/*.h 2>/dev/null) "$root"/tools/sandbox-common/*.h "$root"/tools/sandbox-seccomp/seccomp-load.h | sha256sum | cut -c1-16)"
   if [ ! -x "$bin" ]; then
     say "building $1"
     cc -O2 -Wall -o "$bin.tmp" "$2" && mv "$bin.tmp" "$bin"

@@ -31,6 +31,8 @@ export interface AgentRunSpec {
   diskMB?: number;
   /** The agent's secret store (its secrets become environment variables when the sandbox is created). */
   secretStore?: string;
+  /** What its sandboxes may reach (sandbox/network.ts); absent: the default, `internet`. */
+  network?: { egress: 'internet' | 'none' | { allow: string[] } };
   /** Set at session creation when `snapshot` is: the snapshot's id and the task queue of the host that has its layer. */
   snapshotRef?: { snapshotId: string; taskQueue: string };
 }
@@ -40,7 +42,7 @@ export interface AgentRunSpec {
  * Caller-supplied JSON (config) and file paths are stored as JSON text / arrays, since keys with
  * `.` or a leading `$` are not storable on every MongoDB-wire server.
  */
-export interface AgentDoc extends Omit<AgentRunSpec, 'files' | 'memoryMB' | 'cpuCount' | 'diskMB' | 'secretStore'> {
+export interface AgentDoc extends Omit<AgentRunSpec, 'files' | 'memoryMB' | 'cpuCount' | 'diskMB' | 'secretStore' | 'network'> {
   _id: string;
   orgId: string;
   id: string;
@@ -55,6 +57,8 @@ export interface AgentDoc extends Omit<AgentRunSpec, 'files' | 'memoryMB' | 'cpu
   memoryMB?: number | null;
   cpuCount?: number | null;
   diskMB?: number | null;
+  /** Network policy of its sandboxes; absent or null: the default. */
+  network?: { egress: 'internet' | 'none' | { allow: string[] } } | null;
   created_at: Date;
   updated_at: Date;
 }
@@ -153,6 +157,7 @@ export function runSpecOf(a: AgentDoc): AgentRunSpec {
     ...(a.memoryMB != null ? { memoryMB: a.memoryMB } : {}),
     ...(a.cpuCount != null ? { cpuCount: a.cpuCount } : {}),
     ...(a.diskMB != null ? { diskMB: a.diskMB } : {}),
+    ...(a.network != null ? { network: a.network } : {}),
   };
 }
 

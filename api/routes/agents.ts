@@ -27,6 +27,7 @@ export function agentView(a: AgentDoc): z.infer<typeof Agent> {
     memoryMB: a.memoryMB ?? null,
     cpuCount: a.cpuCount ?? null,
     diskMB: a.diskMB ?? null,
+    network: a.network ?? null,
     created_at: a.created_at.toISOString(),
     updated_at: a.updated_at.toISOString(),
   };
@@ -107,6 +108,7 @@ export function registerAgentRoutes(t: RouteTable, deps: ApiDeps): void {
         ...(body.memoryMB !== undefined ? { memoryMB: body.memoryMB } : {}),
         ...(body.cpuCount !== undefined ? { cpuCount: body.cpuCount } : {}),
         ...(body.diskMB !== undefined ? { diskMB: body.diskMB } : {}),
+        ...(body.network !== undefined ? { network: body.network } : {}),
         created_at: now,
         updated_at: now,
       };

@@ -10,6 +10,7 @@ import { deleteSandboxPreviews } from '../preview-proxy';
 import { findOrgSandbox, SandboxDoc, sandboxesOf } from '../../store/sandboxes';
 import { ImageError, resolveImage } from '../../store/checkpoints';
 import { secretEnvOf, SecretStoreMissing, SecretUnreadable } from '../../store/secrets';
+import { networkSchema } from '../../sandbox/network';
 
 const EnvName = z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'must be a valid environment variable name');
 
@@ -40,6 +41,9 @@ export const CreateSandboxBody = z
       .min(1)
       .optional()
       .describe('Size of the writable layer in MB (writes past it get ENOSPC); default SANDBOX_DISK_MB (2048), at most SANDBOX_MAX_DISK_MB (20480)'),
+    network: networkSchema(z)
+      .optional()
+      .describe("What the sandbox may reach: egress 'internet' (default), 'none', or { allow: [IPv4 CIDR…] }; the host, link-local, other sandboxes and private ranges are always refused"),
   })
   .openapi('CreateSandbox');
 
@@ -178,6 +182,7 @@ export async function provisionSandbox(
       diskMB: limits.diskMB,
       layers: origin.layers,
       patches: origin.patches,
+      ...(body.network ? { network: body.network } : {}),
       metadata: body.metadata,
     }),
   ]);

@@ -15,6 +15,7 @@ import type { CreatedSandbox } from '../types';
 import { bearerMatchesHeader } from './auth';
 import { attachExec, ExecManager } from './exec';
 import { PortForwarder } from './forward';
+import { networkSchema, type SandboxNetwork } from '../network';
 
 /** What the app needs. */
 export interface HostDeps {
@@ -56,6 +57,7 @@ const schemas = {
       cpuCount: z.number().min(0).optional(),
       maxProcesses: z.number().int().positive().optional(),
       diskMB: z.number().int().positive().optional(),
+      network: networkSchema(z).optional(),
       files: stringMap.optional(),
       patches: z.array(z.object({ id: z.string().min(1), script: z.string() })).optional(),
       entrypoint: entrypointSchema.optional(),
@@ -272,6 +274,8 @@ export interface StartHostOptions {
   limits?: SandboxLimits;
   /** See ProviderOptions.auditLog (default DATA_DIR/audit/entrypoints.ndjson; null: off). */
   auditLog?: string | null;
+  /** See ProviderOptions.network (default: from SANDBOX_NETWORK and friends; null: loopback only). */
+  network?: SandboxNetwork | null;
 }
 
 /** A running host. `close()` stops the HTTP server, exec sessions' sockets and the provider's spare init; sandboxes keep running. */
@@ -291,7 +295,7 @@ export async function startHost(opts: StartHostOptions): Promise<RunningHost> {
   const provider =
     typeof opts.provider === 'object'
       ? opts.provider
-      : createSandboxProvider({ kind: opts.provider ?? 'bwrap', dataDir: opts.dataDir, hostId, logger, scratchDir: opts.scratchDir, auditLog: opts.auditLog });
+      : createSandboxProvider({ kind: opts.provider ?? 'bwrap', dataDir: opts.dataDir, hostId, logger, scratchDir: opts.scratchDir, auditLog: opts.auditLog, ...(opts.network !== undefined ? { network: opts.network } : {}) });
   await provider.init();
   const exec = new ExecManager(provider, logger);
   const forward = new PortForwarder(provider, opts.dataDir, logger);

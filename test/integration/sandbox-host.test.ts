@@ -81,7 +81,7 @@ describe('sandbox host (bwrap)', () => {
 
   beforeAll(async () => {
     dataDir = await fsp.mkdtemp(path.join(os.tmpdir(), 'sap-host-'));
-    host = await startHost({ dataDir, token: TOKEN, listen: '127.0.0.1:0', hostId: 'test-host' });
+    host = await startHost({ dataDir, token: TOKEN, listen: '127.0.0.1:0', network: null, hostId: 'test-host' });
     client = new HostClient({ url: host.url, token: TOKEN });
   });
 
@@ -176,7 +176,7 @@ describe('sandbox host (bwrap)', () => {
     }
     const st = JSON.parse(await fsp.readFile(stateFile(never.id), 'utf8'));
     await fsp.writeFile(stateFile(never.id), JSON.stringify({ ...st, entrypoint: { wrapper: { pid: 0, start: -1 }, startedAt: new Date().toISOString(), starting: true } }));
-    host = await startHost({ dataDir, token: TOKEN, listen: '127.0.0.1:0', hostId: 'test-host' });
+    host = await startHost({ dataDir, token: TOKEN, listen: '127.0.0.1:0', network: null, hostId: 'test-host' });
     client = new HostClient({ url: host.url, token: TOKEN });
     try {
       expect(await client.entrypointStatus(running.id)).toMatchObject({ state: 'running', pid: helper.state === 'running' ? helper.pid : -1 });
@@ -360,7 +360,7 @@ describe('sandbox host (bwrap)', () => {
     expect(lines[3]).toBe(id);
     // /etc/shadow is the base skeleton's (root and nobody, no passwords), not the host's.
     expect(lines.slice(4, 9)).toEqual(['no-datadir', 'no-work', 'root:2', '0', '0']);
-    expect(lines[9]).toBe('1'); // loopback only
+    expect(lines[9]).toBe('1'); // loopback only (this file's hosts run with the network off: the stack's host owns the machine's sandbox network)
   });
 
   it('shows each sandbox only its own processes', async () => {
@@ -529,7 +529,7 @@ describe('sandbox host (bwrap)', () => {
     killAllOf(pidsOfCgroup(lost));
     await fsp.rm(path.join(scratch!, lost), { recursive: true, force: true });
     await fsp.mkdir(path.join(scratch!, 'sb-unlinked'));
-    host = await startHost({ dataDir, token: TOKEN, listen: '127.0.0.1:0', hostId: 'test-host' });
+    host = await startHost({ dataDir, token: TOKEN, listen: '127.0.0.1:0', network: null, hostId: 'test-host' });
     client = new HostClient({ url: host.url, token: TOKEN });
     expect(await client.getSandbox(lost)).toBeNull();
     await expect(fsp.lstat(path.join(dataDir, 'sandboxes', lost))).rejects.toMatchObject({ code: 'ENOENT' });
@@ -539,14 +539,14 @@ describe('sandbox host (bwrap)', () => {
 
   it('removes its scratch directory when it stops with no session sandbox left, and keeps it otherwise', async () => {
     const dir = await fsp.mkdtemp(path.join(os.tmpdir(), 'sap-host-scratch-'));
-    const other = await startHost({ dataDir: dir, token: TOKEN, listen: '127.0.0.1:0', hostId: 'test-host-2' });
+    const other = await startHost({ dataDir: dir, token: TOKEN, listen: '127.0.0.1:0', network: null, hostId: 'test-host-2' });
     const scratch = (other.provider as unknown as { scratchDir: string }).scratchDir;
     const c = new HostClient({ url: other.url, token: TOKEN });
     const id = newId();
     await c.createSandbox({ id, orgId: 'o', owner: { kind: 'session', id: 'sess_z' } });
     await other.close();
     expect(existsSync(path.join(scratch, id))).toBe(true);
-    const again = await startHost({ dataDir: dir, token: TOKEN, listen: '127.0.0.1:0', hostId: 'test-host-2' });
+    const again = await startHost({ dataDir: dir, token: TOKEN, listen: '127.0.0.1:0', network: null, hostId: 'test-host-2' });
     expect(await new HostClient({ url: again.url, token: TOKEN }).destroySandbox(id)).toBe(true);
     await again.close();
     expect(existsSync(scratch)).toBe(false);
@@ -566,7 +566,7 @@ describe('sandbox host (bwrap)', () => {
     for (const c of ['memory', 'pids', 'cpu', 'freezer']) await fsp.mkdir(`/sys/fs/cgroup/${c}/sap/${stale}`);
     await host.close();
     expect(readySpares()).toEqual([]);
-    host = await startHost({ dataDir, token: TOKEN, listen: '127.0.0.1:0', hostId: 'test-host' });
+    host = await startHost({ dataDir, token: TOKEN, listen: '127.0.0.1:0', network: null, hostId: 'test-host' });
     client = new HostClient({ url: host.url, token: TOKEN });
     expect(await client.getSandbox(id)).toBeNull();
     // Killed and out of the cgroup; give them a moment to finish exiting.
@@ -583,7 +583,7 @@ describe('sandbox host (bwrap)', () => {
     const id = newId();
     await client.createSandbox({ id, orgId: 'o', entrypoint: { argv: ['bash', '-c', 'sleep 1.5; echo survived; exit 5'] } });
     await host.close();
-    host = await startHost({ dataDir, token: TOKEN, listen: '127.0.0.1:0', hostId: 'test-host' });
+    host = await startHost({ dataDir, token: TOKEN, listen: '127.0.0.1:0', network: null, hostId: 'test-host' });
     client = new HostClient({ url: host.url, token: TOKEN });
     expect(await client.getSandbox(id)).toMatchObject({ status: 'running' });
     expect(await client.entrypointStatus(id)).toMatchObject({ state: 'running' });
@@ -603,7 +603,7 @@ describe('sandbox host (bwrap)', () => {
     killAllOf(pids);
     const alive = () => pids.filter((pid) => isRunning(Number(pid)));
     for (let i = 0; i < 100 && alive().length > 0; i++) await new Promise((r) => setTimeout(r, 20));
-    host = await startHost({ dataDir, token: TOKEN, listen: '127.0.0.1:0', hostId: 'test-host' });
+    host = await startHost({ dataDir, token: TOKEN, listen: '127.0.0.1:0', network: null, hostId: 'test-host' });
     client = new HostClient({ url: host.url, token: TOKEN });
     expect(await client.getSandbox(id)).toMatchObject({ status: 'stopped' });
     await expect(client.readFile(id, '/workspace/x')).rejects.toMatchObject({ type: 'conflict' });
@@ -646,7 +646,7 @@ describe('sandbox host (bwrap), data directory too long for the helpers\' socket
   beforeAll(async () => {
     dataDir = path.join(await fsp.mkdtemp(path.join(os.tmpdir(), 'sap-host-long-')), 'x'.repeat(100));
     await fsp.mkdir(dataDir);
-    host = await startHost({ dataDir, token: TOKEN, listen: '127.0.0.1:0', hostId: 'test-host-long' });
+    host = await startHost({ dataDir, token: TOKEN, listen: '127.0.0.1:0', network: null, hostId: 'test-host-long' });
     client = new HostClient({ url: host.url, token: TOKEN });
   });
 
@@ -709,7 +709,7 @@ describe.each([['sap-sandbox-enter', undefined, 'sap-sandbox-ent']] as const)('e
   let n = 0;
   const newId = () => `sb-eh${process.pid}-${++n}`;
   const start = async () => {
-    const provider = createSandboxProvider({ kind: 'bwrap', dataDir, hostId: 'test-host-enter', enterHelper });
+    const provider = createSandboxProvider({ kind: 'bwrap', dataDir, hostId: 'test-host-enter', enterHelper, network: null });
     host = await startHost({ dataDir, token: TOKEN, listen: '127.0.0.1:0', provider });
     client = new HostClient({ url: host.url, token: TOKEN });
   };

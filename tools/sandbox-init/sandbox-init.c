@@ -13,6 +13,11 @@
  *   -D MB       size of the writable layer (a tmpfs of its own: writes past it get ENOSPC)
  *   -H NAME     hostname, also the name of the overlay mounts
  *   -S FILE     the seccomp filter (a classic BPF program, see tools/sandbox-seccomp)
+ *   -N HOSTIF   a way out (optional; without it the sandbox has loopback only): a veth pair, HOSTIF on
+ *               the host with -A, "eth0" in the sandbox with -B and a default route via -A (see net.h)
+ *   -A ADDR/LEN the host end's IPv4 address and prefix length (with -N)
+ *   -B ADDR     the sandbox end's IPv4 address (with -N)
+ *   -d ADDR     a name server for the sandbox's /etc/resolv.conf (repeat, up to 3; optional)
  *
  * With -w the helper joins its cgroups ahead of a request (the first move of a process into a cgroup
  * waits for a kernel RCU grace period, 5-15 ms), connects to the unix socket SOCKET, writes
@@ -32,7 +37,9 @@
  *   pid 1         a child joins the user namespace as its root and unshares the mount, pid, net, ipc,
  *                 uts and cgroup namespaces (all owned by the sandbox's user namespace); its child is
  *                 the sandbox's pid 1
- *   root          pid 1 binds the overlay, brings up loopback, sets the hostname
+ *   root          pid 1 binds the overlay, brings up loopback, sets the hostname, writes
+ *                 /etc/resolv.conf (with -d)
+ *   network       (with -N, by the helper while pid 1 goes on) the veth pair, addresses, route
  *   /proc         mounts proc; /proc/sys, sysrq-trigger, irq, bus and fs read-only; kcore, keys,
  *                 timer_list, sched_debug, acpi, scsi (and the rest of the OCI runtime spec's list) masked
  *   /dev          a tmpfs with null, zero, full, random, urandom, tty, a devpts of its own, shm
@@ -65,6 +72,7 @@
 #include <linux/mount.h>
 
 #include "../sandbox-common/isolation.h"
+#include "net.h"
 
 #ifndef MOUNT_ATTR_IDMAP
 #define MOUNT_ATTR_IDMAP 0x00100000
@@ -86,6 +94,12 @@ struct setup {
   int nroot;
   const char *usr_layers[MAX_LAYERS];
   int nusr;
+  const char *hostif;
+  struct in_addr host_addr, guest_addr;
+  int prefix;
+  int has_host, has_guest;
+  const char *nameservers[3];
+  int nns;
 };
 
 static const char *step = "arguments";
@@ -105,7 +119,7 @@ static void die(const char *fmt, ...) {
 
 static int usage(const char *arg) {
   fprintf(stderr, "sap-sandbox-init: bad argument %s\n"
-                  "usage: sap-sandbox-init [-w -s SOCKET KEY] [-c FILE]... -l LOG -m DIR -u BASE -r DIR... -p DIR... -D MB -H NAME -S FILE\n",
+                  "usage: sap-sandbox-init [-w -s SOCKET KEY] [-c FILE]... -l LOG -m DIR -u BASE -r DIR... -p DIR... -D MB -H NAME -S FILE [-N HOSTIF -A ADDR/LEN -B ADDR] [-d ADDR]...\n",
           arg);
   return 2;
 }
@@ -154,12 +168,37 @@ static int parse(char **args, int n, struct setup *o, int need_setup) {
         if (o->nusr >= MAX_LAYERS) return usage(a);
         o->usr_layers[o->nusr++] = v;
         break;
+      case 'N':
+        if (strlen(v) >= IFNAMSIZ || !*v) return usage(v);
+        o->hostif = v;
+        break;
+      case 'A': {
+        char addr[32];
+        const char *slash = strchr(v, '/');
+        if (!slash || (size_t)(slash - v) >= sizeof addr) return usage(v);
+        memcpy(addr, v, (size_t)(slash - v));
+        addr[slash - v] = '\0';
+        if (inet_pton(AF_INET, addr, &o->host_addr) != 1 || (o->prefix = (int)parse_long(slash + 1, 8, 31)) < 0) return usage(v);
+        o->has_host = 1;
+        break;
+      }
+      case 'B':
+        if (inet_pton(AF_INET, v, &o->guest_addr) != 1) return usage(v);
+        o->has_guest = 1;
+        break;
+      case 'd': {
+        struct in6_addr any;
+        if (o->nns >= 3 || (inet_pton(AF_INET, v, &any) != 1 && inet_pton(AF_INET6, v, &any) != 1)) return usage(v);
+        o->nameservers[o->nns++] = v;
+        break;
+      }
       default: return usage(a);
     }
   }
   if (need_setup && (!o->staging || !o->hostname || !o->seccomp || o->base <= 0 || o->disk_mb <= 0 || !o->nroot || !o->nusr)) {
     return usage("(missing -m, -u, -r, -p, -D, -H or -S)");
   }
+  if (o->hostif && (!o->has_host || !o->has_guest)) return usage("(-N needs -A and -B)");
   return 0;
 }
 
@@ -419,6 +458,14 @@ static void run_pid1(const struct setup *o) {
   if (chdir("root") != 0) child_die("chdir");
   loopback_up();
   if (sethostname(o->hostname, strlen(o->hostname)) != 0) child_die("hostname");
+  if (o->nns) {
+    char text[256];
+    size_t len = 0;
+    for (int i = 0; i < o->nns; i++) len += (size_t)snprintf(text + len, sizeof text - len, "nameserver %s\n", o->nameservers[i]);
+    int fd = open("etc/resolv.conf", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0 || sap_write_all(fd, text, len) != 0) child_die("write /etc/resolv.conf");
+    close(fd);
+  }
   setup_proc();
   setup_dev(o->disk_mb);
   step = "pivot_root";
@@ -505,7 +552,7 @@ static int run(struct setup *o) {
   char buf[1024];
   size_t len = 0;
   long init = -1;
-  int ready = 0;
+  int ready = 0, connected = !o->hostif;
   /* Both lines are needed; they come from two processes, in either order. */
   while (!ready || init <= 0) {
     ssize_t r = read(report[0], buf + len, sizeof buf - 1 - len);
@@ -528,6 +575,18 @@ static int run(struct setup *o) {
       }
       len -= (size_t)(nl + 1 - buf);
       memmove(buf, nl + 1, len + 1);
+    }
+    /* The network, as soon as pid 1's namespace exists, while pid 1 finishes its own setup. */
+    if (init > 0 && !connected) {
+      step = "network";
+      const char *what;
+      if (sap_connect_netns((int)init, o->hostif, o->host_addr, o->guest_addr, o->prefix, &what) != 0) {
+        int e = errno;
+        kill((pid_t)init, SIGKILL);
+        errno = e;
+        die("%s (%s)", what, o->hostif);
+      }
+      connected = 1;
     }
   }
   close(report[0]);
