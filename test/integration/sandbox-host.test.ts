@@ -251,7 +251,8 @@ describe('sandbox host (bwrap)', () => {
     expect(mine).toMatch(new RegExp(` / \\S+ - overlay ${id} `));
     expect(mine).toMatch(new RegExp(` /usr \\S+ - overlay ${id} `));
     // Its layers are named by relative names only: no host path in the sandbox's mount table.
-    expect(mine).toContain('lowerdir=l0,upperdir=w/root,workdir=w/work-root');
+    // (l0 is the base; the agent SDK's layer, when the toolchain installed it, comes after it as l1.)
+    expect(mine).toMatch(/lowerdir=l0(:l\d+)*,upperdir=w\/root,workdir=w\/work-root/);
     expect(mine).not.toContain(dataDir);
     // A parent directory that is a symlink to a host path is resolved inside the sandbox, and so is `..`.
     const hostDir = await fsp.mkdtemp(path.join(os.tmpdir(), 'sap-host-only-'));
