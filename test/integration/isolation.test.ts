@@ -5,6 +5,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { api, eventually, T, unique } from '../helpers/env';
 import { hostClient } from '../helpers/checkpoints';
+import { CONNECT_PROBE } from '../helpers/connect-probe';
 import {
   createProbeAgent,
   freeBytes,
@@ -204,26 +205,6 @@ describe('isolation between sandboxes and of the host', () => {
     expect(await sh(sb, 'stat -c %u:%g /opt/owned/f /opt/owned')).toBe('1000:1000\n1001:1002\n');
   });
 });
-
-/** A python3 script that tries to connect to each host:port and prints {"host:port": "connected" | errno name}. */
-const CONNECT_PROBE = `
-import errno, json, socket, sys
-out = {}
-for target in sys.argv[1:]:
-    host, port = target.rsplit(":", 1)
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.settimeout(5)
-    try:
-        s.connect((host, int(port)))
-        out[target] = "connected"
-    except socket.timeout:
-        out[target] = "timeout"
-    except OSError as e:
-        out[target] = errno.errorcode.get(e.errno, str(e.errno))
-    finally:
-        s.close()
-print(json.dumps(out))
-`;
 
 async function connectFrom(sandboxId: string, targets: string[]): Promise<Record<string, string>> {
   const r = await api('POST', `/api/sandboxes/${sandboxId}/exec/run`, { body: { cmd: 'python3', args: ['-c', CONNECT_PROBE, ...targets], timeout: 60 } });

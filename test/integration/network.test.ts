@@ -4,6 +4,7 @@ import net from 'node:net';
 import os from 'node:os';
 import { api, control, eventually, T } from '../helpers/env';
 import { createAgent, runSession } from '../helpers/sessions';
+import { CONNECT_PROBE } from '../helpers/connect-probe';
 
 /*
  * Egress per sandbox (sandbox/network.ts). Every destination is a test host this file creates: a
@@ -104,36 +105,8 @@ async function run(sandboxId: string, cmd: string, args: string[]): Promise<stri
   return r.body.stdout as string;
 }
 
-/**
- * From the sandbox, for each "host:port": an HTTP GET's body, or the errno name of the failed
- * connection ("timeout" after 10 s: a refusal must never look like that).
- */
-const PROBE = `
-import errno, json, socket, sys
-out = {}
-for target in sys.argv[1:]:
-    host, port = target.rsplit(":", 1)
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.settimeout(10)
-    try:
-        s.connect((host, int(port)))
-        s.sendall(b"GET / HTTP/1.0\\r\\nHost: x\\r\\n\\r\\n")
-        data = b""
-        while True:
-            chunk = s.recv(65536)
-            if not chunk: break
-            data += chunk
-        out[target] = "body:" + data.split(b"\\r\\n\\r\\n", 1)[-1].decode()
-    except socket.timeout:
-        out[target] = "timeout"
-    except OSError as e:
-        out[target] = errno.errorcode.get(e.errno, str(e.errno))
-    finally:
-        s.close()
-print(json.dumps(out))
-`;
 async function probe(sandboxId: string, targets: string[]): Promise<Record<string, string>> {
-  return JSON.parse(await run(sandboxId, 'python3', ['-c', PROBE, ...targets])) as Record<string, string>;
+  return JSON.parse(await run(sandboxId, 'python3', ['-c', CONNECT_PROBE, '--http', ...targets])) as Record<string, string>;
 }
 
 const REFUSED = ['ECONNREFUSED', 'EHOSTUNREACH', 'ENETUNREACH', 'ECONNRESET'];
@@ -204,7 +177,7 @@ describe('egress per sandbox', () => {
   it("an agent's policy applies to its sessions' sandboxes, and the agent shows it", async () => {
     const [a, b] = [await new TestHost('198.18').serve(), await new TestHost('198.18').serve()];
     const network = { egress: { allow: [`${a.addr}/32`] } };
-    const script = `python3 -c '${PROBE.replace(/'/g, "'\\''")}' ${a.addr}:${a.port} ${b.addr}:${b.port} > "$AGENT_RESULT_PATH"`;
+    const script = `python3 -c '${CONNECT_PROBE.replace(/'/g, "'\\''")}' --http ${a.addr}:${a.port} ${b.addr}:${b.port} > "$AGENT_RESULT_PATH"`;
     const agentId = await createAgent(['bash', '-c', script], { network });
     agents.push(agentId);
     expect((await api('GET', `/v1/agents/${agentId}`)).body.network).toEqual(network);
