@@ -1,10 +1,8 @@
-import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
-import { randomBytes } from 'node:crypto';
-import net from 'node:net';
 import os from 'node:os';
 import { api, control, eventually, T } from '../helpers/env';
 import { createAgent, runSession } from '../helpers/sessions';
 import { CONNECT_PROBE } from '../helpers/connect-probe';
+import { TestHost } from '../helpers/test-host';
 
 /*
  * Egress per sandbox (sandbox/network.ts). Every destination is a test host this file creates: a
@@ -18,79 +16,16 @@ jest.setTimeout(120_000);
 const sandboxes: string[] = [];
 const agents: string[] = [];
 const hosts: TestHost[] = [];
+const testHost = (prefix: '198.18' | '169.254'): TestHost => {
+  const h = new TestHost(prefix);
+  hosts.push(h);
+  return h;
+};
 afterAll(async () => {
   await Promise.all(sandboxes.map((id) => api('DELETE', `/api/sandboxes/${id}`).catch(() => undefined)));
   await Promise.all(agents.map((id) => api('DELETE', `/v1/agents/${id}`).catch(() => undefined)));
   for (const h of hosts) h.remove();
 });
-
-/** A network namespace with one address (`addr`) reached through a veth from the host, serving HTTP on `port`. */
-class TestHost {
-  readonly ns: string;
-  readonly addr: string;
-  readonly port = 8080;
-  readonly mark = randomBytes(6).toString('hex');
-  private readonly hostIf: string;
-  private server: ChildProcess | null = null;
-
-  constructor(prefix: '198.18' | '169.254') {
-    const tag = randomBytes(3).toString('hex');
-    this.ns = `sapt-${tag}`;
-    this.hostIf = `sapt${tag}`;
-    const third = 1 + Math.floor(Math.random() * 250);
-    const quad = 4 * Math.floor(Math.random() * 60);
-    const hostAddr = `${prefix}.${third}.${quad + 1}`;
-    this.addr = `${prefix}.${third}.${quad + 2}`;
-    hosts.push(this);
-    const ip = (...args: string[]) => execFileSync('ip', args, { stdio: ['ignore', 'ignore', 'pipe'] });
-    ip('netns', 'add', this.ns);
-    ip('link', 'add', this.hostIf, 'type', 'veth', 'peer', 'name', 'eth0', 'netns', this.ns);
-    ip('addr', 'add', `${hostAddr}/30`, 'dev', this.hostIf);
-    ip('link', 'set', this.hostIf, 'up');
-    ip('-n', this.ns, 'addr', 'add', `${this.addr}/30`, 'dev', 'eth0');
-    ip('-n', this.ns, 'link', 'set', 'eth0', 'up');
-    ip('-n', this.ns, 'link', 'set', 'lo', 'up');
-    ip('-n', this.ns, 'route', 'add', 'default', 'via', hostAddr);
-  }
-
-  /** Starts the HTTP server (answers every GET with the mark) and waits until it answers from the host. */
-  async serve(): Promise<this> {
-    const script = `import http.server
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200); self.end_headers(); self.wfile.write(b"${this.mark}")
-    def log_message(self, *a): pass
-http.server.HTTPServer(("${this.addr}", ${this.port}), H).serve_forever()`;
-    this.server = spawn('ip', ['netns', 'exec', this.ns, 'python3', '-c', script], { stdio: 'ignore' });
-    await eventually(
-      () =>
-        new Promise<boolean>((resolve) => {
-          const s = net.connect(this.port, this.addr, () => {
-            s.destroy();
-            resolve(true);
-          });
-          s.once('error', () => resolve(false));
-        }),
-      20_000,
-      100,
-    );
-    return this;
-  }
-
-  remove(): void {
-    this.server?.kill('SIGKILL');
-    try {
-      execFileSync('ip', ['netns', 'del', this.ns], { stdio: 'ignore' });
-    } catch {
-      /* already gone */
-    }
-    try {
-      execFileSync('ip', ['link', 'del', this.hostIf], { stdio: 'ignore' });
-    } catch {
-      /* went with the namespace */
-    }
-  }
-}
 
 async function newSandbox(body: Record<string, unknown> = {}): Promise<string> {
   const r = await api('POST', '/api/sandboxes', { body });
@@ -124,7 +59,7 @@ async function sandboxAddress(sandboxId: string): Promise<{ address: string; gat
 
 describe('egress per sandbox', () => {
   it('reaches a test host over HTTP by default, with an address of its own and the host\'s name servers', async () => {
-    const target = await new TestHost('198.18').serve();
+    const target = await testHost('198.18').serve();
     const sb = await newSandbox();
     const got = await probe(sb, [`${target.addr}:${target.port}`]);
     expect(got[`${target.addr}:${target.port}`]).toBe(`body:${target.mark}`);
@@ -137,7 +72,7 @@ describe('egress per sandbox', () => {
   });
 
   it("egress 'none' refuses everything, quickly", async () => {
-    const target = await new TestHost('198.18').serve();
+    const target = await testHost('198.18').serve();
     const sb = await newSandbox({ network: { egress: 'none' } });
     expectRefused(await probe(sb, [`${target.addr}:${target.port}`]));
     // The same target answers another sandbox with the default policy: the refusal is the policy's.
@@ -146,7 +81,7 @@ describe('egress per sandbox', () => {
   });
 
   it('an allow list admits only its hosts', async () => {
-    const [a, b] = [await new TestHost('198.18').serve(), await new TestHost('198.18').serve()];
+    const [a, b] = [await testHost('198.18').serve(), await testHost('198.18').serve()];
     const sb = await newSandbox({ network: { egress: { allow: [`${a.addr}/32`] } } });
     const got = await probe(sb, [`${a.addr}:${a.port}`, `${b.addr}:${b.port}`]);
     expect(got[`${a.addr}:${a.port}`]).toBe(`body:${a.mark}`);
@@ -154,7 +89,7 @@ describe('egress per sandbox', () => {
   });
 
   it("under 'internet': the host's services, another sandbox and a link-local host stay refused", async () => {
-    const linkLocal = await new TestHost('169.254').serve();
+    const linkLocal = await testHost('169.254').serve();
     const [sb, other] = await Promise.all([newSandbox(), newSandbox()]);
     // A listener in the other sandbox, on every address; it answers inside that sandbox (a positive control).
     await run(other, 'bash', ['-c', `setsid nohup python3 -m http.server 8123 --bind 0.0.0.0 > /dev/null 2>&1 < /dev/null &`]);
@@ -175,7 +110,7 @@ describe('egress per sandbox', () => {
   });
 
   it("an agent's policy applies to its sessions' sandboxes, and the agent shows it", async () => {
-    const [a, b] = [await new TestHost('198.18').serve(), await new TestHost('198.18').serve()];
+    const [a, b] = [await testHost('198.18').serve(), await testHost('198.18').serve()];
     const network = { egress: { allow: [`${a.addr}/32`] } };
     const script = `python3 -c '${CONNECT_PROBE.replace(/'/g, "'\\''")}' --http ${a.addr}:${a.port} ${b.addr}:${b.port} > "$AGENT_RESULT_PATH"`;
     const agentId = await createAgent(['bash', '-c', script], { network });
@@ -193,7 +128,7 @@ describe('egress per sandbox', () => {
   });
 
   it('keeps the links and policies of sandboxes that survive a restart of the sandbox host', async () => {
-    const target = await new TestHost('198.18').serve();
+    const target = await testHost('198.18').serve();
     const [open, closed] = [await newSandbox(), await newSandbox({ network: { egress: 'none' } })];
     const t = `${target.addr}:${target.port}`;
     expect((await probe(open, [t]))[t]).toBe(`body:${target.mark}`);

@@ -1,0 +1,84 @@
+import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import net from 'node:net';
+import { eventually } from './env';
+
+/*
+ * Test hosts: network namespaces of their own on this machine, each with one address from
+ * 198.18.0.0/15 (the range reserved for such tests) or 169.254.0.0/16 (to check that link-local is
+ * refused), reached through a veth from the host. Tests send traffic only to these and to loopback.
+ * Callers remove() every host they make (afterAll), also when a test fails.
+ */
+
+/** A network namespace with one address (`addr`) reached through a veth from the host, serving HTTP on `port`. */
+export class TestHost {
+  readonly ns: string;
+  readonly addr: string;
+  readonly port = 8080;
+  readonly mark = randomBytes(6).toString('hex');
+  private readonly hostIf: string;
+  private server: ChildProcess | null = null;
+
+  constructor(prefix: '198.18' | '169.254') {
+    const tag = randomBytes(3).toString('hex');
+    this.ns = `sapt-${tag}`;
+    this.hostIf = `sapt${tag}`;
+    const third = 1 + Math.floor(Math.random() * 250);
+    const quad = 4 * Math.floor(Math.random() * 60);
+    const hostAddr = `${prefix}.${third}.${quad + 1}`;
+    this.addr = `${prefix}.${third}.${quad + 2}`;
+    const ip = (...args: string[]) => execFileSync('ip', args, { stdio: ['ignore', 'ignore', 'pipe'] });
+    try {
+      ip('netns', 'add', this.ns);
+      ip('link', 'add', this.hostIf, 'type', 'veth', 'peer', 'name', 'eth0', 'netns', this.ns);
+      ip('addr', 'add', `${hostAddr}/30`, 'dev', this.hostIf);
+      ip('link', 'set', this.hostIf, 'up');
+      ip('-n', this.ns, 'addr', 'add', `${this.addr}/30`, 'dev', 'eth0');
+      ip('-n', this.ns, 'link', 'set', 'eth0', 'up');
+      ip('-n', this.ns, 'link', 'set', 'lo', 'up');
+      ip('-n', this.ns, 'route', 'add', 'default', 'via', hostAddr);
+    } catch (err) {
+      this.remove(); // a half-made host leaves nothing behind
+      throw err;
+    }
+  }
+
+  /** Starts the HTTP server (answers every GET with the mark) and waits until it answers from the host. */
+  async serve(): Promise<this> {
+    const script = `import http.server
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"${this.mark}")
+    def log_message(self, *a): pass
+http.server.HTTPServer(("${this.addr}", ${this.port}), H).serve_forever()`;
+    this.server = spawn('ip', ['netns', 'exec', this.ns, 'python3', '-c', script], { stdio: 'ignore' });
+    await eventually(
+      () =>
+        new Promise<boolean>((resolve) => {
+          const s = net.connect(this.port, this.addr, () => {
+            s.destroy();
+            resolve(true);
+          });
+          s.once('error', () => resolve(false));
+        }),
+      20_000,
+      100,
+    );
+    return this;
+  }
+
+  remove(): void {
+    this.server?.kill('SIGKILL');
+    try {
+      execFileSync('ip', ['netns', 'del', this.ns], { stdio: 'ignore' });
+    } catch {
+      /* already gone */
+    }
+    try {
+      execFileSync('ip', ['link', 'del', this.hostIf], { stdio: 'ignore' });
+    } catch {
+      /* went with the namespace */
+    }
+  }
+}
+
