@@ -12,6 +12,7 @@ import * as path from 'node:path';
 import type { Logger } from 'pino';
 import pino from 'pino';
 import { SandboxError } from './errors';
+import { normaliseEgress, type Egress } from './network';
 import { AuditLog, defaultAuditLogPath } from './audit-log';
 import { readSandboxFile, writeSandboxFile, type RootMap } from './paths';
 import { isAlive, procRef, procStart, SandboxCgroups, signalRef, type Limits, type ProcRef } from './procs';
@@ -283,7 +284,32 @@ export abstract class BaseProvider implements SandboxProvider {
       metadata: state.metadata,
       patches: state.patches,
       provider: state.provider,
+      ...(state.link ? { network: state.network ?? { egress: 'internet' } } : {}),
     };
+  }
+
+  async setNetwork(id: string, network: { egress: Egress }): Promise<SandboxInfo> {
+    assertId(id);
+    return this.lock.run(id, async () => {
+      const state = this.stateOf(id);
+      if (state.status !== 'running' || !this.isLive(state)) throw new SandboxError('conflict', `sandbox ${id} is not running`);
+      if (!state.link) throw new SandboxError('conflict', `sandbox ${id} has no network (SANDBOX_NETWORK=off, or a provider without isolation)`);
+      let egress: Egress;
+      try {
+        egress = normaliseEgress(network.egress);
+      } catch (err) {
+        throw new SandboxError('invalid_request', (err as Error).message);
+      }
+      await this.applyNetwork(state, egress);
+      state.network = { egress };
+      await this.saveState(state);
+      return this.info(state);
+    });
+  }
+
+  /** Puts a new policy into effect for a running sandbox with a link (providers with a network). */
+  protected async applyNetwork(state: SandboxState, _egress: Egress): Promise<void> {
+    throw new SandboxError('conflict', `sandbox ${state.id} has no network`);
   }
 
   protected stateOf(id: string): SandboxState {

@@ -479,7 +479,13 @@ export class BwrapProvider extends BaseProvider {
       if (this.helperSocket) await fsp.rm(this.helperSocket, { force: true });
     }
     this.helperSocket = null;
+    await this.network?.close();
     await super.close();
+  }
+
+  protected override async applyNetwork(state: SandboxState, egress: Egress): Promise<void> {
+    if (!this.network || !state.link) return super.applyNetwork(state, egress);
+    await this.network.apply(state.link.address, egress);
   }
 
   protected async provision(state: SandboxState): Promise<void> {
@@ -516,7 +522,8 @@ export class BwrapProvider extends BaseProvider {
       '-H', id,
       '-S', this.seccompFilter,
       ...(link ? ['-N', link.ifname, '-A', `${link.gateway}/${link.prefix}`, '-B', link.address] : []),
-      ...(link ? this.network!.dns.flatMap((a) => ['-d', a]) : []),
+      // Its resolver is its gateway: port 53 there is the host's resolver for sandboxes (network.ts, dns.ts).
+      ...(link ? ['-d', link.gateway] : []),
     ];
     const failure = async (why: string) => {
       const logText = await fsp.readFile(sub('init.log'), 'utf8').catch(() => '');

@@ -6,13 +6,19 @@
  * refused (TCP reset, ICMP admin-prohibited: never a silent drop); a sandbox's own policy is an
  * element in a set, so the default (`internet`) costs nothing per sandbox and the others one `nft`.
  * IPv6 is refused entirely (the sandbox has no IPv6 address or route; the table rejects what is left).
+ * Names: each sandbox's resolver is its gateway, redirected to the host's own resolver (dns.ts),
+ * which follows the policy and admits the addresses of allowed names into the table for their TTL.
  */
 import { execFile } from 'node:child_process';
 import { promises as fsp } from 'node:fs';
 import { isIP } from 'node:net';
 import type { Logger } from 'pino';
+import { parseUpstream, SandboxResolver, type Decision, type Upstream } from './dns';
 
-/** What a sandbox may reach: everything public, nothing, or only the listed IPv4 CIDRs. */
+/**
+ * What a sandbox may reach: everything public, nothing, or only its allow list: IPv4 addresses and
+ * CIDRs, host names (`api.example.com`) and wildcards (`*.example.com`: names under example.com).
+ */
 export type Egress = 'internet' | 'none' | { allow: string[] };
 export interface NetworkPolicy {
   egress: Egress;
@@ -54,14 +60,30 @@ export function parseCidr(text: string, what: string): { base: number; bits: num
   return { base, bits, text: `${intToIp(base)}/${bits}` };
 }
 
-/** IPv4 name servers of the host's resolver configuration that a sandbox can reach (not loopback). */
+/** IPv4 name servers of the host's resolver configuration (the sandboxes' resolver forwards to them). */
 export async function hostNameservers(): Promise<string[]> {
   for (const file of ['/etc/resolv.conf', '/run/systemd/resolve/resolv.conf']) {
     const text = await fsp.readFile(file, 'utf8').catch(() => '');
-    const found = [...text.matchAll(/^\s*nameserver\s+(\S+)/gm)].map((m) => m[1]!).filter((a) => isIP(a) === 4 && !a.startsWith('127.'));
+    const found = [...text.matchAll(/^\s*nameserver\s+(\S+)/gm)].map((m) => m[1]!).filter((a) => isIP(a) === 4);
     if (found.length) return found.slice(0, 3);
   }
   return [];
+}
+
+const NAME = /^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$/;
+const looksLikeAddress = (v: string) => /^[\d./]+$/.test(v.trim());
+
+/** One allow-list entry, normalised: a CIDR (`a.b.c.d/n`) or a lower-case host name or wildcard. */
+export function normaliseAllowEntry(text: string, what: string): string {
+  if (looksLikeAddress(text)) return parseCidr(text, what).text;
+  const name = text.trim().toLowerCase().replace(/\.$/, '');
+  if (name.length > 253 || !NAME.test(name)) throw new Error(`${what}: not an IPv4 address, CIDR, host name or *.wildcard: ${text}`);
+  return name;
+}
+
+/** The CIDRs and the names of an allow list. */
+export function splitAllow(allow: string[]): { cidrs: string[]; names: string[] } {
+  return { cidrs: allow.filter(looksLikeAddress), names: allow.filter((v) => !looksLikeAddress(v)) };
 }
 
 function run(cmd: string, args: string[], input?: string): Promise<void> {
@@ -76,48 +98,69 @@ export interface NetworkOptions {
   cidr?: string;
   /** Destinations the operator allows although they are in a refused range (SANDBOX_EGRESS_ALLOW_CIDRS). */
   allowCidrs?: string[];
-  /** Name servers written to sandboxes' /etc/resolv.conf (SANDBOX_DNS); default: the host's. */
+  /** The upstream name servers of the sandboxes' resolver (SANDBOX_DNS, `a.b.c.d[:port]`); default: the host's. */
   nameservers?: string[];
+  /** The port the sandboxes' resolver listens on (SANDBOX_DNS_PORT); sandboxes reach it as port 53 of their gateway. */
+  dnsPort?: number;
   log: Logger;
 }
 
-/** Validates an egress policy's allow list (IPv4 CIDRs) and returns it normalised. */
+/** Validates an egress policy's allow list and returns it normalised. */
 export function normaliseEgress(egress: Egress | undefined): Egress {
   if (egress === undefined || egress === 'internet' || egress === 'none') return egress ?? 'internet';
-  return { allow: [...new Set(egress.allow.map((c) => parseCidr(c, 'network.egress.allow').text))] };
+  return { allow: [...new Set(egress.allow.map((c) => normaliseAllowEntry(c, 'network.egress.allow')))] };
 }
 
-/** `network` of a create (API and sandbox host): the policy's shape; CIDRs are checked by normaliseEgress. */
+/** `network` of a create (API and sandbox host): the policy's shape; entries are checked by normaliseEgress. */
 export function networkSchema(zod: typeof import('zod').z) {
-  const cidr = zod.string().refine(
+  const entry = zod.string().max(253).refine(
     (v) => {
       try {
-        parseCidr(v, '');
+        normaliseAllowEntry(v, '');
         return true;
       } catch {
         return false;
       }
     },
-    { message: 'must be an IPv4 address or CIDR (a.b.c.d/n)' },
+    { message: 'must be an IPv4 address, a CIDR (a.b.c.d/n), a host name or a *.wildcard' },
   );
   return zod.object({
-    egress: zod.union([zod.enum(['internet', 'none']), zod.object({ allow: zod.array(cidr).max(256) }).strict()]).default('internet'),
+    egress: zod.union([zod.enum(['internet', 'none']), zod.object({ allow: zod.array(entry).max(256) }).strict()]).default('internet'),
   }).strict();
 }
+
+/** Default port of the sandboxes' resolver on the host (SANDBOX_DNS_PORT). */
+export const DEFAULT_DNS_PORT = 10053;
+/** An address an allowed name resolved to stays open for its TTL, but at least this long. */
+const MIN_ADMIT_SECONDS = 300;
+const MAX_ADMIT_SECONDS = 86_400;
 
 export class SandboxNetwork {
   private readonly pool: { base: number; bits: number; text: string };
   private readonly allowCidrs: string[];
-  private nameservers: string[];
-  /** Sandbox addresses with a policy other than `internet` in the table (so that destroy removes it). */
-  private readonly restricted = new Map<string, Egress>();
+  private upstreams: Upstream[];
+  private readonly configuredUpstreams: boolean;
+  private readonly dnsPort: number;
+  /** Every live sandbox's address and policy (the resolver's view; `internet` ones are not in the table). */
+  private readonly policies = new Map<string, Egress>();
+  /** Addresses admitted for a sandbox through its resolver, with when each expires (ms). */
+  private readonly admitted = new Map<string, Map<string, number>>();
+  private resolver: SandboxResolver | null = null;
   private readonly log: Logger;
 
   constructor(opts: NetworkOptions) {
     this.pool = parseCidr(opts.cidr ?? DEFAULT_NET_CIDR, 'SANDBOX_NET_CIDR');
     if (this.pool.bits > 30) throw new Error(`SANDBOX_NET_CIDR is too small: ${opts.cidr}`);
     this.allowCidrs = (opts.allowCidrs ?? []).map((c) => parseCidr(c, 'SANDBOX_EGRESS_ALLOW_CIDRS').text);
-    this.nameservers = opts.nameservers ?? [];
+    this.configuredUpstreams = opts.nameservers !== undefined;
+    this.upstreams = (opts.nameservers ?? []).map((a) => {
+      try {
+        return parseUpstream(a);
+      } catch (err) {
+        throw new Error(`SANDBOX_DNS: ${(err as Error).message}`);
+      }
+    });
+    this.dnsPort = opts.dnsPort ?? DEFAULT_DNS_PORT;
     this.log = opts.log;
   }
 
@@ -128,13 +171,14 @@ export class SandboxNetwork {
       cidr: env.SANDBOX_NET_CIDR || undefined,
       allowCidrs: list(env.SANDBOX_EGRESS_ALLOW_CIDRS),
       ...(env.SANDBOX_DNS !== undefined ? { nameservers: list(env.SANDBOX_DNS) } : {}),
+      ...(env.SANDBOX_DNS_PORT ? { dnsPort: Number(env.SANDBOX_DNS_PORT) } : {}),
       log,
     });
   }
 
-  /** Name servers for sandboxes' /etc/resolv.conf. */
-  get dns(): string[] {
-    return this.nameservers;
+  /** The sandbox's policy as the host holds it (undefined: not a live sandbox of this host). */
+  policyOf(addr: string): Egress | undefined {
+    return this.policies.get(addr);
   }
 
   /** How many sandbox links the pool holds. */
@@ -156,18 +200,30 @@ export class SandboxNetwork {
    * that are alive (`live`: address → policy). Called once at the host's start, after adoption.
    */
   async load(live: Map<string, Egress>): Promise<void> {
-    if (!this.nameservers.length && process.env.SANDBOX_DNS === undefined) this.nameservers = await hostNameservers();
+    if (!this.configuredUpstreams) this.upstreams = (await hostNameservers()).map(parseUpstream);
     await fsp.writeFile('/proc/sys/net/ipv4/ip_forward', '1\n');
-    this.restricted.clear();
+    this.policies.clear();
+    this.admitted.clear();
     const elements = { none: [] as string[], listed: [] as string[], allow: [] as string[] };
     for (const [addr, egress] of live) {
+      this.policies.set(addr, egress);
       if (egress === 'internet') continue;
-      this.restricted.set(addr, egress);
       if (egress === 'none') elements.none.push(addr);
       else {
         elements.listed.push(addr);
-        for (const c of egress.allow) elements.allow.push(`${addr} . ${c}`);
+        for (const c of splitAllow(egress.allow).cidrs) elements.allow.push(`${addr} . ${c}`);
       }
+    }
+    if (!this.resolver) {
+      const resolver = new SandboxResolver({
+        port: this.dnsPort,
+        upstreams: () => this.upstreams,
+        decide: (source) => this.decide(source),
+        admit: (source, addresses, ttl) => this.admit(source, addresses, ttl),
+        log: this.log,
+      });
+      await resolver.start();
+      this.resolver = resolver;
     }
     const els = (xs: string[]) => (xs.length ? ` elements = { ${xs.join(', ')} };` : '');
     const pool = this.pool.text;
@@ -178,7 +234,7 @@ table inet ${TABLE} {
   set none4 { type ipv4_addr;${els(elements.none)} }
   set listed4 { type ipv4_addr;${els(elements.listed)} }
   set allow4 { type ipv4_addr . ipv4_addr; flags interval;${els(elements.allow)} }
-  set dns4 { type ipv4_addr;${els(this.nameservers)} }
+  set resolved4 { type ipv4_addr . ipv4_addr; flags timeout; }
   set operator4 { type ipv4_addr; flags interval;${els(this.allowCidrs)} }
   set refused4 { type ipv4_addr; flags interval; auto-merge;${els([...ALWAYS_REFUSED, pool])} }
   chain refuse {
@@ -186,18 +242,23 @@ table inet ${TABLE} {
     meta l4proto tcp reject with tcp reset
     reject with icmpx type admin-prohibited
   }
+  chain prerouting {
+    type nat hook prerouting priority dstnat; policy accept;
+    iifname ${sb} meta l4proto { tcp, udp } th dport 53 fib daddr type local redirect to :${this.dnsPort}
+  }
   chain input {
     type filter hook input priority -10; policy accept;
     iifname ${sb} ct state established,related accept
+    iifname ${sb} ip saddr != @none4 meta l4proto { tcp, udp } th dport ${this.dnsPort} ct status dnat accept
     iifname ${sb} goto refuse
+    meta l4proto { tcp, udp } th dport ${this.dnsPort} iifname != "lo" goto refuse
   }
   chain from_sandbox {
     fib saddr . iif oif missing drop
     meta nfproto ipv6 goto refuse
     ct state established,related accept
     ip saddr @none4 goto refuse
-    meta l4proto { tcp, udp } th dport 53 ip daddr @dns4 accept
-    ip saddr @listed4 ip saddr . ip daddr != @allow4 goto refuse
+    ip saddr @listed4 ip saddr . ip daddr != @allow4 ip saddr . ip daddr != @resolved4 goto refuse
     ip daddr @operator4 accept
     ip daddr @refused4 goto refuse
     accept
@@ -217,37 +278,88 @@ table inet ${TABLE} {
     await run('nft', ['-f', '-'], text).catch((err: Error) => {
       throw new Error(`the sandboxes' network table could not be loaded (nftables is needed, run as root; SANDBOX_NETWORK=off does without): ${err.message}`);
     });
-    this.log.info({ pool, restricted: this.restricted.size, dns: this.nameservers }, 'sandbox network ready');
+    this.log.info(
+      { pool, restricted: elements.none.length + elements.listed.length, dnsPort: this.dnsPort, upstreams: this.upstreams.map((u) => `${u.host}:${u.port}`) },
+      'sandbox network ready',
+    );
   }
 
-  /** Puts the policy of the sandbox at `addr` into the table (nothing to do for `internet`). */
+  /** Stops the resolver (the table stays: sandboxes outlive the host). */
+  async close(): Promise<void> {
+    await this.resolver?.close();
+    this.resolver = null;
+  }
+
+  private decide(source: string): Decision {
+    const egress = this.policies.get(source);
+    if (egress === undefined) return null;
+    if (egress === 'internet') return 'all';
+    if (egress === 'none') return 'none';
+    return { names: splitAllow(egress.allow).names };
+  }
+
+  /** Opens `addresses` to the sandbox at `addr` for max(TTL, 5 min) (one nft call, skipped when all are open for long enough). */
+  private async admit(addr: string, addresses: string[], ttlSeconds: number): Promise<void> {
+    const seconds = Math.min(MAX_ADMIT_SECONDS, Math.max(MIN_ADMIT_SECONDS, Math.ceil(ttlSeconds)));
+    const now = Date.now();
+    const mine = this.admitted.get(addr) ?? new Map<string, number>();
+    // Still open for at least half the new period: nothing to write.
+    const fresh = addresses.filter((a) => (mine.get(a) ?? 0) < now + (seconds * 1000) / 2);
+    if (!fresh.length) return;
+    await run('nft', ['-f', '-'], `add element inet ${TABLE} resolved4 { ${fresh.map((a) => `${addr} . ${a} timeout ${seconds}s`).join(', ')} }\n`);
+    // The policy may have changed while nft ran: keep the record true to the table either way.
+    for (const a of fresh) mine.set(a, now + seconds * 1000);
+    this.admitted.set(addr, mine);
+    if (this.policies.get(addr) !== undefined && typeof this.policies.get(addr) !== 'object') await this.forget(addr);
+  }
+
+  /** Closes what the resolver opened for `addr` (a policy change, or the sandbox is gone). */
+  private async forget(addr: string): Promise<void> {
+    const mine = this.admitted.get(addr);
+    this.admitted.delete(addr);
+    if (!mine?.size) return;
+    const now = Date.now();
+    const live = [...mine].filter(([, exp]) => exp > now + 1000).map(([a]) => `${addr} . ${a}`);
+    if (!live.length) return;
+    // An element that expired meanwhile fails the whole batch: then one at a time, ignoring those.
+    await run('nft', ['-f', '-'], `delete element inet ${TABLE} resolved4 { ${live.join(', ')} }\n`).catch(async () => {
+      for (const el of live) await run('nft', ['delete', 'element', 'inet', TABLE, 'resolved4', `{ ${el} }`]).catch(() => undefined);
+    });
+  }
+
+  /**
+   * Puts the policy of the sandbox at `addr` into the table, replacing the one it had, in one nft
+   * transaction (nothing to write for `internet` over `internet`). Used at create and for a live
+   * change: addresses its resolver admitted under the old policy are closed.
+   */
   async apply(addr: string, egress: Egress): Promise<void> {
     const cmds = this.removal(addr);
     if (egress === 'none') cmds.push(`add element inet ${TABLE} none4 { ${addr} }`);
     else if (egress !== 'internet') {
       cmds.push(`add element inet ${TABLE} listed4 { ${addr} }`);
-      if (egress.allow.length) cmds.push(`add element inet ${TABLE} allow4 { ${egress.allow.map((c) => `${addr} . ${c}`).join(', ')} }`);
+      const { cidrs } = splitAllow(egress.allow);
+      if (cidrs.length) cmds.push(`add element inet ${TABLE} allow4 { ${cidrs.map((c) => `${addr} . ${c}`).join(', ')} }`);
     }
-    if (!cmds.length) return;
-    await run('nft', ['-f', '-'], cmds.join('\n') + '\n');
-    if (egress === 'internet') this.restricted.delete(addr);
-    else this.restricted.set(addr, egress);
+    if (cmds.length) await run('nft', ['-f', '-'], cmds.join('\n') + '\n');
+    this.policies.set(addr, egress);
+    await this.forget(addr);
   }
 
   /** Removes the policy of a sandbox that is gone. */
   async release(addr: string): Promise<void> {
     const cmds = this.removal(addr);
-    if (!cmds.length) return;
-    await run('nft', ['-f', '-'], cmds.join('\n') + '\n');
-    this.restricted.delete(addr);
+    if (cmds.length) await run('nft', ['-f', '-'], cmds.join('\n') + '\n');
+    this.policies.delete(addr);
+    await this.forget(addr);
   }
 
   private removal(addr: string): string[] {
-    const old = this.restricted.get(addr);
+    const old = this.policies.get(addr);
     if (!old || old === 'internet') return [];
     if (old === 'none') return [`delete element inet ${TABLE} none4 { ${addr} }`];
     const cmds = [`delete element inet ${TABLE} listed4 { ${addr} }`];
-    if (old.allow.length) cmds.push(`delete element inet ${TABLE} allow4 { ${old.allow.map((c) => `${addr} . ${c}`).join(', ')} }`);
+    const { cidrs } = splitAllow(old.allow);
+    if (cidrs.length) cmds.push(`delete element inet ${TABLE} allow4 { ${cidrs.map((c) => `${addr} . ${c}`).join(', ')} }`);
     return cmds;
   }
 }

@@ -93,6 +93,9 @@ export interface SandboxProvider {
    */
   networkArgv(id: string): string[];
 
+  /** Replaces a running sandbox's egress policy at once (409 when it has no network or is stopped). */
+  setNetwork(id: string, network: { egress: 'internet' | 'none' | { allow: string[] } }): Promise<SandboxInfo>;
+
   /** Deletes a layer; false when it did not exist. */
   deleteLayer(layerId: string): Promise<boolean>;
 

@@ -29,7 +29,7 @@ export interface CreateSandboxRequest {
   diskMB?: number;
   /**
    * What the sandbox may reach over the network (see sandbox/network.ts): `internet` (default),
-   * `none`, or `{ allow: [IPv4 CIDR…] }`. The host itself, link-local, other sandboxes and private
+   * `none`, or `{ allow: [IPv4 CIDR, host name or *.wildcard…] }`. The host itself, link-local, other sandboxes and private
    * ranges are refused whatever the policy.
    */
   network?: { egress: 'internet' | 'none' | { allow: string[] } };
@@ -85,6 +85,8 @@ export interface SandboxInfo {
   patches: PatchOutcome[];
   /** Which isolation this sandbox got: 'bwrap' (namespaces) or 'process' (none). */
   provider: string;
+  /** Its egress policy now (absent: loopback only, no policy: SANDBOX_NETWORK=off or the process provider). */
+  network?: { egress: 'internet' | 'none' | { allow: string[] } };
 }
 
 /** Exit status of a sandbox's entrypoint. */

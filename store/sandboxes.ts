@@ -26,6 +26,10 @@ export interface SandboxDoc {
   diskMB?: number | null;
   /** The instance that owns it, if any. */
   instanceId: string | null;
+  /** Its egress policy (absent in records written before policies were recorded: the default, `internet`). */
+  network?: { egress: 'internet' | 'none' | { allow: string[] } } | null;
+  /** The secret store it was created with, if any. */
+  secretStore?: string | null;
   /** Last time a caller used it (exec, files, previews); the idle timeout counts from here. */
   lastActiveAt?: Date;
   createdAt: Date;

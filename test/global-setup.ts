@@ -14,6 +14,10 @@ export default async function globalSetup(): Promise<void> {
   const apiKey = 'test-key-default-org';
   const hostToken = 'test-host-token-0123456789';
   const workerMetricsPort = await freePort();
+  // The sandboxes' resolver listens on a port of its own, and forwards to an upstream that tests
+  // serve themselves (test/helpers/fake-dns.ts) on SAP_TEST_DNS_UPSTREAM: nothing asks a real resolver.
+  const dnsPort = await freePort();
+  const dnsUpstreamPort = await freePort();
   const stack: Stack = await startStack({
     dataDir,
     apiPort: await freePort(),
@@ -22,7 +26,13 @@ export default async function globalSetup(): Promise<void> {
     hostPort: await freePort(),
     apiKey,
     hostToken,
-    env: { LOG_LEVEL: 'info', NODE_ENV: 'test', WORKER_METRICS_PORT: String(workerMetricsPort) },
+    env: {
+      LOG_LEVEL: 'info',
+      NODE_ENV: 'test',
+      WORKER_METRICS_PORT: String(workerMetricsPort),
+      SANDBOX_DNS_PORT: String(dnsPort),
+      SANDBOX_DNS: `127.0.0.1:${dnsUpstreamPort}`,
+    },
     // As under npm start: a process that dies unexpectedly comes back (test/integration/supervision.test.ts).
     supervise: true,
     log: (line) => process.stderr.write(`[stack supervisor] ${line}\n`),
@@ -52,6 +62,7 @@ export default async function globalSetup(): Promise<void> {
     SAP_TEST_DATA_DIR: dataDir,
     SAP_TEST_CONTROL_URL: controlUrl,
     SAP_TEST_LOG_DIR: stack.logDir,
+    SAP_TEST_DNS_UPSTREAM: `127.0.0.1:${dnsUpstreamPort}`,
     SAP_TEST_WORKER_METRICS_URL: `http://127.0.0.1:${workerMetricsPort}/metrics`,
   });
   (globalThis as { __SAP_STACK__?: unknown }).__SAP_STACK__ = { stack, control, dataDir };

@@ -10,8 +10,9 @@ import { deleteSandboxPreviews } from '../preview-proxy';
 import { findOrgSandbox, SandboxDoc, sandboxesOf } from '../../store/sandboxes';
 import { ImageError, resolveImage } from '../../store/checkpoints';
 import { secretEnvOf, SecretStoreMissing, SecretUnreadable } from '../../store/secrets';
-import { networkSchema } from '../../sandbox/network';
+import { networkSchema, normaliseEgress } from '../../sandbox/network';
 
+const EgressView = z.union([z.enum(['internet', 'none']), z.object({ allow: z.array(z.string()) })]);
 const EnvName = z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'must be a valid environment variable name');
 
 /** The create body of the OpenComputer client (`Sandbox.create`); fields we do not use are ignored. */
@@ -43,7 +44,9 @@ export const CreateSandboxBody = z
       .describe('Size of the writable layer in MB (writes past it get ENOSPC); default SANDBOX_DISK_MB (2048), at most SANDBOX_MAX_DISK_MB (20480)'),
     network: networkSchema(z)
       .optional()
-      .describe("What the sandbox may reach: egress 'internet' (default), 'none', or { allow: [IPv4 CIDR…] }; the host, link-local, other sandboxes and private ranges are always refused"),
+.describe(
+        "What the sandbox may reach: egress 'internet' (default), 'none', or { allow: [IPv4 address, CIDR, host name or *.wildcard…] }; the host, link-local, other sandboxes and private ranges are always refused",
+      ),
   })
   .openapi('CreateSandbox');
 
@@ -60,9 +63,21 @@ export const SandboxView = z
     fromCheckpoint: z.string().nullable(),
     snapshot: z.string().nullable(),
     sandboxDomain: z.string(),
+    network: z.object({ egress: EgressView }).describe('Its egress policy now (PUT /api/sandboxes/{id}/network changes it)'),
     createdAt: z.string(),
   })
   .openapi('Sandbox');
+
+/** `GET /api/sandboxes/{id}/allowed-hosts`: OpenComputer's AllowedHostsInfo, plus the policy itself. */
+export const AllowedHostsView = z
+  .object({
+    sandboxID: z.string(),
+    secretStore: z.string().optional(),
+    egressAllowlist: z.array(z.string()).describe('The allow list of its policy (names, wildcards and CIDRs); empty under internet and none: see network'),
+    perSecretAllowedHosts: z.record(z.string(), z.array(z.string())).describe('Always empty: secrets are not sealed (see the README)'),
+    network: z.object({ egress: EgressView }),
+  })
+  .openapi('AllowedHosts');
 
 export const SandboxParams = z.object({ id: z.string().regex(/^sb-[a-z0-9-]{1,64}$/, 'must be a sandbox id (sb-…)') });
 
@@ -80,6 +95,7 @@ export function sandboxView(deps: ApiDeps, s: SandboxDoc): z.infer<typeof Sandbo
     fromCheckpoint: s.fromCheckpoint,
     snapshot: s.snapshot,
     sandboxDomain: deps.cfg.PREVIEW_DOMAIN,
+    network: s.network ?? { egress: 'internet' },
     createdAt: s.createdAt.toISOString(),
   };
 }
@@ -165,6 +181,8 @@ export async function provisionSandbox(
     cpuCount: limits.cpuCount,
     diskMB: limits.diskMB,
     instanceId: origin.instanceId ?? null,
+    network: body.network ? { egress: normaliseEgress(body.network.egress) } : null,
+    secretStore: body.secretStore ?? null,
     createdAt: now,
     updatedAt: now,
   };
@@ -255,6 +273,55 @@ export function registerSandboxRoutes(t: RouteTable, deps: ApiDeps): void {
     responses: { 200: { description: 'The sandbox', schema: SandboxView } },
     handler: async ({ params, org, res }) => {
       res.json(sandboxView(deps, await getOrgSandbox(deps, org.id, params.id)));
+    },
+  });
+
+  t.add({
+    method: 'put',
+    path: '/api/sandboxes/:id/network',
+    tag: 'sandboxes',
+    summary: "Change a running sandbox's egress policy; it takes effect at once",
+    params: SandboxParams,
+    body: networkSchema(z),
+    responses: { 200: { description: 'The sandbox with its new policy', schema: SandboxView } },
+    errors: [409, 503],
+    handler: async ({ params, body, org, res }) => {
+      const doc = await getOrgSandbox(deps, org.id, params.id);
+      if (doc.status !== 'running') throw new ApiError('conflict', `sandbox ${doc._id} is ${doc.status}`);
+      const host = await deps.hosts.get(doc.hostId);
+      let info;
+      try {
+        info = await host.setNetwork(doc._id, body);
+      } catch (err) {
+        const e = err as { type?: string; message?: string };
+        if (e.type === 'conflict' || e.type === 'not_found') throw new ApiError('conflict', e.message ?? `sandbox ${doc._id} cannot change its policy`);
+        if (e.type === 'invalid_request') throw new ApiError('invalid_request', e.message ?? 'invalid policy');
+        throw err;
+      }
+      const network = info.network ?? body;
+      const now = new Date();
+      await sandboxesOf(deps.store).updateOne({ _id: doc._id }, { $set: { network, updatedAt: now } });
+      res.json(sandboxView(deps, { ...doc, network, updatedAt: now }));
+    },
+  });
+
+  t.add({
+    method: 'get',
+    path: '/api/sandboxes/:id/allowed-hosts',
+    tag: 'sandboxes',
+    summary: "What the sandbox may reach (OpenComputer's getAllowedHosts)",
+    params: SandboxParams,
+    responses: { 200: { description: 'Its allow list and policy', schema: AllowedHostsView } },
+    handler: async ({ params, org, res }) => {
+      const doc = await getOrgSandbox(deps, org.id, params.id);
+      const network = doc.network ?? { egress: 'internet' as const };
+      res.json({
+        sandboxID: doc._id,
+        ...(doc.secretStore ? { secretStore: doc.secretStore } : {}),
+        egressAllowlist: typeof network.egress === 'object' ? network.egress.allow : [],
+        perSecretAllowedHosts: {},
+        network,
+      });
     },
   });
 

@@ -160,6 +160,11 @@ export class HostClient {
     }
   }
 
+  /** Replaces a running sandbox's egress policy at once; answers the sandbox with its new policy. */
+  async setNetwork(id: string, network: { egress: 'internet' | 'none' | { allow: string[] } }): Promise<SandboxInfo> {
+    return this.call<SandboxInfo>('PUT', `/sandboxes/${encodeURIComponent(id)}/network`, { body: network });
+  }
+
   /** Kills everything in the sandbox and removes it; false when it did not exist. */
   async destroySandbox(id: string): Promise<boolean> {
     const r = await this.call<{ destroyed: boolean }>('DELETE', `/sandboxes/${encodeURIComponent(id)}`);

@@ -72,6 +72,7 @@ const schemas = {
   }),
   list: z.object({ query: z.object({ owner: z.string().optional() }) }),
   byId: z.object({ params: idParam }),
+  setNetwork: z.object({ params: idParam, body: networkSchema(z) }),
   writeFile: z.object({
     params: idParam,
     body: z.object({
@@ -173,6 +174,11 @@ export function createApp(deps: HostDeps): express.Express {
     const info = provider.get(params.id);
     if (!info) throw new SandboxError('not_found', `sandbox ${params.id} not found`);
     res.json(info);
+  }));
+
+  app.put('/sandboxes/:id/network', h(async (req, res) => {
+    const { params, body } = parse(schemas.setNetwork, req);
+    res.json(await provider.setNetwork(params.id, body));
   }));
 
   app.delete('/sandboxes/:id', h(async (req, res) => {

@@ -2,7 +2,8 @@
  * A python3 script for a sandbox: for each "host:port" argument it connects and prints one JSON
  * object {"host:port": outcome}. The outcome is "connected" (or, with --http first, "body:" and the
  * body of an HTTP GET), "timeout" after 10 s (a refusal must never look like that), or the errno
- * name of the failure (ECONNREFUSED, EHOSTUNREACH…).
+ * name of the failure (ECONNREFUSED, EHOSTUNREACH…), or "dns:" and getaddrinfo's code when a name
+ * did not resolve.
  */
 export const CONNECT_PROBE = `
 import errno, json, socket, sys
@@ -27,6 +28,8 @@ for target in args[1:] if http else args:
             out[target] = "connected"
     except socket.timeout:
         out[target] = "timeout"
+    except socket.gaierror as e:
+        out[target] = "dns:" + str(e.errno)
     except OSError as e:
         out[target] = errno.errorcode.get(e.errno, str(e.errno))
     finally:

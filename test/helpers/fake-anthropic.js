@@ -5,8 +5,10 @@
  * message_stop), or with one JSON message when the request does not ask for a stream. Node's own
  * modules only, so that it runs anywhere a `node` is: on a test host, or inside a sandbox.
  *
- *   node fake-anthropic.js [--port N] [--host ADDR] [--log FILE]
+ *   node fake-anthropic.js [--port N] [--host ADDR] [--log FILE] [--key KEY]
  *
+ * With --key, a request whose x-api-key header is not KEY gets 401 (authentication_error), as the
+ * real API answers a wrong key; the log then records `keyOk: false`.
  * Prints `{"listening":PORT}` on stdout once it accepts connections (port 0, the default, picks a
  * free one). With --log, every request body is appended to FILE as one JSON line.
  *
@@ -22,11 +24,12 @@ const http = require('node:http');
 const fs = require('node:fs');
 
 function args(argv) {
-  const o = { port: 0, host: '127.0.0.1', log: undefined };
+  const o = { port: 0, host: '127.0.0.1', log: undefined, key: undefined };
   for (let i = 0; i < argv.length; i++) {
     if (argv[i] === '--port') o.port = Number(argv[++i]);
     else if (argv[i] === '--host') o.host = argv[++i];
     else if (argv[i] === '--log') o.log = argv[++i];
+    else if (argv[i] === '--key') o.key = argv[++i];
   }
   return o;
 }
@@ -153,7 +156,9 @@ function main() {
       } catch {
         return fail(res, 400, 'invalid_request_error', 'body is not JSON');
       }
-      if (o.log) fs.appendFileSync(o.log, `${JSON.stringify({ method: req.method, path: url.pathname, body })}\n`);
+      const keyOk = !o.key || req.headers['x-api-key'] === o.key;
+      if (o.log) fs.appendFileSync(o.log, `${JSON.stringify({ method: req.method, path: url.pathname, keyOk, body })}\n`);
+      if (!keyOk) return fail(res, 401, 'authentication_error', 'invalid x-api-key');
       if (req.method === 'POST' && url.pathname === '/v1/messages/count_tokens') {
         res.writeHead(200, { 'content-type': 'application/json' });
         return res.end(JSON.stringify({ input_tokens: usage(body).input_tokens }));

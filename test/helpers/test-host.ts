@@ -18,6 +18,7 @@ export class TestHost {
   readonly mark = randomBytes(6).toString('hex');
   private readonly hostIf: string;
   private server: ChildProcess | null = null;
+  private readonly children: ChildProcess[] = [];
 
   constructor(prefix: '198.18' | '169.254') {
     const tag = randomBytes(3).toString('hex');
@@ -67,7 +68,15 @@ http.server.HTTPServer(("${this.addr}", ${this.port}), H).serve_forever()`;
     return this;
   }
 
+  /** Runs a program inside the test host's namespace (killed by remove()). */
+  spawn(cmd: string, args: string[]): ChildProcess {
+    const child = spawn('ip', ['netns', 'exec', this.ns, cmd, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+    this.children.push(child);
+    return child;
+  }
+
   remove(): void {
+    for (const c of this.children) c.kill('SIGKILL');
     this.server?.kill('SIGKILL');
     try {
       execFileSync('ip', ['netns', 'del', this.ns], { stdio: 'ignore' });

@@ -1,24 +1,36 @@
 /**
  * The default agent runner on the real Claude Agent SDK (the one scripts/toolchain.sh installs and
  * every sandbox sees at /opt/sap/node_modules), end to end against a fake Anthropic Messages API
- * (test/helpers/fake-anthropic.js). Sandboxes have loopback only, so the fake runs inside the
- * sandbox on its loopback, started as an exec session, and the SDK finds it through the sandbox's
- * ANTHROPIC_BASE_URL. The key is a dummy: the fake accepts anything.
+ * (test/helpers/fake-anthropic.js) served from a test host: a network namespace of this test's own
+ * at an address of 198.18.0.0/15, reached through the sandbox's egress. The sandbox's
+ * ANTHROPIC_BASE_URL points there, and its ANTHROPIC_API_KEY comes from a secret store: the fake
+ * answers 401 to any other key, so the turn completes only if the store's value arrived.
  */
+import { randomBytes } from 'node:crypto';
 import fs from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
 import { api, eventually } from '../helpers/env';
-import { attachReady, newSandbox, startExec, type Attached } from '../helpers/exec';
+import { attachReady, newSandbox, type Attached } from '../helpers/exec';
 import { runSdk } from '../helpers/sdk';
+import { TestHost } from '../helpers/test-host';
 
-const FAKE_SOURCE = fs.readFileSync(path.join(__dirname, '..', 'helpers', 'fake-anthropic.js'));
-const FAKE_PORT = 18080;
-const FAKE_LOG = '/tmp/fake-anthropic.log';
+const FAKE_SCRIPT = path.join(__dirname, '..', 'helpers', 'fake-anthropic.js');
+const FAKE_PORT = 8080;
+const FAKE_LOG = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'sap-fake-anthropic-')), 'requests.ndjson');
+const KEY = `sk-ant-test-${randomBytes(12).toString('hex')}`;
+const STORE = `agent-sdk-${randomBytes(4).toString('hex')}`;
 
 type Event = { type: string; [k: string]: any };
 
 let sb: string;
-let fake: Attached | undefined;
+let testHost: TestHost | undefined;
+
+/** The requests the fake has received (one JSON line each). */
+function fakeLog(): { path: string; keyOk: boolean; body: { stream?: boolean } }[] {
+  const text = fs.existsSync(FAKE_LOG) ? fs.readFileSync(FAKE_LOG, 'utf8') : '';
+  return text.split('\n').filter((l) => l.trim()).map((l) => JSON.parse(l));
+}
 
 /** The JSON events an agent session has printed so far. */
 function events(a: Attached): Event[] {
@@ -68,21 +80,27 @@ async function stopAgent(id: string, a: Attached): Promise<void> {
 }
 
 beforeAll(async () => {
-  sb = await newSandbox({
-    envs: { ANTHROPIC_BASE_URL: `http://127.0.0.1:${FAKE_PORT}`, ANTHROPIC_API_KEY: 'sk-ant-dummy-for-tests' },
+  testHost = new TestHost('198.18');
+  const fake = testHost.spawn(process.execPath, [FAKE_SCRIPT, '--host', testHost.addr, '--port', String(FAKE_PORT), '--log', FAKE_LOG, '--key', KEY]);
+  let out = '';
+  await new Promise<void>((resolve, reject) => {
+    fake.stdout!.on('data', (d: Buffer) => {
+      out += d.toString();
+      if (out.includes(`{"listening":${FAKE_PORT}}`)) resolve();
+    });
+    fake.once('exit', (code) => reject(new Error(`the fake Messages API exited (${code}) before listening`)));
   });
-  const put = await api('POST', `/api/sandboxes/${sb}/exec/run`, {
-    body: { cmd: 'node', args: ['-e', 'require("fs").writeFileSync("/tmp/fake-anthropic.js", Buffer.from(process.argv[1], "base64"))', FAKE_SOURCE.toString('base64')] },
-  });
-  expect(put.body.exitCode).toBe(0);
-  const es = await startExec(sb, { cmd: 'node', args: ['/tmp/fake-anthropic.js', '--port', String(FAKE_PORT), '--log', FAKE_LOG] });
-  fake = await attachReady(sb, es.sessionID);
-  await fake.until(() => fake!.text('stdout').includes(`{"listening":${FAKE_PORT}}`));
+  const store = await api('POST', '/api/secret-stores', { body: { name: STORE } });
+  expect(store.status).toBe(201);
+  expect((await api('PUT', `/api/secret-stores/${STORE}/secrets/ANTHROPIC_API_KEY`, { body: { value: KEY } })).status).toBe(200);
+  sb = await newSandbox({ secretStore: STORE, envs: { ANTHROPIC_BASE_URL: `http://${testHost.addr}:${FAKE_PORT}` } });
 }, 60_000);
 
 afterAll(async () => {
-  fake?.ws.close();
   if (sb) await api('DELETE', `/api/sandboxes/${sb}`);
+  await api('DELETE', `/api/secret-stores/${STORE}`);
+  testHost?.remove();
+  fs.rmSync(path.dirname(FAKE_LOG), { recursive: true, force: true });
 });
 
 describe('the default agent runner on the Claude Agent SDK', () => {
@@ -118,9 +136,13 @@ describe('the default agent runner on the Claude Agent SDK', () => {
       await a.until(() => countOf(a, 'turn_complete') >= 2, 90_000);
       expect(assistantTexts(events(a))).toContain('You said: second question. Earlier: hello there');
 
-      // The fake got requests with the dummy key, streaming.
-      const log = (await sh(`cat ${FAKE_LOG}`)).stdout.trim().split('\n').map((l) => JSON.parse(l) as { path: string; body: { stream?: boolean } });
+      // The fake got streaming requests, every one with the store's key; the key is in no answer or event.
+      const log = fakeLog();
       expect(log.some((r) => r.path === '/v1/messages' && r.body.stream === true)).toBe(true);
+      expect(log.every((r) => r.keyOk)).toBe(true);
+      expect(a.text('stdout')).not.toContain(KEY);
+      expect(JSON.stringify((await api('GET', `/api/sandboxes/${sb}`)).body)).not.toContain(KEY);
+      expect(JSON.stringify((await api('GET', `/api/sandboxes/${sb}/agent/${id}`)).body)).not.toContain(KEY);
     } finally {
       await stopAgent(id, a);
     }
@@ -143,7 +165,7 @@ describe('the default agent runner on the Claude Agent SDK', () => {
     try {
       // The fake has begun streaming the slow answer (about a minute long) once it logged the turn's
       // request: the one that offers tools (Claude Code's side request for a title offers none).
-      await eventually(async () => (await sh(`grep 'long story' ${FAKE_LOG} | grep -c '"tools":\\[{' || true`)).stdout.trim() !== '0', 90_000, 200);
+      await eventually(async () => fakeLog().some((r) => JSON.stringify(r.body).includes('long story') && JSON.stringify(r.body).includes('"tools":[{')), 90_000, 200);
       a.stdin(`${JSON.stringify({ type: 'interrupt' })}\n`);
       await a.until(() => countOf(a, 'turn_complete') >= 1, 30_000);
       const evs = events(a);

@@ -3,6 +3,8 @@ import { api, control, eventually, T } from '../helpers/env';
 import { createAgent, runSession } from '../helpers/sessions';
 import { CONNECT_PROBE } from '../helpers/connect-probe';
 import { TestHost } from '../helpers/test-host';
+import { FakeDns } from '../helpers/fake-dns';
+import { otherOrgKey } from '../helpers/checkpoints';
 
 /*
  * Egress per sandbox (sandbox/network.ts). Every destination is a test host this file creates: a
@@ -66,9 +68,9 @@ describe('egress per sandbox', () => {
     const { address, gateway } = await sandboxAddress(sb);
     expect(address).toMatch(/^\d+\.\d+\.\d+\.\d+$/);
     expect(gateway).toMatch(/^\d+\.\d+\.\d+\.\d+$/);
-    // resolv.conf names a resolver (the host's, when it has one that is not on its loopback); nothing is queried here.
+    // Its resolver is its gateway (the host's resolver for sandboxes answers there).
     const resolv = await run(sb, 'cat', ['/etc/resolv.conf']);
-    expect(resolv).not.toMatch(/nameserver 127\./);
+    expect(resolv).toMatch(new RegExp(`^nameserver ${gateway.replace(/\./g, '\\.')}$`, 'm'));
   });
 
   it("egress 'none' refuses everything, quickly", async () => {
@@ -142,7 +144,7 @@ describe('egress per sandbox', () => {
   });
 
   it('refuses a malformed policy with 400', async () => {
-    for (const network of [{ egress: 'sometimes' }, { egress: { allow: ['not-a-cidr'] } }, { egress: { allow: ['10.0.0.0/40'] } }]) {
+    for (const network of [{ egress: 'sometimes' }, { egress: { allow: ['not a name or cidr'] } }, { egress: { allow: ['10.0.0.0/40'] } }]) {
       const r = await api('POST', '/api/sandboxes', { body: { network } });
       if (r.status === 201) sandboxes.push(r.body.sandboxID as string);
       expect(r.status).toBe(400);
@@ -151,5 +153,122 @@ describe('egress per sandbox', () => {
       if (agent.status === 201) agents.push(agent.body.id as string);
       expect(agent.status).toBe(400);
     }
+  });
+});
+
+describe('names: the sandboxes\' resolver, allow lists of names, live changes', () => {
+  const dns = new FakeDns();
+  beforeAll(async () => {
+    await dns.listen();
+  });
+  afterAll(async () => {
+    await dns.close();
+  });
+  const isRefusedName = (outcome: string | undefined) => !!outcome && outcome.startsWith('dns:');
+
+  it('resolves names through the host under the default policy, and reaches a test host by name', async () => {
+    const target = await testHost('198.18').serve();
+    dns.set('web.sap-net.test', target.addr);
+    const sb = await newSandbox();
+    const t = `web.sap-net.test:${target.port}`;
+    expect((await probe(sb, [t]))[t]).toBe(`body:${target.mark}`);
+    // An unknown name is NXDOMAIN from the upstream, passed on.
+    const missing = (await probe(sb, ['missing.sap-net.test:80']))['missing.sap-net.test:80'];
+    expect(isRefusedName(missing)).toBe(true);
+  });
+
+  it('an allow list of names and wildcards admits the addresses of its names only; a name resolving into a refused range stays refused', async () => {
+    const [a, b, c, linkLocal] = [
+      await testHost('198.18').serve(),
+      await testHost('198.18').serve(),
+      await testHost('198.18').serve(),
+      await testHost('169.254').serve(),
+    ];
+    dns.set('a.allowed.sap-net.test', a.addr).set('exact.sap-net.test', c.addr).set('b.other.sap-net.test', b.addr).set('meta.allowed.sap-net.test', linkLocal.addr);
+    const sb = await newSandbox({ network: { egress: { allow: ['*.Allowed.sap-net.test', 'exact.sap-net.test'] } } });
+    const asked = dns.asked.length;
+    const got = await probe(sb, [
+      `a.allowed.sap-net.test:${a.port}`,
+      `exact.sap-net.test:${c.port}`,
+      `b.other.sap-net.test:${b.port}`,
+      `${b.addr}:${b.port}`,
+      `meta.allowed.sap-net.test:${linkLocal.port}`,
+    ]);
+    expect(got[`a.allowed.sap-net.test:${a.port}`]).toBe(`body:${a.mark}`);
+    expect(got[`exact.sap-net.test:${c.port}`]).toBe(`body:${c.mark}`);
+    // A name off the list is refused by the resolver itself: it never reaches the upstream.
+    expect(isRefusedName(got[`b.other.sap-net.test:${b.port}`])).toBe(true);
+    expect(dns.asked.slice(asked)).not.toContain('b.other.sap-net.test');
+    // An address no allowed name resolved to is refused, and so is link-local even through an allowed name.
+    expectRefused({ b: got[`${b.addr}:${b.port}`]!, linkLocal: got[`meta.allowed.sap-net.test:${linkLocal.port}`]! });
+    // The policy as the API shows it (normalised), and OpenComputer's allowed-hosts view.
+    const view = await api('GET', `/api/sandboxes/${sb}`);
+    expect(view.body.network).toEqual({ egress: { allow: ['*.allowed.sap-net.test', 'exact.sap-net.test'] } });
+    const allowed = await api('GET', `/api/sandboxes/${sb}/allowed-hosts`);
+    expect(allowed.status).toBe(200);
+    expect(allowed.body).toMatchObject({ sandboxID: sb, egressAllowlist: ['*.allowed.sap-net.test', 'exact.sap-net.test'], perSecretAllowedHosts: {} });
+  });
+
+  it("'none' gets no name service at all", async () => {
+    const target = await testHost('198.18').serve();
+    dns.set('none.sap-net.test', target.addr);
+    const sb = await newSandbox({ network: { egress: 'none' } });
+    const asked = dns.asked.length;
+    const out = (await probe(sb, [`none.sap-net.test:${target.port}`]))[`none.sap-net.test:${target.port}`];
+    expect(isRefusedName(out)).toBe(true);
+    expect(dns.asked.slice(asked)).not.toContain('none.sap-net.test');
+  });
+
+  it('a policy changed on a running sandbox takes effect at once', async () => {
+    const [a, b] = [await testHost('198.18').serve(), await testHost('198.18').serve()];
+    dns.set('live-a.sap-net.test', a.addr).set('live-b.sap-net.test', b.addr);
+    const sb = await newSandbox({ network: { egress: 'none' } });
+    const ta = `live-a.sap-net.test:${a.port}`;
+    const tb = `live-b.sap-net.test:${b.port}`;
+    expect(isRefusedName((await probe(sb, [ta]))[ta])).toBe(true);
+
+    const open = await api('PUT', `/api/sandboxes/${sb}/network`, { body: { egress: 'internet' } });
+    expect(open.status).toBe(200);
+    expect(open.body.network).toEqual({ egress: 'internet' });
+    const opened = await probe(sb, [ta, tb]);
+    expect(opened[ta]).toBe(`body:${a.mark}`);
+    expect(opened[tb]).toBe(`body:${b.mark}`);
+
+    const narrow = await api('PUT', `/api/sandboxes/${sb}/network`, { body: { egress: { allow: ['live-a.sap-net.test'] } } });
+    expect(narrow.status).toBe(200);
+    const narrowed = await probe(sb, [ta, tb, `${b.addr}:${b.port}`]);
+    expect(narrowed[ta]).toBe(`body:${a.mark}`);
+    expect(isRefusedName(narrowed[tb])).toBe(true);
+    expectRefused({ b: narrowed[`${b.addr}:${b.port}`]! });
+    expect((await api('GET', `/api/sandboxes/${sb}`)).body.network).toEqual({ egress: { allow: ['live-a.sap-net.test'] } });
+
+    // From a list of names to none: what the resolver admitted is closed too.
+    expect((await api('PUT', `/api/sandboxes/${sb}/network`, { body: { egress: 'none' } })).status).toBe(200);
+    expectRefused({ a: (await probe(sb, [`${a.addr}:${a.port}`]))[`${a.addr}:${a.port}`]! });
+  });
+
+  it('refuses a bad policy change with 400, a stopped sandbox with 409, and another organisation with 404', async () => {
+    const sb = await newSandbox();
+    for (const body of [{ egress: 'sometimes' }, { egress: { allow: ['bad name!'] } }, { egress: { allow: ['*'] } }, {}]) {
+      const r = await api('PUT', `/api/sandboxes/${sb}/network`, { body });
+      if (Object.keys(body).length === 0) {
+        // An empty body is the default policy.
+        expect(r.status).toBe(200);
+        continue;
+      }
+      expect(r.status).toBe(400);
+      expect(r.body.error.type).toBe('invalid_request');
+    }
+    expect((await api('PUT', `/api/sandboxes/sb-doesnotexist/network`, { body: { egress: 'none' } })).status).toBe(404);
+    const keyB = await otherOrgKey();
+    for (const [method, path, body] of [['PUT', `/api/sandboxes/${sb}/network`, { egress: 'none' }], ['GET', `/api/sandboxes/${sb}/allowed-hosts`, undefined]] as const) {
+      const r = await api(method, path, { key: keyB, body });
+      expect([method, r.status, r.body?.error?.type]).toEqual([method, 404, 'not_found']);
+    }
+    expect((await api('GET', `/api/sandboxes/${sb}`)).body.network).toEqual({ egress: 'internet' });
+    expect((await api('DELETE', `/api/sandboxes/${sb}`)).status).toBe(200);
+    const stopped = await api('PUT', `/api/sandboxes/${sb}/network`, { body: { egress: 'none' } });
+    expect(stopped.status).toBe(409);
+    expect(stopped.body.error.type).toBe('conflict');
   });
 });

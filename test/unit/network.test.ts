@@ -1,6 +1,7 @@
 import pino from 'pino';
 import { IdSlots } from '../../sandbox/id-slots';
-import { normaliseEgress, parseCidr, SandboxNetwork } from '../../sandbox/network';
+import { normaliseAllowEntry, normaliseEgress, parseCidr, SandboxNetwork, splitAllow } from '../../sandbox/network';
+import { nameMatches, parseUpstream } from '../../sandbox/dns';
 
 describe('sandbox network', () => {
   it('gives each id slot its own /31 of the pool, and refuses slots past it', () => {
@@ -33,5 +34,32 @@ describe('sandbox network', () => {
     expect(() => slots.allocate()).toThrow(/no free/);
     slots.release(c);
     expect(slots.allocate()).toBe(c);
+  });
+
+  it('takes host names and wildcards in allow lists, lower-cased, and refuses anything else', () => {
+    expect(normaliseAllowEntry('API.Example.COM.', 'x')).toBe('api.example.com');
+    expect(normaliseAllowEntry('*.GitHub.com', 'x')).toBe('*.github.com');
+    expect(normaliseAllowEntry('198.18.0.1', 'x')).toBe('198.18.0.1/32');
+    for (const bad of ['*', '*.', 'a..b', 'bad name', 'x.*.com', '-a.com', 'a_b.com', '198.18.0.0/40', `${'a'.repeat(64)}.com`]) {
+      expect(() => normaliseAllowEntry(bad, 'x')).toThrow();
+    }
+    expect(splitAllow(['1.2.3.4/32', 'a.com', '*.b.com'])).toEqual({ cidrs: ['1.2.3.4/32'], names: ['a.com', '*.b.com'] });
+    expect(normaliseEgress({ allow: ['A.com', 'a.com', '198.18.0.1'] })).toEqual({ allow: ['a.com', '198.18.0.1/32'] });
+  });
+
+  it('matches names: a wildcard covers names under its domain, not the domain itself', () => {
+    expect(nameMatches(['*.example.com'], 'a.example.com')).toBe(true);
+    expect(nameMatches(['*.example.com'], 'a.b.Example.com.')).toBe(true);
+    expect(nameMatches(['*.example.com'], 'example.com')).toBe(false);
+    expect(nameMatches(['*.example.com'], 'badexample.com')).toBe(false);
+    expect(nameMatches(['example.com'], 'example.com')).toBe(true);
+    expect(nameMatches(['example.com'], 'a.example.com')).toBe(false);
+    expect(nameMatches([], 'example.com')).toBe(false);
+  });
+
+  it('reads upstream name servers with an optional port', () => {
+    expect(parseUpstream('10.0.0.2')).toEqual({ host: '10.0.0.2', port: 53 });
+    expect(parseUpstream('127.0.0.1:5300')).toEqual({ host: '127.0.0.1', port: 5300 });
+    for (const bad of ['dns.google', '1.2.3.4:0', '1.2.3.4:70000', '::1']) expect(() => parseUpstream(bad)).toThrow();
   });
 });
