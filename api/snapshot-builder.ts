@@ -175,7 +175,9 @@ async function runStep(
       return;
     case 'pip_install':
       await exec(
-        `if command -v pip3 >/dev/null; then PIP=pip3; else PIP="python3 -m pip"; fi; $PIP install --no-input --retries 2 --timeout 20 ${step.args.packages.map(shq).join(' ')}`,
+        // The sandbox's Python is the distribution's, marked externally managed (PEP 668): a sandbox is
+        // a machine of its own, so packages go into its /usr/local like root's `pip install` would.
+        `if command -v pip3 >/dev/null; then PIP=pip3; else PIP="python3 -m pip"; fi; export PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1; $PIP install --no-input --retries 2 --timeout 20 ${step.args.packages.map(shq).join(' ')}`,
         'pip (does the build reach a package index?)',
       );
       return;
@@ -191,10 +193,13 @@ async function runStep(
       await host.writeFile(sandboxId, '/etc/environment', state.environmentBase + lines.join('\n') + '\n');
       return;
     }
-    case 'workdir':
-      state.cwd = path.posix.resolve(state.cwd ?? DEFAULT_CWD, step.args.path);
-      await exec(`mkdir -p ${shq(state.cwd)}`, 'mkdir');
+    case 'workdir': {
+      // Made from the current directory: the new one may not exist yet (nothing can start in it).
+      const target = path.posix.resolve(state.cwd ?? DEFAULT_CWD, step.args.path);
+      await exec(`mkdir -p ${shq(target)}`, 'mkdir');
+      state.cwd = target;
       return;
+    }
     case 'add_file': {
       const content = step.args.encoding === 'utf8' ? Buffer.from(step.args.content, 'utf8') : Buffer.from(step.args.content, 'base64');
       await host.writeFile(sandboxId, step.args.path, content).catch((err: Error) => {

@@ -42,7 +42,7 @@ import { SandboxError } from './errors';
 import type { RootMap } from './paths';
 import { isAlive, procRef, SandboxCgroups, signalRef, type ProcRef } from './procs';
 import { ID_COUNT, IdSlots, shiftIdsToSandbox } from './id-slots';
-import { normaliseEgress, SandboxNetwork, type Egress } from './network';
+import { normaliseEgress, RESOLVER_ADDRESS, SandboxNetwork, type Egress } from './network';
 import type { ProviderOptions, SpawnOptions } from './provider';
 
 const execFileP = promisify(execFile);
@@ -522,8 +522,8 @@ export class BwrapProvider extends BaseProvider {
       '-H', id,
       '-S', this.seccompFilter,
       ...(link ? ['-N', link.ifname, '-A', `${link.gateway}/${link.prefix}`, '-B', link.address] : []),
-      // Its resolver is its gateway: port 53 there is the host's resolver for sandboxes (network.ts, dns.ts).
-      ...(link ? ['-d', link.gateway] : []),
+      // Its resolver: the table sends it to the host's resolver for sandboxes (network.ts, dns.ts).
+      ...(link ? ['-d', RESOLVER_ADDRESS] : []),
     ];
     const failure = async (why: string) => {
       const logText = await fsp.readFile(sub('init.log'), 'utf8').catch(() => '');

@@ -1,7 +1,6 @@
 /**
- * The sandboxes' resolver. Each sandbox's /etc/resolv.conf names its own gateway (the host end of
- * its link); the network table redirects port 53 there to this resolver, which runs in the sandbox
- * host. It knows each sandbox by its link's address (sources are checked by the table's
+ * The sandboxes' resolver. Each sandbox's /etc/resolv.conf names RESOLVER_ADDRESS (network.ts);
+ * the network table redirects port 53 of it to this resolver, which runs in the sandbox host. It knows each sandbox by its link's address (sources are checked by the table's
  * reverse-path rule, so a sandbox cannot speak for another) and asks `decide` what that sandbox may
  * resolve: everything, nothing, or only names of its allow list. An allowed name's IPv4 answers are
  * admitted into the sandbox's allow list in the table (`admit`) before the answer is sent, so the

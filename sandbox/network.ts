@@ -6,7 +6,7 @@
  * refused (TCP reset, ICMP admin-prohibited: never a silent drop); a sandbox's own policy is an
  * element in a set, so the default (`internet`) costs nothing per sandbox and the others one `nft`.
  * IPv6 is refused entirely (the sandbox has no IPv6 address or route; the table rejects what is left).
- * Names: each sandbox's resolver is its gateway, redirected to the host's own resolver (dns.ts),
+ * Names: each sandbox's resolver is RESOLVER_ADDRESS, redirected to the host's own resolver (dns.ts),
  * which follows the policy and admits the addresses of allowed names into the table for their TTL.
  */
 import { execFile } from 'node:child_process';
@@ -129,6 +129,13 @@ export function networkSchema(zod: typeof import('zod').z) {
   }).strict();
 }
 
+/**
+ * The name server every sandbox's /etc/resolv.conf names. It exists only on the sandbox's side of
+ * its link: the table redirects port 53 of it to the host's resolver before routing. One address
+ * for all (not each link's gateway), so resolv.conf is the same file in every sandbox and a
+ * checkpoint's content does not depend on the slot it was taken in.
+ */
+export const RESOLVER_ADDRESS = '169.254.53.53';
 /** Default port of the sandboxes' resolver on the host (SANDBOX_DNS_PORT). */
 export const DEFAULT_DNS_PORT = 10053;
 /** An address an allowed name resolved to stays open for its TTL, but at least this long. */
@@ -244,7 +251,7 @@ table inet ${TABLE} {
   }
   chain prerouting {
     type nat hook prerouting priority dstnat; policy accept;
-    iifname ${sb} meta l4proto { tcp, udp } th dport 53 fib daddr type local redirect to :${this.dnsPort}
+    iifname ${sb} ip daddr ${RESOLVER_ADDRESS} meta l4proto { tcp, udp } th dport 53 redirect to :${this.dnsPort}
   }
   chain input {
     type filter hook input priority -10; policy accept;

@@ -30,6 +30,8 @@ command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
 command -v python3 >/dev/null 2>&1 || missing+=(python3 python3-venv)
 command -v go >/dev/null 2>&1 || [ -x /usr/local/go/bin/go ] || missing+=(golang-go)
 [ -f /usr/include/seccomp.h ] || dpkg -s libseccomp-dev >/dev/null 2>&1 || missing+=(libseccomp-dev)
+# Sandboxes see the host's /usr: its python3 needs pip for snapshots' pip_install steps.
+[ -x /usr/bin/python3 ] && ! /usr/bin/python3 -m pip --version >/dev/null 2>&1 && missing+=(python3-pip)
 # The sandboxes' network table (sandbox/network.ts; SANDBOX_NETWORK=off does without).
 command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || missing+=(nftables)
 if [ ${#missing[@]} -gt 0 ]; then

@@ -7,7 +7,7 @@
  *
  *   node fake-anthropic.js [--port N] [--host ADDR] [--log FILE] [--key KEY]
  *
- * With --key, a request whose x-api-key header is not KEY gets 401 (authentication_error), as the
+ * With --key, a request to /v1/… whose x-api-key header is not KEY gets 401 (authentication_error), as the
  * real API answers a wrong key; the log then records `keyOk: false`.
  * Prints `{"listening":PORT}` on stdout once it accepts connections (port 0, the default, picks a
  * free one). With --log, every request body is appended to FILE as one JSON line.
@@ -156,8 +156,10 @@ function main() {
       } catch {
         return fail(res, 400, 'invalid_request_error', 'body is not JSON');
       }
-      const keyOk = !o.key || req.headers['x-api-key'] === o.key;
-      if (o.log) fs.appendFileSync(o.log, `${JSON.stringify({ method: req.method, path: url.pathname, keyOk, body })}\n`);
+      // The key is checked on the API's routes (/v1/…); Claude Code's connectivity probe (HEAD /api/hello) carries none.
+      const keyOk = !o.key || !url.pathname.startsWith('/v1/') || req.headers['x-api-key'] === o.key;
+      const auth = req.headers['x-api-key'] ? 'x-api-key' : req.headers.authorization ? 'authorization' : 'none';
+      if (o.log) fs.appendFileSync(o.log, `${JSON.stringify({ method: req.method, path: url.pathname, keyOk, auth, body })}\n`);
       if (!keyOk) return fail(res, 401, 'authentication_error', 'invalid x-api-key');
       if (req.method === 'POST' && url.pathname === '/v1/messages/count_tokens') {
         res.writeHead(200, { 'content-type': 'application/json' });
