@@ -17,6 +17,7 @@ import type { BatchCounts } from '../store/batches';
 import { batchSessionId } from '../lib/batch-ids';
 import { AGENT_ID, BATCH_ID, ORG_ID, SESSION_STATUS } from './search-attributes';
 import { sessionWorkflow } from './session';
+import { batchSummary } from './summary';
 
 /** What a batch carries from one run to the next when it continues as new. */
 export interface BatchProgress {
@@ -119,6 +120,7 @@ export async function batchWorkflow(args: BatchWorkflowArgs): Promise<BatchCount
       const sessionId = batchSessionId(batchId, index, attempt);
       const r = await executeChild(sessionWorkflow, {
         workflowId: sessionId,
+        staticSummary: `${batchSummary(args.agentId, batchId, total, index)} · session ${sessionId}`,
         args: [{ sessionId, orgId: args.orgId, agentId: args.agentId, run: args.run }],
         parentClosePolicy: ParentClosePolicy.REQUEST_CANCEL,
         cancellationType: ChildWorkflowCancellationType.WAIT_CANCELLATION_COMPLETED,
@@ -132,7 +134,10 @@ export async function batchWorkflow(args: BatchWorkflowArgs): Promise<BatchCount
       });
       status = r.status;
     } catch (err) {
-      if (isCancellation(err)) cancelled = true;
+      // A failed session fails its workflow (ChildWorkflowFailure): the item failed. A child
+      // cancelled on its own (its session deleted) is a failed item too; only the batch's own
+      // cancellation stops the retries.
+      if (isCancellation(err) && CancellationScope.current().consideredCancelled) cancelled = true;
       status = 'failed';
     } finally {
       running--;

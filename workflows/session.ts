@@ -1,5 +1,6 @@
 import {
   ActivityFailure,
+  ApplicationFailure,
   CancellationScope,
   isCancellation,
   proxyActivities,
@@ -80,6 +81,24 @@ function setStatus(status: string): void {
 }
 
 /**
+ * How the workflow ends once the outcome is recorded: a completed session returns its result; a
+ * failed one fails the workflow (red in the Temporal UI, counted in its Failures view) with a
+ * non-retryable ApplicationFailure whose type is the outcome's reason and whose message is the
+ * outcome's message. A session whose workflow was cancelled ends Canceled (`cancellation`).
+ * MongoDB stays the source of the session's state: the failure only mirrors it.
+ */
+function finish(result: SessionWorkflowResult, cancellation?: unknown): SessionWorkflowResult {
+  if (result.status === 'completed') return result;
+  if (cancellation !== undefined) throw cancellation;
+  throw ApplicationFailure.create({
+    type: result.outcome?.reason ?? 'failed',
+    message: result.outcome?.message ?? 'the session failed',
+    nonRetryable: true,
+    details: [result],
+  });
+}
+
+/**
  * One session: provision a sandbox (input written, entrypoint started), await the entrypoint's
  * exit while heartbeating, capture its result, destroy the sandbox. The sandbox is destroyed on
  * every path, cancellation included; the outcome is written to MongoDB before the workflow ends.
@@ -89,6 +108,8 @@ export async function sessionWorkflow(args: SessionWorkflowArgs): Promise<Sessio
   let provisioned: Provisioned | undefined;
   let exit: EntrypointExit | null = null;
   let cancelled = false;
+  let cancellation: unknown;
+  let quick: SessionWorkflowResult | undefined;
   let failure: string | undefined;
   let end: SessionEnd;
   try {
@@ -98,21 +119,26 @@ export async function sessionWorkflow(args: SessionWorkflowArgs): Promise<Sessio
     );
     if (provisioned.end) {
       // A quick entrypoint: the provisioning step captured its result and destroyed its sandbox.
+      // (Ended outside this try: a failed session's failure must not be caught as the workflow's own.)
       setStatus(provisioned.end.status);
-      return { sessionId, workflowId: workflowInfo().workflowId, status: provisioned.end.status, outcome: provisioned.end.outcome };
+      quick = { sessionId, workflowId: workflowInfo().workflowId, status: provisioned.end.status, outcome: provisioned.end.outcome };
+      return finish(quick);
     }
     setStatus('running');
     const host = hostActivities(provisioned.taskQueue, args.run.timeoutSeconds);
     exit = provisioned.exit ?? (await host.awaitEntrypointExit({ sessionId, sandboxId: provisioned.sandboxId }));
   } catch (err) {
-    if (isCancellation(err)) cancelled = true;
-    else if (provisioned) failure = err instanceof ActivityFailure && err.cause ? err.cause.message : String(err);
+    if (quick) throw err; // finish()'s failure of a quick session: the session has ended
+    if (isCancellation(err)) {
+      cancelled = true;
+      cancellation = err;
+    } else if (provisioned) failure = err instanceof ActivityFailure && err.cause ? err.cause.message : String(err);
     else {
       const message = err instanceof ActivityFailure && err.cause ? err.cause.message : String(err);
       end = { status: 'failed', result: null, outcome: { reason: 'provisioning_failed', exit_code: null, message } };
       await CancellationScope.nonCancellable(() => recordSessionOutcome({ sessionId, end }));
       setStatus('failed');
-      return { sessionId, workflowId: workflowInfo().workflowId, status: end.status, outcome: end.outcome };
+      return finish({ sessionId, workflowId: workflowInfo().workflowId, status: end.status, outcome: end.outcome });
     }
   }
   // Every path with a sandbox ends here: capture, record, destroy, even when cancelled.
@@ -121,5 +147,5 @@ export async function sessionWorkflow(args: SessionWorkflowArgs): Promise<Sessio
     hostActivities(taskQueue, args.run.timeoutSeconds).captureResultAndDestroySandbox({ sessionId, sandboxId, exit, cancelled, failure, memoryMB: args.run.memoryMB }),
   );
   setStatus(end.status);
-  return { sessionId, workflowId: workflowInfo().workflowId, status: end.status, outcome: end.outcome };
+  return finish({ sessionId, workflowId: workflowInfo().workflowId, status: end.status, outcome: end.outcome }, cancellation);
 }

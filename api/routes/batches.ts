@@ -1,4 +1,5 @@
 import { readSession } from '../../store/sessions';
+import { batchSummary } from '../../workflows/summary';
 import { createHash } from 'node:crypto';
 import { z } from 'zod';
 import { WorkflowExecutionAlreadyStartedError, WorkflowNotFoundError } from '@temporalio/client';
@@ -82,6 +83,7 @@ async function startBatchWorkflow(deps: ApiDeps, b: BatchDoc, agent: AgentDoc): 
     await deps.temporal.workflow.start('batchWorkflow', {
       taskQueue: deps.cfg.TASK_QUEUE,
       workflowId: b._id,
+      staticSummary: batchSummary(b.agent_id, b._id, args.total),
       args: [args],
       workflowIdReusePolicy: WorkflowIdReusePolicy.REJECT_DUPLICATE,
       typedSearchAttributes: [

@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { sessionSummary } from '../../workflows/summary';
 import type { Response } from 'express';
 import { WorkflowExecutionAlreadyStartedError, WorkflowNotFoundError } from '@temporalio/client';
 import { WorkflowIdReusePolicy } from '@temporalio/common';
@@ -91,6 +92,7 @@ async function startWorkflow(deps: ApiDeps, s: SessionDoc, agent: AgentDoc): Pro
     await deps.temporal.workflow.start('sessionWorkflow', {
       taskQueue: deps.cfg.TASK_QUEUE,
       workflowId: s._id,
+      staticSummary: sessionSummary(s.agent_id, s._id, s.input),
       args: [args],
       workflowIdReusePolicy: WorkflowIdReusePolicy.REJECT_DUPLICATE,
       typedSearchAttributes: [
