@@ -11,6 +11,7 @@ import { derivedId, randomId } from '../../lib/ids';
 import { AgentDoc, fromJsonText, isDuplicateKey, runSpecOf, SessionDoc } from '../../store';
 import { knownCreation, readSession, readSessions, recordSessionEnd, rememberCreated } from '../../store/sessions';
 import { getAgent, getAgentToRun } from './agents';
+import { sessionLogDoc, sessionLogsOf, type SessionLogDoc } from '../../store/session-logs';
 import { snapshotRefOf } from './snapshots';
 import { afterCursor, encodeCursor } from '../cursor';
 import type { SessionWorkflowArgs } from '../../workflows/session';
@@ -33,6 +34,35 @@ export function sessionView(s: SessionDoc): z.infer<typeof Session> {
 }
 
 const TERMINAL = new Set(['completed', 'failed']);
+
+const LogsQuery = z.object({
+  stream: z.enum(['stdout', 'stderr', 'all']).default('all').describe('Which output (default all: both, interleaved as written)'),
+});
+
+/**
+ * Writes a session's log: text/plain (the output as it was printed) by default, or NDJSON, one
+ * `{ stream, time, line }` per line, when the caller accepts application/x-ndjson. Whether the kept
+ * part starts after the beginning is said in `X-SAP-Log-Truncated` (the streams cut) and each
+ * stream's whole size in `X-SAP-Log-Bytes`.
+ */
+function sendLog(accept: string | undefined, stream: 'stdout' | 'stderr' | 'all', log: SessionLogDoc | null, res: Response): void {
+  const chunks = (log?.chunks ?? []).filter((c) => stream === 'all' || c.s === stream);
+  const cut = (['stdout', 'stderr'] as const).filter((k) => (stream === 'all' || stream === k) && log?.truncated[k]);
+  res.setHeader('X-SAP-Log-Truncated', cut.join(',') || 'none');
+  res.setHeader('X-SAP-Log-Bytes', `stdout=${log?.bytes.stdout ?? 0},stderr=${log?.bytes.stderr ?? 0}`);
+  if (/application\/x-ndjson/.test(accept ?? '')) {
+    res.type('application/x-ndjson');
+    const lines: string[] = [];
+    for (const c of chunks) {
+      const parts = c.d.split('\n');
+      if (parts[parts.length - 1] === '') parts.pop();
+      for (const line of parts) lines.push(JSON.stringify({ stream: c.s, time: c.t ? c.t.toISOString() : null, line }));
+    }
+    res.send(lines.length ? `${lines.join('\n')}\n` : '');
+    return;
+  }
+  res.type('text/plain; charset=utf-8').send(chunks.map((c) => c.d).join(''));
+}
 /** Listing reads creation records in chunks of this many, and at most this many per request. */
 const LIST_CHUNK = 100;
 const LIST_SCAN_LIMIT = 2000;
@@ -237,6 +267,39 @@ export function registerSessionRoutes(t: RouteTable, deps: ApiDeps): void {
         exit_code: s.outcome?.exit_code ?? null,
         message: s.outcome?.message ?? null,
       });
+    },
+  });
+
+  t.add({
+    method: 'get',
+    path: '/v1/agents/:agentId/sessions/:id/logs',
+    tag: 'sessions',
+    summary:
+      "The entrypoint's stdout and stderr, in the order written: the last SESSION_LOG_MAX_BYTES of each, kept after the sandbox is gone. text/plain, or NDJSON ({stream, time, line}) with Accept: application/x-ndjson",
+    params: SessionParams,
+    query: LogsQuery,
+    responses: {
+      200: { description: 'The output (empty when the session printed nothing)', schema: z.string(), contentType: 'text/plain' },
+    },
+    errors: [409],
+    handler: async ({ params, query, org, req, res }) => {
+      const s = await getSession(deps, org.id, params.agentId, params.id);
+      let log: SessionLogDoc | null;
+      if (TERMINAL.has(s.status)) {
+        log = await sessionLogsOf(deps.store).findOne({ _id: s._id });
+      } else {
+        // While it runs, the log is on the sandbox host that runs it.
+        if (!s.sandbox_id) throw conflict(`session ${s._id} is still ${s.status}: it has no output yet`);
+        const { client } = await deps.hosts.pick();
+        try {
+          log = sessionLogDoc(s._id, await client.entrypointLog(s.sandbox_id, deps.cfg.SESSION_LOG_MAX_BYTES || 1));
+        } catch (err) {
+          const e = err as { status?: number };
+          if (e.status === 404) throw conflict(`session ${s._id} is ending: ask again in a moment`);
+          throw err;
+        }
+      }
+      sendLog(req.headers.accept, query.stream, log, res);
     },
   });
 
