@@ -73,6 +73,8 @@ export interface SandboxState {
 export interface EntrypointLogChunk {
   stream: 'stdout' | 'stderr';
   at: number | null;
+  /** Where the chunk starts in its stream (bytes from the stream's beginning). */
+  offset: number;
   data: Buffer;
 }
 
@@ -776,10 +778,11 @@ export abstract class BaseProvider implements SandboxProvider {
    * helper keeps (`-L`). Bytes of a file that no index record covers (the helper's own messages, or
    * a provider without an index) come where they lie in their file, with no time.
    */
-  async entrypointLog(id: string, maxBytes: number): Promise<EntrypointLog> {
+  async entrypointLog(id: string, maxBytes: number, since: { stdout?: number; stderr?: number } = {}): Promise<EntrypointLog> {
     this.stateOf(id);
     const dir = this.dirOf(id);
-    const readTail = async (file: string, max: number): Promise<{ size: number; start: number; data: Buffer }> => {
+    /** The last `max` bytes of `file`, or fewer: nothing before `from`. */
+    const readTail = async (file: string, max: number, from = 0): Promise<{ size: number; start: number; data: Buffer }> => {
       let fh;
       try {
         fh = await fsp.open(file, 'r');
@@ -788,15 +791,18 @@ export abstract class BaseProvider implements SandboxProvider {
       }
       try {
         const { size } = await fh.stat();
-        const len = Math.min(size, max);
-        const data = Buffer.alloc(len);
-        const { bytesRead } = await fh.read(data, 0, len, size - len);
-        return { size, start: size - len, data: data.subarray(0, bytesRead) };
+        const start = Math.min(size, Math.max(from, size - max));
+        const data = Buffer.alloc(size - start);
+        const { bytesRead } = await fh.read(data, 0, data.length, start);
+        return { size, start, data: data.subarray(0, bytesRead) };
       } finally {
         await fh.close();
       }
     };
-    const [out, err] = await Promise.all([readTail(path.join(dir, 'entrypoint.out'), maxBytes), readTail(path.join(dir, 'entrypoint.err'), maxBytes)]);
+    const [out, err] = await Promise.all([
+      readTail(path.join(dir, 'entrypoint.out'), maxBytes, since.stdout),
+      readTail(path.join(dir, 'entrypoint.err'), maxBytes, since.stderr),
+    ]);
     // Enough of the index to cover both tails: records are at least a byte each, so 2 × maxBytes records at most.
     const idx = await readTail(path.join(dir, 'entrypoint.idx'), Math.min(2 * maxBytes, 1 << 22) * 24);
     const skip = (24 - ((idx.start % 24) as number)) % 24;
@@ -814,7 +820,7 @@ export abstract class BaseProvider implements SandboxProvider {
       const a = Math.max(from, next[stream]);
       const b = Math.min(to, t.start + t.data.length);
       if (b <= a) return;
-      chunks.push({ stream, at, data: t.data.subarray(a - t.start, b - t.start) });
+      chunks.push({ stream, at, offset: a, data: t.data.subarray(a - t.start, b - t.start) });
       next[stream] = b;
     };
     for (const r of records) {
@@ -823,7 +829,12 @@ export abstract class BaseProvider implements SandboxProvider {
       take(r.stream, r.offset, r.offset + r.len, r.at);
     }
     for (const stream of ['stdout', 'stderr'] as const) take(stream, next[stream], tails[stream].size, null);
-    return { chunks, bytes: { stdout: out.size, stderr: err.size }, truncated: { stdout: out.start > 0, stderr: err.start > 0 } };
+    // Truncated: the beginning was cut for size (not merely skipped with `since`).
+    return {
+      chunks,
+      bytes: { stdout: out.size, stderr: err.size },
+      truncated: { stdout: out.start > (since.stdout ?? 0), stderr: err.start > (since.stderr ?? 0) },
+    };
   }
 
   async entrypointOutput(id: string, stream: 'stdout' | 'stderr', maxBytes: number): Promise<Buffer> {

@@ -75,7 +75,7 @@ export interface SandboxProvider {
   entrypointOutput(id: string, stream: 'stdout' | 'stderr', maxBytes: number): Promise<Buffer>;
 
   /** The entrypoint's stdout and stderr in the order written: the last maxBytes of each. */
-  entrypointLog(id: string, maxBytes: number): Promise<import('./base').EntrypointLog>;
+  entrypointLog(id: string, maxBytes: number, since?: { stdout?: number; stderr?: number }): Promise<import('./base').EntrypointLog>;
 
   /**
    * Starts a process inside the live sandbox with piped stdio. It leads its own process group:

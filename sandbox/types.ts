@@ -62,7 +62,7 @@ export interface CreatedSandbox extends SandboxInfo {
 
 /** An entrypoint's stdout and stderr in the order written (the last maxBytes of each), chunk bytes in base64. */
 export interface WireEntrypointLog {
-  chunks: { stream: 'stdout' | 'stderr'; at: number | null; data: string }[];
+  chunks: { stream: 'stdout' | 'stderr'; at: number | null; offset: number; data: string }[];
   bytes: { stdout: number; stderr: number };
   truncated: { stdout: boolean; stderr: boolean };
 }

@@ -9,7 +9,7 @@ import { isDuplicateKey, type Store } from './index';
 export interface SessionLogDoc {
   _id: string;
   /** Pieces in order: stream, time the entry helper read it (null: unknown), text (UTF-8). */
-  chunks: { s: 'stdout' | 'stderr'; t: Date | null; d: string }[];
+  chunks: { s: 'stdout' | 'stderr'; t: Date | null; d: string; /** where it starts in its stream, in bytes */ o?: number }[];
   /** Each stream's whole size in bytes, and whether what is kept starts after its beginning. */
   bytes: { stdout: number; stderr: number };
   truncated: { stdout: boolean; stderr: boolean };
@@ -20,7 +20,7 @@ export const sessionLogsOf = (store: Store) => store.db.collection<SessionLogDoc
 
 /** A log as the sandbox host answers it (chunk bytes in base64). */
 export interface HostLog {
-  chunks: { stream: 'stdout' | 'stderr'; at: number | null; data: string }[];
+  chunks: { stream: 'stdout' | 'stderr'; at: number | null; offset?: number; data: string }[];
   bytes: { stdout: number; stderr: number };
   truncated: { stdout: boolean; stderr: boolean };
 }
@@ -30,18 +30,18 @@ export interface HostLog {
  * UTF-8 character split between two reads stays whole. Null when nothing was printed.
  */
 export function sessionLogDoc(sessionId: string, log: HostLog): SessionLogDoc | null {
-  const merged: { s: 'stdout' | 'stderr'; t: number | null; parts: Buffer[] }[] = [];
+  const merged: { s: 'stdout' | 'stderr'; t: number | null; o?: number; parts: Buffer[] }[] = [];
   for (const c of log.chunks) {
     const data = Buffer.from(c.data, 'base64');
     if (!data.length) continue;
     const last = merged[merged.length - 1];
     if (last && last.s === c.stream) last.parts.push(data);
-    else merged.push({ s: c.stream, t: c.at, parts: [data] });
+    else merged.push({ s: c.stream, t: c.at, ...(c.offset !== undefined ? { o: c.offset } : {}), parts: [data] });
   }
   if (!merged.length) return null;
   return {
     _id: sessionId,
-    chunks: merged.map((m) => ({ s: m.s, t: m.t === null ? null : new Date(m.t), d: Buffer.concat(m.parts).toString('utf8') })),
+    chunks: merged.map((m) => ({ s: m.s, t: m.t === null ? null : new Date(m.t), d: Buffer.concat(m.parts).toString('utf8'), ...(m.o !== undefined ? { o: m.o } : {}) })),
     bytes: log.bytes,
     truncated: log.truncated,
     created_at: new Date(),

@@ -218,8 +218,8 @@ export class HostClient {
   }
 
   /** The entrypoint's stdout and stderr in the order written: the last `maxBytes` of each. */
-  entrypointLog(id: string, maxBytes: number): Promise<WireEntrypointLog> {
-    return this.call('GET', `/sandboxes/${encodeURIComponent(id)}/entrypoint/log`, { query: { maxBytes } });
+  entrypointLog(id: string, maxBytes: number, since: { stdout?: number; stderr?: number } = {}): Promise<WireEntrypointLog> {
+    return this.call('GET', `/sandboxes/${encodeURIComponent(id)}/entrypoint/log`, { query: { maxBytes, sinceStdout: since.stdout, sinceStderr: since.stderr } });
   }
 
   /** The last `maxBytes` (default 1 MiB) of the entrypoint's stdout or stderr. */

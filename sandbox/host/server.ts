@@ -90,7 +90,14 @@ const schemas = {
   }),
   startEntrypoint: z.object({ params: idParam, body: entrypointSchema }),
   entrypointStatus: z.object({ params: idParam, query: z.object({ waitMs: z.coerce.number().int().min(0).optional() }) }),
-  entrypointLog: z.object({ params: idParam, query: z.object({ maxBytes: z.coerce.number().int().positive().max(64 * 1024 * 1024).default(1024 * 1024) }) }),
+  entrypointLog: z.object({
+    params: idParam,
+    query: z.object({
+      maxBytes: z.coerce.number().int().positive().max(64 * 1024 * 1024).default(1024 * 1024),
+      sinceStdout: z.coerce.number().int().min(0).optional(),
+      sinceStderr: z.coerce.number().int().min(0).optional(),
+    }),
+  }),
   entrypointOutput: z.object({
     params: idParam,
     query: z.object({ stream: z.enum(['stdout', 'stderr']).default('stdout'), maxBytes: z.coerce.number().int().positive().optional() }),
@@ -220,7 +227,7 @@ export function createApp(deps: HostDeps): express.Express {
 
   app.get('/sandboxes/:id/entrypoint/log', h(async (req, res) => {
     const { params, query } = parse(schemas.entrypointLog, req);
-    res.json(wireLog(await provider.entrypointLog(params.id, query.maxBytes)));
+    res.json(wireLog(await provider.entrypointLog(params.id, query.maxBytes, { stdout: query.sinceStdout, stderr: query.sinceStderr })));
   }));
 
   app.get('/sandboxes/:id/entrypoint/output', h(async (req, res) => {
@@ -295,7 +302,7 @@ export interface StartHostOptions {
 
 /** An entrypoint's log as JSON: each chunk's bytes in base64. */
 function wireLog(log: EntrypointLog): WireEntrypointLog {
-  return { ...log, chunks: log.chunks.map((c) => ({ stream: c.stream, at: c.at, data: c.data.toString('base64') })) };
+  return { ...log, chunks: log.chunks.map((c) => ({ stream: c.stream, at: c.at, offset: c.offset, data: c.data.toString('base64') })) };
 }
 
 /** A running host. `close()` stops the HTTP server, exec sessions' sockets and the provider's spare init; sandboxes keep running. */

@@ -96,12 +96,37 @@ describe('session logs', () => {
     expect((await logs(id, s.id)).text).toBe('before\nafter\n');
   });
 
+  it('follow streams the output while the session runs and ends when it ends, with nothing lost or repeated', async () => {
+    const id = await agent('for i in 1 2 3 4; do echo line-$i; sleep 1; done; echo err-end >&2');
+    const s = await startSession(id);
+    const res = await fetch(`${T.api()}/v1/agents/${id}/sessions/${s.id}/logs?follow=true`, { headers: { 'x-api-key': T.key() } });
+    expect(res.status).toBe(200);
+    const reader = res.body!.getReader();
+    let text = '';
+    let statusAtFirstLine: string | undefined;
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (done) break;
+      text += Buffer.from(value).toString('utf8');
+      if (statusAtFirstLine === undefined && text.includes('line-1')) statusAtFirstLine = (await api('GET', `/v1/agents/${id}/sessions/${s.id}`)).body.status;
+    }
+    // The first line came while the session was still going; the stream ended with the session.
+    expect(['creating', 'running']).toContain(statusAtFirstLine);
+    expect(text).toBe('line-1\nline-2\nline-3\nline-4\nerr-end\n');
+    expect((await api('GET', `/v1/agents/${id}/sessions/${s.id}`)).body.status).toBe('completed');
+    expect((await logs(id, s.id)).text).toBe(text);
+    // NDJSON follow of an ended session: its stored log, then the end.
+    const nd = await logs(id, s.id, '?follow=true&stream=stderr', 'application/x-ndjson');
+    expect(nd.text.trim().split('\n').map((l) => JSON.parse(l).line)).toEqual(['err-end']);
+  });
+
   it('answers bad queries with 400, and another organisation with 404', async () => {
     const id = await agent('echo hi');
     const { session } = await runSession(id);
-    const bad = await api('GET', `/v1/agents/${id}/sessions/${session.id}/logs?stream=everything`);
-    expect(bad.status).toBe(400);
-    expect(bad.body.error.type).toBe('invalid_request');
+    for (const q of ['stream=everything', 'follow=maybe', `stream=${'x'.repeat(5000)}`]) {
+      const bad = await api('GET', `/v1/agents/${id}/sessions/${session.id}/logs?${q}`);
+      expect([q.slice(0, 20), bad.status, bad.body.error.type]).toEqual([q.slice(0, 20), 400, 'invalid_request']);
+    }
     const keyB = await otherOrgKey();
     const other = await api('GET', `/v1/agents/${id}/sessions/${session.id}/logs`, { key: keyB });
     expect([other.status, other.body.error.type]).toEqual([404, 'not_found']);
