@@ -153,8 +153,10 @@ async function finishSession(deps: ActivityDeps, args: FinishArgs, captured?: Ca
   // A failed session's message ends with the last lines of its stderr.
   const tail = end.status === 'failed' ? stderrTail(logDoc) : '';
   if (tail && end.outcome) end.outcome = { ...end.outcome, message: `${end.outcome.message ?? 'the session failed'}; stderr:\n${tail}` };
-  // The log only when something was printed: a silent session writes nothing more.
-  await Promise.all([recordSessionEnd(deps.store, args.sessionId, end, args.started), logDoc ? saveSessionLog(deps.store, logDoc) : undefined]);
+  // The log only when something was printed (a silent session writes nothing more), and before the
+  // ending: a session that shows as ended has its log.
+  if (logDoc) await saveSessionLog(deps.store, logDoc);
+  await recordSessionEnd(deps.store, args.sessionId, end, args.started);
   await deps.host.destroySandbox(args.sandboxId);
   return { ...end, result: null };
 }
