@@ -11,6 +11,8 @@ export interface ActivityDeps {
   /** Task queue of the worker beside `host`; returned by provisioning so later steps land here. */
   hostTaskQueue: string;
   resultMaxBytes: number;
+  /** How much of each of a session's stdout and stderr is kept (SESSION_LOG_MAX_BYTES). */
+  logMaxBytes: number;
   /** The sandbox limits' defaults and maxima (the same SANDBOX_* variables as the host beside it). */
   limits: SandboxLimits;
   /** Opens secret-store values (the same SECRETS_KEY as the API's). */

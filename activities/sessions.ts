@@ -1,4 +1,5 @@
 import { Context, ApplicationFailure } from '@temporalio/activity';
+import { saveSessionLog, sessionLogDoc, stderrTail, type HostLog } from '../store/session-logs';
 import type { AgentRunSpec } from '../store';
 import { markSessionRunning, recordSessionEnd, sessionResultsOf } from '../store/sessions';
 import type { HostClient } from '../sandbox/host/client';
@@ -61,7 +62,11 @@ export const createSessionActivities = (deps: ActivityDeps) => ({
       ...(args.run.network ? { network: args.run.network } : {}),
       entrypoint: { argv: args.run.entrypoint, timeoutSeconds: args.run.timeoutSeconds, cwd: image?.workdir ?? '/workspace' },
       // A short entrypoint is over when the host answers, with its result file read: one call.
-      awaitExit: { waitMs: QUICK_EXIT_WAIT_MS, readFile: { path: AGENT_RESULT_PATH, maxBytes: deps.resultMaxBytes } },
+      awaitExit: {
+        waitMs: QUICK_EXIT_WAIT_MS,
+        readFile: { path: AGENT_RESULT_PATH, maxBytes: deps.resultMaxBytes },
+        ...(deps.logMaxBytes > 0 ? { readLog: { maxBytes: deps.logMaxBytes } } : {}),
+      },
     });
     const early = created.entrypoint;
     const started = { sandboxId, at: early && early.state !== 'none' ? new Date(early.startedAt) : new Date() };
@@ -72,7 +77,7 @@ export const createSessionActivities = (deps: ActivityDeps) => ({
     // Over already: the session goes from creating to its ending, which records when it started.
     const exit = exitOf(early);
     const captured = created.file ? capturedFrom(created.file, deps.resultMaxBytes) : undefined;
-    const end = await finishSession(deps, { sessionId: args.sessionId, sandboxId, exit, cancelled: false, started, memoryMB }, captured);
+    const end = await finishSession(deps, { sessionId: args.sessionId, sandboxId, exit, cancelled: false, started, memoryMB }, captured, created.log ?? null);
     return { sandboxId, taskQueue: deps.hostTaskQueue, exit, end };
   },
 
@@ -138,12 +143,31 @@ interface FinishArgs {
  * Captures the result, records the ending (first record wins), then destroys the sandbox.
  * Returns the ending without the result data, which stays out of Temporal's history.
  */
-async function finishSession(deps: ActivityDeps, args: FinishArgs, captured?: Captured): Promise<SessionEnd> {
-  captured ??= await captureResult(deps, args.sandboxId);
-  const end = decideEnd(args.exit, args.cancelled, captured, args.failure, args.memoryMB ?? deps.limits.memoryMB);
+async function finishSession(deps: ActivityDeps, args: FinishArgs, captured?: Captured, log?: HostLog | null): Promise<SessionEnd> {
+  const [result, hostLog] = await Promise.all([
+    captured ?? captureResult(deps, args.sandboxId),
+    log !== undefined || deps.logMaxBytes === 0 ? (log ?? null) : readLog(deps, args.sandboxId),
+  ]);
+  const end = decideEnd(args.exit, args.cancelled, result, args.failure, args.memoryMB ?? deps.limits.memoryMB);
+  const logDoc = hostLog ? sessionLogDoc(args.sessionId, hostLog) : null;
+  // A failed session's message ends with the last lines of its stderr.
+  const tail = end.status === 'failed' ? stderrTail(logDoc) : '';
+  if (tail && end.outcome) end.outcome = { ...end.outcome, message: `${end.outcome.message ?? 'the session failed'}; stderr:\n${tail}` };
+  // The log only when something was printed (a silent session writes nothing more), and before the
+  // ending: a session that shows as ended has its log.
+  if (logDoc) await saveSessionLog(deps.store, logDoc);
   await recordSessionEnd(deps.store, args.sessionId, end, args.started);
   await deps.host.destroySandbox(args.sandboxId);
   return { ...end, result: null };
+}
+
+/** The entrypoint's output, or null when the host cannot give it (the session ends without a log rather than not at all). */
+async function readLog(deps: ActivityDeps, sandboxId: string): Promise<HostLog | null> {
+  try {
+    return await deps.host.entrypointLog(sandboxId, deps.logMaxBytes);
+  } catch {
+    return null;
+  }
 }
 
 /** How an entrypoint exited. */

@@ -74,6 +74,33 @@ sessions
     if (result.status !== 'completed') process.exitCode = 1;
   });
 
+sessions
+  .command('logs <agent> <id>')
+  .description("print a session's stdout and stderr in the order written (kept after it ends)")
+  .addOption(new Option('--stream <stream>', 'only one stream').choices(['stdout', 'stderr', 'all']).default('all'))
+  .action(async (agent: string, id: string, o: { stream: 'stdout' | 'stderr' | 'all' }) => {
+    process.stdout.write(await client().sessions.logs(agent, id, { stream: o.stream }));
+  });
+sessions
+  .command('list <agent>')
+  .description("list an agent's sessions, newest first (one JSON object per line)")
+  .addOption(new Option('--status <status>', 'only sessions in this status').choices(['creating', 'running', 'completed', 'failed']))
+  .option('--limit <n>', 'at most this many (default: all)', positiveInt('--limit'))
+  .action(async (agent: string, o: { status?: string; limit?: number }) => {
+    const c = client();
+    let cursor: string | undefined;
+    let n = 0;
+    do {
+      const page = await c.sessions.list(agent, { status: o.status, limit: Math.min(200, o.limit ?? 200), cursor });
+      for (const s of page.items) {
+        if (o.limit !== undefined && n >= o.limit) break;
+        n++;
+        process.stdout.write(`${JSON.stringify({ id: s.id, status: s.status, created_at: s.created_at, outcome: s.outcome })}\n`);
+      }
+      cursor = page.next_cursor ?? undefined;
+    } while (cursor && (o.limit === undefined || n < o.limit));
+  });
+
 const batch = program.command('batch').description('run batches of sessions');
 batch
   .command('run <agent> <items>')

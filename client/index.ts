@@ -136,6 +136,9 @@ export class SapClient {
       const r = await this.json<{ sessions: SessionView[]; next_cursor: string | null }>('GET', `/v1/agents/${encodeURIComponent(agentId)}/sessions${SapClient.qs(q)}`);
       return { items: r.sessions, next_cursor: r.next_cursor };
     },
+    /** The entrypoint's output in the order written (text), or one stream of it. */
+    logs: async (agentId: string, id: string, opts: { stream?: 'stdout' | 'stderr' | 'all' } = {}): Promise<string> =>
+      (await this.raw('GET', `/v1/agents/${encodeURIComponent(agentId)}/sessions/${id}/logs${SapClient.qs({ stream: opts.stream })}`, { headers: { accept: 'text/plain' } })).text(),
     /** The result of a finished session; SapApiError 409 while it runs. */
     result: (agentId: string, id: string) => this.json<SessionResultView>('GET', `/v1/agents/${encodeURIComponent(agentId)}/sessions/${id}/result`),
     end: (agentId: string, id: string) => this.json<SessionView>('DELETE', `/v1/agents/${encodeURIComponent(agentId)}/sessions/${id}`),

@@ -46,6 +46,8 @@ export const configSchema = z.object({
     .refine((v) => parseSecretsKey(v) !== null, 'must be 64 hex digits or base64 of 32 bytes')
     .optional(),
   RESULT_MAX_BYTES: z.coerce.number().int().positive().default(4 * 1024 * 1024),
+  /** The last this-many bytes of a session's stdout and of its stderr are kept (session logs). */
+  SESSION_LOG_MAX_BYTES: z.coerce.number().int().min(0).max(8 * 1024 * 1024).default(1024 * 1024),
   BODY_LIMIT_BYTES: z.coerce.number().int().positive().default(8 * 1024 * 1024),
   /** The worker's Prometheus endpoint (GET /metrics); the Temporal SDK's exporter takes the next port. 0: off. */
   WORKER_METRICS_PORT: z.coerce.number().int().min(0).max(65534).default(9464),

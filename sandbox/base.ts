@@ -69,6 +69,23 @@ export interface SandboxState {
  * How a provider's one-exec entry helper (see BaseProvider.enterArgv) starts a process: the cgroups it
  * joins, and for entrypoints its own process group, a timeout and the file its exit code goes to.
  */
+/** One piece of an entrypoint's output: its stream, when the helper read it (ms since the epoch; null: not recorded). */
+export interface EntrypointLogChunk {
+  stream: 'stdout' | 'stderr';
+  at: number | null;
+  /** Where the chunk starts in its stream (bytes from the stream's beginning). */
+  offset: number;
+  data: Buffer;
+}
+
+/** An entrypoint's output in order (see BaseProvider.entrypointLog). */
+export interface EntrypointLog {
+  chunks: EntrypointLogChunk[];
+  /** Each stream's whole size, and whether the chunks start after its beginning. */
+  bytes: { stdout: number; stderr: number };
+  truncated: { stdout: boolean; stderr: boolean };
+}
+
 export interface EnterOptions {
   cgroupProcs: string[];
   /** The process leads a process group of its own (signals and the timeout reach its children). */
@@ -78,6 +95,8 @@ export interface EnterOptions {
   killAfterSeconds?: number;
   /** Where the exit code ("<code>\n", one write) goes when the process ends. */
   exitFile?: string;
+  /** Relay stdout and stderr through the helper, which records the order of their chunks here (see entrypointLog). */
+  logIndex?: string;
   /**
    * The process is hung up (SIGHUP to its group) when the process that started it dies: for
    * processes that only this host process can serve (exec sessions, patches), never for entrypoints.
@@ -601,6 +620,7 @@ export abstract class BaseProvider implements SandboxProvider {
       cgroupProcs,
       ownGroup: true,
       exitFile,
+      logIndex: path.join(dir, 'entrypoint.idx'),
       ...(spec.timeoutSeconds ? { timeoutSeconds: spec.timeoutSeconds, killAfterSeconds: KILL_AFTER_SECONDS } : {}),
     });
     if (!wrapperArgv) {
@@ -750,6 +770,71 @@ export abstract class BaseProvider implements SandboxProvider {
       watcher?.close();
     }
     return status;
+  }
+
+  /**
+   * The entrypoint's stdout and stderr in the order they were written: the last `maxBytes` of
+   * each, as chunks tagged with their stream and time, put back in order from the index the entry
+   * helper keeps (`-L`). Bytes of a file that no index record covers (the helper's own messages, or
+   * a provider without an index) come where they lie in their file, with no time.
+   */
+  async entrypointLog(id: string, maxBytes: number, since: { stdout?: number; stderr?: number } = {}): Promise<EntrypointLog> {
+    this.stateOf(id);
+    const dir = this.dirOf(id);
+    /** The last `max` bytes of `file`, or fewer: nothing before `from`. */
+    const readTail = async (file: string, max: number, from = 0): Promise<{ size: number; start: number; data: Buffer }> => {
+      let fh;
+      try {
+        fh = await fsp.open(file, 'r');
+      } catch {
+        return { size: 0, start: 0, data: Buffer.alloc(0) };
+      }
+      try {
+        const { size } = await fh.stat();
+        const start = Math.min(size, Math.max(from, size - max));
+        const data = Buffer.alloc(size - start);
+        const { bytesRead } = await fh.read(data, 0, data.length, start);
+        return { size, start, data: data.subarray(0, bytesRead) };
+      } finally {
+        await fh.close();
+      }
+    };
+    const [out, err] = await Promise.all([
+      readTail(path.join(dir, 'entrypoint.out'), maxBytes, since.stdout),
+      readTail(path.join(dir, 'entrypoint.err'), maxBytes, since.stderr),
+    ]);
+    // Enough of the index to cover both tails: records are at least a byte each, so 2 × maxBytes records at most.
+    const idx = await readTail(path.join(dir, 'entrypoint.idx'), Math.min(2 * maxBytes, 1 << 22) * 24);
+    const skip = (24 - ((idx.start % 24) as number)) % 24;
+    const records: { stream: 'stdout' | 'stderr'; len: number; offset: number; at: number }[] = [];
+    for (let p = skip; p + 24 <= idx.data.length; p += 24) {
+      const s = idx.data[p];
+      if (s !== 1 && s !== 2) continue;
+      records.push({ stream: s === 1 ? 'stdout' : 'stderr', len: idx.data.readUInt32LE(p + 4), offset: Number(idx.data.readBigUInt64LE(p + 8)), at: Number(idx.data.readBigUInt64LE(p + 16)) });
+    }
+    const tails = { stdout: out, stderr: err };
+    const next = { stdout: out.start, stderr: err.start };
+    const chunks: EntrypointLogChunk[] = [];
+    const take = (stream: 'stdout' | 'stderr', from: number, to: number, at: number | null) => {
+      const t = tails[stream];
+      const a = Math.max(from, next[stream]);
+      const b = Math.min(to, t.start + t.data.length);
+      if (b <= a) return;
+      chunks.push({ stream, at, offset: a, data: t.data.subarray(a - t.start, b - t.start) });
+      next[stream] = b;
+    };
+    for (const r of records) {
+      // What lies before this chunk in its file and no record covered comes first, untimed.
+      if (r.offset > next[r.stream]) take(r.stream, next[r.stream], r.offset, null);
+      take(r.stream, r.offset, r.offset + r.len, r.at);
+    }
+    for (const stream of ['stdout', 'stderr'] as const) take(stream, next[stream], tails[stream].size, null);
+    // Truncated: the beginning was cut for size (not merely skipped with `since`).
+    return {
+      chunks,
+      bytes: { stdout: out.size, stderr: err.size },
+      truncated: { stdout: out.start > (since.stdout ?? 0), stderr: err.start > (since.stderr ?? 0) },
+    };
   }
 
   async entrypointOutput(id: string, stream: 'stdout' | 'stderr', maxBytes: number): Promise<Buffer> {

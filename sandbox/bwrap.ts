@@ -596,6 +596,7 @@ export class BwrapProvider extends BaseProvider {
       ...(how.ownGroup ? ['-g'] : []),
       ...(how.timeoutSeconds ? ['-t', String(how.timeoutSeconds), '-k', String(how.killAfterSeconds ?? 0)] : []),
       ...(how.exitFile ? ['-x', how.exitFile] : []),
+      ...(how.logIndex ? ['-L', how.logIndex] : []),
       ...(how.hangUpWithCaller ? ['-P', String(process.pid)] : []),
       '--',
       ...opts.argv,

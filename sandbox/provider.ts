@@ -74,6 +74,9 @@ export interface SandboxProvider {
   /** The last `maxBytes` of the entrypoint's stdout or stderr (empty when none). */
   entrypointOutput(id: string, stream: 'stdout' | 'stderr', maxBytes: number): Promise<Buffer>;
 
+  /** The entrypoint's stdout and stderr in the order written: the last maxBytes of each. */
+  entrypointLog(id: string, maxBytes: number, since?: { stdout?: number; stderr?: number }): Promise<import('./base').EntrypointLog>;
+
   /**
    * Starts a process inside the live sandbox with piped stdio. It leads its own process group:
    * signal the whole tree with `process.kill(-child.pid, signal)`. Throws conflict when the sandbox is stopped.

@@ -45,7 +45,7 @@ export interface CreateSandboxRequest {
    * With an entrypoint: wait up to `waitMs` for it to exit before answering and, when it has,
    * read `readFile` too, so that a short task is one call (see CreatedSandbox).
    */
-  awaitExit?: { waitMs: number; readFile?: { path: string; maxBytes: number } };
+  awaitExit?: { waitMs: number; readFile?: { path: string; maxBytes: number }; readLog?: { maxBytes: number } };
 }
 
 /** What a create answers: the sandbox and, when asked for with `awaitExit`, its entrypoint's state and file. */
@@ -56,6 +56,15 @@ export interface CreatedSandbox extends SandboxInfo {
    * or larger than maxBytes. Left out when it could not be read for another reason.
    */
   file?: { content: string } | { missing: true } | { tooLarge: true };
+  /** The entrypoint's output in order once it has exited, when asked for with `awaitExit.readLog`. */
+  log?: WireEntrypointLog;
+}
+
+/** An entrypoint's stdout and stderr in the order written (the last maxBytes of each), chunk bytes in base64. */
+export interface WireEntrypointLog {
+  chunks: { stream: 'stdout' | 'stderr'; at: number | null; offset: number; data: string }[];
+  bytes: { stdout: number; stderr: number };
+  truncated: { stdout: boolean; stderr: boolean };
 }
 
 /** The main process of a sandbox. It survives restarts of the host's clients (and of the host). */

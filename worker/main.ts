@@ -29,7 +29,7 @@ async function main(): Promise<void> {
   // The host says who it is; its sandboxes' steps are routed to that host's task queue.
   const hostId = (await host.health()).hostId;
   await registerHost(store, { id: hostId, url: hostUrl, taskQueue: hostTaskQueue(cfg, hostId) });
-  const activities = createActivities({ store, host, hostTaskQueue: hostTaskQueue(cfg, hostId), resultMaxBytes: cfg.RESULT_MAX_BYTES, limits: cfg.limits, secrets: resolveSecretBox(cfg) });
+  const activities = createActivities({ store, host, hostTaskQueue: hostTaskQueue(cfg, hostId), resultMaxBytes: cfg.RESULT_MAX_BYTES, logMaxBytes: cfg.SESSION_LOG_MAX_BYTES, limits: cfg.limits, secrets: resolveSecretBox(cfg) });
 
   // Before any NativeConnection: SDK logs through pino, SDK metrics to a Prometheus exporter (port + 1).
   const sdkMetricsUrl = installTemporalRuntime({ logger, prometheusPort: cfg.WORKER_METRICS_PORT ? cfg.WORKER_METRICS_PORT + 1 : 0, heartbeatMs: workerHeartbeatMs(cfg) });

@@ -11,6 +11,8 @@ import { derivedId, randomId } from '../../lib/ids';
 import { AgentDoc, fromJsonText, isDuplicateKey, runSpecOf, SessionDoc } from '../../store';
 import { knownCreation, readSession, readSessions, recordSessionEnd, rememberCreated } from '../../store/sessions';
 import { getAgent, getAgentToRun } from './agents';
+import { sessionLogDoc, sessionLogsOf, type SessionLogDoc } from '../../store/session-logs';
+import { sandboxIdForSession } from '../../lib/naming';
 import { snapshotRefOf } from './snapshots';
 import { afterCursor, encodeCursor } from '../cursor';
 import type { SessionWorkflowArgs } from '../../workflows/session';
@@ -33,6 +35,125 @@ export function sessionView(s: SessionDoc): z.infer<typeof Session> {
 }
 
 const TERMINAL = new Set(['completed', 'failed']);
+
+const LogsQuery = z.object({
+  stream: z.enum(['stdout', 'stderr', 'all']).default('all').describe('Which output (default all: both, interleaved as written)'),
+  follow: z
+    .enum(['true', 'false', '1', '0'])
+    .default('false')
+    .transform((v) => v === 'true' || v === '1')
+    .describe('Stream the output while the session runs (chunked), ending when the session ends'),
+});
+
+/** How often a follow asks the sandbox host for new output (its wait for the entrypoint's exit paces it). */
+const FOLLOW_POLL_MS = 500;
+
+/**
+ * Follows a session's output (`?follow=true`): writes what is already there, then what comes, as a
+ * chunked response, and ends when the session has ended and its stored log is written out. New
+ * output is read from the sandbox host (the sandbox's id derives from the session's, so even a
+ * session still creating is followed without reading MongoDB); each step waits on the host for the
+ * entrypoint's exit for up to FOLLOW_POLL_MS. After the exit it waits for the session's workflow
+ * to close (one long poll on Temporal), then writes what the stored log has beyond what was sent
+ * (chunks carry their offsets in their stream): nothing is lost or written twice at the end.
+ */
+async function followLog(deps: ApiDeps, s: SessionDoc, stream: 'stdout' | 'stderr' | 'all', ndjson: boolean, res: Response): Promise<void> {
+  const sent = { stdout: 0, stderr: 0 };
+  const partial = { stdout: '', stderr: '' };
+  let closed = false;
+  res.on('close', () => (closed = true));
+  res.status(200).type(ndjson ? 'application/x-ndjson' : 'text/plain; charset=utf-8');
+  res.setHeader('Cache-Control', 'no-store');
+  res.flushHeaders();
+  const emit = (s: 'stdout' | 'stderr', offset: number, data: Buffer, at: number | null) => {
+    const skip = Math.max(0, sent[s] - offset);
+    if (skip >= data.length) return;
+    const fresh = data.subarray(skip);
+    sent[s] = offset + data.length;
+    if (stream !== 'all' && stream !== s) return;
+    if (!ndjson) {
+      res.write(fresh);
+      return;
+    }
+    const text = partial[s] + fresh.toString('utf8');
+    const lines = text.split('\n');
+    partial[s] = lines.pop() ?? '';
+    for (const line of lines) res.write(`${JSON.stringify({ stream: s, time: at === null ? null : new Date(at).toISOString(), line })}\n`);
+  };
+  const sandboxId = sandboxIdForSession(s._id);
+  const handle = deps.temporal.workflow.getHandle(s._id);
+  const { client } = await deps.hosts.pick();
+  const readHost = async (): Promise<boolean> => {
+    try {
+      const log = await client.entrypointLog(sandboxId, deps.cfg.SESSION_LOG_MAX_BYTES || 1, sent);
+      for (const c of log.chunks) emit(c.stream, c.offset, Buffer.from(c.data, 'base64'), c.at);
+      return true;
+    } catch {
+      return false; // not created yet, or gone already
+    }
+  };
+  /** Waits up to `ms` for the session's workflow to close; true when it has. */
+  const ended = async (ms: number): Promise<boolean> => {
+    const abort = new AbortController();
+    const timer = setTimeout(() => abort.abort(), ms);
+    try {
+      await deps.temporal.withAbortSignal(abort.signal, () => handle.result());
+      return true;
+    } catch (err) {
+      return !abort.signal.aborted || err instanceof WorkflowNotFoundError;
+    } finally {
+      clearTimeout(timer);
+    }
+  };
+  while (!closed) {
+    let st;
+    try {
+      st = await client.entrypointStatus(sandboxId, { waitMs: FOLLOW_POLL_MS });
+    } catch {
+      st = null;
+    }
+    await readHost();
+    if (st?.state === 'exited' || (!st && (await ended(FOLLOW_POLL_MS)))) break;
+    // A sandbox whose entrypoint is not started yet answers at once: wait before asking again.
+    if (st?.state === 'none') await new Promise((r) => setTimeout(r, FOLLOW_POLL_MS));
+  }
+  if (!closed) await ended(60_000);
+  if (!closed) {
+    const stored = await sessionLogsOf(deps.store).findOne({ _id: s._id });
+    for (const c of stored?.chunks ?? []) {
+      if (c.o !== undefined) emit(c.s, c.o, Buffer.from(c.d, 'utf8'), c.t ? c.t.getTime() : null);
+    }
+    for (const k of ['stdout', 'stderr'] as const) {
+      if (ndjson && partial[k] && (stream === 'all' || stream === k)) res.write(`${JSON.stringify({ stream: k, time: null, line: partial[k] })}\n`);
+    }
+  }
+  res.end();
+}
+
+/**
+ * Writes a session's log: text/plain (the output as it was printed) by default, or NDJSON, one
+ * `{ stream, time, line }` per line, when the caller accepts application/x-ndjson. Whether the kept
+ * part starts after the beginning is said in `X-SAP-Log-Truncated` (the streams cut) and each
+ * stream's whole size in `X-SAP-Log-Bytes`.
+ */
+function sendLog(ndjson: boolean, stream: 'stdout' | 'stderr' | 'all', log: SessionLogDoc | null, res: Response): void {
+  const chunks = (log?.chunks ?? []).filter((c) => stream === 'all' || c.s === stream);
+  const cut = (['stdout', 'stderr'] as const).filter((k) => (stream === 'all' || stream === k) && log?.truncated[k]);
+  res.setHeader('X-SAP-Log-Truncated', cut.join(',') || 'none');
+  res.setHeader('X-SAP-Log-Bytes', `stdout=${log?.bytes.stdout ?? 0},stderr=${log?.bytes.stderr ?? 0}`);
+  if (ndjson) {
+    res.type('application/x-ndjson');
+    const lines: string[] = [];
+    for (const c of chunks) {
+      const parts = c.d.split('\n');
+      if (parts[parts.length - 1] === '') parts.pop();
+      for (const line of parts) lines.push(JSON.stringify({ stream: c.s, time: c.t ? c.t.toISOString() : null, line }));
+    }
+    res.send(lines.length ? `${lines.join('\n')}\n` : '');
+    return;
+  }
+  res.type('text/plain; charset=utf-8').send(chunks.map((c) => c.d).join(''));
+}
 /** Listing reads creation records in chunks of this many, and at most this many per request. */
 const LIST_CHUNK = 100;
 const LIST_SCAN_LIMIT = 2000;
@@ -237,6 +358,41 @@ export function registerSessionRoutes(t: RouteTable, deps: ApiDeps): void {
         exit_code: s.outcome?.exit_code ?? null,
         message: s.outcome?.message ?? null,
       });
+    },
+  });
+
+  t.add({
+    method: 'get',
+    path: '/v1/agents/:agentId/sessions/:id/logs',
+    tag: 'sessions',
+    summary:
+      "The entrypoint's stdout and stderr, in the order written: the last SESSION_LOG_MAX_BYTES of each, kept after the sandbox is gone. text/plain, or NDJSON ({stream, time, line}) with Accept: application/x-ndjson",
+    params: SessionParams,
+    query: LogsQuery,
+    responses: {
+      200: { description: 'The output (empty when the session printed nothing)', schema: z.string(), contentType: 'text/plain' },
+    },
+    errors: [409],
+    handler: async ({ params, query, org, req, res }) => {
+      const s = await getSession(deps, org.id, params.agentId, params.id);
+      const ndjson = /application\/x-ndjson/.test(req.headers.accept ?? '');
+      if (query.follow && !TERMINAL.has(s.status)) return followLog(deps, s, query.stream, ndjson, res);
+      let log: SessionLogDoc | null;
+      if (TERMINAL.has(s.status)) {
+        log = await sessionLogsOf(deps.store).findOne({ _id: s._id });
+      } else {
+        // While it runs, the log is on the sandbox host that runs it.
+        if (!s.sandbox_id) throw conflict(`session ${s._id} is still ${s.status}: it has no output yet`);
+        const { client } = await deps.hosts.pick();
+        try {
+          log = sessionLogDoc(s._id, await client.entrypointLog(s.sandbox_id, deps.cfg.SESSION_LOG_MAX_BYTES || 1));
+        } catch (err) {
+          const e = err as { status?: number };
+          if (e.status === 404) throw conflict(`session ${s._id} is ending: ask again in a moment`);
+          throw err;
+        }
+      }
+      sendLog(ndjson, query.stream, log, res);
     },
   });
 

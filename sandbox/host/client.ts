@@ -7,7 +7,7 @@ import * as http from 'node:http';
 import * as https from 'node:https';
 import { WebSocket } from 'ws';
 import { ExecStream, type ExecStreamHandlers } from './exec-stream';
-import type { CreatedSandbox, CreateSandboxRequest, EntrypointSpec, EntrypointStatus, ExecRequest, ExecRunResult, ExecSessionInfo, SandboxInfo } from '../types';
+import type { CreatedSandbox, CreateSandboxRequest, EntrypointSpec, EntrypointStatus, ExecRequest, ExecRunResult, ExecSessionInfo, SandboxInfo, WireEntrypointLog } from '../types';
 
 /** A decoded server→client exec WebSocket frame (see exec.ts for the wire format). */
 export type ExecFrame =
@@ -215,6 +215,11 @@ export class HostClient {
   /** The entrypoint's status; with `waitMs` (max 30000) the host waits for a running entrypoint to exit. */
   entrypointStatus(id: string, opts: { waitMs?: number; signal?: AbortSignal } = {}): Promise<EntrypointStatus> {
     return this.call('GET', `/sandboxes/${encodeURIComponent(id)}/entrypoint`, { query: { waitMs: opts.waitMs }, signal: opts.signal });
+  }
+
+  /** The entrypoint's stdout and stderr in the order written: the last `maxBytes` of each. */
+  entrypointLog(id: string, maxBytes: number, since: { stdout?: number; stderr?: number } = {}): Promise<WireEntrypointLog> {
+    return this.call('GET', `/sandboxes/${encodeURIComponent(id)}/entrypoint/log`, { query: { maxBytes, sinceStdout: since.stdout, sinceStderr: since.stderr } });
   }
 
   /** The last `maxBytes` (default 1 MiB) of the entrypoint's stdout or stderr. */

@@ -11,7 +11,8 @@ import { z } from 'zod';
 import { effectiveResources, loadLimits, overMaximum, type SandboxLimits } from '../../config/limits';
 import { errorStatus, isSandboxError, SandboxError, type SandboxErrorType } from '../errors';
 import { createSandboxProvider, type ProviderKind, type SandboxProvider } from '../provider';
-import type { CreatedSandbox } from '../types';
+import type { CreatedSandbox, WireEntrypointLog } from '../types';
+import type { EntrypointLog } from '../base';
 import { bearerMatchesHeader } from './auth';
 import { attachExec, ExecManager } from './exec';
 import { PortForwarder } from './forward';
@@ -66,6 +67,7 @@ const schemas = {
         .object({
           waitMs: z.number().int().min(0),
           readFile: z.object({ path: z.string().min(1), maxBytes: z.number().int().positive() }).optional(),
+          readLog: z.object({ maxBytes: z.number().int().positive() }).optional(),
         })
         .optional(),
     }),
@@ -88,6 +90,14 @@ const schemas = {
   }),
   startEntrypoint: z.object({ params: idParam, body: entrypointSchema }),
   entrypointStatus: z.object({ params: idParam, query: z.object({ waitMs: z.coerce.number().int().min(0).optional() }) }),
+  entrypointLog: z.object({
+    params: idParam,
+    query: z.object({
+      maxBytes: z.coerce.number().int().positive().max(64 * 1024 * 1024).default(1024 * 1024),
+      sinceStdout: z.coerce.number().int().min(0).optional(),
+      sinceStderr: z.coerce.number().int().min(0).optional(),
+    }),
+  }),
   entrypointOutput: z.object({
     params: idParam,
     query: z.object({ stream: z.enum(['stdout', 'stderr']).default('stdout'), maxBytes: z.coerce.number().int().positive().optional() }),
@@ -159,6 +169,7 @@ export function createApp(deps: HostDeps): express.Express {
       answer.entrypoint = await provider.waitEntrypoint(info.id, Math.min(awaitExit.waitMs, MAX_WAIT_MS), ac.signal);
       const want = awaitExit.readFile;
       if (want && answer.entrypoint.state === 'exited') answer.file = await readIfPossible(provider, info.id, want.path, want.maxBytes);
+      if (awaitExit.readLog && answer.entrypoint.state === 'exited') answer.log = wireLog(await provider.entrypointLog(info.id, awaitExit.readLog.maxBytes));
     }
     res.status(created ? 201 : 200).json(answer);
   }));
@@ -212,6 +223,11 @@ export function createApp(deps: HostDeps): express.Express {
     res.on('close', () => ac.abort());
     const status = await provider.waitEntrypoint(params.id, Math.min(query.waitMs ?? 0, MAX_WAIT_MS), ac.signal);
     res.json(status);
+  }));
+
+  app.get('/sandboxes/:id/entrypoint/log', h(async (req, res) => {
+    const { params, query } = parse(schemas.entrypointLog, req);
+    res.json(wireLog(await provider.entrypointLog(params.id, query.maxBytes, { stdout: query.sinceStdout, stderr: query.sinceStderr })));
   }));
 
   app.get('/sandboxes/:id/entrypoint/output', h(async (req, res) => {
@@ -282,6 +298,11 @@ export interface StartHostOptions {
   auditLog?: string | null;
   /** See ProviderOptions.network (default: from SANDBOX_NETWORK and friends; null: loopback only). */
   network?: SandboxNetwork | null;
+}
+
+/** An entrypoint's log as JSON: each chunk's bytes in base64. */
+function wireLog(log: EntrypointLog): WireEntrypointLog {
+  return { ...log, chunks: log.chunks.map((c) => ({ stream: c.stream, at: c.at, offset: c.offset, data: c.data.toString('base64') })) };
 }
 
 /** A running host. `close()` stops the HTTP server, exec sessions' sockets and the provider's spare init; sandboxes keep running. */

@@ -69,6 +69,24 @@ describe('sap CLI', () => {
     expect(JSON.parse(run.stdout)).toMatchObject({ status: 'completed', data: { x: 42 } });
   }, 60_000);
 
+  it("prints a session's logs, and lists an agent's failed sessions", async () => {
+    const id = unique('clil');
+    await client().agents.create({ id, core: 'bash', entrypoint: ['bash', '-c', 'echo "to stdout"; sleep 1; echo "why: $(cat "$AGENT_INPUT_PATH")" >&2; test -n "$(grep ok "$AGENT_INPUT_PATH")"'] });
+    const failed = JSON.parse((await sap(['sessions', 'run', id, '--input', '{"v":"bad"}'])).stdout) as { session_id: string; status: string };
+    const ok = JSON.parse((await sap(['sessions', 'run', id, '--input', '{"v":"ok"}'])).stdout) as { session_id: string; status: string };
+    expect([failed.status, ok.status]).toEqual(['failed', 'completed']);
+    const logs = await sap(['sessions', 'logs', id, failed.session_id]);
+    expect(logs.code).toBe(0);
+    expect(logs.stdout).toBe('to stdout\nwhy: {"v":"bad"}\n');
+    expect((await sap(['sessions', 'logs', id, failed.session_id, '--stream', 'stderr'])).stdout).toBe('why: {"v":"bad"}\n');
+    const list = await sap(['sessions', 'list', id, '--status', 'failed']);
+    expect(list.code).toBe(0);
+    const rows = list.stdout.trim().split('\n').map((l) => JSON.parse(l) as { id: string; status: string; outcome: { message: string } });
+    expect(rows.map((r) => [r.id, r.status])).toEqual([[failed.session_id, 'failed']]);
+    expect(rows[0]!.outcome.message).toContain('why: {"v":"bad"}');
+    expect((await sap(['sessions', 'list', id, '--status', 'sideways'])).code).toBe(1);
+  }, 60_000);
+
   it('prints the error body and exits non-zero on an error answer; a missing key is a usage error', async () => {
     const bad = await sap(['agents', 'list'], { env: { SAP_API_KEY: 'not-a-key' } });
     expect(bad.code).toBe(1);

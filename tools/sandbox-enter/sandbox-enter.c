@@ -3,7 +3,7 @@
  * `sh` + `nsenter` + `setpriv` + `env` + `timeout`.
  *
  *   sap-sandbox-enter [-c CGROUP_PROCS]... -n PID -S SECCOMP_FILE [-w DIR] [-e NAME=VALUE]... [-g]
- *                     [-t SECONDS [-k SECONDS]] [-x EXIT_FILE] [-P CALLER_PID] -- PROGRAM [ARG]...
+ *                     [-t SECONDS [-k SECONDS]] [-x EXIT_FILE] [-L INDEX_FILE] [-P CALLER_PID] -- PROGRAM [ARG]...
  *
  *   -c FILE   join this cgroup: writes the helper's pid into FILE (a `cgroup.procs`); a controller
  *             that is missing or refuses is skipped, as the shell's `2>/dev/null` did.
@@ -21,6 +21,13 @@
  *   -t SECS   timeout (decimals allowed; 0: none): then SIGTERM, and SIGKILL -k SECS later (0: never).
  *   -x FILE   when the command has ended, write its status ("<code>\n", one write) into FILE. FILE
  *             is created (emptied) at start, before entering, since it is a path of the caller's.
+ *   -L FILE   relay the command's stdout and stderr: they are pipes to the helper, which appends what
+ *             it reads to its own stdout and stderr (the caller's files) and records each chunk in
+ *             FILE, in the order read: 24 bytes each, little-endian: stream (1 stdout, 2 stderr),
+ *             3 zero bytes, length (u32), offset of the chunk in its stream's file (u64), wall
+ *             clock in ms (u64). So the two streams can be put back in order from the tails of the
+ *             files. When the command ends, what is still in the pipes is relayed (at most 16 MiB);
+ *             processes it left behind then write to closed pipes. FILE is created (emptied) at start.
  *   -P PID    the caller's pid (the helper's parent): when the caller dies, the command is hung up,
  *             as a terminal's would be: SIGHUP (and SIGCONT) to its process group (with or without
  *             -g). A command that ignores SIGHUP (nohup) runs on; its status is still waited for.
@@ -57,6 +64,8 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -87,6 +96,7 @@ struct options {
   long ns_pid; /* 0: do not enter */
   const char *cwd;
   const char *exit_file;
+  const char *log_index;
   const char *seccomp_file;
   struct sock_fprog seccomp;
   double timeout, kill_after;
@@ -103,7 +113,7 @@ static int usage(const char *arg) {
   fprintf(stderr,
           "sap-sandbox-enter: bad argument %s\n"
           "usage: sap-sandbox-enter [-c CGROUP_PROCS]... -n PID -S SECCOMP_FILE [-w DIR] [-e NAME=VALUE]... [-g]\n"
-          "                         [-t SECONDS [-k SECONDS]] [-x EXIT_FILE] [-P CALLER_PID] -- PROGRAM [ARG]...\n",
+          "                         [-t SECONDS [-k SECONDS]] [-x EXIT_FILE] [-L INDEX_FILE] [-P CALLER_PID] -- PROGRAM [ARG]...\n",
           arg);
   return EXIT_SETUP;
 }
@@ -155,6 +165,7 @@ static int parse_args(int argc, char **argv, struct options *o) {
       case 'n': if (parse_pid(v, &o->ns_pid)) return usage(v); break;
       case 'w': o->cwd = v; break;
       case 'x': o->exit_file = v; break;
+      case 'L': o->log_index = v; break;
       case 'S': o->seccomp_file = v; break;
       case 't': if (parse_seconds(v, &o->timeout)) return usage(v); break;
       case 'k': if (parse_seconds(v, &o->kill_after)) return usage(v); break;
@@ -242,6 +253,43 @@ static void run_child(const struct options *o, int root_fd, int alive_fd) {
   _exit(e == ENOENT ? EXIT_NOT_FOUND : EXIT_CANNOT_RUN);
 }
 
+/* -L: one of the command's output pipes, the file it goes to, and its stream number in the index. */
+struct relay {
+  int in;
+  int out;
+  unsigned char stream;
+};
+
+static void put_le(unsigned char *p, unsigned long long v, int n) {
+  for (int k = 0; k < n; k++) p[k] = (unsigned char)(v >> (8 * k));
+}
+
+/* Moves one chunk from the pipe to its file and records it; returns the bytes moved (0: nothing). */
+static ssize_t relay_once(struct relay *r, int index_fd) {
+  static char buf[65536];
+  if (r->in < 0) return 0;
+  ssize_t n;
+  do n = read(r->in, buf, sizeof buf);
+  while (n < 0 && errno == EINTR);
+  if (n < 0 && errno == EAGAIN) return 0;
+  if (n <= 0) {
+    close(r->in);
+    r->in = -1;
+    return 0;
+  }
+  if (sap_write_all(r->out, buf, (size_t)n) != 0) return n; /* the file is gone or full: dropped */
+  off_t end = lseek(r->out, 0, SEEK_CUR);
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  unsigned char rec[24] = {0};
+  rec[0] = r->stream;
+  put_le(rec + 4, (unsigned long long)n, 4);
+  put_le(rec + 8, end >= n ? (unsigned long long)(end - n) : 0ULL, 8);
+  put_le(rec + 16, (unsigned long long)ts.tv_sec * 1000ULL + (unsigned long long)(ts.tv_nsec / 1000000), 8);
+  (void)sap_write_all(index_fd, (const char *)rec, sizeof rec);
+  return n;
+}
+
 /* Sends sig to the command (its process group with -g). */
 static void signal_child(const struct options *o, pid_t child, int sig) {
   if (o->own_group && kill(-child, sig) == 0) return;
@@ -322,6 +370,17 @@ int main(int argc, char **argv) {
     }
   }
 
+  int index_fd = -1;
+  int log_pipes[2][2] = {{-1, -1}, {-1, -1}};
+  if (o.log_index) {
+    do index_fd = open(o.log_index, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    while (index_fd < 0 && errno == EINTR);
+    if (index_fd < 0 || pipe2(log_pipes[0], O_CLOEXEC) != 0 || pipe2(log_pipes[1], O_CLOEXEC) != 0) {
+      warn_errno("open the output index", o.log_index);
+      return EXIT_SETUP;
+    }
+  }
+
   /* Opened here, where /dev/null is the caller's (the sandbox's mount namespace may lack one). */
   int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
 
@@ -362,7 +421,22 @@ int main(int argc, char **argv) {
     close(alive[1]);
     if (exit_fd >= 0) close(exit_fd);
     if (devnull >= 0) close(devnull);
+    if (index_fd >= 0) {
+      /* The command writes into the pipes; the pipes' other fds close at exec (O_CLOEXEC). */
+      if (dup2(log_pipes[0][1], 1) < 0 || dup2(log_pipes[1][1], 2) < 0) _exit(EXIT_SETUP);
+      close(index_fd);
+    }
     run_child(&o, root_fd, alive[0]);
+  }
+  struct relay relays[2] = {{-1, -1, 1}, {-1, -1, 2}};
+  if (index_fd >= 0) {
+    close(log_pipes[0][1]);
+    close(log_pipes[1][1]);
+    relays[0].in = log_pipes[0][0];
+    relays[1].in = log_pipes[1][0];
+    relays[0].out = fcntl(1, F_DUPFD_CLOEXEC, 3); /* fd 1 goes to /dev/null below */
+    relays[1].out = 2;
+    for (int k = 0; k < 2; k++) fcntl(relays[k].in, F_SETFL, O_NONBLOCK);
   }
   close(alive[0]);
   if (root_fd >= 0) close(root_fd);
@@ -385,6 +459,15 @@ int main(int argc, char **argv) {
   for (size_t k = 0; k < FORWARDED_COUNT; k++) sigaddset(&waited, FORWARDED[k]);
   sigprocmask(SIG_BLOCK, &waited, NULL);
 
+  int sig_fd = -1;
+  if (index_fd >= 0) {
+    sig_fd = signalfd(-1, &waited, SFD_CLOEXEC);
+    if (sig_fd < 0) {
+      warn_errno("signalfd", NULL);
+      return EXIT_SETUP;
+    }
+  }
+
   long long term_at = o.timeout > 0 ? now_ns() + (long long)(o.timeout * 1e9) : -1;
   long long kill_at = -1;
   int timed_out = 0;
@@ -392,7 +475,15 @@ int main(int argc, char **argv) {
   for (;;) {
     int status;
     pid_t r = waitpid(child, &status, WNOHANG);
-    if (r == child) return finish(status, timed_out, exit_fd);
+    if (r == child) {
+      /* What the command (or what it left behind) wrote before it ended, up to a bound. */
+      long long drained = 0;
+      for (int k = 0; k < 2; k++) {
+        ssize_t n;
+        while (drained < (16LL << 20) && (n = relay_once(&relays[k], index_fd)) > 0) drained += n;
+      }
+      return finish(status, timed_out, exit_fd);
+    }
     if (r < 0 && errno != EINTR) {
       warn_errno("wait", NULL);
       return EXIT_SETUP;
@@ -421,7 +512,31 @@ int main(int argc, char **argv) {
     }
     siginfo_t info;
     int sig;
-    if (next >= 0) {
+    if (sig_fd >= 0) {
+      /* -L: wait for a signal, output or the next deadline at once. */
+      int wait_ms = -1;
+      if (next >= 0) {
+        long long left = next - now_ns();
+        wait_ms = left <= 0 ? 0 : (int)((left + 999999) / 1000000);
+      }
+      struct pollfd pf[3] = {{.fd = sig_fd, .events = POLLIN}, {.fd = relays[0].in, .events = POLLIN}, {.fd = relays[1].in, .events = POLLIN}};
+      int pr = poll(pf, 3, wait_ms);
+      if (pr < 0 && errno != EINTR) {
+        warn_errno("poll", NULL);
+        return EXIT_SETUP;
+      }
+      for (int k = 0; k < 2; k++) {
+        if (pr > 0 && pf[k + 1].revents) relay_once(&relays[k], index_fd);
+      }
+      struct signalfd_siginfo si;
+      if (pr > 0 && (pf[0].revents & POLLIN) && read(sig_fd, &si, sizeof si) == (ssize_t)sizeof si) {
+        sig = (int)si.ssi_signo;
+      } else {
+        /* No signal: check the deadlines below (they act only once reached). */
+        sig = -1;
+        errno = EAGAIN;
+      }
+    } else if (next >= 0) {
       long long left = next - now_ns();
       if (left < 0) left = 0;
       struct timespec ts = {.tv_sec = left / 1000000000LL, .tv_nsec = left % 1000000000LL};
