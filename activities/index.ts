@@ -2,6 +2,7 @@ import type { ActivityDeps } from './deps';
 import { createSessionActivities } from './sessions';
 import { createBatchActivities } from './batches';
 import { createInstanceActivities } from './instances';
+import { createWebhookActivities } from './webhooks';
 
 export type { ActivityDeps } from './deps';
 export type { EntrypointExit, Provisioned } from './sessions';
@@ -15,6 +16,7 @@ export const createActivities = (deps: ActivityDeps) => ({
   ...createSessionActivities(deps),
   ...createBatchActivities(deps),
   ...createInstanceActivities(deps),
+  ...createWebhookActivities(deps),
 });
 
 export type Activities = ReturnType<typeof createActivities>;

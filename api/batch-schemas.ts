@@ -1,3 +1,4 @@
+import { WebhookInput, WebhookView } from '../lib/webhooks';
 import { z } from 'zod';
 import './http'; // extends zod with .openapi()
 import { AgentId } from './schemas';
@@ -20,6 +21,7 @@ const CreateBatchObject = z
     items: z.array(BatchItem).min(1, 'must hold at least one item').max(BATCH_LIMITS.maxItems, `must hold at most ${BATCH_LIMITS.maxItems} items`),
     concurrency: z.number().int().min(1).max(BATCH_LIMITS.maxConcurrency).default(BATCH_LIMITS.defaultConcurrency),
     maxAttempts: z.number().int().min(1).max(BATCH_LIMITS.maxAttempts).default(1),
+    webhook: WebhookInput.optional().describe('POSTed to once when the batch completes or is cancelled'),
   })
   .strict();
 
@@ -69,6 +71,7 @@ export const Batch = z
     created_at: z.string(),
     updated_at: z.string(),
     completed_at: z.string().nullable(),
+    webhook: WebhookView.describe('null: none; the secret is never shown'),
   })
   .openapi('Batch');
 

@@ -1,3 +1,4 @@
+import { WebhookInput, WebhookView } from '../lib/webhooks';
 import { z } from 'zod';
 import './http'; // extends zod with .openapi()
 import { MIN_MEMORY_MB } from '../config/limits';
@@ -35,6 +36,7 @@ const agentFields = {
   cpuCount: z.number().min(0.1).describe('CPUs of CFS quota of its sandboxes; default SANDBOX_CPU_COUNT (0: no quota), at most SANDBOX_MAX_CPU_COUNT'),
   diskMB: z.number().int().min(1).describe('Size of its sandboxes\' writable layer in MB; default SANDBOX_DISK_MB, at most SANDBOX_MAX_DISK_MB'),
   network: networkSchema(z).describe("What its sandboxes may reach: egress 'internet' (default), 'none', or { allow: [IPv4 CIDR…] }"),
+  webhook: WebhookInput.describe('POSTed to (signed with the secret) when each of its sessions ends'),
 };
 
 export const CreateAgentBody = z
@@ -55,6 +57,7 @@ export const CreateAgentBody = z
     cpuCount: agentFields.cpuCount.optional(),
     diskMB: agentFields.diskMB.optional(),
     network: agentFields.network.optional(),
+    webhook: agentFields.webhook.optional(),
   })
   .strict()
   .openapi('CreateAgent');
@@ -77,6 +80,7 @@ export const UpdateAgentBody = z
     cpuCount: agentFields.cpuCount.nullable(),
     diskMB: agentFields.diskMB.nullable(),
     network: agentFields.network.nullable(),
+    webhook: agentFields.webhook.nullable(),
   })
   .partial()
   .strict()
@@ -103,6 +107,7 @@ export const Agent = z
       .object({ egress: z.union([z.enum(['internet', 'none']), z.object({ allow: z.array(z.string()) })]) })
       .nullable()
       .describe('null: the default (egress internet)'),
+    webhook: WebhookView.describe('null: none; the secret is never shown'),
     created_at: z.string(),
     updated_at: z.string(),
   })
@@ -134,7 +139,11 @@ export const Session = z
   .openapi('Session');
 
 export const CreateSessionBody = z
-  .object({ input: JsonObject.default({}), metadata: JsonObject.default({}) })
+  .object({
+    input: JsonObject.default({}),
+    metadata: JsonObject.default({}),
+    webhook: WebhookInput.optional().describe("POSTed to when this session ends (instead of the agent's webhook)"),
+  })
   .strict()
   .openapi('CreateSession');
 

@@ -48,6 +48,10 @@ export const configSchema = z.object({
   RESULT_MAX_BYTES: z.coerce.number().int().positive().default(4 * 1024 * 1024),
   /** The last this-many bytes of a session's stdout and of its stderr are kept (session logs). */
   SESSION_LOG_MAX_BYTES: z.coerce.number().int().min(0).max(8 * 1024 * 1024).default(1024 * 1024),
+  /** Webhook deliveries: first retry after this, doubling up to the maximum interval, for this many hours. */
+  WEBHOOK_RETRY_INITIAL_MS: z.coerce.number().int().min(10).default(10_000),
+  WEBHOOK_RETRY_MAX_INTERVAL_MS: z.coerce.number().int().min(10).default(3_600_000),
+  WEBHOOK_MAX_HOURS: z.coerce.number().min(0.001).max(24 * 30).default(24),
   BODY_LIMIT_BYTES: z.coerce.number().int().positive().default(8 * 1024 * 1024),
   /** The worker's Prometheus endpoint (GET /metrics); the Temporal SDK's exporter takes the next port. 0: off. */
   WORKER_METRICS_PORT: z.coerce.number().int().min(0).max(65534).default(9464),

@@ -1,5 +1,6 @@
 import type { Collection } from 'mongodb';
 import type { Store } from './index';
+import type { StoredWebhook } from '../lib/webhooks';
 
 export type BatchStatus = 'running' | 'completed' | 'cancelled';
 
@@ -27,6 +28,8 @@ export interface BatchDoc {
   /** sha256 of the items, to tell an idempotent retry from a different batch under the same key. */
   items_hash: string;
   idempotency_key: string | null;
+  /** Called once when the batch completes (or is cancelled); absent: none. */
+  webhook?: StoredWebhook | null;
   created_at: Date;
   updated_at: Date;
   completed_at: Date | null;

@@ -1,4 +1,5 @@
 import { Collection, Db, MongoClient, MongoServerError } from 'mongodb';
+import type { StoredWebhook, WebhookSpec } from '../lib/webhooks';
 
 /** An organisation: the unit that owns every resource. */
 export interface OrgDoc {
@@ -35,6 +36,8 @@ export interface AgentRunSpec {
   network?: { egress: 'internet' | 'none' | { allow: string[] } };
   /** Set at session creation when `snapshot` is: the snapshot's id and the task queue of the host that has its layer. */
   snapshotRef?: { snapshotId: string; taskQueue: string };
+  /** Set at session (or batch) start when a webhook applies: the session's own, else the agent's. */
+  webhook?: WebhookSpec;
 }
 
 /**
@@ -42,7 +45,7 @@ export interface AgentRunSpec {
  * Caller-supplied JSON (config) and file paths are stored as JSON text / arrays, since keys with
  * `.` or a leading `$` are not storable on every MongoDB-wire server.
  */
-export interface AgentDoc extends Omit<AgentRunSpec, 'files' | 'memoryMB' | 'cpuCount' | 'diskMB' | 'secretStore' | 'network'> {
+export interface AgentDoc extends Omit<AgentRunSpec, 'files' | 'memoryMB' | 'cpuCount' | 'diskMB' | 'secretStore' | 'network' | 'webhook'> {
   _id: string;
   orgId: string;
   id: string;
@@ -59,6 +62,8 @@ export interface AgentDoc extends Omit<AgentRunSpec, 'files' | 'memoryMB' | 'cpu
   diskMB?: number | null;
   /** Network policy of its sandboxes; absent or null: the default. */
   network?: { egress: 'internet' | 'none' | { allow: string[] } } | null;
+  /** Called when each of its sessions ends; absent or null: none. */
+  webhook?: StoredWebhook | null;
   created_at: Date;
   updated_at: Date;
 }
@@ -85,6 +90,8 @@ export interface SessionDoc {
   outcome: SessionOutcome | null;
   sandbox_id: string | null;
   idempotency_key: string | null;
+  /** The session's own webhook (overrides its agent's); absent: the agent's, if any. */
+  webhook?: StoredWebhook | null;
   created_at: Date;
   updated_at: Date;
   started_at: Date | null;

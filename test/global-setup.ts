@@ -32,6 +32,9 @@ export default async function globalSetup(): Promise<void> {
       WORKER_METRICS_PORT: String(workerMetricsPort),
       SANDBOX_DNS_PORT: String(dnsPort),
       SANDBOX_DNS: `127.0.0.1:${dnsUpstreamPort}`,
+      // Webhook retries a test can wait for (the defaults start at 10 s and grow to an hour).
+      WEBHOOK_RETRY_INITIAL_MS: '200',
+      WEBHOOK_RETRY_MAX_INTERVAL_MS: '1000',
     },
     // As under npm start: a process that dies unexpectedly comes back (test/integration/supervision.test.ts).
     supervise: true,

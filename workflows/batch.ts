@@ -18,6 +18,8 @@ import { batchSessionId } from '../lib/batch-ids';
 import { AGENT_ID, BATCH_ID, ORG_ID, SESSION_STATUS } from './search-attributes';
 import { sessionWorkflow } from './session';
 import { batchSummary } from './summary';
+import { startWebhook } from './webhook';
+import type { WebhookSpec } from '../lib/webhooks';
 
 /** What a batch carries from one run to the next when it continues as new. */
 export interface BatchProgress {
@@ -41,6 +43,8 @@ export interface BatchWorkflowArgs {
   concurrency: number;
   maxAttempts: number;
   progress?: BatchProgress;
+  /** The batch's own webhook, called once when it completes or is cancelled. */
+  webhook?: WebhookSpec;
 }
 
 /** Live counts of a batch, answered by its workflow. */
@@ -182,6 +186,7 @@ export async function batchWorkflow(args: BatchWorkflowArgs): Promise<BatchCount
       closed = true;
       await flusher.catch(() => undefined);
       await recordBatchProgress({ batchId, counts: counts(), status: 'cancelled' });
+      if (args.webhook) await startWebhook({ event: 'batch.completed', orgId: args.orgId, subjectId: batchId, webhook: args.webhook });
     });
     throw err;
   }
@@ -193,5 +198,6 @@ export async function batchWorkflow(args: BatchWorkflowArgs): Promise<BatchCount
     await continueAsNew<typeof batchWorkflow>({ ...args, progress: p });
   }
   await recordBatchProgress({ batchId, counts: counts(), status: 'completed' });
+  if (args.webhook) await startWebhook({ event: 'batch.completed', orgId: args.orgId, subjectId: batchId, webhook: args.webhook });
   return counts();
 }

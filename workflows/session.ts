@@ -14,6 +14,7 @@ import { SESSION_STATUS } from './search-attributes';
 import type { AgentRunSpec } from '../store';
 import type { SessionWorkflowResult, SessionEnd } from './types';
 import type { EntrypointExit, Provisioned } from '../activities';
+import { startWebhook } from './webhook';
 
 /** Arguments of one session's workflow. The workflow id is the session id. */
 export interface SessionWorkflowArgs {
@@ -87,7 +88,9 @@ function setStatus(status: string): void {
  * outcome's message. A session whose workflow was cancelled ends Canceled (`cancellation`).
  * MongoDB stays the source of the session's state: the failure only mirrors it.
  */
-function finish(result: SessionWorkflowResult, cancellation?: unknown): SessionWorkflowResult {
+async function finish(args: SessionWorkflowArgs, result: SessionWorkflowResult, cancellation?: unknown): Promise<SessionWorkflowResult> {
+  // The webhook, if any, is delivered by a workflow of its own that outlives this one.
+  if (args.run.webhook) await startWebhook({ event: 'session.ended', orgId: args.orgId, subjectId: args.sessionId, webhook: args.run.webhook });
   if (result.status === 'completed') return result;
   if (cancellation !== undefined) throw cancellation;
   throw ApplicationFailure.create({
@@ -122,7 +125,7 @@ export async function sessionWorkflow(args: SessionWorkflowArgs): Promise<Sessio
       // (Ended outside this try: a failed session's failure must not be caught as the workflow's own.)
       setStatus(provisioned.end.status);
       quick = { sessionId, workflowId: workflowInfo().workflowId, status: provisioned.end.status, outcome: provisioned.end.outcome };
-      return finish(quick);
+      return await finish(args, quick);
     }
     setStatus('running');
     const host = hostActivities(provisioned.taskQueue, args.run.timeoutSeconds);
@@ -138,7 +141,7 @@ export async function sessionWorkflow(args: SessionWorkflowArgs): Promise<Sessio
       end = { status: 'failed', result: null, outcome: { reason: 'provisioning_failed', exit_code: null, message } };
       await CancellationScope.nonCancellable(() => recordSessionOutcome({ sessionId, end }));
       setStatus('failed');
-      return finish({ sessionId, workflowId: workflowInfo().workflowId, status: end.status, outcome: end.outcome });
+      return await finish(args, { sessionId, workflowId: workflowInfo().workflowId, status: end.status, outcome: end.outcome });
     }
   }
   // Every path with a sandbox ends here: capture, record, destroy, even when cancelled.
@@ -147,5 +150,5 @@ export async function sessionWorkflow(args: SessionWorkflowArgs): Promise<Sessio
     hostActivities(taskQueue, args.run.timeoutSeconds).captureResultAndDestroySandbox({ sessionId, sandboxId, exit, cancelled, failure, memoryMB: args.run.memoryMB }),
   );
   setStatus(end.status);
-  return finish({ sessionId, workflowId: workflowInfo().workflowId, status: end.status, outcome: end.outcome }, cancellation);
+  return await finish(args, { sessionId, workflowId: workflowInfo().workflowId, status: end.status, outcome: end.outcome }, cancellation);
 }

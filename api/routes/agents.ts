@@ -8,6 +8,7 @@ import { randomId } from '../../lib/ids';
 import { AgentDoc, fromJsonText, isDuplicateKey } from '../../store';
 import { pageOf } from '../cursor';
 import { assertSecretStoreExists } from './secret-stores';
+import { sealWebhook, webhookView } from '../../lib/webhooks';
 
 /** The public form of an agent. Environment values are secrets: they are never returned. */
 export function agentView(a: AgentDoc): z.infer<typeof Agent> {
@@ -28,6 +29,7 @@ export function agentView(a: AgentDoc): z.infer<typeof Agent> {
     cpuCount: a.cpuCount ?? null,
     diskMB: a.diskMB ?? null,
     network: a.network ?? null,
+    webhook: webhookView(a.webhook),
     created_at: a.created_at.toISOString(),
     updated_at: a.updated_at.toISOString(),
   };
@@ -109,6 +111,7 @@ export function registerAgentRoutes(t: RouteTable, deps: ApiDeps): void {
         ...(body.cpuCount !== undefined ? { cpuCount: body.cpuCount } : {}),
         ...(body.diskMB !== undefined ? { diskMB: body.diskMB } : {}),
         ...(body.network !== undefined ? { network: body.network } : {}),
+        ...(body.webhook !== undefined ? { webhook: sealWebhook(deps.secrets, org.id, body.webhook) } : {}),
         created_at: now,
         updated_at: now,
       };
@@ -164,6 +167,7 @@ export function registerAgentRoutes(t: RouteTable, deps: ApiDeps): void {
       for (const [k, v] of Object.entries(body)) if (v !== undefined) set[k] = v;
       if (body.config !== undefined) set.config = body.config === null ? null : JSON.stringify(body.config);
       if (body.files !== undefined) set.files = Object.entries(body.files).map(([path, content]) => ({ path, content }));
+      if (body.webhook !== undefined) set.webhook = body.webhook === null ? null : sealWebhook(deps.secrets, org.id, body.webhook);
       const updated = await deps.store.agents.findOneAndUpdate({ _id }, { $set: set }, { returnDocument: 'after' });
       runCacheOf(deps).delete(_id);
       if (!updated) throw notFound(`agent ${params.agentId}`);

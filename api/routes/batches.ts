@@ -1,3 +1,4 @@
+import { sealWebhook, webhookSpec, webhookView } from '../../lib/webhooks';
 import { readSession } from '../../store/sessions';
 import { batchSummary } from '../../workflows/summary';
 import { createHash } from 'node:crypto';
@@ -35,6 +36,7 @@ export function batchView(b: BatchDoc): z.infer<typeof Batch> {
     created_at: b.created_at.toISOString(),
     updated_at: b.updated_at.toISOString(),
     completed_at: b.completed_at ? b.completed_at.toISOString() : null,
+    webhook: webhookView(b.webhook),
   };
 }
 
@@ -74,10 +76,11 @@ async function startBatchWorkflow(deps: ApiDeps, b: BatchDoc, agent: AgentDoc): 
     batchId: b._id,
     orgId: b.orgId,
     agentId: b.agent_id,
-    run: runSpecOf(agent),
+    run: { ...runSpecOf(agent), ...(agent.webhook ? { webhook: webhookSpec(agent.webhook, deps.cfg) } : {}) },
     total: b.total,
     concurrency: b.concurrency,
     maxAttempts: b.max_attempts,
+    ...(b.webhook ? { webhook: webhookSpec(b.webhook, deps.cfg) } : {}),
   };
   try {
     await deps.temporal.workflow.start('batchWorkflow', {
@@ -175,6 +178,7 @@ export function registerBatchRoutes(t: RouteTable, deps: ApiDeps): void {
         counts: { pending: body.items.length, running: 0, completed: 0, failed: 0 },
         items_hash: itemsHash,
         idempotency_key: key ?? null,
+        ...(body.webhook ? { webhook: sealWebhook(deps.secrets, org.id, body.webhook) } : {}),
         created_at: now,
         updated_at: now,
         completed_at: null,

@@ -13,6 +13,7 @@ import { knownCreation, readSession, readSessions, recordSessionEnd, rememberCre
 import { getAgent, getAgentToRun } from './agents';
 import { sessionLogDoc, sessionLogsOf, type SessionLogDoc } from '../../store/session-logs';
 import { sandboxIdForSession } from '../../lib/naming';
+import { sealWebhook, webhookSpec } from '../../lib/webhooks';
 import { snapshotRefOf } from './snapshots';
 import { afterCursor, encodeCursor } from '../cursor';
 import type { SessionWorkflowArgs } from '../../workflows/session';
@@ -209,6 +210,8 @@ async function startWorkflow(deps: ApiDeps, s: SessionDoc, agent: AgentDoc): Pro
     ...(s.input.length <= INLINE_INPUT_MAX ? { input: s.input } : {}),
   };
   if (agent.snapshot) args.run.snapshotRef = await snapshotRefOf(deps, s.orgId, agent.snapshot);
+  const hook = s.webhook ?? agent.webhook;
+  if (hook) args.run.webhook = webhookSpec(hook, deps.cfg);
   try {
     await deps.temporal.workflow.start('sessionWorkflow', {
       taskQueue: deps.cfg.TASK_QUEUE,
@@ -256,6 +259,7 @@ export function registerSessionRoutes(t: RouteTable, deps: ApiDeps): void {
         outcome: null,
         sandbox_id: null,
         idempotency_key: key ?? null,
+        ...(body.webhook ? { webhook: sealWebhook(deps.secrets, org.id, body.webhook) } : {}),
         created_at: now,
         updated_at: now,
         started_at: null,

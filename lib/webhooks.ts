@@ -1,0 +1,68 @@
+import { createHmac } from 'node:crypto';
+import { z } from 'zod';
+import type { SecretBox } from './secret-box';
+
+/**
+ * Webhooks: an agent, a session or a batch may name a URL that is POSTed to when a session ends
+ * (or a batch completes). The secret is kept sealed (lib/secret-box.ts, context `webhook:<org>`):
+ * it travels sealed in workflow arguments and is opened only by the activity that signs a delivery.
+ */
+
+const MAX_URL = 2048;
+
+/** `webhook` of a create body: an absolute http(s) URL without credentials, and an optional secret. */
+export const WebhookInput = z
+  .object({
+    url: z
+      .string()
+      .max(MAX_URL)
+      .refine((v) => {
+        try {
+          const u = new URL(v);
+          return (u.protocol === 'http:' || u.protocol === 'https:') && !u.username && !u.password && !!u.hostname;
+        } catch {
+          return false;
+        }
+      }, 'must be an absolute http(s) URL without credentials'),
+    secret: z.string().min(8).max(256).optional().describe('HMAC-SHA256 key of the X-SAP-Signature header; never returned'),
+  })
+  .strict();
+
+/** How a webhook is stored and carried: its secret sealed. */
+export interface StoredWebhook {
+  url: string;
+  secretSealed?: string;
+}
+
+/** A webhook as workflows carry it: stored form plus the retry schedule the API set when it started them. */
+export interface WebhookSpec extends StoredWebhook {
+  retry: { initialMs: number; maxIntervalMs: number; maxHours: number };
+}
+
+/** What answers show of a webhook: never the secret. */
+export const WebhookView = z.object({ url: z.string(), has_secret: z.boolean() }).nullable();
+
+export function webhookView(w: StoredWebhook | null | undefined): z.infer<typeof WebhookView> {
+  return w ? { url: w.url, has_secret: !!w.secretSealed } : null;
+}
+
+export const webhookContext = (orgId: string): string => `webhook:${orgId}`;
+
+/** The spec workflows carry: the stored webhook with the operator's retry schedule (WEBHOOK_* settings). */
+export function webhookSpec(
+  w: StoredWebhook,
+  cfg: { WEBHOOK_RETRY_INITIAL_MS: number; WEBHOOK_RETRY_MAX_INTERVAL_MS: number; WEBHOOK_MAX_HOURS: number },
+): WebhookSpec {
+  return { ...w, retry: { initialMs: cfg.WEBHOOK_RETRY_INITIAL_MS, maxIntervalMs: cfg.WEBHOOK_RETRY_MAX_INTERVAL_MS, maxHours: cfg.WEBHOOK_MAX_HOURS } };
+}
+
+/** The stored form of a webhook of organisation `orgId`: its secret sealed. */
+export function sealWebhook(box: SecretBox, orgId: string, w: z.infer<typeof WebhookInput>): StoredWebhook {
+  return { url: w.url, ...(w.secret !== undefined ? { secretSealed: box.seal(w.secret, webhookContext(orgId)) } : {}) };
+}
+
+/** The signature header of a delivery: `t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">`. */
+export function signature(secret: string, body: string, unixSeconds: number): string {
+  const mac = createHmac('sha256', secret).update(`${unixSeconds}.${body}`).digest('hex');
+  return `t=${unixSeconds},v1=${mac}`;
+}
