@@ -152,7 +152,7 @@ async function finishSession(deps: ActivityDeps, args: FinishArgs, captured?: Ca
   const logDoc = hostLog ? sessionLogDoc(args.sessionId, hostLog) : null;
   // A failed session's message ends with the last lines of its stderr.
   const tail = end.status === 'failed' ? stderrTail(logDoc) : '';
-  if (tail && end.outcome) end.outcome = { ...end.outcome, message: `${end.outcome.message ?? 'the session failed'}; stderr:\n${tail}` };
+  if (tail && end.outcome) end.outcome = { ...end.outcome, message: `${end.outcome.message ?? 'the session failed'}; stderr: ${tail}` };
   // The log only when something was printed (a silent session writes nothing more), and before the
   // ending: a session that shows as ended has its log.
   if (logDoc) await saveSessionLog(deps.store, logDoc);

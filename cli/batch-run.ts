@@ -142,7 +142,44 @@ export async function batchRun(client: SapClient, o: BatchRunOptions, signal: Ab
   if (written < batch.total) failedItems += batch.total - written;
   const final = await client.batches.get(o.agent, batch.id);
   stderr.write(`batch ${final.id} ${final.status}: ${final.counts.completed} completed, ${final.counts.failed} failed; ${written} results in ${o.out}\n`);
+  const summary = failureSummary(o.out);
+  if (summary) stderr.write(summary);
   return final.status === 'completed' && final.counts.failed === 0 ? 0 : 1;
+}
+
+/**
+ * The failed items of a results file, grouped by reason, and within a reason by the first line
+ * of their message (the most frequent first, five at most): what to look at first.
+ */
+export function failureSummary(resultsFile: string): string {
+  const byReason = new Map<string, Map<string, number>>();
+  let failed = 0;
+  for (const text of fs.readFileSync(resultsFile, 'utf8').split('\n')) {
+    if (!text.trim()) continue;
+    let line: { status?: string; error?: { reason?: string | null; message?: string | null } };
+    try {
+      line = JSON.parse(text);
+    } catch {
+      continue;
+    }
+    if (line.status === 'completed') continue;
+    failed++;
+    const reason = line.error?.reason ?? 'unknown';
+    const first = (line.error?.message ?? '').split('\n')[0]!.slice(0, 200) || '(no message)';
+    const messages = byReason.get(reason) ?? new Map<string, number>();
+    messages.set(first, (messages.get(first) ?? 0) + 1);
+    byReason.set(reason, messages);
+  }
+  if (!failed) return '';
+  const out = [`failures by reason (${failed}):`];
+  const total = (m: Map<string, number>) => [...m.values()].reduce((a, b) => a + b, 0);
+  for (const [reason, messages] of [...byReason].sort((a, b) => total(b[1]) - total(a[1]))) {
+    out.push(`  ${reason}: ${total(messages)}`);
+    const sorted = [...messages].sort((a, b) => b[1] - a[1]);
+    for (const [message, n] of sorted.slice(0, 5)) out.push(`    ${n} × ${message}`);
+    if (sorted.length > 5) out.push(`    … ${sorted.length - 5} other messages`);
+  }
+  return `${out.join('\n')}\n`;
 }
 
 export { SapApiError };

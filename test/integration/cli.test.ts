@@ -141,6 +141,32 @@ describe('sap CLI', () => {
     expect(JSON.parse(status.stdout)).toMatchObject({ id: marker.batch_id, status: 'completed', counts: { completed: n } });
   }, 180_000);
 
+  it('batch run ends with the failures grouped by reason and the first line of their messages', async () => {
+    const dir = tmp();
+    const id = unique('clif');
+    // Items with "bad" fail with exit 3 and a two-line stderr; items with "slow" time out; the rest complete.
+    await client().agents.create({
+      id,
+      core: 'bash',
+      timeoutSeconds: 1,
+      entrypoint: ['bash', '-c', `grep -q slow "$AGENT_INPUT_PATH" && sleep 30; if grep -q bad "$AGENT_INPUT_PATH"; then printf 'bad input\\nsecond line\\n' >&2; exit 3; fi; ${COPY}`],
+    });
+    const itemsFile = path.join(dir, 'items.jsonl');
+    const items = [{ k: 'bad' }, { k: 'ok' }, { k: 'bad' }, { k: 'slow' }, { k: 'ok' }];
+    fs.writeFileSync(itemsFile, items.map((input) => JSON.stringify({ input })).join('\n') + '\n');
+    const r = await sap(['batch', 'run', id, itemsFile, '--concurrency', '5', '--out', path.join(dir, 'results.jsonl')]);
+    expect(r.code).toBe(1);
+    expect(r.stderr).toMatch(/completed: 2 completed, 3 failed/);
+    const summary = r.stderr.slice(r.stderr.indexOf('failures by reason'));
+    expect(summary).toBe(
+      'failures by reason (3):\n' +
+        '  exit_code: 2\n' +
+        '    2 × entrypoint exited with code 3; stderr: bad input\n' +
+        '  timeout: 1\n' +
+        '    1 × entrypoint exceeded the agent timeout\n',
+    );
+  }, 120_000);
+
   it('batch cancel cancels a running batch', async () => {
     const id = unique('clic');
     await client().agents.create({ id, core: 'bash', entrypoint: ['bash', '-c', `sleep 5; ${COPY}`] });

@@ -58,7 +58,7 @@ describe('session logs', () => {
     const { session, result } = await runSession(id);
     expect(session.status).toBe('failed');
     expect(session.outcome.reason).toBe('exit_code');
-    expect(session.outcome.message).toBe('entrypoint exited with code 3; stderr:\noops: the widget broke');
+    expect(session.outcome.message).toBe('entrypoint exited with code 3; stderr: oops: the widget broke');
     expect(result.message).toBe(session.outcome.message);
     expect((await logs(id, session.id)).text).toBe('working\noops: the widget broke\n');
   });
