@@ -53,10 +53,16 @@ class H(http.server.BaseHTTPRequestHandler):
     def log_message(self, *a): pass
 http.server.HTTPServer(("${this.addr}", ${this.port}), H).serve_forever()`;
     this.server = spawn('ip', ['netns', 'exec', this.ns, 'python3', '-c', script], { stdio: 'ignore' });
+    await this.listening();
+    return this;
+  }
+
+  /** Waits until something in the test host accepts connections on `port` (default: its HTTP port). */
+  async listening(port = this.port): Promise<void> {
     await eventually(
       () =>
         new Promise<boolean>((resolve) => {
-          const s = net.connect(this.port, this.addr, () => {
+          const s = net.connect(port, this.addr, () => {
             s.destroy();
             resolve(true);
           });
@@ -65,7 +71,6 @@ http.server.HTTPServer(("${this.addr}", ${this.port}), H).serve_forever()`;
       20_000,
       100,
     );
-    return this;
   }
 
   /** Runs a program inside the test host's namespace (killed by remove()). */

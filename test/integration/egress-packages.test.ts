@@ -7,10 +7,9 @@
 import { execFileSync, type ChildProcess } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import fs from 'node:fs';
-import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
-import { api, eventually, T, unique } from '../helpers/env';
+import { api, T, unique } from '../helpers/env';
 import { TestHost } from '../helpers/test-host';
 
 jest.setTimeout(240_000);
@@ -112,18 +111,7 @@ beforeAll(async () => {
   const base = `http://${host.addr}:${host.port}`;
   writePackages(root, base);
   server = host.spawn('python3', ['-m', 'http.server', String(host.port), '--bind', host.addr, '--directory', root]);
-  await eventually(
-    () =>
-      new Promise<boolean>((resolve) => {
-        const s = net.connect(host.port, host.addr, () => {
-          s.destroy();
-          resolve(true);
-        });
-        s.once('error', () => resolve(false));
-      }),
-    20_000,
-    100,
-  );
+  await host.listening();
 });
 
 afterAll(async () => {
