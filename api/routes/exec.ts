@@ -455,6 +455,15 @@ export function closeWith(ws: WebSocket, code: number, type: string, message: st
 type EarlyFrame = [string | Buffer | ArrayBuffer | Buffer[], boolean | undefined];
 
 /**
+ * The first output frames wait until the client's connection is this old. The published
+ * OpenComputer client sets its message handler only once its `open` event has been handled (it
+ * awaits it), so frames that reach it in the same read as the 101 answer are dispatched before the
+ * handler exists and lost: the scrollback, its end marker, or a finished session's exit. Holding
+ * them briefly puts them in a later read. Costs at most this much on an attach.
+ */
+const FIRST_FRAME_HOLD_MS = 50;
+
+/**
  * Relays a public client and the host's exec stream for the same session, with backpressure both
  * ways: reading one side pauses while the other side has more than RELAY_HIGH bytes queued.
  *
@@ -476,8 +485,11 @@ function relay(
   early: EarlyFrame[],
   log: Logger,
   touch: () => void,
+  openedAt: number,
 ): void {
   const pending: Buffer[] = [];
+  const held: Parameters<typeof writeRawFrame>[1][] = [];
+  let afterHeld: (() => void) | undefined;
   let opened = false;
   let clientPausedByUs = false;
   let upstreamPausedByUs = false;
@@ -506,6 +518,20 @@ function relay(
       if (client.readyState !== WebSocket.OPEN) return;
       touch();
       if (f.first === 0x03 && f.payload && f.payload.length >= 5) void recordExit(deps, kind, sessionID, f.payload.readInt32BE(1), new Date());
+      // Held until the client's connection is FIRST_FRAME_HOLD_MS old (see there), in order.
+      const wait = openedAt + FIRST_FRAME_HOLD_MS - Date.now();
+      if (held.length || wait > 0) {
+        held.push(f.raw);
+        if (held.length === 1) {
+          setTimeout(() => {
+            for (const raw of held.splice(0)) if (client.readyState === WebSocket.OPEN) writeRawFrame(clientSocket, raw);
+            // A close that came while frames were held goes after them.
+            afterHeld?.();
+            afterHeld = undefined;
+          }, Math.max(0, wait));
+        }
+        return;
+      }
       writeRawFrame(clientSocket, f.raw);
       if (!upstreamPausedByUs && clientSocket.writableLength > RELAY_HIGH) {
         upstreamPausedByUs = true;
@@ -514,12 +540,11 @@ function relay(
       }
     },
     onClose: (code, reason) => {
-      if (client.readyState !== WebSocket.OPEN) return;
-      if (code === 1000) client.close(1000, reason.slice(0, 120));
-      // 1006: the host's end vanished without a close frame, as when the host process dies; its exec
-      // sessions lived in its memory, so a restarted host does not have them.
-      else if (code === 1006) closeWith(client, 1011, 'bad_gateway', 'the connection to the sandbox host dropped (a host that restarts loses its exec sessions)');
-      else closeWith(client, 1011, 'bad_gateway', `the sandbox host closed the stream (${code})`);
+      if (held.length) {
+        afterHeld = () => upstreamClosed(code, reason);
+        return;
+      }
+      upstreamClosed(code, reason);
     },
     onError: (err) => {
       log.warn({ err: err.message, sessionID }, 'exec relay: host socket failed');
@@ -528,6 +553,15 @@ function relay(
       else closeWith(client, 1011, 'bad_gateway', 'the sandbox host is unreachable');
     },
   });
+  /** The host's end closed: the client's closes the same way (after any held frames). */
+  function upstreamClosed(code: number, reason: string): void {
+    if (client.readyState !== WebSocket.OPEN) return;
+    if (code === 1000) client.close(1000, reason.slice(0, 120));
+    // 1006: the host's end vanished without a close frame, as when the host process dies; its exec
+    // sessions lived in its memory, so a restarted host does not have them.
+    else if (code === 1006) closeWith(client, 1011, 'bad_gateway', 'the connection to the sandbox host dropped (a host that restarts loses its exec sessions)');
+    else closeWith(client, 1011, 'bad_gateway', `the sandbox host closed the stream (${code})`);
+  }
 
   /** Stops reading the client while too much is queued toward the host, until that is written. */
   const watchUpstreamQueue = () => {
@@ -579,6 +613,7 @@ export function registerExecSocket(app: express.Express, deps: ApiDeps, auth: Au
   wsApp.ws('/api/sandboxes/:id/exec/:sessionID', (ws, req) => {
     // Keep what the client sends while we check (stdin may follow the open at once), and stop
     // reading more until the relay is set up.
+    const openedAt = Date.now();
     const early: EarlyFrame[] = [];
     const keep = (data: EarlyFrame[0], flag?: boolean) => early.push([data, flag]);
     ws.on('message', keep);
@@ -601,7 +636,7 @@ export function registerExecSocket(app: express.Express, deps: ApiDeps, auth: Au
           touchedAt = now;
           void touchSandbox(deps.store, params.id).catch(() => undefined);
         };
-        relay(deps, ws, req.socket, host, { sandboxId: params.id, execId: target.execId }, params.sessionID, target.kind, early, log, touch);
+        relay(deps, ws, req.socket, host, { sandboxId: params.id, execId: target.execId }, params.sessionID, target.kind, early, log, touch, openedAt);
         resumeSocket(ws);
       } catch (err) {
         const e = err instanceof ApiError ? err : fromHostError(err, 'exec session');
