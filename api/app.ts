@@ -22,6 +22,7 @@ import { registerPreviewRoutes } from './routes/previews';
 import { closeWith, registerExecRoutes, registerExecSocket } from './routes/exec';
 import { registerSandboxAgentRoutes } from './routes/sandbox-agents';
 import { registerSecretStoreRoutes } from './routes/secret-stores';
+import { registerFileRoutes } from './routes/files';
 import { notReadyMessage, Readiness } from './readiness';
 
 /** Body types the API reads; anything else on a request with a body is 415. */
@@ -80,21 +81,21 @@ export function createApp(deps: ApiDeps, opts: { server?: http.Server } = {}): {
     else res.status(503).json({ error: { type: 'unavailable', message: notReadyMessage(report) } });
   });
 
+  const auth = createAuthenticator(deps.store);
+  const router = express.Router();
+  const table = new RouteTable(router, auth);
   app.use((req, _res, next) => {
     const hasBody = Number(req.headers['content-length'] ?? 0) > 0 || req.headers['transfer-encoding'] !== undefined;
-    if (hasBody && ['POST', 'PUT', 'PATCH', 'DELETE'].includes(req.method) && !req.is(JSON_TYPES) && !req.is('application/x-ndjson')) {
+    if (hasBody && !table.isRawBody(req) && ['POST', 'PUT', 'PATCH', 'DELETE'].includes(req.method) && !req.is(JSON_TYPES) && !req.is('application/x-ndjson')) {
       next(new ApiError('unsupported_media_type', 'request bodies must be JSON (Content-Type: application/json)'));
       return;
     }
     next();
   });
-  app.use(express.json({ limit: deps.cfg.BODY_LIMIT_BYTES, type: JSON_TYPES, strict: true }));
+  app.use(express.json({ limit: deps.cfg.BODY_LIMIT_BYTES, type: (req) => !table.isRawBody(req as Request) && Boolean((req as Request).is(JSON_TYPES)), strict: true }));
   // NDJSON bodies (batch items) reach their route as text.
-  app.use(express.text({ limit: deps.cfg.BODY_LIMIT_BYTES, type: 'application/x-ndjson' }));
+  app.use(express.text({ limit: deps.cfg.BODY_LIMIT_BYTES, type: (req) => !table.isRawBody(req as Request) && Boolean((req as Request).is('application/x-ndjson')) }));
 
-  const auth = createAuthenticator(deps.store);
-  const router = express.Router();
-  const table = new RouteTable(router, auth);
   registerAgentRoutes(table, deps);
   registerSessionRoutes(table, deps);
   registerBatchRoutes(table, deps);
@@ -107,6 +108,7 @@ export function createApp(deps: ApiDeps, opts: { server?: http.Server } = {}): {
   registerExecRoutes(table, deps);
   registerSandboxAgentRoutes(table, deps);
   registerSecretStoreRoutes(table, deps);
+  registerFileRoutes(table, deps);
   registerExecSocket(app, deps, auth);
 
   const openapi = new OpenApiGeneratorV31(table.registry.definitions).generateDocument({

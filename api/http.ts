@@ -33,6 +33,16 @@ export interface RouteDef<PS extends AnyObject, QS extends AnyObject, BS extends
   params?: PS;
   query?: QS;
   body?: BS;
+  /**
+   * The request body is not parsed: the handler streams it from `req` (file uploads). Any content
+   * type is accepted; the document names `contentType` with a binary schema.
+   */
+  rawBody?: { contentType: string; description: string };
+  /**
+   * No API key: the route authenticates the request itself (signed URLs). Left out of /openapi.json;
+   * the handler's `org` is empty (`id` '').
+   */
+  public?: true;
   /** Documented success answers: status → schema (or null for no body). */
   responses: Record<number, { description: string; schema?: ZodType; /** default application/json */ contentType?: string }>;
   /** Error types this route may answer with, for the document. */
@@ -66,6 +76,8 @@ const openapiPath = (p: string): string => p.replace(/:(\w+)/g, '{$1}');
  */
 export class RouteTable {
   readonly registry = new OpenAPIRegistry();
+  /** Method and path pattern of the routes with a raw body (see isRawBody). */
+  private readonly raw: { method: string; pattern: RegExp }[] = [];
 
   constructor(
     private readonly router: Router,
@@ -81,10 +93,10 @@ export class RouteTable {
       responses[status] = r.schema ? { description: r.description, content: { [r.contentType ?? 'application/json']: { schema: r.schema } } } : { description: r.description };
     }
     // Any route with a body may also meet the body parser's 413 (too large) and 415 (not JSON).
-    for (const status of [400, 401, 404, ...(def.body ? [413, 415] : []), ...(def.errors ?? [])]) {
+    for (const status of [400, 401, 404, ...(def.body ? [413, 415] : []), ...(def.rawBody ? [413] : []), ...(def.errors ?? [])]) {
       responses[String(status)] ??= { description: 'Error', content: { 'application/json': { schema: ErrorBodySchema } } };
     }
-    this.registry.registerPath({
+    if (!def.public) this.registry.registerPath({
       method: def.method,
       path: openapiPath(def.path),
       summary: def.summary,
@@ -93,14 +105,18 @@ export class RouteTable {
       request: {
         params: def.params,
         query: def.query,
-        body: def.body ? { content: { 'application/json': { schema: def.body } } } : undefined,
+        body: def.body
+          ? { content: { 'application/json': { schema: def.body } } }
+          : def.rawBody
+            ? { description: def.rawBody.description, content: { [def.rawBody.contentType]: { schema: z.string().openapi({ format: 'binary' }) } } }
+            : undefined,
       },
       responses,
     });
 
     const handler: RequestHandler = async (req: Request, res: Response, next: NextFunction) => {
       try {
-        const org = await this.auth.authenticate(req);
+        const org = def.public ? { id: '' } : await this.auth.authenticate(req);
         const params = def.params ? parseOrThrow(def.params, req.params, 'path') : {};
         const query = def.query ? parseOrThrow(def.query, req.query, 'query') : {};
         const body = def.body ? parseOrThrow(def.body, req.body ?? {}, 'body') : undefined;
@@ -110,5 +126,14 @@ export class RouteTable {
       }
     };
     this.router[def.method](def.path, handler);
+    if (def.rawBody) {
+      const pattern = new RegExp('^' + def.path.replace(/[.*+?^${}()|[\]\\]/g, '\\$&').replace(/:(\w+)/g, '[^/]+') + '/?$');
+      this.raw.push({ method: def.method.toUpperCase(), pattern });
+    }
+  }
+
+  /** Whether the request goes to a route that streams its body itself (the body parsers leave it alone). */
+  isRawBody(req: Request): boolean {
+    return this.raw.some((r) => r.method === req.method && r.pattern.test(req.path));
   }
 }

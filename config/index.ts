@@ -45,6 +45,11 @@ export const configSchema = z.object({
     .string()
     .refine((v) => parseSecretsKey(v) !== null, 'must be 64 hex digits or base64 of 32 bytes')
     .optional(),
+  /**
+   * The API's address as its users reach it (e.g. https://sandboxes.example.com), for the signed file
+   * URLs it hands out. Unset: taken from each request (X-Forwarded-Proto/-Host when a proxy sets them, else Host).
+   */
+  PUBLIC_API_URL: z.url({ protocol: /^https?$/ }).optional(),
   RESULT_MAX_BYTES: z.coerce.number().int().positive().default(4 * 1024 * 1024),
   /** The last this-many bytes of a session's stdout and of its stderr are kept (session logs). */
   SESSION_LOG_MAX_BYTES: z.coerce.number().int().min(0).max(8 * 1024 * 1024).default(1024 * 1024),

@@ -1,4 +1,4 @@
-import { createCipheriv, createDecipheriv, randomBytes } from 'node:crypto';
+import { createCipheriv, createDecipheriv, createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
 
 /** Format tag of a sealed value: bump it if the layout below changes. */
 const VERSION = 'v1';
@@ -25,6 +25,19 @@ export class SecretBox {
     cipher.setAAD(Buffer.from(context, 'utf8'));
     const body = Buffer.concat([cipher.update(plain, 'utf8'), cipher.final()]);
     return `${VERSION}:${Buffer.concat([iv, cipher.getAuthTag(), body]).toString('base64')}`;
+  }
+
+  /** HMAC-SHA256 of `data` under a key of its own for `purpose` (derived from this key), base64url. */
+  sign(data: string, purpose: string): string {
+    const key = createHmac('sha256', this.#key).update(`sign:${purpose}`).digest();
+    return createHmac('sha256', key).update(data, 'utf8').digest('base64url');
+  }
+
+  /** Whether `signature` is sign(data, purpose) (constant-time). */
+  verify(data: string, purpose: string, signature: string): boolean {
+    const want = Buffer.from(this.sign(data, purpose), 'utf8');
+    const got = Buffer.from(signature, 'utf8');
+    return got.length === want.length && timingSafeEqual(got, want);
   }
 
   /** The plain value; throws (without the value or the ciphertext in the message) if it does not open. */

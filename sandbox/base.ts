@@ -536,6 +536,10 @@ export abstract class BaseProvider implements SandboxProvider {
     return readSandboxFile(await this.runningRootMap(id), p, maxBytes);
   }
 
+  fileRoot(id: string): Promise<RootMap> {
+    return this.runningRootMap(id);
+  }
+
   /** The files of a running sandbox; conflict when it is stopped (its init is gone, so is its tree). */
   private async runningRootMap(id: string): Promise<RootMap> {
     const state = this.stateOf(id);

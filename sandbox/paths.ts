@@ -143,7 +143,7 @@ async function openMountDir(map: RootMap, dir: string, sandboxPath: string): Pro
  * created (mode 0755). A missing last component is allowed. Throws invalid_request on bad paths,
  * symlink loops and escapes, not_found when a parent is missing and `createDirs` is off.
  */
-async function walk(map: RootMap, sandboxPath: string, opts: { createDirs?: boolean }): Promise<Resolved> {
+async function walk(map: RootMap, sandboxPath: string, opts: { createDirs?: boolean; noFollowLast?: boolean }): Promise<Resolved> {
   const pending = sandboxPathComponents(sandboxPath);
   const rootDir = mountAt(map, []);
   if (!rootDir) throw new SandboxError('internal', 'sandbox has no root mount');
@@ -223,7 +223,7 @@ async function walk(map: RootMap, sandboxPath: string, opts: { createDirs?: bool
         retry(comp);
         continue;
       }
-      if (st.isSymbolicLink()) {
+      if (st.isSymbolicLink() && !(last && opts.noFollowLast)) {
         if (++links > MAX_SYMLINKS) throw new SandboxError('invalid_request', `too many symlinks: ${sandboxPath}`);
         let target: string;
         try {
@@ -344,5 +344,214 @@ export async function readSandboxFile(map: RootMap, sandboxPath: string, maxByte
     return buf.subarray(0, len);
   } finally {
     await fh.close();
+  }
+}
+
+/** What the filesystem routes say of a path: `lstat` of a listed entry, `stat` of a path asked for. */
+export interface SandboxEntry {
+  name: string;
+  /** Absolute path inside the sandbox (symlinks on the way resolved for `stat`, as listed for `list`). */
+  path: string;
+  type: 'file' | 'dir' | 'symlink' | 'other';
+  isDir: boolean;
+  size: number;
+  /** Permission bits, e.g. 0o644. */
+  mode: number;
+  modTime: string;
+  /** The link's target (symlinks only). */
+  target?: string;
+}
+
+function entryOf(name: string, sandboxPath: string, st: import('node:fs').Stats, target?: string): SandboxEntry {
+  const type = st.isFile() ? 'file' : st.isDirectory() ? 'dir' : st.isSymbolicLink() ? 'symlink' : 'other';
+  return {
+    name,
+    path: sandboxPath,
+    type,
+    isDir: type === 'dir',
+    size: type === 'dir' ? 0 : st.size,
+    mode: st.mode & 0o7777,
+    modTime: st.mtime.toISOString(),
+    ...(target !== undefined ? { target } : {}),
+  };
+}
+
+const joinSandbox = (parts: string[]): string => '/' + parts.join('/');
+
+/**
+ * Opens a regular file of the sandbox for streaming it out. Throws not_found when absent,
+ * invalid_request for a directory, a device or a FIFO. The caller closes the handle.
+ */
+export async function openSandboxFileForRead(map: RootMap, sandboxPath: string): Promise<{ fh: FileHandle; size: number }> {
+  const r = await walk(map, sandboxPath, {});
+  const fh = await openResolved(map, r, fsc.O_RDONLY, 0, sandboxPath);
+  try {
+    const st = await fh.stat();
+    if (st.isDirectory()) throw new SandboxError('invalid_request', `path is a directory: ${sandboxPath}`);
+    if (!st.isFile()) throw new SandboxError('invalid_request', `not a regular file: ${sandboxPath}`);
+    return { fh, size: st.size };
+  } catch (err) {
+    await fh.close();
+    throw err;
+  }
+}
+
+/**
+ * Opens (creating it and its parent directories, truncating it) a regular file of the sandbox for
+ * streaming content in. Throws invalid_request for a directory or anything else that is not a
+ * regular file. The caller closes the handle.
+ */
+export async function openSandboxFileForWrite(map: RootMap, sandboxPath: string, mode = 0o644): Promise<FileHandle> {
+  const r = await walk(map, sandboxPath, { createDirs: true });
+  const fh = await openResolved(map, r, fsc.O_WRONLY | fsc.O_CREAT, mode, sandboxPath);
+  try {
+    const st = await fh.stat();
+    if (st.isDirectory()) throw new SandboxError('invalid_request', `path is a directory: ${sandboxPath}`);
+    if (!st.isFile()) throw new SandboxError('invalid_request', `not a regular file: ${sandboxPath}`);
+    if (map.owner && st.uid === process.getuid?.()) await fh.chown(map.owner.uid, map.owner.gid);
+    await fh.truncate(0);
+    return fh;
+  } catch (err) {
+    await fh.close();
+    throw err;
+  }
+}
+
+/** `stat` of a sandbox path (symlinks followed inside the sandbox); not_found when absent. */
+export async function statSandboxPath(map: RootMap, sandboxPath: string, opts: { noFollow?: boolean } = {}): Promise<SandboxEntry> {
+  const r = await walk(map, sandboxPath, { noFollowLast: opts.noFollow });
+  try {
+    if (r.name === null) return entryOf(r.parts[r.parts.length - 1] ?? '/', joinSandbox(r.parts), await r.dirs[r.dirs.length - 1]!.stat());
+    const rel = `/proc/self/fd/${r.dirs[r.dirs.length - 1]!.fd}/${r.name}`;
+    const st = await fsp.lstat(rel).catch((err) => {
+      if (errCode(err) === 'ENOENT') throw new SandboxError('not_found', `no such file or directory: ${sandboxPath}`);
+      throw err;
+    });
+    const target = st.isSymbolicLink() ? await fsp.readlink(rel).catch(() => '') : undefined;
+    return entryOf(r.name, joinSandbox(r.parts), st, target);
+  } finally {
+    await closeAll(r.dirs);
+  }
+}
+
+/**
+ * The entries of a sandbox directory (`lstat` of each: symlinks are listed as such), sorted by name,
+ * at most `max`. not_found when absent, invalid_request when not a directory.
+ */
+export async function listSandboxDir(map: RootMap, sandboxPath: string, max = 10_000): Promise<SandboxEntry[]> {
+  const r = await walk(map, sandboxPath, {});
+  let dir: FileHandle;
+  try {
+    if (r.name === null) {
+      // `/` or a mount point: the walk's last directory.
+      dir = r.dirs.pop()!;
+    } else {
+      dir = await fsp.open(`/proc/self/fd/${r.dirs[r.dirs.length - 1]!.fd}/${r.name}`, DIR_FLAGS).catch((err) => {
+        const code = errCode(err);
+        if (code === 'ENOENT') throw new SandboxError('not_found', `no such file or directory: ${sandboxPath}`);
+        if (code === 'ENOTDIR' || code === 'ELOOP') throw new SandboxError('invalid_request', `not a directory: ${sandboxPath}`);
+        throw err;
+      });
+      dir = await keepIfInside(map, dir, sandboxPath);
+    }
+  } finally {
+    await closeAll(r.dirs);
+  }
+  try {
+    const base = joinSandbox(r.parts);
+    const names = (await fsp.readdir(`/proc/self/fd/${dir.fd}`)).sort().slice(0, max);
+    const out: SandboxEntry[] = [];
+    for (const name of names) {
+      const rel = `/proc/self/fd/${dir.fd}/${name}`;
+      const st = await fsp.lstat(rel).catch(() => null);
+      if (!st) continue; // removed meanwhile
+      const target = st.isSymbolicLink() ? await fsp.readlink(rel).catch(() => '') : undefined;
+      out.push(entryOf(name, base === '/' ? `/${name}` : `${base}/${name}`, st, target));
+    }
+    return out;
+  } finally {
+    await dir.close();
+  }
+}
+
+/** `mkdir -p` inside the sandbox. conflict when the path (or a parent) exists and is not a directory. */
+export async function makeSandboxDir(map: RootMap, sandboxPath: string, mode = 0o755): Promise<void> {
+  const r = await walk(map, sandboxPath, { createDirs: true }).catch((err) => {
+    if (err instanceof SandboxError && err.type === 'invalid_request' && err.message.startsWith('not a directory')) {
+      throw new SandboxError('conflict', `${err.message} (a file is in the way)`);
+    }
+    throw err;
+  });
+  try {
+    if (r.name === null) return;
+    const rel = `/proc/self/fd/${r.dirs[r.dirs.length - 1]!.fd}/${r.name}`;
+    try {
+      await fsp.mkdir(rel, { mode });
+      if (map.owner) await fsp.lchown(rel, map.owner.uid, map.owner.gid);
+    } catch (err) {
+      if (errCode(err) !== 'EEXIST') throw err;
+      const st = await fsp.lstat(rel);
+      if (!st.isDirectory()) throw new SandboxError('conflict', `exists and is not a directory: ${sandboxPath}`);
+    }
+  } finally {
+    await closeAll(r.dirs);
+  }
+}
+
+/**
+ * Renames a path inside the sandbox (the last component of `from` is not followed: a symlink is
+ * renamed, not its target). Parents of `to` are created. not_found when `from` is absent; conflict
+ * when `to` is a non-empty directory or the two are on different mounts of the sandbox.
+ */
+export async function renameSandboxPath(map: RootMap, from: string, to: string): Promise<void> {
+  const a = await walk(map, from, { noFollowLast: true });
+  try {
+    if (a.name === null) throw new SandboxError(a.parts.length ? 'conflict' : 'invalid_request', `cannot rename ${a.parts.length ? 'a mount point of the sandbox' : '/'}: ${from}`);
+    const b = await walk(map, to, { createDirs: true, noFollowLast: true });
+    try {
+      if (b.name === null) throw new SandboxError(b.parts.length ? 'conflict' : 'invalid_request', `cannot rename onto ${b.parts.length ? 'a mount point of the sandbox' : '/'}: ${to}`);
+      await fsp.rename(`/proc/self/fd/${a.dirs[a.dirs.length - 1]!.fd}/${a.name}`, `/proc/self/fd/${b.dirs[b.dirs.length - 1]!.fd}/${b.name}`).catch((err) => {
+        const code = errCode(err);
+        if (code === 'ENOENT') throw new SandboxError('not_found', `no such file or directory: ${from}`);
+        if (code === 'ENOTEMPTY' || code === 'EEXIST') throw new SandboxError('conflict', `destination is a directory that is not empty: ${to}`);
+        if (code === 'EISDIR' || code === 'ENOTDIR') throw new SandboxError('conflict', `cannot replace ${code === 'EISDIR' ? 'a directory with a non-directory' : 'a non-directory with a directory'}: ${to}`);
+        if (code === 'EXDEV') throw new SandboxError('conflict', `${from} and ${to} are on different mounts of the sandbox; copy instead`);
+        if (code === 'EINVAL') throw new SandboxError('invalid_request', `cannot move a directory into itself: ${to}`);
+        throw err;
+      });
+    } finally {
+      await closeAll(b.dirs);
+    }
+  } finally {
+    await closeAll(a.dirs);
+  }
+}
+
+/** Removes a file, a symlink (not its target) or an empty directory; `notEmpty` tells the caller to remove a tree another way. */
+export async function removeSandboxEntry(map: RootMap, sandboxPath: string): Promise<'removed' | 'notEmpty'> {
+  const r = await walk(map, sandboxPath, { noFollowLast: true });
+  try {
+    if (r.name === null) {
+      if (!r.parts.length) throw new SandboxError('invalid_request', 'cannot remove /');
+      throw new SandboxError('conflict', `${sandboxPath} is a mount point of the sandbox; remove what is in it instead`);
+    }
+    const rel = `/proc/self/fd/${r.dirs[r.dirs.length - 1]!.fd}/${r.name}`;
+    const st = await fsp.lstat(rel).catch((err) => {
+      if (errCode(err) === 'ENOENT') throw new SandboxError('not_found', `no such file or directory: ${sandboxPath}`);
+      throw err;
+    });
+    try {
+      if (st.isDirectory()) await fsp.rmdir(rel);
+      else await fsp.unlink(rel);
+    } catch (err) {
+      const code = errCode(err);
+      if (code === 'ENOTEMPTY' || code === 'EEXIST') return 'notEmpty';
+      if (code === 'ENOENT') throw new SandboxError('not_found', `no such file or directory: ${sandboxPath}`);
+      if (code === 'EBUSY') throw new SandboxError('conflict', `${sandboxPath} is busy (a mount point?)`);
+      throw err;
+    }
+    return 'removed';
+  } finally {
+    await closeAll(r.dirs);
   }
 }

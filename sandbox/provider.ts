@@ -59,6 +59,12 @@ export interface SandboxProvider {
   /** Writes a file at an absolute path inside the sandbox (parents created). */
   writeFile(id: string, path: string, content: Buffer, mode?: number): Promise<void>;
 
+  /**
+   * The running sandbox's tree, for the file operations of ./paths (stream, list, stat, mkdir,
+   * rename, remove); conflict when it is stopped.
+   */
+  fileRoot(id: string): Promise<import('./paths').RootMap>;
+
   /** Reads a file inside the sandbox; throws not_found or payload_too_large (over maxBytes). */
   readFile(id: string, path: string, maxBytes: number): Promise<Buffer>;
 

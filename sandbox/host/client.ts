@@ -7,6 +7,8 @@ import * as http from 'node:http';
 import * as https from 'node:https';
 import { WebSocket } from 'ws';
 import { ExecStream, type ExecStreamHandlers } from './exec-stream';
+import type { Readable } from 'node:stream';
+import type { SandboxEntry } from '../paths';
 import type { CreatedSandbox, CreateSandboxRequest, EntrypointSpec, EntrypointStatus, ExecRequest, ExecRunResult, ExecSessionInfo, SandboxInfo, WireEntrypointLog } from '../types';
 
 /** A decoded server→client exec WebSocket frame (see exec.ts for the wire format). */
@@ -207,6 +209,76 @@ export class HostClient {
     }
   }
 
+  /**
+   * Opens a file of the sandbox for streaming: resolves with the host's answer (its body the file's
+   * bytes, `content-length` its size) once the host has found the file; the caller reads or destroys
+   * it. Throws HostError (not_found, invalid_request for a directory…).
+   */
+  openFileStream(id: string, path: string, opts: { signal?: AbortSignal } = {}): Promise<http.IncomingMessage> {
+    return this.raw('GET', `/sandboxes/${encodeURIComponent(id)}/fs`, { path }, undefined, opts.signal);
+  }
+
+  /** Streams `body` into a file of the sandbox (parents created, truncated first); resolves with its size. */
+  async uploadFile(id: string, path: string, body: Readable, opts: { mode?: number; signal?: AbortSignal } = {}): Promise<{ path: string; size: number }> {
+    const res = await this.raw('PUT', `/sandboxes/${encodeURIComponent(id)}/fs`, { path, mode: opts.mode?.toString(8) }, body, opts.signal);
+    return JSON.parse((await readAll(res)).toString('utf8')) as { path: string; size: number };
+  }
+
+  /** Entries of a directory of the sandbox (lstat of each). */
+  listDir(id: string, path: string): Promise<SandboxEntry[]> {
+    return this.call('GET', `/sandboxes/${encodeURIComponent(id)}/fs/list`, { query: { path } });
+  }
+
+  /** stat of a path of the sandbox (`noFollow`: lstat). Throws HostError not_found. */
+  statPath(id: string, path: string, opts: { noFollow?: boolean } = {}): Promise<SandboxEntry> {
+    return this.call('GET', `/sandboxes/${encodeURIComponent(id)}/fs/stat`, { query: { path, noFollow: opts.noFollow ? 'true' : undefined } });
+  }
+
+  /** mkdir -p inside the sandbox; answers the directory's entry. */
+  makeDir(id: string, path: string): Promise<SandboxEntry> {
+    return this.call('POST', `/sandboxes/${encodeURIComponent(id)}/fs/mkdir`, { body: { path } });
+  }
+
+  /** Renames a path inside the sandbox; answers the entry at its new path. */
+  renamePath(id: string, from: string, to: string): Promise<SandboxEntry> {
+    return this.call('POST', `/sandboxes/${encodeURIComponent(id)}/fs/rename`, { body: { from, to } });
+  }
+
+  /** Removes a path (a tree too, unless `recursive` is false). Throws HostError not_found. */
+  async removePath(id: string, path: string, opts: { recursive?: boolean } = {}): Promise<void> {
+    await this.call('DELETE', `/sandboxes/${encodeURIComponent(id)}/fs`, { query: { path, recursive: opts.recursive === false ? 'false' : undefined } });
+  }
+
+  /** A request whose answer is streamed back (2xx) or thrown as HostError; `body` is streamed out. */
+  private raw(method: string, path: string, query: Query, body: Readable | undefined, signal: AbortSignal | undefined): Promise<http.IncomingMessage> {
+    const q = Object.entries(query).filter(([, v]) => v !== undefined) as [string, string | number][];
+    const url = this.base + path + (q.length ? '?' + new URLSearchParams(q.map(([k, v]): [string, string] => [k, String(v)])).toString() : '');
+    const headers: Record<string, string> = { authorization: `Bearer ${this.token}` };
+    if (body) headers['content-type'] = 'application/octet-stream';
+    return new Promise((resolve, reject) => {
+      const req = (this.secure ? https : http).request(url, { method, headers, agent: this.agent, signal }, (res) => {
+        const status = res.statusCode ?? 0;
+        if (status >= 200 && status < 300) return resolve(res);
+        readAll(res).then((buf) => {
+          let err: { type?: string; message?: string } | undefined;
+          try {
+            err = (JSON.parse(buf.toString('utf8')) as { error?: { type?: string; message?: string } }).error;
+          } catch {
+            err = undefined;
+          }
+          reject(new HostError(err?.type ?? 'internal', status, err?.message ?? `host answered ${status}`));
+        }, reject);
+      });
+      req.on('error', reject);
+      if (!body) {
+        req.end();
+        return;
+      }
+      body.on('error', (err) => req.destroy(err));
+      body.pipe(req);
+    });
+  }
+
   /** Starts the sandbox's entrypoint. Throws HostError conflict when one was started already. */
   startEntrypoint(id: string, spec: EntrypointSpec): Promise<EntrypointStatus> {
     return this.call('POST', `/sandboxes/${encodeURIComponent(id)}/entrypoint`, { body: spec });
@@ -289,4 +361,14 @@ export class HostClient {
   execWebSocketUrl(id: string, sessionId: string): string {
     return `${this.base.replace(/^http/, 'ws')}/sandboxes/${encodeURIComponent(id)}/exec/${encodeURIComponent(sessionId)}/ws`;
   }
+}
+
+/** Reads an answer's body whole (error bodies and small JSON answers only). */
+function readAll(res: http.IncomingMessage): Promise<Buffer> {
+  return new Promise((resolve, reject) => {
+    const chunks: Buffer[] = [];
+    res.on('data', (c: Buffer) => chunks.push(c));
+    res.on('error', reject);
+    res.on('end', () => resolve(Buffer.concat(chunks)));
+  });
 }

@@ -16,6 +16,7 @@ import type { EntrypointLog } from '../base';
 import { bearerMatchesHeader } from './auth';
 import { attachExec, ExecManager } from './exec';
 import { PortForwarder } from './forward';
+import { fileRoutes } from './files';
 import { networkSchema, type SandboxNetwork } from '../network';
 
 /** What the app needs. */
@@ -265,6 +266,7 @@ export function createApp(deps: HostDeps): express.Express {
   }));
 
   deps.exec.routes(app, h, parse);
+  fileRoutes(app, provider, h, parse);
 
   app.use((_req: Request, res: Response) => sendError(res, 'not_found', 'no such route'));
 

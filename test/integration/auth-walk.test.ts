@@ -15,6 +15,8 @@ const PUBLIC: Record<string, string> = {
   '/readyz': 'readiness probe for orchestrators: names the state of MongoDB and Temporal, no data of anyone',
   '/metrics': 'Prometheus scrape: labels hold route patterns and counters, never ids',
   '/openapi.json': 'the description of the API itself',
+  // Signed file URLs (/api/files/<token>) carry their own authorisation, an HMAC over the organisation, sandbox,
+  // path, method and expiry; files.test.ts covers forged, expired and wrong-method tokens (403).
   // Previews served by host name (<sandbox id>-p<port>.<domain>, any path) are public unless created with a
   // bearer token, by design (a browser opens them); previews.test.ts covers their tokens and 404s.
 };
@@ -105,9 +107,17 @@ const BODIES: Record<string, (r: Ids) => unknown> = {
   'POST /api/sandboxes/{id}/agent/{sessionID}/kill': () => ({}),
   'POST /api/secret-stores': () => ({ name: unique('walk-store') }),
   'PUT /api/secret-stores/{id}/secrets/{name}': () => ({ value: 'walk-value' }),
+  'POST /api/sandboxes/{id}/files/rename': () => ({ from: '/tmp/walk-a', to: '/tmp/walk-b' }),
+  'POST /api/sandboxes/{id}/files/download-url': () => ({ path: '/etc/passwd' }),
+  'POST /api/sandboxes/{id}/files/upload-url': () => ({ path: '/tmp/walk.txt' }),
 };
 const QUERIES: Record<string, string> = {
   'GET /api/capacity/calendar': `?from=${new Date(reservationStart).toISOString()}&to=${new Date(reservationStart + 4 * Q).toISOString()}`,
+  'GET /api/sandboxes/{id}/files': '?path=/etc/passwd',
+  'GET /api/sandboxes/{id}/files/stat': '?path=/etc/passwd',
+  'PUT /api/sandboxes/{id}/files': '?path=/tmp/walk.txt',
+  'DELETE /api/sandboxes/{id}/files': '?path=/tmp/walk.txt',
+  'POST /api/sandboxes/{id}/files/mkdir': '?path=/tmp/walk-dir',
 };
 
 /**

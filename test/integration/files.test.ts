@@ -1,0 +1,310 @@
+/**
+ * A sandbox's filesystem through the public API, against real sandboxes: raw HTTP (streamed content,
+ * list, stat, mkdir, rename, remove, signed URLs, bad paths) and the published OpenComputer client.
+ */
+import { createHash } from 'node:crypto';
+import fs from 'node:fs';
+import http from 'node:http';
+import path from 'node:path';
+import { Readable } from 'node:stream';
+import { api, T } from '../helpers/env';
+import { otherOrgKey } from '../helpers/checkpoints';
+import { newSandbox } from '../helpers/exec';
+import { runSdk } from '../helpers/sdk';
+
+let sb: string;
+
+beforeAll(async () => {
+  sb = await newSandbox({});
+});
+
+afterAll(async () => {
+  await api('DELETE', `/api/sandboxes/${sb}`);
+});
+
+const q = (p: string) => encodeURIComponent(p);
+
+/** Runs a shell command in the sandbox and returns its stdout (fails the test on a non-zero exit). */
+async function sh(cmd: string): Promise<string> {
+  const r = await api('POST', `/api/sandboxes/${sb}/exec/run`, { body: { cmd: 'bash', args: ['-c', cmd] } });
+  expect(r.status).toBe(200);
+  if (r.body.exitCode !== 0) throw new Error(`${cmd}: exit ${r.body.exitCode}: ${r.body.stderr}`);
+  return r.body.stdout as string;
+}
+
+/** PUTs raw bytes as a file. */
+function put(p: string, body: string | Buffer, headers: Record<string, string> = {}): Promise<Response> {
+  return fetch(`${T.api()}/api/sandboxes/${sb}/files?path=${q(p)}`, { method: 'PUT', headers: { 'x-api-key': T.key(), ...headers }, body });
+}
+
+/** GETs a file's bytes. */
+async function get(p: string, key: string = T.key()): Promise<{ status: number; bytes: Buffer; headers: Headers }> {
+  const res = await fetch(`${T.api()}/api/sandboxes/${sb}/files?path=${q(p)}`, { headers: { 'x-api-key': key } });
+  return { status: res.status, bytes: Buffer.from(await res.arrayBuffer()), headers: res.headers };
+}
+
+/** The resident memory of a process in kB. */
+function rssKb(pid: number): number {
+  const m = /^VmRSS:\s+(\d+) kB/m.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'));
+  return m ? Number(m[1]) : 0;
+}
+
+/** Samples a process's RSS every 20 ms while `fn` runs; returns fn's value and the highest sample's rise over the first. */
+async function peakRise<T>(pid: number, fn: () => Promise<T>): Promise<{ value: T; riseMb: number }> {
+  const first = rssKb(pid);
+  let peak = first;
+  const timer = setInterval(() => (peak = Math.max(peak, rssKb(pid))), 20);
+  try {
+    const value = await fn();
+    return { value, riseMb: (peak - first) / 1024 };
+  } finally {
+    clearInterval(timer);
+  }
+}
+
+const apiPid = (): number => (JSON.parse(fs.readFileSync(path.join(T.dataDir(), 'stack.json'), 'utf8')) as { pids: { api: number } }).pids.api;
+
+/** `n` MiB of deterministic bytes as a stream (never whole in memory), and their sha256 once read. */
+function patterned(n: number): { stream: Readable; sha256: () => string } {
+  const hash = createHash('sha256');
+  let i = 0;
+  const stream = new Readable({
+    read() {
+      if (i === n) return this.push(null);
+      const chunk = Buffer.alloc(1024 * 1024, i % 251);
+      chunk.writeUInt32BE(i++, 0);
+      hash.update(chunk);
+      this.push(chunk);
+    },
+  });
+  return { stream, sha256: () => hash.digest('hex') };
+}
+
+describe('files over raw HTTP', () => {
+  it('writes, reads, lists, stats, makes directories, renames and removes', async () => {
+    // Content types do not matter: a JSON or NDJSON file is stored as sent, not parsed.
+    expect((await put('/workspace/a/b/hello.txt', 'hello\n', { 'content-type': 'text/plain' })).status).toBe(200);
+    expect((await put('/workspace/a/data.json', '{"not":"parsed"', { 'content-type': 'application/json' })).status).toBe(200);
+    expect((await put('/workspace/a/empty', '')).status).toBe(200);
+    expect((await get('/workspace/a/b/hello.txt')).bytes.toString()).toBe('hello\n');
+    const json = await get('/workspace/a/data.json');
+    expect(json.bytes.toString()).toBe('{"not":"parsed"');
+    expect(json.headers.get('content-length')).toBe('15');
+    expect((await get('/workspace/a/empty')).bytes.length).toBe(0);
+    expect(await sh('cat /workspace/a/b/hello.txt; stat -c "%U %a" /workspace/a/b/hello.txt /workspace/a/b')).toBe('hello\nroot 644\nroot 755\n');
+
+    const list = await api('GET', `/api/sandboxes/${sb}/files/list?path=${q('/workspace/a')}`);
+    expect(list.status).toBe(200);
+    expect(list.body.map((e: { name: string }) => e.name)).toEqual(['b', 'data.json', 'empty']);
+    expect(list.body[0]).toMatchObject({ name: 'b', path: '/workspace/a/b', isDir: true, type: 'dir', size: 0, mode: 0o755 });
+    expect(list.body[1]).toMatchObject({ name: 'data.json', path: '/workspace/a/data.json', isDir: false, type: 'file', size: 15, mode: 0o644 });
+    expect(Date.parse(list.body[1].modTime)).toBeGreaterThan(Date.now() - 60_000);
+
+    const mk = await api('POST', `/api/sandboxes/${sb}/files/mkdir?path=${q('/workspace/x/y/z')}`);
+    expect(mk.status).toBe(200);
+    expect(mk.body).toMatchObject({ path: '/workspace/x/y/z', isDir: true });
+    expect((await api('POST', `/api/sandboxes/${sb}/files/mkdir?path=${q('/workspace/x/y/z')}`)).status).toBe(200); // mkdir -p
+    expect((await api('POST', `/api/sandboxes/${sb}/files/mkdir`, { body: { path: '/workspace/x/w' } })).status).toBe(200);
+    const blocked = await api('POST', `/api/sandboxes/${sb}/files/mkdir?path=${q('/workspace/a/empty/sub')}`);
+    expect(blocked.status).toBe(409);
+    expect(blocked.body.error.type).toBe('conflict');
+
+    const st = await api('GET', `/api/sandboxes/${sb}/files/stat?path=${q('/workspace/a/b/hello.txt')}`);
+    expect(st.body).toMatchObject({ type: 'file', size: 6 });
+    await sh('ln -s /workspace/a/b/hello.txt /workspace/link');
+    expect((await api('GET', `/api/sandboxes/${sb}/files/stat?path=${q('/workspace/link')}`)).body).toMatchObject({ type: 'file', path: '/workspace/a/b/hello.txt' });
+    expect((await api('GET', `/api/sandboxes/${sb}/files/stat?path=${q('/workspace/link')}&noFollow=true`)).body).toMatchObject({
+      type: 'symlink',
+      target: '/workspace/a/b/hello.txt',
+    });
+
+    const mv = await api('POST', `/api/sandboxes/${sb}/files/rename`, { body: { from: '/workspace/a/b/hello.txt', to: '/workspace/moved/hi.txt' } });
+    expect(mv.status).toBe(200);
+    expect(mv.body).toMatchObject({ path: '/workspace/moved/hi.txt', type: 'file', size: 6 });
+    expect((await get('/workspace/a/b/hello.txt')).status).toBe(404);
+    expect((await get('/workspace/moved/hi.txt')).bytes.toString()).toBe('hello\n');
+    expect((await api('POST', `/api/sandboxes/${sb}/files/rename`, { body: { from: '/workspace/nope', to: '/workspace/n2' } })).status).toBe(404);
+    expect((await api('POST', `/api/sandboxes/${sb}/files/rename`, { body: { from: '/workspace/moved/hi.txt', to: '/workspace/x' } })).status).toBe(409);
+
+    const notEmpty = await api('DELETE', `/api/sandboxes/${sb}/files?path=${q('/workspace/x')}&recursive=false`);
+    expect(notEmpty.status).toBe(409);
+    // A removed symlink is the link, not its target.
+    expect((await api('DELETE', `/api/sandboxes/${sb}/files?path=${q('/workspace/link')}`)).status).toBe(200);
+    expect((await api('DELETE', `/api/sandboxes/${sb}/files?path=${q('/workspace/x')}`)).status).toBe(200);
+    expect((await api('DELETE', `/api/sandboxes/${sb}/files?path=${q('/workspace/a/empty')}`)).status).toBe(200);
+    expect(await sh('ls /workspace; ls /workspace/a; test -e /workspace/x || echo gone')).toBe('a\nmoved\nb\ndata.json\ngone\n');
+    const missing = await api('DELETE', `/api/sandboxes/${sb}/files?path=${q('/workspace/x')}`);
+    expect(missing.status).toBe(404);
+    expect(missing.body.error.type).toBe('not_found');
+  });
+
+  it('refuses bad paths with the error body, and never reaches the host', async () => {
+    const secret = path.join('/tmp', `sap-host-secret-${process.pid}`);
+    fs.writeFileSync(secret, 'host secret');
+    try {
+      await sh(`ln -sf ${secret} /workspace/to-host; ln -sf /proc/1/root/etc /workspace/to-proc; mkdir -p /workspace/d`);
+      const cases: [string, number][] = [
+        ['/workspace/../etc/passwd', 400],
+        ['workspace/relative', 400],
+        ['/workspace/d', 400], // a directory where a file is expected
+        ['/workspace/none', 404],
+        ['/workspace/to-host', 404], // the link resolves in the sandbox, where that file does not exist
+        ['/workspace/to-proc/hostname', 400], // the sandbox's /proc is not part of its files
+        ['/proc/self/environ', 400],
+        ['/dev/null', 400],
+      ];
+      for (const [p, status] of cases) {
+        const r = await api('GET', `/api/sandboxes/${sb}/files?path=${q(p)}`);
+        expect({ p, status: r.status, type: typeof r.body?.error?.type }).toEqual({ p, status, type: 'string' });
+        expect(JSON.stringify(r.body)).not.toContain('host secret');
+      }
+      // Writes through a link land inside the sandbox; the host file is untouched.
+      expect((await put('/workspace/to-host', 'overwritten')).status).toBe(200);
+      expect(fs.readFileSync(secret, 'utf8')).toBe('host secret');
+      expect(await sh(`cat ${secret}`)).toBe('overwritten');
+      expect((await put('/proc/sys/kernel/hostname', 'x')).status).toBe(400);
+      expect((await put('/workspace/d', 'x')).status).toBe(400);
+      expect((await api('DELETE', `/api/sandboxes/${sb}/files?path=/`)).status).toBe(400);
+      expect((await api('GET', `/api/sandboxes/${sb}/files/list?path=${q('/workspace/to-host')}`)).status).toBe(400);
+      expect((await api('GET', `/api/sandboxes/${sb}/files`)).status).toBe(400); // no path
+    } finally {
+      fs.rmSync(secret, { force: true });
+    }
+  });
+
+  it('answers 404 for another organisation, 401 without a key, 409 for a stopped sandbox', async () => {
+    const other = await otherOrgKey();
+    expect((await get('/etc/hostname', other)).status).toBe(404);
+    expect((await api('GET', `/api/sandboxes/${sb}/files/list?path=/`, { key: other })).status).toBe(404);
+    expect((await api('PUT', `/api/sandboxes/${sb}/files?path=/x`, { key: other, raw: 'x' })).status).toBe(404);
+    expect((await api('GET', `/api/sandboxes/${sb}/files/list?path=/`, { key: null })).status).toBe(401);
+    const gone = await newSandbox({});
+    expect((await api('DELETE', `/api/sandboxes/${gone}`)).status).toBe(200);
+    const r = await api('GET', `/api/sandboxes/${gone}/files/list?path=/`);
+    expect([404, 409]).toContain(r.status);
+    expect(r.body.error.type).toMatch(/not_found|conflict/);
+  });
+
+  it('streams 100 MB up and down byte for byte while the API stays flat', async () => {
+    const pid = apiPid();
+    const src = patterned(100);
+    const up = await peakRise(pid, () =>
+      new Promise<{ status: number; body: string }>((resolve, reject) => {
+        const req = http.request(`${T.api()}/api/sandboxes/${sb}/files?path=${q('/workspace/big.bin')}`, {
+          method: 'PUT',
+          headers: { 'x-api-key': T.key(), 'content-type': 'application/octet-stream' },
+        });
+        req.on('response', (res) => {
+          let body = '';
+          res.on('data', (c: Buffer) => (body += c.toString()));
+          res.on('end', () => resolve({ status: res.statusCode ?? 0, body }));
+        });
+        req.on('error', reject);
+        src.stream.pipe(req);
+      }),
+    );
+    expect(up.value.status).toBe(200);
+    expect(JSON.parse(up.value.body)).toEqual({ path: '/workspace/big.bin', size: 100 * 1024 * 1024 });
+    const want = src.sha256();
+    expect((await sh('sha256sum /workspace/big.bin')).split(' ')[0]).toBe(want);
+
+    const down = await peakRise(pid, () =>
+      new Promise<{ sha: string; size: number; length: string | undefined }>((resolve, reject) => {
+        http.get(`${T.api()}/api/sandboxes/${sb}/files?path=${q('/workspace/big.bin')}`, { headers: { 'x-api-key': T.key() } }, (res) => {
+          const hash = createHash('sha256');
+          let size = 0;
+          res.on('data', (c: Buffer) => {
+            size += c.length;
+            hash.update(c);
+          });
+          res.on('end', () => resolve({ sha: hash.digest('hex'), size, length: res.headers['content-length'] }));
+          res.on('error', reject);
+        }).on('error', reject);
+      }),
+    );
+    expect(down.value).toEqual({ sha: want, size: 100 * 1024 * 1024, length: String(100 * 1024 * 1024) });
+    // Holding the file would add 100 MB; streaming adds socket buffers.
+    expect(up.riseMb).toBeLessThan(40);
+    expect(down.riseMb).toBeLessThan(40);
+    await sh('rm /workspace/big.bin');
+  }, 120_000);
+
+  it('hands out signed URLs that work without a key, for one file, one method, until they expire', async () => {
+    const mk = async (kind: 'download' | 'upload', p: string, expiresIn?: number) => {
+      const r = await api('POST', `/api/sandboxes/${sb}/files/${kind}-url`, { body: { path: p, ...(expiresIn ? { expiresIn } : {}) } });
+      expect(r.status).toBe(200);
+      expect(Date.parse(r.body.expiresAt)).toBeGreaterThan(Date.now());
+      return r.body.url as string;
+    };
+    const upUrl = await mk('upload', '/workspace/signed.txt');
+    expect(upUrl.startsWith(`${T.api()}/api/files/`)).toBe(true);
+    expect((await fetch(upUrl, { method: 'PUT', body: 'via url', headers: { 'content-type': 'text/plain' } })).status).toBe(200);
+    const downUrl = await mk('download', '/workspace/signed.txt');
+    const d = await fetch(downUrl);
+    expect(d.status).toBe(200);
+    expect(d.headers.get('content-disposition')).toBe('attachment; filename="signed.txt"');
+    expect(await d.text()).toBe('via url');
+    // The wrong method, a changed path or signature, and an expired URL: 403 with the body.
+    const wrong = await fetch(downUrl, { method: 'PUT', body: 'x' });
+    expect(wrong.status).toBe(403);
+    expect(((await wrong.json()) as { error: { type: string } }).error.type).toBe('forbidden');
+    const [payload, sig] = downUrl.split('/api/files/')[1]!.split('.');
+    const forged = Buffer.from(JSON.stringify({ ...JSON.parse(Buffer.from(payload!, 'base64url').toString()), p: '/etc/shadow' })).toString('base64url');
+    expect((await fetch(`${T.api()}/api/files/${forged}.${sig}`)).status).toBe(403);
+    expect((await fetch(`${downUrl.slice(0, -2)}xx`)).status).toBe(403);
+    const short = await mk('download', '/workspace/signed.txt', 1);
+    await new Promise((r) => setTimeout(r, 2100));
+    const expired = await fetch(short);
+    expect(expired.status).toBe(403);
+    expect(((await expired.json()) as { error: { message: string } }).error.message).toMatch(/expired/);
+    expect((await api('POST', `/api/sandboxes/${sb}/files/download-url`, { body: { path: '/x', expiresIn: 999_999 } })).status).toBe(400);
+  });
+});
+
+describe('files through the OpenComputer client', () => {
+  it('read, readBytes, write (text, bytes, stream), list, makeDir, exists, remove, download and upload URLs', async () => {
+    const r = await runSdk(
+      `
+      const sb = await sdk.Sandbox.connect(process.env.SB, opts);
+      await sb.files.write('/workspace/sdk/t.txt', 'text ✓');
+      await sb.files.write('/workspace/sdk/b.bin', new Uint8Array([0, 1, 2, 255]));
+      const chunks = [new TextEncoder().encode('stre'), new TextEncoder().encode('amed')];
+      await sb.files.write('/workspace/sdk/s.txt', new ReadableStream({ pull(c) { const n = chunks.shift(); n ? c.enqueue(n) : c.close(); } }));
+      await sb.files.makeDir('/workspace/sdk/dir/sub');
+      const list = await sb.files.list('/workspace/sdk');
+      const out1 = {
+        text: await sb.files.read('/workspace/sdk/t.txt'),
+        bytes: [...await sb.files.readBytes('/workspace/sdk/b.bin')],
+        streamed: await sb.files.read('/workspace/sdk/s.txt'),
+        list: list.map((e) => [e.name, e.isDir, e.path, e.size]),
+        exists: await sb.files.exists('/workspace/sdk/t.txt'),
+      };
+      await sb.files.remove('/workspace/sdk/dir');
+      out1.existsAfter = await sb.files.exists('/workspace/sdk/dir/sub');
+      const up = await sb.uploadUrl('/workspace/sdk/u.txt');
+      await fetch(up, { method: 'PUT', body: 'uploaded' });
+      out1.viaUrl = await (await fetch(await sb.downloadUrl('/workspace/sdk/u.txt', { expiresIn: 60 }))).text();
+      let err = '';
+      try { await sb.files.read('/workspace/sdk/none'); } catch (e) { err = e.message; }
+      out1.err = err;
+      out(out1);
+    `,
+      { SB: sb },
+    );
+    expect(r).toEqual({
+      text: 'text ✓',
+      bytes: [0, 1, 2, 255],
+      streamed: 'streamed',
+      list: [
+        ['b.bin', false, '/workspace/sdk/b.bin', 4],
+        ['dir', true, '/workspace/sdk/dir', 0],
+        ['s.txt', false, '/workspace/sdk/s.txt', 8],
+        ['t.txt', false, '/workspace/sdk/t.txt', 8],
+      ],
+      exists: true,
+      existsAfter: false,
+      viaUrl: 'uploaded',
+      err: 'Failed to read /workspace/sdk/none: 404',
+    });
+  });
+});
