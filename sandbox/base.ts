@@ -24,7 +24,7 @@ import type {
   SandboxProvider,
   SpawnOptions,
 } from './provider';
-import type { CreateSandboxRequest, EntrypointSpec, EntrypointStatus, PatchOutcome, SandboxInfo } from './types';
+import { HIBERNATION_LAYER_MARK, type CreateSandboxRequest, type EntrypointSpec, type EntrypointStatus, type PatchOutcome, type SandboxInfo } from './types';
 
 /** What a host keeps about a sandbox, in state.json. */
 export interface SandboxState {
@@ -63,6 +63,23 @@ export interface SandboxState {
    * happened (see adoptInterruptedStart), so an entrypoint is never started twice.
    */
   entrypoint?: { wrapper: ProcRef; startedAt: string; timeoutSeconds?: number; starting?: boolean };
+}
+
+/** What a hibernated sandbox (or one being restored) is made again from. */
+interface Respawn {
+  version: 1;
+  kind: 'hibernated' | 'restoring';
+  id: string;
+  orgId: string;
+  owner?: CreateSandboxRequest['owner'];
+  /** The layer to stack (its parents follow from its layer.json). */
+  layer: string;
+  envs: Record<string, string>;
+  cwd?: string;
+  network?: SandboxState['network'];
+  limits: Limits;
+  metadata: Record<string, string>;
+  at: string;
 }
 
 /**
@@ -186,6 +203,8 @@ export abstract class BaseProvider implements SandboxProvider {
   /** Starts detached processes without forking the host (see spawner.ts). */
   protected readonly spawner = new Spawner();
   private readonly lock = new KeyedLock();
+  /** Ids of the sandboxes hibernated on this host (their respawn records). */
+  protected readonly hibernated = new Set<string>();
 
   /** Where sandboxes of sessions keep their files (see ProviderOptions.scratchDir); null: in DATA_DIR. */
   protected scratchDir: string | null = null;
@@ -333,8 +352,144 @@ export abstract class BaseProvider implements SandboxProvider {
 
   protected stateOf(id: string): SandboxState {
     const st = this.states.get(id);
-    if (!st) throw new SandboxError('not_found', `sandbox ${id} not found`);
+    if (!st) {
+      if (this.hibernated.has(id)) throw new SandboxError('conflict', `sandbox ${id} is hibernated; wake it first`);
+      throw new SandboxError('not_found', `sandbox ${id} not found`);
+    }
     return st;
+  }
+
+  /** Where the respawn records of hibernated sandboxes (and of restores under way) are kept. */
+  protected respawnDir(): string {
+    return path.join(this.dataDir, 'hibernated');
+  }
+
+  private async readRespawn(id: string): Promise<Respawn | null> {
+    try {
+      return JSON.parse(await fsp.readFile(path.join(this.respawnDir(), `${id}.json`), 'utf8')) as Respawn;
+    } catch {
+      return null;
+    }
+  }
+
+  /** Writes a respawn record durably (mode 0600: it holds the sandbox's environment). */
+  private async writeRespawn(r: Respawn): Promise<void> {
+    const file = path.join(this.respawnDir(), `${r.id}.json`);
+    const fh = await fsp.open(`${file}.tmp`, 'w', 0o600);
+    try {
+      await fh.writeFile(JSON.stringify(r));
+      await fh.sync();
+    } finally {
+      await fh.close();
+    }
+    await fsp.rename(`${file}.tmp`, file);
+    this.hibernated.add(r.id);
+  }
+
+  private async dropRespawn(id: string): Promise<void> {
+    await fsp.rm(path.join(this.respawnDir(), `${id}.json`), { force: true });
+    this.hibernated.delete(id);
+  }
+
+  /** What it takes to make a live sandbox again under the same id, over `layer`. */
+  private respawnOf(state: SandboxState, layer: string, kind: Respawn['kind']): Respawn {
+    return {
+      version: 1,
+      kind,
+      id: state.id,
+      orgId: state.orgId,
+      ...(state.owner ? { owner: state.owner } : {}),
+      layer,
+      envs: state.envs,
+      ...(state.cwd ? { cwd: state.cwd } : {}),
+      ...(state.network ? { network: state.network } : {}),
+      limits: state.limits,
+      metadata: state.metadata,
+      at: new Date().toISOString(),
+    };
+  }
+
+  /** Creates the sandbox a respawn record describes (idempotent: create is), then forgets the record. */
+  private async respawn(r: Respawn, patches: { id: string; script: string }[]): Promise<SandboxInfo> {
+    const { info } = await this.create({
+      id: r.id,
+      orgId: r.orgId,
+      ...(r.owner ? { owner: r.owner } : {}),
+      layers: [r.layer],
+      envs: r.envs,
+      ...(r.cwd ? { cwd: r.cwd } : {}),
+      ...(r.network ? { network: r.network } : {}),
+      memoryMB: r.limits.memoryMB,
+      cpuCount: r.limits.cpuCount,
+      maxProcesses: r.limits.maxProcesses,
+      diskMB: r.limits.diskMB,
+      metadata: r.metadata,
+      patches,
+    });
+    await this.dropRespawn(r.id);
+    return info;
+  }
+
+  /**
+   * Hibernates a running sandbox: its writable layer becomes read-only layer `layerId` (copied while
+   * it is frozen, like a checkpoint), a respawn record keeps what it was created with, and then it is
+   * destroyed: its processes end, its memory, cgroups, id slot and network link are released.
+   * Idempotent: a sandbox already hibernated answers its layer.
+   */
+  async hibernate(id: string, layerId: string): Promise<{ layerId: string; parents: string[] }> {
+    assertId(id);
+    return this.lock.run(id, async () => {
+      const state = this.states.get(id);
+      if (!state) {
+        const r = await this.readRespawn(id);
+        if (r?.kind === 'hibernated') return { layerId: r.layer, parents: [] };
+        throw new SandboxError('not_found', `sandbox ${id} not found`);
+      }
+      if (state.status !== 'running' || !this.isLive(state)) throw new SandboxError('conflict', `sandbox ${id} is not running`);
+      const layer = await this.checkpoint(id, layerId);
+      await this.writeRespawn(this.respawnOf(state, layerId, 'hibernated'));
+      await this.destroyUnlocked(id);
+      this.log.info({ sandboxId: id, layerId }, 'sandbox hibernated');
+      return layer;
+    });
+  }
+
+  /**
+   * Wakes a hibernated sandbox: the same id, env, limits, network policy and metadata, its files from
+   * the hibernation layer; `patches` run first, in order (a failed one leaves it hibernated and throws
+   * patch_failed). Throws not_found when it is not hibernated here, conflict when it is running.
+   */
+  async wake(id: string, patches: { id: string; script: string }[] = []): Promise<SandboxInfo> {
+    assertId(id);
+    const live = this.states.get(id);
+    if (live) throw new SandboxError('conflict', `sandbox ${id} is ${live.status === 'running' ? 'running' : live.status}, not hibernated`);
+    const r = await this.readRespawn(id);
+    if (!r) throw new SandboxError('not_found', `no hibernated sandbox ${id}`);
+    const info = await this.respawn(r, patches);
+    this.log.info({ sandboxId: id }, 'sandbox woken');
+    return info;
+  }
+
+  /**
+   * Puts a running sandbox's files back to layer `layerId` (a checkpoint of it) in place: the sandbox
+   * is made again under the same id over that layer (its processes end, as at a reboot), then
+   * `patches` run. A host that dies half-way leaves it hibernated over the checkpoint (wake finishes it).
+   */
+  async restore(id: string, layerId: string, patches: { id: string; script: string }[] = []): Promise<SandboxInfo> {
+    assertId(id);
+    assertId(layerId, 'layer id');
+    await this.expandLayers([layerId]);
+    const r = await this.lock.run(id, async () => {
+      const state = this.stateOf(id);
+      if (state.status !== 'running' || !this.isLive(state)) throw new SandboxError('conflict', `sandbox ${id} is not running`);
+      const rec = this.respawnOf(state, layerId, 'restoring');
+      await this.writeRespawn(rec);
+      await this.destroyUnlocked(id);
+      return rec;
+    });
+    const info = await this.respawn(r, patches);
+    this.log.info({ sandboxId: id, layerId }, 'sandbox restored');
+    return info;
   }
 
   async init(): Promise<SandboxInfo[]> {
@@ -369,6 +524,14 @@ export abstract class BaseProvider implements SandboxProvider {
       this.states.set(id, state);
     }
     await this.removeUnlinkedScratch();
+    await fsp.mkdir(this.respawnDir(), { recursive: true, mode: 0o700 });
+    for (const name of await fsp.readdir(this.respawnDir())) {
+      if (!name.endsWith('.json')) continue;
+      const id = name.slice(0, -'.json'.length);
+      // A respawn record next to a live sandbox: the host died after the record, before the destroy.
+      // Hibernation is then redone by the caller's retry; a restore is finished below.
+      if (!this.states.has(id)) this.hibernated.add(id);
+    }
     const all = [...this.states.values()].map((s) => this.info(s));
     this.log.info({ count: all.length, scratchDir: this.scratchDir }, 'sandboxes adopted');
     return all;
@@ -502,7 +665,27 @@ export abstract class BaseProvider implements SandboxProvider {
 
   async destroy(id: string): Promise<boolean> {
     assertId(id);
-    return this.lock.run(id, () => this.destroyUnlocked(id));
+    return this.lock.run(id, async () => {
+      const live = await this.destroyUnlocked(id);
+      const wasHibernated = this.hibernated.has(id) || (await this.readRespawn(id)) !== null;
+      if (wasHibernated) await this.dropRespawn(id);
+      await this.dropHibernationLayers(id);
+      return live || wasHibernated;
+    });
+  }
+
+  /** Removes the hibernation layers of a sandbox that is gone, except those a layer (a checkpoint) stands on. */
+  private async dropHibernationLayers(id: string): Promise<void> {
+    const names = await fsp.readdir(this.layersDir()).catch(() => [] as string[]);
+    const mine = names.filter((n) => n.startsWith(`${id}${HIBERNATION_LAYER_MARK}`) && !n.includes('.tmp-'));
+    if (mine.length === 0) return;
+    const used = new Set<string>();
+    for (const n of names) {
+      if (mine.includes(n) || n.includes('.tmp-')) continue;
+      const m = await fsp.readFile(path.join(this.layersDir(), n, 'layer.json'), 'utf8').then((t) => JSON.parse(t) as { parents?: string[] }, () => ({ parents: [] }));
+      for (const p of m.parents ?? []) used.add(p);
+    }
+    for (const n of mine) if (!used.has(n)) await this.deleteLayer(n).catch((err) => this.log.warn({ err, layerId: n }, 'could not delete a hibernation layer'));
   }
 
   private async destroyUnlocked(id: string): Promise<boolean> {
@@ -861,7 +1044,7 @@ export abstract class BaseProvider implements SandboxProvider {
     }
   }
 
-  async checkpoint(id: string, layerId: string): Promise<{ layerId: string; parents: string[] }> {
+  async checkpoint(id: string, layerId: string): Promise<{ layerId: string; parents: string[]; sizeBytes?: number }> {
     void id;
     void layerId;
     throw new SandboxError('invalid_request', `checkpoints are not supported by the ${this.kind} provider`);

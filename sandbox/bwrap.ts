@@ -626,7 +626,7 @@ export class BwrapProvider extends BaseProvider {
     if (state?.idBase !== undefined) this.idSlots.release(state.idBase);
   }
 
-  override async checkpoint(id: string, layerId: string): Promise<{ layerId: string; parents: string[] }> {
+  override async checkpoint(id: string, layerId: string): Promise<{ layerId: string; parents: string[]; sizeBytes?: number }> {
     assertId(layerId, 'layer id');
     const state = this.stateOf(id);
     const target = path.join(this.layersDir(), layerId);
@@ -654,8 +654,9 @@ export class BwrapProvider extends BaseProvider {
         path.join(tmp, 'layer.json'),
         JSON.stringify({ id: layerId, parents, sandboxId: id, createdAt: new Date().toISOString() }),
       );
+      const du = await execFileP('du', ['-sb', '--apparent-size', tmp]).then((r) => Number(r.stdout.split('\t')[0]), () => NaN);
       await fsp.rename(tmp, target);
-      return { layerId, parents };
+      return { layerId, parents, ...(Number.isFinite(du) ? { sizeBytes: du } : {}) };
     } catch (err) {
       await fsp.rm(tmp, { recursive: true, force: true });
       throw err;

@@ -65,6 +65,15 @@ export interface SandboxProvider {
    */
   fileRoot(id: string): Promise<import('./paths').RootMap>;
 
+  /** See BaseProvider.hibernate: checkpoint to `layerId`, keep a respawn record, destroy. */
+  hibernate(id: string, layerId: string): Promise<{ layerId: string; parents: string[] }>;
+
+  /** See BaseProvider.wake: the hibernated sandbox made again (same id), `patches` run first. */
+  wake(id: string, patches?: { id: string; script: string }[]): Promise<SandboxInfo>;
+
+  /** See BaseProvider.restore: the running sandbox made again over checkpoint layer `layerId`. */
+  restore(id: string, layerId: string, patches?: { id: string; script: string }[]): Promise<SandboxInfo>;
+
   /** Reads a file inside the sandbox; throws not_found or payload_too_large (over maxBytes). */
   readFile(id: string, path: string, maxBytes: number): Promise<Buffer>;
 
@@ -93,7 +102,7 @@ export interface SandboxProvider {
    * Copies the sandbox's writable layer into a read-only layer `layerId` (which references the layers the
    * sandbox was started from). Throws conflict when the layer exists.
    */
-  checkpoint(id: string, layerId: string): Promise<{ layerId: string; parents: string[] }>;
+  checkpoint(id: string, layerId: string): Promise<{ layerId: string; parents: string[]; sizeBytes?: number }>;
 
   /**
    * The argv prefix that runs a host program inside the sandbox's network namespace only (it keeps the

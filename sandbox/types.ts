@@ -158,3 +158,6 @@ export interface ExecRunResult {
   stdout: string;
   stderr: string;
 }
+
+/** Layer ids of hibernations are `<sandbox id>.h<time>`: a host destroying the sandbox finds them by that prefix. */
+export const HIBERNATION_LAYER_MARK = '.h';

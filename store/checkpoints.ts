@@ -17,7 +17,23 @@ export interface CheckpointDoc {
   /** The layers the checkpoint was taken over (its sandbox's own layers), topmost first. */
   parents: string[];
   patchSeq: number;
+  /** `processing` while the host copies the layer; absent in records written before it existed (ready). */
+  status?: 'processing' | 'ready' | 'failed';
+  /** Why it failed (status failed). */
+  error?: string | null;
+  /** Bytes of the layer's own files. */
+  sizeBytes?: number | null;
   createdAt: Date;
+}
+
+/** A checkpoint still `processing` after this long was abandoned (its API died mid-copy): shown as failed. */
+export const CHECKPOINT_STALE_MS = 10 * 60_000;
+
+/** The status of a checkpoint as callers see it. */
+export function checkpointStatus(c: CheckpointDoc, now = Date.now()): { status: 'processing' | 'ready' | 'failed'; error: string | null } {
+  const status = c.status ?? 'ready';
+  if (status === 'processing' && now - c.createdAt.getTime() > CHECKPOINT_STALE_MS) return { status: 'failed', error: 'interrupted: the copy did not finish' };
+  return { status, error: c.error ?? null };
 }
 
 /**

@@ -1,4 +1,6 @@
 import type { Store } from './index';
+import type { HostClient } from '../sandbox/host/client';
+import { HIBERNATION_LAYER_MARK } from '../sandbox/types';
 
 /**
  * A sandbox created through /api/sandboxes (or an instance's): which organisation owns it and
@@ -9,7 +11,11 @@ export interface SandboxDoc {
   _id: string;
   orgId: string;
   hostId: string;
-  status: 'running' | 'stopped' | 'error';
+  status: 'running' | 'hibernated' | 'stopped' | 'error';
+  /** While hibernated: the layer its files were saved to, and when. */
+  hibernation?: { layerId: string; at: Date } | null;
+  /** What an idle `timeout` does: kill (default) or hibernate. */
+  onTimeout?: 'kill' | 'hibernate';
   templateID: string;
   /** JSON text of the caller's metadata object. */
   metadata: string;
@@ -52,4 +58,17 @@ export async function touchSandbox(store: Store, id: string): Promise<void> {
   touched.set(id, now);
   if (touched.size > 10_000) touched.clear();
   await sandboxesOf(store).updateOne({ _id: id }, { $set: { lastActiveAt: new Date(now) } });
+}
+
+/**
+ * Hibernates a running sandbox on its host and records it (status `hibernated`, its layer). The host's
+ * hibernate is idempotent, so a caller that died between the two steps can simply call this again.
+ */
+export async function hibernateSandbox(store: Store, host: HostClient, doc: SandboxDoc): Promise<SandboxDoc> {
+  const layerId = `${doc._id}${HIBERNATION_LAYER_MARK}${Date.now().toString(36)}`;
+  const r = await host.hibernate(doc._id, layerId);
+  const now = new Date();
+  const hibernation = { layerId: r.layerId, at: now };
+  await sandboxesOf(store).updateOne({ _id: doc._id }, { $set: { status: 'hibernated', hibernation, updatedAt: now } });
+  return { ...doc, status: 'hibernated', hibernation, updatedAt: now };
 }

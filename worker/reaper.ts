@@ -3,7 +3,7 @@ import { WorkflowNotFoundError } from '@temporalio/client';
 import type { Logger } from '../lib/logger';
 import type { HostClient } from '../sandbox/host/client';
 import type { Store } from '../store';
-import { sandboxesOf } from '../store/sandboxes';
+import { hibernateSandbox, sandboxesOf } from '../store/sandboxes';
 import { readSession } from '../store/sessions';
 import type { SandboxInfo } from '../sandbox/types';
 
@@ -13,7 +13,7 @@ const GRACE_MS = 60_000;
 /**
  * Destroys sandboxes nobody needs any more: a session's sandbox left behind by a crash (its
  * session has ended, or its workflow is gone), an API or instance sandbox without a record, and
- * an API sandbox idle past its `timeout`. Runs at start, then every `intervalMs` (15 s).
+ * an API sandbox idle past its `timeout` (or hibernates it, when created with onTimeout: hibernate). Runs at start, then every `intervalMs` (15 s).
  */
 export function startReaper(deps: { host: HostClient; store: Store; client: Client; logger: Logger; intervalMs?: number }): { stop(): void; sweep(): Promise<number> } {
   async function sweep(): Promise<number> {
@@ -50,6 +50,11 @@ export function startReaper(deps: { host: HostClient; store: Store; client: Clie
       if (!doc || doc.status === 'stopped') return 'it has no record';
       const last = (doc.lastActiveAt ?? doc.createdAt).getTime();
       if (doc.timeout > 0 && Date.now() - last > doc.timeout * 1000) {
+        if (doc.onTimeout === 'hibernate' && doc.status === 'running') {
+          await hibernateSandbox(deps.store, deps.host, doc);
+          deps.logger.info({ sandboxId: doc._id, timeout: doc.timeout }, 'hibernated an idle sandbox');
+          return false;
+        }
         await sandboxesOf(deps.store).updateOne({ _id: doc._id }, { $set: { status: 'stopped', updatedAt: new Date() } });
         return `idle for more than ${doc.timeout} s`;
       }

@@ -12,6 +12,7 @@ import {
   findOrgCheckpoint,
   listPatches,
   PatchDoc,
+  checkpointStatus,
   patchesOf,
   snapshotsOf,
 } from '../../store/checkpoints';
@@ -27,7 +28,9 @@ export const CheckpointView = z
     sandboxId: z.string(),
     orgId: z.string(),
     name: z.string(),
-    status: z.literal('ready'),
+    status: z.enum(['processing', 'ready', 'failed']).describe('processing while its layer is copied, then ready (or failed, with error)'),
+    error: z.string().nullable(),
+    sizeBytes: z.number().int().describe("Bytes of the sandbox's own files it holds (its writable layer)"),
     sandboxConfig: z.record(z.string(), z.unknown()),
     createdAt: z.string(),
   })
@@ -47,7 +50,29 @@ export const PatchView = z
 
 /** The public form of a checkpoint (the OpenComputer client's CheckpointInfo). */
 export function checkpointView(c: CheckpointDoc): z.infer<typeof CheckpointView> {
-  return { id: c._id, sandboxId: c.sandboxId, orgId: c.orgId, name: c.name, status: 'ready', sandboxConfig: {}, createdAt: c.createdAt.toISOString() };
+  const { status, error } = checkpointStatus(c);
+  return { id: c._id, sandboxId: c.sandboxId, orgId: c.orgId, name: c.name, status, error, sizeBytes: c.sizeBytes ?? 0, sandboxConfig: {}, createdAt: c.createdAt.toISOString() };
+}
+
+const READY_WAIT_MS = 120_000;
+
+/**
+ * The checkpoint once it is ready: a `processing` one (its copy is under way in another request) is
+ * waited for (bounded); a failed one is 409.
+ */
+export async function readyCheckpoint(deps: ApiDeps, cp: CheckpointDoc): Promise<CheckpointDoc> {
+  const deadline = Date.now() + READY_WAIT_MS;
+  let cur = cp;
+  for (;;) {
+    const { status, error } = checkpointStatus(cur);
+    if (status === 'ready') return cur;
+    if (status === 'failed') throw conflict(`checkpoint ${cur._id} failed: ${error ?? 'unknown error'}`);
+    if (Date.now() > deadline) throw conflict(`checkpoint ${cur._id} is still processing`);
+    await new Promise((r) => setTimeout(r, 100));
+    const next = await checkpointsOf(deps.store).findOne({ _id: cur._id });
+    if (!next) throw notFound(`checkpoint ${cur._id}`);
+    cur = next;
+  }
 }
 
 /** The public form of a patch (2.6). */
@@ -81,7 +106,7 @@ export async function checkpointInUse(deps: ApiDeps, cp: CheckpointDoc, exceptSn
       { projection: { _id: 1 } },
     ),
     checkpointsOf(deps.store).findOne({ orgId: cp.orgId, parents: cp.layerId }, { projection: { _id: 1 } }),
-    sandboxesOf(deps.store).findOne({ orgId: cp.orgId, fromCheckpoint: cp._id, status: 'running' }, { projection: { _id: 1 } }),
+    sandboxesOf(deps.store).findOne({ orgId: cp.orgId, fromCheckpoint: cp._id, status: { $in: ['running', 'hibernated'] } }, { projection: { _id: 1 } }),
   ]);
   if (snap) return `snapshot ${snap._id} uses it`;
   if (child) return `checkpoint ${child._id} was taken over it`;
@@ -110,31 +135,40 @@ export function registerCheckpointRoutes(t: RouteTable, deps: ApiDeps): void {
       if (sb.status !== 'running') throw conflict(`sandbox ${sb._id} is ${sb.status}`);
       const id = `cp-${randomId()}`;
       const host = await deps.hosts.get(sb.hostId);
-      let layer: { layerId: string; parents: string[] };
-      try {
-        layer = await host.createCheckpoint(sb._id, id);
-      } catch (err) {
-        const e = err as { type?: string; message?: string };
-        if (e.type === 'not_found' || e.type === 'conflict') throw conflict(`sandbox ${sb._id} cannot be checkpointed: ${e.message}`);
-        throw new ApiError('unavailable', `could not checkpoint the sandbox: ${e.message ?? String(err)}`);
-      }
+      // Recorded as processing first: a list or spawn meanwhile sees it (and a spawn waits for it).
       const doc: CheckpointDoc = {
         _id: id,
         orgId: org.id,
         sandboxId: sb._id,
         hostId: sb.hostId,
         name: body.name || id,
-        layerId: layer.layerId,
-        parents: layer.parents,
+        layerId: id,
+        parents: [],
         patchSeq: 0,
+        status: 'processing',
+        error: null,
+        sizeBytes: null,
         createdAt: new Date(),
       };
+      await checkpointsOf(deps.store).insertOne(doc);
+      let layer: { layerId: string; parents: string[]; sizeBytes?: number };
       try {
-        await checkpointsOf(deps.store).insertOne(doc);
+        layer = await host.createCheckpoint(sb._id, id);
+      } catch (err) {
+        const e = err as { type?: string; message?: string };
+        const message = e.message ?? String(err);
+        await checkpointsOf(deps.store).updateOne({ _id: id }, { $set: { status: 'failed', error: message } });
+        if (e.type === 'not_found' || e.type === 'conflict') throw conflict(`sandbox ${sb._id} cannot be checkpointed: ${message}`);
+        throw new ApiError('unavailable', `could not checkpoint the sandbox: ${message}`);
+      }
+      const done = { layerId: layer.layerId, parents: layer.parents, status: 'ready' as const, sizeBytes: layer.sizeBytes ?? null };
+      try {
+        await checkpointsOf(deps.store).updateOne({ _id: id }, { $set: done });
       } catch (err) {
         await host.deleteLayer(layer.layerId).catch(() => undefined);
         throw err;
       }
+      Object.assign(doc, done);
       res.status(201).json(checkpointView(doc));
     },
   });
@@ -164,9 +198,60 @@ export function registerCheckpointRoutes(t: RouteTable, deps: ApiDeps): void {
     handler: async ({ params, org, res }) => {
       const cp = await getOrgCheckpoint(deps, org.id, params.checkpointId);
       if (cp.sandboxId !== params.id) throw notFound(`checkpoint ${params.checkpointId} of sandbox ${params.id}`);
+      if (checkpointStatus(cp).status === 'processing') throw conflict(`checkpoint ${cp._id} is still processing`);
       const why = await checkpointInUse(deps, cp);
       if (why) throw conflict(`checkpoint ${cp._id} is in use: ${why}`);
       await deleteCheckpoint(deps, cp);
+      res.json(checkpointView(cp));
+    },
+  });
+
+  t.add({
+    method: 'post',
+    path: '/api/sandboxes/:id/checkpoints/:checkpointId/restore',
+    tag: 'checkpoints',
+    summary: "Put the sandbox's files back to a checkpoint in place (same id; its processes end, as at a reboot); the checkpoint's patches run first",
+    params: SandboxParams.extend({ checkpointId: CheckpointId }),
+    responses: { 200: { description: 'The running sandbox', schema: SandboxView } },
+    errors: [409, 503],
+    handler: async ({ params, org, res }) => {
+      const sb = await getOrgSandbox(deps, org.id, params.id);
+      if (sb.status !== 'running') throw conflict(`sandbox ${sb._id} is ${sb.status}; only a running sandbox can be restored`);
+      const cp = await readyCheckpoint(deps, await getOrgCheckpoint(deps, org.id, params.checkpointId));
+      if (cp.hostId !== sb.hostId) throw conflict(`checkpoint ${cp._id} is on host ${cp.hostId}, the sandbox on ${sb.hostId}`);
+      const patches = (await listPatches(deps.store, cp)).map((p) => ({ id: p._id, script: p.script }));
+      const host = await deps.hosts.get(sb.hostId);
+      try {
+        await host.restore(sb._id, cp.layerId, patches);
+      } catch (err) {
+        const e = err as { type?: string; message?: string };
+        if (e.type === 'patch_failed') {
+          // The host keeps it hibernated over the checkpoint: a wake retries the patches.
+          const now = new Date();
+          await sandboxesOf(deps.store).updateOne({ _id: sb._id }, { $set: { status: 'hibernated', hibernation: { layerId: cp.layerId, at: now }, fromCheckpoint: cp._id, updatedAt: now } });
+          throw conflict(`sandbox ${sb._id} was restored but a patch failed, so it is hibernated (wake retries): ${e.message}`);
+        }
+        if (e.type === 'conflict' || e.type === 'not_found') throw conflict(`sandbox ${sb._id} cannot be restored: ${e.message}`);
+        throw new ApiError('unavailable', `could not restore the sandbox: ${e.message ?? String(err)}`);
+      }
+      // It now stands on the checkpoint: that checkpoint cannot be deleted under it, and its patches run at each wake.
+      const now = new Date();
+      const set = { fromCheckpoint: cp._id, lastActiveAt: now, updatedAt: now };
+      await sandboxesOf(deps.store).updateOne({ _id: sb._id }, { $set: set });
+      res.json(sandboxView(deps, { ...sb, ...set }));
+    },
+  });
+
+  t.add({
+    method: 'get',
+    path: '/api/sandboxes/:id/checkpoints/:checkpointId',
+    tag: 'checkpoints',
+    summary: 'Get a checkpoint (its status: processing, ready or failed)',
+    params: SandboxParams.extend({ checkpointId: CheckpointId }),
+    responses: { 200: { description: 'The checkpoint', schema: CheckpointView } },
+    handler: async ({ params, org, res }) => {
+      const cp = await getOrgCheckpoint(deps, org.id, params.checkpointId);
+      if (cp.sandboxId !== params.id) throw notFound(`checkpoint ${params.checkpointId} of sandbox ${params.id}`);
       res.json(checkpointView(cp));
     },
   });
@@ -181,7 +266,7 @@ export function registerCheckpointRoutes(t: RouteTable, deps: ApiDeps): void {
     responses: { 201: { description: 'The running sandbox', schema: SandboxView } },
     errors: [409, 503],
     handler: async ({ params, body, org, res }) => {
-      const cp = await getOrgCheckpoint(deps, org.id, params.checkpointId);
+      const cp = await readyCheckpoint(deps, await getOrgCheckpoint(deps, org.id, params.checkpointId));
       const patches = await listPatches(deps.store, cp);
       const doc = await provisionSandbox(deps, org.id, { ...body, templateID: 'base' }, {
         layers: [cp.layerId],

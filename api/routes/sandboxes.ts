@@ -7,7 +7,8 @@ import { effectiveResources, MIN_MEMORY_MB, overMaximum } from '../../config/lim
 import { randomId } from '../../lib/ids';
 import { fromJsonText } from '../../store';
 import { deleteSandboxPreviews } from '../preview-proxy';
-import { findOrgSandbox, SandboxDoc, sandboxesOf } from '../../store/sandboxes';
+import { findOrgSandbox, hibernateSandbox, SandboxDoc, sandboxesOf } from '../../store/sandboxes';
+import { findOrgCheckpoint, listPatches } from '../../store/checkpoints';
 import { ImageError, resolveImage } from '../../store/checkpoints';
 import { secretEnvOf, SecretStoreMissing, SecretUnreadable } from '../../store/secrets';
 import { networkSchema, normaliseEgress } from '../../sandbox/network';
@@ -28,7 +29,8 @@ export const CreateSandboxBody = z
       .optional()
       .describe("Name of a secret store: its secrets become environment variables (the body's envs win on a clash)"),
     metadata: z.record(z.string(), z.string().max(4096)).default({}),
-    timeout: z.number().int().min(0).max(30 * 24 * 3600).default(0).describe('Idle seconds before the sandbox is destroyed; 0 = never'),
+    timeout: z.number().int().min(0).max(30 * 24 * 3600).default(0).describe('Idle seconds before the sandbox is destroyed (or hibernated: onTimeout); 0 = never'),
+    onTimeout: z.enum(['kill', 'hibernate']).default('kill').describe('What an idle timeout does: kill (default) or hibernate (wake brings it back)'),
     memoryMB: z
       .number()
       .int()
@@ -53,10 +55,12 @@ export const CreateSandboxBody = z
 export const SandboxView = z
   .object({
     sandboxID: z.string(),
-    status: z.enum(['running', 'stopped', 'error']),
+    status: z.enum(['running', 'hibernated', 'stopped', 'error']),
     templateID: z.string(),
     metadata: z.record(z.string(), z.string()),
     timeout: z.number().int(),
+    onTimeout: z.enum(['kill', 'hibernate']),
+    hibernatedAt: z.string().nullable().describe('When it was hibernated (status hibernated), else null'),
     memoryMB: z.number().nullable().describe('The effective memory limit in MB (null: a sandbox created before limits were recorded)'),
     cpuCount: z.number().nullable().describe('The effective CPU quota; 0: no quota, an equal share of the machine'),
     diskMB: z.number().nullable().describe('The effective size of the writable layer in MB'),
@@ -89,6 +93,8 @@ export function sandboxView(deps: ApiDeps, s: SandboxDoc): z.infer<typeof Sandbo
     templateID: s.templateID,
     metadata: fromJsonText<Record<string, string>>(s.metadata) ?? {},
     timeout: s.timeout,
+    onTimeout: s.onTimeout ?? 'kill',
+    hibernatedAt: s.status === 'hibernated' && s.hibernation ? s.hibernation.at.toISOString() : null,
     memoryMB: s.memoryMB,
     cpuCount: s.cpuCount,
     diskMB: s.diskMB ?? null,
@@ -177,6 +183,7 @@ export async function provisionSandbox(
     fromCheckpoint: origin.fromCheckpoint ?? null,
     snapshot: origin.snapshot ?? null,
     timeout: body.timeout,
+    onTimeout: body.onTimeout,
     memoryMB: limits.memoryMB,
     cpuCount: limits.cpuCount,
     diskMB: limits.diskMB,
@@ -256,10 +263,14 @@ export function registerSandboxRoutes(t: RouteTable, deps: ApiDeps): void {
     method: 'get',
     path: '/api/sandboxes',
     tag: 'sandboxes',
-    summary: "List the organisation's running sandboxes",
+    summary: "List the organisation's running and hibernated sandboxes",
     responses: { 200: { description: 'Sandboxes, newest first', schema: z.array(SandboxView) } },
     handler: async ({ org, res }) => {
-      const docs = await sandboxesOf(deps.store).find({ orgId: org.id, status: 'running' }).sort({ createdAt: -1 }).limit(1000).toArray();
+      const docs = await sandboxesOf(deps.store)
+        .find({ orgId: org.id, status: { $in: ['running', 'hibernated'] } })
+        .sort({ createdAt: -1 })
+        .limit(1000)
+        .toArray();
       res.json(docs.map((d) => sandboxView(deps, d)));
     },
   });
@@ -322,6 +333,84 @@ export function registerSandboxRoutes(t: RouteTable, deps: ApiDeps): void {
         perSecretAllowedHosts: {},
         network,
       });
+    },
+  });
+
+  t.add({
+    method: 'post',
+    path: '/api/sandboxes/:id/hibernate',
+    tag: 'sandboxes',
+    summary: 'Hibernate: save its files (its writable layer) and end its processes, releasing memory and cgroups; wake brings it back',
+    params: SandboxParams,
+    responses: { 200: { description: 'The sandbox, now hibernated', schema: SandboxView } },
+    errors: [409, 503],
+    handler: async ({ params, org, res }) => {
+      const doc = await getOrgSandbox(deps, org.id, params.id);
+      if (doc.status === 'hibernated') return void res.json(sandboxView(deps, doc));
+      if (doc.status !== 'running') throw new ApiError('conflict', `sandbox ${doc._id} is ${doc.status}; only a running sandbox can hibernate`);
+      const host = await deps.hosts.get(doc.hostId);
+      let after: SandboxDoc;
+      try {
+        after = await hibernateSandbox(deps.store, host, doc);
+      } catch (err) {
+        const e = err as { type?: string; message?: string };
+        if (e.type === 'conflict' || e.type === 'not_found') throw new ApiError('conflict', `sandbox ${doc._id} cannot hibernate: ${e.message}`);
+        if (e.type === 'invalid_request') throw new ApiError('conflict', `sandbox ${doc._id} cannot hibernate: ${e.message}`);
+        throw new ApiError('unavailable', `could not hibernate the sandbox: ${e.message ?? String(err)}`);
+      }
+      res.json(sandboxView(deps, after));
+    },
+  });
+
+  t.add({
+    method: 'post',
+    path: '/api/sandboxes/:id/wake',
+    tag: 'sandboxes',
+    summary: "Wake a hibernated sandbox: same id, files, env, limits, network policy, metadata and previews; its checkpoint's on_wake patches run first, in sequence order",
+    params: SandboxParams,
+    body: z.object({ timeout: z.number().int().min(0).max(30 * 24 * 3600).optional().describe('A new idle timeout in seconds (0 = none)') }).passthrough(),
+    responses: { 200: { description: 'The running sandbox', schema: SandboxView } },
+    errors: [409, 503],
+    handler: async ({ params, body, org, res }) => {
+      const doc = await getOrgSandbox(deps, org.id, params.id);
+      if (doc.status !== 'hibernated') {
+        const why = doc.status === 'running' ? 'is running' : doc.status === 'stopped' ? 'was killed' : `is ${doc.status}`;
+        throw new ApiError('conflict', `sandbox ${doc._id} ${why}; only a hibernated sandbox can be woken`);
+      }
+      const cp = doc.fromCheckpoint ? await findOrgCheckpoint(deps.store, org.id, doc.fromCheckpoint) : null;
+      const patches = cp ? (await listPatches(deps.store, cp)).map((p) => ({ id: p._id, script: p.script })) : [];
+      const host = await deps.hosts.get(doc.hostId);
+      try {
+        await host.wake(doc._id, patches);
+      } catch (err) {
+        const e = err as { type?: string; message?: string };
+        if (e.type === 'patch_failed') throw new ApiError('conflict', `sandbox ${doc._id} stays hibernated: ${e.message}`);
+        // Already awake on the host (a wake whose record was not written): record it below.
+        if (e.type !== 'conflict') throw new ApiError('unavailable', `could not wake the sandbox: ${e.message ?? String(err)}`);
+      }
+      const now = new Date();
+      const set = { status: 'running' as const, hibernation: null, lastActiveAt: now, updatedAt: now, ...(body.timeout !== undefined ? { timeout: body.timeout } : {}) };
+      await sandboxesOf(deps.store).updateOne({ _id: doc._id }, { $set: set });
+      res.json(sandboxView(deps, { ...doc, ...set }));
+    },
+  });
+
+  t.add({
+    method: 'post',
+    path: '/api/sandboxes/:id/timeout',
+    tag: 'sandboxes',
+    summary: 'Set the idle timeout in seconds (0 = none), counted from now',
+    params: SandboxParams,
+    body: z.object({ timeout: z.number().int().min(0).max(30 * 24 * 3600) }).strict(),
+    responses: { 200: { description: 'The sandbox', schema: SandboxView } },
+    errors: [409],
+    handler: async ({ params, body, org, res }) => {
+      const doc = await getOrgSandbox(deps, org.id, params.id);
+      if (doc.status === 'stopped') throw new ApiError('conflict', `sandbox ${doc._id} was killed`);
+      const now = new Date();
+      const set = { timeout: body.timeout, lastActiveAt: now, updatedAt: now };
+      await sandboxesOf(deps.store).updateOne({ _id: doc._id }, { $set: set });
+      res.json(sandboxView(deps, { ...doc, ...set }));
     },
   });
 

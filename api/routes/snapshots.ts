@@ -16,7 +16,7 @@ import {
 } from '../../store/checkpoints';
 import { sandboxesOf } from '../../store/sandboxes';
 import { buildSnapshot, chainHash, reapStaleBuild } from '../snapshot-builder';
-import { checkpointInUse, deleteCheckpoint, getOrgCheckpoint } from './checkpoints';
+import { checkpointInUse, deleteCheckpoint, getOrgCheckpoint, readyCheckpoint } from './checkpoints';
 import { hostTaskQueue } from '../../config';
 
 const noDotDot = (p: string) => !p.split('/').includes('..');
@@ -149,8 +149,9 @@ export function registerSnapshotRoutes(t: RouteTable, deps: ApiDeps): void {
       if (builderMB !== undefined && builderMB > deps.cfg.limits.maxMemoryMB) {
         throw invalid(`body.image.builderMemoryMB: ${builderMB} is above the maximum of ${deps.cfg.limits.maxMemoryMB} MB (SANDBOX_MAX_MEMORY_MB)`);
       }
-      const cp = body.checkpointId ? await getOrgCheckpoint(deps, org.id, body.checkpointId).catch(() => null) : null;
-      if (body.checkpointId && !cp) throw invalid(`body.checkpointId: checkpoint ${body.checkpointId} not found`);
+      const found = body.checkpointId ? await getOrgCheckpoint(deps, org.id, body.checkpointId).catch(() => null) : null;
+      if (body.checkpointId && !found) throw invalid(`body.checkpointId: checkpoint ${body.checkpointId} not found`);
+      const cp = found ? await readyCheckpoint(deps, found) : null;
       const now = new Date();
       const manifest: ImageManifest = body.image ?? { base: 'base', steps: [] };
       const doc: SnapshotDoc = {

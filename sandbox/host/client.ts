@@ -303,8 +303,23 @@ export class HostClient {
   }
 
   /** Captures the sandbox's writable layer as read-only layer `checkpointId`. Throws HostError conflict when it exists. */
-  createCheckpoint(id: string, checkpointId: string): Promise<{ layerId: string; parents: string[] }> {
+  createCheckpoint(id: string, checkpointId: string): Promise<{ layerId: string; parents: string[]; sizeBytes?: number }> {
     return this.call('POST', `/sandboxes/${encodeURIComponent(id)}/checkpoints`, { body: { checkpointId } });
+  }
+
+  /** Hibernates a running sandbox into layer `layerId` (see BaseProvider.hibernate); idempotent. */
+  hibernate(id: string, layerId: string): Promise<{ layerId: string; parents: string[] }> {
+    return this.call('POST', `/sandboxes/${encodeURIComponent(id)}/hibernate`, { body: { layerId } });
+  }
+
+  /** Wakes a hibernated sandbox, running `patches` first. Throws HostError not_found, conflict, patch_failed. */
+  wake(id: string, patches: { id: string; script: string }[] = []): Promise<SandboxInfo> {
+    return this.call('POST', `/sandboxes/${encodeURIComponent(id)}/wake`, { body: { patches } });
+  }
+
+  /** Puts a running sandbox back to checkpoint layer `layerId` in place (its processes end), then runs `patches`. */
+  restore(id: string, layerId: string, patches: { id: string; script: string }[] = []): Promise<SandboxInfo> {
+    return this.call('POST', `/sandboxes/${encodeURIComponent(id)}/restore`, { body: { layerId, patches } });
   }
 
   /** Deletes a layer; false when it did not exist. */

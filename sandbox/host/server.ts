@@ -104,6 +104,12 @@ const schemas = {
     query: z.object({ stream: z.enum(['stdout', 'stderr']).default('stdout'), maxBytes: z.coerce.number().int().positive().optional() }),
   }),
   checkpoint: z.object({ params: idParam, body: z.object({ checkpointId: z.string().min(1) }) }),
+  hibernate: z.object({ params: idParam, body: z.object({ layerId: z.string().min(1) }) }),
+  wake: z.object({ params: idParam, body: z.object({ patches: z.array(z.object({ id: z.string().min(1), script: z.string() })).default([]) }) }),
+  restore: z.object({
+    params: idParam,
+    body: z.object({ layerId: z.string().min(1), patches: z.array(z.object({ id: z.string().min(1), script: z.string() })).default([]) }),
+  }),
   layer: z.object({ params: z.object({ layerId: z.string().min(1) }) }),
   port: z.object({ params: z.object({ id: z.string().min(1), port: z.coerce.number().int().min(1).max(65535) }) }),
 };
@@ -240,6 +246,26 @@ export function createApp(deps: HostDeps): express.Express {
   app.post('/sandboxes/:id/checkpoints', h(async (req, res) => {
     const { params, body } = parse(schemas.checkpoint, req);
     res.status(201).json(await provider.checkpoint(params.id, body.checkpointId));
+  }));
+
+  // Hibernate and restore end the sandbox's processes: its exec sessions and forwards go first.
+  app.post('/sandboxes/:id/hibernate', h(async (req, res) => {
+    const { params, body } = parse(schemas.hibernate, req);
+    deps.exec.dropSandbox(params.id);
+    deps.forward?.dropSandbox(params.id);
+    res.json(await provider.hibernate(params.id, body.layerId));
+  }));
+
+  app.post('/sandboxes/:id/wake', h(async (req, res) => {
+    const { params, body } = parse(schemas.wake, req);
+    res.json(await provider.wake(params.id, body.patches));
+  }));
+
+  app.post('/sandboxes/:id/restore', h(async (req, res) => {
+    const { params, body } = parse(schemas.restore, req);
+    deps.exec.dropSandbox(params.id);
+    deps.forward?.dropSandbox(params.id);
+    res.json(await provider.restore(params.id, body.layerId, body.patches));
   }));
 
   app.delete('/layers/:layerId', h(async (req, res) => {

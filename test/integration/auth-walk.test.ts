@@ -107,6 +107,7 @@ const BODIES: Record<string, (r: Ids) => unknown> = {
   'POST /api/sandboxes/{id}/agent/{sessionID}/kill': () => ({}),
   'POST /api/secret-stores': () => ({ name: unique('walk-store') }),
   'PUT /api/secret-stores/{id}/secrets/{name}': () => ({ value: 'walk-value' }),
+  'POST /api/sandboxes/{id}/timeout': () => ({ timeout: 3600 }),
   'POST /api/sandboxes/{id}/files/rename': () => ({ from: '/tmp/walk-a', to: '/tmp/walk-b' }),
   'POST /api/sandboxes/{id}/files/download-url': () => ({ path: '/etc/passwd' }),
   'POST /api/sandboxes/{id}/files/upload-url': () => ({ path: '/tmp/walk.txt' }),
