@@ -263,6 +263,50 @@ export async function killAndWait(host: HostClient, sandboxId: string, execId: s
   return info;
 }
 
+/** Starts an exec session on the sandbox's host and records it (the command is killed if the record fails). */
+async function startRecordedExec(deps: ApiDeps, orgId: string, sandboxId: string, body: z.infer<typeof CreateExecBody>): Promise<{ doc: ExecDoc; info: ExecSessionInfo }> {
+  const host = await sandboxHost(deps, orgId, sandboxId);
+  let info: ExecSessionInfo;
+  try {
+    info = await host.createExec(sandboxId, body);
+  } catch (err) {
+    throw fromHostError(err, `sandbox ${sandboxId}`);
+  }
+  const doc: ExecDoc = {
+    _id: info.sessionID,
+    orgId,
+    sandboxId,
+    command: body.cmd,
+    args: body.args,
+    startedAt: new Date(info.startedAt),
+    exitedAt: null,
+    exitCode: null,
+  };
+  try {
+    await execSessionsOf(deps.store).insertOne(doc);
+  } catch (err) {
+    await host.killExec(sandboxId, info.sessionID).catch(() => undefined);
+    throw err;
+  }
+  rememberTarget(doc._id, { orgId, sandboxId, execId: doc._id, kind: 'exec' });
+  return { doc, info };
+}
+
+/** How long GET …/result waits for a running command before answering `running: true` (the client polls again). */
+const RESULT_WAIT_MS = 1000;
+
+export const ExecResultView = z
+  .object({
+    execId: z.string(),
+    running: z.boolean(),
+    exitCode: z.number().int().nullable(),
+    timedOut: z.boolean().describe('Killed by its timeout'),
+    stdout: z.string().describe('The last 1 MiB of its stdout (so far, while running)'),
+    stderr: z.string(),
+    error: z.string().optional(),
+  })
+  .openapi('ExecResult');
+
 /** /api/sandboxes/:id/exec: start, list, read, kill, run (the OpenComputer API's shapes). */
 export function registerExecRoutes(t: RouteTable, deps: ApiDeps): void {
   ensureExecIndexes(deps.store).catch((err: unknown) => deps.logger.warn({ err }, 'exec indexes not created'));
@@ -277,30 +321,7 @@ export function registerExecRoutes(t: RouteTable, deps: ApiDeps): void {
     responses: { 201: { description: 'The running exec session', schema: ExecSessionView } },
     errors: [409, 502, 503],
     handler: async ({ params, body, org, res }) => {
-      const host = await sandboxHost(deps, org.id, params.id);
-      let info: ExecSessionInfo;
-      try {
-        info = await host.createExec(params.id, body);
-      } catch (err) {
-        throw fromHostError(err, `sandbox ${params.id}`);
-      }
-      const doc: ExecDoc = {
-        _id: info.sessionID,
-        orgId: org.id,
-        sandboxId: params.id,
-        command: body.cmd,
-        args: body.args,
-        startedAt: new Date(info.startedAt),
-        exitedAt: null,
-        exitCode: null,
-      };
-      try {
-        await execSessionsOf(deps.store).insertOne(doc);
-      } catch (err) {
-        await host.killExec(params.id, info.sessionID).catch(() => undefined);
-        throw err;
-      }
-      rememberTarget(doc._id, { orgId: org.id, sandboxId: params.id, execId: doc._id, kind: 'exec' });
+      const { doc, info } = await startRecordedExec(deps, org.id, params.id, body);
       res.status(201).json(view(doc, info));
     },
   });
@@ -346,6 +367,48 @@ export function registerExecRoutes(t: RouteTable, deps: ApiDeps): void {
       } catch (err) {
         throw fromHostError(err, `sandbox ${params.id}`);
       }
+    },
+  });
+
+  t.add({
+    method: 'post',
+    path: '/api/sandboxes/:id/exec/run-async',
+    tag: 'exec',
+    summary: 'Start a command to completion in the background; poll GET …/exec/{execId}/result for its exit code and output (the client’s exec.run)',
+    params: SandboxParams,
+    body: RunExecBody.omit({ stdin: true }),
+    responses: { 201: { description: 'The handle to poll', schema: z.object({ execId: z.string(), sessionID: z.string() }) } },
+    errors: [409, 502, 503],
+    handler: async ({ params, body, org, res }) => {
+      const { doc } = await startRecordedExec(deps, org.id, params.id, { ...body, maxRunAfterDisconnect: undefined });
+      res.status(201).json({ execId: doc._id, sessionID: doc._id });
+    },
+  });
+
+  t.add({
+    method: 'get',
+    path: '/api/sandboxes/:id/exec/:sessionID/result',
+    tag: 'exec',
+    summary: `The exit code and output of an exec session; waits up to ${RESULT_WAIT_MS} ms for a running one to exit first`,
+    params: ExecSessionParams,
+    responses: { 200: { description: 'running: true until it exits', schema: ExecResultView } },
+    errors: [502, 503],
+    handler: async ({ params, org, res }) => {
+      const host = await sandboxHost(deps, org.id, params.id);
+      const doc = await orgExec(deps, org.id, params.id, params.sessionID);
+      let r;
+      try {
+        r = await host.execResult(params.id, doc._id, { waitMs: RESULT_WAIT_MS });
+      } catch (err) {
+        if ((err as { status?: number }).status === 404) {
+          // The host no longer has it (restarted, or the sandbox is gone): what the record says.
+          res.json({ execId: doc._id, running: false, exitCode: doc.exitCode, timedOut: false, stdout: '', stderr: '', error: 'its output is no longer kept (the sandbox or its host restarted)' });
+          return;
+        }
+        throw fromHostError(err, `exec session ${doc._id}`);
+      }
+      noteExit(deps, 'exec', doc._id, r, doc);
+      res.json({ execId: doc._id, running: r.running, exitCode: r.exitCode, timedOut: r.timedOut, stdout: r.stdout, stderr: r.stderr });
     },
   });
 

@@ -349,6 +349,11 @@ export class HostClient {
     return this.call('GET', `/sandboxes/${encodeURIComponent(id)}/exec/${encodeURIComponent(sessionId)}`);
   }
 
+  /** An exec session with its output so far (the last 1 MiB of each stream); `waitMs` (≤ 30000) waits for its exit first. */
+  execResult(id: string, sessionId: string, opts: { waitMs?: number; signal?: AbortSignal } = {}): Promise<ExecSessionInfo & { timedOut: boolean; stdout: string; stderr: string }> {
+    return this.call('GET', `/sandboxes/${encodeURIComponent(id)}/exec/${encodeURIComponent(sessionId)}/result`, { query: { waitMs: opts.waitMs }, signal: opts.signal });
+  }
+
   /** Signals an exec session's process group (default SIGKILL). */
   killExec(id: string, sessionId: string, signal?: string): Promise<ExecSessionInfo> {
     return this.call('POST', `/sandboxes/${encodeURIComponent(id)}/exec/${encodeURIComponent(sessionId)}/kill`, { body: { signal } });

@@ -152,6 +152,12 @@ export class ExecSession {
     };
   }
 
+  /** What the scrollback holds of each stream (the last 1 MiB of each), as text. */
+  collected(): { stdout: string; stderr: string } {
+    const pick = (kind: number) => Buffer.concat(this.scrollback.filter((c) => c.kind === kind).map((c) => c.data)).toString('utf8');
+    return { stdout: pick(FRAME_STDOUT), stderr: pick(FRAME_STDERR) };
+  }
+
   /** Signals the command's whole process group; no-op once it exited. */
   kill(signal: NodeJS.Signals | number = 'SIGKILL'): void {
     if (!this.running || !this.child.pid) return;
@@ -377,6 +383,21 @@ export class ExecManager {
     app.get('/sandboxes/:id/exec/:sid', h(async (req, res) => {
       const { params } = parse(z.object({ params: sessionParams }), req);
       res.json(this.get(params.id, params.sid).info());
+    }));
+    // The result so far: waits up to waitMs (at most 30 s) for the command to exit first.
+    app.get('/sandboxes/:id/exec/:sid/result', h(async (req, res) => {
+      const { params, query } = parse(
+        z.object({ params: sessionParams, query: z.object({ waitMs: z.coerce.number().int().min(0).max(30_000).default(0) }) }),
+        req,
+      );
+      const s = this.get(params.id, params.sid);
+      if (s.running && query.waitMs > 0) {
+        let timer: NodeJS.Timeout | undefined;
+        const gone = new Promise<void>((resolve) => res.on('close', resolve));
+        await Promise.race([s.wait(), gone, new Promise<void>((resolve) => (timer = setTimeout(resolve, query.waitMs)))]);
+        clearTimeout(timer);
+      }
+      res.json({ ...s.info(), timedOut: s.timedOut, ...s.collected() });
     }));
     app.post('/sandboxes/:id/exec/:sid/kill', h(async (req, res) => {
       const { params, body } = parse(

@@ -102,6 +102,7 @@ const BODIES: Record<string, (r: Ids) => unknown> = {
   'POST /api/sandboxes/{id}/preview': () => ({ port: PORT + 1 }),
   'POST /api/sandboxes/{id}/exec': () => ({ cmd: 'true' }),
   'POST /api/sandboxes/{id}/exec/run': () => ({ cmd: 'true' }),
+  'POST /api/sandboxes/{id}/exec/run-async': () => ({ cmd: 'true' }),
   'POST /api/sandboxes/{id}/exec/{sessionID}/kill': () => ({}),
   'POST /api/sandboxes/{id}/agent': () => ({ runner: ['true'] }),
   'POST /api/sandboxes/{id}/agent/{sessionID}/kill': () => ({}),
