@@ -12,6 +12,8 @@ import { findOrgCheckpoint, listPatches } from '../../store/checkpoints';
 import { ImageError, resolveImage } from '../../store/checkpoints';
 import { secretEnvOf, SecretStoreMissing, SecretUnreadable } from '../../store/secrets';
 import { networkSchema, normaliseEgress } from '../../sandbox/network';
+import { ImageManifestSchema } from '../image-schema';
+import { imageSnapshot, sseIfAsked } from './snapshots';
 
 const EgressView = z.union([z.enum(['internet', 'none']), z.object({ allow: z.array(z.string()) })]);
 const EnvName = z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'must be a valid environment variable name');
@@ -21,6 +23,10 @@ export const CreateSandboxBody = z
   .object({
     templateID: z.string().min(1).max(200).default('base'),
     snapshot: z.string().min(1).max(200).optional(),
+    image: ImageManifestSchema.optional().describe(
+      'An image manifest (the client\'s Image): built once per manifest and cached as the snapshot image-<hash>, then the sandbox starts from it. ' +
+        'With Accept: text/event-stream the answer streams build_log events and ends with result (the sandbox) or error.',
+    ),
     envs: z.record(EnvName, z.string().max(32768)).default({}),
     secretStore: z
       .string()
@@ -250,8 +256,34 @@ export function registerSandboxRoutes(t: RouteTable, deps: ApiDeps): void {
     body: CreateSandboxBody,
     responses: { 201: { description: 'The running sandbox', schema: SandboxView } },
     errors: [503],
-    handler: async ({ body, org, res }) => {
+    handler: async ({ body, org, req, res }) => {
       if (body.templateID !== 'base') throw new ApiError('invalid_request', `body.templateID: unknown template ${body.templateID}; only "base" exists`);
+      if (body.image && body.snapshot) throw new ApiError('invalid_request', 'body: give at most one of image and snapshot');
+      if (body.image) {
+        const image = body.image;
+        const builderMB = image.builderMemoryMB;
+        if (builderMB !== undefined && builderMB > deps.cfg.limits.maxMemoryMB) {
+          throw invalid(`body.image.builderMemoryMB: ${builderMB} is above the maximum of ${deps.cfg.limits.maxMemoryMB} MB (SANDBOX_MAX_MEMORY_MB)`);
+        }
+        const stream = sseIfAsked(req, res);
+        if (!stream) {
+          const snap = await imageSnapshot(deps, org.id, image, () => undefined);
+          const doc = await provisionSandbox(deps, org.id, body, await snapshotOrigin(deps, org.id, snap._id));
+          res.status(201).json(sandboxView(deps, doc));
+          return;
+        }
+        // The answer has begun (200, text/event-stream): failures become an error event.
+        try {
+          const snap = await imageSnapshot(deps, org.id, image, (e) => stream.send('build_log', e));
+          const doc = await provisionSandbox(deps, org.id, body, await snapshotOrigin(deps, org.id, snap._id));
+          stream.send('result', sandboxView(deps, doc));
+        } catch (err) {
+          stream.send('error', { error: (err as Error).message, type: err instanceof ApiError ? err.type : 'internal' });
+        } finally {
+          stream.end();
+        }
+        return;
+      }
       const doc = body.snapshot
         ? await provisionSandbox(deps, org.id, body, await snapshotOrigin(deps, org.id, body.snapshot))
         : await provisionSandbox(deps, org.id, body);

@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import { z } from 'zod';
 import type { Response } from 'express';
 import type { ApiDeps } from '../deps';
@@ -19,41 +20,8 @@ import { buildSnapshot, chainHash, reapStaleBuild } from '../snapshot-builder';
 import { checkpointInUse, deleteCheckpoint, getOrgCheckpoint, readyCheckpoint } from './checkpoints';
 import { hostTaskQueue } from '../../config';
 
-const noDotDot = (p: string) => !p.split('/').includes('..');
-const AbsPath = z.string().min(2).max(4096).startsWith('/', 'must be an absolute path').refine(noDotDot, 'must not contain ..');
-const EnvName = z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'must be a valid environment variable name');
-const Packages = (re: RegExp) => z.array(z.string().min(1).max(200).regex(re, 'must be a package name (no spaces, no leading -)')).min(1).max(500);
-
-/** One manifest step, in the open API's shape (`{ type, args }`). */
-export const ImageStepSchema = z.discriminatedUnion('type', [
-  z.object({ type: z.literal('run'), args: z.object({ commands: z.array(z.string().min(1).max(64 * 1024)).min(1).max(200) }) }),
-  z.object({ type: z.literal('apt_install'), args: z.object({ packages: Packages(/^[A-Za-z0-9][A-Za-z0-9+.:=~_-]*$/) }) }),
-  z.object({ type: z.literal('pip_install'), args: z.object({ packages: Packages(/^[A-Za-z0-9][^\s]*$/) }) }),
-  z.object({ type: z.literal('env'), args: z.object({ vars: z.record(EnvName, z.string().max(32 * 1024)) }) }),
-  z.object({ type: z.literal('workdir'), args: z.object({ path: AbsPath }) }),
-  z.object({
-    type: z.literal('add_file'),
-    args: z.object({ path: AbsPath, content: z.string(), encoding: z.enum(['base64', 'utf8']).default('base64') }),
-  }),
-  z.object({
-    type: z.literal('add_dir'),
-    args: z.object({
-      path: AbsPath,
-      files: z
-        .array(z.object({ relativePath: z.string().min(1).max(4096).refine((p) => !p.startsWith('/') && noDotDot(p), 'must be a relative path without ..'), content: z.string() }))
-        .max(10_000),
-    }),
-  }),
-]);
-
-/** An image manifest: the base image and its build steps. */
-export const ImageManifestSchema = z
-  .object({
-    base: z.literal('base', { message: 'only the "base" image exists' }).default('base'),
-    steps: z.array(ImageStepSchema).max(500).default([]),
-    builderMemoryMB: z.number().int().min(64).optional().describe('Memory limit of the build sandbox in MB; default SANDBOX_MEMORY_MB, at most SANDBOX_MAX_MEMORY_MB'),
-  })
-  .openapi('ImageManifest');
+export { ImageManifestSchema, ImageStepSchema } from '../image-schema';
+import { ImageManifestSchema } from '../image-schema';
 
 const SnapshotName = z
   .string()
@@ -128,6 +96,91 @@ function sse(res: Response): { send(event: string, data: unknown): void; end(): 
   };
 }
 
+/** A new snapshot record, `building`, named `name` (not stored yet). */
+function newSnapshotDoc(orgId: string, name: string, manifest: ImageManifest): SnapshotDoc {
+  const now = new Date();
+  return {
+    _id: `snap-${randomId()}`,
+    orgId,
+    name,
+    status: 'building',
+    contentHash: null,
+    checkpointId: null,
+    hostId: null,
+    layerId: null,
+    ownsCheckpoint: false,
+    manifest: JSON.stringify(manifest),
+    env: [],
+    workdir: null,
+    error: null,
+    build: null,
+    createdAt: now,
+    updatedAt: now,
+    lastUsedAt: now,
+  };
+}
+
+/** The name under which an image given at sandbox create is cached: `image-` + 24 hex digits of its manifest's hash. */
+export function imageCacheName(manifest: ImageManifest): string {
+  const canonical = JSON.stringify({ base: manifest.base, steps: manifest.steps });
+  return `image-${createHash('sha256').update(canonical).digest('hex').slice(0, 24)}`;
+}
+
+const IMAGE_WAIT_MS = 30 * 60_000;
+
+/**
+ * The snapshot of an image given at sandbox create, built once per organisation and manifest: a ready
+ * one is reused (no build); one being built by another request is waited for; a failed one is built
+ * again; otherwise it is built here, its steps' output going to `log`. Throws conflict when the
+ * build fails (with its error).
+ */
+export async function imageSnapshot(deps: ApiDeps, orgId: string, manifest: ImageManifest, log: (e: { step: number; type: string; message: string }) => void): Promise<SnapshotDoc> {
+  const name = imageCacheName(manifest);
+  const deadline = Date.now() + IMAGE_WAIT_MS;
+  for (let attempt = 0; ; attempt++) {
+    const found = await findOrgSnapshot(deps.store, orgId, name);
+    const cur = found ? await reapStaleBuild(deps, found) : null;
+    if (cur?.status === 'ready') {
+      log({ step: 0, type: 'cache', message: `image ${name} is built already (snapshot ${cur._id}): no build` });
+      return cur;
+    }
+    if (cur?.status === 'failed') {
+      if (attempt > 0) throw conflict(`the image build failed: ${cur.error ?? 'unknown error'}`);
+      // A failed build of the same manifest is built again (it may have been a network failure).
+      await snapshotsOf(deps.store).deleteOne({ _id: cur._id });
+      await snapshotNamesOf(deps.store).deleteOne({ _id: snapshotNameKey(orgId, name) });
+      continue;
+    }
+    if (cur?.status === 'building') {
+      if (Date.now() > deadline) throw conflict(`image ${name} is still building`);
+      await new Promise((r) => setTimeout(r, 500));
+      attempt = -1;
+      continue;
+    }
+    const doc = newSnapshotDoc(orgId, name, manifest);
+    try {
+      await snapshotNamesOf(deps.store).insertOne({ _id: snapshotNameKey(orgId, name), snapshotId: doc._id });
+    } catch (err) {
+      if (isDuplicateKey(err)) continue; // another request started the build just now
+      throw err;
+    }
+    try {
+      await snapshotsOf(deps.store).insertOne(doc);
+    } catch (err) {
+      await snapshotNamesOf(deps.store).deleteOne({ _id: snapshotNameKey(orgId, name) });
+      throw err;
+    }
+    const done = await buildSnapshot(deps, doc, manifest, log);
+    if (done.status !== 'ready') throw conflict(`the image build failed: ${done.error ?? 'unknown error'}`);
+    return done;
+  }
+}
+
+/** Server-Sent Events when the request asks for them (Accept: text/event-stream), else null. */
+export function sseIfAsked(req: import('express').Request, res: Response): ReturnType<typeof sse> | null {
+  return (req.header('accept') ?? '').includes('text/event-stream') ? sse(res) : null;
+}
+
 /** /api/snapshots: build (from an image manifest) or take (from a checkpoint), list, read, delete. */
 export function registerSnapshotRoutes(t: RouteTable, deps: ApiDeps): void {
   t.add({
@@ -152,27 +205,8 @@ export function registerSnapshotRoutes(t: RouteTable, deps: ApiDeps): void {
       const found = body.checkpointId ? await getOrgCheckpoint(deps, org.id, body.checkpointId).catch(() => null) : null;
       if (body.checkpointId && !found) throw invalid(`body.checkpointId: checkpoint ${body.checkpointId} not found`);
       const cp = found ? await readyCheckpoint(deps, found) : null;
-      const now = new Date();
       const manifest: ImageManifest = body.image ?? { base: 'base', steps: [] };
-      const doc: SnapshotDoc = {
-        _id: `snap-${randomId()}`,
-        orgId: org.id,
-        name: body.name,
-        status: 'building',
-        contentHash: null,
-        checkpointId: null,
-        hostId: null,
-        layerId: null,
-        ownsCheckpoint: false,
-        manifest: JSON.stringify(manifest),
-        env: [],
-        workdir: null,
-        error: null,
-        build: null,
-        createdAt: now,
-        updatedAt: now,
-        lastUsedAt: now,
-      };
+      const doc = newSnapshotDoc(org.id, body.name, manifest);
       try {
         await snapshotNamesOf(deps.store).insertOne({ _id: snapshotNameKey(org.id, body.name), snapshotId: doc._id });
       } catch (err) {
