@@ -23,6 +23,7 @@ import { closeWith, registerExecRoutes, registerExecSocket } from './routes/exec
 import { registerSandboxAgentRoutes } from './routes/sandbox-agents';
 import { registerSecretStoreRoutes } from './routes/secret-stores';
 import { registerFileRoutes } from './routes/files';
+import { registerUnimplementedRoutes } from './routes/unimplemented';
 import { notReadyMessage, Readiness } from './readiness';
 
 /** Body types the API reads; anything else on a request with a body is 415. */
@@ -109,6 +110,7 @@ export function createApp(deps: ApiDeps, opts: { server?: http.Server } = {}): {
   registerSandboxAgentRoutes(table, deps);
   registerSecretStoreRoutes(table, deps);
   registerFileRoutes(table, deps);
+  registerUnimplementedRoutes(table, deps);
   registerExecSocket(app, deps, auth);
 
   const openapi = new OpenApiGeneratorV31(table.registry.definitions).generateDocument({

@@ -43,6 +43,8 @@ export interface RouteDef<PS extends AnyObject, QS extends AnyObject, BS extends
    * the handler's `org` is empty (`id` '').
    */
   public?: true;
+  /** Authenticated like any route but left out of /openapi.json (the calls of the client this server answers 501). */
+  undocumented?: true;
   /** Documented success answers: status → schema (or null for no body). */
   responses: Record<number, { description: string; schema?: ZodType; /** default application/json */ contentType?: string }>;
   /** Error types this route may answer with, for the document. */
@@ -96,7 +98,7 @@ export class RouteTable {
     for (const status of [400, 401, 404, ...(def.body ? [413, 415] : []), ...(def.rawBody ? [413] : []), ...(def.errors ?? [])]) {
       responses[String(status)] ??= { description: 'Error', content: { 'application/json': { schema: ErrorBodySchema } } };
     }
-    if (!def.public) this.registry.registerPath({
+    if (!def.public && !def.undocumented) this.registry.registerPath({
       method: def.method,
       path: openapiPath(def.path),
       summary: def.summary,

@@ -9,6 +9,7 @@ export const ERROR_STATUS = {
   payload_too_large: 413,
   unsupported_media_type: 415,
   internal: 500,
+  not_implemented: 501,
   bad_gateway: 502,
   unavailable: 503,
 } as const satisfies Record<string, number>;

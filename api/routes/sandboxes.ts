@@ -246,6 +246,36 @@ export async function destroySandbox(deps: ApiDeps, doc: SandboxDoc): Promise<Sa
   return doc;
 }
 
+/** Wakes a hibernated sandbox on its host (running `patches` first) and records it running; answers the fields it set. */
+async function wakeSandbox(deps: ApiDeps, doc: SandboxDoc, patches: { id: string; script: string }[], timeout?: number): Promise<Partial<SandboxDoc>> {
+  const host = await deps.hosts.get(doc.hostId);
+  try {
+    await host.wake(doc._id, patches);
+  } catch (err) {
+    const e = err as { type?: string; message?: string };
+    if (e.type === 'patch_failed') throw new ApiError('conflict', `sandbox ${doc._id} stays hibernated: ${e.message}`);
+    // Already awake on the host (a wake whose record was not written): record it below.
+    if (e.type !== 'conflict') throw new ApiError('unavailable', `could not wake the sandbox: ${e.message ?? String(err)}`);
+  }
+  const now = new Date();
+  const set = { status: 'running' as const, hibernation: null, lastActiveAt: now, updatedAt: now, ...(timeout !== undefined ? { timeout } : {}) };
+  await sandboxesOf(deps.store).updateOne({ _id: doc._id }, { $set: set });
+  return set;
+}
+
+/** Hibernates a running sandbox (its record too); 409 when it is not running. */
+async function hibernateOrgSandbox(deps: ApiDeps, doc: SandboxDoc): Promise<SandboxDoc> {
+  if (doc.status !== 'running') throw new ApiError('conflict', `sandbox ${doc._id} is ${doc.status}; only a running sandbox can hibernate`);
+  const host = await deps.hosts.get(doc.hostId);
+  try {
+    return await hibernateSandbox(deps.store, host, doc);
+  } catch (err) {
+    const e = err as { type?: string; message?: string };
+    if (e.type === 'conflict' || e.type === 'not_found' || e.type === 'invalid_request') throw new ApiError('conflict', `sandbox ${doc._id} cannot hibernate: ${e.message}`);
+    throw new ApiError('unavailable', `could not hibernate the sandbox: ${e.message ?? String(err)}`);
+  }
+}
+
 /** /api/sandboxes: create, list, read, kill (the OpenComputer API's shapes). */
 export function registerSandboxRoutes(t: RouteTable, deps: ApiDeps): void {
   t.add({
@@ -379,17 +409,7 @@ export function registerSandboxRoutes(t: RouteTable, deps: ApiDeps): void {
     handler: async ({ params, org, res }) => {
       const doc = await getOrgSandbox(deps, org.id, params.id);
       if (doc.status === 'hibernated') return void res.json(sandboxView(deps, doc));
-      if (doc.status !== 'running') throw new ApiError('conflict', `sandbox ${doc._id} is ${doc.status}; only a running sandbox can hibernate`);
-      const host = await deps.hosts.get(doc.hostId);
-      let after: SandboxDoc;
-      try {
-        after = await hibernateSandbox(deps.store, host, doc);
-      } catch (err) {
-        const e = err as { type?: string; message?: string };
-        if (e.type === 'conflict' || e.type === 'not_found') throw new ApiError('conflict', `sandbox ${doc._id} cannot hibernate: ${e.message}`);
-        if (e.type === 'invalid_request') throw new ApiError('conflict', `sandbox ${doc._id} cannot hibernate: ${e.message}`);
-        throw new ApiError('unavailable', `could not hibernate the sandbox: ${e.message ?? String(err)}`);
-      }
+      const after = await hibernateOrgSandbox(deps, doc);
       res.json(sandboxView(deps, after));
     },
   });
@@ -411,21 +431,27 @@ export function registerSandboxRoutes(t: RouteTable, deps: ApiDeps): void {
       }
       const cp = doc.fromCheckpoint ? await findOrgCheckpoint(deps.store, org.id, doc.fromCheckpoint) : null;
       const patches = cp ? (await listPatches(deps.store, cp)).map((p) => ({ id: p._id, script: p.script })) : [];
-      const host = await deps.hosts.get(doc.hostId);
-      try {
-        await host.wake(doc._id, patches);
-      } catch (err) {
-        const e = err as { type?: string; message?: string };
-        if (e.type === 'patch_failed') throw new ApiError('conflict', `sandbox ${doc._id} stays hibernated: ${e.message}`);
-        // Already awake on the host (a wake whose record was not written): record it below.
-        if (e.type !== 'conflict') throw new ApiError('unavailable', `could not wake the sandbox: ${e.message ?? String(err)}`);
-      }
-      const now = new Date();
-      const set = { status: 'running' as const, hibernation: null, lastActiveAt: now, updatedAt: now, ...(body.timeout !== undefined ? { timeout: body.timeout } : {}) };
-      await sandboxesOf(deps.store).updateOne({ _id: doc._id }, { $set: set });
+      const set = await wakeSandbox(deps, doc, patches, body.timeout);
       res.json(sandboxView(deps, { ...doc, ...set }));
     },
   });
+
+  for (const [call, path] of [['reboot', 'reboot'], ['powerCycle', 'power-cycle']] as const) {
+    t.add({
+      method: 'post',
+      path: `/api/sandboxes/:id/${path}`,
+      tag: 'sandboxes',
+      summary: `${call === 'reboot' ? 'Reboot' : 'Power-cycle'}: every process of the sandbox ends and it starts again with the same id, files, env and previews (a hibernate and a wake, without patches)`,
+      params: SandboxParams,
+      responses: { 200: { description: 'The running sandbox', schema: SandboxView } },
+      errors: [409, 503],
+      handler: async ({ params, org, res }) => {
+        const doc = await hibernateOrgSandbox(deps, await getOrgSandbox(deps, org.id, params.id));
+        const set = await wakeSandbox(deps, doc, []);
+        res.json(sandboxView(deps, { ...doc, ...set }));
+      },
+    });
+  }
 
   t.add({
     method: 'post',

@@ -3,7 +3,8 @@
  * hibernates: raw HTTP and the published OpenComputer client, against real sandboxes.
  */
 import fs from 'node:fs';
-import { api, eventually } from '../helpers/env';
+import path from 'node:path';
+import { api, eventually, T } from '../helpers/env';
 import { hostClient, newSandbox, sh } from '../helpers/checkpoints';
 import { startServer, viaHost } from '../helpers/previews';
 import { runSdk } from '../helpers/sdk';
@@ -95,12 +96,27 @@ describe('hibernate and wake', () => {
     expect((await api('POST', `/api/sandboxes/${id}/hibernate`)).status).toBe(409);
   });
 
+  it('reboots and power-cycles: every process ends, files stay, same id', async () => {
+    const id = await sandbox({ envs: { E: 'e' } });
+    await sh(id, 'echo keep > /workspace/keep');
+    expect((await api('POST', `/api/sandboxes/${id}/exec`, { body: { cmd: 'sleep', args: ['600'] } })).status).toBe(201);
+    for (const what of ['reboot', 'power-cycle']) {
+      const r = await api('POST', `/api/sandboxes/${id}/${what}`);
+      expect(r.status).toBe(200);
+      expect(r.body).toMatchObject({ sandboxID: id, status: 'running' });
+      expect(await sh(id, 'cat /workspace/keep; echo $E; pgrep -x sleep || echo none')).toBe('keep\ne\nnone\n');
+    }
+  });
+
   it('kills a hibernated sandbox (its saved layer goes too)', async () => {
     const id = await sandbox();
     await sh(id, 'echo x > /workspace/x');
     const h = await api('POST', `/api/sandboxes/${id}/hibernate`);
     expect(h.status).toBe(200);
+    const saved = () => fs.readdirSync(path.join(T.dataDir(), 'layers')).filter((n) => n.startsWith(`${id}.h`));
+    expect(saved()).toHaveLength(1);
     expect((await api('DELETE', `/api/sandboxes/${id}`)).body.status).toBe('stopped');
+    expect(saved()).toEqual([]);
     expect((await api('POST', `/api/sandboxes/${id}/wake`, { body: {} })).status).toBe(409);
     expect((await hostClient().wake(id).catch((e: { status: number }) => e)).status).toBe(404);
   });
