@@ -24,6 +24,7 @@ import { registerSandboxAgentRoutes } from './routes/sandbox-agents';
 import { registerSecretStoreRoutes } from './routes/secret-stores';
 import { registerFileRoutes } from './routes/files';
 import { registerUnimplementedRoutes } from './routes/unimplemented';
+import { registerPtyRoutes, registerPtySocket } from './routes/pty';
 import { notReadyMessage, Readiness } from './readiness';
 
 /** Body types the API reads; anything else on a request with a body is 415. */
@@ -111,7 +112,9 @@ export function createApp(deps: ApiDeps, opts: { server?: http.Server } = {}): {
   registerSecretStoreRoutes(table, deps);
   registerFileRoutes(table, deps);
   registerUnimplementedRoutes(table, deps);
+  registerPtyRoutes(table, deps);
   registerExecSocket(app, deps, auth);
+  registerPtySocket(app, deps, auth);
 
   const openapi = new OpenApiGeneratorV31(table.registry.definitions).generateDocument({
     openapi: '3.1.0',

@@ -119,6 +119,8 @@ export interface EnterOptions {
    * processes that only this host process can serve (exec sessions, patches), never for entrypoints.
    */
   hangUpWithCaller?: boolean;
+  /** Run on a pseudo-terminal of the sandbox of this size (the helper's -T; fd 3 takes window sizes). */
+  pty?: { rows: number; cols: number };
 }
 
 /** Environment every process in a sandbox starts with (the sandbox's and the process's own envs are added). */
@@ -749,10 +751,12 @@ export abstract class BaseProvider implements SandboxProvider {
     }
     const cgroupProcs = SandboxCgroups.of(id).procsFiles();
     // Exec sessions and patches live in this process's memory: if it dies, they are hung up.
-    const direct = this.enterArgv(state, opts, { cgroupProcs, hangUpWithCaller: true });
+    const direct = this.enterArgv(state, opts, { cgroupProcs, hangUpWithCaller: true, ...(opts.pty ? { pty: opts.pty, ownGroup: true } : {}) });
     if (direct) {
-      return spawn(direct[0]!, direct.slice(1), { stdio: ['pipe', 'pipe', 'pipe'], detached: true, env: { PATH: DEFAULT_ENV.PATH } });
+      const stdio: ('pipe')[] = opts.pty ? ['pipe', 'pipe', 'pipe', 'pipe'] : ['pipe', 'pipe', 'pipe'];
+      return spawn(direct[0]!, direct.slice(1), { stdio, detached: true, env: { PATH: DEFAULT_ENV.PATH } });
     }
+    if (opts.pty) throw new SandboxError('invalid_request', `terminals need the bwrap provider (this host runs ${this.kind})`);
     const inner = this.innerArgv(state, opts);
     const script = `${cgroupJoin(cgroupProcs)} exec "$@"`;
     return spawn('/bin/sh', ['-c', script, 'sh', ...inner], {

@@ -597,6 +597,7 @@ export class BwrapProvider extends BaseProvider {
       ...(how.timeoutSeconds ? ['-t', String(how.timeoutSeconds), '-k', String(how.killAfterSeconds ?? 0)] : []),
       ...(how.exitFile ? ['-x', how.exitFile] : []),
       ...(how.logIndex ? ['-L', how.logIndex] : []),
+      ...(how.pty ? ['-T', `${how.pty.rows}x${how.pty.cols}`] : []),
       ...(how.hangUpWithCaller ? ['-P', String(process.pid)] : []),
       '--',
       ...opts.argv,

@@ -19,6 +19,11 @@ export interface SpawnOptions {
   env?: Record<string, string>;
   /** Working directory inside the sandbox; default /workspace. */
   cwd?: string;
+  /**
+   * Run on a pseudo-terminal of the sandbox (stdin/stdout are the terminal; stderr is the helper's
+   * own messages); the child's fd 3 (stdio[3]) takes window sizes as "ROWS COLS\n" lines.
+   */
+  pty?: { rows: number; cols: number };
 }
 
 /** Filter for listing sandboxes: owner kind, optionally with the owner's id. */

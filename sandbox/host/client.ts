@@ -364,6 +364,17 @@ export class HostClient {
     return this.call('POST', `/sandboxes/${encodeURIComponent(id)}/exec/run`, { body: req, signal: opts.signal });
   }
 
+  /** Starts a login shell on a terminal of the sandbox (see ./pty). */
+  createPty(id: string, req: { cols?: number; rows?: number; envs?: Record<string, string>; cwd?: string }): Promise<import('./pty').PtyInfo> {
+    return this.call('POST', `/sandboxes/${encodeURIComponent(id)}/pty`, { body: req });
+  }
+
+  /** Opens a WebSocket attached to a terminal: binary frames of output; send keystrokes or a resize message. */
+  openPtySocket(id: string, sessionId: string): WebSocket {
+    const url = `${this.base.replace(/^http/, 'ws')}/sandboxes/${encodeURIComponent(id)}/pty/${encodeURIComponent(sessionId)}/ws`;
+    return new WebSocket(url, { headers: { authorization: `Bearer ${this.token}` }, perMessageDeflate: false });
+  }
+
   /** Opens a WebSocket attached to an exec session (decode its messages with `decodeExecFrame`). */
   openExecSocket(id: string, sessionId: string): WebSocket {
     return new WebSocket(this.execWebSocketUrl(id, sessionId), { headers: { authorization: `Bearer ${this.token}` }, perMessageDeflate: false });

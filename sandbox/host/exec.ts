@@ -428,9 +428,10 @@ export class ExecManager {
 }
 
 const WS_PATH = /^\/sandboxes\/([^/]+)\/exec\/([^/]+)\/ws$/;
+const PTY_WS_PATH = /^\/sandboxes\/([^/]+)\/pty\/([^/]+)\/ws$/;
 
-/** Handles WebSocket upgrades for exec attachment (bearer token in the `authorization` header). */
-export function attachExec(server: http.Server, exec: ExecManager, token: string): void {
+/** Handles WebSocket upgrades for exec (and terminal) attachment (bearer token in the `authorization` header). */
+export function attachExec(server: http.Server, exec: ExecManager, token: string, pty?: import('./pty').PtyManager): void {
   const wss = new WebSocketServer({ noServer: true, maxPayload: 16 * 1024 * 1024, perMessageDeflate: false });
   server.on('upgrade', (req, socket, head) => {
     const reject = (status: number, type: string, message: string) => {
@@ -440,6 +441,18 @@ export function attachExec(server: http.Server, exec: ExecManager, token: string
       );
     };
     const url = new URL(req.url ?? '/', 'http://host');
+    const t = pty ? PTY_WS_PATH.exec(url.pathname) : null;
+    if (t && pty) {
+      if (!bearerMatchesHeader(req.headers.authorization, token)) return reject(401, 'unauthorized', 'missing or wrong bearer token');
+      let term: import('./pty').PtySession;
+      try {
+        term = pty.get(decodeURIComponent(t[1]), decodeURIComponent(t[2]));
+      } catch (err) {
+        return reject(404, 'not_found', (err as Error).message);
+      }
+      wss.handleUpgrade(req, socket, head, (ws) => term.attach(ws));
+      return;
+    }
     const m = WS_PATH.exec(url.pathname);
     if (!m) return reject(404, 'not_found', 'no such route');
     if (!bearerMatchesHeader(req.headers.authorization, token)) return reject(401, 'unauthorized', 'missing or wrong bearer token');

@@ -17,6 +17,7 @@ import { bearerMatchesHeader } from './auth';
 import { attachExec, ExecManager } from './exec';
 import { PortForwarder } from './forward';
 import { fileRoutes } from './files';
+import { PtyManager } from './pty';
 import { networkSchema, type SandboxNetwork } from '../network';
 
 /** What the app needs. */
@@ -26,6 +27,8 @@ export interface HostDeps {
   logger: Logger;
   hostId: string;
   exec: ExecManager;
+  /** Terminals; absent in hosts built without them. */
+  pty?: PtyManager;
   /** Forwarded ports (previews); absent in hosts built without them. */
   forward?: PortForwarder;
   /** Default limits filled into a create that leaves them out, and the maxima a create may not exceed. */
@@ -202,6 +205,7 @@ export function createApp(deps: HostDeps): express.Express {
   app.delete('/sandboxes/:id', h(async (req, res) => {
     const { params } = parse(schemas.byId, req);
     deps.exec.dropSandbox(params.id);
+    deps.pty?.dropSandbox(params.id);
     deps.forward?.dropSandbox(params.id);
     res.json({ destroyed: await provider.destroy(params.id) });
   }));
@@ -252,6 +256,7 @@ export function createApp(deps: HostDeps): express.Express {
   app.post('/sandboxes/:id/hibernate', h(async (req, res) => {
     const { params, body } = parse(schemas.hibernate, req);
     deps.exec.dropSandbox(params.id);
+    deps.pty?.dropSandbox(params.id);
     deps.forward?.dropSandbox(params.id);
     res.json(await provider.hibernate(params.id, body.layerId));
   }));
@@ -264,6 +269,7 @@ export function createApp(deps: HostDeps): express.Express {
   app.post('/sandboxes/:id/restore', h(async (req, res) => {
     const { params, body } = parse(schemas.restore, req);
     deps.exec.dropSandbox(params.id);
+    deps.pty?.dropSandbox(params.id);
     deps.forward?.dropSandbox(params.id);
     res.json(await provider.restore(params.id, body.layerId, body.patches));
   }));
@@ -293,6 +299,7 @@ export function createApp(deps: HostDeps): express.Express {
 
   deps.exec.routes(app, h, parse);
   fileRoutes(app, provider, h, parse);
+  deps.pty?.routes(app, h, parse);
 
   app.use((_req: Request, res: Response) => sendError(res, 'not_found', 'no such route'));
 
@@ -353,13 +360,14 @@ export async function startHost(opts: StartHostOptions): Promise<RunningHost> {
       : createSandboxProvider({ kind: opts.provider ?? 'bwrap', dataDir: opts.dataDir, hostId, logger, scratchDir: opts.scratchDir, auditLog: opts.auditLog, ...(opts.network !== undefined ? { network: opts.network } : {}) });
   await provider.init();
   const exec = new ExecManager(provider, logger);
+  const pty = new PtyManager(provider, logger);
   const forward = new PortForwarder(provider, opts.dataDir, logger);
-  const app = createApp({ provider, token: opts.token, logger, hostId, exec, forward, limits });
+  const app = createApp({ provider, token: opts.token, logger, hostId, exec, pty, forward, limits });
   const server = http.createServer(app);
   // Workers and APIs keep connections to the host open between calls; keep idle ones for a minute
   // (Node's default is 5 s), so that a pause between bursts does not close them under the clients.
   server.keepAliveTimeout = 65_000;
-  attachExec(server, exec, opts.token);
+  attachExec(server, exec, opts.token, pty);
   const [host, portText] = splitListen(opts.listen ?? '127.0.0.1:7300');
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);
@@ -373,6 +381,7 @@ export async function startHost(opts: StartHostOptions): Promise<RunningHost> {
     provider,
     close: async () => {
       exec.close();
+      pty.close();
       forward.closeAll();
       await provider.close();
       await new Promise<void>((resolve) => {

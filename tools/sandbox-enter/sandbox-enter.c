@@ -3,7 +3,7 @@
  * `sh` + `nsenter` + `setpriv` + `env` + `timeout`.
  *
  *   sap-sandbox-enter [-c CGROUP_PROCS]... -n PID -S SECCOMP_FILE [-w DIR] [-e NAME=VALUE]... [-g]
- *                     [-t SECONDS [-k SECONDS]] [-x EXIT_FILE] [-L INDEX_FILE] [-P CALLER_PID] -- PROGRAM [ARG]...
+ *                     [-t SECONDS [-k SECONDS]] [-x EXIT_FILE] [-L INDEX_FILE | -T ROWSxCOLS] [-P CALLER_PID] -- PROGRAM [ARG]...
  *
  *   -c FILE   join this cgroup: writes the helper's pid into FILE (a `cgroup.procs`); a controller
  *             that is missing or refuses is skipped, as the shell's `2>/dev/null` did.
@@ -33,6 +33,12 @@
  *             -g). A command that ignores SIGHUP (nohup) runs on; its status is still waited for.
  *             Nothing starts when the caller is already gone. Exec sessions live in the sandbox
  *             host's memory: this ends them with the host instead of leaving them unattended.
+ *   -T ROWSxCOLS  run the command on a pseudo-terminal of the sandbox's own devpts (its /dev/pts/ptmx,
+ *             opened after entering its namespaces, so the terminal is one of the sandbox's): the
+ *             command gets a new session with the terminal's slave as controlling terminal and as
+ *             stdin, stdout and stderr; the helper relays its own stdin to the terminal and the
+ *             terminal's output to its own stdout, and reads window sizes ("ROWS COLS\n") from fd 3
+ *             (TIOCSWINSZ: the command's foreground group gets SIGWINCH). Not with -L.
  *
  * Steps: join the cgroups; raise its oom_score_adj to 500 (inherited by the command: the OOM killer's
  * first choice); read the seccomp filter; open the exit file, /proc/PID/ns/... and
@@ -68,6 +74,9 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <sys/ioctl.h>
+#include <sys/sysmacros.h>
+#include <termios.h>
 #include <time.h>
 #include <unistd.h>
 #include "../sandbox-common/isolation.h"
@@ -102,6 +111,7 @@ struct options {
   double timeout, kill_after;
   int own_group;
   long caller; /* -P: 0 when not given */
+  unsigned short rows, cols; /* -T: 0 when not given */
   char **argv;
 };
 
@@ -113,7 +123,7 @@ static int usage(const char *arg) {
   fprintf(stderr,
           "sap-sandbox-enter: bad argument %s\n"
           "usage: sap-sandbox-enter [-c CGROUP_PROCS]... -n PID -S SECCOMP_FILE [-w DIR] [-e NAME=VALUE]... [-g]\n"
-          "                         [-t SECONDS [-k SECONDS]] [-x EXIT_FILE] [-L INDEX_FILE] [-P CALLER_PID] -- PROGRAM [ARG]...\n",
+          "                         [-t SECONDS [-k SECONDS]] [-x EXIT_FILE] [-L INDEX_FILE | -T ROWSxCOLS] [-P CALLER_PID] -- PROGRAM [ARG]...\n",
           arg);
   return EXIT_SETUP;
 }
@@ -170,11 +180,20 @@ static int parse_args(int argc, char **argv, struct options *o) {
       case 't': if (parse_seconds(v, &o->timeout)) return usage(v); break;
       case 'k': if (parse_seconds(v, &o->kill_after)) return usage(v); break;
       case 'P': if (parse_pid(v, &o->caller)) return usage(v); break;
+      case 'T': {
+        unsigned r, c;
+        char x;
+        if (sscanf(v, "%ux%u%c", &r, &c, &x) != 2 || r < 1 || c < 1 || r > 1000 || c > 1000) return usage(v);
+        o->rows = (unsigned short)r;
+        o->cols = (unsigned short)c;
+        break;
+      }
       default: return usage(a);
     }
   }
   if (i >= argc) return usage("(no program)");
   if (o->ns_pid && !o->seccomp_file) return usage("(-n without -S)");
+  if (o->rows && o->log_index) return usage("(-T with -L)");
   o->argv = argv + i;
   return 0;
 }
@@ -209,8 +228,17 @@ static long long now_ns(void) {
 }
 
 /* The command's side of the fork: never returns. */
-static void run_child(const struct options *o, int root_fd, int alive_fd) {
-  if (o->own_group) setpgid(0, 0);
+static void run_child(const struct options *o, int root_fd, int alive_fd, int tty_fd) {
+  if (tty_fd >= 0) {
+    /* A session of its own, with the terminal as its controlling terminal and stdio. */
+    if (setsid() < 0 || dup2(tty_fd, 0) < 0 || dup2(tty_fd, 1) < 0 || dup2(tty_fd, 2) < 0 || ioctl(0, TIOCSCTTY, 0) != 0) {
+      warn_errno("take the terminal", NULL);
+      _exit(EXIT_SETUP);
+    }
+    if (tty_fd > 2) close(tty_fd);
+  } else if (o->own_group) {
+    setpgid(0, 0);
+  }
   /* Killed if the helper dies; the pipe tells whether it died before this was set. */
   prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
   struct pollfd p = {.fd = alive_fd, .events = POLLIN};
@@ -324,6 +352,53 @@ static int finish(int status, int timed_out, int exit_fd) {
   return code;
 }
 
+/*
+ * -T: moves what is ready between the caller and the terminal: keystrokes from fd 0 to the master,
+ * output from the master to fd 1, window sizes ("ROWS COLS\n" lines) from the control fd. A side that
+ * ends (EOF, EIO once the terminal has no slave holder left) is set to -1 and no longer polled.
+ */
+static void pump_terminal(const struct pollfd *pf, int *in, int master, int *master_poll, int *ctl) {
+  static char buf[65536];
+  ssize_t n;
+  if (*in >= 0 && pf[3].revents) {
+    do n = read(*in, buf, sizeof buf);
+    while (n < 0 && errno == EINTR);
+    if (n > 0) (void)sap_write_all(master, buf, (size_t)n);
+    else if (n == 0 || errno != EAGAIN) *in = -1;
+  }
+  if (*master_poll >= 0 && pf[4].revents) {
+    do n = read(master, buf, sizeof buf);
+    while (n < 0 && errno == EINTR);
+    if (n > 0) (void)sap_write_all(1, buf, (size_t)n);
+    else if (n == 0 || errno != EAGAIN) *master_poll = -1; /* EIO: no process holds the terminal any more */
+  }
+  if (*ctl >= 0 && pf[5].revents) {
+    static char line[128];
+    static size_t used;
+    do n = read(*ctl, line + used, sizeof line - 1 - used);
+    while (n < 0 && errno == EINTR);
+    if (n <= 0) {
+      if (n == 0 || errno != EAGAIN) *ctl = -1;
+      return;
+    }
+    used += (size_t)n;
+    line[used] = '\0';
+    char *nl;
+    while ((nl = strchr(line, '\n')) != NULL) {
+      unsigned r, c;
+      if (sscanf(line, "%u %u", &r, &c) == 2 && r >= 1 && c >= 1 && r <= 1000 && c <= 1000) {
+        struct winsize ws = {.ws_row = (unsigned short)r, .ws_col = (unsigned short)c};
+        ioctl(master, TIOCSWINSZ, &ws);
+      }
+      size_t rest = used - (size_t)(nl + 1 - line);
+      memmove(line, nl + 1, rest);
+      used = rest;
+      line[used] = '\0';
+    }
+    if (used == sizeof line - 1) used = 0; /* a line too long: dropped */
+  }
+}
+
 int main(int argc, char **argv) {
   struct options o;
   int bad = parse_args(argc, argv, &o);
@@ -404,6 +479,24 @@ int main(int argc, char **argv) {
     }
   }
 
+  /*
+   * -T: the terminal, from the sandbox's own devpts. `dev` and `dev/pts` are mount points of the
+   * sandbox (a sandbox cannot swap them), and the opened file must be the ptmx device (5:2).
+   */
+  int master_fd = -1, tty_fd = -1;
+  if (o.rows) {
+    master_fd = openat(root_fd, "dev/pts/ptmx", O_RDWR | O_NOCTTY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st;
+    int unlock = 0;
+    struct winsize ws = {.ws_row = o.rows, .ws_col = o.cols};
+    if (master_fd < 0 || fstat(master_fd, &st) != 0 || !S_ISCHR(st.st_mode) || major(st.st_rdev) != 5 || minor(st.st_rdev) != 2 ||
+        ioctl(master_fd, TIOCSPTLCK, &unlock) != 0 || ioctl(master_fd, TIOCSWINSZ, &ws) != 0 ||
+        (tty_fd = ioctl(master_fd, TIOCGPTPEER, O_RDWR | O_NOCTTY | O_CLOEXEC)) < 0) {
+      warn_errno("open a terminal in the sandbox", NULL);
+      return EXIT_SETUP;
+    }
+  }
+
   /* SIGCHLD must not be ignored, or the child's status would be lost. */
   signal(SIGCHLD, SIG_DFL);
 
@@ -426,7 +519,8 @@ int main(int argc, char **argv) {
       if (dup2(log_pipes[0][1], 1) < 0 || dup2(log_pipes[1][1], 2) < 0) _exit(EXIT_SETUP);
       close(index_fd);
     }
-    run_child(&o, root_fd, alive[0]);
+    if (master_fd >= 0) close(master_fd);
+    run_child(&o, root_fd, alive[0], tty_fd);
   }
   struct relay relays[2] = {{-1, -1, 1}, {-1, -1, 2}};
   if (index_fd >= 0) {
@@ -440,13 +534,18 @@ int main(int argc, char **argv) {
   }
   close(alive[0]);
   if (root_fd >= 0) close(root_fd);
+  if (tty_fd >= 0) close(tty_fd);
+  if (master_fd >= 0) fcntl(master_fd, F_SETFL, O_NONBLOCK);
   /* The command alone holds its stdin and stdout: the helper keeps stderr for its own messages. */
-  if (devnull > 2) {
+  if (master_fd >= 0) {
+    if (devnull >= 0) close(devnull);
+  } else if (devnull > 2) {
     dup2(devnull, 0);
     dup2(devnull, 1);
     close(devnull);
   }
-  if (o.own_group) setpgid(child, child); /* also here: no window where signals miss the group */
+  /* also here: no window where signals miss the group (with -T the child makes a session of its own) */
+  if (o.own_group && master_fd < 0) setpgid(child, child);
   /*
    * From here the helper takes its signals synchronously (sigtimedwait). Not before the fork: a
    * signal pending on the helper then would not reach the child (pending signals are not inherited);
@@ -460,7 +559,7 @@ int main(int argc, char **argv) {
   sigprocmask(SIG_BLOCK, &waited, NULL);
 
   int sig_fd = -1;
-  if (index_fd >= 0) {
+  if (index_fd >= 0 || master_fd >= 0) {
     sig_fd = signalfd(-1, &waited, SFD_CLOEXEC);
     if (sig_fd < 0) {
       warn_errno("signalfd", NULL);
@@ -468,6 +567,10 @@ int main(int argc, char **argv) {
     }
   }
 
+  /* -T: the caller's keystrokes (fd 0) and window sizes (fd 3); -1 once they end. */
+  int term_in = master_fd >= 0 ? 0 : -1;
+  int term_ctl = master_fd >= 0 && fcntl(3, F_GETFD) >= 0 ? 3 : -1;
+  int master_poll = master_fd;
   long long term_at = o.timeout > 0 ? now_ns() + (long long)(o.timeout * 1e9) : -1;
   long long kill_at = -1;
   int timed_out = 0;
@@ -481,6 +584,14 @@ int main(int argc, char **argv) {
       for (int k = 0; k < 2; k++) {
         ssize_t n;
         while (drained < (16LL << 20) && (n = relay_once(&relays[k], index_fd)) > 0) drained += n;
+      }
+      if (master_fd >= 0) {
+        static char buf[65536];
+        ssize_t n;
+        while (drained < (16LL << 20) && (n = read(master_fd, buf, sizeof buf)) > 0) {
+          if (sap_write_all(1, buf, (size_t)n) != 0) break;
+          drained += n;
+        }
       }
       return finish(status, timed_out, exit_fd);
     }
@@ -519,8 +630,10 @@ int main(int argc, char **argv) {
         long long left = next - now_ns();
         wait_ms = left <= 0 ? 0 : (int)((left + 999999) / 1000000);
       }
-      struct pollfd pf[3] = {{.fd = sig_fd, .events = POLLIN}, {.fd = relays[0].in, .events = POLLIN}, {.fd = relays[1].in, .events = POLLIN}};
-      int pr = poll(pf, 3, wait_ms);
+      struct pollfd pf[6] = {{.fd = sig_fd, .events = POLLIN}, {.fd = relays[0].in, .events = POLLIN}, {.fd = relays[1].in, .events = POLLIN},
+                             {.fd = term_in, .events = POLLIN}, {.fd = master_poll, .events = POLLIN}, {.fd = term_ctl, .events = POLLIN}};
+      int pr = poll(pf, 6, wait_ms);
+      if (pr > 0 && master_fd >= 0) pump_terminal(pf, &term_in, master_fd, &master_poll, &term_ctl);
       if (pr < 0 && errno != EINTR) {
         warn_errno("poll", NULL);
         return EXIT_SETUP;

@@ -1,0 +1,116 @@
+import type express from 'express';
+import type { Request } from 'express';
+import { WebSocket } from 'ws';
+import { z } from 'zod';
+import type { Authenticator } from '../auth';
+import type { ApiDeps } from '../deps';
+import type { RouteTable } from '../http';
+import { parseOrThrow } from '../http';
+import { ApiError, notFound } from '../../lib/errors';
+import type { Store } from '../../store';
+import { closeWith, fromHostError, sandboxHost } from './exec';
+import { SandboxParams } from './sandboxes';
+
+/*
+ * Terminals (the OpenComputer client's `sandbox.pty`): POST starts a login shell on a pseudo-terminal
+ * of the sandbox (kept by its host, see sandbox/host/pty.ts); the WebSocket at
+ * /api/sandboxes/{id}/pty/{sessionID} relays keystrokes (and `{"type":"resize","cols","rows"}` text
+ * frames) to it and its output (binary frames) back. Recorded in MongoDB (`pty_sessions`, by `_id`)
+ * so that any API process can attach a client.
+ */
+
+interface PtyDoc {
+  _id: string;
+  orgId: string;
+  sandboxId: string;
+  createdAt: Date;
+}
+const ptySessionsOf = (store: Store) => store.db.collection<PtyDoc>('pty_sessions');
+
+const PtySessionParams = SandboxParams.extend({ sessionID: z.string().regex(/^pty-[a-z0-9]{1,64}$/, 'must be a terminal id (pty-…)') });
+
+const CreatePtyBody = z
+  .object({
+    cols: z.number().int().min(1).max(1000).default(80),
+    rows: z.number().int().min(1).max(1000).default(24),
+    envs: z.record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'must be a valid environment variable name'), z.string().max(128 * 1024)).optional(),
+    cwd: z.string().startsWith('/', 'must be an absolute path').max(4096).optional(),
+  })
+  .openapi('CreatePty');
+
+const PtyView = z
+  .object({ sessionID: z.string(), sandboxID: z.string(), cols: z.number().int(), rows: z.number().int(), running: z.boolean(), startedAt: z.string() })
+  .openapi('PtySession');
+
+/** POST /api/sandboxes/:id/pty. */
+export function registerPtyRoutes(t: RouteTable, deps: ApiDeps): void {
+  t.add({
+    method: 'post',
+    path: '/api/sandboxes/:id/pty',
+    tag: 'exec',
+    summary: 'Start a login shell (bash -l, TERM=xterm-256color) on a pseudo-terminal of the sandbox; attach with the WebSocket at /api/sandboxes/{id}/pty/{sessionID}',
+    params: SandboxParams,
+    body: CreatePtyBody,
+    responses: { 201: { description: 'The terminal', schema: PtyView } },
+    errors: [409, 502, 503],
+    handler: async ({ params, body, org, res }) => {
+      const host = await sandboxHost(deps, org.id, params.id);
+      let info;
+      try {
+        info = await host.createPty(params.id, body);
+      } catch (err) {
+        throw fromHostError(err, `sandbox ${params.id}`);
+      }
+      await ptySessionsOf(deps.store).insertOne({ _id: info.sessionID, orgId: org.id, sandboxId: params.id, createdAt: new Date() });
+      res.status(201).json({ sessionID: info.sessionID, sandboxID: params.id, cols: info.cols, rows: info.rows, running: info.running, startedAt: info.startedAt });
+    },
+  });
+}
+
+/** The WebSocket route (express-ws); no-op without WebSocket support (unit tests). */
+export function registerPtySocket(app: express.Express, deps: ApiDeps, auth: Authenticator): void {
+  const wsApp = app as express.Express & { ws?: (path: string, h: (ws: WebSocket, req: Request) => void) => void };
+  if (typeof wsApp.ws !== 'function') return;
+  wsApp.ws('/api/sandboxes/:id/pty/:sessionID', (client, req) => {
+    // What the client types before the relay is up is kept, in order.
+    const early: [Buffer, boolean][] = [];
+    const keep = (data: Buffer, isBinary: boolean) => early.push([data, isBinary]);
+    client.on('message', keep);
+    void (async () => {
+      try {
+        const org = await auth.authenticate(req);
+        const params = parseOrThrow(PtySessionParams, req.params, 'path');
+        const doc = await ptySessionsOf(deps.store).findOne({ _id: params.sessionID });
+        if (!doc || doc.orgId !== org.id || doc.sandboxId !== params.id) throw notFound(`terminal ${params.sessionID}`);
+        const host = await sandboxHost(deps, org.id, params.id);
+        const upstream = host.openPtySocket(params.id, params.sessionID);
+        // Before the open: the host sends the recent output at once, possibly in the same read as its 101.
+        upstream.on('message', (data: Buffer) => {
+          if (client.readyState === WebSocket.OPEN) client.send(data, { binary: true });
+        });
+        await new Promise<void>((resolve, reject) => {
+          upstream.once('open', () => resolve());
+          upstream.once('unexpected-response', (_r, res) => reject(new ApiError(res.statusCode === 404 ? 'not_found' : 'bad_gateway', res.statusCode === 404 ? `terminal ${params.sessionID} not found (it ended)` : `sandbox host answered ${res.statusCode}`)));
+          upstream.once('error', reject);
+        });
+        client.off('message', keep);
+        const send = (data: Buffer, isBinary: boolean) => {
+          if (upstream.readyState === WebSocket.OPEN) upstream.send(data, { binary: isBinary });
+        };
+        for (const [d, b] of early) send(d, b);
+        client.on('message', send);
+        upstream.on('close', (code) => {
+          if (client.readyState === WebSocket.OPEN) client.close(code === 1000 ? 1000 : 1011, code === 1000 ? 'exited' : 'terminal gone');
+        });
+        upstream.on('error', () => client.terminate());
+        const detach = () => upstream.close(1000, 'client left');
+        client.on('close', detach);
+        client.on('error', detach);
+        if (client.readyState !== WebSocket.OPEN) detach();
+      } catch (err) {
+        const e = err instanceof ApiError ? err : fromHostError(err, 'terminal');
+        closeWith(client, e.status >= 500 ? 1011 : 1008, e.type, e.message);
+      }
+    })();
+  });
+}
