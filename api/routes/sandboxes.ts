@@ -10,7 +10,8 @@ import { deleteSandboxPreviews } from '../preview-proxy';
 import { findOrgSandbox, hibernateSandbox, SandboxDoc, sandboxesOf } from '../../store/sandboxes';
 import { findOrgCheckpoint, listPatches } from '../../store/checkpoints';
 import { ImageError, resolveImage } from '../../store/checkpoints';
-import { secretEnvOf, SecretStoreMissing, SecretUnreadable } from '../../store/secrets';
+import { findSecretStore, secretEnvOf, SecretStoreMissing, SecretUnreadable } from '../../store/secrets';
+import { assertStoreUnused, removeSecretStore } from './secret-stores';
 import { networkSchema, normaliseEgress } from '../../sandbox/network';
 import { ImageManifestSchema } from '../image-schema';
 import { imageSnapshot, sseIfAsked } from './snapshots';
@@ -50,6 +51,8 @@ export const CreateSandboxBody = z
       .min(1)
       .optional()
       .describe('Size of the writable layer in MB (writes past it get ENOSPC); default SANDBOX_DISK_MB (2048), at most SANDBOX_MAX_DISK_MB (20480)'),
+    previewAuth: z.unknown().optional().describe('Not implemented (501): protect previews per URL with authConfig at POST /preview'),
+    webhooks: z.unknown().optional().describe('Not implemented (501): sandbox lifecycle webhooks'),
     network: networkSchema(z)
       .optional()
 .describe(
@@ -152,6 +155,12 @@ export async function snapshotOrigin(deps: ApiDeps, orgId: string, ref: string):
   }
 }
 
+/** 501 for create options of the client this server does not implement: ignoring them would leave previews public or events undelivered while the caller thinks otherwise. */
+function refuseUnsupported(body: { previewAuth?: unknown; webhooks?: unknown }): void {
+  if (body.previewAuth !== undefined) throw new ApiError('not_implemented', 'Sandbox.create({ previewAuth }) is not implemented by this server: protect each preview URL with authConfig at POST /api/sandboxes/{id}/preview');
+  if (body.webhooks !== undefined) throw new ApiError('not_implemented', 'Sandbox.create({ webhooks }) is not implemented by this server: no sandbox lifecycle webhooks (sessions have webhooks: see the README)');
+}
+
 /**
  * Records a sandbox and creates it on a host. The record's insert and the host's create run at the
  * same time; if either fails, the other is undone (the host sandbox destroyed, the record removed) and
@@ -166,6 +175,7 @@ export async function provisionSandbox(
   body: z.infer<typeof CreateSandboxBody>,
   origin: SandboxOrigin = {},
 ): Promise<SandboxDoc> {
+  refuseUnsupported(body);
   const over = overMaximum(deps.cfg.limits, body, 'body.');
   if (over) throw invalid(over);
   const limits = effectiveResources(deps.cfg.limits, body);
@@ -289,6 +299,7 @@ export function registerSandboxRoutes(t: RouteTable, deps: ApiDeps): void {
     handler: async ({ body, org, req, res }) => {
       if (body.templateID !== 'base') throw new ApiError('invalid_request', `body.templateID: unknown template ${body.templateID}; only "base" exists`);
       if (body.image && body.snapshot) throw new ApiError('invalid_request', 'body: give at most one of image and snapshot');
+      refuseUnsupported(body);
       if (body.image) {
         const image = body.image;
         const builderMB = image.builderMemoryMB;
@@ -476,12 +487,20 @@ export function registerSandboxRoutes(t: RouteTable, deps: ApiDeps): void {
     method: 'delete',
     path: '/api/sandboxes/:id',
     tag: 'sandboxes',
-    summary: "Kill a sandbox: its processes are killed and its files removed",
+    summary: "Kill a sandbox: its processes are killed and its files removed (a hibernated one's saved files too)",
     params: SandboxParams,
+    query: z.object({
+      deleteSecretStore: z.enum(['true', 'false']).optional().describe("true: also delete the secret store it was created with (409, and nothing killed, while an agent names that store)"),
+    }),
     responses: { 200: { description: 'The sandbox, now stopped', schema: SandboxView } },
-    handler: async ({ params, org, res }) => {
+    errors: [409],
+    handler: async ({ params, query, org, res }) => {
       const doc = await getOrgSandbox(deps, org.id, params.id);
-      res.json(sandboxView(deps, await destroySandbox(deps, doc)));
+      const store = query.deleteSecretStore === 'true' && doc.secretStore ? await findSecretStore(deps.store, org.id, doc.secretStore) : null;
+      if (store) await assertStoreUnused(deps, store);
+      const after = await destroySandbox(deps, doc);
+      if (store) await removeSecretStore(deps, store);
+      res.json(sandboxView(deps, after));
     },
   });
 }

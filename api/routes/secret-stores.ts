@@ -16,6 +16,20 @@ import {
   SecretStoreDoc,
 } from '../../store/secrets';
 
+/** 409 while an agent names the store. */
+export async function assertStoreUnused(deps: ApiDeps, doc: SecretStoreDoc): Promise<void> {
+  const users = await deps.store.agents.find({ orgId: doc.orgId, secret_store: doc.name }, { projection: { id: 1 } }).limit(5).toArray();
+  if (users.length > 0) {
+    throw conflict(`secret store ${doc.name} is named by agent(s) ${users.map((a) => a.id).join(', ')}${users.length === 5 ? ' and more' : ''}; point them at another store first`);
+  }
+}
+
+/** Deletes a store and its secrets (the caller has checked it is unused). */
+export async function removeSecretStore(deps: ApiDeps, doc: SecretStoreDoc): Promise<void> {
+  await secretStoresOf(deps.store).deleteOne({ _id: doc._id });
+  await secretEntriesOf(deps.store).deleteMany({ storeId: doc.id });
+}
+
 /** Store names: what agents' `secret_store` and sandboxes' `secretStore` hold. `ss-…` is kept for ids. */
 export const SecretStoreName = z
   .string()
@@ -147,12 +161,8 @@ export function registerSecretStoreRoutes(t: RouteTable, deps: ApiDeps): void {
     errors: [409],
     handler: async ({ params, org, res }) => {
       const doc = await getStore(deps, org.id, params.id);
-      const users = await deps.store.agents.find({ orgId: org.id, secret_store: doc.name }, { projection: { id: 1 } }).limit(5).toArray();
-      if (users.length > 0) {
-        throw conflict(`secret store ${doc.name} is named by agent(s) ${users.map((a) => a.id).join(', ')}${users.length === 5 ? ' and more' : ''}; point them at another store first`);
-      }
-      await secretStoresOf(deps.store).deleteOne({ _id: doc._id });
-      await secretEntriesOf(deps.store).deleteMany({ storeId: doc.id });
+      await assertStoreUnused(deps, doc);
+      await removeSecretStore(deps, doc);
       res.json(storeView(doc));
     },
   });

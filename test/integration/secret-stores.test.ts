@@ -143,6 +143,21 @@ describe('secret stores', () => {
     expect((await api('DELETE', `/api/secret-stores/${store.id}`)).status).toBe(200);
   });
 
+  it("deletes a sandbox's store with the sandbox (kill({ deleteSecretStore: true })), but not while an agent names it", async () => {
+    const store = await newStore({ TOKEN_A: 'value-a' });
+    const agent = await newAgent({ entrypoint: ['true'], secret_store: store.name });
+    const sb = await api('POST', '/api/sandboxes', { body: { secretStore: store.name } });
+    expect(sb.status).toBe(201);
+    cleanup.push(() => api('DELETE', `/api/sandboxes/${sb.body.sandboxID}`));
+    const refused = await api('DELETE', `/api/sandboxes/${sb.body.sandboxID}?deleteSecretStore=true`);
+    expectError(refused, 409, 'conflict');
+    expect((await api('GET', `/api/sandboxes/${sb.body.sandboxID}`)).body.status).toBe('running'); // nothing killed
+    expect((await api('DELETE', `/v1/agents/${agent}`)).status).toBe(200);
+    const killed = await api('DELETE', `/api/sandboxes/${sb.body.sandboxID}?deleteSecretStore=true`);
+    expect([killed.status, killed.body.status]).toEqual([200, 'stopped']);
+    expect((await api('GET', `/api/secret-stores/${store.id}`)).status).toBe(404);
+  });
+
   it("puts a store's secrets into the environment of sessions, instances and sandboxes (the caller's env wins)", async () => {
     const store = await newStore({ API_TOKEN: VALUE, CLASH: 'from-store', ONLY_STORE: 'store-only' });
     // The entrypoint writes hashes, never the value, so results do not carry it.

@@ -40,6 +40,16 @@ describe('calls of the client that are not implemented', () => {
     }
   });
 
+  it('refuses create options it would otherwise ignore (previewAuth, webhooks) with 501, creating nothing', async () => {
+    for (const body of [{ previewAuth: { scheme: 'bearer', token: 'auto' } }, { webhooks: [{ url: 'http://example.com/hook' }] }]) {
+      const before = (await api('GET', '/api/sandboxes')).body.length;
+      const r = await api('POST', '/api/sandboxes', { body });
+      expect([r.status, r.body.error.type]).toEqual([501, 'not_implemented']);
+      expect(r.body.error.message).toMatch(/Sandbox\.create\(\{ (previewAuth|webhooks) \}\)/);
+      expect((await api('GET', '/api/sandboxes')).body.length).toBe(before);
+    }
+  });
+
   it('surface through the client as its errors with the 501 status', async () => {
     const r = await runSdk(
       `
