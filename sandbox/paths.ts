@@ -304,15 +304,8 @@ async function openResolved(map: RootMap, r: Resolved, flags: number, mode: numb
 
 /** Writes a file inside the sandbox, creating parent directories. Throws invalid_request for bad paths. */
 export async function writeSandboxFile(map: RootMap, sandboxPath: string, content: Buffer, mode = 0o644): Promise<void> {
-  const r = await walk(map, sandboxPath, { createDirs: true });
-  // Truncated only once the descriptor is known to be inside the sandbox.
-  const fh = await openResolved(map, r, fsc.O_WRONLY | fsc.O_CREAT, mode, sandboxPath);
+  const fh = await openSandboxFileForWrite(map, sandboxPath, mode);
   try {
-    const st = await fh.stat();
-    if (!st.isFile()) throw new SandboxError('invalid_request', `not a regular file: ${sandboxPath}`);
-    // Created just now by the host (sandbox files never belong to the host's uid): sandbox root's.
-    if (map.owner && st.uid === process.getuid?.()) await fh.chown(map.owner.uid, map.owner.gid);
-    await fh.truncate(0);
     await fh.writeFile(content);
   } finally {
     await fh.close();
@@ -324,16 +317,12 @@ export async function writeSandboxFile(map: RootMap, sandboxPath: string, conten
  * `maxBytes`, invalid_request for directories and bad paths.
  */
 export async function readSandboxFile(map: RootMap, sandboxPath: string, maxBytes: number): Promise<Buffer> {
-  const r = await walk(map, sandboxPath, {});
-  const fh = await openResolved(map, r, fsc.O_RDONLY, 0, sandboxPath);
+  const { fh, size } = await openSandboxFileForRead(map, sandboxPath);
   try {
-    const st = await fh.stat();
-    if (st.isDirectory()) throw new SandboxError('invalid_request', `path is a directory: ${sandboxPath}`);
-    if (!st.isFile()) throw new SandboxError('invalid_request', `not a regular file: ${sandboxPath}`);
-    if (st.size > maxBytes) {
-      throw new SandboxError('payload_too_large', `${sandboxPath} is ${st.size} bytes, more than the limit of ${maxBytes}`);
+    if (size > maxBytes) {
+      throw new SandboxError('payload_too_large', `${sandboxPath} is ${size} bytes, more than the limit of ${maxBytes}`);
     }
-    const buf = Buffer.alloc(Math.min(st.size, maxBytes) + 1);
+    const buf = Buffer.alloc(Math.min(size, maxBytes) + 1);
     let len = 0;
     while (len < buf.length) {
       const { bytesRead } = await fh.read(buf, len, buf.length - len, len);
@@ -403,11 +392,13 @@ export async function openSandboxFileForRead(map: RootMap, sandboxPath: string):
  */
 export async function openSandboxFileForWrite(map: RootMap, sandboxPath: string, mode = 0o644): Promise<FileHandle> {
   const r = await walk(map, sandboxPath, { createDirs: true });
+  // Truncated only once the descriptor is known to be inside the sandbox.
   const fh = await openResolved(map, r, fsc.O_WRONLY | fsc.O_CREAT, mode, sandboxPath);
   try {
     const st = await fh.stat();
     if (st.isDirectory()) throw new SandboxError('invalid_request', `path is a directory: ${sandboxPath}`);
     if (!st.isFile()) throw new SandboxError('invalid_request', `not a regular file: ${sandboxPath}`);
+    // Created just now by the host (sandbox files never belong to the host's uid): sandbox root's.
     if (map.owner && st.uid === process.getuid?.()) await fh.chown(map.owner.uid, map.owner.gid);
     await fh.truncate(0);
     return fh;

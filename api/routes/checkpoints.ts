@@ -121,6 +121,8 @@ export async function checkpointInUse(deps: ApiDeps, cp: CheckpointDoc, exceptSn
  * - POST/GET /api/sandboxes/checkpoints/{checkpointId}/patches, DELETE …/patches/{patchId}
  */
 export function registerCheckpointRoutes(t: RouteTable, deps: ApiDeps): void {
+  // Built here, not at load: ./sandboxes and this module import each other (through ./snapshots).
+  const SandboxCheckpointParams = SandboxParams.extend({ checkpointId: CheckpointId });
   t.add({
     method: 'post',
     path: '/api/sandboxes/:id/checkpoints',
@@ -192,7 +194,7 @@ export function registerCheckpointRoutes(t: RouteTable, deps: ApiDeps): void {
     path: '/api/sandboxes/:id/checkpoints/:checkpointId',
     tag: 'checkpoints',
     summary: 'Delete a checkpoint, its layer and its patches (409 while a snapshot, a later checkpoint or a running sandbox uses it)',
-    params: SandboxParams.extend({ checkpointId: CheckpointId }),
+    params: SandboxCheckpointParams,
     responses: { 200: { description: 'The deleted checkpoint', schema: CheckpointView } },
     errors: [409],
     handler: async ({ params, org, res }) => {
@@ -211,7 +213,7 @@ export function registerCheckpointRoutes(t: RouteTable, deps: ApiDeps): void {
     path: '/api/sandboxes/:id/checkpoints/:checkpointId/restore',
     tag: 'checkpoints',
     summary: "Put the sandbox's files back to a checkpoint in place (same id; its processes end, as at a reboot); the checkpoint's patches run first",
-    params: SandboxParams.extend({ checkpointId: CheckpointId }),
+    params: SandboxCheckpointParams,
     responses: { 200: { description: 'The running sandbox', schema: SandboxView } },
     errors: [409, 503],
     handler: async ({ params, org, res }) => {
@@ -247,7 +249,7 @@ export function registerCheckpointRoutes(t: RouteTable, deps: ApiDeps): void {
     path: '/api/sandboxes/:id/checkpoints/:checkpointId',
     tag: 'checkpoints',
     summary: 'Get a checkpoint (its status: processing, ready or failed)',
-    params: SandboxParams.extend({ checkpointId: CheckpointId }),
+    params: SandboxCheckpointParams,
     responses: { 200: { description: 'The checkpoint', schema: CheckpointView } },
     handler: async ({ params, org, res }) => {
       const cp = await getOrgCheckpoint(deps, org.id, params.checkpointId);

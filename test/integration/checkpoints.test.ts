@@ -141,9 +141,18 @@ describe('checkpoints and patches', () => {
       const afterDelete = await sdk.Sandbox.listCheckpointPatches(cp.id, opts);
       const child = await sdk.Sandbox.createFromCheckpoint(cp.id, opts);
       const running = await child.isRunning();
+      let inUse = '';
+      try { await sb.deleteCheckpoint(cp.id); } catch (e) { inUse = e.message; }
+      const spare = await sb.createCheckpoint('spare');
+      await sb.deleteCheckpoint(spare.id);
+      const left = (await sb.listCheckpoints()).map((c) => c.name);
       await sb.kill();
-      out({ cp, listed: listed.map((c) => c.id), p1: p1.patch, before: before.map((p) => p.sequence), afterDelete: afterDelete.map((p) => p.id), child: child.sandboxId, running });
+      out({ cp, listed: listed.map((c) => c.id), p1: p1.patch, before: before.map((p) => p.sequence), afterDelete: afterDelete.map((p) => p.id), child: child.sandboxId, running, inUse, left });
     `);
+    // In use by the spawned sandbox: the client's error carries the 409; an unused one goes.
+    expect(r.inUse).toBe('Failed to delete checkpoint: 409');
+    expect(r.left).toEqual(['sdk-cp']);
+    expect(r.cp.sizeBytes).toEqual(expect.any(Number));
     expect(r.cp).toMatchObject({ name: 'sdk-cp', status: 'ready' });
     expect(r.listed).toEqual([r.cp.id]);
     expect(r.p1).toMatchObject({ checkpointId: r.cp.id, sequence: 1, strategy: 'on_wake', description: 'writes p' });
