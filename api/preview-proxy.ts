@@ -100,7 +100,9 @@ export class PreviewProxy {
       return path;
     } catch (err) {
       const e = err as { type?: string; message?: string };
-      if (e.type === 'not_found' || e.type === 'conflict') throw new ApiError('bad_gateway', `sandbox ${doc.sandboxId} is not running`);
+      if (e.type === 'not_found') throw new ApiError('bad_gateway', `sandbox ${doc.sandboxId} is not running`);
+      // Hibernated (or stopping): the host says which; waking it brings the preview back.
+      if (e.type === 'conflict') throw new ApiError('unavailable', e.message ?? `sandbox ${doc.sandboxId} is not running`);
       throw new ApiError('bad_gateway', `could not reach sandbox ${doc.sandboxId}: ${e.message ?? String(err)}`);
     }
   }

@@ -59,6 +59,8 @@ describe('hibernate and wake', () => {
     expect(exec.status).toBe(409);
     expect(exec.body.error.message).toMatch(/hibernated/);
     expect((await api('GET', `/api/sandboxes/${id}/files?path=/root/mine.txt`)).status).toBe(409);
+    const asleep = await viaHost(preview.body.hostname, '/');
+    expect([asleep.status, asleep.json?.error?.message]).toEqual([503, expect.stringMatching(/hibernated/)]);
     expect((await api('POST', `/api/sandboxes/${id}/hibernate`)).body.status).toBe('hibernated');
     expect((await api('DELETE', `/api/sandboxes/${cp.id.replace(/^cp-/, 'sb-')}/checkpoints/${cp.id}`)).status).toBe(404);
     const del = await api('DELETE', `/api/sandboxes/${origin}/checkpoints/${cp.id}`);
