@@ -58,7 +58,8 @@ describe('exec through the OpenComputer client', () => {
       const dec = new TextDecoder();
       let first = '';
       const s = await sb.exec.start('bash', { args: ['-c', 'for i in 1 2 3 4 5 6; do echo line$i; sleep 0.25; done; exit 3'], onStdout: (d) => { first += dec.decode(d); } });
-      await new Promise((r) => setTimeout(r, 400));
+      const t0 = Date.now();
+      while (!first.includes('line1') && Date.now() - t0 < 10000) await new Promise((r) => setTimeout(r, 20));
       s.close(); // the connection drops; the command goes on
       await new Promise((r) => setTimeout(r, 300));
       let again = '';

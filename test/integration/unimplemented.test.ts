@@ -41,12 +41,13 @@ describe('calls of the client that are not implemented', () => {
   });
 
   it('refuses create options it would otherwise ignore (previewAuth, webhooks) with 501, creating nothing', async () => {
-    for (const body of [{ previewAuth: { scheme: 'bearer', token: 'auto' } }, { webhooks: [{ url: 'http://example.com/hook' }] }]) {
-      const before = (await api('GET', '/api/sandboxes')).body.length;
-      const r = await api('POST', '/api/sandboxes', { body });
+    for (const extra of [{ previewAuth: { scheme: 'bearer', token: 'auto' } }, { webhooks: [{ url: 'http://example.com/hook' }] }]) {
+      const marker = `refused-${Date.now().toString(36)}-${Object.keys(extra)[0]}`;
+      const r = await api('POST', '/api/sandboxes', { body: { ...extra, metadata: { marker } } });
       expect([r.status, r.body.error.type]).toEqual([501, 'not_implemented']);
       expect(r.body.error.message).toMatch(/Sandbox\.create\(\{ (previewAuth|webhooks) \}\)/);
-      expect((await api('GET', '/api/sandboxes')).body.length).toBe(before);
+      const mine = (await api('GET', '/api/sandboxes')).body.filter((s: { metadata: Record<string, string> }) => s.metadata.marker === marker);
+      expect(mine).toEqual([]);
     }
   });
 
