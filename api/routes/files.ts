@@ -9,7 +9,7 @@ import { ApiError, invalid, notFound } from '../../lib/errors';
 import type { HostClient } from '../../sandbox/host/client';
 import { findOrgSandbox } from '../../store/sandboxes';
 import { fromHostError, sandboxHost } from './exec';
-import { SandboxParams } from './sandboxes';
+import { SandboxParams, wakeInBackground } from './sandboxes';
 
 /*
  * A sandbox's filesystem (OpenComputer's `sandbox.files`): content streamed both ways through the API
@@ -132,6 +132,35 @@ async function grantHost(deps: ApiDeps, g: FileGrant): Promise<HostClient> {
   return deps.hosts.get(doc.hostId);
 }
 
+/**
+ * The client's async wake (`X-OSB-Async-Wake: 1`, sent by its Filesystem): a call on a hibernated
+ * sandbox starts waking it and is answered 503 `{ waking: true }`, which the client retries until
+ * the sandbox is up. Without the header the call gets the 409 (hibernated; wake it first).
+ */
+async function orWake<T>(deps: ApiDeps, req: Request, orgId: string, sandboxId: string, fn: () => Promise<T>): Promise<T> {
+  try {
+    return await fn();
+  } catch (err) {
+    const e = err as { status?: number; message?: string };
+    if (e.status === 409 && /hibernated/.test(e.message ?? '') && req.header('x-osb-async-wake') === '1') {
+      const doc = await findOrgSandbox(deps.store, orgId, sandboxId);
+      if (doc?.status === 'hibernated') wakeInBackground(deps, doc);
+      throw new WakingError(sandboxId);
+    }
+    throw err;
+  }
+}
+
+/** 503 with `waking: true` next to the error body (what the client's retry loop looks for). */
+class WakingError extends ApiError {
+  constructor(sandboxId: string) {
+    super('unavailable', `sandbox ${sandboxId} is waking; retry`);
+  }
+  override toBody(): ReturnType<ApiError['toBody']> & { waking: true } {
+    return { ...super.toBody(), waking: true };
+  }
+}
+
 /** /api/sandboxes/:id/files…: the sandbox's filesystem. */
 export function registerFileRoutes(t: RouteTable, deps: ApiDeps): void {
   const tag = 'files';
@@ -153,8 +182,9 @@ export function registerFileRoutes(t: RouteTable, deps: ApiDeps): void {
     query: PathQuery,
     responses: { 200: { description: 'The file', schema: z.string().openapi({ format: 'binary' }), contentType: 'application/octet-stream' } },
     errors: [409, 502, 503],
-    handler: async ({ params, query, org, res }) => {
-      await sendFile(await hostOf(org.id, params.id), params.id, query.path, res);
+    handler: async ({ params, query, org, req, res }) => {
+      const host = await hostOf(org.id, params.id);
+      await orWake(deps, req, org.id, params.id, () => sendFile(host, params.id, query.path, res));
     },
   });
 
@@ -170,7 +200,7 @@ export function registerFileRoutes(t: RouteTable, deps: ApiDeps): void {
     errors: [409, 502, 503],
     handler: async ({ params, query, org, req, res }) => {
       const host = await hostOf(org.id, params.id);
-      res.json(await receiveFile(host, params.id, query.path, req, query.mode ? parseInt(query.mode, 8) : undefined));
+      res.json(await orWake(deps, req, org.id, params.id, () => receiveFile(host, params.id, query.path, req, query.mode ? parseInt(query.mode, 8) : undefined)));
     },
   });
 
@@ -183,9 +213,9 @@ export function registerFileRoutes(t: RouteTable, deps: ApiDeps): void {
     query: PathQuery.extend({ recursive: Bool.optional().describe('default true') }),
     responses: { 200: { description: 'Removed', schema: z.object({ removed: z.literal(true), path: z.string() }) } },
     errors: [409, 502, 503],
-    handler: async ({ params, query, org, res }) => {
+    handler: async ({ params, query, org, req, res }) => {
       const host = await hostOf(org.id, params.id);
-      await call(`file ${query.path}`, () => host.removePath(params.id, query.path, { recursive: query.recursive }));
+      await orWake(deps, req, org.id, params.id, () => call(`file ${query.path}`, () => host.removePath(params.id, query.path, { recursive: query.recursive })));
       res.json({ removed: true, path: query.path });
     },
   });
@@ -199,9 +229,9 @@ export function registerFileRoutes(t: RouteTable, deps: ApiDeps): void {
     query: OptionalPathQuery,
     responses: { 200: { description: 'Its entries, by name', schema: z.array(FileEntry) } },
     errors: [409, 502, 503],
-    handler: async ({ params, query, org, res }) => {
+    handler: async ({ params, query, org, req, res }) => {
       const host = await hostOf(org.id, params.id);
-      res.json(await call(`directory ${query.path ?? '/'}`, () => host.listDir(params.id, query.path ?? '/')));
+      res.json(await orWake(deps, req, org.id, params.id, () => call(`directory ${query.path ?? '/'}`, () => host.listDir(params.id, query.path ?? '/'))));
     },
   });
 
@@ -230,11 +260,11 @@ export function registerFileRoutes(t: RouteTable, deps: ApiDeps): void {
     body: z.object({ path: SandboxPath.optional() }).strict().optional(),
     responses: { 200: { description: 'The directory', schema: FileEntry } },
     errors: [409, 502, 503],
-    handler: async ({ params, query, body, org, res }) => {
+    handler: async ({ params, query, body, org, req, res }) => {
       const p = query.path ?? body?.path;
       if (!p) throw invalid('query.path: required (or body.path)');
       const host = await hostOf(org.id, params.id);
-      res.json(await call(`directory ${p}`, () => host.makeDir(params.id, p)));
+      res.json(await orWake(deps, req, org.id, params.id, () => call(`directory ${p}`, () => host.makeDir(params.id, p))));
     },
   });
 

@@ -273,6 +273,28 @@ async function wakeSandbox(deps: ApiDeps, doc: SandboxDoc, patches: { id: string
   return set;
 }
 
+/** Wakes a hibernated sandbox with the on_wake patches of the checkpoint it stands on; answers the fields it set. */
+export async function wakeWithPatches(deps: ApiDeps, doc: SandboxDoc, timeout?: number): Promise<Partial<SandboxDoc>> {
+  const cp = doc.fromCheckpoint ? await findOrgCheckpoint(deps.store, doc.orgId, doc.fromCheckpoint) : null;
+  const patches = cp ? (await listPatches(deps.store, cp)).map((p) => ({ id: p._id, script: p.script })) : [];
+  return wakeSandbox(deps, doc, patches, timeout);
+}
+
+/** Wakes in flight, by sandbox: concurrent requests that wake one sandbox share one wake. */
+const waking = new Map<string, Promise<unknown>>();
+
+/**
+ * Starts waking a hibernated sandbox in the background (at most one wake per sandbox at a time), for
+ * the client's async wake: its requests are answered 503 `{ waking: true }` and retried.
+ */
+export function wakeInBackground(deps: ApiDeps, doc: SandboxDoc): void {
+  if (waking.has(doc._id)) return;
+  const p = wakeWithPatches(deps, doc)
+    .catch((err: unknown) => deps.logger.warn({ err: String(err), sandboxId: doc._id }, 'background wake failed'))
+    .finally(() => waking.delete(doc._id));
+  waking.set(doc._id, p);
+}
+
 /** Hibernates a running sandbox (its record too); 409 when it is not running. */
 async function hibernateOrgSandbox(deps: ApiDeps, doc: SandboxDoc): Promise<SandboxDoc> {
   if (doc.status !== 'running') throw new ApiError('conflict', `sandbox ${doc._id} is ${doc.status}; only a running sandbox can hibernate`);
@@ -440,9 +462,7 @@ export function registerSandboxRoutes(t: RouteTable, deps: ApiDeps): void {
         const why = doc.status === 'running' ? 'is running' : doc.status === 'stopped' ? 'was killed' : `is ${doc.status}`;
         throw new ApiError('conflict', `sandbox ${doc._id} ${why}; only a hibernated sandbox can be woken`);
       }
-      const cp = doc.fromCheckpoint ? await findOrgCheckpoint(deps.store, org.id, doc.fromCheckpoint) : null;
-      const patches = cp ? (await listPatches(deps.store, cp)).map((p) => ({ id: p._id, script: p.script })) : [];
-      const set = await wakeSandbox(deps, doc, patches, body.timeout);
+      const set = await wakeWithPatches(deps, doc, body.timeout);
       res.json(sandboxView(deps, { ...doc, ...set }));
     },
   });

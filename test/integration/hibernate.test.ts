@@ -83,6 +83,28 @@ describe('hibernate and wake', () => {
     expect(await sh(id, 'wc -l < /workspace/wakes.log; cat /root/mine.txt')).toBe('3\nmine\n');
   }, 120_000);
 
+  it("wakes a hibernated sandbox for the client's async wake (X-OSB-Async-Wake: 1): 503 { waking } until it is up", async () => {
+    const id = await sandbox();
+    await sh(id, 'echo still-here > /workspace/f');
+    expect((await api('POST', `/api/sandboxes/${id}/hibernate`)).status).toBe(200);
+    expect((await api('GET', `/api/sandboxes/${id}/files?path=/workspace/f`)).status).toBe(409); // without the header: no wake
+    const first = await api('GET', `/api/sandboxes/${id}/files?path=/workspace/f`, { headers: { 'x-osb-async-wake': '1' } });
+    expect([first.status, first.body.waking, first.body.error.type]).toEqual([503, true, 'unavailable']);
+    const later = await eventually(async () => {
+      const r = await api('GET', `/api/sandboxes/${id}/files?path=/workspace/f`, { headers: { 'x-osb-async-wake': '1' } });
+      return r.status === 200 ? r : null;
+    });
+    expect(later.body).toBe('still-here\n');
+    expect((await api('GET', `/api/sandboxes/${id}`)).body.status).toBe('running');
+    // Through the client, whose Filesystem sends the header and retries the 503s.
+    expect((await api('POST', `/api/sandboxes/${id}/hibernate`)).status).toBe(200);
+    const r = await runSdk(`
+      const sb = await sdk.Sandbox.connect(process.env.SB, opts);
+      out({ before: sb.status, text: await sb.files.read('/workspace/f') });
+    `, { SB: id });
+    expect(r).toEqual({ before: 'hibernated', text: 'still-here\n' });
+  }, 60_000);
+
   it('refuses to wake an unknown, killed or running sandbox, and to hibernate a killed one', async () => {
     const unknown = await api('POST', '/api/sandboxes/sb-0000000000000000/wake', { body: {} });
     expect(unknown.status).toBe(404);
