@@ -69,6 +69,8 @@ async function benchSessions(n: number, c: number): Promise<Record<string, unkno
   let next = 0;
   const t0 = Date.now();
   let lastEnd = t0;
+  /** When each session ended (its updated_at), for the throughput of each block of BLOCK sessions. */
+  const ends: number[] = [];
   async function one(i: number): Promise<void> {
     const start = performance.now();
     const r = await call('POST', `/v1/agents/${agentId}/sessions`, { input: { i } });
@@ -86,6 +88,8 @@ async function benchSessions(n: number, c: number): Promise<Record<string, unkno
         const ended = Date.parse(s.body.updated_at);
         e2e.push(ended - Date.parse(s.body.created_at));
         lastEnd = Math.max(lastEnd, ended);
+        ends.push(ended);
+        if (ends.length % BLOCK === 0) process.stderr.write(`bench: ${ends.length} sessions ended, ${Math.round((Date.now() - t0) / 1000)} s\n`);
         if (s.body.status === 'failed' || s.body.result?.i !== i) failed++;
         return;
       }
@@ -101,6 +105,13 @@ async function benchSessions(n: number, c: number): Promise<Record<string, unkno
     }),
   );
   const seconds = (lastEnd - t0) / 1000;
+  // Sessions/s of each block of BLOCK endings, in the order they ended: does throughput hold over a long run?
+  const sorted = [...ends].sort((x, y) => x - y);
+  const blocks: number[] = [];
+  for (let k = BLOCK; k <= sorted.length; k += BLOCK) {
+    const from = k === BLOCK ? t0 : sorted[k - BLOCK - 1]!;
+    blocks.push(Math.round((BLOCK / ((sorted[k - 1]! - from) / 1000)) * 10) / 10);
+  }
   return {
     bench: 'sessions',
     n,
@@ -109,10 +120,16 @@ async function benchSessions(n: number, c: number): Promise<Record<string, unkno
     create_ms: stats(create),
     end_to_end_ms: stats(e2e),
     sessions_per_s: Math.round((n / seconds) * 10) / 10,
+    ...(blocks.length > 1
+      ? { per_block_of_1000_per_s: blocks, last_block_vs_first: Math.round((blocks[blocks.length - 1]! / blocks[0]!) * 100) / 100 }
+      : {}),
     lost,
     failed,
   };
 }
+
+/** Block size of the per-block throughput of the sessions bench. */
+const BLOCK = 1000;
 
 /**
  * N trivial items as one batch at concurrency C, against the same N sessions started one by one
