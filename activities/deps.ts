@@ -8,6 +8,10 @@ export interface ActivityDeps {
   store: Store;
   /** The sandbox host on this machine. */
   host: HostClient;
+  /** The id of `host` (layers made elsewhere are fetched to it); absent: never fetch. */
+  hostId?: string;
+  /** HOST_DEAD_AFTER in ms (a layer's source host silent this long is lost). */
+  hostDeadAfterMs?: number;
   /** Task queue of the worker beside `host`; returned by provisioning so later steps land here. */
   hostTaskQueue: string;
   resultMaxBytes: number;
@@ -17,4 +21,9 @@ export interface ActivityDeps {
   limits: SandboxLimits;
   /** Opens secret-store values (the same SECRETS_KEY as the API's). */
   secrets: SecretBox;
+  /**
+   * Where a new session's sandbox should go: the task queue of another live host chosen by free
+   * capacity (store/hosts.ts chooseHost), or null for this one. Absent: always this one.
+   */
+  placeElsewhere?: () => Promise<string | null>;
 }

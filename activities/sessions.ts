@@ -11,6 +11,7 @@ import { effectiveResources } from '../config/limits';
 import { secretEnvOf, SecretStoreMissing, SecretUnreadable } from '../store/secrets';
 
 import type { ActivityDeps } from './deps';
+import { hostAlive, hostsOf } from '../store/hosts';
 
 /** Where the agent's input and result live inside a session's sandbox. */
 export const AGENT_INPUT_PATH = '/tmp/agent_input.json';
@@ -28,8 +29,14 @@ export const createSessionActivities = (deps: ActivityDeps) => ({
    * A retry finds the same sandbox (its id derives from the session id) and starts nothing twice;
    * a retry after the session's ending was recorded only makes sure its sandbox is gone.
    */
-  async provisionSandboxAndRunEntrypoint(args: { sessionId: string; orgId: string; agentId: string; run: AgentRunSpec; input?: string }): Promise<Provisioned> {
-    Context.current().heartbeat();
+  async provisionSandboxAndRunEntrypoint(args: { sessionId: string; orgId: string; agentId: string; run: AgentRunSpec; input?: string; placed?: boolean }): Promise<Provisioned> {
+    // The detail tells a retry (and the workflow, after a timeout) that an attempt got this far.
+    Context.current().heartbeat('provisioning');
+    // Placement: the session goes to whichever live host has room (a snapshot's layers follow it).
+    if (!args.placed && deps.placeElsewhere) {
+      const elsewhere = await deps.placeElsewhere().catch(() => null);
+      if (elsewhere) return { sandboxId: sandboxIdForSession(args.sessionId), taskQueue: elsewhere, exit: null, end: null, redirect: elsewhere };
+    }
     const sandboxId = sandboxIdForSession(args.sessionId);
     // A small input comes in the workflow's arguments; a larger one is read from MongoDB.
     const [session, ended] = await Promise.all([
@@ -122,6 +129,8 @@ export const QUICK_EXIT_WAIT_MS = 1000;
 export interface Provisioned {
   sandboxId: string;
   taskQueue: string;
+  /** Nothing was provisioned: provision on the host of this task queue instead (placement). */
+  redirect?: string;
   exit: EntrypointExit | null;
   /** The recorded ending (result data left out: it stays in MongoDB), or null while it runs. */
   end: SessionEnd | null;
@@ -217,11 +226,37 @@ export function decideEnd(
 
 /** The agent's snapshot resolved to layers and patches; a missing or unready one fails for good (SnapshotNotFound). */
 export async function imageOrFail(deps: ActivityDeps, orgId: string, ref: string): Promise<ResolvedImage> {
+  let image: ResolvedImage;
   try {
-    return await resolveImage(deps.store, orgId, ref);
+    image = await resolveImage(deps.store, orgId, ref);
   } catch (err) {
     if (err instanceof ImageError) throw ApplicationFailure.nonRetryable(err.message, 'SnapshotNotFound');
     throw err;
+  }
+  await bringLayersHere(deps, image);
+  return image;
+}
+
+/**
+ * Copies a snapshot's layers to this host from the host that built it, when they are not here yet
+ * (the host fetches them host to host and keeps them). Their only copy on a lost host fails the
+ * provisioning for good, saying so; a source that is merely slow to answer is retried.
+ */
+async function bringLayersHere(deps: ActivityDeps, image: ResolvedImage): Promise<void> {
+  if (!deps.hostId || !image.hostId || image.hostId === deps.hostId || image.layers.length === 0) return;
+  const source = await hostsOf(deps.store).findOne({ _id: image.hostId });
+  if (!source) throw ApplicationFailure.nonRetryable(`the snapshot's layers are on sandbox host ${image.hostId}, which is not registered`, 'SnapshotNotFound');
+  for (const layer of image.layers) {
+    try {
+      await deps.host.fetchLayer(layer, source.url);
+    } catch (err) {
+      const e = err as { type?: string; message?: string };
+      if (e.type === 'not_found') throw ApplicationFailure.nonRetryable(`layer ${layer} of the snapshot is not on sandbox host ${image.hostId} any more`, 'SnapshotNotFound');
+      if (!hostAlive(source, deps.hostDeadAfterMs ?? 15_000)) {
+        throw ApplicationFailure.nonRetryable(`the snapshot's layers were only on sandbox host ${image.hostId}, which is lost`, 'SnapshotNotFound');
+      }
+      throw err;
+    }
   }
 }
 

@@ -1,44 +1,111 @@
 import { HostClient } from '../sandbox/host/client';
 import type { Store } from '../store';
-import { hostsOf, HostDoc } from '../store/hosts';
+import { chooseHost, hostAlive, hostsOf, HostView, type HostDoc } from '../store/hosts';
 import { ApiError } from '../lib/errors';
+
+/** How long a direct probe of a host whose heartbeat is late may take, and how long its answer is kept. */
+const PROBE_TIMEOUT_MS = 1_500;
+const PROBE_KEEP_MS = 2_000;
 
 /**
  * Finds the sandbox host that owns a sandbox (hosts register themselves in MongoDB through the
- * worker beside them) and gives a client for it. All hosts share one token (HOST_TOKEN).
+ * worker beside them, and heartbeat there) and gives a client for it. All hosts share one token
+ * (HOST_TOKEN). A host is lost when its heartbeat is older than HOST_DEAD_AFTER and it does not
+ * answer a direct probe either (a host whose worker alone is down still serves its sandboxes).
  */
 export class HostDirectory {
-  private readonly clients = new Map<string, { client: HostClient; doc: HostDoc; at: number }>();
+  private readonly clients = new Map<string, { client: HostClient; url: string }>();
+  private readonly view: HostView;
+  private readonly probes = new Map<string, { alive: Promise<boolean>; at: number }>();
 
   constructor(
     private readonly store: Store,
     private readonly token: string,
-  ) {}
+    private readonly deadAfterMs = 15_000,
+  ) {
+    this.view = new HostView(store, 1_000);
+  }
 
-  /** The client of host `hostId`; 503 when the host is unknown. */
-  async get(hostId: string): Promise<HostClient> {
-    const hit = this.clients.get(hostId);
-    if (hit && Date.now() - hit.at < 60_000) return hit.client;
-    const doc = await hostsOf(this.store).findOne({ _id: hostId });
-    if (!doc) throw new ApiError('unavailable', `sandbox host ${hostId} is not registered`);
-    const client = hit?.doc.url === doc.url ? hit.client : new HostClient({ url: doc.url, token: this.token });
-    this.clients.set(hostId, { client, doc, at: Date.now() });
+  private clientOf(doc: HostDoc): HostClient {
+    const hit = this.clients.get(doc._id);
+    if (hit?.url === doc.url) return hit.client;
+    const client = new HostClient({ url: doc.url, token: this.token });
+    this.clients.set(doc._id, { client, url: doc.url });
     return client;
   }
 
-  private picked: { value: { hostId: string; client: HostClient; taskQueue: string }; at: number } | undefined;
+  private async docOf(hostId: string): Promise<HostDoc | null> {
+    const doc = (await this.view.all()).find((d) => d._id === hostId);
+    // Registered after the view was read: ask for it alone.
+    return doc ?? (await hostsOf(this.store).findOne({ _id: hostId }));
+  }
+
+  /** True when the host answers /healthz (asked at most every PROBE_KEEP_MS). */
+  private probe(doc: HostDoc): Promise<boolean> {
+    const hit = this.probes.get(doc._id);
+    if (hit && Date.now() - hit.at < PROBE_KEEP_MS) return hit.alive;
+    const alive = this.clientOf(doc)
+      .health({ signal: AbortSignal.timeout(PROBE_TIMEOUT_MS) })
+      .then((h) => h.hostId === doc._id)
+      .catch(() => false);
+    this.probes.set(doc._id, { alive, at: Date.now() });
+    return alive;
+  }
+
+  /** The client of host `hostId`; 503 when the host is unknown, 410 when it is lost. */
+  async get(hostId: string): Promise<HostClient> {
+    const doc = await this.docOf(hostId);
+    if (!doc) throw new ApiError('unavailable', `sandbox host ${hostId} is not registered`);
+    if (!hostAlive(doc, this.deadAfterMs) && !(await this.probe(doc))) {
+      throw new ApiError('gone', `sandbox host ${hostId} is lost (not heard of for ${Math.round((Date.now() - new Date(doc.updatedAt).getTime()) / 1000)} s): its sandboxes are gone`);
+    }
+    return this.clientOf(doc);
+  }
 
   /**
-   * A host to place a new sandbox on: the most recently seen one (the choice is kept for 5 s,
-   * so creating sandboxes does not query the hosts collection each time). 503 when none is registered.
+   * Makes `layers` (checkpoint or snapshot layers, with their parents) present on host `to`, fetched
+   * host to host from `from` (streamed, checksummed, then cached on `to`) when missing there.
+   * 503 when `from` is lost and `to` lacks them: their only copy is gone with it.
+   */
+  async bringLayers(to: string, from: string, layers: string[]): Promise<void> {
+    const target = await this.get(to);
+    let source: HostClient;
+    try {
+      source = await this.get(from);
+    } catch (err) {
+      if (err instanceof ApiError && err.type === 'gone') {
+        // The target may hold copies from earlier fetches: a fetch that finds everything present asks nobody.
+        const present = await Promise.all(layers.map((l) => target.fetchLayer(l, 'http://lost.invalid').then(() => true, () => false)));
+        if (present.every(Boolean)) return;
+        throw new ApiError('unavailable', `the layers of this checkpoint or snapshot were only on sandbox host ${from}, which is lost: ${err.message}`);
+      }
+      throw err;
+    }
+    for (const layer of layers) {
+      try {
+        await target.fetchLayer(layer, source.url);
+      } catch (err) {
+        const e = err as { type?: string; message?: string };
+        if (e.type === 'not_found') throw new ApiError('conflict', `layer ${layer} is not on sandbox host ${from} any more: ${e.message}`);
+        throw new ApiError('bad_gateway', `could not copy layer ${layer} from sandbox host ${from} to ${to}: ${e.message ?? String(err)}`);
+      }
+    }
+  }
+
+  /**
+   * A host to place a new sandbox on: a live one, at random in proportion to its free capacity
+   * (store/hosts.ts chooseHost). 503 when none is registered or none has room.
    */
   async pick(): Promise<{ hostId: string; client: HostClient; taskQueue: string }> {
-    if (this.picked && Date.now() - this.picked.at < 5_000) return this.picked.value;
-    const docs = await hostsOf(this.store).find({}).sort({ updatedAt: -1 }).limit(1).toArray();
-    const doc = docs[0];
-    if (!doc) throw new ApiError('unavailable', 'no sandbox host is registered; is a worker running?');
-    const value = { hostId: doc._id, client: await this.get(doc._id), taskQueue: doc.taskQueue };
-    this.picked = { value, at: Date.now() };
-    return value;
+    const docs = await this.view.all();
+    if (docs.length === 0) throw new ApiError('unavailable', 'no sandbox host is registered; is a worker running?');
+    let doc = chooseHost(docs, this.deadAfterMs);
+    if (!doc) {
+      // No heartbeat is fresh (workers down, say): hosts that answer a probe themselves still count.
+      const answering = (await Promise.all(docs.map(async (d) => ((await this.probe(d)) ? { ...d, updatedAt: new Date() } : null)))).filter((d): d is HostDoc => d !== null);
+      doc = chooseHost(answering, this.deadAfterMs);
+    }
+    if (!doc) throw new ApiError('unavailable', 'no live sandbox host has room for a new sandbox (HOST_MAX_SANDBOXES), or none is heard of');
+    return { hostId: doc._id, client: this.clientOf(doc), taskQueue: doc.taskQueue };
   }
 }

@@ -16,7 +16,7 @@ async function main(): Promise<void> {
   if (key) await ensureApiKey(store, 'default', key);
   const connection = await Connection.connect({ address: cfg.TEMPORAL_ADDRESS });
   const temporal = new Client({ connection, namespace: cfg.TEMPORAL_NAMESPACE });
-  const hosts = new HostDirectory(store, resolveHostToken(cfg));
+  const hosts = new HostDirectory(store, resolveHostToken(cfg), cfg.HOST_DEAD_AFTER * 1000);
   const { server, previewServer } = createApiServer({ cfg, store, temporal, logger, hosts, secrets: resolveSecretBox(cfg) });
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);

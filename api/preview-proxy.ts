@@ -5,8 +5,9 @@
  * Path of a request: Host → preview record (`_id` lookup, cached 2 s; dropped at once on delete here)
  * → bearer check → the Unix socket of the sandbox port's forwarder on the sandbox host (see
  * sandbox/host/forward.ts; asked for once, then cached) → 127.0.0.1:<port> inside the sandbox.
- * The API and the sandbox host share a machine in this deployment; across machines the host would relay
- * over TCP instead.
+ * When the API and the host do not share a machine (or PREVIEW_TRANSPORT=tcp), each connection is a
+ * tunnel through the host's HTTP port instead (HostClient.openTunnel: authenticated with HOST_TOKEN,
+ * then a byte pipe to the same forwarder): not kept alive, one more hop.
  */
 import { timingSafeEqual } from 'node:crypto';
 import http from 'node:http';
@@ -16,6 +17,11 @@ import type { ApiDeps } from './deps';
 import { ApiError } from '../lib/errors';
 import { hashSecret } from '../lib/ids';
 import { listSandboxPreviews, previewsOf, type PreviewDoc } from '../store/previews';
+import { machineName } from '../lib/machine';
+import type { HostClient } from '../sandbox/host/client';
+
+/** How the proxy reaches a sandbox port: the forwarder's Unix socket, or a tunnel through its host. */
+type PortRoute = { socketPath: string } | { tunnel: HostClient; sandboxId: string; port: number };
 
 const CACHE_MS = 2_000;
 /** `<label>-p<port>.<domain>`: the only Host headers that may name a preview. */
@@ -33,7 +39,7 @@ export function hostnameOf(host: string | undefined): string {
 /** Preview records by hostname, and the forwarder sockets of sandbox ports. One per API process. */
 export class PreviewProxy {
   private readonly records = new Map<string, { doc: PreviewDoc | null; until: number }>();
-  private readonly sockets = new Map<string, string>();
+  private readonly sockets = new Map<string, PortRoute>();
   private readonly agent = new http.Agent({ keepAlive: true, maxFreeSockets: 64, keepAliveMsecs: 10_000 });
 
   constructor(private readonly deps: ApiDeps) {}
@@ -50,8 +56,15 @@ export class PreviewProxy {
   }
 
   /** Remembers where a sandbox port's forwarder listens. */
-  rememberSocket(sandboxId: string, port: number, socketPath: string): void {
-    this.sockets.set(`${sandboxId}:${port}`, socketPath);
+  rememberSocket(sandboxId: string, port: number, socketPath: string, machine: string | undefined, host: HostClient): void {
+    this.sockets.set(`${sandboxId}:${port}`, this.routeFor(sandboxId, port, socketPath, machine, host));
+  }
+
+  /** The Unix socket when it is reachable from here (and PREVIEW_TRANSPORT allows), else a tunnel through the host. */
+  private routeFor(sandboxId: string, port: number, socketPath: string, machine: string | undefined, host: HostClient): PortRoute {
+    const transport = this.deps.cfg.PREVIEW_TRANSPORT;
+    const local = transport === 'unix' || (transport === 'auto' && machine === machineName());
+    return local ? { socketPath } : { tunnel: host, sandboxId, port };
   }
 
   /** Forgets a sandbox port's socket (the preview is gone). */
@@ -88,16 +101,17 @@ export class PreviewProxy {
     if (a.length !== b.length || !timingSafeEqual(a, b)) throw new ApiError('unauthorized', 'invalid preview token');
   }
 
-  /** The forwarder socket of the preview's port; asks the sandbox host when not known (or `fresh`). */
-  private async socketOf(doc: PreviewDoc, fresh = false): Promise<string> {
+  /** The route to the preview's port; asks the sandbox host when not known (or `fresh`). */
+  private async routeOf(doc: PreviewDoc, fresh = false): Promise<PortRoute> {
     const key = `${doc.sandboxId}:${doc.port}`;
     const known = this.sockets.get(key);
     if (known && !fresh) return known;
     const host = await this.deps.hosts.get(doc.hostId);
     try {
-      const path = await host.openPortForward(doc.sandboxId, doc.port);
-      this.sockets.set(key, path);
-      return path;
+      const { socketPath, machine } = await host.portForward(doc.sandboxId, doc.port);
+      const route = this.routeFor(doc.sandboxId, doc.port, socketPath, machine, host);
+      this.sockets.set(key, route);
+      return route;
     } catch (err) {
       const e = err as { type?: string; message?: string };
       if (e.type === 'not_found') throw new ApiError('bad_gateway', `sandbox ${doc.sandboxId} is not running`);
@@ -108,29 +122,40 @@ export class PreviewProxy {
   }
 
   /** The preview of `hostname` and the socket to its port, once the request may pass: 404 or 401 otherwise. */
-  private async admit(hostname: string, headers: http.IncomingHttpHeaders): Promise<{ doc: PreviewDoc; socketPath: string }> {
+  private async admit(hostname: string, headers: http.IncomingHttpHeaders): Promise<{ doc: PreviewDoc; route: PortRoute }> {
     const doc = await this.lookup(hostname);
     if (!doc) throw new ApiError('not_found', `preview ${hostname} not found`);
     this.authorize(doc, headers);
-    return { doc, socketPath: await this.socketOf(doc) };
+    return { doc, route: await this.routeOf(doc) };
   }
 
   /** Serves one HTTP request for a preview hostname. Never throws: failures answer with the error body. */
   async handleRequest(req: http.IncomingMessage, res: http.ServerResponse, hostname: string): Promise<void> {
     let doc: PreviewDoc;
-    let socketPath: string;
+    let route: PortRoute;
     try {
-      ({ doc, socketPath } = await this.admit(hostname, req.headers));
+      ({ doc, route } = await this.admit(hostname, req.headers));
     } catch (err) {
       sendError(res, err);
       return;
     }
-    this.forward(req, res, doc, socketPath, false);
+    this.forward(req, res, doc, route, false);
   }
 
-  private forward(req: http.IncomingMessage, res: http.ServerResponse, doc: PreviewDoc, socketPath: string, retried: boolean): void {
+  private forward(req: http.IncomingMessage, res: http.ServerResponse, doc: PreviewDoc, route: PortRoute, retried: boolean): void {
     const headers = forwardedHeaders(req, doc);
-    const preq = http.request({ socketPath, agent: this.agent, method: req.method, path: req.url, headers });
+    const preq =
+      'socketPath' in route
+        ? http.request({ socketPath: route.socketPath, agent: this.agent, method: req.method, path: req.url, headers })
+        : http.request({
+            method: req.method,
+            path: req.url,
+            headers,
+            createConnection: ((_opts: unknown, done: (err: Error | null, socket?: net.Socket) => void) => {
+              route.tunnel.openTunnel(route.sandboxId, route.port).then((sock) => done(null, sock), (err: Error) => done(tunnelError(err)));
+              return undefined;
+            }) as unknown as http.RequestOptions['createConnection'],
+          });
     let piped = false;
     preq.on('socket', (s: net.Socket) => {
       const go = () => {
@@ -153,14 +178,14 @@ export class PreviewProxy {
     preq.on('error', (err: NodeJS.ErrnoException) => {
       // The forwarder is gone (host restarted, socket removed): ask the host again, once.
       if (!piped && !retried && (err.code === 'ENOENT' || err.code === 'ECONNREFUSED')) {
-        this.socketOf(doc, true).then(
+        this.routeOf(doc, true).then(
           (p) => this.forward(req, res, doc, p, true),
           (e) => sendError(res, e),
         );
         return;
       }
       if (res.headersSent) res.destroy();
-      else sendError(res, new ApiError('bad_gateway', `sandbox ${doc.sandboxId} is not accepting connections on port ${doc.port}`));
+      else sendError(res, err instanceof ApiError ? err : new ApiError('bad_gateway', `sandbox ${doc.sandboxId} is not accepting connections on port ${doc.port}`));
     });
     res.on('close', () => {
       if (!res.writableFinished) preq.destroy();
@@ -171,38 +196,52 @@ export class PreviewProxy {
   async handleUpgrade(req: http.IncomingMessage, socket: Duplex, head: Buffer, hostname: string): Promise<void> {
     socket.on('error', () => socket.destroy());
     let doc: PreviewDoc;
-    let socketPath: string;
+    let route: PortRoute;
     try {
-      ({ doc, socketPath } = await this.admit(hostname, req.headers));
+      ({ doc, route } = await this.admit(hostname, req.headers));
     } catch (err) {
       rawError(socket, err);
       return;
     }
-    const connect = (path: string, retried: boolean) => {
-      const up = net.connect(path);
+    const pipe = (up: Duplex) => {
+      const lines = [`${req.method} ${req.url} HTTP/1.1`];
+      const headers = forwardedHeaders(req, doc, true);
+      for (const [k, v] of Object.entries(headers)) for (const one of Array.isArray(v) ? v : [v]) lines.push(`${k}: ${one}`);
+      up.write(`${lines.join('\r\n')}\r\n\r\n`);
+      if (head.length) up.write(head);
+      up.pipe(socket);
+      socket.pipe(up);
+      up.on('error', () => socket.destroy());
+      up.on('close', () => socket.destroy());
+      socket.on('close', () => up.destroy());
+    };
+    const refused = () => new ApiError('bad_gateway', `sandbox ${doc.sandboxId} is not accepting connections on port ${doc.port}`);
+    const connect = (r: PortRoute, retried: boolean) => {
+      if (!('socketPath' in r)) {
+        r.tunnel.openTunnel(r.sandboxId, r.port).then(pipe, (err: Error) => rawError(socket, tunnelError(err)));
+        return;
+      }
+      const up = net.connect(r.socketPath);
       up.once('connect', () => {
         up.removeAllListeners('error');
-        const lines = [`${req.method} ${req.url} HTTP/1.1`];
-        const headers = forwardedHeaders(req, doc!, true);
-        for (const [k, v] of Object.entries(headers)) for (const one of Array.isArray(v) ? v : [v]) lines.push(`${k}: ${one}`);
-        up.write(`${lines.join('\r\n')}\r\n\r\n`);
-        if (head.length) up.write(head);
-        up.pipe(socket);
-        socket.pipe(up);
-        up.on('error', () => socket.destroy());
-        up.on('close', () => socket.destroy());
-        socket.on('close', () => up.destroy());
+        pipe(up);
       });
       up.once('error', (err: NodeJS.ErrnoException) => {
         if (!retried && (err.code === 'ENOENT' || err.code === 'ECONNREFUSED')) {
-          this.socketOf(doc!, true).then((p) => connect(p, true), (e) => rawError(socket, e));
+          this.routeOf(doc, true).then((p) => connect(p, true), (e) => rawError(socket, e));
           return;
         }
-        rawError(socket, new ApiError('bad_gateway', `sandbox ${doc!.sandboxId} is not accepting connections on port ${doc!.port}`));
+        rawError(socket, refused());
       });
     };
-    connect(socketPath, false);
+    connect(route, false);
   }
+}
+
+/** What a failed tunnel through a host means for the preview's client. */
+function tunnelError(err: Error & { type?: string }): ApiError {
+  if (err.type === 'conflict') return new ApiError('unavailable', err.message);
+  return new ApiError('bad_gateway', `could not reach the sandbox port through its host: ${err.message}`);
 }
 
 /** Request headers for the sandbox: hop-by-hop headers and the preview token removed, X-Forwarded-* added. */

@@ -27,15 +27,28 @@ export const configSchema = z.object({
   PREVIEW_DOMAIN: nonEmpty.regex(/^[a-z0-9.-]+(:\d+)?$/i, 'must be a domain name').default('preview.localhost'),
   /** A second port on which only the preview proxy listens (previews are always served on PORT too). */
   PREVIEW_PORT: port.optional(),
+  /**
+   * How the preview proxy reaches a sandbox port: `auto` (the host's Unix socket when the host is on
+   * this machine, else a tunnel through the host's HTTP port), `tcp` (always the tunnel), `unix` (always the socket).
+   */
+  PREVIEW_TRANSPORT: z.enum(['auto', 'tcp', 'unix']).default('auto'),
   /** Set when a TLS-terminating front serves *.PREVIEW_DOMAIN over HTTPS: previews then report sslStatus `active`. */
   PREVIEW_TLS: z.enum(['true', 'false', '1', '0']).default('false').transform((v) => v === 'true' || v === '1'),
   /** Default per-organisation capacity reservation limit, per 15-minute interval (OrgDoc.settings.reservationLimitGb overrides it). */
   RESERVATION_LIMIT_GB: z.coerce.number().int().min(0).default(64),
   DATA_DIR: nonEmpty.default(path.join(PROJECT_ROOT, '.data')),
   SANDBOX_PROVIDER: z.enum(['bwrap', 'process']).default('bwrap'),
+  /** npm start: how many sandbox hosts (each with its worker) to run on this machine. */
+  SANDBOX_HOSTS: z.coerce.number().int().min(1).max(16).default(1),
   HOST_ID: nonEmpty.regex(/^[\w.-]+$/, 'letters, digits, _ . - only').optional(),
   HOST_LISTEN: z.string().regex(/^[^:\s]+:\d+$/, 'must be host:port').default('127.0.0.1:7300'),
   HOST_TOKEN: z.string().min(16, 'must be at least 16 characters').optional(),
+  /** The host's address as the other machines reach it (APIs, other hosts); default http://HOST_LISTEN. */
+  HOST_URL: z.url({ protocol: /^https?$/ }).optional(),
+  /** A worker reports its host's liveness and load this often (ms). */
+  HOST_HEARTBEAT_MS: z.coerce.number().int().min(200).max(60_000).default(2_000),
+  /** A host not heard of for this many seconds is dead: nothing new goes to it, and what ran on it is written off. */
+  HOST_DEAD_AFTER: z.coerce.number().min(1).max(3_600).default(15),
   /**
    * Key that encrypts secret-store values at rest (AES-256-GCM): 64 hex digits or base64 of 32 bytes.
    * Unset: one is generated once into DATA_DIR/secrets.key (mode 0600). Every API and worker process
@@ -111,6 +124,11 @@ export function loadConfigOrExit(env: NodeJS.ProcessEnv = process.env): Config {
 /** The host's id: HOST_ID or the machine's hostname, made task-queue safe. */
 export function hostIdOf(cfg: Config): string {
   return cfg.HOST_ID ?? require('node:os').hostname().replace(/[^\w.-]/g, '-');
+}
+
+/** Where the other processes reach the host beside this worker. */
+export function hostUrlOf(cfg: Pick<Config, 'HOST_URL' | 'HOST_LISTEN'>): string {
+  return (cfg.HOST_URL ?? `http://${cfg.HOST_LISTEN}`).replace(/\/$/, '');
 }
 
 /** Task queue served by the worker beside the sandbox host `hostId`. */

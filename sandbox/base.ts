@@ -5,10 +5,11 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { Spawner } from './spawner';
-import { createHash } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 import { promises as fsp, watch, openSync, closeSync, readSync, fstatSync, type FSWatcher } from 'node:fs';
 import { constants as osConstants } from 'node:os';
 import * as path from 'node:path';
+import { pipeline } from 'node:stream/promises';
 import type { Logger } from 'pino';
 import pino from 'pino';
 import { SandboxError } from './errors';
@@ -658,6 +659,13 @@ export abstract class BaseProvider implements SandboxProvider {
     return st ? this.info(st) : null;
   }
 
+  /** How many sandboxes are live and the sum of their memory limits (placement reads it through /healthz). */
+  load(): { sandboxes: number; reservedMB: number } {
+    let reservedMB = 0;
+    for (const s of this.states.values()) reservedMB += s.limits?.memoryMB ?? 0;
+    return { sandboxes: this.states.size, reservedMB };
+  }
+
   list(filter: ListFilter = {}): SandboxInfo[] {
     return [...this.states.values()]
       .filter((s) => !filter.ownerKind || s.owner?.kind === filter.ownerKind)
@@ -1065,6 +1073,71 @@ export abstract class BaseProvider implements SandboxProvider {
 
   async layerHash(layerId: string): Promise<string> {
     void layerId;
+    throw new SandboxError('invalid_request', `layers are not supported by the ${this.kind} provider`);
+  }
+
+  /** See SandboxProvider.hasLayer. */
+  async hasLayer(layerId: string): Promise<boolean> {
+    assertId(layerId, 'layer id');
+    return fsp.stat(path.join(this.layersDir(), layerId, 'layer.json')).then(() => true, () => false);
+  }
+
+  /**
+   * See SandboxProvider.exportLayer: the layer's directory as a tar stream (numeric owners, modes,
+   * xattrs and the overlay's whiteouts kept), with its content hash (layerHash) for the receiver to check.
+   */
+  async exportLayer(layerId: string): Promise<{ sha256: string; stream: NodeJS.ReadableStream; done: Promise<void> }> {
+    if (!(await this.hasLayer(layerId))) throw new SandboxError('not_found', `layer ${layerId} not found`);
+    const sha256 = await this.layerHash(layerId);
+    const tar = spawn('tar', ['-C', this.layersDir(), '--numeric-owner', '--xattrs', '--xattrs-include=*', '-cf', '-', layerId], { stdio: ['ignore', 'pipe', 'pipe'] });
+    let stderr = '';
+    tar.stderr!.on('data', (c: Buffer) => (stderr += c.toString('utf8')));
+    const done = new Promise<void>((resolve, reject) =>
+      tar.once('close', (code) => (code === 0 ? resolve() : reject(new Error(`tar of layer ${layerId} failed: ${stderr.trim() || `exit ${code}`}`)))),
+    );
+    return { sha256, stream: tar.stdout!, done };
+  }
+
+  /**
+   * See SandboxProvider.importLayer: unpacks a tar stream of exportLayer beside the layers, checks its
+   * content hash against `sha256`, then renames it into place (a half-received layer is never seen).
+   */
+  async importLayer(layerId: string, stream: NodeJS.ReadableStream, sha256: string): Promise<{ parents: string[] }> {
+    assertId(layerId, 'layer id');
+    const tmp = path.join(this.layersDir(), `${layerId}.tmp-import-${randomBytes(4).toString('hex')}`);
+    await fsp.mkdir(tmp, { recursive: true, mode: 0o700 });
+    try {
+      const tar = spawn('tar', ['-C', tmp, '--numeric-owner', '--same-owner', '--same-permissions', '--xattrs', '--xattrs-include=*', '-xf', '-'], { stdio: ['pipe', 'ignore', 'pipe'] });
+      let stderr = '';
+      tar.stderr!.on('data', (c: Buffer) => (stderr += c.toString('utf8')));
+      const exited = new Promise<number | null>((resolve) => tar.once('close', resolve));
+      await pipeline(stream as NodeJS.ReadableStream & AsyncIterable<Buffer>, tar.stdin!);
+      const code = await exited;
+      if (code !== 0) throw new SandboxError('internal', `unpacking layer ${layerId} failed: ${stderr.trim() || `exit ${code}`}`);
+      const unpacked = path.join(tmp, layerId);
+      const manifest = JSON.parse(await fsp.readFile(path.join(unpacked, 'layer.json'), 'utf8')) as { parents?: string[] };
+      // Checked where it will live: layerHash reads <layers>/<id>; a rename within the directory is atomic.
+      const staged = `${tmp}-staged`;
+      await fsp.rename(unpacked, staged);
+      const got = await this.hashOfDir(staged);
+      if (got !== sha256) {
+        await fsp.rm(staged, { recursive: true, force: true });
+        throw new SandboxError('internal', `layer ${layerId} arrived damaged (sha256 ${got}, expected ${sha256})`);
+      }
+      await fsp.rename(staged, path.join(this.layersDir(), layerId)).catch(async (err: NodeJS.ErrnoException) => {
+        // Another import of the same layer got there first: the same content, keep theirs.
+        await fsp.rm(staged, { recursive: true, force: true });
+        if (err.code !== 'ENOTEMPTY' && err.code !== 'EEXIST') throw err;
+      });
+      return { parents: manifest.parents ?? [] };
+    } finally {
+      await fsp.rm(tmp, { recursive: true, force: true });
+    }
+  }
+
+  /** layerHash of a directory that is not (yet) a layer; providers with layers implement it. */
+  protected async hashOfDir(dir: string): Promise<string> {
+    void dir;
     throw new SandboxError('invalid_request', `layers are not supported by the ${this.kind} provider`);
   }
 

@@ -670,6 +670,11 @@ export class BwrapProvider extends BaseProvider {
     if (!(await fsp.stat(path.join(dir, 'layer.json')).then(() => true, () => false))) {
       throw new SandboxError('not_found', `layer ${layerId} not found`);
     }
+    return this.hashOfDir(dir);
+  }
+
+  /** The content hash of a layer's directory (layer.json left out): names, types, modes, owners, bytes. */
+  protected override async hashOfDir(dir: string): Promise<string> {
     const hash = createHash('sha256');
     const walk = async (rel: string): Promise<void> => {
       const names = (await fsp.readdir(path.join(dir, rel))).sort();

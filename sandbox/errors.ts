@@ -10,7 +10,8 @@ export type SandboxErrorType =
   | 'conflict'
   | 'payload_too_large'
   | 'patch_failed'
-  | 'internal';
+  | 'internal'
+  | 'unavailable';
 
 /** HTTP status of each error type. */
 export const errorStatus: Record<SandboxErrorType, number> = {
@@ -21,6 +22,7 @@ export const errorStatus: Record<SandboxErrorType, number> = {
   payload_too_large: 413,
   patch_failed: 422,
   internal: 500,
+  unavailable: 503,
 };
 
 /** An expected failure of a sandbox operation; `type` says which (recognise it by `.name`/`.type`). */

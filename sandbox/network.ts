@@ -33,9 +33,9 @@ export interface SandboxLink {
 }
 
 export const DEFAULT_NET_CIDR = '100.127.0.0/16';
-const TABLE = 'sap';
+/** Default name of the nftables table and prefix of the links (SANDBOX_NET_NAME). */
+export const DEFAULT_NET_NAME = 'sap';
 /** Host interfaces of sandboxes: `sap<slot>`. */
-const IF_PREFIX = 'sap';
 
 /** Refused whatever the policy, unless the operator allows them (SANDBOX_EGRESS_ALLOW_CIDRS). */
 const ALWAYS_REFUSED = [
@@ -102,6 +102,12 @@ export interface NetworkOptions {
   nameservers?: string[];
   /** The port the sandboxes' resolver listens on (SANDBOX_DNS_PORT); sandboxes reach it as port 53 of their gateway. */
   dnsPort?: number;
+  /**
+   * Name of this host's nftables table and prefix of its links (SANDBOX_NET_NAME, default `sap`):
+   * several hosts on one machine each need their own, none a prefix of another's links
+   * (`sap` links are sap<slot>; any other name's are <name>-<slot>).
+   */
+  name?: string;
   log: Logger;
 }
 
@@ -154,8 +160,15 @@ export class SandboxNetwork {
   private readonly admitted = new Map<string, Map<string, number>>();
   private resolver: SandboxResolver | null = null;
   private readonly log: Logger;
+  /** The nftables table (`inet <table>`) and the links' name pattern. */
+  private readonly table: string;
+  private readonly ifPrefix: string;
 
   constructor(opts: NetworkOptions) {
+    const name = opts.name ?? DEFAULT_NET_NAME;
+    if (!/^[a-z][a-z0-9]{0,7}$/.test(name)) throw new Error(`SANDBOX_NET_NAME must be 1-8 lower-case letters and digits, starting with a letter: ${name}`);
+    this.table = name;
+    this.ifPrefix = name === DEFAULT_NET_NAME ? name : `${name}-`;
     this.pool = parseCidr(opts.cidr ?? DEFAULT_NET_CIDR, 'SANDBOX_NET_CIDR');
     if (this.pool.bits > 30) throw new Error(`SANDBOX_NET_CIDR is too small: ${opts.cidr}`);
     this.allowCidrs = (opts.allowCidrs ?? []).map((c) => parseCidr(c, 'SANDBOX_EGRESS_ALLOW_CIDRS').text);
@@ -179,6 +192,7 @@ export class SandboxNetwork {
       allowCidrs: list(env.SANDBOX_EGRESS_ALLOW_CIDRS),
       ...(env.SANDBOX_DNS !== undefined ? { nameservers: list(env.SANDBOX_DNS) } : {}),
       ...(env.SANDBOX_DNS_PORT ? { dnsPort: Number(env.SANDBOX_DNS_PORT) } : {}),
+      ...(env.SANDBOX_NET_NAME ? { name: env.SANDBOX_NET_NAME } : {}),
       log,
     });
   }
@@ -199,7 +213,7 @@ export class SandboxNetwork {
     if (!Number.isInteger(slot) || slot < 0 || slot * 2 + 2 > 2 ** (32 - this.pool.bits)) {
       throw new Error(`sandbox network pool ${this.pool.text} has no room for slot ${slot}`);
     }
-    return { ifname: `${IF_PREFIX}${slot}`, gateway: intToIp(gw), address: intToIp(gw + 1), prefix: 31 };
+    return { ifname: `${this.ifPrefix}${slot}`, gateway: intToIp(gw), address: intToIp(gw + 1), prefix: 31 };
   }
 
   /**
@@ -234,10 +248,10 @@ export class SandboxNetwork {
     }
     const els = (xs: string[]) => (xs.length ? ` elements = { ${xs.join(', ')} };` : '');
     const pool = this.pool.text;
-    const sb = `"${IF_PREFIX}*"`;
-    const text = `table inet ${TABLE}
-delete table inet ${TABLE}
-table inet ${TABLE} {
+    const sb = `"${this.ifPrefix}*"`;
+    const text = `table inet ${this.table}
+delete table inet ${this.table}
+table inet ${this.table} {
   set none4 { type ipv4_addr;${els(elements.none)} }
   set listed4 { type ipv4_addr;${els(elements.listed)} }
   set allow4 { type ipv4_addr . ipv4_addr; flags interval;${els(elements.allow)} }
@@ -313,7 +327,7 @@ table inet ${TABLE} {
     // Still open for at least half the new period: nothing to write.
     const fresh = addresses.filter((a) => (mine.get(a) ?? 0) < now + (seconds * 1000) / 2);
     if (!fresh.length) return;
-    await run('nft', ['-f', '-'], `add element inet ${TABLE} resolved4 { ${fresh.map((a) => `${addr} . ${a} timeout ${seconds}s`).join(', ')} }\n`);
+    await run('nft', ['-f', '-'], `add element inet ${this.table} resolved4 { ${fresh.map((a) => `${addr} . ${a} timeout ${seconds}s`).join(', ')} }\n`);
     // The policy may have changed while nft ran: keep the record true to the table either way.
     for (const a of fresh) mine.set(a, now + seconds * 1000);
     this.admitted.set(addr, mine);
@@ -329,8 +343,8 @@ table inet ${TABLE} {
     const live = [...mine].filter(([, exp]) => exp > now + 1000).map(([a]) => `${addr} . ${a}`);
     if (!live.length) return;
     // An element that expired meanwhile fails the whole batch: then one at a time, ignoring those.
-    await run('nft', ['-f', '-'], `delete element inet ${TABLE} resolved4 { ${live.join(', ')} }\n`).catch(async () => {
-      for (const el of live) await run('nft', ['delete', 'element', 'inet', TABLE, 'resolved4', `{ ${el} }`]).catch(() => undefined);
+    await run('nft', ['-f', '-'], `delete element inet ${this.table} resolved4 { ${live.join(', ')} }\n`).catch(async () => {
+      for (const el of live) await run('nft', ['delete', 'element', 'inet', this.table, 'resolved4', `{ ${el} }`]).catch(() => undefined);
     });
   }
 
@@ -341,11 +355,11 @@ table inet ${TABLE} {
    */
   async apply(addr: string, egress: Egress): Promise<void> {
     const cmds = this.removal(addr);
-    if (egress === 'none') cmds.push(`add element inet ${TABLE} none4 { ${addr} }`);
+    if (egress === 'none') cmds.push(`add element inet ${this.table} none4 { ${addr} }`);
     else if (egress !== 'internet') {
-      cmds.push(`add element inet ${TABLE} listed4 { ${addr} }`);
+      cmds.push(`add element inet ${this.table} listed4 { ${addr} }`);
       const { cidrs } = splitAllow(egress.allow);
-      if (cidrs.length) cmds.push(`add element inet ${TABLE} allow4 { ${cidrs.map((c) => `${addr} . ${c}`).join(', ')} }`);
+      if (cidrs.length) cmds.push(`add element inet ${this.table} allow4 { ${cidrs.map((c) => `${addr} . ${c}`).join(', ')} }`);
     }
     if (cmds.length) await run('nft', ['-f', '-'], cmds.join('\n') + '\n');
     this.policies.set(addr, egress);
@@ -363,10 +377,10 @@ table inet ${TABLE} {
   private removal(addr: string): string[] {
     const old = this.policies.get(addr);
     if (!old || old === 'internet') return [];
-    if (old === 'none') return [`delete element inet ${TABLE} none4 { ${addr} }`];
-    const cmds = [`delete element inet ${TABLE} listed4 { ${addr} }`];
+    if (old === 'none') return [`delete element inet ${this.table} none4 { ${addr} }`];
+    const cmds = [`delete element inet ${this.table} listed4 { ${addr} }`];
     const { cidrs } = splitAllow(old.allow);
-    if (cidrs.length) cmds.push(`delete element inet ${TABLE} allow4 { ${cidrs.map((c) => `${addr} . ${c}`).join(', ')} }`);
+    if (cidrs.length) cmds.push(`delete element inet ${this.table} allow4 { ${cidrs.map((c) => `${addr} . ${c}`).join(', ')} }`);
     return cmds;
   }
 }

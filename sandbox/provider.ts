@@ -57,6 +57,8 @@ export interface SandboxProvider {
 
   /** All sandboxes of this host, optionally filtered by owner. */
   list(filter?: ListFilter): SandboxInfo[];
+  /** How many sandboxes are live and the sum of their memory limits in MB (0 for those without one). */
+  load(): { sandboxes: number; reservedMB: number };
 
   /** Kills every process of the sandbox and removes it. Returns false when it did not exist. */
   destroy(id: string): Promise<boolean>;
@@ -124,6 +126,12 @@ export interface SandboxProvider {
 
   /** sha256 over the layer's own files (paths, types, modes, content), sorted and deterministic. */
   layerHash(layerId: string): Promise<string>;
+  /** True when layer `layerId` is on this host. */
+  hasLayer(layerId: string): Promise<boolean>;
+  /** The layer as a tar stream with its content hash (for another host: GET /layers/:id/archive). */
+  exportLayer(layerId: string): Promise<{ sha256: string; stream: NodeJS.ReadableStream; done: Promise<void> }>;
+  /** Stores a layer received from another host, checked against its content hash; answers its parents. */
+  importLayer(layerId: string, stream: NodeJS.ReadableStream, sha256: string): Promise<{ parents: string[] }>;
 
   /** Releases what the provider keeps ready for future creates (the host is stopping); sandboxes keep running. */
   close(): Promise<void>;

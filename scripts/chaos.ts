@@ -8,7 +8,7 @@ import { batchSessionId } from '../lib/batch-ids';
 import { sandboxIdForSession } from '../lib/naming';
 import { defaultAuditLogPath } from '../sandbox/audit-log';
 import { defaultScratchDir } from '../sandbox/base';
-import type { ProcName, StackFile } from './launcher';
+import type { BaseProcName as ProcName, StackFile } from './launcher';
 
 /**
  * `npm run chaos`: sessions and a batch against a running `npm start` stack while its processes are

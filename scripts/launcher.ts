@@ -2,12 +2,19 @@ import { ChildProcess, execFile, spawn } from 'node:child_process';
 import fs from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
-import { PROJECT_ROOT } from '../config';
+import { createHash } from 'node:crypto';
+import os from 'node:os';
+import { PROJECT_ROOT, resolveSecretBox } from '../config';
 import { SEARCH_ATTRIBUTE_FLAGS } from '../workflows/search-attributes';
 import { ProcSpec, Supervisor } from './supervisor';
 
-/** The processes of a local stack, in start order. */
-export type ProcName = 'temporal' | 'mongo' | 'host' | 'worker' | 'api';
+/** The processes of a one-host stack, in start order. */
+export type BaseProcName = 'temporal' | 'mongo' | 'host' | 'worker' | 'api';
+/** Every process of a stack: with several hosts, host i > 1 and its worker are `host<i>` and `worker<i>`. */
+export type ProcName = BaseProcName | `host${number}` | `worker${number}`;
+
+/** Most sandbox hosts one stack runs (SANDBOX_HOSTS): each gets a /20 of addresses and 2048 id slots. */
+export const MAX_STACK_HOSTS = 16;
 
 export interface StackOptions {
   dataDir: string;
@@ -17,6 +24,13 @@ export interface StackOptions {
   uiPort?: number;
   mongoPort: number;
   hostPort: number;
+  /**
+   * How many sandbox hosts (each with its worker) to run; default 1. With more than one, host i
+   * listens on hostPorts[i-1] (default hostPort + i - 1) and keeps its state in
+   * <dataDir>/hosts/<hostId>; see hostEnvironment for what else each gets of its own.
+   */
+  hosts?: number;
+  hostPorts?: number[];
   apiKey: string;
   hostToken: string;
   sandboxProvider?: 'bwrap' | 'process';
@@ -40,6 +54,8 @@ export interface StackFile {
   pids: Partial<Record<ProcName, number>>;
   apiUrl: string;
   hostUrl: string;
+  /** Every host's URL (the first is hostUrl). */
+  hostUrls: string[];
   temporalAddress: string;
   mongoUrl: string;
 }
@@ -53,6 +69,10 @@ export interface Stack {
   temporalAddress: string;
   mongoUrl: string;
   hostUrl: string;
+  /** Every host's URL, first host first. */
+  hostUrls: string[];
+  /** Each host's id and state directory, first host first. */
+  hostList: { hostId: string; url: string; dataDir: string; proc: ProcName; worker: ProcName }[];
   /** Environment that our processes (api, worker, host) run with. */
   env: Record<string, string>;
   logDir: string;
@@ -133,7 +153,28 @@ export async function startStack(o: StackOptions): Promise<Stack> {
     SANDBOX_PROVIDER: o.sandboxProvider ?? 'bwrap',
     ...o.env,
   };
-  const hostUrl = `http://127.0.0.1:${o.hostPort}`;
+  const hostCount = o.hosts ?? 1;
+  if (!Number.isInteger(hostCount) || hostCount < 1 || hostCount > MAX_STACK_HOSTS) throw new Error(`SANDBOX_HOSTS must be an integer from 1 to ${MAX_STACK_HOSTS}: ${o.hosts}`);
+  // Several hosts' workers must open the same secrets: they get the key the API uses.
+  if (hostCount > 1 && !env.SECRETS_KEY) env.SECRETS_KEY = secretsKeyText(o.dataDir);
+  const hostList = Array.from({ length: hostCount }, (_, k) => {
+    const i = k + 1;
+    const port = o.hostPorts?.[k] ?? o.hostPort + k;
+    const own = hostCount === 1 ? {} : hostEnvironment(o.dataDir, env, i, port);
+    return {
+      i,
+      hostId: own.HOST_ID ?? env.HOST_ID ?? os.hostname().replace(/[^\w.-]/g, '-'),
+      url: `http://127.0.0.1:${port}`,
+      port,
+      dataDir: own.DATA_DIR ?? o.dataDir,
+      proc: (i === 1 ? 'host' : `host${i}`) as ProcName,
+      worker: (i === 1 ? 'worker' : `worker${i}`) as ProcName,
+      env: { ...env, ...own },
+    };
+  });
+  for (const h of hostList) fs.mkdirSync(h.dataDir, { recursive: true });
+  const hostUrl = hostList[0]!.url;
+  const hostUrls = hostList.map((h) => h.url);
   const apiUrl = `http://127.0.0.1:${o.apiPort}`;
   const supervisorLog = fs.openSync(path.join(logDir, 'supervisor.log'), 'a');
   let stopping = false;
@@ -145,14 +186,15 @@ export async function startStack(o: StackOptions): Promise<Stack> {
       o.log?.(line);
     },
     onChange: () => {
-      if (!stopping) writeStackFile(o.dataDir, { pids: sup.pids(), apiUrl, hostUrl, temporalAddress, mongoUrl });
+      if (!stopping) writeStackFile(o.dataDir, { pids: sup.pids(), apiUrl, hostUrl, hostUrls, temporalAddress, mongoUrl });
     },
     onGiveUp: (name, message) => o.onGiveUp?.(name as ProcName, message),
   });
   // NODE_PROFILE_DIR=/tmp/prof writes a V8 CPU profile of the host, worker and API (on a clean stop).
   const nodeArgs = process.env.NODE_PROFILE_DIR ? ['--cpu-prof', `--cpu-prof-dir=${process.env.NODE_PROFILE_DIR}`] : [];
 
-  const commands: Record<ProcName, () => { cmd: string; args: string[]; ready: (p: ChildProcess) => Promise<void> }> = {
+  type Command = { cmd: string; args: string[]; ready: (p: ChildProcess) => Promise<void>; env?: Record<string, string> };
+  const commands: Partial<Record<ProcName, () => Command>> = {
     temporal: () => ({
       cmd: path.join(TOOLS, 'temporal'),
       args: [
@@ -178,17 +220,6 @@ export async function startStack(o: StackOptions): Promise<Stack> {
       args: ['-listen', `127.0.0.1:${o.mongoPort}`, '-dir', path.join(o.dataDir, 'ferretdb'), ...(process.env.FERRETDB_PPROF ? ['-pprof', process.env.FERRETDB_PPROF] : [])],
       ready: (p) => waitFor('ferretdb', tcpOpen(o.mongoPort), 60_000, p),
     }),
-    host: () => ({
-      cmd: process.execPath,
-      args: [...nodeArgs, path.join(DIST, 'sandbox', 'host', 'main.js')],
-      ready: (p) => waitFor('sandbox host', httpOk(`http://127.0.0.1:${o.hostPort}/healthz`, { authorization: `Bearer ${o.hostToken}` }), 30_000, p),
-    }),
-    worker: () => ({
-      cmd: process.execPath,
-      args: [...nodeArgs, path.join(DIST, 'worker', 'main.js')],
-      ready: (p) =>
-        waitFor('worker', async () => logSince(path.join(logDir, 'worker.log'), logOffsets.get(p) ?? 0).includes('"worker running"'), 60_000, p),
-    }),
     api: () => ({
       cmd: process.execPath,
       args: [...nodeArgs, path.join(DIST, 'api', 'main.js')],
@@ -198,13 +229,31 @@ export async function startStack(o: StackOptions): Promise<Stack> {
     }),
   };
 
+  for (const h of hostList) {
+    commands[h.proc] = () => ({
+      cmd: process.execPath,
+      args: [...nodeArgs, path.join(DIST, 'sandbox', 'host', 'main.js')],
+      env: h.env,
+      ready: (p) => waitFor(`sandbox host ${h.hostId}`, httpOk(`${h.url}/healthz`, { authorization: `Bearer ${o.hostToken}` }), 30_000, p),
+    });
+    commands[h.worker] = () => ({
+      cmd: process.execPath,
+      args: [...nodeArgs, path.join(DIST, 'worker', 'main.js')],
+      env: h.env,
+      ready: (p) =>
+        waitFor(`worker of ${h.hostId}`, async () => logSince(path.join(logDir, `${h.worker}.log`), logOffsets.get(p) ?? 0).includes('"worker running"'), 60_000, p),
+    });
+  }
+
   const logOffsets = new WeakMap<ChildProcess, number>();
   const spec = (name: ProcName): ProcSpec => {
-    const { cmd, args, ready } = commands[name]();
-    return { spawn: () => spawnLogged(name, cmd, args), ready };
+    const command = commands[name];
+    if (!command) throw new Error(`no process ${name} in this stack`);
+    const { cmd, args, ready, env: own } = command();
+    return { spawn: () => spawnLogged(name, cmd, args, own ?? env), ready };
   };
 
-  function spawnLogged(name: ProcName, cmd: string, args: string[]): ChildProcess {
+  function spawnLogged(name: ProcName, cmd: string, args: string[], env: Record<string, string>): ChildProcess {
     const logFile = path.join(logDir, `${name}.log`);
     const out = fs.openSync(logFile, 'a');
     // Where this child's output starts: the worker's readiness is read from its own lines only (a
@@ -241,6 +290,8 @@ export async function startStack(o: StackOptions): Promise<Stack> {
     temporalAddress,
     mongoUrl,
     hostUrl,
+    hostUrls,
+    hostList: hostList.map((h) => ({ hostId: h.hostId, url: h.url, dataDir: h.dataDir, proc: h.proc, worker: h.worker })),
     env,
     logDir,
     start,
@@ -253,9 +304,9 @@ export async function startStack(o: StackOptions): Promise<Stack> {
         stopping = true;
         sup.close();
         await kill('api');
-        await kill('worker');
-        if (opts.destroySandboxes) await destroyAllSandboxes(hostUrl, o.hostToken).catch(() => undefined);
-        await kill('host');
+        await Promise.all(hostList.map((h) => kill(h.worker)));
+        if (opts.destroySandboxes) await Promise.all(hostList.map((h) => destroyAllSandboxes(h.url, o.hostToken).catch(() => undefined)));
+        await Promise.all(hostList.map((h) => kill(h.proc)));
         await Promise.all([kill('temporal'), kill('mongo')]);
         fs.rmSync(stackFilePath(o.dataDir), { force: true });
         fs.closeSync(supervisorLog);
@@ -265,14 +316,44 @@ export async function startStack(o: StackOptions): Promise<Stack> {
   };
   try {
     await Promise.all([start('temporal'), start('mongo')]);
-    await start('host');
-    await start('worker');
+    await Promise.all(hostList.map((h) => start(h.proc)));
+    await Promise.all(hostList.map((h) => start(h.worker)));
     await start('api');
   } catch (err) {
     await stack.stop({ destroySandboxes: true });
     throw err;
   }
   return stack;
+}
+
+/**
+ * What host i (of several) gets of its own beside its port: an id (<HOST_ID or hostname>-<i>), a
+ * state directory under <dataDir>/hosts, a network table, link names and address pool (a /20 of a
+ * /16 in 100.64.0.0/10 picked by dataDir, so two stacks on one machine rarely meet), a range of
+ * user-namespace ids (2048 slots from 2^31), a resolver port and a worker metrics port pair.
+ */
+export function hostEnvironment(dataDir: string, env: Record<string, string>, i: number, port: number): Record<string, string> {
+  const baseId = env.HOST_ID ?? os.hostname().replace(/[^\w.-]/g, '-');
+  const hostId = `${baseId}-${i}`;
+  const hash = createHash('sha256').update(path.resolve(dataDir)).digest();
+  const out: Record<string, string> = {
+    HOST_ID: hostId,
+    HOST_LISTEN: `127.0.0.1:${port}`,
+    DATA_DIR: path.join(dataDir, 'hosts', hostId),
+    SANDBOX_NET_NAME: `x${hash.toString('hex').slice(0, 4)}${i}`,
+    SANDBOX_NET_CIDR: `100.${64 + (hash[2]! % 62)}.${(i - 1) * 16}.0/20`,
+    SANDBOX_ID_BASE: String(2 ** 31 + (i - 1) * 2048 * 65536),
+    SANDBOX_DNS_PORT: String(Number(env.SANDBOX_DNS_PORT || 10053) + i - 1),
+  };
+  const metrics = Number(env.WORKER_METRICS_PORT ?? 9464);
+  if (metrics) out.WORKER_METRICS_PORT = String(metrics + 2 * (i - 1));
+  return out;
+}
+
+/** The secrets key of the stack (SECRETS_KEY, else the one kept in <dataDir>/secrets.key, made once). */
+function secretsKeyText(dataDir: string): string {
+  resolveSecretBox({ DATA_DIR: dataDir, SECRETS_KEY: undefined });
+  return fs.readFileSync(path.join(dataDir, 'secrets.key'), 'utf8').trim();
 }
 
 /** What was appended to `file` after `offset`. */

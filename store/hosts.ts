@@ -1,16 +1,98 @@
 import type { Store } from './index';
+import type { HostCapacity } from '../sandbox/host/client';
 
-/** A sandbox host, registered by the worker beside it at start. */
+/**
+ * A sandbox host, registered by the worker beside it at start and refreshed by its heartbeat (every
+ * HOST_HEARTBEAT_MS, with the load the host reports). A host whose heartbeat is older than
+ * HOST_DEAD_AFTER is dead: nothing new is placed on it, and what ran on it is written off.
+ */
 export interface HostDoc {
   _id: string;
   url: string;
   taskQueue: string;
+  /** The last heartbeat (or registration). */
   updatedAt: Date;
+  /** The host's load at the last heartbeat; absent in records of older versions. */
+  capacity?: HostCapacity;
+  /** Set when the host was found dead (by whoever noticed first): its sandboxes are written off. */
+  lostAt?: Date | null;
 }
 
 export const hostsOf = (store: Store) => store.db.collection<HostDoc>('hosts');
 
-/** Records (or refreshes) where a host is reachable and which task queue serves it. */
-export async function registerHost(store: Store, host: { id: string; url: string; taskQueue: string }): Promise<void> {
-  await hostsOf(store).updateOne({ _id: host.id }, { $set: { url: host.url, taskQueue: host.taskQueue, updatedAt: new Date() } }, { upsert: true });
+/** Records (or refreshes) where a host is reachable, which task queue serves it, and its load. */
+export async function registerHost(store: Store, host: { id: string; url: string; taskQueue: string; capacity?: HostCapacity }): Promise<void> {
+  const set: Partial<HostDoc> = { url: host.url, taskQueue: host.taskQueue, updatedAt: new Date() };
+  if (host.capacity) set.capacity = host.capacity;
+  await hostsOf(store).updateOne({ _id: host.id }, { $set: set }, { upsert: true });
+}
+
+/** True while the host's heartbeat is younger than `deadAfterMs`. */
+export const hostAlive = (doc: Pick<HostDoc, 'updatedAt'>, deadAfterMs: number, now = Date.now()): boolean =>
+  now - new Date(doc.updatedAt).getTime() < deadAfterMs;
+
+/**
+ * How much a host should get of new sandboxes: its free slots (HOST_MAX_SANDBOXES − live), scaled
+ * down by the share of its memory the live sandboxes' limits reserve (never below a tenth: limits
+ * are maxima and usually overcommitted). 0: the host is at its limit and takes nothing new.
+ */
+export function placementWeight(c: HostCapacity | undefined): number {
+  if (!c) return 1;
+  const free = c.maxSandboxes - c.sandboxes;
+  if (free <= 0) return 0;
+  const memory = c.memoryMB > 0 ? Math.max(0.1, 1 - c.reservedMB / c.memoryMB) : 1;
+  return free * memory;
+}
+
+/**
+ * Picks a host for a new sandbox among the live ones, at random in proportion to placementWeight:
+ * callers that see the same (seconds-old) loads still spread their sandboxes instead of all going
+ * to the emptiest host. null: no live host has room.
+ */
+export function chooseHost<T extends HostDoc>(docs: T[], deadAfterMs: number, random = Math.random, now = Date.now()): T | null {
+  const candidates = docs.filter((d) => hostAlive(d, deadAfterMs, now)).map((d) => ({ d, w: placementWeight(d.capacity) })).filter((x) => x.w > 0);
+  const total = candidates.reduce((sum, x) => sum + x.w, 0);
+  if (total <= 0) return null;
+  let r = random() * total;
+  for (const x of candidates) {
+    r -= x.w;
+    if (r < 0) return x.d;
+  }
+  return candidates[candidates.length - 1]!.d;
+}
+
+/**
+ * The hosts collection as one process sees it, read at most every `maxAgeMs` (a small collection,
+ * read whole: one query per interval, whatever the rate of creates).
+ */
+export class HostView {
+  private docs: HostDoc[] = [];
+  private at = 0;
+  private loading: Promise<HostDoc[]> | null = null;
+
+  constructor(
+    private readonly store: Store,
+    private readonly maxAgeMs = 1_000,
+  ) {}
+
+  async all(): Promise<HostDoc[]> {
+    if (Date.now() - this.at < this.maxAgeMs) return this.docs;
+    this.loading ??= hostsOf(this.store)
+      .find({})
+      .toArray()
+      .then((docs) => {
+        this.docs = docs;
+        this.at = Date.now();
+        return docs;
+      })
+      .finally(() => {
+        this.loading = null;
+      });
+    return this.loading;
+  }
+
+  /** Forgets what was read (after a host was found dead, say). */
+  invalidate(): void {
+    this.at = 0;
+  }
 }

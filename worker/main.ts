@@ -2,14 +2,14 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { NativeConnection, Worker } from '@temporalio/worker';
 import { Client, Connection } from '@temporalio/client';
-import { hostTaskQueue, loadConfigOrExit, PROJECT_ROOT, resolveHostToken, resolveSecretBox, workerHeartbeatMs } from '../config';
+import { hostTaskQueue, hostUrlOf, loadConfigOrExit, PROJECT_ROOT, resolveHostToken, resolveSecretBox, workerHeartbeatMs } from '../config';
 import { createActivities } from '../activities';
 import { createLogger } from '../lib/logger';
 import { HostClient } from '../sandbox/host/client';
 import { connectStore } from '../store';
 import { startReaper } from './reaper';
 import { createWorkerMetrics, installTemporalRuntime, serveWorkerMetrics } from './metrics';
-import { registerHost } from '../store/hosts';
+import { chooseHost, HostView, registerHost } from '../store/hosts';
 import { workerReadiness } from './readiness';
 
 /** Where `npm run build` puts the prebundled workflow code (bundling at start costs ~2 s). */
@@ -24,12 +24,28 @@ async function main(): Promise<void> {
   const cfg = loadConfigOrExit();
   const logger = createLogger('worker', cfg.LOG_LEVEL);
   const store = await connectStore(cfg.MONGO_URL, { ensureIndexes: false });
-  const hostUrl = `http://${cfg.HOST_LISTEN}`;
-  const host = new HostClient({ url: hostUrl, token: resolveHostToken(cfg) });
+  const host = new HostClient({ url: `http://${cfg.HOST_LISTEN}`, token: resolveHostToken(cfg) });
   // The host says who it is; its sandboxes' steps are routed to that host's task queue.
-  const hostId = (await host.health()).hostId;
-  await registerHost(store, { id: hostId, url: hostUrl, taskQueue: hostTaskQueue(cfg, hostId) });
-  const activities = createActivities({ store, host, hostTaskQueue: hostTaskQueue(cfg, hostId), resultMaxBytes: cfg.RESULT_MAX_BYTES, logMaxBytes: cfg.SESSION_LOG_MAX_BYTES, limits: cfg.limits, secrets: resolveSecretBox(cfg) });
+  const { hostId, ok: _ok, provider: _provider, ...capacity } = await host.health();
+  const hostEntry = { id: hostId, url: hostUrlOf(cfg), taskQueue: hostTaskQueue(cfg, hostId) };
+  await registerHost(store, { ...hostEntry, capacity });
+  // The heartbeat: the host's liveness and load, as long as the host answers (a host that stops
+  // answering stops being heard of, and is dead HOST_DEAD_AFTER later).
+  const heartbeat = setInterval(() => {
+    host
+      .health({ signal: AbortSignal.timeout(cfg.HOST_HEARTBEAT_MS) })
+      .then(({ hostId: _id, ok: _o, provider: _p, ...load }) => registerHost(store, { ...hostEntry, capacity: load }))
+      .catch((err: Error) => logger.warn({ err: err.message }, 'host heartbeat failed'));
+  }, cfg.HOST_HEARTBEAT_MS);
+  const hosts = new HostView(store, cfg.HOST_HEARTBEAT_MS / 2);
+  const deadAfterMs = cfg.HOST_DEAD_AFTER * 1000;
+  const placeElsewhere = async (): Promise<string | null> => {
+    const docs = await hosts.all();
+    if (docs.length < 2) return null;
+    const chosen = chooseHost(docs, deadAfterMs);
+    return chosen && chosen._id !== hostId ? chosen.taskQueue : null;
+  };
+  const activities = createActivities({ store, host, hostTaskQueue: hostEntry.taskQueue, resultMaxBytes: cfg.RESULT_MAX_BYTES, logMaxBytes: cfg.SESSION_LOG_MAX_BYTES, limits: cfg.limits, secrets: resolveSecretBox(cfg), placeElsewhere, hostId, hostDeadAfterMs: deadAfterMs });
 
   // Before any NativeConnection: SDK logs through pino, SDK metrics to a Prometheus exporter (port + 1).
   const sdkMetricsUrl = installTemporalRuntime({ logger, prometheusPort: cfg.WORKER_METRICS_PORT ? cfg.WORKER_METRICS_PORT + 1 : 0, heartbeatMs: workerHeartbeatMs(cfg) });
@@ -55,6 +71,7 @@ async function main(): Promise<void> {
   // Worker.run() resolves after SIGINT/SIGTERM (the SDK's shutdown signals) once tasks drain.
   await Promise.all([shared.run(), local.run()]);
   reaper.stop();
+  clearInterval(heartbeat);
   await Promise.allSettled([store.close(), connection.close(), clientConnection.close()]);
   logger.info('worker stopped');
 }

@@ -3,7 +3,9 @@ import {
   ApplicationFailure,
   CancellationScope,
   isCancellation,
+  patched,
   proxyActivities,
+  TimeoutFailure,
   proxyLocalActivities,
   upsertSearchAttributes,
   workflowInfo,
@@ -26,10 +28,7 @@ export interface SessionWorkflowArgs {
   input?: string;
 }
 
-/**
- * Provisioning may run on any worker: the one that takes it provisions on its own sandbox host.
- * A session from a snapshot provisions on the host that has the snapshot's layer (`snapshotRef.taskQueue`).
- */
+/** Provisioning may run on any worker: the one that takes it provisions on its own sandbox host (or places it on another). */
 const PROVISION_OPTIONS: ActivityOptions = {
   startToCloseTimeout: '2 minutes',
   // A worker that dies mid-provisioning is noticed after this, not after the whole timeout.
@@ -43,7 +42,7 @@ const PROVISION_OPTIONS: ActivityOptions = {
   },
 };
 /**
- * Without a snapshot, provisioning is a local activity: it runs in the worker that runs the
+ * Provisioning is a local activity: it runs in the worker that runs the
  * workflow task (beside that worker's own sandbox host), which saves a workflow task and an
  * activity task per session; a crash of that worker re-runs it (it is idempotent) on another.
  */
@@ -52,8 +51,46 @@ const { provisionSandboxAndRunEntrypoint: provisionLocally } = proxyLocalActivit
   localRetryThreshold: '10 s',
   retry: PROVISION_OPTIONS.retry,
 });
+/**
+ * Provisioning starts where the workflow task runs; placement may send it on to another host, and a
+ * snapshot's layers are fetched by the host that provisions. Workflows started before that (no
+ * marker in their history) provision a snapshot's session on the snapshot's host, as they did.
+ */
 const provisionerFor = (run: AgentRunSpec) =>
-  run.snapshotRef ? proxyActivities<Activities>({ ...PROVISION_OPTIONS, taskQueue: run.snapshotRef.taskQueue }).provisionSandboxAndRunEntrypoint : provisionLocally;
+  run.snapshotRef && !patched('snapshot-layers-follow')
+    ? proxyActivities<Activities>({ ...PROVISION_OPTIONS, taskQueue: run.snapshotRef.taskQueue }).provisionSandboxAndRunEntrypoint
+    : provisionLocally;
+
+/**
+ * How long provisioning sent to another host (placement) may wait for that host's worker to take
+ * it: a host that died meanwhile is given up and the session provisioned where its workflow runs.
+ */
+const PLACED_SCHEDULE_TO_START = '20 s';
+
+type ProvisionArgs = Parameters<Activities['provisionSandboxAndRunEntrypoint']>[0];
+
+/**
+ * Provisions where placement says: the local activity either provisions on its own host or names
+ * another host's task queue, where provisioning then runs as a regular activity. If that host's
+ * worker never takes it (schedule-to-start timeout, no attempt ever started), it is provisioned here.
+ */
+async function provision(args: ProvisionArgs): Promise<Provisioned> {
+  const first = await provisionerFor(args.run)(args);
+  if (!first.redirect) return first;
+  const placed = { ...args, placed: true };
+  try {
+    return await proxyActivities<Activities>({ ...PROVISION_OPTIONS, taskQueue: first.redirect, scheduleToStartTimeout: PLACED_SCHEDULE_TO_START }).provisionSandboxAndRunEntrypoint(placed);
+  } catch (err) {
+    if (neverStarted(err)) return await provisionLocally(placed);
+    throw err;
+  }
+}
+
+/** True for an activity that timed out waiting to be taken, with no attempt that ever heartbeated. */
+function neverStarted(err: unknown): boolean {
+  if (!(err instanceof ActivityFailure) || !(err.cause instanceof TimeoutFailure)) return false;
+  return err.cause.timeoutType === 'SCHEDULE_TO_START' && err.cause.lastHeartbeatDetails === undefined;
+}
 
 /** Activities bound to the sandbox host that owns the session's sandbox. */
 function hostActivities(taskQueue: string, timeoutSeconds: number) {
@@ -117,9 +154,7 @@ export async function sessionWorkflow(args: SessionWorkflowArgs): Promise<Sessio
   let end: SessionEnd;
   try {
     // Not cancellable: a DELETE during provisioning waits for the sandbox to exist, then destroys it.
-    provisioned = await CancellationScope.nonCancellable(() =>
-      provisionerFor(args.run)({ sessionId, orgId: args.orgId, agentId: args.agentId, run: args.run, input: args.input }),
-    );
+    provisioned = await CancellationScope.nonCancellable(() => provision({ sessionId, orgId: args.orgId, agentId: args.agentId, run: args.run, input: args.input }));
     if (provisioned.end) {
       // A quick entrypoint: the provisioning step captured its result and destroyed its sandbox.
       // (Ended outside this try: a failed session's failure must not be caught as the workflow's own.)

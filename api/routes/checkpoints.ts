@@ -220,7 +220,8 @@ export function registerCheckpointRoutes(t: RouteTable, deps: ApiDeps): void {
       const sb = await getOrgSandbox(deps, org.id, params.id);
       if (sb.status !== 'running') throw conflict(`sandbox ${sb._id} is ${sb.status}; only a running sandbox can be restored`);
       const cp = await readyCheckpoint(deps, await getOrgCheckpoint(deps, org.id, params.checkpointId));
-      if (cp.hostId !== sb.hostId) throw conflict(`checkpoint ${cp._id} is on host ${cp.hostId}, the sandbox on ${sb.hostId}`);
+      // Taken on another host: its layer (and parents) are copied to the sandbox's host first.
+      if (cp.hostId !== sb.hostId) await deps.hosts.bringLayers(sb.hostId, cp.hostId, [cp.layerId]);
       const patches = (await listPatches(deps.store, cp)).map((p) => ({ id: p._id, script: p.script }));
       const host = await deps.hosts.get(sb.hostId);
       try {

@@ -98,9 +98,9 @@ export function registerPreviewRoutes(t: RouteTable, deps: ApiDeps): void {
       };
       // The port becomes reachable only now: open its forwarder first, so a failure leaves no record.
       const host = await deps.hosts.get(sandbox.hostId);
-      let socketPath: string;
+      let forward: { socketPath: string; machine?: string };
       try {
-        socketPath = await host.openPortForward(sandbox._id, body.port);
+        forward = await host.portForward(sandbox._id, body.port);
       } catch (err) {
         const e = err as { type?: string; message?: string };
         if (e.type === 'not_found' || e.type === 'conflict') throw conflict(`sandbox ${sandbox._id} is not running`);
@@ -112,7 +112,7 @@ export function registerPreviewRoutes(t: RouteTable, deps: ApiDeps): void {
         if (isDuplicateKey(err)) throw conflict(`port ${body.port} already has a preview at ${hostname}; delete it first`);
         throw err;
       }
-      proxy.rememberSocket(sandbox._id, body.port, socketPath);
+      proxy.rememberSocket(sandbox._id, body.port, forward.socketPath, forward.machine, host);
       proxy.invalidate(doc._id);
       res.status(201).json(previewView(deps, doc, token));
     },

@@ -129,7 +129,7 @@ export interface SandboxOrigin {
   fromCheckpoint?: string | null;
   snapshot?: string | null;
   instanceId?: string | null;
-  /** The host that must run it (checkpoint layers exist only on the host that took them). */
+  /** The host that has the layers (a sandbox placed elsewhere gets them from it first). */
   hostId?: string;
   /** Environment from the image (the caller's envs override it) and its default working directory. */
   envs?: Record<string, string>;
@@ -187,7 +187,8 @@ export async function provisionSandbox(
     if (err instanceof SecretUnreadable) throw new ApiError('internal', err.message);
     throw err;
   }
-  const { hostId, client } = origin.hostId ? { hostId: origin.hostId, client: await deps.hosts.get(origin.hostId) } : await deps.hosts.pick();
+  const { hostId, client } = await deps.hosts.pick();
+  if (origin.hostId && origin.layers?.length && origin.hostId !== hostId) await deps.hosts.bringLayers(hostId, origin.hostId, origin.layers);
   const now = new Date();
   const doc: SandboxDoc = {
     _id: `sb-${randomId()}`,

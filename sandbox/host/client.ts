@@ -39,6 +39,16 @@ export function encodeStdinFrame(data: Buffer | string): Buffer {
   return Buffer.concat([Buffer.from([0x00]), Buffer.from(data)]);
 }
 
+/** A host's load as /healthz reports it. */
+export interface HostCapacity {
+  sandboxes: number;
+  maxSandboxes: number;
+  /** Sum of the live sandboxes' memory limits. */
+  reservedMB: number;
+  /** The machine's memory. */
+  memoryMB: number;
+}
+
 /** An error answered by the host: `{ error: { type, message } }` with its HTTP status. */
 export class HostError extends Error {
   override readonly name = 'HostError';
@@ -138,7 +148,7 @@ export class HostClient {
   }
 
   /** Liveness of the host; `signal` bounds the wait (readiness probes). */
-  health(opts: { signal?: AbortSignal } = {}): Promise<{ ok: boolean; hostId: string; provider: string; sandboxes: number }> {
+  health(opts: { signal?: AbortSignal } = {}): Promise<{ ok: boolean; hostId: string; provider: string } & HostCapacity> {
     return this.call('GET', '/healthz', { signal: opts.signal });
   }
 
@@ -178,8 +188,76 @@ export class HostClient {
    * path (idempotent). Only for a client on the same machine as the host (the preview proxy).
    */
   async openPortForward(id: string, port: number): Promise<string> {
-    const r = await this.call<{ socketPath: string }>('POST', `/sandboxes/${encodeURIComponent(id)}/ports/${port}/forward`);
-    return r.socketPath;
+    return (await this.portForward(id, port)).socketPath;
+  }
+
+  /** Like openPortForward, with the name of the host's machine (lib/machine.ts), to tell whether the socket is reachable from here. */
+  portForward(id: string, port: number): Promise<{ socketPath: string; machine?: string }> {
+    return this.call('POST', `/sandboxes/${encodeURIComponent(id)}/ports/${port}/forward`);
+  }
+
+  /** Streams layer `layerId` as a tar archive, with the content hash the receiver checks. Throws HostError not_found. */
+  layerArchive(layerId: string): Promise<{ sha256: string; stream: http.IncomingMessage }> {
+    return new Promise((resolve, reject) => {
+      const req = (this.secure ? https : http).request(`${this.base}/layers/${encodeURIComponent(layerId)}/archive`, { headers: { authorization: `Bearer ${this.token}` } });
+      req.once('response', (res) => {
+        const sha256 = res.headers['x-layer-sha256'];
+        if (res.statusCode === 200 && typeof sha256 === 'string') return resolve({ sha256, stream: res });
+        const chunks: Buffer[] = [];
+        res.on('data', (c: Buffer) => chunks.push(c));
+        res.on('end', () => {
+          let err: { type?: string; message?: string } | undefined;
+          try {
+            err = (JSON.parse(Buffer.concat(chunks).toString('utf8')) as { error?: { type?: string; message?: string } }).error;
+          } catch {
+            /* not our error body */
+          }
+          reject(new HostError(err?.type ?? 'internal', res.statusCode ?? 0, err?.message ?? `host answered ${res.statusCode} for layer ${layerId}`));
+        });
+      });
+      req.once('error', reject);
+      req.end();
+    });
+  }
+
+  /** Makes layer `layerId` (and its parents) present on this host, fetched from the host at `from` when missing. */
+  fetchLayer(layerId: string, from: string): Promise<{ layerId: string; fetched: string[]; ms: number }> {
+    return this.call('POST', `/layers/${encodeURIComponent(layerId)}/fetch`, { body: { from } });
+  }
+
+  /**
+   * A raw byte pipe to 127.0.0.1:`port` inside sandbox `id`, through the host's HTTP port (an upgrade
+   * to `sap-tunnel`): for a client on another machine than the host. Throws HostError for the host's
+   * error answer (not_found, conflict for a hibernated sandbox, internal when nothing listens).
+   */
+  openTunnel(id: string, port: number, timeoutMs = 10_000): Promise<import('node:net').Socket> {
+    return new Promise((resolve, reject) => {
+      const req = (this.secure ? https : http).request(`${this.base}/sandboxes/${encodeURIComponent(id)}/ports/${port}/tunnel`, {
+        headers: { authorization: `Bearer ${this.token}`, connection: 'Upgrade', upgrade: 'sap-tunnel' },
+        timeout: timeoutMs,
+      });
+      req.once('upgrade', (_res, socket, head) => {
+        socket.setTimeout(0);
+        if (head.length) socket.unshift(head);
+        resolve(socket as import('node:net').Socket);
+      });
+      req.once('response', (res) => {
+        const chunks: Buffer[] = [];
+        res.on('data', (c: Buffer) => chunks.push(c));
+        res.on('end', () => {
+          let err: { type?: string; message?: string } | undefined;
+          try {
+            err = (JSON.parse(Buffer.concat(chunks).toString('utf8')) as { error?: { type?: string; message?: string } }).error;
+          } catch {
+            /* not our error body */
+          }
+          reject(new HostError(err?.type ?? 'internal', res.statusCode ?? 0, err?.message ?? `host answered ${res.statusCode} to a tunnel`));
+        });
+      });
+      req.once('timeout', () => req.destroy(new Error(`host ${this.base} did not open a tunnel within ${timeoutMs} ms`)));
+      req.once('error', reject);
+      req.end();
+    });
   }
 
   /** Stops forwarding `port`: its socket is removed. */

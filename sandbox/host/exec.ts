@@ -22,7 +22,8 @@
  */
 import { randomBytes } from 'node:crypto';
 import type { ChildProcess } from 'node:child_process';
-import type * as http from 'node:http';
+import * as http from 'node:http';
+import * as net from 'node:net';
 import type { Socket } from 'node:net';
 import { constants as osConstants } from 'node:os';
 import type express from 'express';
@@ -30,7 +31,7 @@ import type { Request, Response, NextFunction } from 'express';
 import type { Logger } from 'pino';
 import { WebSocketServer, WebSocket } from 'ws';
 import { z } from 'zod';
-import { SandboxError } from '../errors';
+import { errorStatus, isSandboxError, SandboxError } from '../errors';
 import { SandboxCgroups } from '../procs';
 import type { SandboxProvider } from '../provider';
 import type { ExecRequest, ExecRunResult, ExecSessionInfo } from '../types';
@@ -431,7 +432,22 @@ const WS_PATH = /^\/sandboxes\/([^/]+)\/exec\/([^/]+)\/ws$/;
 const PTY_WS_PATH = /^\/sandboxes\/([^/]+)\/pty\/([^/]+)\/ws$/;
 
 /** Handles WebSocket upgrades for exec (and terminal) attachment (bearer token in the `authorization` header). */
-export function attachExec(server: http.Server, exec: ExecManager, token: string, pty?: import('./pty').PtyManager): void {
+/** `GET /sandboxes/:id/ports/:port/tunnel` with `Upgrade: sap-tunnel`: a raw byte pipe to a sandbox port. */
+const TUNNEL_PATH = /^\/sandboxes\/([^/]+)\/ports\/(\d{1,5})\/tunnel$/;
+export const TUNNEL_PROTOCOL = 'sap-tunnel';
+
+/**
+ * Attaches the host's upgrade routes: exec and pty WebSockets, and port tunnels (previews served by
+ * an API on another machine: after `101 Switching Protocols` the connection is a byte pipe to
+ * 127.0.0.1:<port> inside the sandbox, through the port's forwarder socket from `openPort`).
+ */
+export function attachExec(
+  server: http.Server,
+  exec: ExecManager,
+  token: string,
+  pty?: import('./pty').PtyManager,
+  openPort?: (id: string, port: number) => Promise<string>,
+): void {
   const wss = new WebSocketServer({ noServer: true, maxPayload: 16 * 1024 * 1024, perMessageDeflate: false });
   server.on('upgrade', (req, socket, head) => {
     const reject = (status: number, type: string, message: string) => {
@@ -441,6 +457,35 @@ export function attachExec(server: http.Server, exec: ExecManager, token: string
       );
     };
     const url = new URL(req.url ?? '/', 'http://host');
+    const tunnel = openPort ? TUNNEL_PATH.exec(url.pathname) : null;
+    if (tunnel && openPort) {
+      if (!bearerMatchesHeader(req.headers.authorization, token)) return reject(401, 'unauthorized', 'missing or wrong bearer token');
+      if (String(req.headers.upgrade).toLowerCase() !== TUNNEL_PROTOCOL) return reject(400, 'invalid_request', `a tunnel needs Upgrade: ${TUNNEL_PROTOCOL}`);
+      const port = Number(tunnel[2]);
+      if (port < 1 || port > 65535) return reject(400, 'invalid_request', `invalid port ${tunnel[2]}`);
+      socket.on('error', () => socket.destroy());
+      openPort(decodeURIComponent(tunnel[1]), port).then(
+        (socketPath) => {
+          const up = net.connect(socketPath);
+          up.once('error', () => reject(502, 'internal', `sandbox port ${port} is not reachable`));
+          up.once('connect', () => {
+            up.removeAllListeners('error');
+            socket.write(`HTTP/1.1 101 Switching Protocols\r\nupgrade: ${TUNNEL_PROTOCOL}\r\nconnection: upgrade\r\n\r\n`);
+            if (head.length) up.write(head);
+            up.pipe(socket);
+            socket.pipe(up);
+            up.on('error', () => socket.destroy());
+            up.on('close', () => socket.destroy());
+            socket.on('close', () => up.destroy());
+          });
+        },
+        (err: Error & { type?: string }) => {
+          const type = isSandboxError(err) ? err.type : 'internal';
+          reject(errorStatus[type as keyof typeof errorStatus] ?? 500, type, err.message);
+        },
+      );
+      return;
+    }
     const t = pty ? PTY_WS_PATH.exec(url.pathname) : null;
     if (t && pty) {
       if (!bearerMatchesHeader(req.headers.authorization, token)) return reject(401, 'unauthorized', 'missing or wrong bearer token');
@@ -467,5 +512,5 @@ export function attachExec(server: http.Server, exec: ExecManager, token: string
 }
 
 function http_status(status: number): string {
-  return status === 401 ? 'Unauthorized' : status === 404 ? 'Not Found' : 'Error';
+  return http.STATUS_CODES[status] ?? 'Error';
 }

@@ -3,6 +3,7 @@
  * DATA_DIR (required), HOST_TOKEN (required), HOST_ID (default hostname), SANDBOX_PROVIDER
  * (bwrap | process, default bwrap), HOST_LISTEN (default 127.0.0.1:7300), LOG_LEVEL (default info),
  * SANDBOX_SCRATCH_DIR (where sessions' sandboxes keep their files; default /dev/shm when it is a tmpfs, `off`: DATA_DIR),
+ * HOST_MAX_SANDBOXES (live sandboxes at most; default one per 64 MB of memory, at least 16),
  * SANDBOX_AUDIT_LOG (the entrypoint audit log; default DATA_DIR/audit/entrypoints.ndjson, `off`: none),
  * and the sandboxes' default limits and maxima (SANDBOX_MEMORY_MB, SANDBOX_MAX_MEMORY_MB, …: config/limits.ts).
  * SIGTERM/SIGINT stop the HTTP server; sandboxes keep running and are adopted by the next start.
@@ -23,6 +24,8 @@ const envSchema = z.object({
   SANDBOX_SCRATCH_DIR: z.string().optional(),
   // One fsync'd line per entrypoint start: a path, or 'off'.
   SANDBOX_AUDIT_LOG: z.string().min(1).optional(),
+  // At most this many live sandboxes; default: one per 64 MB of memory, at least 16.
+  HOST_MAX_SANDBOXES: z.coerce.number().int().positive().optional(),
   LOG_LEVEL: z.enum(['trace', 'debug', 'info', 'warn', 'error', 'fatal', 'silent']).default('info'),
   ...limitsEnvShape,
 });
@@ -51,6 +54,7 @@ async function main(): Promise<void> {
     limits,
     logger,
     auditLog: env.SANDBOX_AUDIT_LOG === 'off' ? null : env.SANDBOX_AUDIT_LOG,
+    ...(env.HOST_MAX_SANDBOXES ? { maxSandboxes: env.HOST_MAX_SANDBOXES } : {}),
   });
   let stopping = false;
   const stop = (signal: string) => {

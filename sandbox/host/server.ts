@@ -14,6 +14,8 @@ import { createSandboxProvider, type ProviderKind, type SandboxProvider } from '
 import type { CreatedSandbox, WireEntrypointLog } from '../types';
 import type { EntrypointLog } from '../base';
 import { bearerMatchesHeader } from './auth';
+import { HostClient, type HostCapacity } from './client';
+import { machineName } from '../../lib/machine';
 import { attachExec, ExecManager } from './exec';
 import { PortForwarder } from './forward';
 import { fileRoutes } from './files';
@@ -33,7 +35,37 @@ export interface HostDeps {
   forward?: PortForwarder;
   /** Default limits filled into a create that leaves them out, and the maxima a create may not exceed. */
   limits: SandboxLimits;
+  /** At most this many live sandboxes (HOST_MAX_SANDBOXES); a create of a new one beyond it is refused. */
+  maxSandboxes: number;
 }
+
+/**
+ * Makes layer `layerId` (and its parents, first) present on this host, fetching what is missing from
+ * `from` (streamed, checked against the sender's content hash). One fetch per layer at a time.
+ * Answers the ids fetched (empty: everything was here already).
+ */
+async function fetchLayer(provider: SandboxProvider, from: HostClient, layerId: string, inflight: Map<string, Promise<string[]>>): Promise<string[]> {
+  if (await provider.hasLayer(layerId)) return [];
+  let p = inflight.get(layerId);
+  if (!p) {
+    p = (async () => {
+      const archive = await from.layerArchive(layerId);
+      const { parents } = await provider.importLayer(layerId, archive.stream, archive.sha256);
+      const more: string[] = [];
+      for (const parent of parents) more.push(...(await fetchLayer(provider, from, parent, inflight)));
+      return [layerId, ...more];
+    })().finally(() => inflight.delete(layerId));
+    inflight.set(layerId, p);
+  }
+  return p;
+}
+
+/** HOST_MAX_SANDBOXES by default: one sandbox per 64 MB of the machine's memory, at least 16. */
+export function defaultMaxSandboxes(totalMemoryBytes = os.totalmem()): number {
+  return Math.max(16, Math.floor(totalMemoryBytes / (64 * 1024 * 1024)));
+}
+
+
 
 const MAX_WAIT_MS = 30_000;
 const DEFAULT_READ_MAX = 16 * 1024 * 1024;
@@ -114,6 +146,7 @@ const schemas = {
     body: z.object({ layerId: z.string().min(1), patches: z.array(z.object({ id: z.string().min(1), script: z.string() })).default([]) }),
   }),
   layer: z.object({ params: z.object({ layerId: z.string().min(1) }) }),
+  fetchLayer: z.object({ params: z.object({ layerId: z.string().min(1) }), body: z.object({ from: z.url({ protocol: /^https?$/ }) }) }),
   port: z.object({ params: z.object({ id: z.string().min(1), port: z.coerce.number().int().min(1).max(65535) }) }),
 };
 
@@ -153,9 +186,16 @@ export function createApp(deps: HostDeps): express.Express {
   const { provider, logger } = deps;
   const app = express();
   app.disable('x-powered-by');
+  /** Layer fetches under way, by layer id (POST /layers/:id/fetch). */
+  const inflight = new Map<string, Promise<string[]>>();
 
   app.get('/healthz', (_req, res) => {
-    res.json({ ok: true, hostId: deps.hostId, provider: provider.kind, sandboxes: provider.list().length });
+    const capacity: HostCapacity = {
+      ...provider.load(),
+      maxSandboxes: deps.maxSandboxes,
+      memoryMB: Math.floor(os.totalmem() / (1024 * 1024)),
+    };
+    res.json({ ok: true, hostId: deps.hostId, provider: provider.kind, ...capacity });
   });
 
   app.use((req, res, next) => {
@@ -169,6 +209,10 @@ export function createApp(deps: HostDeps): express.Express {
     const { awaitExit, ...given } = body;
     const over = overMaximum(deps.limits, given, 'body.');
     if (over) throw new SandboxError('invalid_request', over);
+    // A host at its limit takes nothing new (placement should not have sent it; this is the guard).
+    if (!provider.get(given.id) && provider.load().sandboxes >= deps.maxSandboxes) {
+      throw new SandboxError('unavailable', `sandbox host ${deps.hostId} is at its limit of ${deps.maxSandboxes} sandboxes (HOST_MAX_SANDBOXES)`);
+    }
     // Every sandbox gets limits: the caller's, else this host's defaults.
     const spec = { ...given, ...effectiveResources(deps.limits, given) };
     const { info, created } = await provider.create(spec);
@@ -284,11 +328,33 @@ export function createApp(deps: HostDeps): express.Express {
     res.json({ layerId: params.layerId, sha256: await provider.layerHash(params.layerId) });
   }));
 
+  // Layers move between hosts: another host streams this one's archive (x-layer-sha256 = its content hash)…
+  app.get('/layers/:layerId/archive', h(async (req, res) => {
+    const { params } = parse(schemas.layer, req);
+    const { sha256, stream, done } = await provider.exportLayer(params.layerId);
+    res.writeHead(200, { 'content-type': 'application/x-tar', 'x-layer-sha256': sha256 });
+    stream.pipe(res);
+    done.catch((err: Error) => {
+      logger.error({ err, layerId: params.layerId }, 'layer archive failed');
+      res.destroy(err);
+    });
+  }));
+
+  // …and fetches a layer it lacks (with its parents) from the host that has it.
+  app.post('/layers/:layerId/fetch', h(async (req, res) => {
+    const { params, body } = parse(schemas.fetchLayer, req);
+    const started = Date.now();
+    const fetched = await fetchLayer(provider, new HostClient({ url: body.from, token: deps.token }), params.layerId, inflight);
+    res.json({ layerId: params.layerId, fetched, ms: Date.now() - started });
+  }));
+
   // Port forwarding for previews: a Unix socket on this machine that reaches 127.0.0.1:<port> inside.
   app.post('/sandboxes/:id/ports/:port/forward', h(async (req, res) => {
     const { params } = parse(schemas.port, req);
     if (!deps.forward) throw new SandboxError('internal', 'port forwarding is not available on this host');
-    res.json({ socketPath: await deps.forward.open(params.id, params.port) });
+    // The machine's name tells a client whether it can use the socket itself (same machine) or must
+    // tunnel through this host (GET …/ports/:port/tunnel with Upgrade: sap-tunnel, see exec.ts).
+    res.json({ socketPath: await deps.forward.open(params.id, params.port), machine: machineName() });
   }));
 
   app.delete('/sandboxes/:id/ports/:port/forward', h(async (req, res) => {
@@ -333,6 +399,8 @@ export interface StartHostOptions {
   auditLog?: string | null;
   /** See ProviderOptions.network (default: from SANDBOX_NETWORK and friends; null: loopback only). */
   network?: SandboxNetwork | null;
+  /** HOST_MAX_SANDBOXES; default defaultMaxSandboxes(). */
+  maxSandboxes?: number;
 }
 
 /** An entrypoint's log as JSON: each chunk's bytes in base64. */
@@ -362,12 +430,12 @@ export async function startHost(opts: StartHostOptions): Promise<RunningHost> {
   const exec = new ExecManager(provider, logger);
   const pty = new PtyManager(provider, logger);
   const forward = new PortForwarder(provider, opts.dataDir, logger);
-  const app = createApp({ provider, token: opts.token, logger, hostId, exec, pty, forward, limits });
+  const app = createApp({ provider, token: opts.token, logger, hostId, exec, pty, forward, limits, maxSandboxes: opts.maxSandboxes ?? defaultMaxSandboxes() });
   const server = http.createServer(app);
   // Workers and APIs keep connections to the host open between calls; keep idle ones for a minute
   // (Node's default is 5 s), so that a pause between bursts does not close them under the clients.
   server.keepAliveTimeout = 65_000;
-  attachExec(server, exec, opts.token, pty);
+  attachExec(server, exec, opts.token, pty, (id, port) => forward.open(id, port));
   const [host, portText] = splitListen(opts.listen ?? '127.0.0.1:7300');
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);
