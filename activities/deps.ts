@@ -10,6 +10,8 @@ export interface ActivityDeps {
   host: HostClient;
   /** The id of `host` (layers made elsewhere are fetched to it); absent: never fetch. */
   hostId?: string;
+  /** HOST_TOKEN, for probing other hosts. */
+  hostToken?: string;
   /** HOST_DEAD_AFTER in ms (a layer's source host silent this long is lost). */
   hostDeadAfterMs?: number;
   /** Task queue of the worker beside `host`; returned by provisioning so later steps land here. */

@@ -1,3 +1,4 @@
+import { createHostActivities } from './hosts';
 import type { ActivityDeps } from './deps';
 import { createSessionActivities } from './sessions';
 import { createBatchActivities } from './batches';
@@ -17,6 +18,7 @@ export const createActivities = (deps: ActivityDeps) => ({
   ...createBatchActivities(deps),
   ...createInstanceActivities(deps),
   ...createWebhookActivities(deps),
+  ...createHostActivities(deps),
 });
 
 export type Activities = ReturnType<typeof createActivities>;

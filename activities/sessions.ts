@@ -1,7 +1,7 @@
 import { Context, ApplicationFailure } from '@temporalio/activity';
 import { saveSessionLog, sessionLogDoc, stderrTail, type HostLog } from '../store/session-logs';
 import type { AgentRunSpec } from '../store';
-import { markSessionRunning, recordSessionEnd, sessionResultsOf } from '../store/sessions';
+import { claimSessionRun, markSessionRunning, recordSessionEnd, sessionResultsOf } from '../store/sessions';
 import type { HostClient } from '../sandbox/host/client';
 import type { CreatedSandbox, EntrypointStatus } from '../sandbox/types';
 import type { SessionEnd } from '../workflows/types';
@@ -11,7 +11,8 @@ import { effectiveResources } from '../config/limits';
 import { secretEnvOf, SecretStoreMissing, SecretUnreadable } from '../store/secrets';
 
 import type { ActivityDeps } from './deps';
-import { hostAlive, hostsOf } from '../store/hosts';
+import { checkHostLost, hostAlive, hostsOf } from '../store/hosts';
+import { hostAnswers } from './hosts';
 
 /** Where the agent's input and result live inside a session's sandbox. */
 export const AGENT_INPUT_PATH = '/tmp/agent_input.json';
@@ -29,7 +30,7 @@ export const createSessionActivities = (deps: ActivityDeps) => ({
    * A retry finds the same sandbox (its id derives from the session id) and starts nothing twice;
    * a retry after the session's ending was recorded only makes sure its sandbox is gone.
    */
-  async provisionSandboxAndRunEntrypoint(args: { sessionId: string; orgId: string; agentId: string; run: AgentRunSpec; input?: string; placed?: boolean }): Promise<Provisioned> {
+  async provisionSandboxAndRunEntrypoint(args: { sessionId: string; orgId: string; agentId: string; run: AgentRunSpec; input?: string; placed?: boolean; rerun?: number }): Promise<Provisioned> {
     // The detail tells a retry (and the workflow, after a timeout) that an attempt got this far.
     Context.current().heartbeat('provisioning');
     // Placement: the session goes to whichever live host has room (a snapshot's layers follow it).
@@ -48,6 +49,11 @@ export const createSessionActivities = (deps: ActivityDeps) => ({
     if (ended) {
       await deps.host.destroySandbox(sandboxId);
       return { sandboxId, taskQueue: deps.hostTaskQueue, exit: null, end: { status: ended.status, result: null, outcome: ended.outcome } };
+    }
+    // With several hosts, one host per run of a session: a retry that lands elsewhere goes back to it.
+    if (deps.hostId && deps.placeElsewhere) {
+      const claimant = await claimSessionRun(deps.store, args.sessionId, args.rerun ?? 0, deps.hostId);
+      if (claimant !== deps.hostId) return await backToClaimant(deps, sandboxId, claimant);
     }
     // Only an agent with a snapshot pays for resolving it (its layer, the checkpoint's patches).
     const image = args.run.snapshot ? await imageOrFail(deps, args.orgId, args.run.snapshotRef?.snapshotId ?? args.run.snapshot) : null;
@@ -225,6 +231,19 @@ export function decideEnd(
 
 
 /** The agent's snapshot resolved to layers and patches; a missing or unready one fails for good (SnapshotNotFound). */
+/**
+ * Provisioning of this run was claimed by another host, which may have started the entrypoint: the
+ * workflow sends the provisioning there (idempotent on that host); a claimant that is lost makes the
+ * session's host lost (workflows/session.ts).
+ */
+async function backToClaimant(deps: ActivityDeps, sandboxId: string, claimant: string): Promise<Provisioned> {
+  const doc = await hostsOf(deps.store).findOne({ _id: claimant });
+  if (!doc || (await checkHostLost(deps.store, claimant, deps.hostDeadAfterMs ?? 15_000, (url) => hostAnswers(url, deps.hostToken ?? '')))) {
+    throw ApplicationFailure.create({ type: 'HostLost', message: `sandbox host ${claimant} that provisioned this session is lost`, nonRetryable: true, details: [claimant] });
+  }
+  return { sandboxId, taskQueue: doc.taskQueue, exit: null, end: null, redirect: doc.taskQueue };
+}
+
 export async function imageOrFail(deps: ActivityDeps, orgId: string, ref: string): Promise<ResolvedImage> {
   let image: ResolvedImage;
   try {

@@ -37,6 +37,9 @@ const agentFields = {
   diskMB: z.number().int().min(1).describe('Size of its sandboxes\' writable layer in MB; default SANDBOX_DISK_MB, at most SANDBOX_MAX_DISK_MB'),
   network: networkSchema(z).describe("What its sandboxes may reach: egress 'internet' (default), 'none', or { allow: [IPv4 CIDR…] }"),
   webhook: WebhookInput.describe('POSTed to (signed with the secret) when each of its sessions ends'),
+  retryOnHostLoss: z
+    .boolean()
+    .describe('A session whose sandbox host is lost while its entrypoint runs runs again from the start on another host (the agent must be idempotent); default false: it ends failed with reason host_lost'),
 };
 
 export const CreateAgentBody = z
@@ -58,6 +61,7 @@ export const CreateAgentBody = z
     diskMB: agentFields.diskMB.optional(),
     network: agentFields.network.optional(),
     webhook: agentFields.webhook.optional(),
+    retryOnHostLoss: agentFields.retryOnHostLoss.default(false),
   })
   .strict()
   .openapi('CreateAgent');
@@ -81,6 +85,7 @@ export const UpdateAgentBody = z
     diskMB: agentFields.diskMB.nullable(),
     network: agentFields.network.nullable(),
     webhook: agentFields.webhook.nullable(),
+    retryOnHostLoss: agentFields.retryOnHostLoss,
   })
   .partial()
   .strict()
@@ -108,6 +113,7 @@ export const Agent = z
       .nullable()
       .describe('null: the default (egress internet)'),
     webhook: WebhookView.describe('null: none; the secret is never shown'),
+    retryOnHostLoss: z.boolean(),
     created_at: z.string(),
     updated_at: z.string(),
   })
@@ -117,7 +123,7 @@ export const SessionStatusEnum = z.enum(['creating', 'running', 'completed', 'fa
 
 export const Outcome = z
   .object({
-    reason: z.enum(['exit_code', 'timeout', 'cancelled', 'invalid_result', 'oom', 'provisioning_failed']).nullable(),
+    reason: z.enum(['exit_code', 'timeout', 'cancelled', 'invalid_result', 'oom', 'provisioning_failed', 'host_lost']).nullable(),
     exit_code: z.number().int().nullable(),
     message: z.string().nullable(),
   })

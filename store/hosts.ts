@@ -16,6 +16,8 @@ export interface HostDoc {
   capacity?: HostCapacity;
   /** Set when the host was found dead (by whoever noticed first): its sandboxes are written off. */
   lostAt?: Date | null;
+  /** Set once what ran on the lost host was written off (worker/host-watch.ts). */
+  writtenOff?: boolean;
 }
 
 export const hostsOf = (store: Store) => store.db.collection<HostDoc>('hosts');
@@ -95,4 +97,27 @@ export class HostView {
   invalidate(): void {
     this.at = 0;
   }
+}
+
+/**
+ * Records that host `hostId` was found lost (once: the first finder wins). Answers true for the
+ * process that marked it, which then writes off what ran there (instances, see worker/host-watch.ts).
+ */
+export async function markHostLost(store: Store, hostId: string): Promise<boolean> {
+  const r = await hostsOf(store).updateOne({ _id: hostId, $or: [{ lostAt: null }, { lostAt: { $exists: false } }] }, { $set: { lostAt: new Date() } });
+  return r.modifiedCount === 1;
+}
+
+/**
+ * True when host `hostId` is lost: registered, silent for longer than `deadAfterMs`, and not
+ * answering a direct probe either (a host whose worker alone is down is not lost). Marks it lost.
+ */
+export async function checkHostLost(store: Store, hostId: string, deadAfterMs: number, probe: (url: string) => Promise<boolean>): Promise<boolean> {
+  const doc = await hostsOf(store).findOne({ _id: hostId });
+  if (!doc) return false;
+  if (doc.lostAt) return true;
+  if (hostAlive(doc, deadAfterMs)) return false;
+  if (await probe(doc.url)) return false;
+  await markHostLost(store, hostId);
+  return true;
 }

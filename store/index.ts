@@ -38,6 +38,8 @@ export interface AgentRunSpec {
   snapshotRef?: { snapshotId: string; taskQueue: string };
   /** Set at session (or batch) start when a webhook applies: the session's own, else the agent's. */
   webhook?: WebhookSpec;
+  /** Run again from the start on another host when the sandbox's host is lost (else: failed, host_lost). */
+  retryOnHostLoss?: boolean;
 }
 
 /**
@@ -45,7 +47,7 @@ export interface AgentRunSpec {
  * Caller-supplied JSON (config) and file paths are stored as JSON text / arrays, since keys with
  * `.` or a leading `$` are not storable on every MongoDB-wire server.
  */
-export interface AgentDoc extends Omit<AgentRunSpec, 'files' | 'memoryMB' | 'cpuCount' | 'diskMB' | 'secretStore' | 'network' | 'webhook'> {
+export interface AgentDoc extends Omit<AgentRunSpec, 'files' | 'memoryMB' | 'cpuCount' | 'diskMB' | 'secretStore' | 'network' | 'webhook' | 'retryOnHostLoss'> {
   _id: string;
   orgId: string;
   id: string;
@@ -64,6 +66,8 @@ export interface AgentDoc extends Omit<AgentRunSpec, 'files' | 'memoryMB' | 'cpu
   network?: { egress: 'internet' | 'none' | { allow: string[] } } | null;
   /** Called when each of its sessions ends; absent or null: none. */
   webhook?: StoredWebhook | null;
+  /** See AgentRunSpec.retryOnHostLoss; absent: false. */
+  retryOnHostLoss?: boolean;
   created_at: Date;
   updated_at: Date;
 }
@@ -72,7 +76,7 @@ export type SessionStatus = 'creating' | 'running' | 'completed' | 'failed';
 
 /** Why a session ended (null while it runs, and for a clean exit 0). */
 export interface SessionOutcome {
-  reason: 'exit_code' | 'timeout' | 'cancelled' | 'invalid_result' | 'oom' | 'provisioning_failed' | null;
+  reason: 'exit_code' | 'timeout' | 'cancelled' | 'invalid_result' | 'oom' | 'provisioning_failed' | 'host_lost' | null;
   exit_code: number | null;
   message: string | null;
 }
@@ -165,6 +169,7 @@ export function runSpecOf(a: AgentDoc): AgentRunSpec {
     ...(a.cpuCount != null ? { cpuCount: a.cpuCount } : {}),
     ...(a.diskMB != null ? { diskMB: a.diskMB } : {}),
     ...(a.network != null ? { network: a.network } : {}),
+    ...(a.retryOnHostLoss ? { retryOnHostLoss: true } : {}),
   };
 }
 

@@ -164,3 +164,29 @@ export async function recordSessionEnd(
     throw err;
   }
 }
+
+/** Which host provisions a run of a session (`<sessionId>#<run>`): the first to claim it. */
+interface SessionClaimDoc {
+  _id: string;
+  hostId: string;
+  at: Date;
+}
+
+/**
+ * Claims run `run` of a session for host `hostId` before its sandbox is created, and answers the host
+ * that holds the claim (this one, or one that claimed it first). A provisioning retried on another
+ * host (a workflow task that timed out, say) thus goes back to the host that may have started the
+ * entrypoint instead of starting it a second time. One insert (`_id`-keyed).
+ */
+export async function claimSessionRun(store: Store, sessionId: string, run: number, hostId: string): Promise<string> {
+  const col = store.db.collection<SessionClaimDoc>('session_claims');
+  const _id = `${sessionId}#${run}`;
+  try {
+    await col.insertOne({ _id, hostId, at: new Date() });
+    return hostId;
+  } catch (err) {
+    if (!isDuplicateKey(err)) throw err;
+  }
+  const held = await col.findOne({ _id });
+  return held?.hostId ?? hostId;
+}

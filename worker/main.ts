@@ -11,6 +11,7 @@ import { startReaper } from './reaper';
 import { createWorkerMetrics, installTemporalRuntime, serveWorkerMetrics } from './metrics';
 import { chooseHost, HostView, registerHost } from '../store/hosts';
 import { workerReadiness } from './readiness';
+import { rejoinIfLost, startHostWatch } from './host-watch';
 
 /** Where `npm run build` puts the prebundled workflow code (bundling at start costs ~2 s). */
 export const WORKFLOW_BUNDLE = path.join(PROJECT_ROOT, 'dist', 'workflow-bundle.js');
@@ -28,6 +29,10 @@ async function main(): Promise<void> {
   // The host says who it is; its sandboxes' steps are routed to that host's task queue.
   const { hostId, ok: _ok, provider: _provider, ...capacity } = await host.health();
   const hostEntry = { id: hostId, url: hostUrlOf(cfg), taskQueue: hostTaskQueue(cfg, hostId) };
+  const clientConnection = await Connection.connect({ address: cfg.TEMPORAL_ADDRESS });
+  const client = new Client({ connection: clientConnection, namespace: cfg.TEMPORAL_NAMESPACE });
+  // Written off while away: its old sandboxes go before it takes anything new.
+  await rejoinIfLost(store, client, host, hostId, logger);
   await registerHost(store, { ...hostEntry, capacity });
   // The heartbeat: the host's liveness and load, as long as the host answers (a host that stops
   // answering stops being heard of, and is dead HOST_DEAD_AFTER later).
@@ -45,7 +50,7 @@ async function main(): Promise<void> {
     const chosen = chooseHost(docs, deadAfterMs);
     return chosen && chosen._id !== hostId ? chosen.taskQueue : null;
   };
-  const activities = createActivities({ store, host, hostTaskQueue: hostEntry.taskQueue, resultMaxBytes: cfg.RESULT_MAX_BYTES, logMaxBytes: cfg.SESSION_LOG_MAX_BYTES, limits: cfg.limits, secrets: resolveSecretBox(cfg), placeElsewhere, hostId, hostDeadAfterMs: deadAfterMs });
+  const activities = createActivities({ store, host, hostTaskQueue: hostEntry.taskQueue, resultMaxBytes: cfg.RESULT_MAX_BYTES, logMaxBytes: cfg.SESSION_LOG_MAX_BYTES, limits: cfg.limits, secrets: resolveSecretBox(cfg), placeElsewhere, hostId, hostDeadAfterMs: deadAfterMs, hostToken: resolveHostToken(cfg) });
 
   // Before any NativeConnection: SDK logs through pino, SDK metrics to a Prometheus exporter (port + 1).
   const sdkMetricsUrl = installTemporalRuntime({ logger, prometheusPort: cfg.WORKER_METRICS_PORT ? cfg.WORKER_METRICS_PORT + 1 : 0, heartbeatMs: workerHeartbeatMs(cfg) });
@@ -63,14 +68,14 @@ async function main(): Promise<void> {
   const local = await Worker.create({ ...common, taskQueue: hostTaskQueue(cfg, hostId) });
   temporalWorkers.push({ name: cfg.TASK_QUEUE, worker: shared }, { name: hostTaskQueue(cfg, hostId), worker: local });
 
-  const clientConnection = await Connection.connect({ address: cfg.TEMPORAL_ADDRESS });
-  const client = new Client({ connection: clientConnection, namespace: cfg.TEMPORAL_NAMESPACE });
   const reaper = startReaper({ host, store, client, logger });
+  const watch = startHostWatch({ store, client, hostId, deadAfterMs, token: resolveHostToken(cfg), logger, intervalMs: Math.max(1_000, cfg.HOST_HEARTBEAT_MS) });
 
   logger.info({ taskQueue: cfg.TASK_QUEUE, hostQueue: hostTaskQueue(cfg, hostId) }, 'worker running');
   // Worker.run() resolves after SIGINT/SIGTERM (the SDK's shutdown signals) once tasks drain.
   await Promise.all([shared.run(), local.run()]);
   reaper.stop();
+  watch.stop();
   clearInterval(heartbeat);
   await Promise.allSettled([store.close(), connection.close(), clientConnection.close()]);
   logger.info('worker stopped');

@@ -28,6 +28,9 @@ export interface InstanceWorkflowResult {
 /** Asks the instance to destroy its sandbox and end (DELETE …/instances/{id}). */
 export const destroyInstanceSignal = defineSignal('destroyInstance');
 
+/** Its sandbox's host was lost (worker/host-watch.ts): the instance ends failed, reason host_lost. */
+export const hostLostSignal = defineSignal<[{ hostId: string }]>('hostLost');
+
 const PROVISION: ActivityOptions = {
   startToCloseTimeout: '2 minutes',
   heartbeatTimeout: '30 s',
@@ -52,10 +55,17 @@ const { recordInstanceEnd } = proxyActivities<Activities>({
  * `stopped`. The sandbox is owned by the host, not the worker, so a worker restart changes
  * nothing; a cancelled workflow still destroys its sandbox.
  */
+/** The host id in a host's task queue (`<TASK_QUEUE>@<hostId>`). */
+const hostOfQueue = (taskQueue: string): string => taskQueue.slice(taskQueue.lastIndexOf('@') + 1);
+
 export async function instanceWorkflow(args: InstanceWorkflowArgs): Promise<InstanceWorkflowResult> {
   let destroy = false;
   setHandler(destroyInstanceSignal, () => {
     destroy = true;
+  });
+  let lostHost: string | null = null;
+  setHandler(hostLostSignal, ({ hostId }) => {
+    lostHost = hostId;
   });
   const provisioner = proxyActivities<Activities>(args.run.snapshotRef ? { ...PROVISION, taskQueue: args.run.snapshotRef.taskQueue } : PROVISION);
   let placed: { sandboxId: string; taskQueue: string };
@@ -69,9 +79,15 @@ export async function instanceWorkflow(args: InstanceWorkflowArgs): Promise<Inst
     return { instanceId: args.instanceId, status: 'failed', error };
   }
   try {
-    await condition(() => destroy);
+    await condition(() => destroy || lostHost !== null);
   } catch (err) {
     if (!isCancellation(err)) throw err;
+  }
+  if (lostHost !== null && hostOfQueue(placed.taskQueue) === lostHost) {
+    // Nothing to destroy: the host destroys its old sandboxes when it comes back.
+    const error = `host_lost: sandbox host ${lostHost} was lost; the instance's sandbox is written off`;
+    await CancellationScope.nonCancellable(() => recordInstanceEnd({ instanceId: args.instanceId, status: 'failed', error }));
+    return { instanceId: args.instanceId, status: 'failed', error };
   }
   const host = proxyActivities<Activities>({
     taskQueue: placed.taskQueue,

@@ -30,6 +30,7 @@ export function agentView(a: AgentDoc): z.infer<typeof Agent> {
     diskMB: a.diskMB ?? null,
     network: a.network ?? null,
     webhook: webhookView(a.webhook),
+    retryOnHostLoss: a.retryOnHostLoss ?? false,
     created_at: a.created_at.toISOString(),
     updated_at: a.updated_at.toISOString(),
   };
@@ -111,6 +112,7 @@ export function registerAgentRoutes(t: RouteTable, deps: ApiDeps): void {
         ...(body.cpuCount !== undefined ? { cpuCount: body.cpuCount } : {}),
         ...(body.diskMB !== undefined ? { diskMB: body.diskMB } : {}),
         ...(body.network !== undefined ? { network: body.network } : {}),
+        ...(body.retryOnHostLoss ? { retryOnHostLoss: true } : {}),
         ...(body.webhook !== undefined ? { webhook: sealWebhook(deps.secrets, org.id, body.webhook) } : {}),
         created_at: now,
         updated_at: now,
