@@ -28,4 +28,6 @@ export interface ActivityDeps {
    * capacity (store/hosts.ts chooseHost), or null for this one. Absent: always this one.
    */
   placeElsewhere?: () => Promise<string | null>;
+  /** True when more than one host is registered (runs of sessions are then claimed, see claimSessionRun). */
+  severalHosts?: () => Promise<boolean>;
 }

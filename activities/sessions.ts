@@ -51,7 +51,7 @@ export const createSessionActivities = (deps: ActivityDeps) => ({
       return { sandboxId, taskQueue: deps.hostTaskQueue, exit: null, end: { status: ended.status, result: null, outcome: ended.outcome } };
     }
     // With several hosts, one host per run of a session: a retry that lands elsewhere goes back to it.
-    if (deps.hostId && deps.placeElsewhere) {
+    if (deps.hostId && (await deps.severalHosts?.())) {
       const claimant = await claimSessionRun(deps.store, args.sessionId, args.rerun ?? 0, deps.hostId);
       if (claimant !== deps.hostId) return await backToClaimant(deps, sandboxId, claimant);
     }

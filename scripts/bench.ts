@@ -6,6 +6,7 @@ import { benchPreview } from './bench-preview';
 import { benchExec } from './bench-exec';
 import { benchSpawn, parseSpawnParts } from './bench-spawn';
 import { benchEgress } from './bench-egress';
+import { benchLayers } from './bench-hosts';
 
 /**
  * `npm run bench -- <name> [--n N] [--c C] [--rounds R (batch)] [--burst B] [--only PARTS (spawn)]` against a running stack (npm start).
@@ -232,12 +233,16 @@ async function main(): Promise<void> {
     case 'spawn':
       out = await benchSpawn({ n: Number(values.n ?? 50), burst: Number(values.burst ?? 100), parts: parseSpawnParts(values.only), call });
       break;
+    case 'layers':
+      out = await benchLayers({ n: Number(values.n ?? 10), sizesMB: (values.mb ?? '1,100').split(',').map(Number) });
+      break;
     case 'egress':
       out = await benchEgress({ mb: Number(values.mb ?? 1024), runs: Number(values.runs ?? 3), call });
       break;
     default:
       process.stderr.write('usage: npm run bench -- sessions|batch [--n 1000] [--c 50]\n');
       process.stderr.write('       npm run bench -- spawn [--n 50] [--burst 100] [--only create,node,burst,checkpoint]\n');
+      process.stderr.write('       npm run bench -- layers [--n 10] [--mb 1,100]  (a stack with SANDBOX_HOSTS=2; DATA_DIR names it)\n');
       process.stderr.write('       npm run bench -- egress [--mb 1024] [--runs 3]  (as root: a test host in a network namespace of its own)\n');
       process.stderr.write('       npm run bench -- exec [--n 100] [--mb 512] [--runs 3]\n');
       process.stderr.write('       npm run bench -- preview [--n 2000] [--c 10]  (SAP_HOST_URL, SAP_HOST_TOKEN: add the forwarder-only leg)\n');

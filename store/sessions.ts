@@ -190,3 +190,11 @@ export async function claimSessionRun(store: Store, sessionId: string, run: numb
   const held = await col.findOne({ _id });
   return held?.hostId ?? hostId;
 }
+
+/** The host of a session's latest claimed run (runs 0-3), or null when none was claimed (one host). */
+export async function sessionHostOf(store: Store, sessionId: string): Promise<string | null> {
+  const ids = [0, 1, 2, 3].map((run) => `${sessionId}#${run}`);
+  const claims = await store.db.collection<SessionClaimDoc>('session_claims').find({ _id: { $in: ids } }).toArray();
+  claims.sort((a, b) => b._id.localeCompare(a._id));
+  return claims[0]?.hostId ?? null;
+}

@@ -9,7 +9,8 @@ import { CreateSessionBody, Cursor, Limit, WaitSeconds, Session, SessionParams, 
 import { ApiError, conflict, invalid, notFound } from '../../lib/errors';
 import { derivedId, randomId } from '../../lib/ids';
 import { AgentDoc, fromJsonText, isDuplicateKey, runSpecOf, SessionDoc } from '../../store';
-import { knownCreation, readSession, readSessions, recordSessionEnd, rememberCreated } from '../../store/sessions';
+import { knownCreation, readSession, readSessions, recordSessionEnd, rememberCreated, sessionHostOf } from '../../store/sessions';
+import type { HostClient } from '../../sandbox/host/client';
 import { getAgent, getAgentToRun } from './agents';
 import { sessionLogDoc, sessionLogsOf, type SessionLogDoc } from '../../store/session-logs';
 import { sandboxIdForSession } from '../../lib/naming';
@@ -83,7 +84,7 @@ async function followLog(deps: ApiDeps, s: SessionDoc, stream: 'stdout' | 'stder
   };
   const sandboxId = sandboxIdForSession(s._id);
   const handle = deps.temporal.workflow.getHandle(s._id);
-  const { client } = await deps.hosts.pick();
+  const client = await sessionHostClient(deps, s._id);
   const readHost = async (): Promise<boolean> => {
     try {
       const log = await client.entrypointLog(sandboxId, deps.cfg.SESSION_LOG_MAX_BYTES || 1, sent);
@@ -229,6 +230,12 @@ async function startWorkflow(deps: ApiDeps, s: SessionDoc, agent: AgentDoc): Pro
     if (err instanceof WorkflowExecutionAlreadyStartedError) return;
     throw err;
   }
+}
+
+/** The sandbox host running a session: the one that claimed its latest run (several hosts), else the only one. */
+async function sessionHostClient(deps: ApiDeps, sessionId: string): Promise<HostClient> {
+  const hostId = await sessionHostOf(deps.store, sessionId);
+  return hostId ? deps.hosts.get(hostId) : (await deps.hosts.pick()).client;
 }
 
 /** /v1/agents/{agentId}/sessions: create, list, read, result, end. */
@@ -387,7 +394,7 @@ export function registerSessionRoutes(t: RouteTable, deps: ApiDeps): void {
       } else {
         // While it runs, the log is on the sandbox host that runs it.
         if (!s.sandbox_id) throw conflict(`session ${s._id} is still ${s.status}: it has no output yet`);
-        const { client } = await deps.hosts.pick();
+        const client = await sessionHostClient(deps, s._id);
         try {
           log = sessionLogDoc(s._id, await client.entrypointLog(s.sandbox_id, deps.cfg.SESSION_LOG_MAX_BYTES || 1));
         } catch (err) {

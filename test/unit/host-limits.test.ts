@@ -18,17 +18,21 @@ const limits = loadLimits({ SANDBOX_MEMORY_MB: '1024', SANDBOX_MAX_MEMORY_MB: '4
 let server: http.Server;
 let url: string;
 const created: CreateSandboxRequest[] = [];
+/** How many sandboxes the fake provider says are live (HOST_MAX_SANDBOXES is 3 here). */
+let live = 0;
 
 beforeAll(async () => {
   const provider = {
     kind: 'fake',
     list: () => [],
+    get: (id: string) => (id === 'sb-existing' ? { id } : undefined),
+    load: () => ({ sandboxes: live, reservedMB: live * 1024 }),
     create: async (spec: CreateSandboxRequest) => {
       created.push(spec);
       return { info: { id: spec.id, orgId: spec.orgId, hostId: 'h', status: 'running', createdAt: new Date().toISOString(), metadata: {}, patches: [], provider: 'fake' }, created: true };
     },
   } as unknown as SandboxProvider;
-  const app = createApp({ provider, token: TOKEN, logger, hostId: 'h', exec: new ExecManager(provider, logger), limits });
+  const app = createApp({ provider, token: TOKEN, logger, hostId: 'h', exec: new ExecManager(provider, logger), limits, maxSandboxes: 3 });
   server = http.createServer(app);
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
   url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
@@ -44,6 +48,23 @@ const create = (body: Record<string, unknown>) =>
 describe('host create limits', () => {
   beforeEach(() => {
     created.length = 0;
+    live = 0;
+  });
+
+  it('refuses a new sandbox at HOST_MAX_SANDBOXES with 503, but answers an existing one (create is idempotent)', async () => {
+    live = 3;
+    const full = await create({ id: 'sb-new', orgId: 'o' });
+    expect(full.status).toBe(503);
+    expect(await full.json()).toEqual({ error: { type: 'unavailable', message: expect.stringContaining('limit of 3 sandboxes (HOST_MAX_SANDBOXES)') } });
+    expect(created).toEqual([]);
+    expect((await create({ id: 'sb-existing', orgId: 'o' })).status).toBe(201);
+    live = 2;
+    expect((await create({ id: 'sb-new', orgId: 'o' })).status).toBe(201);
+  });
+
+  it('reports its load on /healthz', async () => {
+    live = 2;
+    expect(await (await fetch(`${url}/healthz`)).json()).toMatchObject({ ok: true, hostId: 'h', sandboxes: 2, maxSandboxes: 3, reservedMB: 2048, memoryMB: expect.any(Number) });
   });
 
   it('fills absent limits with its defaults', async () => {
