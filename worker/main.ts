@@ -9,7 +9,10 @@ import { HostClient } from '../sandbox/host/client';
 import { connectStore } from '../store';
 import { startReaper } from './reaper';
 import { createWorkerMetrics, installTemporalRuntime, serveWorkerMetrics } from './metrics';
-import { chooseHost, HostView, registerHost } from '../store/hosts';
+import { chooseHost, hostAlive, HostView, placementWeight, registerHost } from '../store/hosts';
+
+/** A session stays on the host whose worker took it while that host has at least this share of the roomiest host's room. */
+const STAY_SHARE = 0.75;
 import { workerReadiness } from './readiness';
 import { rejoinIfLost, startHostWatch } from './host-watch';
 
@@ -47,6 +50,11 @@ async function main(): Promise<void> {
   const placeElsewhere = async (): Promise<string | null> => {
     const docs = await hosts.all();
     if (docs.length < 2) return null;
+    // Workflow tasks already spread over the workers that poll the shared queue: sending a session
+    // elsewhere costs an extra activity task, so it stays here unless this host has clearly less room.
+    const own = docs.find((d) => d._id === hostId);
+    const best = Math.max(...docs.filter((d) => hostAlive(d, deadAfterMs)).map((d) => placementWeight(d.capacity)));
+    if (own && placementWeight(own.capacity) > 0 && placementWeight(own.capacity) >= STAY_SHARE * best) return null;
     const chosen = chooseHost(docs, deadAfterMs);
     return chosen && chosen._id !== hostId ? chosen.taskQueue : null;
   };
