@@ -219,7 +219,11 @@ export async function startStack(o: StackOptions): Promise<Stack> {
         '--log-level', 'warn',
         ...SEARCH_ATTRIBUTE_FLAGS.flatMap((a) => ['--search-attribute', a]),
       ],
-      ready: (p) => waitFor('temporal', namespaceReady(temporalAddress), 60_000, p),
+      ready: async (p) => {
+        await waitFor('temporal', namespaceReady(temporalAddress), 60_000, p);
+        // How long closed workflows stay for the Web UI (the dev server's own default is 24h).
+        if (env.TEMPORAL_RETENTION) await setRetention(temporalAddress, env.TEMPORAL_RETENTION);
+      },
     }),
     mongo: () => ({
       cmd: path.join(TOOLS, 'ferretdb'),
@@ -361,6 +365,17 @@ export function hostEnvironment(dataDir: string, env: Record<string, string>, i:
 function secretsKeyText(dataDir: string): string {
   resolveSecretBox({ DATA_DIR: dataDir, SECRETS_KEY: undefined });
   return fs.readFileSync(path.join(dataDir, 'secrets.key'), 'utf8').trim();
+}
+
+/** Sets the `default` namespace's retention of closed workflows (e.g. `72h`). */
+function setRetention(address: string, retention: string): Promise<void> {
+  if (!/^\d+[hd]$/.test(retention)) return Promise.reject(new Error(`TEMPORAL_RETENTION must be hours or days, like 24h or 3d: ${retention}`));
+  const value = retention.endsWith('d') ? `${Number(retention.slice(0, -1)) * 24}h` : retention;
+  return new Promise((resolve, reject) => {
+    execFile(path.join(TOOLS, 'temporal'), ['operator', 'namespace', 'update', '-n', 'default', '--retention', value, '--address', address], { timeout: 10_000 }, (err, _out, stderr) =>
+      err ? reject(new Error(`setting TEMPORAL_RETENTION=${retention}: ${stderr.trim() || err.message}`)) : resolve(),
+    );
+  });
 }
 
 /** What was appended to `file` after `offset`. */

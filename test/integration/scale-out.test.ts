@@ -183,6 +183,24 @@ describe('two sandbox hosts', () => {
     expect(await sh(spawned, 'cat /workspace/made.txt')).toBe('from-host-1\n');
   });
 
+  it("runs sessions of an agent whose snapshot was made on one host on both hosts (the layer follows)", async () => {
+    const origin = await sandboxOnHost(0, newSandbox);
+    await sh(origin, 'echo baked-in > /opt/tool.txt');
+    const cp = await call('POST', `/api/sandboxes/${origin}/checkpoints`, { name: 'for-snapshot' });
+    expect(cp.status).toBe(201);
+    const snap = await call('POST', '/api/snapshots', { name: 'made-on-host-1', checkpointId: cp.body.id });
+    expect(snap.status).toBe(201);
+    expect((await call('POST', '/v1/agents', { id: 'snapped', core: 'bash', snapshot: 'made-on-host-1', entrypoint: ['bash', '-c', 'printf \'{"tool": "%s"}\' "$(cat /opt/tool.txt)" > /tmp/agent_result.json'] })).status).toBe(201);
+    const before = auditLines(1).length;
+    const ids: string[] = [];
+    for (let i = 0; i < 12; i++) ids.push((await call('POST', '/v1/agents/snapped/sessions', { input: {} })).body.id);
+    const ended = await Promise.all(ids.map((id) => waitSession('snapped', id)));
+    expect(ended.map((e) => [e.status, e.result?.tool, e.outcome?.message ?? null])).toEqual(ids.map(() => ['completed', 'baked-in', null]));
+    // Some ran on the second host, which copied the snapshot's layer from the first.
+    expect(auditLines(1).length).toBeGreaterThan(before);
+    expect(fs.existsSync(path.join(stack.hostList[1]!.dataDir, 'layers', cp.body.id, 'layer.json'))).toBe(true);
+  });
+
   it("serves a preview of a sandbox on the second host through that host's HTTP port", async () => {
     const sb = await sandboxOnHost(1, newSandbox);
     expect((await call('POST', `/api/sandboxes/${sb}/exec`, { cmd: 'node', args: ['-e', SERVER_JS, '8000'] })).status).toBe(201);
@@ -232,6 +250,24 @@ describe('two sandbox hosts', () => {
     const lostSession = await onSecond('sleeper');
     const rerunSession = await onSecond('rerun');
     const apiSandbox = await sandboxOnHost(1, newSandbox);
+    // A checkpoint whose only copy is on the second host.
+    await sh(apiSandbox, 'echo only-here > /workspace/f');
+    const stranded = await call('POST', `/api/sandboxes/${apiSandbox}/checkpoints`, { name: 'stranded' });
+    expect(stranded.status).toBe(201);
+    // An instance on the second host.
+    expect((await call('POST', '/v1/agents', { id: 'keeper', core: 'bash', entrypoint: ['bash', '-c', 'true'] })).status).toBe(201);
+    let instance = '';
+    for (let n = 0; n < 30 && !instance; n++) {
+      const made = await call('POST', '/v1/agents/keeper/instances', {});
+      expect(made.status).toBe(201);
+      let got = made.body;
+      for (let w = 0; w < 100 && got.status !== 'running'; w++) {
+        await new Promise((r) => setTimeout(r, 100));
+        got = (await call('GET', `/v1/agents/keeper/instances/${made.body.id}`)).body;
+      }
+      if ((await sandboxesByHost())[1]!.includes(got.sandbox_id)) instance = made.body.id;
+    }
+    expect(instance).not.toBe('');
 
     await Promise.all([stack.kill(second.worker, 'SIGKILL'), stack.kill(second.proc, 'SIGKILL')]);
     const killedAt = Date.now();
@@ -245,6 +281,19 @@ describe('two sandbox hosts', () => {
     const again = await waitSession('rerun', rerunSession, 90_000);
     expect(again).toMatchObject({ status: 'completed' });
     expect(auditLines(0).some((l) => JSON.stringify(l).includes(rerunSession))).toBe(true);
+
+    // The instance is written off by the workers' host watch.
+    let inst = (await call('GET', `/v1/agents/keeper/instances/${instance}`)).body;
+    for (let w = 0; w < 100 && inst.status !== 'failed'; w++) {
+      await new Promise((r) => setTimeout(r, 200));
+      inst = (await call('GET', `/v1/agents/keeper/instances/${instance}`)).body;
+    }
+    expect(inst).toMatchObject({ status: 'failed', error: expect.stringMatching(/^host_lost: /) });
+
+    // The checkpoint's only copy went with the host: a clear 503, not a hang.
+    const spawn = await call('POST', `/api/sandboxes/from-checkpoint/${stranded.body.id}`, {});
+    expect(spawn.status).toBe(503);
+    expect(spawn.body.error.message).toContain(`only on sandbox host ${second.hostId}, which is lost`);
 
     const gone = await call('POST', `/api/sandboxes/${apiSandbox}/exec/run`, { cmd: 'true' });
     expect(gone.status).toBe(410);
