@@ -18,6 +18,7 @@ import { ApiError } from '../lib/errors';
 import { hashSecret } from '../lib/ids';
 import { listSandboxPreviews, previewsOf, type PreviewDoc } from '../store/previews';
 import { machineName } from '../lib/machine';
+import { splice } from '../lib/splice';
 import type { HostClient } from '../sandbox/host/client';
 
 /** How the proxy reaches a sandbox port: the forwarder's Unix socket, or a tunnel through its host. */
@@ -209,11 +210,7 @@ export class PreviewProxy {
       for (const [k, v] of Object.entries(headers)) for (const one of Array.isArray(v) ? v : [v]) lines.push(`${k}: ${one}`);
       up.write(`${lines.join('\r\n')}\r\n\r\n`);
       if (head.length) up.write(head);
-      up.pipe(socket);
-      socket.pipe(up);
-      up.on('error', () => socket.destroy());
-      up.on('close', () => socket.destroy());
-      socket.on('close', () => up.destroy());
+      splice(up, socket);
     };
     const refused = () => new ApiError('bad_gateway', `sandbox ${doc.sandboxId} is not accepting connections on port ${doc.port}`);
     const connect = (r: PortRoute, retried: boolean) => {

@@ -39,6 +39,24 @@ export function encodeStdinFrame(data: Buffer | string): Buffer {
   return Buffer.concat([Buffer.from([0x00]), Buffer.from(data)]);
 }
 
+/** The HostError of an error answer read whole (its `{ error: { type, message } }` body, else `fallback`). */
+function errorOf(res: http.IncomingMessage, fallback: string): Promise<HostError> {
+  return new Promise((resolve) => {
+    const chunks: Buffer[] = [];
+    res.on('data', (c: Buffer) => chunks.push(c));
+    res.on('error', () => resolve(new HostError('internal', res.statusCode ?? 0, fallback)));
+    res.on('end', () => {
+      let err: { type?: string; message?: string } | undefined;
+      try {
+        err = (JSON.parse(Buffer.concat(chunks).toString('utf8')) as { error?: { type?: string; message?: string } }).error;
+      } catch {
+        /* not our error body */
+      }
+      resolve(new HostError(err?.type ?? 'internal', res.statusCode ?? 0, err?.message ?? fallback));
+    });
+  });
+}
+
 /** A host's load as /healthz reports it. */
 export interface HostCapacity {
   sandboxes: number;
@@ -203,17 +221,7 @@ export class HostClient {
       req.once('response', (res) => {
         const sha256 = res.headers['x-layer-sha256'];
         if (res.statusCode === 200 && typeof sha256 === 'string') return resolve({ sha256, stream: res });
-        const chunks: Buffer[] = [];
-        res.on('data', (c: Buffer) => chunks.push(c));
-        res.on('end', () => {
-          let err: { type?: string; message?: string } | undefined;
-          try {
-            err = (JSON.parse(Buffer.concat(chunks).toString('utf8')) as { error?: { type?: string; message?: string } }).error;
-          } catch {
-            /* not our error body */
-          }
-          reject(new HostError(err?.type ?? 'internal', res.statusCode ?? 0, err?.message ?? `host answered ${res.statusCode} for layer ${layerId}`));
-        });
+        errorOf(res, `host answered ${res.statusCode} for layer ${layerId}`).then(reject);
       });
       req.once('error', reject);
       req.end();
@@ -242,17 +250,7 @@ export class HostClient {
         resolve(socket as import('node:net').Socket);
       });
       req.once('response', (res) => {
-        const chunks: Buffer[] = [];
-        res.on('data', (c: Buffer) => chunks.push(c));
-        res.on('end', () => {
-          let err: { type?: string; message?: string } | undefined;
-          try {
-            err = (JSON.parse(Buffer.concat(chunks).toString('utf8')) as { error?: { type?: string; message?: string } }).error;
-          } catch {
-            /* not our error body */
-          }
-          reject(new HostError(err?.type ?? 'internal', res.statusCode ?? 0, err?.message ?? `host answered ${res.statusCode} to a tunnel`));
-        });
+        errorOf(res, `host answered ${res.statusCode} to a tunnel`).then(reject);
       });
       req.once('timeout', () => req.destroy(new Error(`host ${this.base} did not open a tunnel within ${timeoutMs} ms`)));
       req.once('error', reject);

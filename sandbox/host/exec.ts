@@ -36,6 +36,7 @@ import { SandboxCgroups } from '../procs';
 import type { SandboxProvider } from '../provider';
 import type { ExecRequest, ExecRunResult, ExecSessionInfo } from '../types';
 import { bearerMatchesHeader } from './auth';
+import { splice } from '../../lib/splice';
 import { writeBinaryFrame } from './frames';
 import { readOutput, type OutputReader, type Slab } from './output-reader';
 
@@ -472,11 +473,7 @@ export function attachExec(
             up.removeAllListeners('error');
             socket.write(`HTTP/1.1 101 Switching Protocols\r\nupgrade: ${TUNNEL_PROTOCOL}\r\nconnection: upgrade\r\n\r\n`);
             if (head.length) up.write(head);
-            up.pipe(socket);
-            socket.pipe(up);
-            up.on('error', () => socket.destroy());
-            up.on('close', () => socket.destroy());
-            socket.on('close', () => up.destroy());
+            splice(up, socket);
           });
         },
         (err: Error & { type?: string }) => {
