@@ -318,6 +318,9 @@ export async function startStack(o: StackOptions): Promise<Stack> {
         await Promise.all(hostList.map((h) => kill(h.worker)));
         if (opts.destroySandboxes) await Promise.all(hostList.map((h) => destroyAllSandboxes(h.url, o.hostToken).catch(() => undefined)));
         await Promise.all(hostList.map((h) => kill(h.proc)));
+        // Several hosts' network tables are this stack's own (named after its DATA_DIR): they go with
+        // its sandboxes. (A single host's table, `inet sap` by default, stays as it always has.)
+        if (opts.destroySandboxes && hostCount > 1) await Promise.all(hostList.map((h) => deleteNetTable(h.env.SANDBOX_NET_NAME)));
         await Promise.all([kill('temporal'), kill('mongo')]);
         fs.rmSync(stackFilePath(o.dataDir), { force: true });
         fs.closeSync(supervisorLog);
@@ -365,6 +368,12 @@ export function hostEnvironment(dataDir: string, env: Record<string, string>, i:
 function secretsKeyText(dataDir: string): string {
   resolveSecretBox({ DATA_DIR: dataDir, SECRETS_KEY: undefined });
   return fs.readFileSync(path.join(dataDir, 'secrets.key'), 'utf8').trim();
+}
+
+/** Removes a host's nftables table (`inet <name>`); nothing when it is absent or nft is missing. */
+function deleteNetTable(name: string | undefined): Promise<void> {
+  if (!name) return Promise.resolve();
+  return new Promise((resolve) => execFile('nft', ['delete', 'table', 'inet', name], { timeout: 10_000 }, () => resolve()));
 }
 
 /** Sets the `default` namespace's retention of closed workflows (e.g. `72h`). */

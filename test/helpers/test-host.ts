@@ -67,6 +67,11 @@ http.server.HTTPServer(("${this.addr}", ${this.port}), H).serve_forever()`;
             resolve(true);
           });
           s.once('error', () => resolve(false));
+          // A connection attempt that gets no answer at all would wait for the kernel's SYN retries (2 min).
+          s.setTimeout(2_000, () => {
+            s.destroy();
+            resolve(false);
+          });
         }),
       20_000,
       100,
