@@ -223,9 +223,11 @@ describe('files over raw HTTP', () => {
       }),
     );
     expect(down.value).toEqual({ sha: want, size: 100 * 1024 * 1024, length: String(100 * 1024 * 1024) });
-    // Holding the file would add 100 MB; streaming adds socket buffers.
-    expect(up.riseMb).toBeLessThan(40);
-    expect(down.riseMb).toBeLessThan(40);
+    // Holding the file would add 100 MB or more; streaming adds socket buffers plus chunks already
+    // passed on but not yet collected (they count in RSS until V8 frees them: 42 MB was seen once
+    // on a loaded CI machine), so the bound sits well under the file's size, not near zero.
+    expect(up.riseMb).toBeLessThan(64);
+    expect(down.riseMb).toBeLessThan(64);
     await sh('rm /workspace/big.bin');
   }, 120_000);
 
