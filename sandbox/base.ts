@@ -4,7 +4,7 @@
  * adoption of existing sandboxes after a restart. Providers supply isolation through a few hooks.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { Spawner } from './spawner';
+import { type PipedProcess, Spawner } from './spawner';
 import { createHash, randomBytes } from 'node:crypto';
 import { promises as fsp, watch, openSync, closeSync, readSync, fstatSync, type FSWatcher } from 'node:fs';
 import { constants as osConstants } from 'node:os';
@@ -119,7 +119,7 @@ export interface EnterOptions {
    * The process is hung up (SIGHUP to its group) when the process that started it dies: for
    * processes that only this host process can serve (exec sessions, patches), never for entrypoints.
    */
-  hangUpWithCaller?: boolean;
+  hangUpWithCaller?: number;
   /** Run on a pseudo-terminal of the sandbox of this size (the helper's -T; fd 3 takes window sizes). */
   pty?: { rows: number; cols: number };
 }
@@ -752,14 +752,9 @@ export abstract class BaseProvider implements SandboxProvider {
   }
 
   spawn(id: string, opts: SpawnOptions): ChildProcess {
-    const state = this.stateOf(id);
-    if (state.status !== 'running' || !this.isLive(state)) throw new SandboxError('conflict', `sandbox ${id} is not running`);
-    if (!opts.argv.length || opts.argv[0].includes('=')) {
-      throw new SandboxError('invalid_request', 'argv must be non-empty and argv[0] must not contain "="');
-    }
-    const cgroupProcs = SandboxCgroups.of(id).procsFiles();
+    const { state, cgroupProcs } = this.spawnable(id, opts);
     // Exec sessions and patches live in this process's memory: if it dies, they are hung up.
-    const direct = this.enterArgv(state, opts, { cgroupProcs, hangUpWithCaller: true, ...(opts.pty ? { pty: opts.pty, ownGroup: true } : {}) });
+    const direct = this.enterArgv(state, opts, { cgroupProcs, hangUpWithCaller: process.pid, ...(opts.pty ? { pty: opts.pty, ownGroup: true } : {}) });
     if (direct) {
       const stdio: ('pipe')[] = opts.pty ? ['pipe', 'pipe', 'pipe', 'pipe'] : ['pipe', 'pipe', 'pipe'];
       return spawn(direct[0]!, direct.slice(1), { stdio, detached: true, env: { PATH: DEFAULT_ENV.PATH } });
@@ -772,6 +767,33 @@ export abstract class BaseProvider implements SandboxProvider {
       detached: true,
       env: { PATH: DEFAULT_ENV.PATH },
     });
+  }
+
+  /**
+   * spawn without a terminal, started by the spawner helper when there is one (no fork of this
+   * process: see Spawner.exec); the command then hangs up with the helper, which exits with this
+   * process.
+   */
+  async spawnPiped(id: string, opts: SpawnOptions): Promise<PipedProcess> {
+    if (opts.pty) return this.spawn(id, opts);
+    const helperPid = this.spawner.helperPid();
+    if (helperPid !== null) {
+      const { state, cgroupProcs } = this.spawnable(id, opts);
+      const direct = this.enterArgv(state, opts, { cgroupProcs, hangUpWithCaller: helperPid });
+      const child = direct ? await this.spawner.exec(direct, { PATH: DEFAULT_ENV.PATH }, helperPid) : null;
+      if (child) return child;
+    }
+    return this.spawn(id, opts);
+  }
+
+  /** A running sandbox's state and cgroups for a new process, or conflict / invalid_request. */
+  private spawnable(id: string, opts: SpawnOptions): { state: SandboxState; cgroupProcs: string[] } {
+    const state = this.stateOf(id);
+    if (state.status !== 'running' || !this.isLive(state)) throw new SandboxError('conflict', `sandbox ${id} is not running`);
+    if (!opts.argv.length || opts.argv[0].includes('=')) {
+      throw new SandboxError('invalid_request', 'argv must be non-empty and argv[0] must not contain "="');
+    }
+    return { state, cgroupProcs: SandboxCgroups.of(id).procsFiles() };
   }
 
   private runPatch(state: SandboxState, patch: { id: string; script: string }): Promise<PatchOutcome> {

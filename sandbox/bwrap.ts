@@ -598,7 +598,7 @@ export class BwrapProvider extends BaseProvider {
       ...(how.exitFile ? ['-x', how.exitFile] : []),
       ...(how.logIndex ? ['-L', how.logIndex] : []),
       ...(how.pty ? ['-T', `${how.pty.rows}x${how.pty.cols}`] : []),
-      ...(how.hangUpWithCaller ? ['-P', String(process.pid)] : []),
+      ...(how.hangUpWithCaller ? ['-P', String(how.hangUpWithCaller)] : []),
       '--',
       ...opts.argv,
     ];

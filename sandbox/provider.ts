@@ -105,6 +105,9 @@ export interface SandboxProvider {
    */
   spawn(id: string, opts: SpawnOptions): ChildProcess;
 
+  /** spawn, without forking the host where the provider can (exec sessions and exec/run). */
+  spawnPiped(id: string, opts: SpawnOptions): Promise<import('./spawner').PipedProcess>;
+
   /**
    * Copies the sandbox's writable layer into a read-only layer `layerId` (which references the layers the
    * sandbox was started from). Throws conflict when the layer exists.

@@ -1,13 +1,17 @@
 /**
- * Starts detached processes (sandbox inits, entrypoint wrappers) through one long-lived helper
+ * Starts detached processes (sandbox inits, entrypoint wrappers, exec commands with pipes) through one long-lived helper
  * (sandbox/spawner.py, on posix_spawn) instead of forking the host: a fork copies the page tables
  * of the whole Node process, several milliseconds of CPU on the host's only thread per process.
  * Without python3, or when the helper cannot be started, it falls back to child_process.spawn.
  */
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
-import { closeSync, existsSync, openSync } from 'node:fs';
+import { EventEmitter } from 'node:events';
+import { closeSync, constants as fsc, existsSync, openSync } from 'node:fs';
+import net from 'node:net';
+import { constants as osc } from 'node:os';
 import path from 'node:path';
 import { createInterface } from 'node:readline';
+import type { Readable, Writable } from 'node:stream';
 
 export interface DetachedSpawn {
   /** argv[0] must be an absolute path. */
@@ -26,8 +30,70 @@ const SOURCE_SCRIPT = path.resolve(__dirname, '..', '..', 'sandbox', 'spawner.py
 interface Answer {
   id?: number;
   pid?: number;
+  fds?: number[];
   failed?: { path: string; error: string }[];
   error?: string;
+  /** An event, not an answer: an "exec" command's exit. */
+  exit?: number;
+  code?: number | null;
+  signal?: number | null;
+}
+
+/** What a process started in a sandbox with piped stdio offers (a ChildProcess is one). */
+export interface PipedProcess extends EventEmitter {
+  readonly pid?: number;
+  readonly stdin: Writable | null;
+  readonly stdout: Readable | null;
+  readonly stderr: Readable | null;
+}
+
+const SIGNAL_NAMES = new Map<number, NodeJS.Signals>(Object.entries(osc.signals).map(([name, n]) => [n, name as NodeJS.Signals]));
+
+/**
+ * A command the helper started with pipes (see Spawner.exec): events and streams as a
+ * ChildProcess has them ('exit' with (code, signal), then 'close' once stdout and stderr closed).
+ */
+class HelperProcess extends EventEmitter implements PipedProcess {
+  stdin: Writable | null = null;
+  stdout: Readable | null = null;
+  stderr: Readable | null = null;
+  exitCode: number | null = null;
+  signalCode: NodeJS.Signals | null = null;
+  private exited = false;
+  private open = 0;
+  private closed = false;
+
+  constructor(readonly pid: number) {
+    super();
+  }
+
+  attach(stdin: Writable | null, stdout: Readable, stderr: Readable): void {
+    this.stdin = stdin;
+    this.stdout = stdout;
+    this.stderr = stderr;
+    for (const s of [stdout, stderr]) {
+      this.open++;
+      s.once('close', () => {
+        this.open--;
+        this.maybeClose();
+      });
+    }
+  }
+
+  ended(code: number | null, signal: NodeJS.Signals | null): void {
+    if (this.exited) return;
+    this.exited = true;
+    this.exitCode = code;
+    this.signalCode = signal;
+    this.emit('exit', code, signal);
+    this.maybeClose();
+  }
+
+  private maybeClose(): void {
+    if (!this.exited || this.open > 0 || this.closed || !this.stdout) return;
+    this.closed = true;
+    this.emit('close', this.exitCode, this.signalCode);
+  }
 }
 
 interface Pending {
@@ -40,6 +106,10 @@ export class Spawner {
   private readonly pending = new Map<number, Pending>();
   private seq = 0;
   private disabled = false;
+  /** "exec" commands not yet exited, by pid. */
+  private readonly execs = new Map<number, HelperProcess>();
+  /** Exits reported before the answer that started them was read (two threads of the helper write). */
+  private readonly earlyExits = new Map<number, [number | null, NodeJS.Signals | null]>();
 
   constructor(private readonly python = process.env.SAP_SPAWNER_PYTHON ?? '/usr/bin/python3') {}
 
@@ -50,6 +120,81 @@ export class Spawner {
     if (!answer) return fallbackSpawn(req);
     if (typeof answer.pid !== 'number') throw new Error(`spawner: ${answer.error ?? 'no pid'}`);
     return answer.pid;
+  }
+
+  /**
+   * The helper's pid, starting it if needed; null when there is none (commands then start through
+   * child_process). A command started by exec names it as the caller it hangs up with.
+   */
+  helperPid(): number | null {
+    const helper = this.disabled ? null : this.ensureHelper();
+    return helper?.pid ?? null;
+  }
+
+  /**
+   * Starts a command with piped stdin, stdout and stderr in a session of its own, without forking
+   * the host (its fork is what a burst of execs waited on: about 5 ms of the host's thread each).
+   * The pipes are the helper's: the host opens its ends as /proc/<helper>/fd/<n>, then the helper
+   * closes its copies. Null when there is no helper (the caller spawns by itself).
+   */
+  async exec(argv: string[], env: Record<string, string>, helperPid: number): Promise<PipedProcess | null> {
+    if (!path.isAbsolute(argv[0] ?? '')) throw new Error(`spawner: argv[0] must be absolute: ${argv[0]}`);
+    if (this.helper?.pid !== helperPid) return null;
+    const answer = await this.ask({ op: 'exec', argv, env });
+    if (!answer) return null;
+    if (typeof answer.pid !== 'number' || !answer.fds || answer.fds.length !== 3) throw new Error(`spawner: ${answer.error ?? 'no pid'}`);
+    const fds = answer.fds;
+    const child = new HelperProcess(answer.pid);
+    const opened: number[] = [];
+    try {
+      const reopen = (n: number, flags: number) => {
+        const fd = openSync(`/proc/${helperPid}/fd/${n}`, flags | fsc.O_NONBLOCK);
+        opened.push(fd);
+        return fd;
+      };
+      const outFd = reopen(fds[1]!, fsc.O_RDONLY);
+      const errFd = reopen(fds[2]!, fsc.O_RDONLY);
+      // ENXIO: the command has already closed its stdin (or exited); it reads nothing more.
+      let inFd: number | null = null;
+      try {
+        inFd = reopen(fds[0]!, fsc.O_WRONLY);
+      } catch (err) {
+        if ((err as NodeJS.ErrnoException).code !== 'ENXIO') throw err;
+      }
+      const stdin = inFd === null ? null : new net.Socket({ fd: inFd, readable: false, writable: true });
+      child.attach(stdin, new net.Socket({ fd: outFd, readable: true, writable: false }), new net.Socket({ fd: errFd, readable: true, writable: false }));
+    } catch (err) {
+      for (const fd of opened) closeSync(fd);
+      try {
+        process.kill(-answer.pid, 'SIGKILL');
+      } catch {
+        /* gone */
+      }
+      throw new Error(`spawner: could not open the pipes of ${argv[0]}: ${(err as Error).message}`);
+    } finally {
+      void this.ask({ op: 'release', fds })?.catch(() => undefined);
+    }
+    const early = this.earlyExits.get(answer.pid);
+    if (early) {
+      this.earlyExits.delete(answer.pid);
+      child.ended(...early);
+    } else {
+      this.execs.set(answer.pid, child);
+    }
+    return child;
+  }
+
+  /** An "exec" command's exit, from the helper. */
+  private exited(a: Answer): void {
+    const pid = a.exit!;
+    const status: [number | null, NodeJS.Signals | null] = [a.code ?? null, a.signal ? (SIGNAL_NAMES.get(a.signal) ?? 'SIGKILL') : null];
+    const child = this.execs.get(pid);
+    if (child) {
+      this.execs.delete(pid);
+      child.ended(...status);
+    } else {
+      this.earlyExits.set(pid, status);
+    }
   }
 
   /**
@@ -100,6 +245,7 @@ export class Spawner {
       } catch {
         return;
       }
+      if (typeof answer.exit === 'number') return this.exited(answer);
       const p = answer.id !== undefined ? this.pending.get(answer.id) : undefined;
       if (!p) return;
       this.pending.delete(answer.id!);
@@ -110,6 +256,10 @@ export class Spawner {
       this.helper = null;
       for (const p of this.pending.values()) p.reject(new Error(`spawner: ${why}`));
       this.pending.clear();
+      // Its commands named it as their caller: they are hung up (sap-sandbox-enter -P).
+      for (const child of this.execs.values()) child.ended(null, 'SIGHUP');
+      this.execs.clear();
+      this.earlyExits.clear();
     };
     helper.on('exit', (code, signal) => gone(`helper exited (${signal ?? code})`));
     helper.on('error', (err) => {

@@ -21,7 +21,6 @@
  * views, until the command exits: then what it holds is copied out and the reused memory freed).
  */
 import { randomBytes } from 'node:crypto';
-import type { ChildProcess } from 'node:child_process';
 import * as http from 'node:http';
 import * as net from 'node:net';
 import type { Socket } from 'node:net';
@@ -34,6 +33,7 @@ import { z } from 'zod';
 import { errorStatus, isSandboxError, SandboxError } from '../errors';
 import { SandboxCgroups } from '../procs';
 import type { SandboxProvider } from '../provider';
+import type { PipedProcess } from '../spawner';
 import type { ExecRequest, ExecRunResult, ExecSessionInfo } from '../types';
 import { bearerMatchesHeader } from './auth';
 import { splice } from '../../lib/splice';
@@ -94,7 +94,7 @@ export class ExecSession {
   constructor(
     readonly sandboxId: string,
     readonly req: ExecRequest,
-    readonly child: ChildProcess,
+    readonly child: PipedProcess,
     private readonly log: Logger,
   ) {
     this.oomBefore = SandboxCgroups.of(sandboxId).oomKills();
@@ -104,11 +104,12 @@ export class ExecSession {
     // Done when the process has exited and its output is read to the end (what 'close' means for
     // a child whose streams are read the ordinary way; the readers may have taken them over).
     const exit = new Promise<[number | null, NodeJS.Signals | null]>((resolve) => {
-      child.on('error', (err) => {
+      child.on('error', (err: Error) => {
         this.log.warn({ err, sandboxId, execId: this.id }, 'exec failed to start');
       });
-      child.once('exit', (code, signal) => resolve([code, signal]));
-      child.once('close', (code, signal) => resolve([code, signal]));
+      const done = (code: number | null, signal: NodeJS.Signals | null) => resolve([code, signal]);
+      child.once('exit', done);
+      child.once('close', done);
     });
     this.exited = Promise.all([exit, ...this.readers.map((r) => r.ended)]).then(([[code, signal]]) => {
       this.oomKilled = SandboxCgroups.of(sandboxId).oomKills() > this.oomBefore;
@@ -295,8 +296,8 @@ export class ExecManager {
   ) {}
 
   /** Starts a command inside the sandbox. Throws not_found / conflict from the provider. */
-  start(sandboxId: string, req: ExecRequest): ExecSession {
-    const child = this.provider.spawn(sandboxId, { argv: [req.cmd, ...(req.args ?? [])], env: req.envs, cwd: req.cwd });
+  async start(sandboxId: string, req: ExecRequest): Promise<ExecSession> {
+    const child = await this.provider.spawnPiped(sandboxId, { argv: [req.cmd, ...(req.args ?? [])], env: req.envs, cwd: req.cwd });
     const session = new ExecSession(sandboxId, req, child, this.logger);
     let map = this.sessions.get(sandboxId);
     if (!map) this.sessions.set(sandboxId, (map = new Map()));
@@ -326,7 +327,7 @@ export class ExecManager {
   /** Runs a command to completion, collecting its output (each stream capped at 16 MiB, the rest dropped). */
   async run(sandboxId: string, req: ExecRequest & { stdin?: string }): Promise<ExecRunResult> {
     const oomBefore = SandboxCgroups.of(sandboxId).oomKills();
-    const child = this.provider.spawn(sandboxId, { argv: [req.cmd, ...(req.args ?? [])], env: req.envs, cwd: req.cwd });
+    const child = await this.provider.spawnPiped(sandboxId, { argv: [req.cmd, ...(req.args ?? [])], env: req.envs, cwd: req.cwd });
     const out: Buffer[] = [];
     const err: Buffer[] = [];
     let outLen = 0;
@@ -354,7 +355,7 @@ export class ExecManager {
       : undefined;
     const [code, signal] = await new Promise<[number | null, NodeJS.Signals | null]>((resolve, reject) => {
       child.on('error', reject);
-      child.on('close', (c, s) => resolve([c, s]));
+      child.on('close', (c: number | null, s: NodeJS.Signals | null) => resolve([c, s]));
     });
     if (timer) clearTimeout(timer);
     return {
@@ -375,7 +376,7 @@ export class ExecManager {
     }));
     app.post('/sandboxes/:id/exec', h(async (req, res) => {
       const { params, body } = parse(z.object({ params: idParams, body: execSchema }), req);
-      res.status(201).json(this.start(params.id, body).info());
+      res.status(201).json((await this.start(params.id, body)).info());
     }));
     app.get('/sandboxes/:id/exec', h(async (req, res) => {
       const { params } = parse(z.object({ params: idParams }), req);

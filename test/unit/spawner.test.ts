@@ -70,3 +70,78 @@ describe.each([
     await expect(spawner.spawn({ argv: ['/no/such/program'], env: {} })).rejects.toThrow();
   });
 });
+
+describe('Spawner.exec (commands with pipes, started by the helper)', () => {
+  const spawner = new Spawner();
+  afterAll(() => spawner.close());
+
+  /** Runs a command to its 'close', with stdin, and answers its output and status. */
+  async function run(argv: string[], stdin = ''): Promise<{ pid: number; out: string; err: string; code: number | null; signal: string | null; events: string[] }> {
+    const helperPid = spawner.helperPid();
+    expect(helperPid).toEqual(expect.any(Number));
+    const child = await spawner.exec(argv, { PATH: '/usr/bin:/bin' }, helperPid!);
+    expect(child).not.toBeNull();
+    const events: string[] = [];
+    let out = '';
+    let err = '';
+    child!.stdout!.on('data', (d: Buffer) => (out += d.toString()));
+    child!.stderr!.on('data', (d: Buffer) => (err += d.toString()));
+    child!.stdin?.on('error', () => undefined);
+    child!.stdin?.end(stdin);
+    child!.on('exit', () => events.push('exit'));
+    const [code, signal] = await new Promise<[number | null, string | null]>((resolve) =>
+      child!.on('close', (c: number | null, s: string | null) => {
+        events.push('close');
+        resolve([c, s]);
+      }),
+    );
+    return { pid: child!.pid!, out, err, code, signal, events };
+  }
+
+  it('passes stdin, stdout, stderr and the exit code, in a session of its own', async () => {
+    const r = await run(['/bin/sh', '-c', 'read line; echo "got $line sid=$(ps -o sid= -p $$ | tr -d " ") pid=$$"; echo oops >&2; exit 7'], 'hello\n');
+    expect(r.out).toBe(`got hello sid=${r.pid} pid=${r.pid}\n`);
+    expect(r.err).toBe('oops\n');
+    expect([r.code, r.signal]).toEqual([7, null]);
+    expect(r.events).toEqual(['exit', 'close']);
+  });
+
+  it('reports a signal by name, and reads large output to the end', async () => {
+    const killed = await run(['/bin/sh', '-c', 'kill -TERM $$']);
+    expect([killed.code, killed.signal]).toEqual([null, 'SIGTERM']);
+    const big = await run(['/bin/sh', '-c', 'head -c 3000000 /dev/zero | tr "\\0" x']);
+    expect(big.out.length).toBe(3_000_000);
+    expect(big.code).toBe(0);
+  });
+
+  it('serves many at once, including commands that exit before the host opens their pipes', async () => {
+    const results = await Promise.all(Array.from({ length: 40 }, (_, i) => run(i % 2 ? ['/bin/true'] : ['/bin/echo', String(i)])));
+    for (const [i, r] of results.entries()) {
+      expect(r.code).toBe(0);
+      expect(r.out).toBe(i % 2 ? '' : `${i}\n`);
+    }
+    // The helper keeps none of the pipes once the host has its ends.
+    const helperFds = fs.readdirSync(`/proc/${spawner.helperPid()}/fd`).map((fd) => {
+      try {
+        return fs.readlinkSync(`/proc/${spawner.helperPid()}/fd/${fd}`);
+      } catch {
+        return '';
+      }
+    });
+    expect(helperFds.filter((l) => l.startsWith('pipe:')).length).toBeLessThanOrEqual(3); // its own stdin, stdout (and maybe stderr)
+  });
+
+  it('ends its commands as hung up when the helper is gone', async () => {
+    const other = new Spawner();
+    try {
+      const helperPid = other.helperPid()!;
+      const child = await other.exec(['/bin/sleep', '30'], {}, helperPid);
+      const exited = new Promise<[number | null, string | null]>((resolve) => child!.on('exit', (c: number | null, s: string | null) => resolve([c, s])));
+      process.kill(helperPid, 'SIGKILL');
+      expect(await exited).toEqual([null, 'SIGHUP']);
+      process.kill(-child!.pid!, 'SIGKILL');
+    } finally {
+      other.close();
+    }
+  });
+});
