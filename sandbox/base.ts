@@ -116,8 +116,9 @@ export interface EnterOptions {
   /** Relay stdout and stderr through the helper, which records the order of their chunks here (see entrypointLog). */
   logIndex?: string;
   /**
-   * The process is hung up (SIGHUP to its group) when the process that started it dies: for
-   * processes that only this host process can serve (exec sessions, patches), never for entrypoints.
+   * The pid of the process's parent (this host, or the spawner helper that exits with it): the
+   * process is hung up (SIGHUP to its group) when that parent dies. For processes that only this
+   * host process can serve (exec sessions, terminals, patches), never for entrypoints.
    */
   hangUpWithCaller?: number;
   /** Run on a pseudo-terminal of the sandbox of this size (the helper's -T; fd 3 takes window sizes). */
@@ -753,7 +754,7 @@ export abstract class BaseProvider implements SandboxProvider {
 
   spawn(id: string, opts: SpawnOptions): ChildProcess {
     const { state, cgroupProcs } = this.spawnable(id, opts);
-    // Exec sessions and patches live in this process's memory: if it dies, they are hung up.
+    // Terminals and patches (and exec commands without the spawner helper) live in this process's memory: if it dies, they are hung up.
     const direct = this.enterArgv(state, opts, { cgroupProcs, hangUpWithCaller: process.pid, ...(opts.pty ? { pty: opts.pty, ownGroup: true } : {}) });
     if (direct) {
       const stdio: ('pipe')[] = opts.pty ? ['pipe', 'pipe', 'pipe', 'pipe'] : ['pipe', 'pipe', 'pipe'];
