@@ -4,7 +4,7 @@ import os from 'node:os';
 export type BenchCall = (method: string, path: string, body?: unknown) => Promise<{ status: number; body: any }>;
 
 /** The parts of `npm run bench -- spawn`, for `--only`. */
-export const SPAWN_PARTS = ['create', 'node', 'burst', 'checkpoint'] as const;
+export const SPAWN_PARTS = ['create', 'node', 'burst', 'exec-burst', 'checkpoint'] as const;
 export type SpawnPart = (typeof SPAWN_PARTS)[number];
 
 /** Parses `--only a,b` (default: every part); throws on an unknown part. */
@@ -31,6 +31,9 @@ const NODE_V = { cmd: 'node', args: ['-v'] };
  *  - `burst`: B (default 100) of those create → `node -v` at once. wall_ms from the first request
  *    to the last answer; per_sandbox_ms (create → output) and create_ms over the sandboxes that
  *    succeeded; failures counted (with the first error), not thrown. Then all are deleted (untimed).
+ *  - `exec-burst`: the exec half of a burst alone, as if creating cost nothing: B sandboxes are
+ *    created first (10 at a time, untimed), then B `node -v` run at once, one in each. wall_ms and
+ *    per_exec_ms as above. What a burst would take if sandboxes were ready ahead (a pool).
  *  - `checkpoint` (spawn_{empty,1mb,100mb}_ms): POST /api/sandboxes/from-checkpoint/{id} from an
  *    empty, a 1 MB and a 100 MB checkpoint (made by snapshot builds that write random bytes).
  * The sequential parts are latency, not throughput: one sandbox exists at a time, and the first
@@ -155,6 +158,43 @@ export async function benchSpawn(opts: {
       wall_ms: Math.round(wall * 10) / 10,
       per_sandbox_ms: stats(perSandbox),
       create_ms: stats(creates),
+      failures,
+      ...(firstError ? { first_error: firstError.slice(0, 500) } : {}),
+      ...(deleteFailures ? { delete_failures: deleteFailures } : {}),
+    };
+  }
+
+  if (opts.parts.has('exec-burst') && opts.burst > 0) {
+    const ids: string[] = [];
+    for (let i = 0; i < opts.burst; i += 10) {
+      ids.push(...(await Promise.all(Array.from({ length: Math.min(10, opts.burst - i) }, () => create()))));
+    }
+    await new Promise((res) => setTimeout(res, 1000)); // the creates' own work settles first
+    const perExec: number[] = [];
+    let failures = 0;
+    let firstError: string | undefined;
+    const t0 = performance.now();
+    await Promise.all(
+      ids.map(async (id) => {
+        const s0 = performance.now();
+        try {
+          await nodeV(id);
+          perExec.push(performance.now() - s0);
+        } catch (err) {
+          failures++;
+          firstError ??= err instanceof Error ? err.message : String(err);
+        }
+      }),
+    );
+    const wall = performance.now() - t0;
+    let deleteFailures = 0;
+    for (let i = 0; i < ids.length; i += 10) {
+      await Promise.all(ids.slice(i, i + 10).map((id) => destroy(id).catch(() => void deleteFailures++)));
+    }
+    result.exec_burst = {
+      n: opts.burst,
+      wall_ms: Math.round(wall * 10) / 10,
+      per_exec_ms: stats(perExec),
       failures,
       ...(firstError ? { first_error: firstError.slice(0, 500) } : {}),
       ...(deleteFailures ? { delete_failures: deleteFailures } : {}),

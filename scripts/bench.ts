@@ -241,7 +241,7 @@ async function main(): Promise<void> {
       break;
     default:
       process.stderr.write('usage: npm run bench -- sessions|batch [--n 1000] [--c 50]\n');
-      process.stderr.write('       npm run bench -- spawn [--n 50] [--burst 100] [--only create,node,burst,checkpoint]\n');
+      process.stderr.write('       npm run bench -- spawn [--n 50] [--burst 100] [--only create,node,burst,exec-burst,checkpoint]\n');
       process.stderr.write('       npm run bench -- layers [--n 10] [--mb 1,100]  (a stack with SANDBOX_HOSTS=2; DATA_DIR names it)\n');
       process.stderr.write('       npm run bench -- egress [--mb 1024] [--runs 3]  (as root: a test host in a network namespace of its own)\n');
       process.stderr.write('       npm run bench -- exec [--n 100] [--mb 512] [--runs 3]\n');

@@ -66,7 +66,7 @@ describe('judgeWorkers', () => {
 
 describe('workerReadiness', () => {
   const worker = (state: string) => ({ getState: () => state as never });
-  const hostUp = { health: async () => ({ ok: true, hostId: 'h', provider: 'process', sandboxes: 0 }) };
+  const hostUp = { health: async () => ({ ok: true, hostId: 'h', provider: 'process', sandboxes: 0, maxSandboxes: 16, reservedMB: 0, memoryMB: 1024 }) };
   const hostDown = {
     health: async () => {
       throw Object.assign(new Error('connect ECONNREFUSED 127.0.0.1:7300'), { code: 'ECONNREFUSED' });
