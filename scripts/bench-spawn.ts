@@ -124,23 +124,19 @@ export async function benchSpawn(opts: {
     result.exec_node_ms = stats(exec);
   }
 
-  if (opts.parts.has('burst') && opts.burst > 0) {
-    const ids: string[] = [];
-    const perSandbox: number[] = [];
-    const creates: number[] = [];
+  /**
+   * Runs `one(i)` for i < n, all at once; each answers its latency in ms (and may record more).
+   * Failures are counted with the first error, not thrown.
+   */
+  const atOnce = async (n: number, one: (i: number) => Promise<number>) => {
+    const latencies: number[] = [];
     let failures = 0;
     let firstError: string | undefined;
     const t0 = performance.now();
     await Promise.all(
-      Array.from({ length: opts.burst }, async () => {
-        const s0 = performance.now();
+      Array.from({ length: n }, async (_x, i) => {
         try {
-          const id = await create();
-          ids.push(id);
-          const s1 = performance.now();
-          await nodeV(id);
-          perSandbox.push(performance.now() - s0);
-          creates.push(s1 - s0);
+          latencies.push(await one(i));
         } catch (err) {
           failures++;
           firstError ??= err instanceof Error ? err.message : String(err);
@@ -148,18 +144,36 @@ export async function benchSpawn(opts: {
       }),
     );
     const wall = performance.now() - t0;
-    // Untimed clean-up, a few at a time.
-    let deleteFailures = 0;
+    return { wall_ms: Math.round(wall * 10) / 10, latencies, failures, ...(firstError ? { first_error: firstError.slice(0, 500) } : {}) };
+  };
+  /** Untimed clean-up, a few at a time; answers how many deletes failed. */
+  const destroyAll = async (ids: string[]): Promise<number> => {
+    let failed = 0;
     for (let i = 0; i < ids.length; i += 10) {
-      await Promise.all(ids.slice(i, i + 10).map((id) => destroy(id).catch(() => void deleteFailures++)));
+      await Promise.all(ids.slice(i, i + 10).map((id) => destroy(id).catch(() => void failed++)));
     }
+    return failed;
+  };
+
+  if (opts.parts.has('burst') && opts.burst > 0) {
+    const ids: string[] = [];
+    const creates: number[] = [];
+    const { latencies, ...run } = await atOnce(opts.burst, async () => {
+      const s0 = performance.now();
+      const id = await create();
+      ids.push(id);
+      creates.push(performance.now() - s0);
+      await nodeV(id);
+      return performance.now() - s0;
+    });
+    const deleteFailures = await destroyAll(ids);
     result.burst = {
       n: opts.burst,
-      wall_ms: Math.round(wall * 10) / 10,
-      per_sandbox_ms: stats(perSandbox),
+      wall_ms: run.wall_ms,
+      per_sandbox_ms: stats(latencies),
       create_ms: stats(creates),
-      failures,
-      ...(firstError ? { first_error: firstError.slice(0, 500) } : {}),
+      failures: run.failures,
+      ...(run.first_error ? { first_error: run.first_error } : {}),
       ...(deleteFailures ? { delete_failures: deleteFailures } : {}),
     };
   }
@@ -170,33 +184,18 @@ export async function benchSpawn(opts: {
       ids.push(...(await Promise.all(Array.from({ length: Math.min(10, opts.burst - i) }, () => create()))));
     }
     await new Promise((res) => setTimeout(res, 1000)); // the creates' own work settles first
-    const perExec: number[] = [];
-    let failures = 0;
-    let firstError: string | undefined;
-    const t0 = performance.now();
-    await Promise.all(
-      ids.map(async (id) => {
-        const s0 = performance.now();
-        try {
-          await nodeV(id);
-          perExec.push(performance.now() - s0);
-        } catch (err) {
-          failures++;
-          firstError ??= err instanceof Error ? err.message : String(err);
-        }
-      }),
-    );
-    const wall = performance.now() - t0;
-    let deleteFailures = 0;
-    for (let i = 0; i < ids.length; i += 10) {
-      await Promise.all(ids.slice(i, i + 10).map((id) => destroy(id).catch(() => void deleteFailures++)));
-    }
+    const { latencies, ...run } = await atOnce(ids.length, async (i) => {
+      const s0 = performance.now();
+      await nodeV(ids[i]!);
+      return performance.now() - s0;
+    });
+    const deleteFailures = await destroyAll(ids);
     result.exec_burst = {
       n: opts.burst,
-      wall_ms: Math.round(wall * 10) / 10,
-      per_exec_ms: stats(perExec),
-      failures,
-      ...(firstError ? { first_error: firstError.slice(0, 500) } : {}),
+      wall_ms: run.wall_ms,
+      per_exec_ms: stats(latencies),
+      failures: run.failures,
+      ...(run.first_error ? { first_error: run.first_error } : {}),
       ...(deleteFailures ? { delete_failures: deleteFailures } : {}),
     };
   }
