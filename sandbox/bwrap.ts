@@ -476,7 +476,11 @@ export class BwrapProvider extends BaseProvider {
       // Connections of helpers still starting a sandbox are the host's own: ended, not waited for.
       for (const sock of this.helperConns) sock.destroy();
       await new Promise((r) => server.close(r));
-      if (this.helperSocket) await fsp.rm(this.helperSocket, { force: true });
+      if (this.helperSocket) {
+        await fsp.rm(this.helperSocket, { force: true });
+        // The private directory under the temp dir that a deep data dir's socket gets (listenForHelpers).
+        if (path.dirname(this.helperSocket) !== this.dataDir) await fsp.rmdir(path.dirname(this.helperSocket)).catch(() => undefined);
+      }
     }
     this.helperSocket = null;
     await this.network?.close();

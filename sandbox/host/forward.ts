@@ -30,6 +30,8 @@ interface Forwarder {
 export class PortForwarder {
   private readonly procs = new Map<string, Forwarder>();
   private readonly dir: string;
+  /** Whether `dir` is a directory of its own under the temp dir (removed by closeAll), not the data dir's `fwd`. */
+  private readonly dirIsTemp: boolean;
 
   constructor(
     private readonly provider: SandboxProvider,
@@ -38,7 +40,8 @@ export class PortForwarder {
   ) {
     const preferred = path.join(dataDir, 'fwd');
     // Socket paths must stay short; a deep data dir gets a private directory under the temp dir.
-    this.dir = preferred.length + 40 <= MAX_SOCKET_PATH ? preferred : path.join(os.tmpdir(), `sap-fwd-${createHash('sha256').update(dataDir).digest('hex').slice(0, 12)}`);
+    this.dirIsTemp = preferred.length + 40 > MAX_SOCKET_PATH;
+    this.dir = this.dirIsTemp ? path.join(os.tmpdir(), `sap-fwd-${createHash('sha256').update(dataDir).digest('hex').slice(0, 12)}`) : preferred;
     fs.mkdirSync(this.dir, { recursive: true, mode: 0o700 });
     fs.chmodSync(this.dir, 0o700);
   }
@@ -78,9 +81,16 @@ export class PortForwarder {
     this.stop(id);
   }
 
-  /** Stops every forwarder (the host is shutting down). */
+  /** Stops every forwarder (the host is shutting down); a directory of its own under the temp dir goes too, once empty. */
   closeAll(): void {
     for (const id of [...this.procs.keys()]) this.stop(id);
+    if (this.dirIsTemp) {
+      try {
+        fs.rmdirSync(this.dir);
+      } catch {
+        /* not empty (another host process with the same data dir), or gone */
+      }
+    }
   }
 
   private stop(id: string): void {

@@ -29,7 +29,16 @@ function sap(args: string[], opts: { env?: Record<string, string>; whileRunning?
 }
 
 const client = () => new SapClient({ url: T.api(), apiKey: T.key() });
-const tmp = () => fs.mkdtempSync(path.join(os.tmpdir(), 'sap-cli-'));
+/** Scratch directories of this file's tests, removed after them. */
+const scratch: string[] = [];
+const tmp = () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'sap-cli-'));
+  scratch.push(dir);
+  return dir;
+};
+afterAll(() => {
+  for (const dir of scratch) fs.rmSync(dir, { recursive: true, force: true });
+});
 
 describe('typed client', () => {
   it('answers typed values, and error answers as SapApiError carrying the error body', async () => {
