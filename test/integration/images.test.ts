@@ -77,10 +77,15 @@ describe('sandboxes created with an image', () => {
       const { Image } = await import('@opencomputer/sdk/node');
       const image = Image.base().runCommands('echo ${marker} > /opt/m').env({ SDK_IMAGE: '${marker}' });
       const logs = [];
+      step('create a (builds)');
       const a = await sdk.Sandbox.create({ ...opts, image, onBuildLog: (l) => logs.push(l) });
+      step('created ' + a.sandboxId + '; create b (cached)');
       const b = await sdk.Sandbox.create({ ...opts, image, onBuildLog: (l) => logs.push('second: ' + l) });
+      step('created ' + b.sandboxId + '; exec.run in a');
       const outA = await a.exec.run('cat /opt/m; echo $SDK_IMAGE');
+      step('exec.run in b');
       const outB = await b.exec.run('cat /opt/m');
+      step('kill a and b');
       await a.kill(); await b.kill();
       out({ outA: outA.stdout, outB: outB.stdout, secondLogs: logs.filter((l) => l.startsWith('second: ')).length, firstLogs: logs.filter((l) => !l.startsWith('second: ')).length });
     `,
