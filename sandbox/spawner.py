@@ -53,7 +53,7 @@ def start(req):
         req.get("env") or {},
         file_actions=actions,
         setsid=True,
-        # SIGCHLD is ignored here, and Python ignores SIGPIPE and SIGXFSZ: the child gets every
+        # Python ignores SIGPIPE and SIGXFSZ (and the host may have ignored others): the child gets every
         # signal's default action back (it must wait for its own children, and see broken pipes).
         setsigdef=DEFAULT_SIGNALS,
         # and no signal blocked, whatever mask the helper itself inherited.

@@ -177,7 +177,10 @@ export class Spawner {
     const early = this.earlyExits.get(answer.pid);
     if (early) {
       this.earlyExits.delete(answer.pid);
-      child.ended(...early);
+      // Not now: the caller has not attached its listeners yet (it does once this promise has
+      // resolved), and a missed 'exit' left an exec session running forever. A ChildProcess never
+      // emits 'exit' before spawn() returns either.
+      setImmediate(() => child.ended(...early));
     } else {
       this.execs.set(answer.pid, child);
     }

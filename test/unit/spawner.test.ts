@@ -145,3 +145,47 @@ describe('Spawner.exec (commands with pipes, started by the helper)', () => {
     }
   });
 });
+
+describe('Spawner.exec when a command exits before its start is answered', () => {
+  // A helper whose main thread answers 100 ms after starting each command, so that a command that
+  // exits at once is reported (by the reaper thread) before its start: what a loaded machine
+  // sometimes does. The copy differs from sandbox/spawner.py by that pause only.
+  const slowDir = fs.mkdtempSync(path.join(os.tmpdir(), 'spawner-slow-'));
+  const source = fs.readFileSync(path.resolve(__dirname, '..', '..', 'sandbox', 'spawner.py'), 'utf8');
+  const marker = '    return {"pid": pid, "fds": ours}';
+  const script = path.join(slowDir, 'spawner.py');
+  const python = path.join(slowDir, 'python');
+  fs.writeFileSync(script, source.replace(marker, `    __import__("time").sleep(0.1)\n${marker}`));
+  // The Spawner runs `<python> -I -u <its script>`: this stands in for python and runs the copy.
+  fs.writeFileSync(python, `#!/bin/sh\nexec /usr/bin/python3 -I -u ${script}\n`, { mode: 0o755 });
+  const spawner = new Spawner(python);
+  afterAll(() => {
+    spawner.close();
+    fs.rmSync(slowDir, { recursive: true, force: true });
+  });
+
+  it('still emits exit after exec() has answered, as a child process does, then close', async () => {
+    expect(source).toContain(marker);
+    for (const argv of [['/bin/true'], ['/bin/echo', 'early'], ['/bin/sh', '-c', 'exit 5']]) {
+      const child = await spawner.exec(argv, { PATH: '/usr/bin:/bin' }, spawner.helperPid()!);
+      expect(child).not.toBeNull();
+      // Listeners attached right after the await, as ExecManager does: neither event may be missed.
+      const events: string[] = [];
+      let out = '';
+      child!.stdout!.on('data', (d: Buffer) => (out += d.toString()));
+      const exited = new Promise<[number | null, string | null]>((resolve) =>
+        child!.once('exit', (c: number | null, s: string | null) => {
+          events.push('exit');
+          resolve([c, s]);
+        }),
+      );
+      const closed = new Promise<void>((resolve) => child!.once('close', () => resolve(void events.push('close'))));
+      const timeout = new Promise<string>((resolve) => setTimeout(() => resolve('no exit event within 5 s'), 5_000).unref());
+      expect(await Promise.race([exited.then(() => 'exit'), timeout])).toBe('exit');
+      await closed;
+      expect(events).toEqual(['exit', 'close']);
+      expect((await exited)[0]).toBe(argv[0] === '/bin/sh' ? 5 : 0);
+      expect(out).toBe(argv[1] === 'early' ? 'early\n' : '');
+    }
+  });
+});
