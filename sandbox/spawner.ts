@@ -110,6 +110,8 @@ export class Spawner {
   private readonly execs = new Map<number, HelperProcess>();
   /** Exits reported before the answer that started them was read (two threads of the helper write). */
   private readonly earlyExits = new Map<number, [number | null, NodeJS.Signals | null]>();
+  /** Commands killed because their pipes could not be opened: their exits are dropped, not kept as early ones. */
+  private readonly abandoned = new Set<number>();
 
   constructor(private readonly python = process.env.SAP_SPAWNER_PYTHON ?? '/usr/bin/python3') {}
 
@@ -165,6 +167,8 @@ export class Spawner {
       child.attach(stdin, new net.Socket({ fd: outFd, readable: true, writable: false }), new net.Socket({ fd: errFd, readable: true, writable: false }));
     } catch (err) {
       for (const fd of opened) closeSync(fd);
+      // Its exit may have come already (early), or comes later: either way nobody waits for it.
+      if (!this.earlyExits.delete(answer.pid)) this.abandoned.add(answer.pid);
       try {
         process.kill(-answer.pid, 'SIGKILL');
       } catch {
@@ -191,6 +195,7 @@ export class Spawner {
   private exited(a: Answer): void {
     const pid = a.exit!;
     const status: [number | null, NodeJS.Signals | null] = [a.code ?? null, a.signal ? (SIGNAL_NAMES.get(a.signal) ?? 'SIGKILL') : null];
+    if (this.abandoned.delete(pid)) return;
     const child = this.execs.get(pid);
     if (child) {
       this.execs.delete(pid);
@@ -263,6 +268,7 @@ export class Spawner {
       for (const child of this.execs.values()) child.ended(null, 'SIGHUP');
       this.execs.clear();
       this.earlyExits.clear();
+      this.abandoned.clear();
     };
     helper.on('exit', (code, signal) => gone(`helper exited (${signal ?? code})`));
     helper.on('error', (err) => {
