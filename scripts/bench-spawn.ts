@@ -154,6 +154,15 @@ export async function benchSpawn(opts: {
     }
     return failed;
   };
+  /** One at-once part's figures: `latencies` holds its per-request statistics (per_sandbox_ms …). */
+  const burstSummary = (run: Omit<Awaited<ReturnType<typeof atOnce>>, 'latencies'>, latencies: Record<string, unknown>, deleteFailures: number) => ({
+    n: opts.burst,
+    wall_ms: run.wall_ms,
+    ...latencies,
+    failures: run.failures,
+    ...(run.first_error ? { first_error: run.first_error } : {}),
+    ...(deleteFailures ? { delete_failures: deleteFailures } : {}),
+  });
 
   if (opts.parts.has('burst') && opts.burst > 0) {
     const ids: string[] = [];
@@ -166,16 +175,7 @@ export async function benchSpawn(opts: {
       await nodeV(id);
       return performance.now() - s0;
     });
-    const deleteFailures = await destroyAll(ids);
-    result.burst = {
-      n: opts.burst,
-      wall_ms: run.wall_ms,
-      per_sandbox_ms: stats(latencies),
-      create_ms: stats(creates),
-      failures: run.failures,
-      ...(run.first_error ? { first_error: run.first_error } : {}),
-      ...(deleteFailures ? { delete_failures: deleteFailures } : {}),
-    };
+    result.burst = burstSummary(run, { per_sandbox_ms: stats(latencies), create_ms: stats(creates) }, await destroyAll(ids));
   }
 
   if (opts.parts.has('exec-burst') && opts.burst > 0) {
@@ -189,15 +189,7 @@ export async function benchSpawn(opts: {
       await nodeV(ids[i]!);
       return performance.now() - s0;
     });
-    const deleteFailures = await destroyAll(ids);
-    result.exec_burst = {
-      n: opts.burst,
-      wall_ms: run.wall_ms,
-      per_exec_ms: stats(latencies),
-      failures: run.failures,
-      ...(run.first_error ? { first_error: run.first_error } : {}),
-      ...(deleteFailures ? { delete_failures: deleteFailures } : {}),
-    };
+    result.exec_burst = burstSummary(run, { per_exec_ms: stats(latencies) }, await destroyAll(ids));
   }
 
   if (opts.parts.has('checkpoint')) {
