@@ -4,10 +4,11 @@ import { batchesOf } from '../store/batches';
 import { sessionView } from '../api/routes/sessions';
 import { batchView } from '../api/routes/batches';
 import { signature, webhookContext, type StoredWebhook } from '../lib/webhooks';
+import { postChecked, targetPolicy, WebhookTargetRefused } from '../lib/webhook-target';
 import type { ActivityDeps } from './deps';
 
-/** How long one delivery attempt may take before it counts as failed (and is retried). */
-const ATTEMPT_TIMEOUT_MS = 10_000;
+/** WEBHOOK_TIMEOUT_MS, WEBHOOK_ANSWER_MAX_BYTES and WEBHOOK_ALLOWED_CIDRS when the worker passes none. */
+const DEFAULTS = { allowedCidrs: '', timeoutMs: 10_000, answerMaxBytes: 4096 };
 
 /** What a delivery is about: a session that ended, or a batch that completed. */
 export interface WebhookEvent {
@@ -22,8 +23,11 @@ export interface WebhookEvent {
 export const createWebhookActivities = (deps: ActivityDeps) => ({
   /**
    * One delivery attempt: POSTs the session's (or batch's) public form, as GET returns it, signed
-   * when the webhook has a secret. A 2xx answer delivers it; anything else (another status, no
-   * answer within 10 s, a refused connection) throws, and Temporal retries it with backoff.
+   * when the webhook has a secret, to an address the operator's policy allows (checked after
+   * resolving the name; the connection goes to the checked address). A 2xx answer delivers it;
+   * anything else (another status, no whole exchange within WEBHOOK_TIMEOUT_MS, a refused
+   * connection) throws, and Temporal retries it with backoff. A refused address fails it for good
+   * (WebhookTargetRefused). Only WEBHOOK_ANSWER_MAX_BYTES of the answer are read; redirects are not followed.
    */
   async deliverWebhook(args: WebhookEvent & { webhook: StoredWebhook }): Promise<{ status: number }> {
     let data: unknown;
@@ -47,14 +51,15 @@ export const createWebhookActivities = (deps: ActivityDeps) => ({
       const secret = deps.secrets.open(args.webhook.secretSealed, webhookContext(args.orgId));
       headers['x-sap-signature'] = signature(secret, body, Math.floor(Date.now() / 1000));
     }
-    let res: Response;
+    const opts = deps.webhooks ?? DEFAULTS;
+    let res: { status: number };
     try {
-      res = await fetch(args.webhook.url, { method: 'POST', headers, body, redirect: 'manual', signal: AbortSignal.timeout(ATTEMPT_TIMEOUT_MS) });
+      res = await postChecked(targetPolicy(opts.allowedCidrs), args.webhook.url, { headers, body, timeoutMs: opts.timeoutMs, maxAnswerBytes: opts.answerMaxBytes });
     } catch (err) {
-      // The URL only: it is the caller's, while the error's details could name internal addresses.
-      throw ApplicationFailure.retryable(`no answer from the webhook receiver: ${(err as Error).name}`, 'WebhookUnreachable');
+      if (err instanceof WebhookTargetRefused) throw ApplicationFailure.nonRetryable(`webhook refused: ${err.message}`, 'WebhookTargetRefused');
+      // The error's name only: its details could name internal addresses.
+      throw ApplicationFailure.retryable(`no answer from the webhook receiver: ${(err as NodeJS.ErrnoException).code ?? (err as Error).name}`, 'WebhookUnreachable');
     }
-    await res.arrayBuffer().catch(() => undefined);
     if (res.status < 200 || res.status > 299) throw ApplicationFailure.retryable(`the webhook receiver answered ${res.status}`, 'WebhookRefused');
     return { status: res.status };
   },

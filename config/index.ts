@@ -2,6 +2,7 @@ import path from 'node:path';
 import { z } from 'zod';
 import { limitsEnvShape, resolveLimits, type SandboxLimits } from './limits';
 import { parseSecretsKey, SecretBox } from '../lib/secret-box';
+import { validCidrList } from '../lib/webhook-target';
 
 /** Directory of this checkout: the nearest parent holding package.json (from source or dist/). */
 export const PROJECT_ROOT = ((): string => {
@@ -70,6 +71,18 @@ export const configSchema = z.object({
   WEBHOOK_RETRY_INITIAL_MS: z.coerce.number().int().min(10).default(10_000),
   WEBHOOK_RETRY_MAX_INTERVAL_MS: z.coerce.number().int().min(10).default(3_600_000),
   WEBHOOK_MAX_HOURS: z.coerce.number().min(0.001).max(24 * 30).default(24),
+  /**
+   * CIDR ranges (comma- or space-separated) that webhooks may reach although they are loopback,
+   * private, link-local, … (refused by default: lib/webhook-target.ts), e.g. an on-premise receiver's
+   * `10.1.2.0/24`. Empty: public addresses only.
+   */
+  WEBHOOK_ALLOWED_CIDRS: z.string().trim().default('').refine(validCidrList, 'must be CIDR ranges separated by commas, e.g. 10.1.2.0/24,fd00::/8'),
+  /** One delivery attempt (resolving, connecting, sending, reading the answer) ends within this (ms). */
+  WEBHOOK_TIMEOUT_MS: z.coerce.number().int().min(100).max(300_000).default(10_000),
+  /** At most this much of a receiver's answer is read (bytes); the rest is dropped with the connection. */
+  WEBHOOK_ANSWER_MAX_BYTES: z.coerce.number().int().min(0).max(1024 * 1024).default(4096),
+  /** The API resolves a webhook URL's name for at most this long when it is given (ms); a name not resolved in time is checked at delivery only. */
+  WEBHOOK_RESOLVE_TIMEOUT_MS: z.coerce.number().int().min(0).max(30_000).default(2_000),
   BODY_LIMIT_BYTES: z.coerce.number().int().positive().default(8 * 1024 * 1024),
   /** The worker's Prometheus endpoint (GET /metrics); the Temporal SDK's exporter takes the next port. 0: off. */
   WORKER_METRICS_PORT: z.coerce.number().int().min(0).max(65534).default(9464),

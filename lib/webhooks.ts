@@ -1,6 +1,8 @@
 import { createHmac } from 'node:crypto';
 import { z } from 'zod';
 import type { SecretBox } from './secret-box';
+import { invalid } from './errors';
+import { refusedUrl, targetPolicy, type LookupAll } from './webhook-target';
 
 /**
  * Webhooks: an agent, a session or a batch may name a URL that is POSTed to when a session ends
@@ -36,7 +38,8 @@ export interface StoredWebhook {
 
 /** A webhook as workflows carry it: stored form plus the retry schedule the API set when it started them. */
 export interface WebhookSpec extends StoredWebhook {
-  retry: { initialMs: number; maxIntervalMs: number; maxHours: number };
+  /** attemptMs: WEBHOOK_TIMEOUT_MS, which bounds the activity's own time limit (absent in specs from before it existed). */
+  retry: { initialMs: number; maxIntervalMs: number; maxHours: number; attemptMs?: number };
 }
 
 /** What answers show of a webhook: never the secret. */
@@ -51,14 +54,31 @@ export const webhookContext = (orgId: string): string => `webhook:${orgId}`;
 /** The spec workflows carry: the stored webhook with the operator's retry schedule (WEBHOOK_* settings). */
 export function webhookSpec(
   w: StoredWebhook,
-  cfg: { WEBHOOK_RETRY_INITIAL_MS: number; WEBHOOK_RETRY_MAX_INTERVAL_MS: number; WEBHOOK_MAX_HOURS: number },
+  cfg: { WEBHOOK_RETRY_INITIAL_MS: number; WEBHOOK_RETRY_MAX_INTERVAL_MS: number; WEBHOOK_MAX_HOURS: number; WEBHOOK_TIMEOUT_MS: number },
 ): WebhookSpec {
-  return { ...w, retry: { initialMs: cfg.WEBHOOK_RETRY_INITIAL_MS, maxIntervalMs: cfg.WEBHOOK_RETRY_MAX_INTERVAL_MS, maxHours: cfg.WEBHOOK_MAX_HOURS } };
+  return {
+    ...w,
+    retry: { initialMs: cfg.WEBHOOK_RETRY_INITIAL_MS, maxIntervalMs: cfg.WEBHOOK_RETRY_MAX_INTERVAL_MS, maxHours: cfg.WEBHOOK_MAX_HOURS, attemptMs: cfg.WEBHOOK_TIMEOUT_MS },
+  };
 }
 
 /** The stored form of a webhook of organisation `orgId`: its secret sealed. */
 export function sealWebhook(box: SecretBox, orgId: string, w: z.infer<typeof WebhookInput>): StoredWebhook {
   return { url: w.url, ...(w.secret !== undefined ? { secretSealed: box.seal(w.secret, webhookContext(orgId)) } : {}) };
+}
+
+/**
+ * Refuses (400) a webhook URL whose literal address, or whose name's current addresses, the
+ * operator's policy refuses (WEBHOOK_ALLOWED_CIDRS; lib/webhook-target.ts). Each delivery checks again.
+ */
+export async function assertWebhookTarget(
+  cfg: { WEBHOOK_ALLOWED_CIDRS: string; WEBHOOK_RESOLVE_TIMEOUT_MS: number },
+  url: string,
+  where: string,
+  lookup?: LookupAll,
+): Promise<void> {
+  const why = await refusedUrl(targetPolicy(cfg.WEBHOOK_ALLOWED_CIDRS), url, cfg.WEBHOOK_RESOLVE_TIMEOUT_MS, lookup);
+  if (why) throw invalid(`${where}: ${why}`);
 }
 
 /** The signature header of a delivery: `t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">`. */

@@ -59,7 +59,7 @@ async function main(): Promise<void> {
     return chosen && chosen._id !== hostId ? chosen.taskQueue : null;
   };
   const severalHosts = async (): Promise<boolean> => (await hosts.all()).length > 1;
-  const activities = createActivities({ store, host, hostTaskQueue: hostEntry.taskQueue, resultMaxBytes: cfg.RESULT_MAX_BYTES, logMaxBytes: cfg.SESSION_LOG_MAX_BYTES, limits: cfg.limits, secrets: resolveSecretBox(cfg), placeElsewhere, severalHosts, hostId, hostDeadAfterMs: deadAfterMs, hostToken: resolveHostToken(cfg) });
+  const activities = createActivities({ store, host, hostTaskQueue: hostEntry.taskQueue, resultMaxBytes: cfg.RESULT_MAX_BYTES, logMaxBytes: cfg.SESSION_LOG_MAX_BYTES, limits: cfg.limits, webhooks: { allowedCidrs: cfg.WEBHOOK_ALLOWED_CIDRS, timeoutMs: cfg.WEBHOOK_TIMEOUT_MS, answerMaxBytes: cfg.WEBHOOK_ANSWER_MAX_BYTES }, secrets: resolveSecretBox(cfg), placeElsewhere, severalHosts, hostId, hostDeadAfterMs: deadAfterMs, hostToken: resolveHostToken(cfg) });
 
   // Before any NativeConnection: SDK logs through pino, SDK metrics to a Prometheus exporter (port + 1).
   const sdkMetricsUrl = installTemporalRuntime({ logger, prometheusPort: cfg.WORKER_METRICS_PORT ? cfg.WORKER_METRICS_PORT + 1 : 0, heartbeatMs: workerHeartbeatMs(cfg) });

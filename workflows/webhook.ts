@@ -19,9 +19,10 @@ export interface WebhookWorkflowArgs {
 export async function webhookWorkflow(args: WebhookWorkflowArgs): Promise<{ status: number }> {
   const { retry } = args.webhook;
   const { deliverWebhook } = proxyActivities<Activities>({
-    startToCloseTimeout: '15 s',
+    // The activity ends its exchange within attemptMs (WEBHOOK_TIMEOUT_MS); this only bounds a stuck worker.
+    startToCloseTimeout: (retry.attemptMs ?? 10_000) + 5_000,
     scheduleToCloseTimeout: Math.round(retry.maxHours * 3600 * 1000),
-    retry: { initialInterval: retry.initialMs, backoffCoefficient: 2, maximumInterval: retry.maxIntervalMs, nonRetryableErrorTypes: ['NotFound'] },
+    retry: { initialInterval: retry.initialMs, backoffCoefficient: 2, maximumInterval: retry.maxIntervalMs, nonRetryableErrorTypes: ['NotFound', 'WebhookTargetRefused'] },
   });
   return deliverWebhook({ event: args.event, orgId: args.orgId, subjectId: args.subjectId, deliveryId: workflowInfo().workflowId, webhook: args.webhook });
 }

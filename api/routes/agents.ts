@@ -8,7 +8,7 @@ import { randomId } from '../../lib/ids';
 import { AgentDoc, fromJsonText, isDuplicateKey } from '../../store';
 import { pageOf } from '../cursor';
 import { assertSecretStoreExists } from './secret-stores';
-import { sealWebhook, webhookView } from '../../lib/webhooks';
+import { assertWebhookTarget, sealWebhook, webhookView } from '../../lib/webhooks';
 
 /** The public form of an agent. Environment values are secrets: they are never returned. */
 export function agentView(a: AgentDoc): z.infer<typeof Agent> {
@@ -90,6 +90,7 @@ export function registerAgentRoutes(t: RouteTable, deps: ApiDeps): void {
     errors: [409],
     handler: async ({ body, org, res }) => {
       checkLimits(deps, body);
+      if (body.webhook) await assertWebhookTarget(deps.cfg, body.webhook.url, 'body.webhook.url');
       await assertSecretStoreExists(deps, org.id, body.secret_store, 'body.secret_store');
       const id = body.id ?? `agt_${randomId()}`;
       const now = new Date();
@@ -162,6 +163,7 @@ export function registerAgentRoutes(t: RouteTable, deps: ApiDeps): void {
     responses: { 200: { description: 'The updated agent', schema: Agent } },
     handler: async ({ params, body, org, res }) => {
       checkLimits(deps, body);
+      if (body.webhook) await assertWebhookTarget(deps.cfg, body.webhook.url, 'body.webhook.url');
       if (body.secret_store !== undefined) await assertSecretStoreExists(deps, org.id, body.secret_store, 'body.secret_store');
       const _id = agentKey(org.id, params.agentId);
       runCacheOf(deps).delete(_id);

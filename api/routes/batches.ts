@@ -1,4 +1,4 @@
-import { sealWebhook, webhookSpec, webhookView } from '../../lib/webhooks';
+import { assertWebhookTarget, sealWebhook, webhookSpec, webhookView } from '../../lib/webhooks';
 import { readSession } from '../../store/sessions';
 import { batchSummary } from '../../workflows/summary';
 import { createHash } from 'node:crypto';
@@ -162,6 +162,7 @@ export function registerBatchRoutes(t: RouteTable, deps: ApiDeps): void {
     handler: async ({ params, query, body, org, req, res }) => {
       const key = req.header('idempotency-key');
       if (key !== undefined && !IDEMPOTENCY_KEY.test(key)) throw invalid('header Idempotency-Key: must be 1-255 printable ASCII characters');
+      if (body.webhook) await assertWebhookTarget(deps.cfg, body.webhook.url, 'body.webhook.url');
       const agent = await getAgent(deps, org.id, params.agentId);
       const concurrency = query.concurrency ?? body.concurrency;
       const maxAttempts = query.maxAttempts ?? body.maxAttempts;

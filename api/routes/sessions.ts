@@ -14,7 +14,7 @@ import type { HostClient } from '../../sandbox/host/client';
 import { getAgent, getAgentToRun } from './agents';
 import { sessionLogDoc, sessionLogsOf, type SessionLogDoc } from '../../store/session-logs';
 import { sandboxIdForSession } from '../../lib/naming';
-import { sealWebhook, webhookSpec } from '../../lib/webhooks';
+import { assertWebhookTarget, sealWebhook, webhookSpec } from '../../lib/webhooks';
 import { snapshotRefOf } from './snapshots';
 import { afterCursor, encodeCursor } from '../cursor';
 import type { SessionWorkflowArgs } from '../../workflows/session';
@@ -252,6 +252,7 @@ export function registerSessionRoutes(t: RouteTable, deps: ApiDeps): void {
     handler: async ({ params, body, org, req, res }) => {
       const key = req.header('idempotency-key');
       if (key !== undefined && !IDEMPOTENCY_KEY.test(key)) throw invalid('header Idempotency-Key: must be 1-255 printable ASCII characters');
+      if (body.webhook) await assertWebhookTarget(deps.cfg, body.webhook.url, 'body.webhook.url');
       const agent = await getAgentToRun(deps, org.id, params.agentId);
       const now = new Date();
       const doc: SessionDoc = {
