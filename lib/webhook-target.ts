@@ -106,6 +106,8 @@ function mappedV4(address: string): string | null {
   return [hi >> 8, hi & 255, lo >> 8, lo & 255].join('.');
 }
 
+const REFUSED_TEXT = 'is a loopback, private, link-local, multicast, reserved or unspecified address; webhooks go to public addresses only (the operator may open ranges: WEBHOOK_ALLOWED_CIDRS)';
+
 /**
  * Why the address `address` (an IP literal, without brackets) may not receive webhooks, or null
  * when it may. An IPv4-mapped IPv6 address is judged as the IPv4 address it maps to; anything that
@@ -122,7 +124,7 @@ export function refusedAddress(policy: TargetPolicy, address: string): string | 
   const family = type === 4 ? 'ipv4' : 'ipv6';
   if (policy.allowed.check(a, family)) return null;
   if (policy.refused.check(a, family)) {
-    return `${a} is a loopback, private, link-local, multicast, reserved or unspecified address; webhooks go to public addresses only (WEBHOOK_ALLOWED_CIDRS opens ranges)`;
+    return `${a} ${REFUSED_TEXT}`;
   }
   return null;
 }
@@ -155,10 +157,8 @@ export async function resolveChecked(policy: TargetPolicy, host: string, lookup:
   }
   const addrs = await lookup(host);
   if (!addrs.length) throw Object.assign(new Error(`${host} resolves to no address`), { code: 'ENOTFOUND' });
-  for (const a of addrs) {
-    const why = refusedAddress(policy, a.address);
-    if (why) throw new WebhookTargetRefused(`${host} resolves to ${why}`);
-  }
+  // The message does not say which address: it would tell a caller what the operator's resolver answers.
+  for (const a of addrs) if (refusedAddress(policy, a.address)) throw new WebhookTargetRefused(`${host} resolves to an address that ${REFUSED_TEXT.slice(3)}`);
   return addrs;
 }
 

@@ -1,12 +1,15 @@
 /**
  * Webhooks when a session ends (and when a batch completes): signed, durable, at least once. Every
- * receiver is a server this test runs on 127.0.0.1; nothing else is ever called.
+ * receiver is a server this test runs on 127.0.0.2, the one address the test stack's allow list
+ * opens (WEBHOOK_ALLOWED_CIDRS, test/global-setup.ts); receivers on 127.0.0.1 stand for the
+ * operator's internal services, which must never be called.
  */
 import { createHmac, randomBytes } from 'node:crypto';
 import fs from 'node:fs';
 import http from 'node:http';
 import path from 'node:path';
-import { api, control, eventually, T } from '../helpers/env';
+import { ApplicationFailure, Client, Connection, WorkflowFailedError } from '@temporalio/client';
+import { api, control, eventually, T, withMongo } from '../helpers/env';
 import { bashAgent, runSession, startSession, waitForStatus } from '../helpers/sessions';
 
 jest.setTimeout(180_000);
@@ -17,12 +20,15 @@ interface Delivery {
   json: { event: string; delivery_id: string; data: Record<string, any> };
 }
 
-/** A receiver on 127.0.0.1 that records every POST and answers with `answer(n)` (n: 1-based). */
+/** A receiver on `host` (127.0.0.2: allowed) that records every POST and answers with `answer(n)` (n: 1-based). */
 class Receiver {
   readonly got: Delivery[] = [];
   private server: http.Server | null = null;
   port = 0;
-  constructor(private readonly answer: (n: number) => number = () => 200) {}
+  constructor(
+    private readonly answer: (n: number) => number = () => 200,
+    readonly host = '127.0.0.2',
+  ) {}
 
   async listen(port = 0): Promise<this> {
     const server = http.createServer((req, res) => {
@@ -33,20 +39,23 @@ class Receiver {
         res.writeHead(this.answer(this.got.length)).end();
       });
     });
-    await new Promise<void>((r) => server.listen(port, '127.0.0.1', r));
+    await new Promise<void>((r) => server.listen(port, this.host, r));
     this.server = server;
     this.port = (server.address() as { port: number }).port;
     return this;
   }
 
   get url(): string {
-    return `http://127.0.0.1:${this.port}/hooks/sap`;
+    return `http://${this.host}:${this.port}/hooks/sap`;
   }
 
   async close(): Promise<void> {
     const s = this.server;
     this.server = null;
-    if (s) await new Promise((r) => s.close(r));
+    if (s) {
+      s.closeAllConnections();
+      await new Promise((r) => s.close(r));
+    }
   }
 }
 
@@ -59,14 +68,21 @@ function verify(d: Delivery, secret: string): boolean {
 }
 
 const receivers: Receiver[] = [];
+const servers: http.Server[] = [];
 const agents: string[] = [];
+let connection: Connection | undefined;
 afterAll(async () => {
   for (const r of receivers) await r.close();
+  for (const s of servers) {
+    s.closeAllConnections();
+    await new Promise((r) => s.close(r));
+  }
+  await connection?.close();
   for (const id of agents) await api('DELETE', `/v1/agents/${id}`).catch(() => undefined);
 });
 
-async function receiver(answer?: (n: number) => number, port?: number): Promise<Receiver> {
-  const r = new Receiver(answer);
+async function receiver(answer?: (n: number) => number, port?: number, host?: string): Promise<Receiver> {
+  const r = new Receiver(answer, host);
   receivers.push(r);
   return r.listen(port);
 }
@@ -132,7 +148,7 @@ describe('webhooks', () => {
     const probe = await receiver();
     const port = probe.port;
     await probe.close();
-    const id = await agent('true', { webhook: { url: `http://127.0.0.1:${port}/late` } });
+    const id = await agent('true', { webhook: { url: `http://127.0.0.2:${port}/late` } });
     const { session } = await runSession(id);
     await control('kill', 'worker', 'SIGKILL');
     await control('start', 'worker');
@@ -156,13 +172,13 @@ describe('webhooks', () => {
 
   it('refuses webhook URLs that are not absolute http(s) without credentials, and short secrets, with 400', async () => {
     for (const webhook of [
-      { url: 'ftp://127.0.0.1/x' },
+      { url: 'ftp://127.0.0.2/x' },
       { url: 'not a url' },
       { url: '/relative' },
-      { url: 'http://user:pass@127.0.0.1/x' },
-      { url: `http://127.0.0.1/${'x'.repeat(3000)}` },
-      { url: 'http://127.0.0.1/x', secret: 'short' },
-      { url: 'http://127.0.0.1/x', extra: 1 },
+      { url: 'http://user:pass@127.0.0.2/x' },
+      { url: `http://127.0.0.2/${'x'.repeat(3000)}` },
+      { url: 'http://127.0.0.2/x', secret: 'short' },
+      { url: 'http://127.0.0.2/x', extra: 1 },
     ]) {
       const r = await api('POST', '/v1/agents', { body: { core: 'bash', entrypoint: ['true'], webhook } });
       if (r.status === 201) agents.push(r.body.id as string);
@@ -174,5 +190,156 @@ describe('webhooks', () => {
     const cleared = await api('PATCH', `/v1/agents/${id}`, { body: { webhook: { url: 'https://example.test/hook', secret: 'a-long-secret' } } });
     expect(cleared.body.webhook).toEqual({ url: 'https://example.test/hook', has_secret: true });
     expect((await api('PATCH', `/v1/agents/${id}`, { body: { webhook: null } })).body.webhook).toBeNull();
+  });
+
+  it('refuses at create, with 400, receivers outside the allow list: loopback in every spelling, names resolving to it, metadata, private, multicast, unspecified', async () => {
+    const internal = await receiver(() => 200, undefined, '127.0.0.1');
+    const p = internal.port;
+    const refused = [
+      internal.url,
+      `http://localhost:${p}/`,
+      `http://LOCALHOST:${p}/`,
+      `http://0x7f000001:${p}/`,
+      `http://2130706433:${p}/`,
+      `http://0177.0.0.1:${p}/`,
+      `http://127.1:${p}/`,
+      `http://127.0.0.3:${p}/`,
+      `http://0:${p}/`,
+      `http://0.0.0.0:${p}/`,
+      `http://[::]:${p}/`,
+      `http://[::1]:${p}/`,
+      `http://[::ffff:127.0.0.1]:${p}/`,
+      `http://[::ffff:7f00:3]:${p}/`,
+      'http://169.254.169.254/latest/meta-data/',
+      'http://[fd00:ec2::254]/latest/meta-data/',
+      'http://10.0.0.1/',
+      'http://172.16.0.1/',
+      'http://192.168.1.1/',
+      'http://100.112.0.1/',
+      'http://224.0.0.1/',
+      'http://[fe80::1]/',
+      'http://255.255.255.255/',
+    ];
+    const id = await agent('true');
+    const attempts: Array<[string, () => Promise<{ status: number; body: any }>]> = [];
+    for (const url of refused) {
+      attempts.push(
+        [`create ${url}`, () => api('POST', '/v1/agents', { body: { core: 'bash', entrypoint: ['true'], webhook: { url } } })],
+        [`patch ${url}`, () => api('PATCH', `/v1/agents/${id}`, { body: { webhook: { url } } })],
+        [`session ${url}`, () => api('POST', `/v1/agents/${id}/sessions`, { body: { webhook: { url } } })],
+        [`batch ${url}`, () => api('POST', `/v1/agents/${id}/batches`, { body: { items: [{ input: {} }], webhook: { url } } })],
+      );
+    }
+    const passed: string[] = [];
+    for (const [what, call] of attempts) {
+      const r = await call();
+      if (r.status === 201 && what.startsWith('create')) agents.push(r.body.id as string);
+      if (r.status !== 400 || r.body?.error?.type !== 'invalid_request' || !/body\.webhook\.url: .*(address|resolves)/.test(r.body.error.message)) passed.push(`${what} → ${r.status} ${JSON.stringify(r.body)}`);
+    }
+    expect(passed).toEqual([]);
+    // The agent kept no webhook; the address the operator opened is accepted.
+    expect((await api('GET', `/v1/agents/${id}`)).body.webhook).toBeNull();
+    const open = await api('PATCH', `/v1/agents/${id}`, { body: { webhook: { url: `http://127.0.0.2:${p}/` } } });
+    expect([open.status, open.body.webhook]).toEqual([200, { url: `http://127.0.0.2:${p}/`, has_secret: false }]);
+    expect(internal.got).toHaveLength(0);
+  });
+
+  /** The result of the webhook delivery workflow of session `sessionId`, or its failure. */
+  async function delivery(sessionId: string): Promise<{ status: number } | ApplicationFailure> {
+    connection ??= await Connection.connect({ address: T.temporal() });
+    const handle = new Client({ connection }).workflow.getHandle(`${sessionId}-webhook`);
+    await eventually(() => handle.describe().then(() => true), 60_000, 200);
+    return handle.result().catch((err: unknown) => {
+      // WorkflowFailedError → ActivityFailure → the activity's ApplicationFailure.
+      for (let e: unknown = err instanceof WorkflowFailedError ? err.cause : undefined; e; e = (e as Error).cause) if (e instanceof ApplicationFailure) return e;
+      throw err;
+    });
+  }
+
+  it('checks again at delivery: a stored receiver on a refused address (a name that now resolves elsewhere) is never called, and the delivery fails for good', async () => {
+    const internal = await receiver(() => 200, undefined, '127.0.0.1');
+    const id = await agent('true');
+    // As if the name given at create time resolved to a public address then and to 127.0.0.1 now.
+    await withMongo((c) => c.db().collection('agents').updateOne({ id }, { $set: { webhook: { url: `http://localhost:${internal.port}/hook` } } }));
+    const { session } = await runSession(id);
+    const out = await delivery(session.id);
+    expect(out).toBeInstanceOf(ApplicationFailure);
+    expect((out as ApplicationFailure).type).toBe('WebhookTargetRefused');
+    expect(internal.got).toHaveLength(0);
+  });
+
+  it('reads only a few KiB of an endless answer: the delivery succeeds once and the worker closes the connection', async () => {
+    let attempts = 0;
+    let closed = 0;
+    const server = http.createServer((req, res) => {
+      attempts++;
+      req.resume();
+      req.on('end', () => {
+        res.writeHead(200, { 'content-type': 'application/octet-stream' });
+        const chunk = Buffer.alloc(256 * 1024, 'x');
+        const pump = (): void => {
+          while (!res.destroyed && res.write(chunk));
+        };
+        res.on('drain', pump);
+        res.on('close', () => closed++);
+        pump();
+      });
+    });
+    servers.push(server);
+    await new Promise<void>((r) => server.listen(0, '127.0.0.2', r));
+    const url = `http://127.0.0.2:${(server.address() as { port: number }).port}/flood`;
+    const id = await agent('true', { webhook: { url } });
+    const { session } = await runSession(id);
+    // Read whole, the answer never ends: the attempt would time out and be retried forever.
+    expect(await delivery(session.id)).toEqual({ status: 200 });
+    await eventually(async () => closed >= 1, 30_000, 100);
+    expect(attempts).toBe(1);
+  });
+
+  it('ends an exchange whose answer trickles past WEBHOOK_TIMEOUT_MS, and retries it', async () => {
+    let attempts = 0;
+    const timers = new Set<NodeJS.Timeout>();
+    const cut: number[] = [];
+    const server = http.createServer((req, res) => {
+      const n = ++attempts;
+      req.resume();
+      req.on('end', () => {
+        if (n > 1) return void res.writeHead(200).end();
+        // The first attempt: a head, then a byte now and then, never the end.
+        res.writeHead(200);
+        const t = setInterval(() => res.write('.'), 500);
+        timers.add(t);
+        res.on('close', () => {
+          clearInterval(t);
+          cut.push(n);
+        });
+      });
+    });
+    servers.push(server);
+    try {
+      await new Promise<void>((r) => server.listen(0, '127.0.0.2', r));
+      const id = await agent('true', { webhook: { url: `http://127.0.0.2:${(server.address() as { port: number }).port}/slow` } });
+      const { session } = await runSession(id);
+      expect(await delivery(session.id)).toEqual({ status: 200 });
+      expect(attempts).toBe(2);
+      expect(cut).toContain(1);
+    } finally {
+      for (const t of timers) clearInterval(t);
+    }
+  });
+
+  it('does not follow redirects, not even to a receiver it may call', async () => {
+    const target = await receiver();
+    let redirected = 0;
+    const server = http.createServer((req, res) => {
+      req.resume();
+      req.on('end', () => (++redirected <= 2 ? res.writeHead(307, { location: target.url }).end() : res.writeHead(200).end()));
+    });
+    servers.push(server);
+    await new Promise<void>((r) => server.listen(0, '127.0.0.2', r));
+    const id = await agent('true', { webhook: { url: `http://127.0.0.2:${(server.address() as { port: number }).port}/moved` } });
+    const { session } = await runSession(id);
+    expect(await delivery(session.id)).toEqual({ status: 200 });
+    expect([redirected, target.got.length]).toEqual([3, 0]);
   });
 });
