@@ -18,6 +18,7 @@ import { registerCheckpointRoutes } from './routes/checkpoints';
 import { registerSnapshotRoutes } from './routes/snapshots';
 import { registerInstanceRoutes } from './routes/instances';
 import { registerCapacityRoutes } from './routes/capacity';
+import { registerUsageRoutes } from './routes/usage';
 import { registerPreviewRoutes } from './routes/previews';
 import { closeWith, registerExecRoutes, registerExecSocket } from './routes/exec';
 import { registerSandboxAgentRoutes } from './routes/sandbox-agents';
@@ -106,6 +107,7 @@ export function createApp(deps: ApiDeps, opts: { server?: http.Server } = {}): {
   registerSnapshotRoutes(table, deps);
   registerInstanceRoutes(table, deps);
   registerCapacityRoutes(table, deps);
+  registerUsageRoutes(table, deps);
   registerPreviewRoutes(table, deps);
   registerExecRoutes(table, deps);
   registerSandboxAgentRoutes(table, deps);

@@ -13,6 +13,7 @@ import { randomId } from '../lib/ids';
 import { decodeExecFrame, encodeStdinFrame, type HostClient } from '../sandbox/host/client';
 import type { ExecRequest } from '../sandbox/types';
 import { CheckpointDoc, checkpointsOf, ImageManifest, ImageStep, SnapshotDoc, snapshotsOf } from '../store/checkpoints';
+import { assertRoomAfterCapture } from './storage-quota';
 
 /** A build that has not written its heartbeat for this long is considered dead. */
 export const BUILD_STALE_MS = 60_000;
@@ -78,8 +79,15 @@ export async function buildSnapshot(deps: ApiDeps, snap: SnapshotDoc, manifest: 
       layerId: layer.layerId,
       parents: layer.parents,
       patchSeq: 0,
+      sizeBytes: layer.sizeBytes ?? null,
       createdAt: new Date(),
     };
+    try {
+      await assertRoomAfterCapture(deps, snap.orgId, cpId);
+    } catch (err) {
+      await host.deleteLayer(layer.layerId).catch(() => undefined);
+      throw err;
+    }
     await checkpointsOf(deps.store).insertOne(cp);
     await stopHeartbeat();
     const ready: Partial<SnapshotDoc> = {

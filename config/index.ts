@@ -37,6 +37,11 @@ export const configSchema = z.object({
   PREVIEW_TLS: z.enum(['true', 'false', '1', '0']).default('false').transform((v) => v === 'true' || v === '1'),
   /** Default per-organisation capacity reservation limit, per 15-minute interval (OrgDoc.settings.reservationLimitGb overrides it). */
   RESERVATION_LIMIT_GB: z.coerce.number().int().min(0).default(64),
+  /**
+   * Default per-organisation storage quota for checkpoints and snapshots, in MiB of their layers
+   * (OrgDoc.settings.storageQuotaMB overrides it). 0: unlimited.
+   */
+  ORG_STORAGE_QUOTA_MB: z.coerce.number().int().min(0).default(10_240),
   DATA_DIR: nonEmpty.default(path.join(PROJECT_ROOT, '.data')),
   SANDBOX_PROVIDER: z.enum(['bwrap', 'process']).default('bwrap'),
   /** npm start: how many sandbox hosts (each with its worker) to run on this machine. */

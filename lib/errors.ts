@@ -13,6 +13,8 @@ export const ERROR_STATUS = {
   not_implemented: 501,
   bad_gateway: 502,
   unavailable: 503,
+  /** The organisation's storage quota (ORG_STORAGE_QUOTA_MB) is used up: waiting does not help, deleting does. */
+  insufficient_storage: 507,
 } as const satisfies Record<string, number>;
 
 export type ErrorType = keyof typeof ERROR_STATUS;

@@ -158,7 +158,7 @@ export async function resolveChecked(policy: TargetPolicy, host: string, lookup:
   const addrs = await lookup(host);
   if (!addrs.length) throw Object.assign(new Error(`${host} resolves to no address`), { code: 'ENOTFOUND' });
   // The message does not say which address: it would tell a caller what the operator's resolver answers.
-  for (const a of addrs) if (refusedAddress(policy, a.address)) throw new WebhookTargetRefused(`${host} resolves to an address that ${REFUSED_TEXT.slice(3)}`);
+  for (const a of addrs) if (refusedAddress(policy, a.address)) throw new WebhookTargetRefused(`${host} resolves to an address that ${REFUSED_TEXT}`);
   return addrs;
 }
 

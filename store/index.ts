@@ -6,7 +6,8 @@ export interface OrgDoc {
   _id: string;
   name: string;
   createdAt: Date;
-  settings: { reservationLimitGb?: number };
+  /** Per-organisation overrides of operator defaults: RESERVATION_LIMIT_GB, ORG_STORAGE_QUOTA_MB (0: unlimited). */
+  settings: { reservationLimitGb?: number; storageQuotaMB?: number };
 }
 
 /** An API key, stored by the sha256 of the key (never the key itself). */

@@ -18,6 +18,7 @@ import {
 } from '../../store/checkpoints';
 import { sandboxesOf } from '../../store/sandboxes';
 import { CreateSandboxBody, getOrgSandbox, provisionSandbox, SandboxParams, sandboxView, SandboxView } from './sandboxes';
+import { assertRoomAfterCapture, assertStorageRoom } from '../storage-quota';
 
 const CheckpointId = z.string().regex(/^cp-[a-z0-9]{1,64}$/, 'must be a checkpoint id (cp-…)');
 const PatchId = z.string().regex(/^pa-[a-z0-9]{1,64}-[0-9]{1,9}$/, 'must be a patch id (pa-…)');
@@ -131,10 +132,11 @@ export function registerCheckpointRoutes(t: RouteTable, deps: ApiDeps): void {
     params: SandboxParams,
     body: z.object({ name: z.string().max(200).optional() }).passthrough(),
     responses: { 201: { description: 'The checkpoint', schema: CheckpointView } },
-    errors: [409, 503],
+    errors: [409, 503, 507],
     handler: async ({ params, body, org, res }) => {
       const sb = await getOrgSandbox(deps, org.id, params.id);
       if (sb.status !== 'running') throw conflict(`sandbox ${sb._id} is ${sb.status}`);
+      await assertStorageRoom(deps, org.id);
       const id = `cp-${randomId()}`;
       const host = await deps.hosts.get(sb.hostId);
       // Recorded as processing first: a list or spawn meanwhile sees it (and a spawn waits for it).
@@ -165,8 +167,10 @@ export function registerCheckpointRoutes(t: RouteTable, deps: ApiDeps): void {
       }
       const done = { layerId: layer.layerId, parents: layer.parents, status: 'ready' as const, sizeBytes: layer.sizeBytes ?? null };
       try {
+        await assertRoomAfterCapture(deps, org.id, id);
         await checkpointsOf(deps.store).updateOne({ _id: id }, { $set: done });
       } catch (err) {
+        if (err instanceof ApiError) await checkpointsOf(deps.store).updateOne({ _id: id }, { $set: { status: 'failed', error: err.message } }).catch(() => undefined);
         await host.deleteLayer(layer.layerId).catch(() => undefined);
         throw err;
       }

@@ -19,6 +19,7 @@ import { sandboxesOf } from '../../store/sandboxes';
 import { buildSnapshot, chainHash, reapStaleBuild } from '../snapshot-builder';
 import { checkpointInUse, deleteCheckpoint, getOrgCheckpoint, readyCheckpoint } from './checkpoints';
 import { hostTaskQueue } from '../../config';
+import { assertStorageRoom } from '../storage-quota';
 
 export { ImageManifestSchema, ImageStepSchema } from '../image-schema';
 import { ImageManifestSchema } from '../image-schema';
@@ -157,6 +158,7 @@ export async function imageSnapshot(deps: ApiDeps, orgId: string, manifest: Imag
       attempt = -1;
       continue;
     }
+    await assertStorageRoom(deps, orgId);
     const doc = newSnapshotDoc(orgId, name, manifest);
     try {
       await snapshotNamesOf(deps.store).insertOne({ _id: snapshotNameKey(orgId, name), snapshotId: doc._id });
@@ -196,12 +198,13 @@ export function registerSnapshotRoutes(t: RouteTable, deps: ApiDeps): void {
       201: { description: 'The snapshot of a checkpoint, ready', schema: SnapshotView },
       202: { description: 'The snapshot, building', schema: SnapshotView },
     },
-    errors: [409, 503],
+    errors: [409, 503, 507],
     handler: async ({ body, org, req, res }) => {
       const builderMB = body.image?.builderMemoryMB;
       if (builderMB !== undefined && builderMB > deps.cfg.limits.maxMemoryMB) {
         throw invalid(`body.image.builderMemoryMB: ${builderMB} is above the maximum of ${deps.cfg.limits.maxMemoryMB} MB (SANDBOX_MAX_MEMORY_MB)`);
       }
+      await assertStorageRoom(deps, org.id);
       const found = body.checkpointId ? await getOrgCheckpoint(deps, org.id, body.checkpointId).catch(() => null) : null;
       if (body.checkpointId && !found) throw invalid(`body.checkpointId: checkpoint ${body.checkpointId} not found`);
       const cp = found ? await readyCheckpoint(deps, found) : null;
