@@ -322,6 +322,15 @@ describe('every route authenticates and hides other organisations (walked from /
     expect(failures).toEqual([]);
   });
 
+  it("shows each organisation its own storage use only (GET /api/usage)", async () => {
+    const [ua, ub] = await Promise.all([api('GET', '/api/usage', { key: keyA }), api('GET', '/api/usage', { key: keyB })]);
+    expect([ua.status, ub.status]).toEqual([200, 200]);
+    expect(ua.body.storage.checkpoints).toBeGreaterThanOrEqual(1);
+    expect(ua.body.storage.snapshots).toBeGreaterThanOrEqual(1);
+    // B has stored nothing yet (its creates come later in this file).
+    expect(ub.body.storage).toMatchObject({ usedBytes: 0, checkpoints: 0, snapshots: 0 });
+  });
+
   it("answers 404 to another organisation on the first one's resources, exactly as for ids that exist nowhere", async () => {
     const failures: string[] = [];
     for (const op of ops.filter((o) => o.params.length > 0 && fillable(o))) {
