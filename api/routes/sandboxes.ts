@@ -318,7 +318,7 @@ export function registerSandboxRoutes(t: RouteTable, deps: ApiDeps): void {
     summary: 'Create a sandbox from the base image',
     body: CreateSandboxBody,
     responses: { 201: { description: 'The running sandbox', schema: SandboxView } },
-    errors: [503],
+    errors: [503, 507],
     handler: async ({ body, org, req, res }) => {
       if (body.templateID !== 'base') throw new ApiError('invalid_request', `body.templateID: unknown template ${body.templateID}; only "base" exists`);
       if (body.image && body.snapshot) throw new ApiError('invalid_request', 'body: give at most one of image and snapshot');

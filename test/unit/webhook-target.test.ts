@@ -60,6 +60,12 @@ describe('webhook target policy', () => {
     for (const u of ['http://127.0.0.1/', 'http://127.0.0.3/', 'http://[::1]/', 'http://10.1.3.1/', 'http://169.254.169.254/', 'http://[fd00:2::5]/']) expect(refusedAddress(p, urlHost(u))).not.toBeNull();
   });
 
+  it('has the documented defaults: nothing allowed, 10 s per exchange, 4 KiB of answer, a 10 GiB storage quota', () => {
+    const c = loadConfig({});
+    expect([c.WEBHOOK_ALLOWED_CIDRS, c.WEBHOOK_TIMEOUT_MS, c.WEBHOOK_ANSWER_MAX_BYTES, c.WEBHOOK_RESOLVE_TIMEOUT_MS, c.ORG_STORAGE_QUOTA_MB]).toEqual(['', 10_000, 4096, 2_000, 10_240]);
+    expect(() => loadConfig({ ORG_STORAGE_QUOTA_MB: '-1' })).toThrow(/ORG_STORAGE_QUOTA_MB/);
+  });
+
   it('refuses a bad allow list at start, naming the variable', () => {
     for (const bad of ['10.0.0.0/33', 'localhost/8', '10.0.0.0', 'fd00::/129']) expect(() => loadConfig({ WEBHOOK_ALLOWED_CIDRS: bad })).toThrow(/WEBHOOK_ALLOWED_CIDRS/);
     expect(loadConfig({ WEBHOOK_ALLOWED_CIDRS: '10.0.0.0/8,fd00::/8' }).WEBHOOK_ALLOWED_CIDRS).toBe('10.0.0.0/8,fd00::/8');
