@@ -57,7 +57,7 @@ export const createWebhookActivities = (deps: ActivityDeps) => ({
       res = await postChecked(targetPolicy(opts.allowedCidrs), args.webhook.url, { headers, body, timeoutMs: opts.timeoutMs, maxAnswerBytes: opts.answerMaxBytes });
     } catch (err) {
       if (err instanceof WebhookTargetRefused) throw ApplicationFailure.nonRetryable(`webhook refused: ${err.message}`, 'WebhookTargetRefused');
-      // The error's name only: its details could name internal addresses.
+      // The error's code (or name) only: its message could name internal addresses.
       throw ApplicationFailure.retryable(`no answer from the webhook receiver: ${(err as NodeJS.ErrnoException).code ?? (err as Error).name}`, 'WebhookUnreachable');
     }
     if (res.status < 200 || res.status > 299) throw ApplicationFailure.retryable(`the webhook receiver answered ${res.status}`, 'WebhookRefused');
