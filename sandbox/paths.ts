@@ -632,6 +632,8 @@ async function removeSandboxEntryUnguarded(map: RootMap, sandboxPath: string): P
       if (errCode(err) === 'ENOENT') throw new SandboxError('not_found', `no such file or directory: ${sandboxPath}`);
       throw err;
     });
+    // A directory on another mount (the sandbox's /proc, /dev) is not the sandbox's to remove.
+    if (st.isDirectory()) await (await keepIfInside(map, await fsp.open(rel, DIR_FLAGS), sandboxPath)).close();
     try {
       if (st.isDirectory()) await fsp.rmdir(rel);
       else await fsp.unlink(rel);

@@ -50,7 +50,7 @@ function diskFull(err: unknown): SandboxError | null {
   return null;
 }
 
-/** Runs `rm -rf -- path` inside the sandbox; throws internal with its stderr when it fails. */
+/** Runs `rm -rf -- path` inside the sandbox; throws conflict with its stderr (sandbox paths only) when it fails. */
 function removeTree(provider: SandboxProvider, id: string, p: string): Promise<void> {
   return new Promise((resolve, reject) => {
     const child = provider.spawn(id, { argv: ['/bin/rm', '-rf', '--', p], cwd: '/' });
@@ -67,14 +67,14 @@ function removeTree(provider: SandboxProvider, id: string, p: string): Promise<v
     child.stderr?.on('data', (b: Buffer) => {
       if (stderr.length < 4096) stderr += b.toString('utf8');
     });
-    child.on('error', (err) => {
+    child.on('error', () => {
       clearTimeout(timer);
-      reject(err);
+      reject(new SandboxError('internal', `could not run rm in the sandbox to remove ${p}`));
     });
     child.on('close', (code, signal) => {
       clearTimeout(timer);
       if (code === 0) resolve();
-      else reject(new SandboxError('internal', `rm -rf ${p} failed (${signal ?? `exit ${code}`}): ${stderr.trim().slice(0, 500)}`));
+      else reject(new SandboxError('conflict', `rm -rf ${p} failed (${signal ?? `exit ${code}`}): ${stderr.trim().slice(0, 500)}`));
     });
   });
 }
