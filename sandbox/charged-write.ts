@@ -8,14 +8,18 @@
  * host opened and checked through ./paths) that has joined the sandbox's cgroups before the host
  * sends it the first byte: every page of the file is charged to the sandbox's memory.
  *
- * When the sandbox's memory is full, the kernel first reclaims the sandbox's page cache and then
- * OOM-kills a process of the sandbox's group: the helper asks to be that one (oom_score_adj 1000), so
- * the upload fails (payload_too_large, 413) and the sandbox's own processes live on. The partial file
- * is truncated to nothing, which gives its memory back. A full disk (ENOSPC, the tmpfs's diskMB) ends
+ * Before the sandbox's memory is full, the upload is refused: every MiB, the room left in the
+ * sandbox's memory group (its limit less what it cannot reclaim: usage less its file cache) is read,
+ * and when what comes next would not fit with a margin (CHECK_EVERY + IN_FLIGHT), the write stops
+ * there (payload_too_large, 413). Should the kernel get there first (a race with the sandbox's own
+ * allocations), it reclaims the sandbox's page cache and then OOM-kills a process of the group: the
+ * helper asks to be that one (oom_score_adj 1000), so the upload fails the same way and the sandbox's
+ * own processes live on. Either way the partial file is truncated to nothing, giving its memory back. A full disk (ENOSPC, the tmpfs's diskMB) ends
  * the same way. The host's own memory stays a few pipe buffers whatever the size.
  */
 import { spawn } from 'node:child_process';
-import { promises as fsp } from 'node:fs';
+import { promises as fsp, readFileSync } from 'node:fs';
+import * as path from 'node:path';
 import type { FileHandle } from 'node:fs/promises';
 import type { Readable } from 'node:stream';
 import { SandboxError } from './errors';
@@ -23,6 +27,25 @@ import { shownPath, type RootMap } from './paths';
 
 /** The helper: reads stdin, writes stdout (the file), says strerror on stderr when a write fails. */
 const CAT = '/bin/cat';
+/** How often (bytes received) the room left in the sandbox's memory is read. */
+const CHECK_EVERY = 1024 * 1024;
+/** Bytes received but maybe not yet written (pipe, the helper's buffer) and the kernel's per-CPU charge batches. */
+const IN_FLIGHT = 2 * 1024 * 1024;
+
+/** Bytes the sandbox's memory group can still take (its limit less what it cannot reclaim), or null when not known. */
+export function memoryRoom(memoryDir: string): number | null {
+  try {
+    const limit = Number(readFileSync(path.join(memoryDir, 'memory.limit_in_bytes'), 'latin1'));
+    const usage = Number(readFileSync(path.join(memoryDir, 'memory.usage_in_bytes'), 'latin1'));
+    const stat = readFileSync(path.join(memoryDir, 'memory.stat'), 'latin1');
+    const field = (name: string) => Number(new RegExp(`^${name} (\\d+)$`, 'm').exec(stat)?.[1] ?? 0);
+    const reclaimable = field('total_active_file') + field('total_inactive_file');
+    if (!Number.isFinite(limit) || !Number.isFinite(usage)) return null;
+    return limit - Math.max(0, usage - reclaimable);
+  } catch {
+    return null;
+  }
+}
 
 /** What cat's stderr says for a failed write, as the error of the upload. */
 function writeFailure(stderr: string, sandboxPath: string): SandboxError {
@@ -82,9 +105,16 @@ export async function writeCharged(
       });
     }
     // Which comes first: the source's end, its failure (the client went away), or the helper's exit.
-    const first = await new Promise<'end' | 'failed' | 'exited'>((resolve) => {
-      const onData = (b: Buffer) => (size += b.length);
-      const finish = (what: 'end' | 'failed' | 'exited') => {
+    let checkedAt = 0;
+    const first = await new Promise<'end' | 'failed' | 'exited' | 'full'>((resolve) => {
+      const onData = (b: Buffer) => {
+        size += b.length;
+        if (!charge.memoryDir || size - checkedAt < CHECK_EVERY) return;
+        checkedAt = size;
+        const room = memoryRoom(charge.memoryDir);
+        if (room !== null && room < CHECK_EVERY + IN_FLIGHT) finish('full');
+      };
+      const finish = (what: 'end' | 'failed' | 'exited' | 'full') => {
         source.off('data', onData);
         source.off('end', onEnd);
         source.off('error', onFail);
@@ -106,10 +136,13 @@ export async function writeCharged(
       source.unpipe(stdin);
       stdin.destroy();
     }
-    if (first === 'failed') {
+    if (first === 'failed' || first === 'full') {
       kill();
       await exited;
-      failure = new SandboxError('invalid_request', 'upload interrupted');
+      failure =
+        first === 'full'
+          ? new SandboxError('payload_too_large', `the sandbox's memory is full (its memoryMB limit): ${shownPath(sandboxPath)}`)
+          : new SandboxError('invalid_request', 'upload interrupted');
     } else {
       const ex = await exited;
       if (ex.error) failure = new SandboxError('internal', `could not start the writer of ${shownPath(sandboxPath)}`);

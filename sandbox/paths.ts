@@ -36,7 +36,7 @@ export interface RootMap {
    * by a helper process that joins them first (`procsFiles`), so that the pages (a tmpfs's, RAM) are
    * charged to the sandbox's memory, not the host's (see ./charged-write).
    */
-  charge?: { procsFiles: string[]; oomKills: () => number };
+  charge?: { procsFiles: string[]; oomKills: () => number; memoryDir?: string };
   /**
    * The mount ids every opened descriptor must be on. Set when `dir` is reached through another
    * mount namespace (/proc/<pid>/root), where the path of a descriptor says nothing.

@@ -464,6 +464,8 @@ describe('uploads count against the sandbox', () => {
 
     // Three times the sandbox's memory: refused with the error body, the host's memory flat.
     const hostPid = stackPids().host;
+    const oomKills = () => Number(/^oom_kill (\d+)$/m.exec(fs.readFileSync(`/sys/fs/cgroup/memory/sap/${small}/memory.oom_control`, 'utf8'))?.[1] ?? 0);
+    const oomBefore = oomKills();
     const big = await peakRise(hostPid, () => upload('/workspace/huge.bin', 192));
     expect(big.value.status).toBe(413);
     const body = JSON.parse(big.value.body) as { error: { type: string; message: string } };
@@ -471,6 +473,8 @@ describe('uploads count against the sandbox', () => {
     expect(body.error.message).toMatch(/memory/);
     expect(namesHostPath(body.error.message)).toBe(false);
     expect(big.riseMb).toBeLessThan(64);
+    // Refused before the kernel had to OOM-kill anything in the sandbox.
+    expect(oomKills()).toBe(oomBefore);
     // The sandbox holds no more than its limit, the partial file was given back, the sandbox lives on.
     expect(memUsage(small)).toBeLessThanOrEqual(64 * 1024 * 1024);
     const r = await api('POST', `/api/sandboxes/${small}/exec/run`, { body: { cmd: 'bash', args: ['-c', 'stat -c %s /workspace/huge.bin; stat -c %s /workspace/charged.bin'] } });
