@@ -483,4 +483,23 @@ describe('uploads count against the sandbox', () => {
     // And the files API still works for it.
     expect((await upload('/workspace/after.bin', 1)).status).toBe(200);
   }, 180_000);
+
+  it('refuses an upload past the sandbox\'s disk (diskMB) with 413 and gives the space back', async () => {
+    const tiny = await newSandbox({ memoryMB: 256, diskMB: 16 });
+    try {
+      const r = await fetch(`${T.api()}/api/sandboxes/${tiny}/files?path=${q('/workspace/fill.bin')}`, {
+        method: 'PUT',
+        headers: { 'x-api-key': T.key(), 'content-type': 'application/octet-stream' },
+        body: Buffer.alloc(48 * 1024 * 1024, 7),
+      });
+      const body = (await r.json()) as { error: { type: string; message: string } };
+      expect({ status: r.status, type: body.error.type }).toEqual({ status: 413, type: 'payload_too_large' });
+      expect(body.error.message).toMatch(/disk/);
+      expect(namesHostPath(body.error.message)).toBe(false);
+      const after = await api('PUT', `/api/sandboxes/${tiny}/files?path=${q('/workspace/small.txt')}`, { raw: 'still room' });
+      expect(after.status).toBe(200);
+    } finally {
+      await api('DELETE', `/api/sandboxes/${tiny}`);
+    }
+  }, 120_000);
 });
