@@ -69,7 +69,8 @@ export async function writeCharged(
   charge: NonNullable<RootMap['charge']>,
   sandboxPath: string,
 ): Promise<number> {
-  const child = spawn(CAT, [], { stdio: ['pipe', fh.fd, 'pipe'] });
+  // Nothing of the host's environment (its token); LC_ALL=C: strerror in words writeFailure knows.
+  const child = spawn(CAT, [], { stdio: ['pipe', fh.fd, 'pipe'], env: { PATH: '/usr/bin:/bin', LC_ALL: 'C' } });
   const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null; error?: Error }>((resolve) => {
     child.on('error', (error) => resolve({ code: null, signal: null, error }));
     child.on('close', (code, signal) => resolve({ code, signal }));
