@@ -277,6 +277,12 @@ export class BwrapProvider extends BaseProvider {
       mounts: [{ at: '/', dir: `/proc/${ns.pid}/root` }],
       mountIds: cached.ids,
       ...(state.idBase !== undefined ? { owner: { uid: state.idBase, gid: state.idBase } } : {}),
+      // What the host writes into the sandbox's files is charged to the sandbox's cgroups (memory above all).
+      charge: {
+        procsFiles: SandboxCgroups.of(state.id).procsFiles(),
+        oomKills: () => SandboxCgroups.of(state.id).oomKills(),
+        memoryDir: SandboxCgroups.of(state.id).dirs.memory,
+      },
       // The root opened through the pid is the sandbox's only if the init is still that process.
       verifyRoot: () => {
         if (!isAlive(ns)) throw notRunning();

@@ -15,15 +15,28 @@
  * on the way, directories included and before anything is created in them, must be on one of those
  * mounts (`mnt_id` in /proc/self/fdinfo): the sandbox's /proc, /dev and any other mount are refused.
  * Otherwise the opened file's path (readlink of /proc/self/fd/N) must lie under one of the map's dirs.
+ *
+ * A walk holds at most two directory descriptors whatever the depth (the root and the current
+ * directory: each parent is closed as the walk descends; a `..` of a link target walks again from the
+ * root). A path asked for has at most `pathLimits.maxDepth` components (SANDBOX_PATH_MAX_DEPTH, 256)
+ * and `pathLimits.maxBytes` bytes (SANDBOX_PATH_MAX_BYTES, 4096), each component at most 255 bytes
+ * (the kernel's NAME_MAX); beyond them, invalid_request (400). Every error of the filesystem leaves
+ * here as a SandboxError (see fsError) whose message names only the sandbox path, never a host path.
  */
 import { constants as fsc, promises as fsp } from 'node:fs';
 import type { FileHandle } from 'node:fs/promises';
 import * as path from 'node:path';
-import { SandboxError } from './errors';
+import { isSandboxError, SandboxError } from './errors';
 
 /** Where the sandbox's tree lives on the host: mount points inside the sandbox → host directories. */
 export interface RootMap {
   mounts: { at: string; dir: string }[];
+  /**
+   * The sandbox's cgroups, when it has some: what the host writes into the sandbox's files is written
+   * by a helper process that joins them first (`procsFiles`), so that the pages (a tmpfs's, RAM) are
+   * charged to the sandbox's memory, not the host's (see ./charged-write).
+   */
+  charge?: { procsFiles: string[]; oomKills: () => number; memoryDir?: string };
   /**
    * The mount ids every opened descriptor must be on. Set when `dir` is reached through another
    * mount namespace (/proc/<pid>/root), where the path of a descriptor says nothing.
@@ -39,6 +52,16 @@ export interface RootMap {
 }
 
 const MAX_SYMLINKS = 40;
+/** The kernel's NAME_MAX: the longest component of a path, in bytes. */
+export const NAME_MAX = 255;
+
+/** Limits on a path asked for (SANDBOX_PATH_MAX_DEPTH, SANDBOX_PATH_MAX_BYTES; set by the host at start). */
+export const pathLimits = { maxDepth: 256, maxBytes: 4096 };
+
+/** A path as a message may show it: the sandbox path, cut short when long. */
+export function shownPath(p: string): string {
+  return p.length > 200 ? `${p.slice(0, 200)}…` : p;
+}
 const DIR_FLAGS = fsc.O_RDONLY | fsc.O_DIRECTORY | fsc.O_NOFOLLOW;
 /** Never block on a FIFO the sandbox made, never acquire a terminal. */
 const FILE_FLAGS = fsc.O_NOFOLLOW | fsc.O_NONBLOCK | fsc.O_NOCTTY;
@@ -48,14 +71,74 @@ const FILE_FLAGS = fsc.O_NOFOLLOW | fsc.O_NONBLOCK | fsc.O_NOCTTY;
  * Throws invalid_request for relative paths, NUL bytes and `..` components.
  */
 export function sandboxPathComponents(p: string): string[] {
-  if (typeof p !== 'string' || p.length === 0 || p.length > 4096) {
-    throw new SandboxError('invalid_request', 'path must be a non-empty string of at most 4096 characters');
+  if (typeof p !== 'string' || p.length === 0 || Buffer.byteLength(p) > pathLimits.maxBytes) {
+    throw new SandboxError('invalid_request', `path must be a non-empty string of at most ${pathLimits.maxBytes} bytes (SANDBOX_PATH_MAX_BYTES)`);
   }
   if (p.includes('\0')) throw new SandboxError('invalid_request', 'path must not contain NUL bytes');
-  if (!p.startsWith('/')) throw new SandboxError('invalid_request', `path must be absolute: ${p}`);
+  if (!p.startsWith('/')) throw new SandboxError('invalid_request', `path must be absolute: ${shownPath(p)}`);
   const parts = p.split('/').filter((c) => c !== '' && c !== '.');
-  if (parts.includes('..')) throw new SandboxError('invalid_request', `path must not contain '..': ${p}`);
+  if (parts.includes('..')) throw new SandboxError('invalid_request', `path must not contain '..': ${shownPath(p)}`);
+  if (parts.length > pathLimits.maxDepth) {
+    throw new SandboxError('invalid_request', `path has ${parts.length} components, more than the limit of ${pathLimits.maxDepth} (SANDBOX_PATH_MAX_DEPTH)`);
+  }
+  if (parts.some((c) => Buffer.byteLength(c) > NAME_MAX)) {
+    throw new SandboxError('invalid_request', `a component of the path is longer than ${NAME_MAX} bytes: ${shownPath(p)}`);
+  }
   return parts;
+}
+
+/** What an errno of the filesystem means to the caller (status type, words); every one a 4xx but a host fault's. */
+const ERRNO: Record<string, [SandboxError['type'], string]> = {
+  ENOENT: ['not_found', 'no such file or directory'],
+  ESRCH: ['conflict', 'the sandbox is not running'],
+  ENAMETOOLONG: ['invalid_request', 'file name too long'],
+  ELOOP: ['invalid_request', 'too many levels of symbolic links, or a symlink where none may be'],
+  ENOTDIR: ['invalid_request', 'not a directory'],
+  EISDIR: ['invalid_request', 'is a directory'],
+  EINVAL: ['invalid_request', 'invalid argument'],
+  ENXIO: ['invalid_request', 'not a regular file'],
+  ENODEV: ['invalid_request', 'not a regular file'],
+  EOPNOTSUPP: ['invalid_request', 'operation not supported there'],
+  ENOTSUP: ['invalid_request', 'operation not supported there'],
+  EEXIST: ['conflict', 'already exists'],
+  ENOTEMPTY: ['conflict', 'directory not empty'],
+  EXDEV: ['conflict', 'on a different mount of the sandbox'],
+  EBUSY: ['conflict', 'busy (a mount point?)'],
+  ETXTBSY: ['conflict', 'busy (a running program)'],
+  EROFS: ['conflict', 'read-only file system'],
+  EACCES: ['conflict', 'permission denied'],
+  EPERM: ['conflict', 'operation not permitted'],
+  EMLINK: ['conflict', 'too many links'],
+  ENOSPC: ['payload_too_large', "the sandbox's disk is full (its diskMB limit)"],
+  EDQUOT: ['payload_too_large', "the sandbox's disk is full (its diskMB limit)"],
+  EFBIG: ['payload_too_large', 'file too large'],
+  ENOMEM: ['payload_too_large', "the sandbox's memory is full (its memoryMB limit)"],
+  // Faults of the host, not of the request: retry later.
+  EMFILE: ['unavailable', 'the sandbox host is out of file descriptors; retry'],
+  ENFILE: ['unavailable', 'the sandbox host is out of file descriptors; retry'],
+  EIO: ['unavailable', 'I/O error on the sandbox host; retry'],
+};
+
+/**
+ * The SandboxError of any error of a file operation on `sandboxPath`: SandboxErrors pass, an errno is
+ * named with the sandbox path only (the kernel's message names /proc/self/fd/N/…, a host path), an
+ * unknown errno is a conflict, anything else internal without its message.
+ */
+export function fsError(err: unknown, sandboxPath: string): SandboxError {
+  if (isSandboxError(err)) return err;
+  const code = errCode(err);
+  if (typeof code === 'string' && /^E[A-Z0-9]+$/.test(code)) {
+    const [type, words] = ERRNO[code] ?? ['conflict', 'the filesystem refused the operation'];
+    return new SandboxError(type, `${words} (${code}): ${shownPath(sandboxPath)}`);
+  }
+  return new SandboxError('internal', `file operation failed: ${shownPath(sandboxPath)}`);
+}
+
+/** `fn` whose errors are fsError's of its first argument (a sandbox path). */
+function guarded<A extends [unknown, string, ...unknown[]], R>(fn: (...args: A) => Promise<R>): (...args: A) => Promise<R> {
+  return (...args: A) => fn(...args).catch((err: unknown) => {
+    throw fsError(err, args[1]);
+  });
 }
 
 /** The mount of the map whose mount point is exactly `parts`, if any. */
@@ -106,7 +189,7 @@ const errCode = (err: unknown) => (err as NodeJS.ErrnoException).code;
 /** A resolved path: the open directory holding the last component, and that component's name (none for `/`). */
 interface Resolved {
   parts: string[];
-  /** Directories from the root down to the parent of the last component; the caller closes them (closeAll). */
+  /** The root and, below it, the parent of the last component (at most two); the caller closes them (closeAll). */
   dirs: FileHandle[];
   name: string | null;
 }
@@ -147,9 +230,13 @@ async function walk(map: RootMap, sandboxPath: string, opts: { createDirs?: bool
   const pending = sandboxPathComponents(sandboxPath);
   const rootDir = mountAt(map, []);
   if (!rootDir) throw new SandboxError('internal', 'sandbox has no root mount');
+  // dirs: the root and, when the walk is below it, the current directory (nothing more is held).
   const dirs: FileHandle[] = [await openMountDir(map, rootDir, sandboxPath)];
   const done: string[] = [];
   let links = 0;
+  /** Components looked at (walks again from the root included): bounded, so a walk is. */
+  let steps = 0;
+  const maxSteps = pathLimits.maxDepth * (MAX_SYMLINKS + 2);
   /** Looks again after a race with the sandbox (or a directory just created): bounded. */
   let again = 0;
   const retry = (comp: string) => {
@@ -160,11 +247,19 @@ async function walk(map: RootMap, sandboxPath: string, opts: { createDirs?: bool
     map.verifyRoot?.();
     while (pending.length > 0) {
       const comp = pending.shift() as string;
+      if (++steps > maxSteps) throw new SandboxError('invalid_request', `path takes too long to resolve (symlinks): ${shownPath(sandboxPath)}`);
       if (comp === '..') {
-        // Only from a link target: clamped at the root.
+        // Only from a link target: clamped at the root. The parent is not held open: walk again from
+        // the root to it (a run of `..` at once).
+        let up = 1;
+        while (pending[0] === '..') {
+          pending.shift();
+          up++;
+        }
         if (done.length > 0) {
-          done.pop();
-          await dirs.pop()!.close();
+          pending.unshift(...done.slice(0, Math.max(0, done.length - up)));
+          done.length = 0;
+          await closeAll(dirs.splice(1));
         }
         continue;
       }
@@ -207,6 +302,12 @@ async function walk(map: RootMap, sandboxPath: string, opts: { createDirs?: bool
               throw err;
             }
           }
+          if (done.length >= pathLimits.maxDepth) {
+            await fh.close();
+            throw new SandboxError('invalid_request', `path is deeper than ${pathLimits.maxDepth} directories (SANDBOX_PATH_MAX_DEPTH): ${shownPath(sandboxPath)}`);
+          }
+          // The parent is no longer needed (the root stays): O(1) descriptors per walk.
+          if (dirs.length > 1) await dirs.pop()!.close();
           dirs.push(fh);
           done.push(comp);
           continue;
@@ -248,7 +349,7 @@ async function walk(map: RootMap, sandboxPath: string, opts: { createDirs?: bool
           retry(comp);
           continue;
         }
-        throw new SandboxError('invalid_request', `not a directory: /${[...done, comp].join('/')}`);
+        throw new SandboxError('invalid_request', `not a directory: ${shownPath(`/${[...done, comp].join('/')}`)}`);
       }
       return { parts: [...done, comp], dirs, name: comp };
     }
@@ -266,7 +367,7 @@ async function walk(map: RootMap, sandboxPath: string, opts: { createDirs?: bool
  * is allowed. Throws invalid_request on bad paths or symlink loops, not_found when a parent is missing
  * and `createDirs` is off.
  */
-export async function resolveSandboxPath(
+async function resolveSandboxPathUnguarded(
   map: RootMap,
   sandboxPath: string,
   opts: { createDirs?: boolean } = {},
@@ -303,7 +404,7 @@ async function openResolved(map: RootMap, r: Resolved, flags: number, mode: numb
 }
 
 /** Writes a file inside the sandbox, creating parent directories. Throws invalid_request for bad paths. */
-export async function writeSandboxFile(map: RootMap, sandboxPath: string, content: Buffer, mode = 0o644): Promise<void> {
+async function writeSandboxFileUnguarded(map: RootMap, sandboxPath: string, content: Buffer, mode = 0o644): Promise<void> {
   const fh = await openSandboxFileForWrite(map, sandboxPath, mode);
   try {
     await fh.writeFile(content);
@@ -316,7 +417,7 @@ export async function writeSandboxFile(map: RootMap, sandboxPath: string, conten
  * Reads a file inside the sandbox. Throws not_found when absent, payload_too_large when bigger than
  * `maxBytes`, invalid_request for directories and bad paths.
  */
-export async function readSandboxFile(map: RootMap, sandboxPath: string, maxBytes: number): Promise<Buffer> {
+async function readSandboxFileUnguarded(map: RootMap, sandboxPath: string, maxBytes: number): Promise<Buffer> {
   const { fh, size } = await openSandboxFileForRead(map, sandboxPath);
   try {
     if (size > maxBytes) {
@@ -371,7 +472,7 @@ const joinSandbox = (parts: string[]): string => '/' + parts.join('/');
  * Opens a regular file of the sandbox for streaming it out. Throws not_found when absent,
  * invalid_request for a directory, a device or a FIFO. The caller closes the handle.
  */
-export async function openSandboxFileForRead(map: RootMap, sandboxPath: string): Promise<{ fh: FileHandle; size: number }> {
+async function openSandboxFileForReadUnguarded(map: RootMap, sandboxPath: string): Promise<{ fh: FileHandle; size: number }> {
   const r = await walk(map, sandboxPath, {});
   const fh = await openResolved(map, r, fsc.O_RDONLY, 0, sandboxPath);
   try {
@@ -390,7 +491,7 @@ export async function openSandboxFileForRead(map: RootMap, sandboxPath: string):
  * streaming content in. Throws invalid_request for a directory or anything else that is not a
  * regular file. The caller closes the handle.
  */
-export async function openSandboxFileForWrite(map: RootMap, sandboxPath: string, mode = 0o644): Promise<FileHandle> {
+async function openSandboxFileForWriteUnguarded(map: RootMap, sandboxPath: string, mode = 0o644): Promise<FileHandle> {
   const r = await walk(map, sandboxPath, { createDirs: true });
   // Truncated only once the descriptor is known to be inside the sandbox.
   const fh = await openResolved(map, r, fsc.O_WRONLY | fsc.O_CREAT, mode, sandboxPath);
@@ -409,7 +510,7 @@ export async function openSandboxFileForWrite(map: RootMap, sandboxPath: string,
 }
 
 /** `stat` of a sandbox path (symlinks followed inside the sandbox); not_found when absent. */
-export async function statSandboxPath(map: RootMap, sandboxPath: string, opts: { noFollow?: boolean } = {}): Promise<SandboxEntry> {
+async function statSandboxPathUnguarded(map: RootMap, sandboxPath: string, opts: { noFollow?: boolean } = {}): Promise<SandboxEntry> {
   const r = await walk(map, sandboxPath, { noFollowLast: opts.noFollow });
   try {
     if (r.name === null) return entryOf(r.parts[r.parts.length - 1] ?? '/', joinSandbox(r.parts), await r.dirs[r.dirs.length - 1]!.stat());
@@ -429,7 +530,7 @@ export async function statSandboxPath(map: RootMap, sandboxPath: string, opts: {
  * The entries of a sandbox directory (`lstat` of each: symlinks are listed as such), sorted by name,
  * at most `max`. not_found when absent, invalid_request when not a directory.
  */
-export async function listSandboxDir(map: RootMap, sandboxPath: string, max = 10_000): Promise<SandboxEntry[]> {
+async function listSandboxDirUnguarded(map: RootMap, sandboxPath: string, max = 10_000): Promise<SandboxEntry[]> {
   const r = await walk(map, sandboxPath, {});
   let dir: FileHandle;
   try {
@@ -466,7 +567,7 @@ export async function listSandboxDir(map: RootMap, sandboxPath: string, max = 10
 }
 
 /** `mkdir -p` inside the sandbox. conflict when the path (or a parent) exists and is not a directory. */
-export async function makeSandboxDir(map: RootMap, sandboxPath: string, mode = 0o755): Promise<void> {
+async function makeSandboxDirUnguarded(map: RootMap, sandboxPath: string, mode = 0o755): Promise<void> {
   const r = await walk(map, sandboxPath, { createDirs: true }).catch((err) => {
     if (err instanceof SandboxError && err.type === 'invalid_request' && err.message.startsWith('not a directory')) {
       throw new SandboxError('conflict', `${err.message} (a file is in the way)`);
@@ -494,7 +595,7 @@ export async function makeSandboxDir(map: RootMap, sandboxPath: string, mode = 0
  * renamed, not its target). Parents of `to` are created. not_found when `from` is absent; conflict
  * when `to` is a non-empty directory or the two are on different mounts of the sandbox.
  */
-export async function renameSandboxPath(map: RootMap, from: string, to: string): Promise<void> {
+async function renameSandboxPathUnguarded(map: RootMap, from: string, to: string): Promise<void> {
   const a = await walk(map, from, { noFollowLast: true });
   try {
     if (a.name === null) throw new SandboxError(a.parts.length ? 'conflict' : 'invalid_request', `cannot rename ${a.parts.length ? 'a mount point of the sandbox' : '/'}: ${from}`);
@@ -519,7 +620,7 @@ export async function renameSandboxPath(map: RootMap, from: string, to: string):
 }
 
 /** Removes a file, a symlink (not its target) or an empty directory; `notEmpty` tells the caller to remove a tree another way. */
-export async function removeSandboxEntry(map: RootMap, sandboxPath: string): Promise<'removed' | 'notEmpty'> {
+async function removeSandboxEntryUnguarded(map: RootMap, sandboxPath: string): Promise<'removed' | 'notEmpty'> {
   const r = await walk(map, sandboxPath, { noFollowLast: true });
   try {
     if (r.name === null) {
@@ -531,6 +632,8 @@ export async function removeSandboxEntry(map: RootMap, sandboxPath: string): Pro
       if (errCode(err) === 'ENOENT') throw new SandboxError('not_found', `no such file or directory: ${sandboxPath}`);
       throw err;
     });
+    // A directory on another mount (the sandbox's /proc, /dev) is not the sandbox's to remove.
+    if (st.isDirectory()) await (await keepIfInside(map, await fsp.open(rel, DIR_FLAGS), sandboxPath)).close();
     try {
       if (st.isDirectory()) await fsp.rmdir(rel);
       else await fsp.unlink(rel);
@@ -546,3 +649,15 @@ export async function removeSandboxEntry(map: RootMap, sandboxPath: string): Pro
     await closeAll(r.dirs);
   }
 }
+
+// The exported operations: every error they throw is a SandboxError naming only the sandbox path.
+export const resolveSandboxPath = guarded(resolveSandboxPathUnguarded);
+export const writeSandboxFile = guarded(writeSandboxFileUnguarded);
+export const readSandboxFile = guarded(readSandboxFileUnguarded);
+export const openSandboxFileForRead = guarded(openSandboxFileForReadUnguarded);
+export const openSandboxFileForWrite = guarded(openSandboxFileForWriteUnguarded);
+export const statSandboxPath = guarded(statSandboxPathUnguarded);
+export const listSandboxDir = guarded(listSandboxDirUnguarded);
+export const makeSandboxDir = guarded(makeSandboxDirUnguarded);
+export const renameSandboxPath = guarded(renameSandboxPathUnguarded);
+export const removeSandboxEntry = guarded(removeSandboxEntryUnguarded);

@@ -121,6 +121,7 @@ export function fromHostError(err: unknown, what: string): ApiError {
     if (e.type === 'conflict') return new ApiError('conflict', e.message ?? `${what}: conflict`);
     if (e.type === 'invalid_request') return new ApiError('invalid_request', e.message ?? 'invalid request');
     if (e.type === 'payload_too_large') return new ApiError('payload_too_large', e.message ?? 'too large');
+    if (e.type === 'unavailable') return new ApiError('unavailable', e.message ?? `${what}: the sandbox host is busy; retry`);
     return new ApiError('bad_gateway', `sandbox host failed: ${e.message ?? 'unknown error'}`);
   }
   return new ApiError('unavailable', `sandbox host unreachable: ${e?.message ?? String(err)}`);

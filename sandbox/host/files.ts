@@ -21,8 +21,10 @@ import { pipeline } from 'node:stream/promises';
 import type express from 'express';
 import type { Request, Response, NextFunction } from 'express';
 import { z } from 'zod';
+import { writeCharged } from '../charged-write';
 import { SandboxError } from '../errors';
 import {
+  fsError,
   listSandboxDir,
   makeSandboxDir,
   openSandboxFileForRead,
@@ -48,7 +50,7 @@ function diskFull(err: unknown): SandboxError | null {
   return null;
 }
 
-/** Runs `rm -rf -- path` inside the sandbox; throws internal with its stderr when it fails. */
+/** Runs `rm -rf -- path` inside the sandbox; throws conflict with its stderr (sandbox paths only) when it fails. */
 function removeTree(provider: SandboxProvider, id: string, p: string): Promise<void> {
   return new Promise((resolve, reject) => {
     const child = provider.spawn(id, { argv: ['/bin/rm', '-rf', '--', p], cwd: '/' });
@@ -65,14 +67,14 @@ function removeTree(provider: SandboxProvider, id: string, p: string): Promise<v
     child.stderr?.on('data', (b: Buffer) => {
       if (stderr.length < 4096) stderr += b.toString('utf8');
     });
-    child.on('error', (err) => {
+    child.on('error', () => {
       clearTimeout(timer);
-      reject(err);
+      reject(new SandboxError('internal', `could not run rm in the sandbox to remove ${p}`));
     });
     child.on('close', (code, signal) => {
       clearTimeout(timer);
       if (code === 0) resolve();
-      else reject(new SandboxError('internal', `rm -rf ${p} failed (${signal ?? `exit ${code}`}): ${stderr.trim().slice(0, 500)}`));
+      else reject(new SandboxError('conflict', `rm -rf ${p} failed (${signal ?? `exit ${code}`}): ${stderr.trim().slice(0, 500)}`));
     });
   });
 }
@@ -106,13 +108,23 @@ export function fileRoutes(app: express.Express, provider: SandboxProvider, h: W
       }),
       req,
     );
-    const fh = await openSandboxFileForWrite(await provider.fileRoot(params.id), query.path, query.mode ? parseInt(query.mode, 8) : 0o644);
+    const root = await provider.fileRoot(params.id);
+    const fh = await openSandboxFileForWrite(root, query.path, query.mode ? parseInt(query.mode, 8) : 0o644);
     let size = 0;
     try {
-      req.on('data', (b: Buffer) => (size += b.length));
-      await pipeline(req, fh.createWriteStream({ autoClose: true, highWaterMark: 256 * 1024 })).catch((err) => {
-        throw diskFull(err) ?? (req.aborted || req.destroyed ? new SandboxError('invalid_request', 'upload interrupted') : err);
-      });
+      if (root.charge) {
+        // Written by a helper in the sandbox's cgroups: the bytes count against its memory (../charged-write).
+        size = await writeCharged(req, fh, root.charge, query.path).catch((err) => {
+          // Answered before the body's end: the rest of it is read and dropped, so the answer reaches the client.
+          req.resume();
+          throw err;
+        });
+      } else {
+        req.on('data', (b: Buffer) => (size += b.length));
+        await pipeline(req, fh.createWriteStream({ autoClose: true, highWaterMark: 256 * 1024 })).catch((err) => {
+          throw diskFull(err) ?? (req.aborted || req.destroyed ? new SandboxError('invalid_request', 'upload interrupted') : fsError(err, query.path));
+        });
+      }
     } finally {
       await fh.close().catch(() => undefined);
     }
@@ -132,9 +144,7 @@ export function fileRoutes(app: express.Express, provider: SandboxProvider, h: W
   app.post('/sandboxes/:id/fs/mkdir', h(async (req, res) => {
     const { params, body } = parse(z.object({ params: idParams, body: z.object({ path: z.string().min(1) }) }), req);
     const root = await provider.fileRoot(params.id);
-    await makeSandboxDir(root, body.path).catch((err) => {
-      throw diskFull(err) ?? err;
-    });
+    await makeSandboxDir(root, body.path);
     res.json(await statSandboxPath(root, body.path));
   }));
 

@@ -5,6 +5,8 @@
  * SANDBOX_SCRATCH_DIR (where sessions' sandboxes keep their files; default /dev/shm when it is a tmpfs, `off`: DATA_DIR),
  * HOST_MAX_SANDBOXES (live sandboxes at most; default one per 64 MB of memory, at least 16),
  * SANDBOX_AUDIT_LOG (the entrypoint audit log; default DATA_DIR/audit/entrypoints.ndjson, `off`: none),
+ * SANDBOX_PATH_MAX_DEPTH and SANDBOX_PATH_MAX_BYTES (the files API's paths: at most 256 components,
+ * 4096 bytes by default; beyond them 400, see ../paths.ts),
  * and the sandboxes' default limits and maxima (SANDBOX_MEMORY_MB, SANDBOX_MAX_MEMORY_MB, …: config/limits.ts).
  * SIGTERM/SIGINT stop the HTTP server; sandboxes keep running and are adopted by the next start.
  */
@@ -12,6 +14,7 @@ import * as os from 'node:os';
 import pino from 'pino';
 import { z } from 'zod';
 import { limitsEnvShape, resolveLimits } from '../../config/limits';
+import { pathLimits } from '../paths';
 import { startHost } from './server';
 
 const envSchema = z.object({
@@ -26,6 +29,9 @@ const envSchema = z.object({
   SANDBOX_AUDIT_LOG: z.string().min(1).optional(),
   // At most this many live sandboxes; default: one per 64 MB of memory, at least 16.
   HOST_MAX_SANDBOXES: z.coerce.number().int().positive().optional(),
+  // A path of the files API has at most this many components, and this many bytes (400 beyond).
+  SANDBOX_PATH_MAX_DEPTH: z.coerce.number().int().min(1).max(4096).default(256),
+  SANDBOX_PATH_MAX_BYTES: z.coerce.number().int().min(1).max(65536).default(4096),
   LOG_LEVEL: z.enum(['trace', 'debug', 'info', 'warn', 'error', 'fatal', 'silent']).default('info'),
   ...limitsEnvShape,
 });
@@ -44,6 +50,8 @@ async function main(): Promise<void> {
     process.exit(2);
   }
   logger.level = env.LOG_LEVEL;
+  pathLimits.maxDepth = env.SANDBOX_PATH_MAX_DEPTH;
+  pathLimits.maxBytes = env.SANDBOX_PATH_MAX_BYTES;
   const host = await startHost({
     dataDir: env.DATA_DIR,
     token: env.HOST_TOKEN,

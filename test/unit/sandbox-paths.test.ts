@@ -1,10 +1,14 @@
 import { execFileSync } from 'node:child_process';
-import { promises as fsp, existsSync } from 'node:fs';
+import { promises as fsp, existsSync, readdirSync } from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { envPairs, shq } from '../../sandbox/base';
+import { errorStatus } from '../../sandbox/errors';
 import {
+  fsError,
   hostPathOf,
+  pathLimits,
+  statSandboxPath,
   mountIdOf,
   readSandboxFile,
   resolveSandboxPath,
@@ -139,6 +143,95 @@ describe('sandbox path resolution with a mount-id guard (the bwrap provider\'s k
     await expect(writeSandboxFile(map, '/workspace/fifo', Buffer.from('x'))).rejects.toMatchObject({ type: 'invalid_request' });
     await expect(writeSandboxFile(map, '/workspace', Buffer.from('x'))).rejects.toMatchObject({ type: 'invalid_request' });
     await expect(readSandboxFile(map, '/', 100)).rejects.toMatchObject({ type: 'invalid_request' });
+  });
+});
+
+describe('sandbox path walks: descriptors, limits and errors', () => {
+  let tmp: string;
+  let map: RootMap;
+  const deepRel = Array.from({ length: 200 }, () => 'd').join('/');
+
+  beforeAll(async () => {
+    tmp = await fsp.mkdtemp(path.join(os.tmpdir(), 'sap-paths-deep-'));
+    const root = path.join(tmp, 'root');
+    await fsp.mkdir(path.join(root, deepRel), { recursive: true });
+    await fsp.writeFile(path.join(root, deepRel, 'f'), 'bottom');
+    // Back up 150 levels and down again: `..` of a link target, resolved without holding the parents.
+    await fsp.symlink(`${'../'.repeat(150)}${'d/'.repeat(150)}f`, path.join(root, deepRel, 'up'));
+    // 60 more levels below, and a link to the 100th: /jump/ + 160 components resolves 260 deep.
+    await fsp.mkdir(path.join(root, deepRel, ...Array.from({ length: 60 }, () => 'd')), { recursive: true });
+    await fsp.symlink(`/${Array.from({ length: 100 }, () => 'd').join('/')}`, path.join(root, 'jump'));
+    await fsp.symlink('x'.repeat(300), path.join(root, 'long-link'));
+    map = { mounts: [{ at: '/', dir: root }] };
+  });
+
+  afterAll(async () => {
+    await fsp.rm(tmp, { recursive: true, force: true });
+  });
+
+  const fds = () => readdirSync('/proc/self/fd').length;
+
+  it('holds a few descriptors per walk, whatever its depth', async () => {
+    const before = fds();
+    let peak = before;
+    let walking = true;
+    const sampler = (async () => {
+      while (walking) {
+        peak = Math.max(peak, fds());
+        await new Promise((r) => setImmediate(r));
+      }
+    })();
+    try {
+      const entries = await Promise.all(Array.from({ length: 10 }, () => statSandboxPath(map, `/${deepRel}/f`)));
+      for (const e of entries) expect(e).toMatchObject({ type: 'file', size: 6 });
+    } finally {
+      walking = false;
+      await sampler;
+    }
+    // One descriptor per component held 10 × 200 here.
+    expect(peak - before).toBeLessThan(10 * 4);
+    expect(fds()).toBe(before);
+    expect((await readSandboxFile(map, `/${deepRel}/up`, 100)).toString()).toBe('bottom');
+  });
+
+  it('refuses paths past the depth, length and component limits with invalid_request', async () => {
+    expect(pathLimits).toEqual({ maxDepth: 256, maxBytes: 4096 });
+    const tooDeep = '/' + Array.from({ length: 2000 }, () => 'a').join('/');
+    await expect(statSandboxPath(map, tooDeep)).rejects.toMatchObject({ type: 'invalid_request', message: expect.stringMatching(/SANDBOX_PATH_MAX_DEPTH/) });
+    await expect(statSandboxPath(map, '/' + 'é'.repeat(2100))).rejects.toMatchObject({ type: 'invalid_request', message: expect.stringMatching(/bytes/) });
+    await expect(statSandboxPath(map, `/${'a'.repeat(256)}`)).rejects.toMatchObject({ type: 'invalid_request', message: expect.stringMatching(/255 bytes/) });
+    // Under the limit as asked, past it once a link is followed: refused, not walked.
+    const viaJump = (n: number) => `/jump/${Array.from({ length: n }, () => 'd').join('/')}`;
+    await expect(statSandboxPath(map, viaJump(150))).resolves.toMatchObject({ type: 'dir' });
+    await expect(statSandboxPath(map, viaJump(160))).rejects.toMatchObject({
+      type: 'invalid_request',
+      message: expect.stringMatching(/deeper than 256/),
+    });
+  });
+
+  it('answers a component over 255 bytes in a link target with invalid_request, naming no host path', async () => {
+    const err = await statSandboxPath(map, '/long-link/x').then(() => null, (e: Error) => e);
+    expect(err).toMatchObject({ name: 'SandboxError', type: 'invalid_request' });
+    expect(err!.message).not.toMatch(/\/proc\/self|sap-paths/);
+    expect(err!.message).toContain('/long-link/x');
+  });
+
+  it('maps every errno to a SandboxError that names only the sandbox path, 4xx but for host faults', () => {
+    const hostFaults = new Set(['EMFILE', 'ENFILE', 'EIO']);
+    const codes = Object.keys(os.constants.errno);
+    expect(codes.length).toBeGreaterThan(50);
+    for (const code of [...codes, 'EWHATEVER']) {
+      const raw = Object.assign(new Error(`${code}: failed, open '/proc/self/fd/70/${'a'.repeat(300)}' in ${tmp}`), { code, path: `/proc/self/fd/70/x` });
+      const e = fsError(raw, '/workspace/x');
+      const status = errorStatus[e.type];
+      expect({ code, ok: hostFaults.has(code) ? status === 503 : status >= 400 && status < 500 }).toEqual({ code, ok: true });
+      expect({ code, message: e.message.includes('/proc') || e.message.includes(tmp) }).toEqual({ code, message: false });
+      expect(e.message).toContain('/workspace/x');
+    }
+    // Not an errno: internal, and its message is not passed on.
+    const other = fsError(new Error(`something at /proc/self/fd/3 in ${tmp}`), '/workspace/x');
+    expect(other.type).toBe('internal');
+    expect(other.message).not.toMatch(/\/proc|sap-paths/);
   });
 });
 
