@@ -86,6 +86,10 @@ export const RunResultView = z
     stdout: z.string(),
     stderr: z.string(),
     oomKilled: z.literal(true).optional().describe("Present (true) when the sandbox's memory limit made the kernel kill a process while the command ran"),
+    truncated: z
+      .literal(true)
+      .optional()
+      .describe('Present (true) when stdout or stderr printed more than EXEC_RUN_OUTPUT_MAX_BYTES (default 1 MiB): each holds its first bytes only'),
   })
   .openapi('ExecRunResult');
 
@@ -121,6 +125,7 @@ export function fromHostError(err: unknown, what: string): ApiError {
     if (e.type === 'conflict') return new ApiError('conflict', e.message ?? `${what}: conflict`);
     if (e.type === 'invalid_request') return new ApiError('invalid_request', e.message ?? 'invalid request');
     if (e.type === 'payload_too_large') return new ApiError('payload_too_large', e.message ?? 'too large');
+    if (e.type === 'rate_limited') return new ApiError('rate_limited', e.message ?? 'too many');
     return new ApiError('bad_gateway', `sandbox host failed: ${e.message ?? 'unknown error'}`);
   }
   return new ApiError('unavailable', `sandbox host unreachable: ${e?.message ?? String(err)}`);
@@ -263,9 +268,67 @@ export async function killAndWait(host: HostClient, sandboxId: string, execId: s
   return info;
 }
 
+/** Exec sessions this process is starting, per organisation (counted with the recorded ones against EXEC_SESSIONS_PER_ORG). */
+const startingByOrg = new Map<string, number>();
+
+/**
+ * How many of the organisation's exec sessions run. The store's records without an exit are
+ * counted first; only when they reach `max` are they checked against their hosts (an exit nobody
+ * looked at is recorded then), so the count holds across API processes and costs a query normally.
+ * A session whose sandbox or host is gone counts as exited.
+ */
+async function runningExecsOfOrg(deps: ApiDeps, orgId: string, max: number): Promise<number> {
+  const coll = execSessionsOf(deps.store);
+  const open = await coll.countDocuments({ orgId, exitedAt: null }, { limit: max });
+  if (open < max) return open;
+  const docs = await coll.find({ orgId, exitedAt: null }, { projection: { _id: 1, sandboxId: 1, exitedAt: 1, oomKilled: 1 } }).toArray();
+  const bySandbox = new Map<string, typeof docs>();
+  for (const d of docs) bySandbox.set(d.sandboxId, [...(bySandbox.get(d.sandboxId) ?? []), d]);
+  let running = 0;
+  for (const [sandboxId, list] of bySandbox) {
+    let live: Map<string, ExecSessionInfo> | null;
+    try {
+      live = await liveExecsOf(await sandboxHost(deps, orgId, sandboxId), sandboxId);
+    } catch (err) {
+      // The sandbox is gone: so are its commands. An unreachable host: not counted, not recorded.
+      if (err instanceof ApiError && err.type === 'not_found') live = new Map();
+      else continue;
+    }
+    for (const d of list) {
+      const info = live.get(d._id) ?? null;
+      if (info?.running) running++;
+      else await recordExit(deps, 'exec', d._id, info ? info.exitCode : null, info?.exitedAt ? new Date(info.exitedAt) : new Date(), info?.oomKilled);
+    }
+  }
+  return running;
+}
+
 /** Starts an exec session on the sandbox's host and records it (the command is killed if the record fails). */
 async function startRecordedExec(deps: ApiDeps, orgId: string, sandboxId: string, body: z.infer<typeof CreateExecBody>): Promise<{ doc: ExecDoc; info: ExecSessionInfo }> {
   const host = await sandboxHost(deps, orgId, sandboxId);
+  const max = deps.cfg.EXEC_SESSIONS_PER_ORG;
+  const starting = startingByOrg.get(orgId) ?? 0;
+  // Held until the record is written (then the store counts it).
+  startingByOrg.set(orgId, starting + 1);
+  try {
+    if ((await runningExecsOfOrg(deps, orgId, max)) + starting >= max) {
+      throw new ApiError('rate_limited', `the organisation already runs ${max} exec sessions (EXEC_SESSIONS_PER_ORG); wait for one to exit or kill one`);
+    }
+    return await startAndRecord(deps, host, orgId, sandboxId, body);
+  } finally {
+    const n = (startingByOrg.get(orgId) ?? 1) - 1;
+    if (n > 0) startingByOrg.set(orgId, n);
+    else startingByOrg.delete(orgId);
+  }
+}
+
+async function startAndRecord(
+  deps: ApiDeps,
+  host: HostClient,
+  orgId: string,
+  sandboxId: string,
+  body: z.infer<typeof CreateExecBody>,
+): Promise<{ doc: ExecDoc; info: ExecSessionInfo }> {
   let info: ExecSessionInfo;
   try {
     info = await host.createExec(sandboxId, body);
@@ -319,7 +382,7 @@ export function registerExecRoutes(t: RouteTable, deps: ApiDeps): void {
     params: SandboxParams,
     body: CreateExecBody,
     responses: { 201: { description: 'The running exec session', schema: ExecSessionView } },
-    errors: [409, 502, 503],
+    errors: [409, 429, 502, 503],
     handler: async ({ params, body, org, res }) => {
       const { doc, info } = await startRecordedExec(deps, org.id, params.id, body);
       res.status(201).json(view(doc, info));
@@ -358,12 +421,12 @@ export function registerExecRoutes(t: RouteTable, deps: ApiDeps): void {
     params: SandboxParams,
     body: RunExecBody,
     responses: { 200: { description: 'Exit code and output (a non-zero exit is a result)', schema: RunResultView } },
-    errors: [409, 502, 503],
+    errors: [409, 429, 502, 503],
     handler: async ({ params, body, org, res }) => {
       const host = await sandboxHost(deps, org.id, params.id);
       try {
         const r = await host.execRun(params.id, body);
-        res.json({ exitCode: r.exitCode, stdout: r.stdout, stderr: r.stderr, ...(r.oomKilled ? { oomKilled: true } : {}) });
+        res.json({ exitCode: r.exitCode, stdout: r.stdout, stderr: r.stderr, ...(r.oomKilled ? { oomKilled: true } : {}), ...(r.truncated ? { truncated: true } : {}) });
       } catch (err) {
         throw fromHostError(err, `sandbox ${params.id}`);
       }
@@ -378,7 +441,7 @@ export function registerExecRoutes(t: RouteTable, deps: ApiDeps): void {
     params: SandboxParams,
     body: RunExecBody.omit({ stdin: true }),
     responses: { 201: { description: 'The handle to poll', schema: z.object({ execId: z.string(), sessionID: z.string() }) } },
-    errors: [409, 502, 503],
+    errors: [409, 429, 502, 503],
     handler: async ({ params, body, org, res }) => {
       const { doc } = await startRecordedExec(deps, org.id, params.id, { ...body, maxRunAfterDisconnect: undefined });
       res.status(201).json({ execId: doc._id, sessionID: doc._id });

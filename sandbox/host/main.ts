@@ -5,13 +5,15 @@
  * SANDBOX_SCRATCH_DIR (where sessions' sandboxes keep their files; default /dev/shm when it is a tmpfs, `off`: DATA_DIR),
  * HOST_MAX_SANDBOXES (live sandboxes at most; default one per 64 MB of memory, at least 16),
  * SANDBOX_AUDIT_LOG (the entrypoint audit log; default DATA_DIR/audit/entrypoints.ndjson, `off`: none),
- * and the sandboxes' default limits and maxima (SANDBOX_MEMORY_MB, SANDBOX_MAX_MEMORY_MB, …: config/limits.ts).
+ * and the sandboxes' default limits and maxima (SANDBOX_MEMORY_MB, SANDBOX_MAX_MEMORY_MB, …: config/limits.ts),
+ * and exec's limits (EXEC_RUN_OUTPUT_MAX_BYTES, EXEC_SESSIONS_PER_SANDBOX, …: config/exec-limits.ts).
  * SIGTERM/SIGINT stop the HTTP server; sandboxes keep running and are adopted by the next start.
  */
 import * as os from 'node:os';
 import pino from 'pino';
 import { z } from 'zod';
 import { limitsEnvShape, resolveLimits } from '../../config/limits';
+import { execLimitsEnvShape, loadExecLimits } from '../../config/exec-limits';
 import { startHost } from './server';
 
 const envSchema = z.object({
@@ -28,6 +30,7 @@ const envSchema = z.object({
   HOST_MAX_SANDBOXES: z.coerce.number().int().positive().optional(),
   LOG_LEVEL: z.enum(['trace', 'debug', 'info', 'warn', 'error', 'fatal', 'silent']).default('info'),
   ...limitsEnvShape,
+  ...execLimitsEnvShape,
 });
 
 async function main(): Promise<void> {
@@ -52,6 +55,7 @@ async function main(): Promise<void> {
     listen: env.HOST_LISTEN,
     scratchDir: env.SANDBOX_SCRATCH_DIR === 'off' ? null : env.SANDBOX_SCRATCH_DIR || undefined,
     limits,
+    execLimits: loadExecLimits(process.env),
     logger,
     auditLog: env.SANDBOX_AUDIT_LOG === 'off' ? null : env.SANDBOX_AUDIT_LOG,
     ...(env.HOST_MAX_SANDBOXES ? { maxSandboxes: env.HOST_MAX_SANDBOXES } : {}),
