@@ -513,7 +513,10 @@ export function registerExecRoutes(t: RouteTable, deps: ApiDeps): void {
  * WebSocket attach: /api/sandboxes/:id/exec/:sessionID (es-… or an agent session's as-…).
  * The key comes in X-API-Key or ?api_key=. A refused socket gets one text frame
  * {"error":{type,message}} and is closed with 1008 (policy violation); a bad client frame closes
- * it with 1003; a host failure with 1011.
+ * it with 1003; a host failure with 1011. A session with EXEC_ATTACHES_PER_SESSION clients refuses
+ * another with type rate_limited (429). A client that reads nothing is closed with 1008 and a reason
+ * once more than EXEC_WS_BACKLOG_MAX_BYTES wait for it, or once it has held its stream paused
+ * (backpressure) for EXEC_WS_STALL_SECONDS.
  * --------------------------------------------------------------------------------------------- */
 
 const WsParams = SandboxParams.extend({
@@ -600,6 +603,10 @@ const FIRST_FRAME_HOLD_MS = 50;
  * frames go on the connection the client's WebSocket was upgraded on (`clientSocket`), whole frames
  * at a time, so they never interleave with what the ws library writes there (pongs, close frames).
  * Client → host: stdin frames are checked (binary, 0x00 first), then sent on, masked.
+ *
+ * A client that does not read is dropped (close 1008 with a reason): when more than
+ * EXEC_WS_BACKLOG_MAX_BYTES are queued toward it, or when the host stream has stayed paused for it
+ * EXEC_WS_STALL_SECONDS (else it would keep the command paused and its buffers held for ever).
  */
 function relay(
   deps: ApiDeps,
@@ -620,6 +627,30 @@ function relay(
   let opened = false;
   let clientPausedByUs = false;
   let upstreamPausedByUs = false;
+  let heldBytes = 0;
+  let stallTimer: NodeJS.Timeout | undefined;
+  let dropped = false;
+  const backlogMax = deps.cfg.EXEC_WS_BACKLOG_MAX_BYTES;
+  const stallMs = deps.cfg.EXEC_WS_STALL_SECONDS * 1000;
+
+  /** Closes a client that does not read (1008 and why) and leaves the host's stream. */
+  const drop = (why: string) => {
+    if (dropped) return;
+    dropped = true;
+    clearTimeout(stallTimer);
+    log.info({ sessionID, unsent: clientSocket.writableLength }, `exec relay: client dropped: ${why}`);
+    upstream.close(1000, 'client left');
+    if (client.readyState === WebSocket.OPEN) client.close(1008, `client not reading: ${why}`.slice(0, 120));
+    // Its close frame waits behind what it did not read; ws drops the connection if it never answers.
+  };
+  /** Stops reading the host while the client has too much queued; drops the client if that lasts. */
+  const pauseUpstreamFor = () => {
+    if (upstreamPausedByUs) return;
+    upstreamPausedByUs = true;
+    upstream.pause();
+    clientSocket.once('drain', resumeUpstream);
+    stallTimer = setTimeout(() => drop(`its stream stayed paused ${deps.cfg.EXEC_WS_STALL_SECONDS} s (EXEC_WS_STALL_SECONDS)`), stallMs);
+  };
 
   const resumeClient = () => {
     if (!clientPausedByUs) return;
@@ -627,7 +658,8 @@ function relay(
     resumeSocket(client);
   };
   const resumeUpstream = () => {
-    if (!upstreamPausedByUs) return;
+    clearTimeout(stallTimer);
+    if (!upstreamPausedByUs || dropped) return;
     upstreamPausedByUs = false;
     upstream.resume();
   };
@@ -649,9 +681,21 @@ function relay(
       const wait = openedAt + FIRST_FRAME_HOLD_MS - Date.now();
       if (held.length || wait > 0) {
         held.push(f.raw);
+        heldBytes += f.length;
+        // Do not read the host faster than frames can be held.
+        if (heldBytes > RELAY_HIGH && !upstreamPausedByUs) {
+          upstreamPausedByUs = true;
+          upstream.pause();
+        }
         if (held.length === 1) {
           setTimeout(() => {
             for (const raw of held.splice(0)) if (client.readyState === WebSocket.OPEN) writeRawFrame(clientSocket, raw);
+            heldBytes = 0;
+            if (upstreamPausedByUs && !dropped) {
+              upstreamPausedByUs = false;
+              if (clientSocket.writableLength > RELAY_HIGH) pauseUpstreamFor();
+              else upstream.resume();
+            }
             // A close that came while frames were held goes after them.
             afterHeld?.();
             afterHeld = undefined;
@@ -660,11 +704,8 @@ function relay(
         return;
       }
       writeRawFrame(clientSocket, f.raw);
-      if (!upstreamPausedByUs && clientSocket.writableLength > RELAY_HIGH) {
-        upstreamPausedByUs = true;
-        upstream.pause();
-        clientSocket.once('drain', resumeUpstream);
-      }
+      if (clientSocket.writableLength > backlogMax) drop(`more than ${backlogMax} bytes unsent (EXEC_WS_BACKLOG_MAX_BYTES)`);
+      else if (clientSocket.writableLength > RELAY_HIGH) pauseUpstreamFor();
     },
     onClose: (code, reason) => {
       if (held.length) {
@@ -677,6 +718,9 @@ function relay(
       log.warn({ err: err.message, sessionID }, 'exec relay: host socket failed');
       if (client.readyState !== WebSocket.OPEN) return;
       if (err.status === 404) closeWith(client, 1011, 'not_found', 'the exec session is no longer on its sandbox host');
+      else if (err.status === 429) {
+        closeWith(client, 1008, 'rate_limited', `the exec session has as many attached clients as it allows (EXEC_ATTACHES_PER_SESSION, ${deps.cfg.EXEC_ATTACHES_PER_SESSION} by default here); detach one first`);
+      }
       else closeWith(client, 1011, 'bad_gateway', 'the sandbox host is unreachable');
     },
   });
@@ -724,7 +768,10 @@ function relay(
   client.on('message', onMessage);
   for (const [data, flag] of early) onMessage(data, flag);
 
-  const detach = () => upstream.close(1000, 'client left');
+  const detach = () => {
+    clearTimeout(stallTimer);
+    upstream.close(1000, 'client left');
+  };
   client.on('close', detach);
   client.on('error', detach);
 }
