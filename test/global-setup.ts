@@ -35,6 +35,9 @@ export default async function globalSetup(): Promise<void> {
       // Webhook retries a test can wait for (the defaults start at 10 s and grow to an hour).
       WEBHOOK_RETRY_INITIAL_MS: '200',
       WEBHOOK_RETRY_MAX_INTERVAL_MS: '1000',
+      // Exec limits a test can reach (test/integration/exec-limits.test.ts; defaults 256 and 30 s).
+      EXEC_SESSIONS_PER_ORG: '48',
+      EXEC_WS_STALL_SECONDS: '5',
     },
     // As under npm start: a process that dies unexpectedly comes back (test/integration/supervision.test.ts).
     supervise: true,
