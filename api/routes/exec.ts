@@ -268,8 +268,11 @@ export async function killAndWait(host: HostClient, sandboxId: string, execId: s
   return info;
 }
 
-/** Exec sessions this process is starting, per organisation (counted with the recorded ones against EXEC_SESSIONS_PER_ORG). */
-const startingByOrg = new Map<string, number>();
+/**
+ * Exec sessions this process is starting, per organisation, until their record is written (then the
+ * store counts them): counted with the recorded ones against EXEC_SESSIONS_PER_ORG.
+ */
+const startingByOrg = new Map<string, Set<{ recorded: boolean }>>();
 
 /**
  * How many of the organisation's exec sessions run. The store's records without an exit are
@@ -307,18 +310,22 @@ async function runningExecsOfOrg(deps: ApiDeps, orgId: string, max: number): Pro
 async function startRecordedExec(deps: ApiDeps, orgId: string, sandboxId: string, body: z.infer<typeof CreateExecBody>): Promise<{ doc: ExecDoc; info: ExecSessionInfo }> {
   const host = await sandboxHost(deps, orgId, sandboxId);
   const max = deps.cfg.EXEC_SESSIONS_PER_ORG;
-  const starting = startingByOrg.get(orgId) ?? 0;
-  // Held until the record is written (then the store counts it).
-  startingByOrg.set(orgId, starting + 1);
+  const recorded = await runningExecsOfOrg(deps, orgId, max);
+  // Read after the count (no await between this and the add): a start whose record the count may
+  // include is marked recorded, so it is not counted twice.
+  const unrecorded = [...(startingByOrg.get(orgId) ?? [])].filter((s) => !s.recorded).length;
+  if (recorded + unrecorded >= max) {
+    throw new ApiError('rate_limited', `the organisation already runs ${max} exec sessions (EXEC_SESSIONS_PER_ORG); wait for one to exit or kill one`);
+  }
+  let starting = startingByOrg.get(orgId);
+  if (!starting) startingByOrg.set(orgId, (starting = new Set()));
+  const mine = { recorded: false };
+  starting.add(mine);
   try {
-    if ((await runningExecsOfOrg(deps, orgId, max)) + starting >= max) {
-      throw new ApiError('rate_limited', `the organisation already runs ${max} exec sessions (EXEC_SESSIONS_PER_ORG); wait for one to exit or kill one`);
-    }
-    return await startAndRecord(deps, host, orgId, sandboxId, body);
+    return await startAndRecord(deps, host, orgId, sandboxId, body, mine);
   } finally {
-    const n = (startingByOrg.get(orgId) ?? 1) - 1;
-    if (n > 0) startingByOrg.set(orgId, n);
-    else startingByOrg.delete(orgId);
+    starting.delete(mine);
+    if (starting.size === 0) startingByOrg.delete(orgId);
   }
 }
 
@@ -328,6 +335,7 @@ async function startAndRecord(
   orgId: string,
   sandboxId: string,
   body: z.infer<typeof CreateExecBody>,
+  mine: { recorded: boolean },
 ): Promise<{ doc: ExecDoc; info: ExecSessionInfo }> {
   let info: ExecSessionInfo;
   try {
@@ -347,6 +355,7 @@ async function startAndRecord(
   };
   try {
     await execSessionsOf(deps.store).insertOne(doc);
+    mine.recorded = true;
   } catch (err) {
     await host.killExec(sandboxId, info.sessionID).catch(() => undefined);
     throw err;

@@ -112,6 +112,7 @@ describe('exec limits', () => {
     const again = attach(sb, sid, { key });
     opened.push(again);
     await again.until(() => again.scrollbackDone);
+    expect((await api('POST', `/api/sandboxes/${sb}/exec/${sid}/kill`, { key, body: {} })).body.running).toBe(false);
   }, 120_000);
 
   it('closes attached clients that never read, with 1008 and a reason, and frees what they held', async () => {
