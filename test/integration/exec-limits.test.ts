@@ -8,9 +8,12 @@
  * EXEC_ATTACHES_PER_SESSION 8. Everything runs in an organisation of its own, so that the count per
  * organisation is this file's alone.
  */
-import fs from 'node:fs';
+import fs, { promises as fsp } from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
 import { WebSocket } from 'ws';
+import { HostClient } from '../../sandbox/host/client';
+import { startHost, type RunningHost } from '../../sandbox/host/server';
 import type { StackFile } from '../../scripts/launcher';
 import { otherOrgKey } from '../helpers/checkpoints';
 import { api, eventually, T, unique } from '../helpers/env';
@@ -182,4 +185,78 @@ describe('exec limits', () => {
     expect((await start(b, sleep)).status).toBe(429);
   }, 180_000);
 
+});
+
+/** The host's own bounds, with small limits, on a host of the process provider started here. */
+describe('exec limits on the sandbox host', () => {
+  let dataDir: string;
+  let host: RunningHost;
+  let client: HostClient;
+  const id = `sb-xlim${process.pid}`;
+  const sockets: WebSocket[] = [];
+
+  beforeAll(async () => {
+    dataDir = await fsp.mkdtemp(path.join(os.tmpdir(), 'sap-xlim-'));
+    host = await startHost({
+      dataDir,
+      token: 't',
+      provider: 'process',
+      listen: '127.0.0.1:0',
+      execLimits: {
+        EXEC_RUN_OUTPUT_MAX_BYTES: 64 * 1024,
+        EXEC_SESSIONS_PER_SANDBOX: 2,
+        EXEC_SESSIONS_PER_ORG: 2,
+        EXEC_ATTACHES_PER_SESSION: 1,
+        EXEC_WS_BACKLOG_MAX_BYTES: 64 * 1024,
+        EXEC_WS_STALL_SECONDS: 1,
+      },
+    });
+    client = new HostClient({ url: host.url, token: 't' });
+    await client.createSandbox({ id, orgId: 'o' });
+  });
+
+  afterEach(() => {
+    for (const ws of sockets.splice(0)) ws.terminate();
+  });
+
+  afterAll(async () => {
+    await client.destroySandbox(id).catch(() => undefined);
+    await host.close();
+    await fsp.rm(dataDir, { recursive: true, force: true });
+  });
+
+  it('drops a client with more than EXEC_WS_BACKLOG_MAX_BYTES unsent, and refuses a second attach and a third session with 429', async () => {
+    const run = await client.execRun(id, { cmd: 'bash', args: ['-c', 'head -c 1000000 /dev/zero'] });
+    expect(run).toMatchObject({ truncated: true, exitCode: 0 });
+    expect(run.stdout.length).toBe(64 * 1024);
+
+    const es = await client.createExec(id, { cmd: 'bash', args: ['-c', 'cat /dev/zero'] });
+    const other = await client.createExec(id, { cmd: 'sleep', args: ['600'] });
+    await expect(client.createExec(id, { cmd: 'sleep', args: ['600'] })).rejects.toMatchObject({ status: 429, type: 'rate_limited' });
+
+    const ws = client.openExecSocket(id, es.sessionID);
+    sockets.push(ws);
+    ws.on('error', () => undefined);
+    const closed = new Promise<void>((resolve) => ws.on('close', () => resolve()));
+    await new Promise<void>((resolve, reject) => {
+      ws.once('open', () => resolve());
+      ws.once('error', reject);
+    });
+    (ws as unknown as { _socket: { pause(): void; resume(): void } })._socket.pause();
+    // While it is attached, a second client is refused.
+    const second = client.openExecSocket(id, es.sessionID);
+    sockets.push(second);
+    const refused = await new Promise<number | undefined>((resolve) => {
+      second.once('unexpected-response', (_req, res) => resolve(res.statusCode));
+      second.once('open', () => resolve(undefined));
+      second.once('error', () => resolve(undefined));
+    });
+    expect(refused).toBe(429);
+    // The paused client is dropped once its backlog passes 64 KiB.
+    await eventually(async () => (await client.getExec(id, es.sessionID)).attachedClients === 0, 30_000);
+    (ws as unknown as { _socket: { resume(): void } })._socket.resume();
+    await closed;
+    await client.killExec(id, es.sessionID);
+    await client.killExec(id, other.sessionID);
+  }, 60_000);
 });
