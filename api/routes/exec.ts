@@ -375,6 +375,7 @@ export const ExecResultView = z
     timedOut: z.boolean().describe('Killed by its timeout'),
     stdout: z.string().describe('The last 1 MiB of its stdout (so far, while running)'),
     stderr: z.string(),
+    truncated: z.literal(true).optional().describe('Present (true) when a stream printed more than its last 1 MiB kept here'),
     error: z.string().optional(),
   })
   .openapi('ExecResult');
@@ -480,7 +481,7 @@ export function registerExecRoutes(t: RouteTable, deps: ApiDeps): void {
         throw fromHostError(err, `exec session ${doc._id}`);
       }
       noteExit(deps, 'exec', doc._id, r, doc);
-      res.json({ execId: doc._id, running: r.running, exitCode: r.exitCode, timedOut: r.timedOut, stdout: r.stdout, stderr: r.stderr });
+      res.json({ execId: doc._id, running: r.running, exitCode: r.exitCode, timedOut: r.timedOut, stdout: r.stdout, stderr: r.stderr, ...(r.truncated ? { truncated: true } : {}) });
     },
   });
 

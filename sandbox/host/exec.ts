@@ -90,6 +90,8 @@ export class ExecSession {
   private readonly readers: OutputReader[] = [];
   private readonly scrollBytes: Record<number, number> = { [FRAME_STDOUT]: 0, [FRAME_STDERR]: 0 };
   private paused = false;
+  /** Whether the scrollback dropped output (what `collected` gives is the end of a longer stream). */
+  private trimmed = false;
   private timers: NodeJS.Timeout[] = [];
   private disconnectTimer: NodeJS.Timeout | undefined;
   private readonly exited: Promise<void>;
@@ -163,10 +165,10 @@ export class ExecSession {
     };
   }
 
-  /** What the scrollback holds of each stream (the last 1 MiB of each), as text. */
-  collected(): { stdout: string; stderr: string } {
+  /** What the scrollback holds of each stream (the last 1 MiB of each), as text; `truncated` when output was dropped. */
+  collected(): { stdout: string; stderr: string; truncated?: true } {
     const pick = (kind: number) => Buffer.concat(this.scrollback.filter((c) => c.kind === kind).map((c) => c.data)).toString('utf8');
-    return { stdout: pick(FRAME_STDOUT), stderr: pick(FRAME_STDERR) };
+    return { stdout: pick(FRAME_STDOUT), stderr: pick(FRAME_STDERR), ...(this.trimmed ? { truncated: true as const } : {}) };
   }
 
   /** Signals the command's whole process group; no-op once it exited. */
@@ -185,6 +187,7 @@ export class ExecSession {
     this.scrollback.push({ kind, data, slab });
     this.scrollBytes[kind] += data.length;
     while (this.scrollBytes[kind] > SCROLLBACK_BYTES) {
+      this.trimmed = true;
       const i = this.scrollback.findIndex((c) => c.kind === kind);
       const chunk = this.scrollback[i];
       const excess = this.scrollBytes[kind] - SCROLLBACK_BYTES;

@@ -89,6 +89,15 @@ describe('exec limits', () => {
     const small = await api('POST', `/api/sandboxes/${sb}/exec/run`, { key, body: { cmd: 'bash', args: ['-c', 'head -c 1048576 /dev/zero | tr "\\0" "\\1"'] } });
     expect(small.body.stdout.length).toBe(MiB);
     expect(small.body.truncated).toBeUndefined();
+    // run-async (the published client's exec.run): the result keeps the last 1 MiB and says so.
+    const h = await api('POST', `/api/sandboxes/${sb}/exec/run-async`, { key, body: { cmd: 'bash', args: ['-c', 'head -c 16777216 /dev/zero | tr "\\0" "\\1"'] } });
+    expect(h.status).toBe(201);
+    const res = await eventually(async () => {
+      const g = await api('GET', `/api/sandboxes/${sb}/exec/${h.body.execId as string}/result`, { key });
+      return g.body.running === false ? g.body : null;
+    }, 60_000);
+    expect(res).toMatchObject({ exitCode: 0, truncated: true });
+    expect(res.stdout).toBe('\x01'.repeat(MiB));
   }, 120_000);
 
   it('refuses an attach past EXEC_ATTACHES_PER_SESSION with rate_limited', async () => {
