@@ -729,7 +729,7 @@ function relay(
       if (client.readyState !== WebSocket.OPEN) return;
       if (err.status === 404) closeWith(client, 1011, 'not_found', 'the exec session is no longer on its sandbox host');
       else if (err.status === 429) {
-        closeWith(client, 1008, 'rate_limited', `the exec session has as many attached clients as it allows (EXEC_ATTACHES_PER_SESSION, ${deps.cfg.EXEC_ATTACHES_PER_SESSION} by default here); detach one first`);
+        closeWith(client, 1008, 'rate_limited', 'the exec session has as many attached clients as its host allows (EXEC_ATTACHES_PER_SESSION); detach one first');
       }
       else closeWith(client, 1011, 'bad_gateway', 'the sandbox host is unreachable');
     },
