@@ -1,6 +1,7 @@
 import path from 'node:path';
 import { z } from 'zod';
 import { limitsEnvShape, resolveLimits, type SandboxLimits } from './limits';
+import { execLimitsEnvShape } from './exec-limits';
 import { parseSecretsKey, SecretBox } from '../lib/secret-box';
 import { validCidrList } from '../lib/webhook-target';
 
@@ -99,6 +100,7 @@ export const configSchema = z.object({
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
   /** Sandbox resource defaults and maxima (SANDBOX_MEMORY_MB, …): see config/limits.ts. */
   ...limitsEnvShape,
+  ...execLimitsEnvShape,
 });
 
 export type Config = z.infer<typeof configSchema> & {

@@ -9,6 +9,7 @@ export const ERROR_STATUS = {
   gone: 410,
   payload_too_large: 413,
   unsupported_media_type: 415,
+  rate_limited: 429,
   internal: 500,
   not_implemented: 501,
   bad_gateway: 502,

@@ -10,6 +10,7 @@ export type SandboxErrorType =
   | 'conflict'
   | 'payload_too_large'
   | 'patch_failed'
+  | 'rate_limited'
   | 'internal'
   | 'unavailable';
 
@@ -21,6 +22,7 @@ export const errorStatus: Record<SandboxErrorType, number> = {
   conflict: 409,
   payload_too_large: 413,
   patch_failed: 422,
+  rate_limited: 429,
   internal: 500,
   unavailable: 503,
 };

@@ -157,6 +157,8 @@ export interface ExecRunResult {
   oomKilled?: boolean;
   stdout: string;
   stderr: string;
+  /** Present (true) when a stream printed more than EXEC_RUN_OUTPUT_MAX_BYTES and only its first bytes are kept. */
+  truncated?: boolean;
 }
 
 /** Layer ids of hibernations are `<sandbox id>.h<time>`: a host destroying the sandbox finds them by that prefix. */

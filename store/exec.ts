@@ -47,5 +47,6 @@ export const agentSessionsOf = (store: Store) => store.db.collection<AgentSessio
 /** Indexes for the per-sandbox lists (MongoDB uses them; FerretDB scans regardless). */
 export async function ensureExecIndexes(store: Store): Promise<void> {
   await execSessionsOf(store).createIndex({ sandboxId: 1, startedAt: -1 });
+  await execSessionsOf(store).createIndex({ orgId: 1, exitedAt: 1 });
   await agentSessionsOf(store).createIndex({ sandboxId: 1, startedAt: -1 });
 }

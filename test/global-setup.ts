@@ -38,6 +38,9 @@ export default async function globalSetup(): Promise<void> {
       // Webhook receivers of the tests listen on 127.0.0.2: only that address is opened, so the tests
       // can show that the rest of loopback (127.0.0.1, localhost, ::1, …) stays refused.
       WEBHOOK_ALLOWED_CIDRS: '127.0.0.2/32',
+      // Exec limits a test can reach (test/integration/exec-limits.test.ts; defaults 256 and 30 s).
+      EXEC_SESSIONS_PER_ORG: '48',
+      EXEC_WS_STALL_SECONDS: '5',
     },
     // As under npm start: a process that dies unexpectedly comes back (test/integration/supervision.test.ts).
     supervise: true,

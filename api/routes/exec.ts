@@ -86,6 +86,10 @@ export const RunResultView = z
     stdout: z.string(),
     stderr: z.string(),
     oomKilled: z.literal(true).optional().describe("Present (true) when the sandbox's memory limit made the kernel kill a process while the command ran"),
+    truncated: z
+      .literal(true)
+      .optional()
+      .describe('Present (true) when stdout or stderr printed more than EXEC_RUN_OUTPUT_MAX_BYTES (default 1 MiB): each holds its first bytes only'),
   })
   .openapi('ExecRunResult');
 
@@ -122,6 +126,7 @@ export function fromHostError(err: unknown, what: string): ApiError {
     if (e.type === 'invalid_request') return new ApiError('invalid_request', e.message ?? 'invalid request');
     if (e.type === 'payload_too_large') return new ApiError('payload_too_large', e.message ?? 'too large');
     if (e.type === 'unavailable') return new ApiError('unavailable', e.message ?? `${what}: the sandbox host is busy; retry`);
+    if (e.type === 'rate_limited') return new ApiError('rate_limited', e.message ?? 'too many');
     return new ApiError('bad_gateway', `sandbox host failed: ${e.message ?? 'unknown error'}`);
   }
   return new ApiError('unavailable', `sandbox host unreachable: ${e?.message ?? String(err)}`);
@@ -264,9 +269,75 @@ export async function killAndWait(host: HostClient, sandboxId: string, execId: s
   return info;
 }
 
+/**
+ * Exec sessions this process is starting, per organisation, until their record is written (then the
+ * store counts them): counted with the recorded ones against EXEC_SESSIONS_PER_ORG.
+ */
+const startingByOrg = new Map<string, Set<{ recorded: boolean }>>();
+
+/**
+ * How many of the organisation's exec sessions run. The store's records without an exit are
+ * counted first; only when they reach `max` are they checked against their hosts (an exit nobody
+ * looked at is recorded then), so the count holds across API processes and costs a query normally.
+ * A session whose sandbox or host is gone counts as exited.
+ */
+async function runningExecsOfOrg(deps: ApiDeps, orgId: string, max: number): Promise<number> {
+  const coll = execSessionsOf(deps.store);
+  const open = await coll.countDocuments({ orgId, exitedAt: null }, { limit: max });
+  if (open < max) return open;
+  const docs = await coll.find({ orgId, exitedAt: null }, { projection: { _id: 1, sandboxId: 1, exitedAt: 1, oomKilled: 1 } }).toArray();
+  const bySandbox = new Map<string, typeof docs>();
+  for (const d of docs) bySandbox.set(d.sandboxId, [...(bySandbox.get(d.sandboxId) ?? []), d]);
+  let running = 0;
+  for (const [sandboxId, list] of bySandbox) {
+    let live: Map<string, ExecSessionInfo> | null;
+    try {
+      live = await liveExecsOf(await sandboxHost(deps, orgId, sandboxId), sandboxId);
+    } catch (err) {
+      // The sandbox is gone: so are its commands. An unreachable host: not counted, not recorded.
+      if (err instanceof ApiError && err.type === 'not_found') live = new Map();
+      else continue;
+    }
+    for (const d of list) {
+      const info = live.get(d._id) ?? null;
+      if (info?.running) running++;
+      else await recordExit(deps, 'exec', d._id, info ? info.exitCode : null, info?.exitedAt ? new Date(info.exitedAt) : new Date(), info?.oomKilled);
+    }
+  }
+  return running;
+}
+
 /** Starts an exec session on the sandbox's host and records it (the command is killed if the record fails). */
 async function startRecordedExec(deps: ApiDeps, orgId: string, sandboxId: string, body: z.infer<typeof CreateExecBody>): Promise<{ doc: ExecDoc; info: ExecSessionInfo }> {
   const host = await sandboxHost(deps, orgId, sandboxId);
+  const max = deps.cfg.EXEC_SESSIONS_PER_ORG;
+  const recorded = await runningExecsOfOrg(deps, orgId, max);
+  // Read after the count (no await between this and the add): a start whose record the count may
+  // include is marked recorded, so it is not counted twice.
+  const unrecorded = [...(startingByOrg.get(orgId) ?? [])].filter((s) => !s.recorded).length;
+  if (recorded + unrecorded >= max) {
+    throw new ApiError('rate_limited', `the organisation already runs ${max} exec sessions (EXEC_SESSIONS_PER_ORG); wait for one to exit or kill one`);
+  }
+  let starting = startingByOrg.get(orgId);
+  if (!starting) startingByOrg.set(orgId, (starting = new Set()));
+  const mine = { recorded: false };
+  starting.add(mine);
+  try {
+    return await startAndRecord(deps, host, orgId, sandboxId, body, mine);
+  } finally {
+    starting.delete(mine);
+    if (starting.size === 0) startingByOrg.delete(orgId);
+  }
+}
+
+async function startAndRecord(
+  deps: ApiDeps,
+  host: HostClient,
+  orgId: string,
+  sandboxId: string,
+  body: z.infer<typeof CreateExecBody>,
+  mine: { recorded: boolean },
+): Promise<{ doc: ExecDoc; info: ExecSessionInfo }> {
   let info: ExecSessionInfo;
   try {
     info = await host.createExec(sandboxId, body);
@@ -285,6 +356,7 @@ async function startRecordedExec(deps: ApiDeps, orgId: string, sandboxId: string
   };
   try {
     await execSessionsOf(deps.store).insertOne(doc);
+    mine.recorded = true;
   } catch (err) {
     await host.killExec(sandboxId, info.sessionID).catch(() => undefined);
     throw err;
@@ -304,6 +376,7 @@ export const ExecResultView = z
     timedOut: z.boolean().describe('Killed by its timeout'),
     stdout: z.string().describe('The last 1 MiB of its stdout (so far, while running)'),
     stderr: z.string(),
+    truncated: z.literal(true).optional().describe('Present (true) when a stream printed more than its last 1 MiB kept here'),
     error: z.string().optional(),
   })
   .openapi('ExecResult');
@@ -320,7 +393,7 @@ export function registerExecRoutes(t: RouteTable, deps: ApiDeps): void {
     params: SandboxParams,
     body: CreateExecBody,
     responses: { 201: { description: 'The running exec session', schema: ExecSessionView } },
-    errors: [409, 502, 503],
+    errors: [409, 429, 502, 503],
     handler: async ({ params, body, org, res }) => {
       const { doc, info } = await startRecordedExec(deps, org.id, params.id, body);
       res.status(201).json(view(doc, info));
@@ -359,12 +432,12 @@ export function registerExecRoutes(t: RouteTable, deps: ApiDeps): void {
     params: SandboxParams,
     body: RunExecBody,
     responses: { 200: { description: 'Exit code and output (a non-zero exit is a result)', schema: RunResultView } },
-    errors: [409, 502, 503],
+    errors: [409, 429, 502, 503],
     handler: async ({ params, body, org, res }) => {
       const host = await sandboxHost(deps, org.id, params.id);
       try {
         const r = await host.execRun(params.id, body);
-        res.json({ exitCode: r.exitCode, stdout: r.stdout, stderr: r.stderr, ...(r.oomKilled ? { oomKilled: true } : {}) });
+        res.json({ exitCode: r.exitCode, stdout: r.stdout, stderr: r.stderr, ...(r.oomKilled ? { oomKilled: true } : {}), ...(r.truncated ? { truncated: true } : {}) });
       } catch (err) {
         throw fromHostError(err, `sandbox ${params.id}`);
       }
@@ -379,7 +452,7 @@ export function registerExecRoutes(t: RouteTable, deps: ApiDeps): void {
     params: SandboxParams,
     body: RunExecBody.omit({ stdin: true }),
     responses: { 201: { description: 'The handle to poll', schema: z.object({ execId: z.string(), sessionID: z.string() }) } },
-    errors: [409, 502, 503],
+    errors: [409, 429, 502, 503],
     handler: async ({ params, body, org, res }) => {
       const { doc } = await startRecordedExec(deps, org.id, params.id, { ...body, maxRunAfterDisconnect: undefined });
       res.status(201).json({ execId: doc._id, sessionID: doc._id });
@@ -409,7 +482,7 @@ export function registerExecRoutes(t: RouteTable, deps: ApiDeps): void {
         throw fromHostError(err, `exec session ${doc._id}`);
       }
       noteExit(deps, 'exec', doc._id, r, doc);
-      res.json({ execId: doc._id, running: r.running, exitCode: r.exitCode, timedOut: r.timedOut, stdout: r.stdout, stderr: r.stderr });
+      res.json({ execId: doc._id, running: r.running, exitCode: r.exitCode, timedOut: r.timedOut, stdout: r.stdout, stderr: r.stderr, ...(r.truncated ? { truncated: true } : {}) });
     },
   });
 
@@ -451,7 +524,10 @@ export function registerExecRoutes(t: RouteTable, deps: ApiDeps): void {
  * WebSocket attach: /api/sandboxes/:id/exec/:sessionID (es-… or an agent session's as-…).
  * The key comes in X-API-Key or ?api_key=. A refused socket gets one text frame
  * {"error":{type,message}} and is closed with 1008 (policy violation); a bad client frame closes
- * it with 1003; a host failure with 1011.
+ * it with 1003; a host failure with 1011. A session with EXEC_ATTACHES_PER_SESSION clients refuses
+ * another with type rate_limited (429). A client that reads nothing is closed with 1008 and a reason
+ * once more than EXEC_WS_BACKLOG_MAX_BYTES wait for it, or once it has held its stream paused
+ * (backpressure) for EXEC_WS_STALL_SECONDS.
  * --------------------------------------------------------------------------------------------- */
 
 const WsParams = SandboxParams.extend({
@@ -538,6 +614,10 @@ const FIRST_FRAME_HOLD_MS = 50;
  * frames go on the connection the client's WebSocket was upgraded on (`clientSocket`), whole frames
  * at a time, so they never interleave with what the ws library writes there (pongs, close frames).
  * Client → host: stdin frames are checked (binary, 0x00 first), then sent on, masked.
+ *
+ * A client that does not read is dropped (close 1008 with a reason): when more than
+ * EXEC_WS_BACKLOG_MAX_BYTES are queued toward it, or when the host stream has stayed paused for it
+ * EXEC_WS_STALL_SECONDS (else it would keep the command paused and its buffers held for ever).
  */
 function relay(
   deps: ApiDeps,
@@ -558,6 +638,30 @@ function relay(
   let opened = false;
   let clientPausedByUs = false;
   let upstreamPausedByUs = false;
+  let heldBytes = 0;
+  let stallTimer: NodeJS.Timeout | undefined;
+  let dropped = false;
+  const backlogMax = deps.cfg.EXEC_WS_BACKLOG_MAX_BYTES;
+  const stallMs = deps.cfg.EXEC_WS_STALL_SECONDS * 1000;
+
+  /** Closes a client that does not read (1008 and why) and leaves the host's stream. */
+  const drop = (why: string) => {
+    if (dropped) return;
+    dropped = true;
+    clearTimeout(stallTimer);
+    log.info({ sessionID, unsent: clientSocket.writableLength }, `exec relay: client dropped: ${why}`);
+    upstream.close(1000, 'client left');
+    if (client.readyState === WebSocket.OPEN) client.close(1008, `client not reading: ${why}`.slice(0, 120));
+    // Its close frame waits behind what it did not read; ws drops the connection if it never answers.
+  };
+  /** Stops reading the host while the client has too much queued; drops the client if that lasts. */
+  const pauseUpstreamFor = () => {
+    if (upstreamPausedByUs) return;
+    upstreamPausedByUs = true;
+    upstream.pause();
+    clientSocket.once('drain', resumeUpstream);
+    stallTimer = setTimeout(() => drop(`its stream stayed paused ${deps.cfg.EXEC_WS_STALL_SECONDS} s (EXEC_WS_STALL_SECONDS)`), stallMs);
+  };
 
   const resumeClient = () => {
     if (!clientPausedByUs) return;
@@ -565,7 +669,8 @@ function relay(
     resumeSocket(client);
   };
   const resumeUpstream = () => {
-    if (!upstreamPausedByUs) return;
+    clearTimeout(stallTimer);
+    if (!upstreamPausedByUs || dropped) return;
     upstreamPausedByUs = false;
     upstream.resume();
   };
@@ -587,9 +692,21 @@ function relay(
       const wait = openedAt + FIRST_FRAME_HOLD_MS - Date.now();
       if (held.length || wait > 0) {
         held.push(f.raw);
+        heldBytes += f.length;
+        // Do not read the host faster than frames can be held.
+        if (heldBytes > RELAY_HIGH && !upstreamPausedByUs) {
+          upstreamPausedByUs = true;
+          upstream.pause();
+        }
         if (held.length === 1) {
           setTimeout(() => {
             for (const raw of held.splice(0)) if (client.readyState === WebSocket.OPEN) writeRawFrame(clientSocket, raw);
+            heldBytes = 0;
+            if (upstreamPausedByUs && !dropped) {
+              upstreamPausedByUs = false;
+              if (clientSocket.writableLength > RELAY_HIGH) pauseUpstreamFor();
+              else upstream.resume();
+            }
             // A close that came while frames were held goes after them.
             afterHeld?.();
             afterHeld = undefined;
@@ -598,11 +715,8 @@ function relay(
         return;
       }
       writeRawFrame(clientSocket, f.raw);
-      if (!upstreamPausedByUs && clientSocket.writableLength > RELAY_HIGH) {
-        upstreamPausedByUs = true;
-        upstream.pause();
-        clientSocket.once('drain', resumeUpstream);
-      }
+      if (clientSocket.writableLength > backlogMax) drop(`more than ${backlogMax} bytes unsent (EXEC_WS_BACKLOG_MAX_BYTES)`);
+      else if (clientSocket.writableLength > RELAY_HIGH) pauseUpstreamFor();
     },
     onClose: (code, reason) => {
       if (held.length) {
@@ -615,6 +729,9 @@ function relay(
       log.warn({ err: err.message, sessionID }, 'exec relay: host socket failed');
       if (client.readyState !== WebSocket.OPEN) return;
       if (err.status === 404) closeWith(client, 1011, 'not_found', 'the exec session is no longer on its sandbox host');
+      else if (err.status === 429) {
+        closeWith(client, 1008, 'rate_limited', 'the exec session has as many attached clients as its host allows (EXEC_ATTACHES_PER_SESSION); detach one first');
+      }
       else closeWith(client, 1011, 'bad_gateway', 'the sandbox host is unreachable');
     },
   });
@@ -662,7 +779,10 @@ function relay(
   client.on('message', onMessage);
   for (const [data, flag] of early) onMessage(data, flag);
 
-  const detach = () => upstream.close(1000, 'client left');
+  const detach = () => {
+    clearTimeout(stallTimer);
+    upstream.close(1000, 'client left');
+  };
   client.on('close', detach);
   client.on('error', detach);
 }

@@ -426,7 +426,7 @@ export class HostClient {
   }
 
   /** An exec session with its output so far (the last 1 MiB of each stream); `waitMs` (≤ 30000) waits for its exit first. */
-  execResult(id: string, sessionId: string, opts: { waitMs?: number; signal?: AbortSignal } = {}): Promise<ExecSessionInfo & { timedOut: boolean; stdout: string; stderr: string }> {
+  execResult(id: string, sessionId: string, opts: { waitMs?: number; signal?: AbortSignal } = {}): Promise<ExecSessionInfo & { timedOut: boolean; stdout: string; stderr: string; truncated?: boolean }> {
     return this.call('GET', `/sandboxes/${encodeURIComponent(id)}/exec/${encodeURIComponent(sessionId)}/result`, { query: { waitMs: opts.waitMs }, signal: opts.signal });
   }
 

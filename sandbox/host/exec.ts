@@ -14,6 +14,9 @@
  * `maxRunAfterDisconnect` (seconds) kills it that long after its last client left (counting starts
  * at the first disconnect, never before anyone attached); default none.
  * Backpressure: while any client has more than 1 MiB unsent, the command's stdout/stderr are paused.
+ * Bounds (config/exec-limits.ts): at most EXEC_SESSIONS_PER_SANDBOX running sessions per sandbox and
+ * EXEC_ATTACHES_PER_SESSION clients per session (more: 429 rate_limited); a client with more than
+ * EXEC_WS_BACKLOG_MAX_BYTES unsent is closed (1008).
  *
  * Output is read into reused memory (./output-reader) and written straight on each client's socket
  * as a small header (with the stream byte) followed by the chunk (./frames): a chunk is not copied,
@@ -39,6 +42,7 @@ import { bearerMatchesHeader } from './auth';
 import { splice } from '../../lib/splice';
 import { writeBinaryFrame } from './frames';
 import { readOutput, type OutputReader, type Slab } from './output-reader';
+import type { ExecLimits } from '../../config/exec-limits';
 
 export const FRAME_STDIN = 0x00;
 export const FRAME_STDOUT = 0x01;
@@ -50,7 +54,6 @@ const SCROLLBACK_BYTES = 1024 * 1024;
 const HIGH_WATER = 1024 * 1024;
 const LOW_WATER = 256 * 1024;
 const KEEP_EXITED = 50;
-const RUN_OUTPUT_MAX = 16 * 1024 * 1024;
 
 const execSchema = z.object({
   cmd: z.string().min(1),
@@ -87,15 +90,22 @@ export class ExecSession {
   private readonly readers: OutputReader[] = [];
   private readonly scrollBytes: Record<number, number> = { [FRAME_STDOUT]: 0, [FRAME_STDERR]: 0 };
   private paused = false;
+  /** Whether the scrollback dropped output (what `collected` gives is the end of a longer stream). */
+  private trimmed = false;
   private timers: NodeJS.Timeout[] = [];
   private disconnectTimer: NodeJS.Timeout | undefined;
   private readonly exited: Promise<void>;
+
+  /** Upgrades under way (counted with `clients` against the cap on attaches). */
+  attaching = 0;
 
   constructor(
     readonly sandboxId: string,
     readonly req: ExecRequest,
     readonly child: PipedProcess,
     private readonly log: Logger,
+    /** Unsent bytes toward one client above which it is disconnected. */
+    private readonly backlogMax = 8 * 1024 * 1024,
   ) {
     this.oomBefore = SandboxCgroups.of(sandboxId).oomKills();
     if (child.stdout) this.readers.push(readOutput(child.stdout, (d, slab) => this.output(FRAME_STDOUT, d, slab)));
@@ -155,10 +165,10 @@ export class ExecSession {
     };
   }
 
-  /** What the scrollback holds of each stream (the last 1 MiB of each), as text. */
-  collected(): { stdout: string; stderr: string } {
+  /** What the scrollback holds of each stream (the last 1 MiB of each), as text; `truncated` when output was dropped. */
+  collected(): { stdout: string; stderr: string; truncated?: true } {
     const pick = (kind: number) => Buffer.concat(this.scrollback.filter((c) => c.kind === kind).map((c) => c.data)).toString('utf8');
-    return { stdout: pick(FRAME_STDOUT), stderr: pick(FRAME_STDERR) };
+    return { stdout: pick(FRAME_STDOUT), stderr: pick(FRAME_STDERR), ...(this.trimmed ? { truncated: true as const } : {}) };
   }
 
   /** Signals the command's whole process group; no-op once it exited. */
@@ -177,6 +187,7 @@ export class ExecSession {
     this.scrollback.push({ kind, data, slab });
     this.scrollBytes[kind] += data.length;
     while (this.scrollBytes[kind] > SCROLLBACK_BYTES) {
+      this.trimmed = true;
       const i = this.scrollback.findIndex((c) => c.kind === kind);
       const chunk = this.scrollback[i];
       const excess = this.scrollBytes[kind] - SCROLLBACK_BYTES;
@@ -195,6 +206,7 @@ export class ExecSession {
       if (ws.readyState !== WebSocket.OPEN) continue;
       slab?.retain();
       writeBinaryFrame(socket, kind, chunks, slab?.releaseFn);
+      this.checkBacklog(ws);
     }
     this.checkPressure();
   }
@@ -217,6 +229,16 @@ export class ExecSession {
     const code = Buffer.alloc(4);
     code.writeInt32BE(this.exitCode as number, 0);
     writeBinaryFrame(socket, FRAME_EXIT, [code], () => ws.close(1000, 'exited'));
+  }
+
+  /** A client with more than backlogMax unsent is dropped (close 1008), so that it cannot pin memory. */
+  private checkBacklog(ws: WebSocket): void {
+    if (ws.bufferedAmount <= this.backlogMax || !this.clients.delete(ws)) return;
+    this.log.info({ sandboxId: this.sandboxId, execId: this.id, unsent: ws.bufferedAmount }, 'exec client dropped: not reading');
+    ws.close(1008, `client not reading: more than ${this.backlogMax} bytes unsent`);
+    // The close frame queues behind what the client did not read: do not wait for it.
+    ws.terminate();
+    this.checkPressure();
   }
 
   private checkPressure(): void {
@@ -256,6 +278,7 @@ export class ExecSession {
       return;
     }
     this.clients.set(ws, socket);
+    this.checkBacklog(ws);
     ws.on('message', (data: Buffer, isBinary: boolean) => {
       const buf = Buffer.isBuffer(data) ? data : Buffer.from(data as unknown as ArrayBuffer);
       if (!isBinary || buf.length === 0 || buf[0] !== FRAME_STDIN) return;
@@ -289,16 +312,37 @@ type Parse = <S extends z.ZodType>(schema: S, req: Request) => z.infer<S>;
 /** Owns the exec sessions of every sandbox on this host. */
 export class ExecManager {
   private readonly sessions = new Map<string, Map<string, ExecSession>>();
+  /** Starts under way per sandbox (counted against EXEC_SESSIONS_PER_SANDBOX with the running ones). */
+  private readonly starting = new Map<string, number>();
 
   constructor(
     readonly provider: SandboxProvider,
     readonly logger: Logger,
+    readonly limits: Pick<ExecLimits, 'EXEC_RUN_OUTPUT_MAX_BYTES' | 'EXEC_SESSIONS_PER_SANDBOX' | 'EXEC_ATTACHES_PER_SESSION' | 'EXEC_WS_BACKLOG_MAX_BYTES'> = {
+      EXEC_RUN_OUTPUT_MAX_BYTES: 1024 * 1024,
+      EXEC_SESSIONS_PER_SANDBOX: 32,
+      EXEC_ATTACHES_PER_SESSION: 8,
+      EXEC_WS_BACKLOG_MAX_BYTES: 8 * 1024 * 1024,
+    },
   ) {}
 
-  /** Starts a command inside the sandbox. Throws not_found / conflict from the provider. */
+  /** Starts a command inside the sandbox. Throws not_found / conflict from the provider, rate_limited over EXEC_SESSIONS_PER_SANDBOX. */
   async start(sandboxId: string, req: ExecRequest): Promise<ExecSession> {
-    const child = await this.provider.spawnPiped(sandboxId, { argv: [req.cmd, ...(req.args ?? [])], env: req.envs, cwd: req.cwd });
-    const session = new ExecSession(sandboxId, req, child, this.logger);
+    const max = this.limits.EXEC_SESSIONS_PER_SANDBOX;
+    const starting = this.starting.get(sandboxId) ?? 0;
+    if (this.list(sandboxId).filter((s) => s.running).length + starting >= max) {
+      throw new SandboxError('rate_limited', `sandbox ${sandboxId} already runs ${max} exec sessions (EXEC_SESSIONS_PER_SANDBOX); wait for one to exit or kill one`);
+    }
+    this.starting.set(sandboxId, starting + 1);
+    let child: PipedProcess;
+    try {
+      child = await this.provider.spawnPiped(sandboxId, { argv: [req.cmd, ...(req.args ?? [])], env: req.envs, cwd: req.cwd });
+    } finally {
+      const n = (this.starting.get(sandboxId) ?? 1) - 1;
+      if (n > 0) this.starting.set(sandboxId, n);
+      else this.starting.delete(sandboxId);
+    }
+    const session = new ExecSession(sandboxId, req, child, this.logger, this.limits.EXEC_WS_BACKLOG_MAX_BYTES);
     let map = this.sessions.get(sandboxId);
     if (!map) this.sessions.set(sandboxId, (map = new Map()));
     map.set(session.id, session);
@@ -324,23 +368,30 @@ export class ExecManager {
     return [...(this.sessions.get(sandboxId)?.values() ?? [])];
   }
 
-  /** Runs a command to completion, collecting its output (each stream capped at 16 MiB, the rest dropped). */
+  /**
+   * Runs a command to completion, collecting its output: the first EXEC_RUN_OUTPUT_MAX_BYTES of each
+   * stream are kept, the rest read and dropped (`truncated: true`), so the answer is bounded whatever
+   * the command prints (even with JSON's 6-byte escapes of control bytes).
+   */
   async run(sandboxId: string, req: ExecRequest & { stdin?: string }): Promise<ExecRunResult> {
     const oomBefore = SandboxCgroups.of(sandboxId).oomKills();
     const child = await this.provider.spawnPiped(sandboxId, { argv: [req.cmd, ...(req.args ?? [])], env: req.envs, cwd: req.cwd });
+    const max = this.limits.EXEC_RUN_OUTPUT_MAX_BYTES;
     const out: Buffer[] = [];
     const err: Buffer[] = [];
-    let outLen = 0;
-    let errLen = 0;
+    const kept = { out: 0, err: 0 };
+    let truncated = false;
     let timedOut = false;
-    child.stdout?.on('data', (d: Buffer) => {
-      if (outLen < RUN_OUTPUT_MAX) out.push(d);
-      outLen += d.length;
-    });
-    child.stderr?.on('data', (d: Buffer) => {
-      if (errLen < RUN_OUTPUT_MAX) err.push(d);
-      errLen += d.length;
-    });
+    const keep = (into: Buffer[], which: 'out' | 'err') => (d: Buffer) => {
+      const room = max - kept[which];
+      if (d.length > room) truncated = true;
+      if (room <= 0) return;
+      const part = d.length > room ? Buffer.from(d.subarray(0, room)) : d;
+      into.push(part);
+      kept[which] += part.length;
+    };
+    child.stdout?.on('data', keep(out, 'out'));
+    child.stderr?.on('data', keep(err, 'err'));
     child.stdin?.on('error', () => undefined);
     child.stdin?.end(req.stdin ?? '');
     const timer = req.timeout
@@ -365,6 +416,7 @@ export class ExecManager {
       ...(SandboxCgroups.of(sandboxId).oomKills() > oomBefore ? { oomKilled: true } : {}),
       stdout: Buffer.concat(out).toString('utf8'),
       stderr: Buffer.concat(err).toString('utf8'),
+      ...(truncated ? { truncated: true } : {}),
     };
   }
 
@@ -505,7 +557,23 @@ export function attachExec(
     } catch (err) {
       return reject(404, 'not_found', (err as Error).message);
     }
-    wss.handleUpgrade(req, socket, head, (ws) => session.attach(ws, socket as Socket));
+    const maxAttaches = exec.limits.EXEC_ATTACHES_PER_SESSION;
+    if (session.running && session.clients.size + session.attaching >= maxAttaches) {
+      return reject(429, 'rate_limited', `exec session ${session.id} already has ${maxAttaches} attached clients (EXEC_ATTACHES_PER_SESSION)`);
+    }
+    // Counted until the upgrade completes or the socket goes (an upgrade ws refuses never calls back).
+    let counted = true;
+    const uncount = () => {
+      if (counted) session.attaching--;
+      counted = false;
+    };
+    session.attaching++;
+    socket.once('close', uncount);
+    wss.handleUpgrade(req, socket, head, (ws) => {
+      uncount();
+      socket.off('close', uncount);
+      session.attach(ws, socket as Socket);
+    });
   });
 }
 

@@ -7,7 +7,8 @@
  * SANDBOX_AUDIT_LOG (the entrypoint audit log; default DATA_DIR/audit/entrypoints.ndjson, `off`: none),
  * SANDBOX_PATH_MAX_DEPTH and SANDBOX_PATH_MAX_BYTES (the files API's paths: at most 256 components,
  * 4096 bytes by default; beyond them 400, see ../paths.ts),
- * and the sandboxes' default limits and maxima (SANDBOX_MEMORY_MB, SANDBOX_MAX_MEMORY_MB, …: config/limits.ts).
+ * and the sandboxes' default limits and maxima (SANDBOX_MEMORY_MB, SANDBOX_MAX_MEMORY_MB, …: config/limits.ts),
+ * and exec's limits (EXEC_RUN_OUTPUT_MAX_BYTES, EXEC_SESSIONS_PER_SANDBOX, …: config/exec-limits.ts).
  * SIGTERM/SIGINT stop the HTTP server; sandboxes keep running and are adopted by the next start.
  */
 import * as os from 'node:os';
@@ -15,6 +16,7 @@ import pino from 'pino';
 import { z } from 'zod';
 import { limitsEnvShape, resolveLimits } from '../../config/limits';
 import { pathLimits } from '../paths';
+import { execLimitsEnvShape, loadExecLimits } from '../../config/exec-limits';
 import { startHost } from './server';
 
 const envSchema = z.object({
@@ -34,6 +36,7 @@ const envSchema = z.object({
   SANDBOX_PATH_MAX_BYTES: z.coerce.number().int().min(1).max(65536).default(4096),
   LOG_LEVEL: z.enum(['trace', 'debug', 'info', 'warn', 'error', 'fatal', 'silent']).default('info'),
   ...limitsEnvShape,
+  ...execLimitsEnvShape,
 });
 
 async function main(): Promise<void> {
@@ -60,6 +63,7 @@ async function main(): Promise<void> {
     listen: env.HOST_LISTEN,
     scratchDir: env.SANDBOX_SCRATCH_DIR === 'off' ? null : env.SANDBOX_SCRATCH_DIR || undefined,
     limits,
+    execLimits: loadExecLimits(process.env),
     logger,
     auditLog: env.SANDBOX_AUDIT_LOG === 'off' ? null : env.SANDBOX_AUDIT_LOG,
     ...(env.HOST_MAX_SANDBOXES ? { maxSandboxes: env.HOST_MAX_SANDBOXES } : {}),

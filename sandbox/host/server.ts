@@ -9,6 +9,7 @@ import express, { type NextFunction, type Request, type Response } from 'express
 import pino, { type Logger } from 'pino';
 import { z } from 'zod';
 import { effectiveResources, loadLimits, overMaximum, type SandboxLimits } from '../../config/limits';
+import { loadExecLimits, type ExecLimits } from '../../config/exec-limits';
 import { errorStatus, isSandboxError, SandboxError, type SandboxErrorType } from '../errors';
 import { createSandboxProvider, type ProviderKind, type SandboxProvider } from '../provider';
 import type { CreatedSandbox, WireEntrypointLog } from '../types';
@@ -401,6 +402,8 @@ export interface StartHostOptions {
   network?: SandboxNetwork | null;
   /** HOST_MAX_SANDBOXES; default defaultMaxSandboxes(). */
   maxSandboxes?: number;
+  /** Exec's limits; default: from the EXEC_* environment variables (config/exec-limits.ts). */
+  execLimits?: ExecLimits;
 }
 
 /** An entrypoint's log as JSON: each chunk's bytes in base64. */
@@ -427,7 +430,7 @@ export async function startHost(opts: StartHostOptions): Promise<RunningHost> {
       ? opts.provider
       : createSandboxProvider({ kind: opts.provider ?? 'bwrap', dataDir: opts.dataDir, hostId, logger, scratchDir: opts.scratchDir, auditLog: opts.auditLog, ...(opts.network !== undefined ? { network: opts.network } : {}) });
   await provider.init();
-  const exec = new ExecManager(provider, logger);
+  const exec = new ExecManager(provider, logger, opts.execLimits ?? loadExecLimits(process.env));
   const pty = new PtyManager(provider, logger);
   const forward = new PortForwarder(provider, opts.dataDir, logger);
   const app = createApp({ provider, token: opts.token, logger, hostId, exec, pty, forward, limits, maxSandboxes: opts.maxSandboxes ?? defaultMaxSandboxes() });
