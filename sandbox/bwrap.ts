@@ -697,7 +697,7 @@ export class BwrapProvider extends BaseProvider {
       const upper = path.join(`/proc/${outer.pid}/root`, this.dirOf(id), 'm', 'w');
       await cgroups.pause();
       try {
-        await execFileP('cp', ['-a', path.join(upper, 'root'), path.join(upper, 'usr'), tmp]);
+        await execFileP('cp', ['-a', '--sparse=always', path.join(upper, 'root'), path.join(upper, 'usr'), tmp]);
       } finally {
         await cgroups.resume();
       }
