@@ -690,8 +690,8 @@ export class BwrapProvider extends BaseProvider {
     await fsp.mkdir(tmp, { mode: 0o700 });
     try {
       // Freeze the sandbox so the copy is consistent; cp -a keeps whiteouts (0/0 char devices) and
-      // the trusted.overlay.* xattrs that mark opaque directories. The writable layer is a tmpfs in the
-      // namespace of the sandbox's init helper, reached through it.
+      // the trusted.overlay.* xattrs that mark opaque directories, --sparse=always a sparse file's
+      // holes. The writable layer is a tmpfs in the namespace of the sandbox's init helper, reached through it.
       const outer = state.init?.outer;
       if (!outer || !isAlive(outer) || state.idBase === undefined) throw new SandboxError('conflict', `sandbox ${id} is not running`);
       const upper = path.join(`/proc/${outer.pid}/root`, this.dirOf(id), 'm', 'w');
@@ -746,7 +746,7 @@ export class BwrapProvider extends BaseProvider {
 
 /** A layer's set-id records (none when it has no setid.json). */
 async function readSetIds(layerDir: string): Promise<SetIdFile[]> {
-  const text = await fsp.readFile(path.join(layerDir, SET_ID_FILE), 'utf8').catch((err: NodeJS.ErrnoException) => {
+  const text = await fsp.readFile(path.join(layerDir, SET_ID_FILE), { encoding: 'utf8', flag: fsc.O_RDONLY | fsc.O_NOFOLLOW }).catch((err: NodeJS.ErrnoException) => {
     if (err.code === 'ENOENT') return '[]';
     throw err;
   });

@@ -4,8 +4,8 @@ The content hash of a layer's directory (see BwrapProvider.hashOfDir), computed 
 own so that the host's event loop never waits on it.
 
 usage: layer-hash.py DIR
-prints one JSON line: {"sha256": HEX, "setid": [[RELATIVE PATH, MODE], ...]} (regular files that
-carry set-id bits, which a layer on disk must not have: see id-slots.ts).
+prints one JSON line: {"sha256": HEX, "setid": [[RELATIVE PATH, MODE], ...]}: the first SETID_SHOWN
+regular files that carry set-id bits, which a layer on disk must not have (see id-slots.ts).
 
 What is hashed, in name order (bytes) at each level, layer.json at the top left out:
   d <path> <mode> <uid>:<gid>
@@ -28,6 +28,7 @@ import stat
 import sys
 
 CHUNK = 1 << 16
+SETID_SHOWN = 10
 ZEROS = bytes(CHUNK)
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
@@ -99,7 +100,7 @@ def walk(h, dfd, rel, setid):
             finally:
                 os.close(fd)
             h.update(b"\n")
-            if st.st_mode & (stat.S_ISUID | stat.S_ISGID):
+            if st.st_mode & (stat.S_ISUID | stat.S_ISGID) and len(setid) < SETID_SHOWN:
                 setid.append([r.decode("utf-8", "surrogateescape"), stat.S_IMODE(st.st_mode)])
         else:
             h.update(b"s " + r + b" " + mode + b" %d\n" % st.st_rdev)

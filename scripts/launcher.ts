@@ -191,7 +191,7 @@ export async function startStack(o: StackOptions): Promise<Stack> {
       env: { ...env, ...own },
     };
   });
-  for (const h of hostList) fs.mkdirSync(h.dataDir, { recursive: true });
+  for (const h of hostList) fs.mkdirSync(h.dataDir, { recursive: true, mode: 0o700 });
   const hostUrl = hostList[0]!.url;
   const hostUrls = hostList.map((h) => h.url);
   const apiUrl = `http://127.0.0.1:${o.apiPort}`;
