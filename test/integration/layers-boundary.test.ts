@@ -5,12 +5,16 @@
  */
 import { execFile } from 'node:child_process';
 import { promises as fsp } from 'node:fs';
+import * as http from 'node:http';
 import * as os from 'node:os';
+import { promisify } from 'node:util';
 import * as path from 'node:path';
 import { api, T } from '../helpers/env';
 import { hostClient, newSandbox, sh } from '../helpers/checkpoints';
 
 jest.setTimeout(180_000);
+
+const execFileP = promisify(execFile);
 
 const layerDir = (id: string) => path.join(T.dataDir(), 'layers', id);
 
@@ -191,5 +195,35 @@ describe('checkpoint layers and the host', () => {
 
     const b = await spawnFrom(cp);
     expect(await sh(b, 'stat -c %s /workspace/big && tail -c 4 /workspace/big')).toBe(`${8 * 1024 ** 3 + 4}\ntail`);
+  });
+
+  it('a layer that arrives from another host with a set-id file is refused, even with the right hash', async () => {
+    const layerId = `cp-evil${Date.now().toString(36)}`;
+    const tmp = await fsp.mkdtemp(path.join(os.tmpdir(), 'sap-evil-layer-'));
+    let server: http.Server | undefined;
+    try {
+      const dir = path.join(tmp, layerId);
+      await fsp.mkdir(path.join(dir, 'root', 'workspace'), { recursive: true });
+      await fsp.mkdir(path.join(dir, 'usr'));
+      await fsp.copyFile('/usr/bin/id', path.join(dir, 'root', 'workspace', 'evil'));
+      await fsp.chmod(path.join(dir, 'root', 'workspace', 'evil'), 0o4755);
+      await fsp.writeFile(path.join(dir, 'layer.json'), JSON.stringify({ id: layerId, parents: [] }));
+      const { stdout } = await execFileP('python3', [path.resolve(__dirname, '..', '..', 'sandbox', 'layer-hash.py'), dir]);
+      const sha256 = (JSON.parse(stdout) as { sha256: string }).sha256;
+      const tar = (await execFileP('tar', ['-C', tmp, '--numeric-owner', '-cf', '-', layerId], { encoding: 'buffer', maxBuffer: 1 << 26 })).stdout;
+      server = http.createServer((req, res) => {
+        if (req.url !== `/layers/${layerId}/archive`) return void res.writeHead(404).end();
+        res.writeHead(200, { 'content-type': 'application/x-tar', 'x-layer-sha256': sha256 });
+        res.end(tar);
+      });
+      await new Promise<void>((r) => server!.listen(0, '127.0.0.1', r));
+      const from = `http://127.0.0.1:${(server.address() as { port: number }).port}`;
+      await expect(hostClient().fetchLayer(layerId, from)).rejects.toMatchObject({ type: 'invalid_request' });
+      await expect(hostClient().layerHash(layerId)).rejects.toMatchObject({ type: 'not_found' });
+      expect((await fsp.readdir(path.join(T.dataDir(), 'layers'))).filter((n) => n.startsWith(layerId))).toEqual([]);
+    } finally {
+      if (server) await new Promise((r) => server!.close(r));
+      await fsp.rm(tmp, { recursive: true, force: true });
+    }
   });
 });

@@ -32,8 +32,9 @@
  *   mounts        in the helper's namespace: a small tmpfs on DIR (relative names below, so that no
  *                 host path appears in the sandbox's mountinfo); each read-only layer cloned as an
  *                 idmapped mount (on disk ids 0..65535 are the sandbox's ids, so layers stay portable
- *                 between sandboxes and hosts); the writable layer on a tmpfs of -D MB; the overlays of
- *                 `/` and `/usr`
+ *                 between sandboxes and hosts), opened one component at a time without following a
+ *                 symlink, every directory above it root's alone (see open_layer); the writable layer
+ *                 on a tmpfs of -D MB; the overlays of `/` and `/usr`
  *   pid 1         a child joins the user namespace as its root and unshares the mount, pid, net, ipc,
  *                 uts and cgroup namespaces (all owned by the sandbox's user namespace); its child is
  *                 the sandbox's pid 1
