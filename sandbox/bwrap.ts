@@ -41,7 +41,7 @@ import { BaseProvider, DEFAULT_ENV, assertId, envPairs, type EnterOptions, type 
 import { SandboxError } from './errors';
 import { openSandboxFileForRead, type RootMap } from './paths';
 import { isAlive, procRef, SandboxCgroups, signalRef, type ProcRef } from './procs';
-import { ID_COUNT, IdSlots, shiftIdsToSandbox, type SetIdFile } from './id-slots';
+import { ID_COUNT, IdSlots, shiftIdsToSandbox, stripSetIds, type SetIdFile } from './id-slots';
 import { normaliseEgress, RESOLVER_ADDRESS, SandboxNetwork, type Egress } from './network';
 import type { ProviderOptions, SpawnOptions } from './provider';
 
@@ -123,6 +123,8 @@ const DEFAULT_AGENT_SDK_LAYER = path.join(PROJECT_ROOT, '.tools', 'agent-sdk');
 const LAYER_HASH = [path.join(__dirname, 'layer-hash.py'), path.resolve(__dirname, '..', '..', 'sandbox', 'layer-hash.py')].find((f) => existsSync(f)) ?? 'layer-hash.py';
 /** Where a layer keeps the set-id bits its regular files had in the sandbox (never on disk: see shiftIdsToSandbox). */
 const SET_ID_FILE = 'setid.json';
+/** Marks a layers directory whose layers of older hosts have had their set-id bits moved to setid.json (migrateSetIds). */
+const SET_ID_MIGRATED = '.setid-v1';
 
 /** Version of the base skeleton's contents: a new one is made next to an older one (sandboxes may still use it). */
 const BASE_NAME = 'base-v2';
@@ -215,6 +217,7 @@ export class BwrapProvider extends BaseProvider {
     }
     this.realDataDir = await fsp.realpath(this.dataDir);
     this.realUsr = await fsp.realpath('/usr');
+    await this.migrateSetIds();
     if (!this.closed) await this.listenForHelpers();
     // Cgroups of spare helpers whose host process is gone (a live host's spare is in use and stays).
     await SandboxCgroups.removeGroups((n) => n.startsWith(SPARE_PREFIX) && !signalable(Number(n.slice(SPARE_PREFIX.length).split('-')[0])));
@@ -585,6 +588,33 @@ export class BwrapProvider extends BaseProvider {
     if (!outer || !ns) throw new SandboxError('internal', `sandbox ${id} init exited right after start`);
     state.init = { outer, ns };
     await this.restoreSetIds(state);
+  }
+
+  /**
+   * Once per DATA_DIR: the layers of an older host, which kept set-id files on disk (host set-id
+   * files, since on-disk ids are host ids), lose those bits to setid.json as new layers do, and
+   * their directories become root's alone.
+   */
+  private async migrateSetIds(): Promise<void> {
+    const mark = path.join(this.layersDir(), SET_ID_MIGRATED);
+    if (await fsp.lstat(mark).then(() => true, () => false)) return;
+    for (const name of await fsp.readdir(this.layersDir())) {
+      const dir = path.join(this.layersDir(), name);
+      const st = await fsp.lstat(dir);
+      if (!st.isDirectory() || !(await fsp.lstat(path.join(dir, 'layer.json')).then((s) => s.isFile(), () => false))) continue;
+      const found = await stripSetIds(dir);
+      if (found.length > 0) {
+        const kept = await readSetIds(dir);
+        // Written aside and renamed over: never through whatever the name is now.
+        const tmp = path.join(dir, `${SET_ID_FILE}.tmp-${process.pid}`);
+        await fsp.writeFile(tmp, JSON.stringify([...kept, ...found]), { mode: 0o600, flag: 'wx' });
+        await fsp.rename(tmp, path.join(dir, SET_ID_FILE));
+        this.log.warn({ layerId: name, files: found.length }, 'layer of an older host: set-id bits moved off the disk into setid.json');
+      }
+      await fsp.chown(dir, 0, 0);
+      await fsp.chmod(dir, 0o700);
+    }
+    await fsp.writeFile(mark, '', { mode: 0o600 });
   }
 
   /**

@@ -100,3 +100,24 @@ export async function shiftIdsToSandbox(dir: string, idBase: number): Promise<Se
   await walk('');
   return setId;
 }
+
+/**
+ * Removes the set-id bits of the regular files under `dir` (a layer made by an older host, which kept
+ * them on disk) and returns them, as shiftIdsToSandbox does for a new layer. Owners are left alone.
+ */
+export async function stripSetIds(dir: string): Promise<SetIdFile[]> {
+  const setId: SetIdFile[] = [];
+  const walk = async (rel: string): Promise<void> => {
+    for (const name of (await fsp.readdir(path.join(dir, rel))).sort()) {
+      const r = rel ? `${rel}/${name}` : name;
+      const st = await fsp.lstat(path.join(dir, r));
+      if (st.isFile() && st.mode & 0o6000) {
+        setId.push([r, st.mode & 0o7777]);
+        await fsp.chmod(path.join(dir, r), st.mode & 0o1777);
+      }
+      if (st.isDirectory()) await walk(r);
+    }
+  };
+  await walk('');
+  return setId;
+}

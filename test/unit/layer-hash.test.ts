@@ -3,7 +3,7 @@ import { promises as fsp } from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { promisify } from 'node:util';
-import { shiftIdsToSandbox } from '../../sandbox/id-slots';
+import { shiftIdsToSandbox, stripSetIds } from '../../sandbox/id-slots';
 
 const execFileP = promisify(execFile);
 const SCRIPT = path.resolve(__dirname, '..', '..', 'sandbox', 'layer-hash.py');
@@ -124,5 +124,27 @@ describe('shiftIdsToSandbox', () => {
     expect([gst.uid, gst.gid, gst.mode & 0o7777]).toEqual([0, 1000, 0o2775]);
     const top = await fsp.lstat(tmp);
     expect(top.uid).toBe(process.getuid!());
+  });
+});
+
+describe('stripSetIds (layers of an older host)', () => {
+  it('removes the set-id bits of regular files, returns them, and leaves owners, directories and links alone', async () => {
+    const tmp = await fsp.mkdtemp(path.join(os.tmpdir(), 'sap-strip-'));
+    try {
+      const f = path.join(tmp, 'usr', 'bin', 'su');
+      await fsp.mkdir(path.dirname(f), { recursive: true });
+      await fsp.writeFile(f, 'x');
+      await fsp.chown(f, 0, 42);
+      await fsp.chmod(f, 0o4750);
+      await fsp.chmod(path.dirname(f), 0o2755);
+      await fsp.symlink('su', path.join(tmp, 'usr', 'bin', 'link'));
+      expect(await stripSetIds(tmp)).toEqual([['usr/bin/su', 0o4750]]);
+      const st = await fsp.lstat(f);
+      expect([st.uid, st.gid, st.mode & 0o7777]).toEqual([0, 42, 0o750]);
+      expect((await fsp.lstat(path.dirname(f))).mode & 0o7777).toBe(0o2755);
+      expect(await stripSetIds(tmp)).toEqual([]);
+    } finally {
+      await fsp.rm(tmp, { recursive: true, force: true });
+    }
   });
 });
