@@ -107,7 +107,7 @@ describe('checkpoint layers and the host', () => {
       const st = await fsp.stat(d);
       expect({ d, uid: st.uid, open: (st.mode & 0o066).toString(8) }).toEqual({ d, uid: 0, open: '0' });
     }
-    // The layer's own directory (once owned by nobody, the shift of sandbox ids landed on it).
+    // The layer's own directory: root's (the shift of sandbox ids to nobody must not land on it).
     expect((await fsp.lstat(layerDir(cp))).mode & 0o7777).toBe(0o700);
     for (const f of [...(await fsp.readdir(path.join(data, 'logs'))).map((n) => path.join(data, 'logs', n)), path.join(data, 'temporal.db')]) {
       const st = await fsp.stat(f);
