@@ -48,7 +48,7 @@ export class AuditLog {
       this.pending = [];
       try {
         if (!this.fh) {
-          await fsp.mkdir(path.dirname(this.file), { recursive: true });
+          await fsp.mkdir(path.dirname(this.file), { recursive: true, mode: 0o700 });
           this.fh = await fsp.open(this.file, 'a', 0o600);
         }
         await this.fh.write(batch.map((b) => b.line).join(''));

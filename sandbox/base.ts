@@ -66,6 +66,12 @@ export interface SandboxState {
   entrypoint?: { wrapper: ProcRef; startedAt: string; timeoutSeconds?: number; starting?: boolean };
 }
 
+/** A layer directory's content hash, and its regular files that carry set-id bits (path in the layer, mode). */
+export interface LayerScan {
+  sha256: string;
+  setid: [string, number][];
+}
+
 /** What a hibernated sandbox (or one being restored) is made again from. */
 interface Respawn {
   version: 1;
@@ -252,7 +258,7 @@ export abstract class BaseProvider implements SandboxProvider {
     const dir = this.dirOf(id);
     const real = this.scratchDir && owner?.kind === 'session' ? path.join(this.scratchDir, id) : null;
     const make = async () => {
-      if (!real) return fsp.mkdir(dir);
+      if (!real) return fsp.mkdir(dir, { mode: 0o700 });
       await fsp.mkdir(real, { mode: 0o700 });
       await fsp.symlink(real, dir);
     };
@@ -497,8 +503,12 @@ export abstract class BaseProvider implements SandboxProvider {
   }
 
   async init(): Promise<SandboxInfo[]> {
-    await fsp.mkdir(this.sandboxesDir(), { recursive: true });
-    await fsp.mkdir(this.layersDir(), { recursive: true });
+    // Root's alone: other host users may not read sandboxes' files and layers, nor replace anything
+    // there (a layer redirected by a symlink, say). Directories made by an older host are closed too.
+    for (const dir of [this.dataDir, this.sandboxesDir(), this.layersDir()]) {
+      await fsp.mkdir(dir, { recursive: true, mode: 0o700 });
+      await fsp.chmod(dir, 0o700);
+    }
     this.scratchDir = await this.resolveScratch();
     await this.prepare();
     for (const id of await fsp.readdir(this.sandboxesDir())) {
@@ -1112,7 +1122,8 @@ export abstract class BaseProvider implements SandboxProvider {
   async exportLayer(layerId: string): Promise<{ sha256: string; stream: NodeJS.ReadableStream; done: Promise<void> }> {
     if (!(await this.hasLayer(layerId))) throw new SandboxError('not_found', `layer ${layerId} not found`);
     const sha256 = await this.layerHash(layerId);
-    const tar = spawn('tar', ['-C', this.layersDir(), '--numeric-owner', '--xattrs', '--xattrs-include=*', '-cf', '-', layerId], { stdio: ['ignore', 'pipe', 'pipe'] });
+    // --sparse: holes are recorded, not sent (tar finds a file's data with SEEK_DATA / SEEK_HOLE).
+    const tar = spawn('tar', ['-C', this.layersDir(), '--numeric-owner', '--xattrs', '--xattrs-include=*', '--sparse', '-cf', '-', layerId], { stdio: ['ignore', 'pipe', 'pipe'] });
     let stderr = '';
     tar.stderr!.on('data', (c: Buffer) => (stderr += c.toString('utf8')));
     const done = new Promise<void>((resolve, reject) =>
@@ -1142,11 +1153,19 @@ export abstract class BaseProvider implements SandboxProvider {
       // Checked where it will live: layerHash reads <layers>/<id>; a rename within the directory is atomic.
       const staged = `${tmp}-staged`;
       await fsp.rename(unpacked, staged);
-      const got = await this.hashOfDir(staged);
+      const { sha256: got, setid } = await this.scanLayerDir(staged);
       if (got !== sha256) {
         await fsp.rm(staged, { recursive: true, force: true });
         throw new SandboxError('internal', `layer ${layerId} arrived damaged (sha256 ${got}, expected ${sha256})`);
       }
+      if (setid.length > 0) {
+        // A layer keeps set-id bits as data (setid.json), never on disk, where they would be the host's.
+        await fsp.rm(staged, { recursive: true, force: true });
+        throw new SandboxError('invalid_request', `layer ${layerId} holds set-id files (${setid[0]![0]}…)`);
+      }
+      // The layer's own directory is root's alone, whatever the sender's was (it is not hashed).
+      await fsp.chown(staged, 0, 0);
+      await fsp.chmod(staged, 0o700);
       await fsp.rename(staged, path.join(this.layersDir(), layerId)).catch(async (err: NodeJS.ErrnoException) => {
         // Another import of the same layer got there first: the same content, keep theirs.
         await fsp.rm(staged, { recursive: true, force: true });
@@ -1156,6 +1175,11 @@ export abstract class BaseProvider implements SandboxProvider {
     } finally {
       await fsp.rm(tmp, { recursive: true, force: true });
     }
+  }
+
+  /** hashOfDir, with the directory's regular files that carry set-id bits; providers with layers implement it. */
+  protected async scanLayerDir(dir: string): Promise<LayerScan> {
+    return { sha256: await this.hashOfDir(dir), setid: [] };
   }
 
   /** layerHash of a directory that is not (yet) a layer; providers with layers implement it. */

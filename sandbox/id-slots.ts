@@ -63,21 +63,61 @@ export function toSandboxId(hostId: number, idBase: number): number {
   return hostId >= idBase && hostId < idBase + ID_COUNT ? hostId - idBase : NOBODY;
 }
 
+/** A regular file of a layer that had set-id bits: its path in the layer (`root/…`, `usr/…`) and its mode, bits included. */
+export type SetIdFile = [string, number];
+
 /**
  * Rewrites the owners of everything under `dir` (a copy of a sandbox's writable layer, owned by the
- * host ids of its slot) to the sandbox's own ids, so that the layer is portable.
+ * host ids of its slot) to the sandbox's own ids, so that the layer is portable. `dir` itself is the
+ * host's and left alone.
+ *
+ * On disk those ids are host ids too (sandbox root's files are host root's): a set-id file there
+ * would be a host set-id file. So regular files lose their set-id bits on disk; they are returned,
+ * for the layer to keep as data (setid.json), and put back inside each sandbox made from the layer,
+ * on its own copy (see BwrapProvider.restoreSetIds).
  */
-export async function shiftIdsToSandbox(dir: string, idBase: number): Promise<void> {
-  const walk = async (p: string): Promise<void> => {
-    const st = await fsp.lstat(p);
-    const uid = toSandboxId(st.uid, idBase);
-    const gid = toSandboxId(st.gid, idBase);
-    if (uid !== st.uid || gid !== st.gid) {
-      await fsp.lchown(p, uid, gid);
-      // chown clears set-id bits of files; put them back (they are the layer's content).
-      if (!st.isSymbolicLink() && st.mode & 0o6000) await fsp.chmod(p, st.mode & 0o7777);
+export async function shiftIdsToSandbox(dir: string, idBase: number): Promise<SetIdFile[]> {
+  const setId: SetIdFile[] = [];
+  const walk = async (rel: string): Promise<void> => {
+    for (const name of (await fsp.readdir(path.join(dir, rel))).sort()) {
+      const r = rel ? `${rel}/${name}` : name;
+      const p = path.join(dir, r);
+      const st = await fsp.lstat(p);
+      const uid = toSandboxId(st.uid, idBase);
+      const gid = toSandboxId(st.gid, idBase);
+      const shifted = uid !== st.uid || gid !== st.gid;
+      if (shifted) await fsp.lchown(p, uid, gid);
+      if (st.isFile() && st.mode & 0o6000) {
+        setId.push([r, st.mode & 0o7777]);
+        await fsp.chmod(p, st.mode & 0o1777);
+      } else if (shifted && st.isDirectory() && st.mode & 0o6000) {
+        // chown may clear a directory's set-group-id bit; it is the layer's content (and harmless).
+        await fsp.chmod(p, st.mode & 0o7777);
+      }
+      if (st.isDirectory()) await walk(r);
     }
-    if (st.isDirectory()) for (const name of await fsp.readdir(p)) await walk(path.join(p, name));
   };
-  await walk(dir);
+  await walk('');
+  return setId;
+}
+
+/**
+ * Removes the set-id bits of the regular files under `dir` (a layer made by an older host, which kept
+ * them on disk) and returns them, as shiftIdsToSandbox does for a new layer. Owners are left alone.
+ */
+export async function stripSetIds(dir: string): Promise<SetIdFile[]> {
+  const setId: SetIdFile[] = [];
+  const walk = async (rel: string): Promise<void> => {
+    for (const name of (await fsp.readdir(path.join(dir, rel))).sort()) {
+      const r = rel ? `${rel}/${name}` : name;
+      const st = await fsp.lstat(path.join(dir, r));
+      if (st.isFile() && st.mode & 0o6000) {
+        setId.push([r, st.mode & 0o7777]);
+        await fsp.chmod(path.join(dir, r), st.mode & 0o1777);
+      }
+      if (st.isDirectory()) await walk(r);
+    }
+  };
+  await walk('');
+  return setId;
 }

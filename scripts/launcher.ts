@@ -152,7 +152,12 @@ const httpOk = (url: string, headers: Record<string, string> = {}) => async () =
  */
 export async function startStack(o: StackOptions): Promise<Stack> {
   const logDir = path.join(o.dataDir, 'logs');
-  fs.mkdirSync(logDir, { recursive: true });
+  // The stack's state and logs are root's alone (0700 directories, 0600 files): closed to other host
+  // users. Directories of an older stack are closed too.
+  for (const dir of [o.dataDir, logDir]) {
+    fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
+    fs.chmodSync(dir, 0o700);
+  }
   const temporalAddress = `127.0.0.1:${o.temporalPort}`;
   const mongoUrl = `mongodb://127.0.0.1:${o.mongoPort}/sap`;
   const env: Record<string, string> = {
@@ -186,11 +191,11 @@ export async function startStack(o: StackOptions): Promise<Stack> {
       env: { ...env, ...own },
     };
   });
-  for (const h of hostList) fs.mkdirSync(h.dataDir, { recursive: true });
+  for (const h of hostList) fs.mkdirSync(h.dataDir, { recursive: true, mode: 0o700 });
   const hostUrl = hostList[0]!.url;
   const hostUrls = hostList.map((h) => h.url);
   const apiUrl = `http://127.0.0.1:${o.apiPort}`;
-  const supervisorLog = fs.openSync(path.join(logDir, 'supervisor.log'), 'a');
+  const supervisorLog = openLog(path.join(logDir, 'supervisor.log'));
   let stopping = false;
   let stopped: Promise<void> | undefined;
   const sup = new Supervisor({
@@ -210,8 +215,7 @@ export async function startStack(o: StackOptions): Promise<Stack> {
   type Command = { cmd: string; args: string[]; ready: (p: ChildProcess) => Promise<void>; env?: Record<string, string> };
   const commands: Partial<Record<ProcName, () => Command>> = {
     temporal: () => ({
-      cmd: path.join(TOOLS, 'temporal'),
-      args: [
+      ...privately(path.join(TOOLS, 'temporal'), [
         'server', 'start-dev',
         '--ip', '127.0.0.1',
         '--port', String(o.temporalPort),
@@ -232,7 +236,7 @@ export async function startStack(o: StackOptions): Promise<Stack> {
         '--dynamic-config-value', 'matching.longPollExpirationInterval="5s"',
         '--log-level', 'warn',
         ...SEARCH_ATTRIBUTE_FLAGS.flatMap((a) => ['--search-attribute', a]),
-      ],
+      ]),
       ready: async (p) => {
         await waitFor('temporal', namespaceReady(temporalAddress), 60_000, p);
         // How long closed workflows stay for the Web UI (the dev server's own default is 24h).
@@ -240,9 +244,8 @@ export async function startStack(o: StackOptions): Promise<Stack> {
       },
     }),
     mongo: () => ({
-      cmd: path.join(TOOLS, 'ferretdb'),
       // FERRETDB_PPROF=127.0.0.1:6060 serves Go's profiler, for finding where the database spends its time.
-      args: ['-listen', `127.0.0.1:${o.mongoPort}`, '-dir', path.join(o.dataDir, 'ferretdb'), ...(process.env.FERRETDB_PPROF ? ['-pprof', process.env.FERRETDB_PPROF] : [])],
+      ...privately(path.join(TOOLS, 'ferretdb'), ['-listen', `127.0.0.1:${o.mongoPort}`, '-dir', path.join(o.dataDir, 'ferretdb'), ...(process.env.FERRETDB_PPROF ? ['-pprof', process.env.FERRETDB_PPROF] : [])]),
       ready: (p) => waitFor('ferretdb', tcpOpen(o.mongoPort), 60_000, p),
     }),
     api: () => ({
@@ -280,7 +283,7 @@ export async function startStack(o: StackOptions): Promise<Stack> {
 
   function spawnLogged(name: ProcName, cmd: string, args: string[], env: Record<string, string>): ChildProcess {
     const logFile = path.join(logDir, `${name}.log`);
-    const out = fs.openSync(logFile, 'a');
+    const out = openLog(logFile);
     // Where this child's output starts: the worker's readiness is read from its own lines only (a
     // restart keeps the dead one's lines, which tell why it died).
     const offset = fs.fstatSync(out).size;
@@ -401,6 +404,23 @@ function setRetention(address: string, retention: string): Promise<void> {
   });
 }
 
+/** Opens a log file for appending, 0600 (also when an older stack made it). */
+function openLog(file: string): number {
+  const fd = fs.openSync(file, 'a', 0o600);
+  fs.fchmodSync(fd, 0o600);
+  return fd;
+}
+
+/**
+ * The command line that runs `cmd` with umask 077 (through /bin/sh, which execs it: the same pid):
+ * for the servers that make their own files in DATA_DIR (Temporal's database, FerretDB's), which
+ * are then 0600 and 0700. The stack's node processes keep the usual umask: a sandbox's processes
+ * inherit the host's, and set their own files' modes.
+ */
+function privately(cmd: string, args: string[]): { cmd: string; args: string[] } {
+  return { cmd: '/bin/sh', args: ['-c', 'umask 077 && exec "$0" "$@"', cmd, ...args] };
+}
+
 /** What was appended to `file` after `offset`. */
 function logSince(file: string, offset: number): string {
   const fd = fs.openSync(file, 'r');
@@ -418,7 +438,7 @@ function logSince(file: string, offset: number): string {
 function writeStackFile(dataDir: string, content: StackFile): void {
   const file = stackFilePath(dataDir);
   const tmp = `${file}.${process.pid}.tmp`;
-  fs.writeFileSync(tmp, JSON.stringify(content, null, 2) + '\n');
+  fs.writeFileSync(tmp, JSON.stringify(content, null, 2) + '\n', { mode: 0o600 });
   fs.renameSync(tmp, file);
 }
 

@@ -437,7 +437,7 @@ int main(int argc, char **argv) {
 
   int exit_fd = -1;
   if (o.exit_file) {
-    do exit_fd = open(o.exit_file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    do exit_fd = open(o.exit_file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     while (exit_fd < 0 && errno == EINTR);
     if (exit_fd < 0) {
       warn_errno("open", o.exit_file);

@@ -32,8 +32,9 @@
  *   mounts        in the helper's namespace: a small tmpfs on DIR (relative names below, so that no
  *                 host path appears in the sandbox's mountinfo); each read-only layer cloned as an
  *                 idmapped mount (on disk ids 0..65535 are the sandbox's ids, so layers stay portable
- *                 between sandboxes and hosts); the writable layer on a tmpfs of -D MB; the overlays of
- *                 `/` and `/usr`
+ *                 between sandboxes and hosts), opened one component at a time without following a
+ *                 symlink, every directory above it root's alone (see open_layer); the writable layer
+ *                 on a tmpfs of -D MB; the overlays of `/` and `/usr`
  *   pid 1         a child joins the user namespace as its root and unshares the mount, pid, net, ipc,
  *                 uts and cgroup namespaces (all owned by the sandbox's user namespace); its child is
  *                 the sandbox's pid 1
@@ -297,11 +298,60 @@ static int make_userns(long base) {
   return fd;
 }
 
-/* Clones `src` as a read-only mount whose ids go through the user namespace `userns`, attached at `at` (relative). */
+/*
+ * Opens the layer directory `src` (an absolute path without symlinks) one component at a time, never
+ * following a symlink (O_NOFOLLOW; O_PATH so that nothing is read), and checks each before going on:
+ * every component is a directory; every one above the layer is owned by host root and writable by
+ * nobody else (unless sticky, like /tmp), so no other host user can redirect the path (replace a
+ * layer's root/ with a link to a host directory, say); the layer itself is owned by one of the ids a
+ * layer holds on disk (0..65535). Dies otherwise.
+ */
+static int open_layer(const char *src) {
+  if (src[0] != '/') die("layer %s: not an absolute path", src);
+  int fd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) die("open /");
+  char part[256];
+  const char *p = src;
+  for (;;) {
+    struct stat st;
+    if (fstat(fd, &st) != 0) die("stat layer %s", src);
+    while (*p == '/') p++;
+    int last = *p == '\0';
+    if (!S_ISDIR(st.st_mode)) {
+      errno = ENOTDIR;
+      die("layer %s: not a directory", src);
+    }
+    if (last) {
+      if (st.st_uid >= SAP_ID_COUNT || st.st_gid >= SAP_ID_COUNT) {
+        errno = EPERM;
+        die("layer %s: owned by %u:%u", src, (unsigned)st.st_uid, (unsigned)st.st_gid);
+      }
+      return fd;
+    }
+    if (st.st_uid != 0 || ((st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_mode & S_ISVTX))) {
+      errno = EPERM;
+      die("layer %s: a directory on the way is not root's alone (owner %u, mode %o)", src, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777));
+    }
+    size_t n = strcspn(p, "/");
+    if (n == 0 || n >= sizeof part) die("layer %s: bad path", src);
+    memcpy(part, p, n);
+    part[n] = '\0';
+    p += n;
+    if (!strcmp(part, "..") || !strcmp(part, ".")) die("layer %s: bad path", src);
+    int next = openat(fd, part, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (next < 0) die("open layer %s (at %s; a symlink is refused)", src, part);
+    close(fd);
+    fd = next;
+  }
+}
+
+/* Clones the layer `src` as a read-only mount whose ids go through the user namespace `userns`, attached at `at` (relative). */
 static void idmapped_layer(const char *src, const char *at, int userns) {
   if (mkdir(at, 0755) != 0) die("mkdir %s", at);
-  int fd = (int)syscall(SYS_open_tree, AT_FDCWD, src, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+  int dfd = open_layer(src);
+  int fd = (int)syscall(SYS_open_tree, dfd, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH);
   if (fd < 0) die("clone layer %s", src);
+  close(dfd);
   struct mount_attr attr = {
       .attr_set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
       .userns_fd = (unsigned long long)userns,
@@ -502,7 +552,7 @@ static void run_pid1(const struct setup *o) {
 /* Builds the sandbox described by `o` and waits for its pid 1; returns the exit code. */
 static int run(struct setup *o) {
   if (o->log) {
-    int fd = open(o->log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    int fd = open(o->log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     if (fd < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0) die("open log %s", o->log);
     close(fd);
   }
