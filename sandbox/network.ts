@@ -13,7 +13,7 @@ import { execFile } from 'node:child_process';
 import { promises as fsp } from 'node:fs';
 import { isIP } from 'node:net';
 import type { Logger } from 'pino';
-import { parseUpstream, SandboxResolver, type Decision, type Upstream } from './dns';
+import { DEFAULT_RESOLVER_LIMITS, parseUpstream, resolverLimitsFromEnv, SandboxResolver, type Decision, type ResolverLimits, type Upstream } from './dns';
 
 /**
  * What a sandbox may reach: everything public, nothing, or only its allow list: IPv4 addresses and
@@ -108,6 +108,8 @@ export interface NetworkOptions {
    * (`sap` links are sap<slot>; any other name's are <name>-<slot>).
    */
   name?: string;
+  /** The resolver's limits per sandbox and on the host's sockets (SANDBOX_DNS_*, see dns.ts). */
+  dnsLimits?: Partial<ResolverLimits>;
   log: Logger;
 }
 
@@ -154,6 +156,7 @@ export class SandboxNetwork {
   private upstreams: Upstream[];
   private readonly configuredUpstreams: boolean;
   private readonly dnsPort: number;
+  private readonly dnsLimits: ResolverLimits;
   /** Every live sandbox's address and policy (the resolver's view; `internet` ones are not in the table). */
   private readonly policies = new Map<string, Egress>();
   /** Addresses admitted for a sandbox through its resolver, with when each expires (ms). */
@@ -181,6 +184,7 @@ export class SandboxNetwork {
       }
     });
     this.dnsPort = opts.dnsPort ?? DEFAULT_DNS_PORT;
+    this.dnsLimits = { ...DEFAULT_RESOLVER_LIMITS, ...opts.dnsLimits };
     this.log = opts.log;
   }
 
@@ -193,6 +197,7 @@ export class SandboxNetwork {
       ...(env.SANDBOX_DNS !== undefined ? { nameservers: list(env.SANDBOX_DNS) } : {}),
       ...(env.SANDBOX_DNS_PORT ? { dnsPort: Number(env.SANDBOX_DNS_PORT) } : {}),
       ...(env.SANDBOX_NET_NAME ? { name: env.SANDBOX_NET_NAME } : {}),
+      dnsLimits: resolverLimitsFromEnv(env),
       log,
     });
   }
@@ -241,6 +246,7 @@ export class SandboxNetwork {
         upstreams: () => this.upstreams,
         decide: (source) => this.decide(source),
         admit: (source, addresses, ttl) => this.admit(source, addresses, ttl),
+        limits: this.dnsLimits,
         log: this.log,
       });
       await resolver.start();
@@ -263,12 +269,20 @@ table inet ${this.table} {
     meta l4proto tcp reject with tcp reset
     reject with icmpx type admin-prohibited
   }
+  set dnsrate4 { type ipv4_addr; flags dynamic, timeout; timeout 60s; size 65536; }
+  chain antispoof {
+    type filter hook prerouting priority -300; policy accept;
+    iifname ${sb} meta nfproto ipv4 fib saddr . iif oif missing drop
+    iifname ${sb} meta nfproto ipv4 fib saddr type local drop
+  }
   chain prerouting {
     type nat hook prerouting priority dstnat; policy accept;
-    iifname ${sb} ip daddr ${RESOLVER_ADDRESS} meta l4proto { tcp, udp } th dport 53 redirect to :${this.dnsPort}
+    iifname ${sb} ip saddr != @none4 ip daddr ${RESOLVER_ADDRESS} meta l4proto { tcp, udp } th dport 53 redirect to :${this.dnsPort}
   }
   chain input {
     type filter hook input priority -10; policy accept;
+    iifname ${sb} udp dport ${this.dnsPort} update @dnsrate4 { ip saddr limit rate over ${this.dnsLimits.ratePerSecond}/second burst ${this.dnsLimits.ratePerSecond} packets } drop
+    iifname ${sb} ip saddr @none4 meta l4proto { tcp, udp } th dport ${this.dnsPort} goto refuse
     iifname ${sb} ct state established,related accept
     iifname ${sb} ip saddr != @none4 meta l4proto { tcp, udp } th dport ${this.dnsPort} ct status dnat accept
     iifname ${sb} goto refuse
