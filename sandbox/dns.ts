@@ -95,6 +95,8 @@ export interface ResolverOptions {
   admit: (source: string, addresses: string[], ttlSeconds: number) => Promise<void>;
   /** Default: DEFAULT_RESOLVER_LIMITS. */
   limits?: ResolverLimits;
+  /** How long an upstream has to answer (default 2 s). */
+  upstreamTimeoutMs?: number;
   log: Logger;
 }
 
@@ -137,7 +139,7 @@ export class SandboxResolver {
 
   constructor(private readonly o: ResolverOptions) {
     this.limits = o.limits ?? DEFAULT_RESOLVER_LIMITS;
-    this.upstreamUdp = new UdpUpstreams(this.limits.upstreamSockets, o.log);
+    this.upstreamUdp = new UdpUpstreams(this.limits.upstreamSockets, o.upstreamTimeoutMs ?? UPSTREAM_TIMEOUT_MS, o.log);
     this.upstreamTcp = new Gate(this.limits.upstreamTcp);
   }
 
@@ -368,7 +370,7 @@ export class SandboxResolver {
       if (r && overTcp && r.readUInt16BE(2) & TRUNCATED) {
         const release = await this.upstreamTcp.acquire();
         try {
-          r = await askTcp(up, query).catch(() => r);
+          r = await askTcp(up, query, this.o.upstreamTimeoutMs ?? UPSTREAM_TIMEOUT_MS).catch(() => r);
         } finally {
           release();
         }
@@ -433,7 +435,11 @@ class UdpUpstreams {
   private next = 0;
   private closed = false;
 
-  constructor(size: number, private readonly log: Logger) {
+  constructor(
+    size: number,
+    private readonly timeoutMs: number,
+    private readonly log: Logger,
+  ) {
     this.sockets = new Array<dgram.Socket | null>(size).fill(null);
   }
 
@@ -453,7 +459,7 @@ class UdpUpstreams {
       const timer = setTimeout(() => {
         this.pending.delete(id);
         reject(new Error('timeout'));
-      }, UPSTREAM_TIMEOUT_MS);
+      }, this.timeoutMs);
       this.pending.set(id, { up, id: query.readUInt16BE(0), name: question.name.toLowerCase(), type: question.type, resolve, reject, timer });
       sock.send(out, up.port, up.host, (err) => {
         if (!err) return;
@@ -508,11 +514,11 @@ class UdpUpstreams {
   }
 }
 
-function askTcp(up: Upstream, query: Buffer): Promise<Buffer> {
+function askTcp(up: Upstream, query: Buffer, timeoutMs: number): Promise<Buffer> {
   return new Promise((resolve, reject) => {
     const s = net.connect(up.port, up.host);
     let buf = Buffer.alloc(0);
-    const timer = setTimeout(() => s.destroy(new Error('timeout')), UPSTREAM_TIMEOUT_MS);
+    const timer = setTimeout(() => s.destroy(new Error('timeout')), timeoutMs);
     s.on('error', (err) => {
       clearTimeout(timer);
       reject(err);
