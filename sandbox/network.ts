@@ -8,6 +8,11 @@
  * IPv6 is refused entirely (the sandbox has no IPv6 address or route; the table rejects what is left).
  * Names: each sandbox's resolver is RESOLVER_ADDRESS, redirected to the host's own resolver (dns.ts),
  * which follows the policy and admits the addresses of allowed names into the table for their TTL.
+ * A packet from a link whose source is not that link's sandbox address (fib reverse-path lookup, or
+ * one of the host's own addresses) is dropped at prerouting, before NAT, routing or any host service:
+ * a sandbox holds CAP_NET_RAW in its namespace and cannot speak for another. `none` sandboxes are not
+ * redirected to the resolver and are refused its port; each sandbox's UDP queries to the resolver
+ * are rate-limited in the table (SANDBOX_DNS_RATE), so a flood never fills the resolver's socket.
  */
 import { execFile } from 'node:child_process';
 import { promises as fsp } from 'node:fs';
