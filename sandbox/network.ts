@@ -269,12 +269,13 @@ table inet ${this.table} {
   set resolved4 { type ipv4_addr . ipv4_addr; flags timeout; }
   set operator4 { type ipv4_addr; flags interval;${els(this.allowCidrs)} }
   set refused4 { type ipv4_addr; flags interval; auto-merge;${els([...ALWAYS_REFUSED, pool])} }
+  # Sources of UDP queries to the resolver, each with its rate (SANDBOX_DNS_RATE); forgotten after a minute unseen.
+  set dnsrate4 { type ipv4_addr; flags dynamic, timeout; timeout 60s; size 65536; }
   chain refuse {
     counter
     meta l4proto tcp reject with tcp reset
     reject with icmpx type admin-prohibited
   }
-  set dnsrate4 { type ipv4_addr; flags dynamic, timeout; timeout 60s; size 65536; }
   chain antispoof {
     type filter hook prerouting priority -300; policy accept;
     iifname ${sb} meta nfproto ipv4 fib saddr . iif oif missing drop
