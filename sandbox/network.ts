@@ -8,12 +8,17 @@
  * IPv6 is refused entirely (the sandbox has no IPv6 address or route; the table rejects what is left).
  * Names: each sandbox's resolver is RESOLVER_ADDRESS, redirected to the host's own resolver (dns.ts),
  * which follows the policy and admits the addresses of allowed names into the table for their TTL.
+ * A packet from a link whose source is not that link's sandbox address (fib reverse-path lookup, or
+ * one of the host's own addresses) is dropped at prerouting, before NAT, routing or any host service:
+ * a sandbox holds CAP_NET_RAW in its namespace and cannot speak for another. `none` sandboxes are not
+ * redirected to the resolver and are refused its port; each sandbox's UDP queries to the resolver
+ * are rate-limited in the table (SANDBOX_DNS_RATE), so a flood never fills the resolver's socket.
  */
 import { execFile } from 'node:child_process';
 import { promises as fsp } from 'node:fs';
 import { isIP } from 'node:net';
 import type { Logger } from 'pino';
-import { parseUpstream, SandboxResolver, type Decision, type Upstream } from './dns';
+import { DEFAULT_RESOLVER_LIMITS, parseUpstream, resolverLimitsFromEnv, SandboxResolver, type Decision, type ResolverLimits, type Upstream } from './dns';
 
 /**
  * What a sandbox may reach: everything public, nothing, or only its allow list: IPv4 addresses and
@@ -108,6 +113,8 @@ export interface NetworkOptions {
    * (`sap` links are sap<slot>; any other name's are <name>-<slot>).
    */
   name?: string;
+  /** The resolver's limits per sandbox and on the host's sockets (SANDBOX_DNS_*, see dns.ts). */
+  dnsLimits?: Partial<ResolverLimits>;
   log: Logger;
 }
 
@@ -154,6 +161,7 @@ export class SandboxNetwork {
   private upstreams: Upstream[];
   private readonly configuredUpstreams: boolean;
   private readonly dnsPort: number;
+  private readonly dnsLimits: ResolverLimits;
   /** Every live sandbox's address and policy (the resolver's view; `internet` ones are not in the table). */
   private readonly policies = new Map<string, Egress>();
   /** Addresses admitted for a sandbox through its resolver, with when each expires (ms). */
@@ -181,6 +189,7 @@ export class SandboxNetwork {
       }
     });
     this.dnsPort = opts.dnsPort ?? DEFAULT_DNS_PORT;
+    this.dnsLimits = { ...DEFAULT_RESOLVER_LIMITS, ...opts.dnsLimits };
     this.log = opts.log;
   }
 
@@ -193,6 +202,7 @@ export class SandboxNetwork {
       ...(env.SANDBOX_DNS !== undefined ? { nameservers: list(env.SANDBOX_DNS) } : {}),
       ...(env.SANDBOX_DNS_PORT ? { dnsPort: Number(env.SANDBOX_DNS_PORT) } : {}),
       ...(env.SANDBOX_NET_NAME ? { name: env.SANDBOX_NET_NAME } : {}),
+      dnsLimits: resolverLimitsFromEnv(env),
       log,
     });
   }
@@ -241,6 +251,7 @@ export class SandboxNetwork {
         upstreams: () => this.upstreams,
         decide: (source) => this.decide(source),
         admit: (source, addresses, ttl) => this.admit(source, addresses, ttl),
+        limits: this.dnsLimits,
         log: this.log,
       });
       await resolver.start();
@@ -258,17 +269,26 @@ table inet ${this.table} {
   set resolved4 { type ipv4_addr . ipv4_addr; flags timeout; }
   set operator4 { type ipv4_addr; flags interval;${els(this.allowCidrs)} }
   set refused4 { type ipv4_addr; flags interval; auto-merge;${els([...ALWAYS_REFUSED, pool])} }
+  # Sources of UDP queries to the resolver, each with its rate (SANDBOX_DNS_RATE); forgotten after a minute unseen.
+  set dnsrate4 { type ipv4_addr; flags dynamic, timeout; timeout 60s; size 65536; }
   chain refuse {
     counter
     meta l4proto tcp reject with tcp reset
     reject with icmpx type admin-prohibited
   }
+  chain antispoof {
+    type filter hook prerouting priority -300; policy accept;
+    iifname ${sb} meta nfproto ipv4 fib saddr . iif oif missing drop
+    iifname ${sb} meta nfproto ipv4 fib saddr type local drop
+  }
   chain prerouting {
     type nat hook prerouting priority dstnat; policy accept;
-    iifname ${sb} ip daddr ${RESOLVER_ADDRESS} meta l4proto { tcp, udp } th dport 53 redirect to :${this.dnsPort}
+    iifname ${sb} ip saddr != @none4 ip daddr ${RESOLVER_ADDRESS} meta l4proto { tcp, udp } th dport 53 redirect to :${this.dnsPort}
   }
   chain input {
     type filter hook input priority -10; policy accept;
+    iifname ${sb} udp dport ${this.dnsPort} update @dnsrate4 { ip saddr limit rate over ${this.dnsLimits.ratePerSecond}/second burst ${this.dnsLimits.ratePerSecond} packets } drop
+    iifname ${sb} ip saddr @none4 meta l4proto { tcp, udp } th dport ${this.dnsPort} goto refuse
     iifname ${sb} ct state established,related accept
     iifname ${sb} ip saddr != @none4 meta l4proto { tcp, udp } th dport ${this.dnsPort} ct status dnat accept
     iifname ${sb} goto refuse

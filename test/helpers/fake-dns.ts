@@ -4,16 +4,24 @@ import * as dnsPacket from 'dns-packet';
 /**
  * The upstream name server of the test stack's sandbox resolver (SANDBOX_DNS is set to
  * SAP_TEST_DNS_UPSTREAM by the global setup): answers the A records a test gives it and NXDOMAIN
- * for every other name. UDP only, on loopback. `close()` it in afterAll.
+ * for every other name; names under a suffix given to `silence` are recorded but never answered (an
+ * upstream that keeps the resolver waiting). UDP only, on loopback. `close()` it in afterAll.
  */
 export class FakeDns {
   private readonly records = new Map<string, string>();
+  private readonly silent: string[] = [];
   private sock: dgram.Socket | null = null;
   /** Every name asked, in order (so a test can tell that a refused name never left the host). */
   readonly asked: string[] = [];
 
   set(name: string, address: string): this {
     this.records.set(name.toLowerCase(), address);
+    return this;
+  }
+
+  /** Never answers names ending in `suffix` (they are still recorded in `asked`). */
+  silence(suffix: string): this {
+    this.silent.push(suffix.toLowerCase());
     return this;
   }
 
@@ -31,6 +39,7 @@ export class FakeDns {
       const question = q.questions?.[0];
       if (!question) return;
       this.asked.push(question.name);
+      if (this.silent.some((s) => question.name.toLowerCase().endsWith(s))) return;
       const address = question.type === 'A' ? this.records.get(question.name.toLowerCase()) : undefined;
       const known = this.records.has(question.name.toLowerCase());
       const reply = dnsPacket.encode({

@@ -1,4 +1,7 @@
+import fs from 'node:fs';
 import os from 'node:os';
+import path from 'node:path';
+import type { StackFile } from '../../scripts/launcher';
 import { api, control, eventually, T } from '../helpers/env';
 import { createAgent, runSession } from '../helpers/sessions';
 import { CONNECT_PROBE } from '../helpers/connect-probe';
@@ -155,6 +158,29 @@ describe('egress per sandbox', () => {
   });
 });
 
+/** The resolver attacks (test/helpers/dns-attack.py), run with `python3 -c` or from /tmp/dns-attack.py. */
+const DNS_ATTACK = fs.readFileSync(path.join(__dirname, '../helpers/dns-attack.py'), 'utf8');
+async function attack(sandboxId: string, args: string[]): Promise<any> {
+  return JSON.parse(await run(sandboxId, 'python3', ['-c', DNS_ATTACK, ...args]));
+}
+async function installAttack(sandboxId: string): Promise<void> {
+  await run(sandboxId, 'python3', ['-c', 'import sys; open("/tmp/dns-attack.py", "w").write(sys.argv[1])', DNS_ATTACK]);
+}
+/** Starts `cmd` in the sandbox, detached; it outlives the exec. */
+async function background(sandboxId: string, cmd: string): Promise<void> {
+  await run(sandboxId, 'bash', ['-c', `setsid nohup ${cmd} > /dev/null 2>&1 < /dev/null &`]);
+}
+async function exists(sandboxId: string, file: string): Promise<boolean> {
+  const r = await api('POST', `/api/sandboxes/${sandboxId}/exec/run`, { body: { cmd: 'test', args: ['-e', file] } });
+  return r.status === 200 && r.body.exitCode === 0;
+}
+/** Open descriptors of the sandbox host process (the resolver runs in it). */
+function hostFds(): () => number {
+  const pid = (JSON.parse(fs.readFileSync(path.join(T.dataDir(), 'stack.json'), 'utf8')) as StackFile).pids.host;
+  if (!pid) throw new Error('no sandbox host pid in stack.json');
+  return () => fs.readdirSync(`/proc/${pid}/fd`).length;
+}
+
 describe('names: the sandboxes\' resolver, allow lists of names, live changes', () => {
   const dns = new FakeDns();
   beforeAll(async () => {
@@ -269,5 +295,77 @@ describe('names: the sandboxes\' resolver, allow lists of names, live changes', 
     const stopped = await api('PUT', `/api/sandboxes/${sb}/network`, { body: { egress: 'none' } });
     expect(stopped.status).toBe(409);
     expect(stopped.body.error.type).toBe('conflict');
+  });
+
+  it("a sandbox cannot query the resolver under another sandbox's address (egress none or internet): the host drops the packet", async () => {
+    const [closed, open, victim] = await Promise.all([newSandbox({ network: { egress: 'none' } }), newSandbox(), newSandbox()]);
+    const { address: victimAddress } = await sandboxAddress(victim);
+    await installAttack(victim);
+    const tag = `spoof-${Date.now().toString(36)}`;
+    const fromClosed = `${tag}.closed.sap-net.test`;
+    const fromOpen = `${tag}.open.sap-net.test`;
+    const control = `${tag}.control.sap-net.test`;
+    // The victim listens on the port the spoofed queries name as their source.
+    await background(victim, `python3 /tmp/dns-attack.py listen 40053 ${control} /tmp/heard.json`);
+    await eventually(() => exists(victim, '/tmp/heard.json.ready'), 30_000, 100);
+    expect(await attack(closed, ['raw', victimAddress, '40053', fromClosed])).toEqual({ sent: true });
+    expect(await attack(open, ['raw', victimAddress, '40053', fromOpen])).toEqual({ sent: true });
+    // The same hand-built packet from the victim itself, with its own address, is answered: the
+    // answer to it ends the listener, and shows that the raw packets are well formed.
+    expect(await attack(victim, ['raw', victimAddress, '40053', control])).toEqual({ sent: true });
+    await eventually(() => exists(victim, '/tmp/heard.json'), 70_000, 100);
+    expect(JSON.parse(await run(victim, 'cat', ['/tmp/heard.json']))).toEqual({ names: [control] });
+    expect(dns.asked).toContain(control);
+    expect(dns.asked).not.toContain(fromClosed);
+    expect(dns.asked).not.toContain(fromOpen);
+  });
+
+  it("a 'none' sandbox's plain queries, UDP and TCP, reach no resolver and never leave the host", async () => {
+    const tag = `plain-${Date.now().toString(36)}.sap-net.test`;
+    const closed = await newSandbox({ network: { egress: 'none' } });
+    for (const proto of ['udp', 'tcp']) {
+      const got = (await attack(closed, ['ask', proto, `${proto}.closed.${tag}`])) as { outcome: string };
+      expect([proto, got.outcome.startsWith('answer:')]).toEqual([proto, false]);
+    }
+    expect(dns.asked.filter((n) => n.endsWith(`closed.${tag}`))).toEqual([]);
+    // The same queries from an open sandbox are answered (NXDOMAIN from the upstream, over UDP for both).
+    const open = await newSandbox();
+    for (const proto of ['udp', 'tcp']) expect([proto, (await attack(open, ['ask', proto, `${proto}.open.${tag}`])).outcome]).toEqual([proto, 'answer:3']);
+  });
+
+  it('a flood of queries from one sandbox, UDP and pipelined TCP, holds a bounded number of host descriptors; another sandbox is answered meanwhile', async () => {
+    const tag = `flood${Date.now().toString(36)}`;
+    // The upstream never answers the flood's names: each one asked would keep the resolver waiting.
+    dns.silence('.hole.sap-net.test').set('meanwhile.sap-net.test', '198.18.9.9');
+    const [flooder, other] = await Promise.all([newSandbox(), newSandbox()]);
+    await installAttack(flooder);
+    const fds = hostFds();
+    const before = fds();
+    let most = before;
+    const sampler = setInterval(() => {
+      try {
+        most = Math.max(most, fds());
+      } catch {
+        // the host restarted: the assertion below reads it again
+      }
+    }, 20);
+    try {
+      await background(flooder, `python3 /tmp/dns-attack.py flood ${tag} 4000 32 500 /tmp`);
+      await eventually(() => exists(flooder, '/tmp/flooding'), 90_000, 100);
+      const got = await run(other, 'python3', ['-c', 'import socket, sys; print(socket.gethostbyname(sys.argv[1]))', 'meanwhile.sap-net.test']);
+      expect(got.trim()).toBe('198.18.9.9');
+      await run(flooder, 'touch', ['/tmp/stop']);
+      await eventually(() => exists(flooder, '/tmp/done'), 90_000, 100);
+      const sent = JSON.parse(await run(flooder, 'cat', ['/tmp/done'])) as { udp: number; tcp: number; connections: number };
+      expect(sent.udp).toBeGreaterThanOrEqual(4000);
+      expect(sent.connections).toBeGreaterThan(0);
+    } finally {
+      clearInterval(sampler);
+    }
+    most = Math.max(most, fds());
+    // The flood reached the resolver and the upstream (a positive control)…
+    expect(dns.asked.some((n) => n.endsWith(`.${tag}.hole.sap-net.test`))).toBe(true);
+    // …and cost the host a bounded number of descriptors (before: one upstream socket per query).
+    expect(most - before).toBeLessThan(100);
   });
 });
