@@ -6,7 +6,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { type PipedProcess, Spawner } from './spawner';
 import { createHash, randomBytes } from 'node:crypto';
-import { promises as fsp, watch, openSync, closeSync, readSync, fstatSync, type FSWatcher } from 'node:fs';
+import { promises as fsp, watch, openSync, closeSync, readSync, fstatSync, readFileSync, writeFileSync, mkdirSync, type FSWatcher } from 'node:fs';
 import { constants as osConstants } from 'node:os';
 import * as path from 'node:path';
 import { pipeline } from 'node:stream/promises';
@@ -25,6 +25,7 @@ import type {
   SandboxProvider,
   SpawnOptions,
 } from './provider';
+import { SecretBox } from '../lib/secret-box';
 import { HIBERNATION_LAYER_MARK, type CreateSandboxRequest, type EntrypointSpec, type EntrypointStatus, type PatchOutcome, type SandboxInfo } from './types';
 
 /** What a host keeps about a sandbox, in state.json. */
@@ -215,6 +216,8 @@ export abstract class BaseProvider implements SandboxProvider {
   private readonly scratchOption: string | null | undefined;
   /** Records every entrypoint start before it happens (null: off). */
   protected readonly audit: AuditLog | null;
+  /** Seals sandboxes' environments in the files this host keeps (see envKeyFile); made on first use. */
+  private envBox: SecretBox | null = null;
 
   constructor(opts: ProviderOptions) {
     this.dataDir = path.resolve(opts.dataDir);
@@ -308,10 +311,52 @@ export abstract class BaseProvider implements SandboxProvider {
     return path.join(this.sandboxesDir(), id);
   }
 
+  /**
+   * The key that seals sandboxes' environments in state.json and respawn records (they hold agents'
+   * env and secret-store values): DATA_DIR/sandbox-env.key, 32 random bytes made at first use, mode 0600.
+   * A copy of a sandbox's files (a backup, a bug report) then holds no value.
+   */
+  private envSealer(): SecretBox {
+    if (this.envBox) return this.envBox;
+    const file = path.join(this.dataDir, 'sandbox-env.key');
+    let key: Buffer;
+    try {
+      key = Buffer.from(readFileSync(file, 'utf8').trim(), 'hex');
+    } catch {
+      mkdirSync(this.dataDir, { recursive: true });
+      try {
+        writeFileSync(file, randomBytes(32).toString('hex'), { mode: 0o600, flag: 'wx' });
+      } catch {
+        /* made by another start at the same moment: read it below */
+      }
+      key = Buffer.from(readFileSync(file, 'utf8').trim(), 'hex');
+    }
+    return (this.envBox = new SecretBox(key));
+  }
+
+  /** `rec` as written to disk: its envs sealed (context: the sandbox's id). */
+  private withSealedEnvs<T extends { id: string; envs: Record<string, string> }>(rec: T): T & { sealedEnvs?: string } {
+    if (Object.keys(rec.envs).length === 0) return rec;
+    return { ...rec, envs: {}, sealedEnvs: this.envSealer().seal(JSON.stringify(rec.envs), `sandbox-env:${rec.id}`) };
+  }
+
+  /** `rec` as read from disk, its envs opened (a record written before they were sealed has them plain). */
+  private withOpenedEnvs<T extends { id: string; envs: Record<string, string>; sealedEnvs?: string }>(rec: T): T {
+    const { sealedEnvs, ...rest } = rec;
+    if (!sealedEnvs) return rec;
+    try {
+      return { ...rest, envs: JSON.parse(this.envSealer().open(sealedEnvs, `sandbox-env:${rec.id}`)) as Record<string, string> } as T;
+    } catch (err) {
+      // The key file was lost or replaced: the sandbox lives on, its new processes without its environment.
+      this.log.warn({ sandboxId: rec.id, err: (err as Error).message }, 'sandbox environment does not open; its processes start without it');
+      return { ...rest, envs: {} } as T;
+    }
+  }
+
   protected async saveState(state: SandboxState): Promise<void> {
     const file = path.join(this.dirOf(state.id), 'state.json');
-    // Mode 0600: it holds the sandbox's environment, secret-store values included.
-    await fsp.writeFile(`${file}.tmp`, JSON.stringify(state, null, 1), { mode: 0o600 });
+    // Mode 0600, and its environment (secret-store values included) sealed.
+    await fsp.writeFile(`${file}.tmp`, JSON.stringify(this.withSealedEnvs(state), null, 1), { mode: 0o600 });
     await fsp.rename(`${file}.tmp`, file);
   }
 
@@ -370,7 +415,7 @@ export abstract class BaseProvider implements SandboxProvider {
 
   private async readRespawn(id: string): Promise<Respawn | null> {
     try {
-      return JSON.parse(await fsp.readFile(path.join(this.respawnDir(), `${id}.json`), 'utf8')) as Respawn;
+      return this.withOpenedEnvs(JSON.parse(await fsp.readFile(path.join(this.respawnDir(), `${id}.json`), 'utf8')) as Respawn);
     } catch {
       return null;
     }
@@ -381,7 +426,7 @@ export abstract class BaseProvider implements SandboxProvider {
     const file = path.join(this.respawnDir(), `${r.id}.json`);
     const fh = await fsp.open(`${file}.tmp`, 'w', 0o600);
     try {
-      await fh.writeFile(JSON.stringify(r));
+      await fh.writeFile(JSON.stringify(this.withSealedEnvs(r)));
       await fh.sync();
     } finally {
       await fh.close();
@@ -505,7 +550,7 @@ export abstract class BaseProvider implements SandboxProvider {
       if (this.states.has(id)) continue;
       let state: SandboxState | undefined;
       try {
-        state = JSON.parse(await fsp.readFile(path.join(this.dirOf(id), 'state.json'), 'utf8')) as SandboxState;
+        state = this.withOpenedEnvs(JSON.parse(await fsp.readFile(path.join(this.dirOf(id), 'state.json'), 'utf8')) as SandboxState);
       } catch {
         state = undefined;
       }

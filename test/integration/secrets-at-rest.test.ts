@@ -1,0 +1,155 @@
+/**
+ * Secret values at rest, tried as an attacker who can read Temporal (its API or Web UI) and the
+ * stack's files but holds no API key: an agent's env values must appear in no workflow history
+ * and in no file under the data directory (Temporal's SQLite files, FerretDB's, the logs), and a
+ * signed file URL's token (or the API key) in no log line. The sandbox still sees its env.
+ */
+import { createHash, randomBytes } from 'node:crypto';
+import fs from 'node:fs';
+import path from 'node:path';
+import { Client, Connection } from '@temporalio/client';
+import { api, eventually, T, unique } from '../helpers/env';
+import { bashAgent, runSession, waitForStatus } from '../helpers/sessions';
+import { newSandbox, sh } from '../helpers/checkpoints';
+
+jest.setTimeout(240_000);
+
+const sha256 = (s: string) => createHash('sha256').update(s).digest('hex');
+const canaryOf = (what: string) => `canary-${what}-${randomBytes(16).toString('hex')}`;
+
+/** The agent writes the hash of its env value (never the value) as its result. */
+const HASH_AGENT = 'printf \'{"h":"%s"}\' "$(printf %s "$CANARY_VAL" | sha256sum | cut -d" " -f1)" > /tmp/agent_result.json';
+
+/** Every regular file under `dir` (recursively); files that vanish while walking are skipped. */
+function filesUnder(dir: string): string[] {
+  const out: string[] = [];
+  let entries: fs.Dirent[];
+  try {
+    entries = fs.readdirSync(dir, { withFileTypes: true });
+  } catch {
+    return out;
+  }
+  for (const e of entries) {
+    const p = path.join(dir, e.name);
+    if (e.isDirectory()) out.push(...filesUnder(p));
+    else if (e.isFile()) out.push(p);
+  }
+  return out;
+}
+
+/** The files under `dir` whose raw bytes contain `needle`. */
+function filesContaining(dir: string, needle: string): string[] {
+  const bytes = Buffer.from(needle, 'utf8');
+  return filesUnder(dir).filter((f) => {
+    try {
+      return fs.readFileSync(f).includes(bytes);
+    } catch {
+      return false;
+    }
+  });
+}
+
+/** A workflow's whole history as text, each payload's bytes decoded (as the Web UI shows them). */
+async function historyText(client: Client, workflowId: string): Promise<string> {
+  const history = await client.workflow.getHandle(workflowId).fetchHistory();
+  const parts: string[] = [];
+  const walk = (v: unknown): void => {
+    if (v instanceof Uint8Array) parts.push(Buffer.from(v).toString('utf8'));
+    else if (typeof v === 'string') parts.push(v);
+    else if (Array.isArray(v)) v.forEach(walk);
+    else if (v && typeof v === 'object') for (const x of Object.values(v)) walk(x);
+  };
+  walk(history);
+  return parts.join('\n');
+}
+
+describe('secret values at rest', () => {
+  it("keeps an agent's env values out of Temporal's history and every data file, while its sandboxes still get them", async () => {
+    const created = canaryOf('create');
+    const patched = canaryOf('patch');
+    const agentId = await bashAgent(HASH_AGENT, { env: { CANARY_VAL: created, OTHER_VAR: 'x' } });
+    const instances: string[] = [];
+    const connection = await Connection.connect({ address: T.temporal() });
+    try {
+      // The value set at creation reaches an instance; the one set by PATCH reaches sessions and batch items.
+      const inst = await api('POST', `/v1/agents/${agentId}/instances`, { body: {} });
+      expect(inst.status).toBe(201);
+      instances.push(inst.body.id);
+      const running = await eventually(async () => {
+        const r = await api('GET', `/v1/agents/${agentId}/instances/${inst.body.id}`);
+        if (r.body.status === 'failed') throw new Error(`instance failed: ${JSON.stringify(r.body)}`);
+        return r.body.status === 'running' ? r.body : undefined;
+      }, 90_000, 200);
+      expect(await sh(running.sandbox_id, 'printf %s "$CANARY_VAL" | sha256sum | cut -d" " -f1')).toBe(`${sha256(created)}\n`);
+
+      expect((await api('PATCH', `/v1/agents/${agentId}`, { body: { env: { CANARY_VAL: patched } } })).status).toBe(200);
+      const agent = await api('GET', `/v1/agents/${agentId}`);
+      expect(agent.body.env).toEqual({ CANARY_VAL: '[set]' });
+      const { session, result } = await runSession(agentId);
+      expect(session.status).toBe('completed');
+      expect(result.data).toEqual({ h: sha256(patched) });
+
+      const batch = await api('POST', `/v1/agents/${agentId}/batches`, { body: { items: [{ input: {} }] } });
+      expect(batch.status).toBe(201);
+      await eventually(async () => (await api('GET', `/v1/agents/${agentId}/batches/${batch.body.id}`)).body.status === 'completed', 120_000, 250);
+      const lines = (await (await fetch(`${T.api()}/v1/agents/${agentId}/batches/${batch.body.id}/results`, { headers: { 'x-api-key': T.key() } })).text())
+        .split('\n')
+        .filter(Boolean)
+        .map((l) => JSON.parse(l) as { session_id: string; status: string; data: unknown });
+      expect(lines).toEqual([expect.objectContaining({ status: 'completed', data: { h: sha256(patched) } })]);
+      await waitForStatus(agentId, lines[0]!.session_id, ['completed']);
+
+      // (a) Every history, read through Temporal's API with payloads decoded: the env's names are
+      // there (the run spec was found and decoded), its values are not.
+      const client = new Client({ connection });
+      for (const id of [inst.body.id, session.id, batch.body.id, lines[0]!.session_id]) {
+        const text = await historyText(client, id);
+        expect(text).toContain('CANARY_VAL');
+        expect(text).not.toContain(created);
+        expect(text).not.toContain(patched);
+      }
+
+      // (b) Every file of the stack: Temporal's SQLite files (which hold these workflows: the
+      // session's id is found there), FerretDB's, the logs.
+      const dataDir = T.dataDir();
+      expect(filesContaining(dataDir, session.id).some((f) => path.basename(f).startsWith('temporal.db'))).toBe(true);
+      expect(filesContaining(dataDir, created)).toEqual([]);
+      expect(filesContaining(dataDir, patched)).toEqual([]);
+    } finally {
+      for (const id of instances) await api('DELETE', `/v1/agents/${agentId}/instances/${id}`);
+      await connection.close();
+    }
+  });
+
+  it("keeps signed file URLs' tokens and API keys out of every log", async () => {
+    const sb = await newSandbox({});
+    try {
+      const mk = async (kind: 'download' | 'upload') => {
+        const r = await api('POST', `/api/sandboxes/${sb}/files/${kind}-url`, { body: { path: '/workspace/t.txt' } });
+        expect(r.status).toBe(200);
+        return r.body.url as string;
+      };
+      const up = await mk('upload');
+      const down = await mk('download');
+      const marker = unique('reqid');
+      // Used the right way, the wrong way (403), and with a trailing query: each is a log line.
+      expect((await fetch(up, { method: 'PUT', body: 'x', headers: { 'content-type': 'text/plain', 'x-request-id': `${marker}-up` } })).status).toBe(200);
+      expect((await fetch(down, { headers: { 'x-request-id': `${marker}-down` } })).status).toBe(200);
+      expect((await fetch(down, { method: 'PUT', body: 'y', headers: { 'x-request-id': `${marker}-wrong` } })).status).toBe(403);
+      expect((await fetch(`${down}?x=1`, { headers: { 'x-request-id': `${marker}-query` } })).status).toBe(200);
+      const logDir = T.logDir();
+      // The API's lines are written asynchronously: wait for the last one before reading.
+      await eventually(async () => filesContaining(logDir, `${marker}-query`).length > 0, 30_000, 200);
+      for (const url of [up, down]) {
+        const token = url.split('/api/files/')[1]!;
+        expect(filesContaining(logDir, token)).toEqual([]);
+        // Nor its signature alone (what makes the URL usable).
+        expect(filesContaining(logDir, token.split('.')[1]!)).toEqual([]);
+      }
+      expect(filesContaining(logDir, T.key())).toEqual([]);
+      expect(filesContaining(logDir, T.hostToken())).toEqual([]);
+    } finally {
+      await api('DELETE', `/api/sandboxes/${sb}`);
+    }
+  });
+});
