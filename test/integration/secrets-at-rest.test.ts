@@ -8,7 +8,7 @@ import { createHash, randomBytes } from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
 import { Client, Connection } from '@temporalio/client';
-import { api, eventually, T, unique } from '../helpers/env';
+import { api, control, eventually, T, unique, withMongo } from '../helpers/env';
 import { bashAgent, runSession, waitForStatus } from '../helpers/sessions';
 import { newSandbox, sh } from '../helpers/checkpoints';
 
@@ -119,6 +119,32 @@ describe('secret values at rest', () => {
       for (const id of instances) await api('DELETE', `/v1/agents/${agentId}/instances/${id}`);
       await connection.close();
     }
+  });
+
+  it('seals the env of an agent written before values were sealed: in its sessions at once, in MongoDB at the next API start', async () => {
+    const canary = canaryOf('legacy');
+    const agentId = await bashAgent(HASH_AGENT);
+    const agents = (c: import('mongodb').MongoClient) => c.db().collection<{ id: string; env: Record<string, string>; envSealed?: boolean }>('agents');
+    // What an older version wrote: the value in clear, no envSealed.
+    await withMongo((c) => agents(c).updateOne({ id: agentId }, { $set: { env: { CANARY_VAL: canary } }, $unset: { envSealed: '' } }));
+    const first = await runSession(agentId);
+    expect(first.result.data).toEqual({ h: sha256(canary) });
+    const connection = await Connection.connect({ address: T.temporal() });
+    try {
+      const text = await historyText(new Client({ connection }), first.session.id);
+      expect(text).toContain('CANARY_VAL');
+      expect(text).not.toContain(canary);
+    } finally {
+      await connection.close();
+    }
+    await control('kill', 'api');
+    await control('start', 'api');
+    await eventually(async () => (await api('GET', `/v1/agents/${agentId}`)).status === 200, 60_000, 200);
+    const doc = await withMongo((c) => agents(c).findOne({ id: agentId }));
+    expect(doc?.envSealed).toBe(true);
+    expect(doc?.env.CANARY_VAL).toMatch(/^v1:/);
+    expect(JSON.stringify(doc)).not.toContain(canary);
+    expect((await runSession(agentId)).result.data).toEqual({ h: sha256(canary) });
   });
 
   it("keeps signed file URLs' tokens and API keys out of every log", async () => {
