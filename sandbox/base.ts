@@ -301,6 +301,14 @@ export abstract class BaseProvider implements SandboxProvider {
     return null;
   }
 
+  /**
+   * The environment the entry helper of enterArgv is started with: where a provider's helper takes
+   * the process's variables from, so that their values never show in the host's process list.
+   */
+  protected enterEnv(_state: SandboxState, _opts: SpawnOptions): Record<string, string> {
+    return { PATH: DEFAULT_ENV.PATH };
+  }
+
   protected sandboxesDir(): string {
     return path.join(this.dataDir, 'sandboxes');
   }
@@ -803,7 +811,7 @@ export abstract class BaseProvider implements SandboxProvider {
     const direct = this.enterArgv(state, opts, { cgroupProcs, hangUpWithCaller: process.pid, ...(opts.pty ? { pty: opts.pty, ownGroup: true } : {}) });
     if (direct) {
       const stdio: ('pipe')[] = opts.pty ? ['pipe', 'pipe', 'pipe', 'pipe'] : ['pipe', 'pipe', 'pipe'];
-      return spawn(direct[0]!, direct.slice(1), { stdio, detached: true, env: { PATH: DEFAULT_ENV.PATH } });
+      return spawn(direct[0]!, direct.slice(1), { stdio, detached: true, env: this.enterEnv(state, opts) });
     }
     if (opts.pty) throw new SandboxError('invalid_request', `terminals need the bwrap provider (this host runs ${this.kind})`);
     const inner = this.innerArgv(state, opts);
@@ -826,7 +834,7 @@ export abstract class BaseProvider implements SandboxProvider {
     if (helperPid !== null) {
       const { state, cgroupProcs } = this.spawnable(id, opts);
       const direct = this.enterArgv(state, opts, { cgroupProcs, hangUpWithCaller: helperPid });
-      const child = direct ? await this.spawner.exec(direct, { PATH: DEFAULT_ENV.PATH }, helperPid) : null;
+      const child = direct ? await this.spawner.exec(direct, this.enterEnv(state, opts), helperPid) : null;
       if (child) return child;
     }
     return this.spawn(id, opts);
@@ -883,14 +891,17 @@ export abstract class BaseProvider implements SandboxProvider {
     const cgroupProcs = SandboxCgroups.of(state.id).procsFiles();
     // Runs outside the sandbox, detached, so the exit code is written even when the host is gone:
     // by the entry helper, or by a shell wrapper around innerArgv (+ GNU timeout).
-    let wrapperArgv = this.enterArgv(state, { argv: spec.argv, env: spec.env, cwd: spec.cwd }, {
+    const entered: SpawnOptions = { argv: spec.argv, env: spec.env, cwd: spec.cwd };
+    let wrapperArgv = this.enterArgv(state, entered, {
       cgroupProcs,
       ownGroup: true,
       exitFile,
       logIndex: path.join(dir, 'entrypoint.idx'),
       ...(spec.timeoutSeconds ? { timeoutSeconds: spec.timeoutSeconds, killAfterSeconds: KILL_AFTER_SECONDS } : {}),
     });
+    let wrapperEnv = this.enterEnv(state, entered);
     if (!wrapperArgv) {
+      wrapperEnv = { PATH: DEFAULT_ENV.PATH };
       const argv = spec.timeoutSeconds
         ? ['timeout', '--signal=TERM', `--kill-after=${KILL_AFTER_SECONDS}`, String(spec.timeoutSeconds), ...spec.argv]
         : spec.argv;
@@ -924,7 +935,7 @@ export abstract class BaseProvider implements SandboxProvider {
     try {
       pid = await this.spawner.spawn({
         argv: wrapperArgv,
-        env: { PATH: DEFAULT_ENV.PATH },
+        env: wrapperEnv,
         stdout: path.join(dir, 'entrypoint.out'),
         stderr: path.join(dir, 'entrypoint.err'),
       });

@@ -9,7 +9,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { Client, Connection } from '@temporalio/client';
 import { api, control, eventually, T, unique, withMongo } from '../helpers/env';
-import { bashAgent, runSession, waitForStatus } from '../helpers/sessions';
+import { bashAgent, runSession, sandboxOf, startSession, waitForStatus } from '../helpers/sessions';
 import { newSandbox, sh } from '../helpers/checkpoints';
 
 jest.setTimeout(240_000);
@@ -61,6 +61,42 @@ async function historyText(client: Client, workflowId: string): Promise<string> 
   };
   walk(history);
   return parts.join('\n');
+}
+
+/**
+ * What any user of the host can read of its processes: every command line (world-readable), and
+ * the environment of every process of the host's own pid namespace (a sandbox's processes, in
+ * namespaces of their own, rightly hold their values). `helpers`: the entry helpers' command lines.
+ */
+function hostProcesses(needles: string[]): { leaks: string[]; helpers: string[] } {
+  const hostNs = fs.readlinkSync('/proc/self/ns/pid');
+  const leaks: string[] = [];
+  const helpers: string[] = [];
+  for (const pid of fs.readdirSync('/proc').filter((n) => /^\d+$/.test(n))) {
+    const read = (f: string) => {
+      try {
+        return fs.readFileSync(`/proc/${pid}/${f}`);
+      } catch {
+        return null; // gone meanwhile
+      }
+    };
+    const cmdline = read('cmdline');
+    if (!cmdline) continue;
+    const shown = cmdline.toString('utf8').split('\0').join(' ');
+    if (shown.includes('sap-sandbox-enter')) helpers.push(shown);
+    let inHostNs = false;
+    try {
+      inHostNs = fs.readlinkSync(`/proc/${pid}/ns/pid`) === hostNs;
+    } catch {
+      // gone meanwhile
+    }
+    const environ = inHostNs ? read('environ') : null;
+    for (const n of needles) {
+      if (cmdline.includes(n)) leaks.push(`pid ${pid} cmdline holds ${n.slice(0, 14)}…: ${shown.split(n).join('<canary>').slice(0, 300)}`);
+      if (environ?.includes(n)) leaks.push(`pid ${pid} environ holds ${n.slice(0, 14)}… (${shown.slice(0, 120)})`);
+    }
+  }
+  return { leaks, helpers };
 }
 
 describe('secret values at rest', () => {
@@ -145,6 +181,58 @@ describe('secret values at rest', () => {
     expect(doc?.env.CANARY_VAL).toMatch(/^v1:/);
     expect(JSON.stringify(doc)).not.toContain(canary);
     expect((await runSession(agentId)).result.data).toEqual({ h: sha256(canary) });
+  });
+
+  it("keeps env and secret-store values out of the host's process list while a sandbox's processes run with them", async () => {
+    const fromEnvs = canaryOf('envs');
+    const fromStore = canaryOf('store');
+    const fromExec = canaryOf('exec');
+    const fromAgent = canaryOf('agent');
+    const store = unique('ps-store');
+    expect((await api('POST', '/api/secret-stores', { body: { name: store } })).status).toBe(201);
+    expect((await api('PUT', `/api/secret-stores/${store}/secrets/STORE_VAL`, { body: { value: fromStore } })).status).toBe(200);
+    // A session whose entrypoint says it has started (the hash of its value) and then waits.
+    const agentId = await bashAgent(
+      'printf %s "$CANARY_VAL" | sha256sum | cut -d" " -f1 > /tmp/ready; while [ ! -e /tmp/go ]; do sleep 0.1; done; ' +
+        'printf \'{"h":"%s"}\' "$(cat /tmp/ready)" > /tmp/agent_result.json',
+      { env: { CANARY_VAL: fromAgent } },
+    );
+    let sb: string | undefined;
+    let sessionSb: string | undefined;
+    try {
+      sb = await newSandbox({ secretStore: store, envs: { ENV_VAL: fromEnvs } });
+      // A long exec command (with a value of its own) and a terminal: entry helpers that stay.
+      const exec = await api('POST', `/api/sandboxes/${sb}/exec`, { body: { cmd: 'sleep', args: ['300'], envs: { EXEC_VAL: fromExec } } });
+      expect(exec.status).toBe(201);
+      expect((await api('POST', `/api/sandboxes/${sb}/pty`, { body: {} })).status).toBe(201);
+      const session = await startSession(agentId, { input: {} });
+      sessionSb = sandboxOf(session.id);
+      const ready = await eventually(async () => (await sh(sessionSb!, 'cat /tmp/ready 2>/dev/null || true')).trim() || undefined, 90_000, 200);
+      expect(ready).toBe(sha256(fromAgent));
+      // The sandbox sees every value: a new command, and the running exec command (its environ, read inside).
+      expect(await sh(sb, 'printf %s "$ENV_VAL $STORE_VAL" | sha256sum | cut -d" " -f1')).toBe(`${sha256(`${fromEnvs} ${fromStore}`)}\n`);
+      const execEnv = await sh(
+        sb,
+        'for p in /proc/[0-9]*; do [ "$(cat $p/comm 2>/dev/null)" = sleep ] && tr "\\0" "\\n" < $p/environ | grep "^EXEC_VAL=" | cut -d= -f2-; done | sha256sum | cut -d" " -f1',
+      );
+      expect(execEnv).toBe(`${sha256(`${fromExec}\n`)}\n`);
+
+      // The attack: read every process of the host while they run.
+      const { leaks, helpers } = hostProcesses([fromEnvs, fromStore, fromExec, fromAgent]);
+      expect(leaks).toEqual([]);
+      // The scan did see the helpers that carry these values: the entrypoint's (-L), the terminal's (-T), the exec's.
+      expect(helpers.some((h) => h.includes(` -L `))).toBe(true);
+      expect(helpers.some((h) => h.includes(` -T `))).toBe(true);
+      expect(helpers.filter((h) => h.includes(' -- sleep 300')).length).toBe(1);
+
+      await sh(sessionSb, 'touch /tmp/go');
+      expect((await waitForStatus(agentId, session.id, ['completed', 'failed'], 90_000)).status).toBe('completed');
+      expect((await api('GET', `/v1/agents/${agentId}/sessions/${session.id}/result`)).body.data).toEqual({ h: sha256(fromAgent) });
+    } finally {
+      if (sessionSb) await sh(sessionSb, 'touch /tmp/go').catch(() => undefined);
+      if (sb) await api('DELETE', `/api/sandboxes/${sb}`);
+      await api('DELETE', `/api/secret-stores/${store}`);
+    }
   });
 
   it("keeps signed file URLs' tokens and API keys out of every log", async () => {
