@@ -4,7 +4,7 @@ import { isDuplicateKey } from '../store';
 import { instancesOf, sandboxIdForInstance } from '../store/instances';
 import { SandboxDoc, sandboxesOf } from '../store/sandboxes';
 import type { ActivityDeps } from './deps';
-import { createOrExplain, imageOrFail, secretEnvOrFail } from './sessions';
+import { agentEnvOrFail, createOrExplain, imageOrFail, secretEnvOrFail } from './sessions';
 import { effectiveResources } from '../config/limits';
 
 /** The id of the host beside this worker (asked once). */
@@ -36,6 +36,7 @@ export const createInstanceActivities = (deps: ActivityDeps) => ({
     const sandboxId = sandboxIdForInstance(args.instanceId);
     const image = args.run.snapshot ? await imageOrFail(deps, args.orgId, args.run.snapshotRef?.snapshotId ?? args.run.snapshot) : null;
     const secretEnv = await secretEnvOrFail(deps, args.orgId, args.run.secretStore);
+    const agentEnv = agentEnvOrFail(deps, args.orgId, args.agentId, args.run);
     const hostId = await hostIdOf(deps);
     // The agent's limits, else the defaults: recorded as the sandbox's effective limits and sent to the host.
     const { memoryMB, cpuCount, diskMB } = effectiveResources(deps.limits, args.run);
@@ -68,7 +69,7 @@ export const createInstanceActivities = (deps: ActivityDeps) => ({
         orgId: args.orgId,
         owner: { kind: 'instance', id: args.instanceId },
         // As for sessions: the agent's env wins over its store's secrets, the platform's variables over both.
-        envs: { ...image?.env, ...secretEnv, ...args.run.env, INSTANCE_ID: args.instanceId, AGENT_ID: args.agentId },
+        envs: { ...image?.env, ...secretEnv, ...agentEnv, INSTANCE_ID: args.instanceId, AGENT_ID: args.agentId },
         files: args.run.files,
         ...(image ? { layers: image.layers, patches: image.patches, ...(image.workdir ? { cwd: image.workdir } : {}) } : {}),
         memoryMB,

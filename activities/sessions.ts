@@ -9,6 +9,7 @@ import { sandboxIdForSession } from '../lib/naming';
 import { ImageError, resolveImage, type ResolvedImage } from '../store/checkpoints';
 import { effectiveResources } from '../config/limits';
 import { secretEnvOf, SecretStoreMissing, SecretUnreadable } from '../store/secrets';
+import { AgentEnvUnreadable, openAgentEnv } from '../store/agent-env';
 
 import type { ActivityDeps } from './deps';
 import { checkHostLost, hostAlive, hostsOf } from '../store/hosts';
@@ -61,12 +62,13 @@ export const createSessionActivities = (deps: ActivityDeps) => ({
     // that an OOM's message names the limit that was applied.
     const { memoryMB, cpuCount, diskMB } = effectiveResources(deps.limits, args.run);
     const secretEnv = await secretEnvOrFail(deps, args.orgId, args.run.secretStore);
+    const agentEnv = agentEnvOrFail(deps, args.orgId, args.agentId, args.run);
     const created = await createOrExplain(deps, {
       id: sandboxId,
       orgId: args.orgId,
       owner: { kind: 'session', id: args.sessionId },
       // The agent's own env wins over its store's secrets; the platform's variables win over both.
-      envs: { ...image?.env, ...secretEnv, ...args.run.env, AGENT_INPUT_PATH, AGENT_RESULT_PATH, SESSION_ID: args.sessionId, AGENT_ID: args.agentId },
+      envs: { ...image?.env, ...secretEnv, ...agentEnv, AGENT_INPUT_PATH, AGENT_RESULT_PATH, SESSION_ID: args.sessionId, AGENT_ID: args.agentId },
       files: { ...args.run.files, [AGENT_INPUT_PATH]: input },
       ...(image ? { layers: image.layers, patches: image.patches, ...(image.workdir ? { cwd: image.workdir } : {}) } : {}),
       memoryMB,
@@ -290,6 +292,17 @@ export async function secretEnvOrFail(deps: ActivityDeps, orgId: string, name: s
     if (err instanceof SecretStoreMissing) throw ApplicationFailure.nonRetryable(`the agent's ${err.message}`, 'InvalidAgent');
     // A retry cannot help: the key is what it is until the operator acts.
     if (err instanceof SecretUnreadable) throw ApplicationFailure.nonRetryable(err.message, 'InvalidAgent');
+    throw err;
+  }
+}
+
+/** The agent's env opened (it travels sealed in the run spec); a value that does not open fails the run for good. */
+export function agentEnvOrFail(deps: ActivityDeps, orgId: string, agentId: string, run: AgentRunSpec): Record<string, string> {
+  try {
+    return openAgentEnv(deps.secrets, orgId, agentId, run.env, run.envSealed);
+  } catch (err) {
+    // A retry cannot help: the key is what it is until the operator acts.
+    if (err instanceof AgentEnvUnreadable) throw ApplicationFailure.nonRetryable(err.message, 'InvalidAgent');
     throw err;
   }
 }

@@ -6,6 +6,7 @@ import { ensureApiKey } from '../store/orgs';
 import { createApiServer } from './server';
 import { HostDirectory } from './hosts';
 import { resolveHostToken, resolveSecretBox } from '../config';
+import { sealLegacyAgentEnvs } from '../store/agent-env';
 
 /** The API process: validates configuration, connects, listens, and shuts down on SIGTERM. */
 async function main(): Promise<void> {
@@ -17,7 +18,11 @@ async function main(): Promise<void> {
   const connection = await Connection.connect({ address: cfg.TEMPORAL_ADDRESS });
   const temporal = new Client({ connection, namespace: cfg.TEMPORAL_NAMESPACE });
   const hosts = new HostDirectory(store, resolveHostToken(cfg), cfg.HOST_DEAD_AFTER * 1000);
-  const { server, previewServer } = createApiServer({ cfg, store, temporal, logger, hosts, secrets: resolveSecretBox(cfg) });
+  const secrets = resolveSecretBox(cfg);
+  // Agents written before env values were sealed: sealed now, so MongoDB holds no value.
+  const sealed = await sealLegacyAgentEnvs(store, secrets);
+  if (sealed > 0) logger.info({ agents: sealed }, 'sealed the env values of agents written before they were sealed');
+  const { server, previewServer } = createApiServer({ cfg, store, temporal, logger, hosts, secrets });
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);
     server.listen(cfg.PORT, cfg.HOST, resolve);

@@ -6,7 +6,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { type PipedProcess, Spawner } from './spawner';
 import { createHash, randomBytes } from 'node:crypto';
-import { promises as fsp, watch, openSync, closeSync, readSync, fstatSync, type FSWatcher } from 'node:fs';
+import { promises as fsp, watch, openSync, closeSync, readSync, fstatSync, readFileSync, writeFileSync, mkdirSync, type FSWatcher } from 'node:fs';
 import { constants as osConstants } from 'node:os';
 import * as path from 'node:path';
 import { pipeline } from 'node:stream/promises';
@@ -25,6 +25,7 @@ import type {
   SandboxProvider,
   SpawnOptions,
 } from './provider';
+import { SecretBox } from '../lib/secret-box';
 import { HIBERNATION_LAYER_MARK, type CreateSandboxRequest, type EntrypointSpec, type EntrypointStatus, type PatchOutcome, type SandboxInfo } from './types';
 
 /** What a host keeps about a sandbox, in state.json. */
@@ -221,6 +222,8 @@ export abstract class BaseProvider implements SandboxProvider {
   private readonly scratchOption: string | null | undefined;
   /** Records every entrypoint start before it happens (null: off). */
   protected readonly audit: AuditLog | null;
+  /** Seals sandboxes' environments in the files this host keeps (see envKeyFile); made on first use. */
+  private envBox: SecretBox | null = null;
 
   constructor(opts: ProviderOptions) {
     this.dataDir = path.resolve(opts.dataDir);
@@ -304,6 +307,14 @@ export abstract class BaseProvider implements SandboxProvider {
     return null;
   }
 
+  /**
+   * The environment the entry helper of enterArgv is started with: where a provider's helper takes
+   * the process's variables from, so that their values never show in the host's process list.
+   */
+  protected enterEnv(_state: SandboxState, _opts: SpawnOptions): Record<string, string> {
+    return { PATH: DEFAULT_ENV.PATH };
+  }
+
   protected sandboxesDir(): string {
     return path.join(this.dataDir, 'sandboxes');
   }
@@ -314,10 +325,52 @@ export abstract class BaseProvider implements SandboxProvider {
     return path.join(this.sandboxesDir(), id);
   }
 
+  /**
+   * The key that seals sandboxes' environments in state.json and respawn records (they hold agents'
+   * env and secret-store values): DATA_DIR/sandbox-env.key, 32 random bytes made at first use, mode 0600.
+   * A copy of a sandbox's files (a backup, a bug report) then holds no value.
+   */
+  private envSealer(): SecretBox {
+    if (this.envBox) return this.envBox;
+    const file = path.join(this.dataDir, 'sandbox-env.key');
+    let key: Buffer;
+    try {
+      key = Buffer.from(readFileSync(file, 'utf8').trim(), 'hex');
+    } catch {
+      mkdirSync(this.dataDir, { recursive: true });
+      try {
+        writeFileSync(file, randomBytes(32).toString('hex'), { mode: 0o600, flag: 'wx' });
+      } catch {
+        /* made by another start at the same moment: read it below */
+      }
+      key = Buffer.from(readFileSync(file, 'utf8').trim(), 'hex');
+    }
+    return (this.envBox = new SecretBox(key));
+  }
+
+  /** `rec` as written to disk: its envs sealed (context: the sandbox's id). */
+  private withSealedEnvs<T extends { id: string; envs: Record<string, string> }>(rec: T): T & { sealedEnvs?: string } {
+    if (Object.keys(rec.envs).length === 0) return rec;
+    return { ...rec, envs: {}, sealedEnvs: this.envSealer().seal(JSON.stringify(rec.envs), `sandbox-env:${rec.id}`) };
+  }
+
+  /** `rec` as read from disk, its envs opened (a record written before they were sealed has them plain). */
+  private withOpenedEnvs<T extends { id: string; envs: Record<string, string>; sealedEnvs?: string }>(rec: T): T {
+    const { sealedEnvs, ...rest } = rec;
+    if (!sealedEnvs) return rec;
+    try {
+      return { ...rest, envs: JSON.parse(this.envSealer().open(sealedEnvs, `sandbox-env:${rec.id}`)) as Record<string, string> } as T;
+    } catch (err) {
+      // The key file was lost or replaced: the sandbox lives on, its new processes without its environment.
+      this.log.warn({ sandboxId: rec.id, err: (err as Error).message }, 'sandbox environment does not open; its processes start without it');
+      return { ...rest, envs: {} } as T;
+    }
+  }
+
   protected async saveState(state: SandboxState): Promise<void> {
     const file = path.join(this.dirOf(state.id), 'state.json');
-    // Mode 0600: it holds the sandbox's environment, secret-store values included.
-    await fsp.writeFile(`${file}.tmp`, JSON.stringify(state, null, 1), { mode: 0o600 });
+    // Mode 0600, and its environment (secret-store values included) sealed.
+    await fsp.writeFile(`${file}.tmp`, JSON.stringify(this.withSealedEnvs(state), null, 1), { mode: 0o600 });
     await fsp.rename(`${file}.tmp`, file);
   }
 
@@ -376,7 +429,7 @@ export abstract class BaseProvider implements SandboxProvider {
 
   private async readRespawn(id: string): Promise<Respawn | null> {
     try {
-      return JSON.parse(await fsp.readFile(path.join(this.respawnDir(), `${id}.json`), 'utf8')) as Respawn;
+      return this.withOpenedEnvs(JSON.parse(await fsp.readFile(path.join(this.respawnDir(), `${id}.json`), 'utf8')) as Respawn);
     } catch {
       return null;
     }
@@ -387,7 +440,7 @@ export abstract class BaseProvider implements SandboxProvider {
     const file = path.join(this.respawnDir(), `${r.id}.json`);
     const fh = await fsp.open(`${file}.tmp`, 'w', 0o600);
     try {
-      await fh.writeFile(JSON.stringify(r));
+      await fh.writeFile(JSON.stringify(this.withSealedEnvs(r)));
       await fh.sync();
     } finally {
       await fh.close();
@@ -515,7 +568,7 @@ export abstract class BaseProvider implements SandboxProvider {
       if (this.states.has(id)) continue;
       let state: SandboxState | undefined;
       try {
-        state = JSON.parse(await fsp.readFile(path.join(this.dirOf(id), 'state.json'), 'utf8')) as SandboxState;
+        state = this.withOpenedEnvs(JSON.parse(await fsp.readFile(path.join(this.dirOf(id), 'state.json'), 'utf8')) as SandboxState);
       } catch {
         state = undefined;
       }
@@ -768,7 +821,7 @@ export abstract class BaseProvider implements SandboxProvider {
     const direct = this.enterArgv(state, opts, { cgroupProcs, hangUpWithCaller: process.pid, ...(opts.pty ? { pty: opts.pty, ownGroup: true } : {}) });
     if (direct) {
       const stdio: ('pipe')[] = opts.pty ? ['pipe', 'pipe', 'pipe', 'pipe'] : ['pipe', 'pipe', 'pipe'];
-      return spawn(direct[0]!, direct.slice(1), { stdio, detached: true, env: { PATH: DEFAULT_ENV.PATH } });
+      return spawn(direct[0]!, direct.slice(1), { stdio, detached: true, env: this.enterEnv(state, opts) });
     }
     if (opts.pty) throw new SandboxError('invalid_request', `terminals need the bwrap provider (this host runs ${this.kind})`);
     const inner = this.innerArgv(state, opts);
@@ -791,7 +844,7 @@ export abstract class BaseProvider implements SandboxProvider {
     if (helperPid !== null) {
       const { state, cgroupProcs } = this.spawnable(id, opts);
       const direct = this.enterArgv(state, opts, { cgroupProcs, hangUpWithCaller: helperPid });
-      const child = direct ? await this.spawner.exec(direct, { PATH: DEFAULT_ENV.PATH }, helperPid) : null;
+      const child = direct ? await this.spawner.exec(direct, this.enterEnv(state, opts), helperPid) : null;
       if (child) return child;
     }
     return this.spawn(id, opts);
@@ -848,14 +901,17 @@ export abstract class BaseProvider implements SandboxProvider {
     const cgroupProcs = SandboxCgroups.of(state.id).procsFiles();
     // Runs outside the sandbox, detached, so the exit code is written even when the host is gone:
     // by the entry helper, or by a shell wrapper around innerArgv (+ GNU timeout).
-    let wrapperArgv = this.enterArgv(state, { argv: spec.argv, env: spec.env, cwd: spec.cwd }, {
+    const entered: SpawnOptions = { argv: spec.argv, env: spec.env, cwd: spec.cwd };
+    let wrapperArgv = this.enterArgv(state, entered, {
       cgroupProcs,
       ownGroup: true,
       exitFile,
       logIndex: path.join(dir, 'entrypoint.idx'),
       ...(spec.timeoutSeconds ? { timeoutSeconds: spec.timeoutSeconds, killAfterSeconds: KILL_AFTER_SECONDS } : {}),
     });
+    let wrapperEnv = this.enterEnv(state, entered);
     if (!wrapperArgv) {
+      wrapperEnv = { PATH: DEFAULT_ENV.PATH };
       const argv = spec.timeoutSeconds
         ? ['timeout', '--signal=TERM', `--kill-after=${KILL_AFTER_SECONDS}`, String(spec.timeoutSeconds), ...spec.argv]
         : spec.argv;
@@ -889,7 +945,7 @@ export abstract class BaseProvider implements SandboxProvider {
     try {
       pid = await this.spawner.spawn({
         argv: wrapperArgv,
-        env: { PATH: DEFAULT_ENV.PATH },
+        env: wrapperEnv,
         stdout: path.join(dir, 'entrypoint.out'),
         stderr: path.join(dir, 'entrypoint.err'),
       });

@@ -680,7 +680,8 @@ export class BwrapProvider extends BaseProvider {
       '-n', String(nsPid),
       '-S', this.seccompFilter,
       '-w', cwd,
-      ...env.flatMap((e) => ['-e', e]),
+      // Values never in the process list: the helper reads them from its environment (enterEnv).
+      '-E', String(env.length),
       ...(how.ownGroup ? ['-g'] : []),
       ...(how.timeoutSeconds ? ['-t', String(how.timeoutSeconds), '-k', String(how.killAfterSeconds ?? 0)] : []),
       ...(how.exitFile ? ['-x', how.exitFile] : []),
@@ -690,6 +691,11 @@ export class BwrapProvider extends BaseProvider {
       '--',
       ...opts.argv,
     ];
+  }
+
+  /** The process's variables as SAP_ENV_<n> = "NAME=VALUE", for the helper's `-E` (see enterArgv). */
+  protected override enterEnv(state: SandboxState, opts: SpawnOptions): Record<string, string> {
+    return Object.fromEntries(this.target(state, opts).env.map((pair, n) => [`SAP_ENV_${n}`, pair]));
   }
 
   protected override networkPrefix(state: SandboxState): string[] {

@@ -1,5 +1,7 @@
 import { Collection, Db, MongoClient, MongoServerError } from 'mongodb';
 import type { StoredWebhook, WebhookSpec } from '../lib/webhooks';
+import type { SecretBox } from '../lib/secret-box';
+import { sealAgentEnv } from './agent-env';
 
 /** An organisation: the unit that owns every resource. */
 export interface OrgDoc {
@@ -24,7 +26,10 @@ export interface AgentRunSpec {
   core: string;
   entrypoint: string[];
   files: Record<string, string>;
+  /** Names and values; each value sealed (store/agent-env.ts) when envSealed is set. */
   env: Record<string, string>;
+  /** The env values are sealed; absent: plain values, written before they were sealed. */
+  envSealed?: boolean;
   snapshot: string | null;
   timeoutSeconds: number;
   /** Limits of the agent's sandboxes; absent: the operator's defaults (config/limits.ts). */
@@ -153,13 +158,18 @@ async function ensureIndexes(store: Store): Promise<void> {
   ]);
 }
 
-/** The run spec of an agent, as a session's workflow receives it. */
-export function runSpecOf(a: AgentDoc): AgentRunSpec {
+/**
+ * The run spec of an agent, as a session's workflow receives it. Its env values are sealed (an
+ * agent written before they were sealed has them sealed here): the workflow's arguments, which
+ * Temporal keeps in its history, never hold a value.
+ */
+export function runSpecOf(a: AgentDoc, box: SecretBox): AgentRunSpec {
   return {
     core: a.core,
     entrypoint: a.entrypoint,
     files: Object.fromEntries(a.files.map((f) => [f.path, f.content])),
-    env: a.env,
+    env: a.envSealed ? a.env : sealAgentEnv(box, a.orgId, a.id, a.env ?? {}),
+    envSealed: true,
     snapshot: a.snapshot,
     timeoutSeconds: a.timeoutSeconds,
     // The name only: values are read by the worker when it creates the sandbox, never carried in

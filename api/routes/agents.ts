@@ -9,6 +9,7 @@ import { AgentDoc, fromJsonText, isDuplicateKey } from '../../store';
 import { pageOf } from '../cursor';
 import { assertSecretStoreExists } from './secret-stores';
 import { assertWebhookTarget, sealWebhook, webhookView } from '../../lib/webhooks';
+import { sealAgentEnv } from '../../store/agent-env';
 
 /** The public form of an agent. Environment values are secrets: they are never returned. */
 export function agentView(a: AgentDoc): z.infer<typeof Agent> {
@@ -106,7 +107,9 @@ export function registerAgentRoutes(t: RouteTable, deps: ApiDeps): void {
         config: body.config === null ? null : JSON.stringify(body.config),
         entrypoint: body.entrypoint,
         files: Object.entries(body.files).map(([path, content]) => ({ path, content })),
-        env: body.env,
+        // Sealed: MongoDB, and the workflows that carry it, never hold a value (store/agent-env.ts).
+        env: sealAgentEnv(deps.secrets, org.id, id, body.env),
+        envSealed: true,
         snapshot: body.snapshot,
         timeoutSeconds: body.timeoutSeconds,
         ...(body.memoryMB !== undefined ? { memoryMB: body.memoryMB } : {}),
@@ -171,6 +174,7 @@ export function registerAgentRoutes(t: RouteTable, deps: ApiDeps): void {
       for (const [k, v] of Object.entries(body)) if (v !== undefined) set[k] = v;
       if (body.config !== undefined) set.config = body.config === null ? null : JSON.stringify(body.config);
       if (body.files !== undefined) set.files = Object.entries(body.files).map(([path, content]) => ({ path, content }));
+      if (body.env !== undefined) Object.assign(set, { env: sealAgentEnv(deps.secrets, org.id, params.agentId, body.env), envSealed: true });
       if (body.webhook !== undefined) set.webhook = body.webhook === null ? null : sealWebhook(deps.secrets, org.id, body.webhook);
       const updated = await deps.store.agents.findOneAndUpdate({ _id }, { $set: set }, { returnDocument: 'after' });
       runCacheOf(deps).delete(_id);

@@ -76,7 +76,7 @@ async function startBatchWorkflow(deps: ApiDeps, b: BatchDoc, agent: AgentDoc): 
     batchId: b._id,
     orgId: b.orgId,
     agentId: b.agent_id,
-    run: { ...runSpecOf(agent), ...(agent.webhook ? { webhook: webhookSpec(agent.webhook, deps.cfg) } : {}) },
+    run: { ...runSpecOf(agent, deps.secrets), ...(agent.webhook ? { webhook: webhookSpec(agent.webhook, deps.cfg) } : {}) },
     total: b.total,
     concurrency: b.concurrency,
     maxAttempts: b.max_attempts,

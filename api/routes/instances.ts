@@ -65,7 +65,7 @@ export function registerInstanceRoutes(t: RouteTable, deps: ApiDeps): void {
     errors: [503],
     handler: async ({ params, body, org, res }) => {
       const agent = await getAgent(deps, org.id, params.agentId);
-      const run = runSpecOf(agent);
+      const run = runSpecOf(agent, deps.secrets);
       if (agent.snapshot) run.snapshotRef = await snapshotRefOf(deps, org.id, agent.snapshot);
       const now = new Date();
       const doc: InstanceDoc = {

@@ -206,7 +206,7 @@ async function startWorkflow(deps: ApiDeps, s: SessionDoc, agent: AgentDoc): Pro
     sessionId: s._id,
     orgId: s.orgId,
     agentId: s.agent_id,
-    run: runSpecOf(agent),
+    run: runSpecOf(agent, deps.secrets),
     // A small input travels with the workflow (one MongoDB read less per session, and visible in the Temporal UI).
     ...(s.input.length <= INLINE_INPUT_MAX ? { input: s.input } : {}),
   };

@@ -17,6 +17,7 @@ import { z } from 'zod';
 import { limitsEnvShape, resolveLimits } from '../../config/limits';
 import { pathLimits } from '../paths';
 import { execLimitsEnvShape, loadExecLimits } from '../../config/exec-limits';
+import { REDACT_PATHS, scrubUrl } from '../../lib/logger';
 import { startHost } from './server';
 
 const envSchema = z.object({
@@ -40,7 +41,8 @@ const envSchema = z.object({
 });
 
 async function main(): Promise<void> {
-  const logger = pino({ level: process.env.LOG_LEVEL ?? 'info', base: { svc: 'sandbox-host' } }, pino.destination({ dest: 2, sync: false }));
+  // The same redaction as every other process's logger (lib/logger.ts): no token in a line.
+  const logger = pino({ level: process.env.LOG_LEVEL ?? 'info', base: { svc: 'sandbox-host' }, redact: { paths: REDACT_PATHS, censor: '[redacted]' }, hooks: { streamWrite: scrubUrl } }, pino.destination({ dest: 2, sync: false }));
   const parsed = envSchema.safeParse(process.env);
   if (!parsed.success) {
     logger.fatal({ issues: parsed.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`) }, 'invalid environment');

@@ -17,6 +17,7 @@ import type { EntrypointLog } from '../base';
 import { bearerMatchesHeader } from './auth';
 import { HostClient, type HostCapacity } from './client';
 import { machineName } from '../../lib/machine';
+import { scrubUrl } from '../../lib/logger';
 import { attachExec, ExecManager } from './exec';
 import { PortForwarder } from './forward';
 import { fileRoutes } from './files';
@@ -376,7 +377,7 @@ export function createApp(deps: HostDeps): express.Express {
     const e = err as { type?: string; status?: number; message?: string };
     if (e.type === 'entity.parse.failed') return sendError(res, 'invalid_request', `invalid JSON body: ${e.message}`);
     if (e.type === 'entity.too.large') return sendError(res, 'payload_too_large', 'request body too large');
-    logger.error({ err, method: req.method, url: req.url }, 'request failed');
+    logger.error({ err, method: req.method, url: scrubUrl(req.url ?? '') }, 'request failed');
     sendError(res, 'internal', (err as Error)?.message ?? 'internal error');
   });
   return app;

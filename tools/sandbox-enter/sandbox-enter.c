@@ -2,7 +2,7 @@
  * sap-sandbox-enter: runs one command inside a live sandbox with one exec, instead of
  * `sh` + `nsenter` + `setpriv` + `env` + `timeout`.
  *
- *   sap-sandbox-enter [-c CGROUP_PROCS]... -n PID -S SECCOMP_FILE [-w DIR] [-e NAME=VALUE]... [-g]
+ *   sap-sandbox-enter [-c CGROUP_PROCS]... -n PID -S SECCOMP_FILE [-w DIR] [-e NAME=VALUE]... [-E COUNT] [-g]
  *                     [-t SECONDS [-k SECONDS]] [-x EXIT_FILE] [-L INDEX_FILE | -T ROWSxCOLS] [-P CALLER_PID] -- PROGRAM [ARG]...
  *
  *   -c FILE   join this cgroup: writes the helper's pid into FILE (a `cgroup.procs`); a controller
@@ -13,6 +13,12 @@
  *   -w DIR    working directory of the command (inside the root); the command is not started when
  *             it does not exist (exit 125, like `env -C`). Default: the root directory.
  *   -e N=V    the command's environment is exactly these pairs (nothing of the caller's is kept).
+ *   -E COUNT  and, after the -e pairs, COUNT pairs taken from the helper's own environment: the
+ *             variables SAP_ENV_0 .. SAP_ENV_<COUNT-1>, each "NAME=VALUE". Unlike -e, values do not
+ *             show in the host's process list (/proc/PID/cmdline is world-readable, /proc/PID/environ
+ *             only to its owner); the helper wipes its environment at start (a later read of its
+ *             /proc/PID/environ gets zeros) and its copy once the command is forked. Numbered names,
+ *             not the pairs' own: the helper's loader never sees a sandbox's LD_* or GLIBC_TUNABLES.
  *   -g        the command leads a process group of its own (what GNU timeout does); the signals the
  *             helper forwards, and those of the timeout, go to that whole group. Without -g the
  *             command stays in the helper's process group, and the caller signals that group
@@ -102,6 +108,7 @@ struct options {
   int ncgroups;
   char **envs;
   int nenvs;
+  int env_owned; /* -E: envs[env_owned..nenvs) are the helper's copies, wiped once forked */
   long ns_pid; /* 0: do not enter */
   const char *cwd;
   const char *exit_file;
@@ -122,7 +129,7 @@ static void warn_errno(const char *what, const char *arg) {
 static int usage(const char *arg) {
   fprintf(stderr,
           "sap-sandbox-enter: bad argument %s\n"
-          "usage: sap-sandbox-enter [-c CGROUP_PROCS]... -n PID -S SECCOMP_FILE [-w DIR] [-e NAME=VALUE]... [-g]\n"
+          "usage: sap-sandbox-enter [-c CGROUP_PROCS]... -n PID -S SECCOMP_FILE [-w DIR] [-e NAME=VALUE]... [-E COUNT] [-g]\n"
           "                         [-t SECONDS [-k SECONDS]] [-x EXIT_FILE] [-L INDEX_FILE | -T ROWSxCOLS] [-P CALLER_PID] -- PROGRAM [ARG]...\n",
           arg);
   return EXIT_SETUP;
@@ -146,11 +153,39 @@ static int parse_pid(const char *s, long *out) {
   return 0;
 }
 
+/* -E: COUNT pairs from SAP_ENV_<n> appended to the command's environment; then the whole environment is wiped. */
+static int take_env(struct options *o, long count) {
+  extern char **environ;
+  char **envs = realloc(o->envs, ((size_t)o->nenvs + (size_t)count + 1) * sizeof *envs);
+  if (!envs) return usage("(out of memory)");
+  o->envs = envs;
+  o->env_owned = o->nenvs;
+  for (long k = 0; k < count; k++) {
+    char name[32];
+    snprintf(name, sizeof name, "SAP_ENV_%ld", k);
+    const char *v = getenv(name);
+    if (!v || !strchr(v, '=') || v[0] == '=') return usage(name);
+    if (!(o->envs[o->nenvs++] = strdup(v))) return usage("(out of memory)");
+  }
+  o->envs[o->nenvs] = NULL;
+  for (char **e = environ; e && *e; e++) explicit_bzero(*e, strlen(*e));
+  static char *empty[] = {NULL};
+  environ = empty;
+  return 0;
+}
+
+/* -E: the helper's copies of the pairs, once the command has its own. */
+static void wipe_env(struct options *o) {
+  for (int k = o->env_owned; k < o->nenvs; k++) explicit_bzero(o->envs[k], strlen(o->envs[k]));
+}
+
 static int parse_args(int argc, char **argv, struct options *o) {
+  long env_count = 0;
   memset(o, 0, sizeof *o);
   o->cgroups = calloc((size_t)argc, sizeof *o->cgroups);
   o->envs = calloc((size_t)argc + 1, sizeof *o->envs);
   if (!o->cgroups || !o->envs) return usage("(out of memory)");
+  o->env_owned = argc + 1;
   int i = 1;
   for (; i < argc; i++) {
     const char *a = argv[i];
@@ -172,6 +207,7 @@ static int parse_args(int argc, char **argv, struct options *o) {
         if (!strchr(v, '=') || v[0] == '=') return usage(v);
         o->envs[o->nenvs++] = argv[i];
         break;
+      case 'E': if (parse_pid(v, &env_count) || env_count > 65536) return usage(v); break;
       case 'n': if (parse_pid(v, &o->ns_pid)) return usage(v); break;
       case 'w': o->cwd = v; break;
       case 'x': o->exit_file = v; break;
@@ -195,7 +231,7 @@ static int parse_args(int argc, char **argv, struct options *o) {
   if (o->ns_pid && !o->seccomp_file) return usage("(-n without -S)");
   if (o->rows && o->log_index) return usage("(-T with -L)");
   o->argv = argv + i;
-  return 0;
+  return env_count ? take_env(o, env_count) : 0;
 }
 
 static void join_cgroups(const struct options *o) {
@@ -522,6 +558,7 @@ int main(int argc, char **argv) {
     if (master_fd >= 0) close(master_fd);
     run_child(&o, root_fd, alive[0], tty_fd);
   }
+  wipe_env(&o);
   struct relay relays[2] = {{-1, -1, 1}, {-1, -1, 2}};
   if (index_fd >= 0) {
     close(log_pipes[0][1]);
