@@ -5,6 +5,7 @@
  * SANDBOX_SCRATCH_DIR (where sessions' sandboxes keep their files; default /dev/shm when it is a tmpfs, `off`: DATA_DIR),
  * HOST_MAX_SANDBOXES (live sandboxes at most; default one per 64 MB of memory, at least 16),
  * SANDBOX_AUDIT_LOG (the entrypoint audit log; default DATA_DIR/audit/entrypoints.ndjson, `off`: none),
+ * SANDBOX_ENTRYPOINT_CLAIM_TIMEOUT_MS (how long an entrypoint's helper may take to claim its start; default 30000),
  * and the sandboxes' default limits and maxima (SANDBOX_MEMORY_MB, SANDBOX_MAX_MEMORY_MB, …: config/limits.ts).
  * SIGTERM/SIGINT stop the HTTP server; sandboxes keep running and are adopted by the next start.
  */
@@ -26,6 +27,8 @@ const envSchema = z.object({
   SANDBOX_AUDIT_LOG: z.string().min(1).optional(),
   // At most this many live sandboxes; default: one per 64 MB of memory, at least 16.
   HOST_MAX_SANDBOXES: z.coerce.number().int().positive().optional(),
+  // How long an entrypoint's helper may take to claim its start before the host cancels it (ms).
+  SANDBOX_ENTRYPOINT_CLAIM_TIMEOUT_MS: z.coerce.number().int().positive().optional(),
   LOG_LEVEL: z.enum(['trace', 'debug', 'info', 'warn', 'error', 'fatal', 'silent']).default('info'),
   ...limitsEnvShape,
 });
