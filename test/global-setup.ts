@@ -35,6 +35,8 @@ export default async function globalSetup(): Promise<void> {
       // Webhook retries a test can wait for (the defaults start at 10 s and grow to an hour).
       WEBHOOK_RETRY_INITIAL_MS: '200',
       WEBHOOK_RETRY_MAX_INTERVAL_MS: '1000',
+      // Lets test/integration/entrypoint-once.test.ts stop the host at a point of an entrypoint's start (off without the file).
+      SANDBOX_TEST_PAUSE_FILE: path.join(dataDir, 'test-pause-entrypoint'),
     },
     // As under npm start: a process that dies unexpectedly comes back (test/integration/supervision.test.ts).
     supervise: true,
