@@ -7,9 +7,10 @@
  * an agent run twice.
  *
  * A line records a claim, never an intent: a start the host cancelled has none. A host that dies
- * after the claim and before its line is written (or saved) leaves the line to the next host,
- * which adopts the run and records it with `recovered: true`: a run may have two lines, with the
- * same `run`. The number of runs is the number of distinct `run` values (see countRuns).
+ * after the claim and before its line is written leaves the line to the next host, which adopts
+ * the run and records it with `recovered: true` unless the end of the log holds it already (see
+ * hasRun). Should a run still have two lines, they share its `run`: the number of runs is the
+ * number of distinct `run` values (see countRuns).
  */
 import * as fsp from 'node:fs/promises';
 import * as path from 'node:path';
@@ -83,6 +84,29 @@ export class AuditLog {
       }
     }
     this.flushing = null;
+  }
+
+  /**
+   * Whether the last `tailBytes` of the log hold a line of this run (a host that adopts a run its
+   * predecessor may have recorded just before it died looks here: such a line is near the end).
+   */
+  async hasRun(run: string, tailBytes = 1 << 20): Promise<boolean> {
+    await this.flushing;
+    let fh: fsp.FileHandle;
+    try {
+      fh = await fsp.open(this.file, 'r');
+    } catch {
+      return false;
+    }
+    try {
+      const { size } = await fh.stat();
+      const len = Math.min(size, tailBytes);
+      const buf = Buffer.alloc(len);
+      await fh.read(buf, 0, len, size - len);
+      return buf.toString('utf8').includes(`"run":${JSON.stringify(run)}`);
+    } finally {
+      await fh.close();
+    }
   }
 
   async close(): Promise<void> {

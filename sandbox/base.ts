@@ -666,7 +666,10 @@ export abstract class BaseProvider implements SandboxProvider {
         const own = settled.pid !== null && (await fsp.readFile(`/proc/${settled.pid}/cmdline`, 'utf8').catch(() => '')).split('\0').includes(claimed);
         const { starting: _, ...ep } = state.entrypoint!;
         state.entrypoint = { ...ep, wrapper: (own ? procRef(settled.pid!) : null) ?? { pid: 0, start: -1 } };
-        await this.recordStart(state, run, true).catch((err) => this.log.error({ err, sandboxId: state.id }, 'entrypoint audit log write failed'));
+        // Its line, unless the previous host wrote it before dying.
+        if (this.audit && !(await this.audit.hasRun(run).catch(() => false))) {
+          await this.recordStart(state, run, true).catch((err) => this.log.error({ err, sandboxId: state.id }, 'entrypoint audit log write failed'));
+        }
         this.log.warn({ sandboxId: state.id, run, pid: settled.pid, alive: own }, 'adopted an entrypoint run that its helper claimed before the previous host recorded it');
       } else {
         delete state.entrypoint;

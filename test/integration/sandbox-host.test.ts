@@ -122,7 +122,7 @@ describe('sandbox host (bwrap)', () => {
     expect(await client.getSandbox(id)).toMatchObject({ id });
   });
 
-  it('records every entrypoint start once, fsync\'d before the start, in the audit log (not a create that finds the sandbox)', async () => {
+  it('records every entrypoint run once, fsync\'d once its helper claimed it, in the audit log (not a create that finds the sandbox)', async () => {
     const log = path.join(dataDir, 'audit', 'entrypoints.ndjson');
     const linesOf = async (sessionId: string) =>
       (await fsp.readFile(log, 'utf8').catch(() => ''))
@@ -138,9 +138,10 @@ describe('sandbox host (bwrap)', () => {
     await expect(client.startEntrypoint(id, { argv: ['true'] })).rejects.toMatchObject({ type: 'conflict' });
     const st = await client.entrypointStatus(id, { waitMs: 10000 });
     const lines = await linesOf(sessionId);
-    expect(lines).toEqual([{ at: expect.any(String), event: 'entrypoint_start', sandboxId: id, orgId: 'org1', hostId: 'test-host', owner: { kind: 'session', id: sessionId } }]);
+    expect(lines).toEqual([{ at: expect.any(String), event: 'entrypoint_start', sandboxId: id, orgId: 'org1', hostId: 'test-host', owner: { kind: 'session', id: sessionId }, run: expect.stringMatching(/^[0-9a-f]{16}$/) }]);
     expect(st.state).toBe('exited');
-    if (st.state !== 'none') expect(Date.parse(lines[0].at)).toBeLessThanOrEqual(Date.parse(st.startedAt));
+    // The line records the helper's claim, which comes after the host's decision to start.
+    if (st.state !== 'none') expect(Date.parse(lines[0].at)).toBeGreaterThanOrEqual(Date.parse(st.startedAt));
     // A sandbox without an entrypoint has no line until one is started.
     const other = newId();
     const otherOwner = `${sessionId}b`;
@@ -186,6 +187,7 @@ describe('sandbox host (bwrap)', () => {
       for (const req of [running, exited, never]) await client.createSandbox(req);
       expect(await client.entrypointStatus(running.id)).toMatchObject({ state: 'running' });
       expect(await client.entrypointStatus(never.id, { waitMs: 10_000 })).toMatchObject({ state: 'exited', exitCode: 5 });
+      // One line each: the adopted runs' lines were written before the "crash" and are not written again.
       for (const req of [running, exited, never]) expect(await startsOf(req.owner.id)).toBe(1);
     } finally {
       for (const req of [running, exited, never]) await client.destroySandbox(req.id);

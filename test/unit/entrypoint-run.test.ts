@@ -8,7 +8,7 @@ import { spawn } from 'node:child_process';
 import { promises as fsp } from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import { countRuns } from '../../sandbox/audit-log';
+import { AuditLog, countRuns } from '../../sandbox/audit-log';
 import { runFiles, settleInterruptedRun } from '../../sandbox/base';
 
 const ENTER = path.resolve(__dirname, '..', '..', '.tools', 'bin', 'sap-sandbox-enter');
@@ -113,5 +113,22 @@ describe('countRuns', () => {
       '',
     ].join('\n');
     expect(Object.fromEntries(countRuns(text))).toEqual({ a: 1, b: 2, c: 2 });
+  });
+});
+
+describe('AuditLog.hasRun', () => {
+  it('finds a run recorded near the end of the log, and no other', async () => {
+    const dir = await fsp.mkdtemp(path.join(os.tmpdir(), 'sap-run-audit-'));
+    const log = new AuditLog(path.join(dir, 'a.ndjson'));
+    try {
+      expect(await log.hasRun('r1')).toBe(false);
+      await log.record({ at: 't', event: 'entrypoint_start', sandboxId: 's', orgId: 'o', hostId: 'h', run: 'r1' });
+      expect(await log.hasRun('r1')).toBe(true);
+      expect(await log.hasRun('r')).toBe(false);
+      expect(await log.hasRun('r2')).toBe(false);
+    } finally {
+      await log.close();
+      await fsp.rm(dir, { recursive: true, force: true });
+    }
   });
 });
