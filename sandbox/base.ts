@@ -244,6 +244,11 @@ export abstract class BaseProvider implements SandboxProvider {
   /** Starts detached processes without forking the host (see spawner.ts). */
   protected readonly spawner = new Spawner();
   private readonly lock = new KeyedLock();
+  /**
+   * Creates waiting for the lock of their id, and how many times that id was destroyed meanwhile:
+   * a create queued behind a destroy of its sandbox is refused (see create).
+   */
+  private readonly waitingCreates = new Map<string, { waiting: number; destroys: number }>();
   /** Ids of the sandboxes hibernated on this host (their respawn records). */
   protected readonly hibernated = new Set<string>();
 
@@ -586,7 +591,18 @@ export abstract class BaseProvider implements SandboxProvider {
 
   async create(req: CreateSandboxRequest): Promise<CreateResult> {
     assertId(req.id);
+    const w = this.waitingCreates.get(req.id) ?? { waiting: 0, destroys: 0 };
+    this.waitingCreates.set(req.id, w);
+    w.waiting++;
+    const destroysBefore = w.destroys;
     return this.lock.run(req.id, async () => {
+      if (--w.waiting === 0) this.waitingCreates.delete(req.id);
+      // A create sent before its sandbox was destroyed (a retry of a caller's attempt that another
+      // attempt finished, e.g. a session's provisioning run twice at once) must not make it again
+      // and run its entrypoint a second time: the caller looks again at why it was destroyed.
+      if (w.destroys !== destroysBefore) {
+        throw new SandboxError('conflict', `sandbox ${req.id} was destroyed while this create waited; not created again`);
+      }
       const existing = this.states.get(req.id);
       if (existing) {
         // A create retried after a host crash that came before the entrypoint's start (see
@@ -745,6 +761,8 @@ export abstract class BaseProvider implements SandboxProvider {
     assertId(id);
     return this.lock.run(id, async () => {
       const live = await this.destroyUnlocked(id);
+      const w = this.waitingCreates.get(id);
+      if (w && live) w.destroys++;
       const wasHibernated = this.hibernated.has(id) || (await this.readRespawn(id)) !== null;
       if (wasHibernated) await this.dropRespawn(id);
       await this.dropHibernationLayers(id);

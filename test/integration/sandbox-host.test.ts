@@ -194,6 +194,30 @@ describe('sandbox host (bwrap)', () => {
     }
   });
 
+  it('never makes a sandbox again for a create that waited behind its destroy (a second provisioning of one session): its entrypoint runs once', async () => {
+    const log = path.join(dataDir, 'audit', 'entrypoints.ndjson');
+    const owner = `sess_twice${process.pid}`;
+    const req = { id: newId(), orgId: 'o', owner: { kind: 'session' as const, id: owner }, entrypoint: { argv: ['true'] } };
+    const provider = host.provider;
+    // In this order, in one turn: the first attempt's create, the session's end (destroy), a late twin's create.
+    const first = provider.create(req);
+    const destroyed = provider.destroy(req.id);
+    const late = provider.create(req);
+    try {
+      await expect(first).resolves.toMatchObject({ created: true });
+      await expect(destroyed).resolves.toBe(true);
+      await expect(late).rejects.toMatchObject({ type: 'conflict' });
+      expect(provider.get(req.id)).toBeNull();
+      const lines = (await fsp.readFile(log, 'utf8')).split('\n').filter((l) => l.includes(`"${owner}"`));
+      expect(lines).toHaveLength(1);
+      // A create that comes after the destroy (not queued behind it) is a new sandbox, as before.
+      await expect(provider.create({ ...req, entrypoint: undefined })).resolves.toMatchObject({ created: true });
+    } finally {
+      await Promise.allSettled([first, destroyed, late]);
+      await provider.destroy(req.id);
+    }
+  });
+
   it('answers a create with the exit and a file of an entrypoint that ends within awaitExit, and says running otherwise', async () => {
     const quick = (argv: string[], maxBytes = 100) =>
       client.createSandbox({ id: newId(), orgId: 'o', entrypoint: { argv }, awaitExit: { waitMs: 10_000, readFile: { path: '/tmp/out.json', maxBytes } } });
