@@ -62,9 +62,10 @@ export interface SandboxState {
   /**
    * The entrypoint. `starting` is saved before the entrypoint's helper is started and cleared once
    * its pid is saved: a host that dies in between finds out at its next start whether the start
-   * happened (see adoptInterruptedStart), so an entrypoint is never started twice.
+   * happened (see adoptInterruptedStart), so an entrypoint is never started twice. `run` names the
+   * start (its run files, see runFiles): the helper's claim of it is the durable mark that it began.
    */
-  entrypoint?: { wrapper: ProcRef; startedAt: string; timeoutSeconds?: number; starting?: boolean };
+  entrypoint?: { wrapper: ProcRef; startedAt: string; timeoutSeconds?: number; starting?: boolean; run?: string };
 }
 
 /** A layer directory's content hash, and its regular files that carry set-id bits (path in the layer, mode). */
@@ -130,7 +131,43 @@ export interface EnterOptions {
   hangUpWithCaller?: number;
   /** Run on a pseudo-terminal of the sandbox of this size (the helper's -T; fd 3 takes window sizes). */
   pty?: { rows: number; cols: number };
+  /**
+   * Claim this run first (the helper's -R): rename `<runFile>.pending` to `runFile`, or start nothing
+   * when the pending file is gone (see runFiles and settleInterruptedRun).
+   */
+  runFile?: string;
 }
+
+/** The files of one entrypoint run (`run`: its id): the caller writes `pending`, the helper's claim renames it to `claimed`. */
+export function runFiles(dir: string, run: string): { claimed: string; pending: string; cancelled: string } {
+  const claimed = path.join(dir, `entrypoint.run-${run}`);
+  return { claimed, pending: `${claimed}.pending`, cancelled: `${claimed}.cancelled` };
+}
+
+/**
+ * Decides the fate of a run whose start a host did not finish (it died in between): `cancelled`
+ * when the run's pending file could be renamed away (its helper, started or not, can then never
+ * claim it: the run never began and never will); `started` when the helper's claim is there (with
+ * the pid it wrote); `never` when neither is (the host died before writing the pending file).
+ * One rename decides against the helper's own rename, so exactly one of the two wins.
+ */
+export async function settleInterruptedRun(dir: string, run: string): Promise<{ outcome: 'cancelled' | 'never' } | { outcome: 'started'; pid: number | null }> {
+  const f = runFiles(dir, run);
+  try {
+    await fsp.rename(f.pending, f.cancelled);
+    await fsp.rm(f.cancelled, { force: true });
+    return { outcome: 'cancelled' };
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
+  }
+  const text = await fsp.readFile(f.claimed, 'utf8').catch(() => null);
+  if (text === null) return { outcome: 'never' };
+  const pid = /^\d+\n/.test(text) ? Number(text.trim()) : null;
+  return { outcome: 'started', pid };
+}
+
+/** How long a host waits for an entrypoint's helper to claim its start before cancelling it (SANDBOX_ENTRYPOINT_CLAIM_TIMEOUT_MS). */
+export const DEFAULT_ENTRYPOINT_CLAIM_TIMEOUT_MS = 30_000;
 
 /** Environment every process in a sandbox starts with (the sandbox's and the process's own envs are added). */
 export const DEFAULT_ENV: Record<string, string> = {
@@ -214,16 +251,25 @@ export abstract class BaseProvider implements SandboxProvider {
   /** Starts detached processes without forking the host (see spawner.ts). */
   protected readonly spawner = new Spawner();
   private readonly lock = new KeyedLock();
+  /**
+   * Creates waiting for the lock of their id, and how many times that id was destroyed meanwhile:
+   * a create queued behind a destroy of its sandbox is refused (see create).
+   */
+  private readonly waitingCreates = new Map<string, { waiting: number; destroys: number }>();
   /** Ids of the sandboxes hibernated on this host (their respawn records). */
   protected readonly hibernated = new Set<string>();
 
   /** Where sandboxes of sessions keep their files (see ProviderOptions.scratchDir); null: in DATA_DIR. */
   protected scratchDir: string | null = null;
   private readonly scratchOption: string | null | undefined;
-  /** Records every entrypoint start before it happens (null: off). */
+  /** Records every entrypoint start once its helper has claimed it (null: off). */
   protected readonly audit: AuditLog | null;
   /** Seals sandboxes' environments in the files this host keeps (see envKeyFile); made on first use. */
   private envBox: SecretBox | null = null;
+  /** See DEFAULT_ENTRYPOINT_CLAIM_TIMEOUT_MS. */
+  private readonly claimTimeoutMs: number;
+  /** Tests only (SANDBOX_TEST_PAUSE_FILE; unset: off): see testPause. */
+  private readonly testPauseFile: string | null;
 
   constructor(opts: ProviderOptions) {
     this.dataDir = path.resolve(opts.dataDir);
@@ -232,6 +278,8 @@ export abstract class BaseProvider implements SandboxProvider {
     this.scratchOption = opts.scratchDir;
     this.audit = opts.auditLog === null ? null : new AuditLog(opts.auditLog ?? defaultAuditLogPath(this.dataDir));
     if (/[,:\s]/.test(this.dataDir)) throw new Error(`DATA_DIR must not contain ',', ':' or spaces: ${this.dataDir}`);
+    this.claimTimeoutMs = opts.entrypointClaimTimeoutMs ?? (Number(process.env.SANDBOX_ENTRYPOINT_CLAIM_TIMEOUT_MS) || DEFAULT_ENTRYPOINT_CLAIM_TIMEOUT_MS);
+    this.testPauseFile = process.env.SANDBOX_TEST_PAUSE_FILE || null;
   }
 
   /**
@@ -606,7 +654,18 @@ export abstract class BaseProvider implements SandboxProvider {
 
   async create(req: CreateSandboxRequest): Promise<CreateResult> {
     assertId(req.id);
+    const w = this.waitingCreates.get(req.id) ?? { waiting: 0, destroys: 0 };
+    this.waitingCreates.set(req.id, w);
+    w.waiting++;
+    const destroysBefore = w.destroys;
     return this.lock.run(req.id, async () => {
+      if (--w.waiting === 0) this.waitingCreates.delete(req.id);
+      // A create sent before its sandbox was destroyed (a retry of a caller's attempt that another
+      // attempt finished, e.g. a session's provisioning run twice at once) must not make it again
+      // and run its entrypoint a second time: the caller looks again at why it was destroyed.
+      if (w.destroys !== destroysBefore) {
+        throw new SandboxError('conflict', `sandbox ${req.id} was destroyed while this create waited; not created again`);
+      }
       const existing = this.states.get(req.id);
       if (existing) {
         // A create retried after a host crash that came before the entrypoint's start (see
@@ -670,11 +729,35 @@ export abstract class BaseProvider implements SandboxProvider {
 
   /**
    * A host that died while starting an entrypoint left `starting` in its state.json: the start may
-   * or may not have happened. Its helper (the process whose command line names the sandbox's exit
-   * file) or its exit file says that it did: the entrypoint is adopted. Otherwise it never started,
-   * and a create of the same sandbox (the caller's retry) starts it. Either way it runs once.
+   * or may not have happened. The run's files decide (settleInterruptedRun): a run its helper
+   * claimed is adopted (its helper, if still alive, is the wrapper; its exit file says how it
+   * ended) and recorded in the audit log (again, perhaps: lines of one run share its `run`); one
+   * not claimed is cancelled for good, and a create of the same sandbox (the caller's retry) starts
+   * a new run. Either way the entrypoint runs once.
    */
   private async adoptInterruptedStart(state: SandboxState): Promise<void> {
+    const run = state.entrypoint!.run;
+    if (run) {
+      const dir = this.dirOf(state.id);
+      const settled = await settleInterruptedRun(dir, run);
+      if (settled.outcome === 'started') {
+        const claimed = runFiles(dir, run).claimed;
+        const own = settled.pid !== null && (await fsp.readFile(`/proc/${settled.pid}/cmdline`, 'utf8').catch(() => '')).split('\0').includes(claimed);
+        const { starting: _, ...ep } = state.entrypoint!;
+        state.entrypoint = { ...ep, wrapper: (own ? procRef(settled.pid!) : null) ?? { pid: 0, start: -1 } };
+        // Its line, unless the previous host wrote it before dying.
+        if (this.audit && !(await this.audit.hasRun(run).catch(() => false))) {
+          await this.recordStart(state, run, true).catch((err) => this.log.error({ err, sandboxId: state.id }, 'entrypoint audit log write failed'));
+        }
+        this.log.warn({ sandboxId: state.id, run, pid: settled.pid, alive: own }, 'adopted an entrypoint run that its helper claimed before the previous host recorded it');
+      } else {
+        delete state.entrypoint;
+        this.log.warn({ sandboxId: state.id, run, outcome: settled.outcome }, 'the previous host died before the entrypoint run was claimed; it is cancelled, and the next create starts a new one');
+      }
+      await this.saveState(state);
+      return;
+    }
+    // A state of an older host (no run files): its helper or exit file says whether it started.
     const exitFile = path.join(this.dirOf(state.id), 'entrypoint.exit');
     // The helper first: it writes the exit file before it exits, so one of the two is seen.
     const helper = await processNaming(exitFile);
@@ -741,6 +824,8 @@ export abstract class BaseProvider implements SandboxProvider {
     assertId(id);
     return this.lock.run(id, async () => {
       const live = await this.destroyUnlocked(id);
+      const w = this.waitingCreates.get(id);
+      if (w && live) w.destroys++;
       const wasHibernated = this.hibernated.has(id) || (await this.readRespawn(id)) !== null;
       if (wasHibernated) await this.dropRespawn(id);
       await this.dropHibernationLayers(id);
@@ -899,6 +984,8 @@ export abstract class BaseProvider implements SandboxProvider {
     const dir = this.dirOf(state.id);
     const exitFile = path.join(dir, 'entrypoint.exit');
     const cgroupProcs = SandboxCgroups.of(state.id).procsFiles();
+    const run = randomBytes(8).toString('hex');
+    const files = runFiles(dir, run);
     // Runs outside the sandbox, detached, so the exit code is written even when the host is gone:
     // by the entry helper, or by a shell wrapper around innerArgv (+ GNU timeout).
     const entered: SpawnOptions = { argv: spec.argv, env: spec.env, cwd: spec.cwd };
@@ -907,6 +994,7 @@ export abstract class BaseProvider implements SandboxProvider {
       ownGroup: true,
       exitFile,
       logIndex: path.join(dir, 'entrypoint.idx'),
+      runFile: files.claimed,
       ...(spec.timeoutSeconds ? { timeoutSeconds: spec.timeoutSeconds, killAfterSeconds: KILL_AFTER_SECONDS } : {}),
     });
     let wrapperEnv = this.enterEnv(state, entered);
@@ -917,30 +1005,21 @@ export abstract class BaseProvider implements SandboxProvider {
         : spec.argv;
       const inner = this.innerArgv(state, { argv, env: spec.env, cwd: spec.cwd });
       const script =
+        // The claim first (see EnterOptions.runFile): nothing starts once the pending file is gone.
+        `mv -T -- ${shq(files.pending)} ${shq(files.claimed)} 2>/dev/null || exit 125; ` +
         `${cgroupJoin(cgroupProcs)} "$@"; code=$?; ` +
         // One short write, with shell builtins only; the file's modification time is the exit time.
         `printf '%s\\n' "$code" > ${shq(exitFile)}`;
       wrapperArgv = ['/bin/sh', '-c', script, 'sh', ...inner];
     }
     // Saved before the start (on disk only: until the helper runs, the entrypoint is not there to
-    // report on): after a crash, the next host knows that a start may have happened.
-    const starting = { wrapper: { pid: 0, start: -1 }, startedAt: new Date().toISOString(), ...(spec.timeoutSeconds ? { timeoutSeconds: spec.timeoutSeconds } : {}), starting: true };
+    // report on): after a crash, the next host knows that a start may have happened, and which run.
+    const starting = { wrapper: { pid: 0, start: -1 }, startedAt: new Date().toISOString(), ...(spec.timeoutSeconds ? { timeoutSeconds: spec.timeoutSeconds } : {}), starting: true, run };
     await this.saveState({ ...state, entrypoint: starting });
-    // On disk before the start: a run that happens is never missing from the log.
-    try {
-      await this.audit?.record({
-        at: new Date().toISOString(),
-        event: 'entrypoint_start',
-        sandboxId: state.id,
-        orgId: state.orgId,
-        hostId: state.hostId,
-        ...(state.owner ? { owner: state.owner } : {}),
-      });
-    } catch (e) {
-      this.log.error({ err: e, sandboxId: state.id }, 'entrypoint audit log write failed');
-      await this.saveState(state);
-      throw new SandboxError('internal', `could not record the entrypoint start of ${state.id} in the audit log: ${(e as Error).message}`);
-    }
+    // The run's ticket: its helper claims it by renaming it (the durable mark that the run began), a
+    // restarted host cancels it by renaming it away; whichever comes first wins (settleInterruptedRun).
+    await writeDurably(files.pending, '');
+    await this.testPause('before-spawn', state, spec);
     let pid: number;
     try {
       pid = await this.spawner.spawn({
@@ -951,16 +1030,86 @@ export abstract class BaseProvider implements SandboxProvider {
       });
     } catch (e) {
       this.log.error({ err: e, sandboxId: state.id }, 'entrypoint wrapper failed');
-      await this.saveState(state);
-      throw new SandboxError('internal', `could not start the entrypoint of ${state.id}: ${(e as Error).message}`);
+      // Whatever the spawner did, this run can no longer start, unless it was claimed already.
+      const settled = await settleInterruptedRun(dir, run).catch(() => null);
+      if (settled?.outcome !== 'started') {
+        await this.saveState(state);
+        throw new SandboxError('internal', `could not start the entrypoint of ${state.id}: ${(e as Error).message}`);
+      }
+      pid = settled.pid ?? 0;
     }
     const wrapper = procRef(pid) ?? { pid, start: -1 };
+    if (!(await this.awaitClaim(dir, run, wrapper))) {
+      await this.saveState(state);
+      throw new SandboxError('internal', `the entrypoint helper of ${state.id} exited (or did not answer within ${this.claimTimeoutMs} ms) before starting it; nothing was started`);
+    }
+    await this.testPause('after-claim', state, spec);
+    // The run began (its claim is on disk): the audit line records that, never an intent.
+    try {
+      await this.recordStart(state, run, false);
+    } catch (e) {
+      // The run is under way and cannot be undone; its claim stays on disk as its record.
+      this.log.error({ err: e, sandboxId: state.id, run }, 'entrypoint audit log write failed');
+    }
     state.entrypoint = {
       wrapper,
-      startedAt: new Date().toISOString(),
+      startedAt: starting.startedAt,
       ...(spec.timeoutSeconds ? { timeoutSeconds: spec.timeoutSeconds } : {}),
+      run,
     };
-    this.log.info({ sandboxId: state.id, pid: wrapper.pid }, 'entrypoint started');
+    this.log.info({ sandboxId: state.id, pid: wrapper.pid, run }, 'entrypoint started');
+  }
+
+  /** Appends a run's `entrypoint_start` line to the audit log (durable when it resolves). */
+  private async recordStart(state: SandboxState, run: string, recovered: boolean): Promise<void> {
+    await this.audit?.record({
+      at: new Date().toISOString(),
+      event: 'entrypoint_start',
+      sandboxId: state.id,
+      orgId: state.orgId,
+      hostId: state.hostId,
+      ...(state.owner ? { owner: state.owner } : {}),
+      run,
+      ...(recovered ? { recovered } : {}),
+    });
+  }
+
+  /**
+   * Waits until the run's helper has claimed it (true), or has exited or taken longer than the claim
+   * timeout without (the run is then cancelled for good: false; a claim that wins that race is true).
+   */
+  private async awaitClaim(dir: string, run: string, wrapper: ProcRef): Promise<boolean> {
+    const files = runFiles(dir, run);
+    const claimed = () => fsp.access(files.claimed).then(() => true, () => false);
+    const deadline = Date.now() + this.claimTimeoutMs;
+    for (let waitMs = 1; ; waitMs = Math.min(waitMs * 2, 50)) {
+      if (await claimed()) return true;
+      if (!isAlive(wrapper) || Date.now() >= deadline) {
+        const settled = await settleInterruptedRun(dir, run);
+        if (settled.outcome === 'started') return true;
+        signalRef(wrapper, 'SIGKILL');
+        return false;
+      }
+      await sleep(waitMs);
+    }
+  }
+
+  /**
+   * Tests only, off unless SANDBOX_TEST_PAUSE_FILE is set: when that file reads `<point> <marker>`
+   * and the entrypoint's argv contains the marker, the start stops at `point` (renaming the file to
+   * `<file>.reached`, so it stops once) until `<file>.reached` is removed or a minute has passed:
+   * a test kills the host there.
+   */
+  private async testPause(point: 'before-spawn' | 'after-claim', state: SandboxState, spec: EntrypointSpec): Promise<void> {
+    const file = this.testPauseFile;
+    if (!file) return;
+    const [at, marker] = (await fsp.readFile(file, 'utf8').catch(() => '')).trim().split(/\s+/);
+    if (at !== point || !marker || !spec.argv.some((a) => a.includes(marker))) return;
+    const reached = `${file}.reached`;
+    if (!(await fsp.rename(file, reached).then(() => true, () => false))) return;
+    this.log.warn({ sandboxId: state.id, point }, 'test pause: the entrypoint start stops here');
+    const until = Date.now() + 60_000;
+    while (Date.now() < until && (await fsp.access(reached).then(() => true, () => false))) await sleep(50);
   }
 
   /** The entrypoint's exit code and time (the exit file's mtime), or null before it has been written whole. */
@@ -1257,6 +1406,23 @@ export abstract class BaseProvider implements SandboxProvider {
   protected async waitGone(refs: (ProcRef | undefined)[], timeoutMs = 2000): Promise<void> {
     const deadline = Date.now() + timeoutMs;
     while (refs.some((r) => isAlive(r)) && Date.now() < deadline) await sleep(5);
+  }
+}
+
+/** Writes a small file and fsyncs it and its directory. */
+async function writeDurably(file: string, content: string): Promise<void> {
+  const fh = await fsp.open(file, 'wx', 0o600);
+  try {
+    await fh.writeFile(content);
+    await fh.sync();
+  } finally {
+    await fh.close();
+  }
+  const dh = await fsp.open(path.dirname(file), 'r');
+  try {
+    await dh.sync();
+  } finally {
+    await dh.close();
   }
 }
 

@@ -688,6 +688,7 @@ export class BwrapProvider extends BaseProvider {
       ...(how.logIndex ? ['-L', how.logIndex] : []),
       ...(how.pty ? ['-T', `${how.pty.rows}x${how.pty.cols}`] : []),
       ...(how.hangUpWithCaller ? ['-P', String(how.hangUpWithCaller)] : []),
+      ...(how.runFile ? ['-R', how.runFile] : []),
       '--',
       ...opts.argv,
     ];

@@ -182,6 +182,11 @@ export interface ProviderOptions {
    * Default: DATA_DIR/audit/entrypoints.ndjson; null: off.
    */
   auditLog?: string | null;
+  /**
+   * How long a host waits for an entrypoint's helper to claim its start before cancelling it (ms).
+   * Default: SANDBOX_ENTRYPOINT_CLAIM_TIMEOUT_MS, else 30000.
+   */
+  entrypointClaimTimeoutMs?: number;
 }
 
 /** Creates the provider of the given kind. The `process` provider offers no isolation and says so in the log. */

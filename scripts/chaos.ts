@@ -6,7 +6,7 @@ import path from 'node:path';
 import { isDeepStrictEqual, parseArgs } from 'node:util';
 import { batchSessionId } from '../lib/batch-ids';
 import { sandboxIdForSession } from '../lib/naming';
-import { defaultAuditLogPath } from '../sandbox/audit-log';
+import { countRuns, defaultAuditLogPath } from '../sandbox/audit-log';
 import { defaultScratchDir } from '../sandbox/base';
 import type { BaseProcName as ProcName, StackFile } from './launcher';
 
@@ -484,16 +484,10 @@ async function killLoop(kills: KillRecord[], deadHostPids: number[]): Promise<vo
 // ---------------------------------------------------------------------------------------------
 // The checks after the run.
 
-/** Entrypoint starts per session id, from the sandbox host's audit log. */
+/** Entrypoint runs per session id, from the sandbox host's audit log: distinct runs its helpers claimed (see countRuns). */
 function runsPerSession(): Map<string, number> {
   const file = process.env.SANDBOX_AUDIT_LOG ?? defaultAuditLogPath(DATA_DIR);
-  const counts = new Map<string, number>();
-  for (const l of fs.readFileSync(file, 'utf8').split('\n')) {
-    if (!l) continue;
-    const e = JSON.parse(l) as { owner?: { kind: string; id: string } };
-    if (e.owner?.kind === 'session') counts.set(e.owner.id, (counts.get(e.owner.id) ?? 0) + 1);
-  }
-  return counts;
+  return countRuns(fs.readFileSync(file, 'utf8'));
 }
 
 interface Leftovers {

@@ -41,6 +41,8 @@ export default async function globalSetup(): Promise<void> {
       // Exec limits a test can reach (test/integration/exec-limits.test.ts; defaults 256 and 30 s).
       EXEC_SESSIONS_PER_ORG: '48',
       EXEC_WS_STALL_SECONDS: '5',
+      // Lets test/integration/entrypoint-once.test.ts stop the host at a point of an entrypoint's start (off without the file).
+      SANDBOX_TEST_PAUSE_FILE: path.join(dataDir, 'test-pause-entrypoint'),
     },
     // As under npm start: a process that dies unexpectedly comes back (test/integration/supervision.test.ts).
     supervise: true,

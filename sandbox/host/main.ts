@@ -7,7 +7,8 @@
  * SANDBOX_AUDIT_LOG (the entrypoint audit log; default DATA_DIR/audit/entrypoints.ndjson, `off`: none),
  * SANDBOX_PATH_MAX_DEPTH and SANDBOX_PATH_MAX_BYTES (the files API's paths: at most 256 components,
  * 4096 bytes by default; beyond them 400, see ../paths.ts),
- * and the sandboxes' default limits and maxima (SANDBOX_MEMORY_MB, SANDBOX_MAX_MEMORY_MB, …: config/limits.ts),
+ * SANDBOX_ENTRYPOINT_CLAIM_TIMEOUT_MS (how long an entrypoint's helper may take to claim its start; default 30000),
+ * the sandboxes' default limits and maxima (SANDBOX_MEMORY_MB, SANDBOX_MAX_MEMORY_MB, …: config/limits.ts),
  * and exec's limits (EXEC_RUN_OUTPUT_MAX_BYTES, EXEC_SESSIONS_PER_SANDBOX, …: config/exec-limits.ts).
  * SIGTERM/SIGINT stop the HTTP server; sandboxes keep running and are adopted by the next start.
  */
@@ -35,6 +36,8 @@ const envSchema = z.object({
   // A path of the files API has at most this many components, and this many bytes (400 beyond).
   SANDBOX_PATH_MAX_DEPTH: z.coerce.number().int().min(1).max(4096).default(256),
   SANDBOX_PATH_MAX_BYTES: z.coerce.number().int().min(1).max(65536).default(4096),
+  // How long an entrypoint's helper may take to claim its start before the host cancels it (ms).
+  SANDBOX_ENTRYPOINT_CLAIM_TIMEOUT_MS: z.coerce.number().int().positive().optional(),
   LOG_LEVEL: z.enum(['trace', 'debug', 'info', 'warn', 'error', 'fatal', 'silent']).default('info'),
   ...limitsEnvShape,
   ...execLimitsEnvShape,

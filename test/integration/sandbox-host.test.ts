@@ -122,7 +122,7 @@ describe('sandbox host (bwrap)', () => {
     expect(await client.getSandbox(id)).toMatchObject({ id });
   });
 
-  it('records every entrypoint start once, fsync\'d before the start, in the audit log (not a create that finds the sandbox)', async () => {
+  it('records every entrypoint run once, fsync\'d once its helper claimed it, in the audit log (not a create that finds the sandbox)', async () => {
     const log = path.join(dataDir, 'audit', 'entrypoints.ndjson');
     const linesOf = async (sessionId: string) =>
       (await fsp.readFile(log, 'utf8').catch(() => ''))
@@ -138,9 +138,10 @@ describe('sandbox host (bwrap)', () => {
     await expect(client.startEntrypoint(id, { argv: ['true'] })).rejects.toMatchObject({ type: 'conflict' });
     const st = await client.entrypointStatus(id, { waitMs: 10000 });
     const lines = await linesOf(sessionId);
-    expect(lines).toEqual([{ at: expect.any(String), event: 'entrypoint_start', sandboxId: id, orgId: 'org1', hostId: 'test-host', owner: { kind: 'session', id: sessionId } }]);
+    expect(lines).toEqual([{ at: expect.any(String), event: 'entrypoint_start', sandboxId: id, orgId: 'org1', hostId: 'test-host', owner: { kind: 'session', id: sessionId }, run: expect.stringMatching(/^[0-9a-f]{16}$/) }]);
     expect(st.state).toBe('exited');
-    if (st.state !== 'none') expect(Date.parse(lines[0].at)).toBeLessThanOrEqual(Date.parse(st.startedAt));
+    // The line records the helper's claim, which comes after the host's decision to start.
+    if (st.state !== 'none') expect(Date.parse(lines[0].at)).toBeGreaterThanOrEqual(Date.parse(st.startedAt));
     // A sandbox without an entrypoint has no line until one is started.
     const other = newId();
     const otherOwner = `${sessionId}b`;
@@ -186,9 +187,34 @@ describe('sandbox host (bwrap)', () => {
       for (const req of [running, exited, never]) await client.createSandbox(req);
       expect(await client.entrypointStatus(running.id)).toMatchObject({ state: 'running' });
       expect(await client.entrypointStatus(never.id, { waitMs: 10_000 })).toMatchObject({ state: 'exited', exitCode: 5 });
+      // One line each: the adopted runs' lines were written before the "crash" and are not written again.
       for (const req of [running, exited, never]) expect(await startsOf(req.owner.id)).toBe(1);
     } finally {
       for (const req of [running, exited, never]) await client.destroySandbox(req.id);
+    }
+  });
+
+  it('never makes a sandbox again for a create that waited behind its destroy (a second provisioning of one session): its entrypoint runs once', async () => {
+    const log = path.join(dataDir, 'audit', 'entrypoints.ndjson');
+    const owner = `sess_twice${process.pid}`;
+    const req = { id: newId(), orgId: 'o', owner: { kind: 'session' as const, id: owner }, entrypoint: { argv: ['true'] } };
+    const provider = host.provider;
+    // In this order, in one turn: the first attempt's create, the session's end (destroy), a late twin's create.
+    const first = provider.create(req);
+    const destroyed = provider.destroy(req.id);
+    const late = provider.create(req);
+    try {
+      await expect(first).resolves.toMatchObject({ created: true });
+      await expect(destroyed).resolves.toBe(true);
+      await expect(late).rejects.toMatchObject({ type: 'conflict' });
+      expect(provider.get(req.id)).toBeNull();
+      const lines = (await fsp.readFile(log, 'utf8')).split('\n').filter((l) => l.includes(`"${owner}"`));
+      expect(lines).toHaveLength(1);
+      // A create that comes after the destroy (not queued behind it) is a new sandbox, as before.
+      await expect(provider.create({ ...req, entrypoint: undefined })).resolves.toMatchObject({ created: true });
+    } finally {
+      await Promise.allSettled([first, destroyed, late]);
+      await provider.destroy(req.id);
     }
   });
 

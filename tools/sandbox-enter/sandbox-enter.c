@@ -3,7 +3,8 @@
  * `sh` + `nsenter` + `setpriv` + `env` + `timeout`.
  *
  *   sap-sandbox-enter [-c CGROUP_PROCS]... -n PID -S SECCOMP_FILE [-w DIR] [-e NAME=VALUE]... [-E COUNT] [-g]
- *                     [-t SECONDS [-k SECONDS]] [-x EXIT_FILE] [-L INDEX_FILE | -T ROWSxCOLS] [-P CALLER_PID] -- PROGRAM [ARG]...
+ *                     [-t SECONDS [-k SECONDS]] [-x EXIT_FILE] [-L INDEX_FILE | -T ROWSxCOLS] [-P CALLER_PID]
+ *                     [-R RUN_FILE] -- PROGRAM [ARG]...
  *
  *   -c FILE   join this cgroup: writes the helper's pid into FILE (a `cgroup.procs`); a controller
  *             that is missing or refuses is skipped, as the shell's `2>/dev/null` did.
@@ -39,6 +40,14 @@
  *             -g). A command that ignores SIGHUP (nohup) runs on; its status is still waited for.
  *             Nothing starts when the caller is already gone. Exec sessions live in the sandbox
  *             host's memory: this ends them with the host instead of leaving them unattended.
+ *   -R FILE   claim the start of this run before anything else (entrypoints: a run starts at most
+ *             once). The caller has written FILE.pending; the helper writes its pid into it
+ *             ("<pid>\n"), fsyncs it, renames it to FILE (atomic, never over an existing FILE) and
+ *             fsyncs the directory: FILE on disk is the durable mark that this run started. When
+ *             FILE.pending is gone (a restarted caller cancelled the run by renaming it away, or the
+ *             sandbox is gone), nothing is started and nothing is written (exit 125, no message:
+ *             stderr may be the log of another run). So the caller and the helper decide who wins
+ *             with one rename each, and a cancelled run can never start later.
  *   -T ROWSxCOLS  run the command on a pseudo-terminal of the sandbox's own devpts (its /dev/pts/ptmx,
  *             opened after entering its namespaces, so the terminal is one of the sandbox's): the
  *             command gets a new session with the terminal's slave as controlling terminal and as
@@ -114,6 +123,7 @@ struct options {
   const char *exit_file;
   const char *log_index;
   const char *seccomp_file;
+  const char *run_file;
   struct sock_fprog seccomp;
   double timeout, kill_after;
   int own_group;
@@ -130,7 +140,8 @@ static int usage(const char *arg) {
   fprintf(stderr,
           "sap-sandbox-enter: bad argument %s\n"
           "usage: sap-sandbox-enter [-c CGROUP_PROCS]... -n PID -S SECCOMP_FILE [-w DIR] [-e NAME=VALUE]... [-E COUNT] [-g]\n"
-          "                         [-t SECONDS [-k SECONDS]] [-x EXIT_FILE] [-L INDEX_FILE | -T ROWSxCOLS] [-P CALLER_PID] -- PROGRAM [ARG]...\n",
+          "                         [-t SECONDS [-k SECONDS]] [-x EXIT_FILE] [-L INDEX_FILE | -T ROWSxCOLS] [-P CALLER_PID]\n"
+          "                         [-R RUN_FILE] -- PROGRAM [ARG]...\n",
           arg);
   return EXIT_SETUP;
 }
@@ -213,6 +224,7 @@ static int parse_args(int argc, char **argv, struct options *o) {
       case 'x': o->exit_file = v; break;
       case 'L': o->log_index = v; break;
       case 'S': o->seccomp_file = v; break;
+      case 'R': o->run_file = v; break;
       case 't': if (parse_seconds(v, &o->timeout)) return usage(v); break;
       case 'k': if (parse_seconds(v, &o->kill_after)) return usage(v); break;
       case 'P': if (parse_pid(v, &o->caller)) return usage(v); break;
@@ -255,6 +267,41 @@ static int open_at_pid(long pid, const char *name, int flags) {
   while (fd < 0 && errno == EINTR);
   if (fd < 0) warn_errno("open", p);
   return fd;
+}
+
+/*
+ * -R: claims the run (see the usage above). Returns 0 when claimed, -1 when the run was cancelled
+ * or cannot be claimed (then the helper exits without a trace).
+ */
+static int claim_run(const char *run_file) {
+  size_t len = strlen(run_file);
+  char pending[PATH_MAX];
+  if (len + sizeof ".pending" > sizeof pending) return -1;
+  memcpy(pending, run_file, len);
+  memcpy(pending + len, ".pending", sizeof ".pending");
+  int fd;
+  do fd = open(pending, O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
+  while (fd < 0 && errno == EINTR);
+  if (fd < 0) return -1;
+  char line[24];
+  int n = snprintf(line, sizeof line, "%ld\n", (long)getpid());
+  int ok = ftruncate(fd, 0) == 0 && sap_write_all(fd, line, (size_t)n) == 0 && fsync(fd) == 0;
+  close(fd);
+  if (!ok) return -1;
+  /* The one step that decides: the caller's cancel renames FILE.pending away just the same. */
+  if (syscall(SYS_renameat2, AT_FDCWD, pending, AT_FDCWD, run_file, 1 /* RENAME_NOREPLACE */) != 0) return -1;
+  char dir[PATH_MAX];
+  memcpy(dir, run_file, len + 1);
+  char *slash = strrchr(dir, '/');
+  if (slash == dir) slash[1] = '\0';
+  else if (slash) *slash = '\0';
+  else strcpy(dir, ".");
+  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    (void)fsync(dfd);
+    close(dfd);
+  }
+  return 0;
 }
 
 static long long now_ns(void) {
@@ -441,6 +488,8 @@ int main(int argc, char **argv) {
   if (bad) return bad;
   /* Whatever the caller let through is not passed on. */
   syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC);
+  /* Before anything with a side effect (the exit and index files are the run's, cgroups, ...). */
+  if (o.run_file && claim_run(o.run_file) != 0) return EXIT_SETUP;
 
   /*
    * -P: SIGHUP when the caller dies. Until the signals are waited for below, it ends the helper (and
