@@ -80,6 +80,26 @@ function patterned(n: number): { stream: Readable; sha256: () => string } {
   return { stream, sha256: () => hash.digest('hex') };
 }
 
+/**
+ * PUTs a stream to a sandbox's file through the API; the answer's status and body. An answer that
+ * comes before the whole body went out (a refusal) is no failure here.
+ */
+function putStream(sandbox: string, p: string, body: Readable): Promise<{ status: number; body: string }> {
+  return new Promise((resolve, reject) => {
+    const req = http.request(`${T.api()}/api/sandboxes/${sandbox}/files?path=${q(p)}`, {
+      method: 'PUT',
+      headers: { 'x-api-key': T.key(), 'content-type': 'application/octet-stream' },
+    });
+    req.on('response', (res) => {
+      let text = '';
+      res.on('data', (c: Buffer) => (text += c.toString()));
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, body: text }));
+    });
+    req.on('error', (err) => (req.writableEnded ? undefined : reject(err)));
+    body.pipe(req);
+  });
+}
+
 describe('files over raw HTTP', () => {
   it('writes, reads, lists, stats, makes directories, renames and removes', async () => {
     // Content types do not matter: a JSON or NDJSON file is stored as sent, not parsed.
@@ -188,21 +208,7 @@ describe('files over raw HTTP', () => {
   it('streams 100 MB up and down byte for byte while the API stays flat', async () => {
     const pid = apiPid();
     const src = patterned(100);
-    const up = await peakRise(pid, () =>
-      new Promise<{ status: number; body: string }>((resolve, reject) => {
-        const req = http.request(`${T.api()}/api/sandboxes/${sb}/files?path=${q('/workspace/big.bin')}`, {
-          method: 'PUT',
-          headers: { 'x-api-key': T.key(), 'content-type': 'application/octet-stream' },
-        });
-        req.on('response', (res) => {
-          let body = '';
-          res.on('data', (c: Buffer) => (body += c.toString()));
-          res.on('end', () => resolve({ status: res.statusCode ?? 0, body }));
-        });
-        req.on('error', reject);
-        src.stream.pipe(req);
-      }),
-    );
+    const up = await peakRise(pid, () => putStream(sb, '/workspace/big.bin', src.stream));
     expect(up.value.status).toBe(200);
     expect(JSON.parse(up.value.body)).toEqual({ path: '/workspace/big.bin', size: 100 * 1024 * 1024 });
     const want = src.sha256();
@@ -438,21 +444,7 @@ describe('uploads count against the sandbox', () => {
   const memUsage = (id: string): number => Number(fs.readFileSync(`/sys/fs/cgroup/memory/sap/${id}/memory.usage_in_bytes`, 'utf8'));
 
   /** PUTs `n` MiB streamed into the small sandbox; the answer's status and body. */
-  const upload = (p: string, n: number) =>
-    new Promise<{ status: number; body: string }>((resolve, reject) => {
-      const req = http.request(`${T.api()}/api/sandboxes/${small}/files?path=${q(p)}`, {
-        method: 'PUT',
-        headers: { 'x-api-key': T.key(), 'content-type': 'application/octet-stream' },
-      });
-      req.on('response', (res) => {
-        let body = '';
-        res.on('data', (c: Buffer) => (body += c.toString()));
-        res.on('end', () => resolve({ status: res.statusCode ?? 0, body }));
-      });
-      // The answer may come before the whole body went out (a refusal): that is no failure here.
-      req.on('error', (err) => (req.writableEnded ? undefined : reject(err)));
-      patterned(n).stream.pipe(req);
-    });
+  const upload = (p: string, n: number) => putStream(small, p, patterned(n).stream);
 
   it("charges an upload's pages to the sandbox's memory, and refuses one past it cleanly", async () => {
     if (!fs.existsSync(`/sys/fs/cgroup/memory/sap/${small}`)) throw new Error('no memory cgroup for the sandbox: cannot check the charge');
