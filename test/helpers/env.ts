@@ -1,4 +1,7 @@
+import fs from 'node:fs';
+import path from 'node:path';
 import { MongoClient } from 'mongodb';
+import type { StackFile } from '../../scripts/launcher';
 
 /** Connection details of the stack started by test/global-setup.ts. */
 export const T = {
@@ -11,6 +14,13 @@ export const T = {
   dataDir: () => must('SAP_TEST_DATA_DIR'),
   logDir: () => must('SAP_TEST_LOG_DIR'),
 };
+
+/** The pid of one of the stack's processes now, from <DATA_DIR>/stack.json. */
+export function stackPid(name: keyof StackFile['pids']): number {
+  const pid = (JSON.parse(fs.readFileSync(path.join(T.dataDir(), 'stack.json'), 'utf8')) as StackFile).pids[name];
+  if (!pid) throw new Error(`no ${name} pid in stack.json`);
+  return pid;
+}
 
 function must(name: string): string {
   const v = process.env[name];

@@ -14,9 +14,8 @@ import path from 'node:path';
 import { WebSocket } from 'ws';
 import { HostClient } from '../../sandbox/host/client';
 import { startHost, type RunningHost } from '../../sandbox/host/server';
-import type { StackFile } from '../../scripts/launcher';
 import { otherOrgKey } from '../helpers/checkpoints';
-import { api, eventually, T, unique } from '../helpers/env';
+import { api, eventually, stackPid, T, unique } from '../helpers/env';
 import { attach, type Attached } from '../helpers/exec';
 
 const MiB = 1024 * 1024;
@@ -27,11 +26,7 @@ const ATTACHES = 8;
 let key: string;
 const sandboxes: string[] = [];
 
-const pidOf = (name: 'api' | 'host'): number => {
-  const pid = (JSON.parse(fs.readFileSync(path.join(T.dataDir(), 'stack.json'), 'utf8')) as StackFile).pids[name];
-  if (!pid) throw new Error(`no ${name} pid in stack.json`);
-  return pid;
-};
+const pidOf = (name: 'api' | 'host'): number => stackPid(name);
 /** Resident memory of a process, in bytes. */
 const rss = (pid: number): number => {
   const m = /VmRSS:\s+(\d+) kB/.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'));

@@ -7,7 +7,7 @@ import fs from 'node:fs';
 import http from 'node:http';
 import path from 'node:path';
 import { Readable } from 'node:stream';
-import { api, T } from '../helpers/env';
+import { api, stackPid, T } from '../helpers/env';
 import { otherOrgKey } from '../helpers/checkpoints';
 import { newSandbox } from '../helpers/exec';
 import { runSdk } from '../helpers/sdk';
@@ -62,7 +62,7 @@ async function peakRise<T>(pid: number, fn: () => Promise<T>): Promise<{ value: 
   }
 }
 
-const apiPid = (): number => (JSON.parse(fs.readFileSync(path.join(T.dataDir(), 'stack.json'), 'utf8')) as { pids: { api: number } }).pids.api;
+const apiPid = (): number => stackPid('api');
 
 /** `n` MiB of deterministic bytes as a stream (never whole in memory), and their sha256 once read. */
 function patterned(n: number): { stream: Readable; sha256: () => string } {
@@ -317,7 +317,7 @@ describe('files through the OpenComputer client', () => {
   });
 });
 
-const stackPids = (): { api: number; host: number } => (JSON.parse(fs.readFileSync(path.join(T.dataDir(), 'stack.json'), 'utf8')) as { pids: { api: number; host: number } }).pids;
+const stackPids = (): { api: number; host: number } => ({ api: stackPid('api'), host: stackPid('host') });
 const fdCount = (pid: number): number => fs.readdirSync(`/proc/${pid}/fd`).length;
 
 /** The highest rise of a process's descriptor count (sampled every 2 ms) while `fn` runs. */

@@ -1,8 +1,7 @@
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import type { StackFile } from '../../scripts/launcher';
-import { api, control, eventually, T } from '../helpers/env';
+import { api, control, eventually, stackPid, T } from '../helpers/env';
 import { createAgent, runSession } from '../helpers/sessions';
 import { CONNECT_PROBE } from '../helpers/connect-probe';
 import { TestHost } from '../helpers/test-host';
@@ -176,8 +175,7 @@ async function exists(sandboxId: string, file: string): Promise<boolean> {
 }
 /** Open descriptors of the sandbox host process (the resolver runs in it). */
 function hostFds(): () => number {
-  const pid = (JSON.parse(fs.readFileSync(path.join(T.dataDir(), 'stack.json'), 'utf8')) as StackFile).pids.host;
-  if (!pid) throw new Error('no sandbox host pid in stack.json');
+  const pid = stackPid('host');
   return () => fs.readdirSync(`/proc/${pid}/fd`).length;
 }
 
