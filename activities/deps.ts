@@ -1,5 +1,5 @@
 import type { Store } from '../store';
-import type { HostClient } from '../sandbox/host/client';
+import type { HostClient } from '../sandbox';
 import type { SandboxLimits } from '../config/limits';
 import type { SecretBox } from '../lib/secret-box';
 

@@ -1,4 +1,4 @@
-import { HostClient } from '../sandbox/host/client';
+import { HostClient } from '../sandbox';
 import { checkHostLost } from '../store/hosts';
 import type { ActivityDeps } from './deps';
 

@@ -1,4 +1,4 @@
-import { HostClient } from '../sandbox/host/client';
+import { HostClient } from '../sandbox';
 import type { Store } from '../store';
 import { chooseHost, hostAlive, hostsOf, HostView, type HostDoc } from '../store/hosts';
 import { ApiError } from '../lib/errors';

@@ -19,7 +19,7 @@ import { hashSecret } from '../lib/ids';
 import { listSandboxPreviews, previewsOf, type PreviewDoc } from '../store/previews';
 import { machineName } from '../lib/machine';
 import { splice } from '../lib/splice';
-import type { HostClient } from '../sandbox/host/client';
+import type { HostClient } from '../sandbox';
 
 /** How the proxy reaches a sandbox port: the forwarder's Unix socket, or a tunnel through its host. */
 type PortRoute = { socketPath: string } | { tunnel: HostClient; sandboxId: string; port: number };

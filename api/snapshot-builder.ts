@@ -10,8 +10,8 @@ import { createHash } from 'node:crypto';
 import path from 'node:path';
 import type { ApiDeps } from './deps';
 import { randomId } from '../lib/ids';
-import { decodeExecFrame, encodeStdinFrame, type HostClient } from '../sandbox/host/client';
-import type { ExecRequest } from '../sandbox/types';
+import { decodeExecFrame, encodeStdinFrame, type HostClient } from '../sandbox';
+import type { ExecRequest } from '../sandbox';
 import { CheckpointDoc, checkpointsOf, ImageManifest, ImageStep, SnapshotDoc, snapshotsOf } from '../store/checkpoints';
 import { assertRoomAfterCapture } from './storage-quota';
 

@@ -17,6 +17,21 @@ const port = z.coerce.number().int().min(1).max(65535);
 const nonEmpty = z.string().trim().min(1);
 
 /** Every setting the processes read, with local defaults. Parsed once at start. */
+/**
+ * SANDBOX_PROVIDER: `namespaces` (the default: the project's own helpers isolate each sandbox) or
+ * `process` (no isolation, development only). `bwrap`, the old name of `namespaces`, is still
+ * accepted and means `namespaces` (see sandboxProviderWarning).
+ */
+export const sandboxProviderSetting = z
+  .enum(['namespaces', 'process', 'bwrap'])
+  .default('namespaces')
+  .transform((v): 'namespaces' | 'process' => (v === 'bwrap' ? 'namespaces' : v));
+
+/** The one warning an entry point logs at start when SANDBOX_PROVIDER has its old name; undefined otherwise. */
+export function sandboxProviderWarning(env: NodeJS.ProcessEnv = process.env): string | undefined {
+  return env.SANDBOX_PROVIDER === 'bwrap' ? 'SANDBOX_PROVIDER=bwrap is the old name of namespaces' : undefined;
+}
+
 export const configSchema = z.object({
   NODE_ENV: z.enum(['development', 'production', 'test']).default('development'),
   PORT: port.default(8080),
@@ -44,7 +59,7 @@ export const configSchema = z.object({
    */
   ORG_STORAGE_QUOTA_MB: z.coerce.number().int().min(0).default(10_240),
   DATA_DIR: nonEmpty.default(path.join(PROJECT_ROOT, '.data')),
-  SANDBOX_PROVIDER: z.enum(['bwrap', 'process']).default('bwrap'),
+  SANDBOX_PROVIDER: sandboxProviderSetting,
   /** npm start: how many sandbox hosts (each with its worker) to run on this machine. */
   SANDBOX_HOSTS: z.coerce.number().int().min(1).max(16).default(1),
   HOST_ID: nonEmpty.regex(/^[\w.-]+$/, 'letters, digits, _ . - only').optional(),

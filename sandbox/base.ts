@@ -13,20 +13,23 @@ import { pipeline } from 'node:stream/promises';
 import type { Logger } from 'pino';
 import pino from 'pino';
 import { SandboxError } from './errors';
+import { defaultScratchDir } from './scratch';
 import { normaliseEgress, type Egress } from './network';
 import { AuditLog, defaultAuditLogPath } from './audit-log';
 import { readSandboxFile, writeSandboxFile, type RootMap } from './paths';
 import { isAlive, procRef, procStart, SandboxCgroups, signalRef, type Limits, type ProcRef } from './procs';
 import type {
+  EntrypointLog,
+  EntrypointLogChunk,
   CreateResult,
   ListFilter,
   ProviderKind,
   ProviderOptions,
   SandboxProvider,
   SpawnOptions,
-} from './provider';
+} from './driver';
 import { SecretBox } from '../lib/secret-box';
-import { HIBERNATION_LAYER_MARK, type CreateSandboxRequest, type EntrypointSpec, type EntrypointStatus, type PatchOutcome, type SandboxInfo } from './types';
+import { HIBERNATION_LAYER_MARK, type CreateSandboxRequest, type EntrypointSpec, type EntrypointStatus, type PatchOutcome, type SandboxInfo } from './host-contract/types';
 
 /** What a host keeps about a sandbox, in state.json. */
 export interface SandboxState {
@@ -49,15 +52,15 @@ export interface SandboxState {
   /** Provider-specific processes (e.g. the namespace init). */
   init?: { outer: ProcRef; ns: ProcRef };
   /**
-   * bwrap: whether the sandbox's overlays are mounted in the host's mount namespace (false: in the
+   * namespaces provider: whether the sandbox's overlays are mounted in the host's mount namespace (false: in the
    * sandbox's own, gone with its processes; absent: a sandbox of an older host, so treated as true).
    */
   hostMounts?: boolean;
   /** The network policy asked for at create (absent: the default, `internet`). */
   network?: { egress: 'internet' | 'none' | { allow: string[] } };
-  /** bwrap: the sandbox's link out (see network.ts); absent: loopback only. */
+  /** namespaces provider: the sandbox's link out (see network.ts); absent: loopback only. */
   link?: { ifname: string; gateway: string; address: string; prefix: number };
-  /** bwrap: host uid/gid of the sandbox's root; its ids 0..65535 are host ids idBase.. (see id-slots.ts). */
+  /** namespaces provider: host uid/gid of the sandbox's root; its ids 0..65535 are host ids idBase.. (see id-slots.ts). */
   idBase?: number;
   /**
    * The entrypoint. `starting` is saved before the entrypoint's helper is started and cleared once
@@ -95,23 +98,6 @@ interface Respawn {
  * How a provider's one-exec entry helper (see BaseProvider.enterArgv) starts a process: the cgroups it
  * joins, and for entrypoints its own process group, a timeout and the file its exit code goes to.
  */
-/** One piece of an entrypoint's output: its stream, when the helper read it (ms since the epoch; null: not recorded). */
-export interface EntrypointLogChunk {
-  stream: 'stdout' | 'stderr';
-  at: number | null;
-  /** Where the chunk starts in its stream (bytes from the stream's beginning). */
-  offset: number;
-  data: Buffer;
-}
-
-/** An entrypoint's output in order (see BaseProvider.entrypointLog). */
-export interface EntrypointLog {
-  chunks: EntrypointLogChunk[];
-  /** Each stream's whole size, and whether the chunks start after its beginning. */
-  bytes: { stdout: number; stderr: number };
-  truncated: { stdout: boolean; stderr: boolean };
-}
-
 export interface EnterOptions {
   cgroupProcs: string[];
   /** The process leads a process group of its own (signals and the timeout reach its children). */
@@ -217,10 +203,8 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const WATCHED_POLL_MS = 250;
 const UNWATCHED_POLL_MS = 20;
 
-/** The scratch directory a host with this DATA_DIR uses by default when /dev/shm is a tmpfs. */
-export function defaultScratchDir(dataDir: string): string {
-  return path.join('/dev/shm', `sap-sandboxes-${createHash('sha256').update(path.resolve(dataDir)).digest('hex').slice(0, 12)}`);
-}
+export { defaultScratchDir };
+export type { EntrypointLog, EntrypointLogChunk };
 
 /** statfs type of a tmpfs. */
 const TMPFS_MAGIC = 0x01021994;
@@ -908,7 +892,7 @@ export abstract class BaseProvider implements SandboxProvider {
       const stdio: ('pipe')[] = opts.pty ? ['pipe', 'pipe', 'pipe', 'pipe'] : ['pipe', 'pipe', 'pipe'];
       return spawn(direct[0]!, direct.slice(1), { stdio, detached: true, env: this.enterEnv(state, opts) });
     }
-    if (opts.pty) throw new SandboxError('invalid_request', `terminals need the bwrap provider (this host runs ${this.kind})`);
+    if (opts.pty) throw new SandboxError('invalid_request', `terminals need the namespaces provider (this host runs ${this.kind})`);
     const inner = this.innerArgv(state, opts);
     const script = `${cgroupJoin(cgroupProcs)} exec "$@"`;
     return spawn('/bin/sh', ['-c', script, 'sh', ...inner], {

@@ -1,16 +1,32 @@
 /**
- * The driver interface for the thing that varies: how a sandbox is isolated. `bwrap` (namespaces,
- * overlayfs, cgroups; the default) and `process` (no isolation, for development) implement it; the
- * host daemon is the only caller. `createSandboxProvider({ kind })` picks one.
+ * The driver interface for the thing that varies: how a sandbox is isolated. `namespaces` (the
+ * project's own helpers: user namespaces, overlayfs, seccomp, cgroups; the default) and `process` (no
+ * isolation, for development) implement it; the host daemon is the only caller. This module imports
+ * no driver: `createSandboxProvider({ kind })` in ./factory picks one.
  */
 import type { ChildProcess } from 'node:child_process';
 import type { Logger } from 'pino';
-import { BwrapProvider } from './bwrap';
-import { ProcessProvider } from './process';
-import type { CreateSandboxRequest, EntrypointSpec, EntrypointStatus, SandboxInfo } from './types';
+import type { CreateSandboxRequest, EntrypointSpec, EntrypointStatus, SandboxInfo } from './host-contract/types';
 
 /** Which provider a host runs. */
-export type ProviderKind = 'bwrap' | 'process';
+export type ProviderKind = 'namespaces' | 'process';
+
+/** One piece of an entrypoint's output: its stream, when the helper read it (ms since the epoch; null: not recorded). */
+export interface EntrypointLogChunk {
+  stream: 'stdout' | 'stderr';
+  at: number | null;
+  /** Where the chunk starts in its stream (bytes from the stream's beginning). */
+  offset: number;
+  data: Buffer;
+}
+
+/** An entrypoint's output in order (see BaseProvider.entrypointLog). */
+export interface EntrypointLog {
+  chunks: EntrypointLogChunk[];
+  /** Each stream's whole size, and whether the chunks start after its beginning. */
+  bytes: { stdout: number; stderr: number };
+  truncated: { stdout: boolean; stderr: boolean };
+}
 
 /** A process to run inside a live sandbox. */
 export interface SpawnOptions {
@@ -97,7 +113,7 @@ export interface SandboxProvider {
   entrypointOutput(id: string, stream: 'stdout' | 'stderr', maxBytes: number): Promise<Buffer>;
 
   /** The entrypoint's stdout and stderr in the order written: the last maxBytes of each. */
-  entrypointLog(id: string, maxBytes: number, since?: { stdout?: number; stderr?: number }): Promise<import('./base').EntrypointLog>;
+  entrypointLog(id: string, maxBytes: number, since?: { stdout?: number; stderr?: number }): Promise<EntrypointLog>;
 
   /**
    * Starts a process inside the live sandbox with piped stdio. It leads its own process group:
@@ -147,7 +163,7 @@ export interface ProviderOptions {
   hostId: string;
   logger?: Logger;
   /**
-   * bwrap provider: the `sap-sandbox-init` helper that builds a sandbox and becomes its pid 1 (built
+   * namespaces provider: the `sap-sandbox-init` helper that builds a sandbox and becomes its pid 1 (built
    * by scripts/toolchain.sh into .tools/bin). Default: that path. Required.
    */
   initHelper?: string;
@@ -158,24 +174,24 @@ export interface ProviderOptions {
    */
   scratchDir?: string | null;
   /**
-   * bwrap provider: the `sap-sandbox-enter` helper that runs a process inside a sandbox in one exec
+   * namespaces provider: the `sap-sandbox-enter` helper that runs a process inside a sandbox in one exec
    * (built by scripts/toolchain.sh into .tools/bin). Default: that path. Required.
    */
   enterHelper?: string;
-  /** bwrap provider: the seccomp filter (scripts/toolchain.sh builds it into .tools/lib/sap-seccomp.bpf). */
+  /** namespaces provider: the seccomp filter (scripts/toolchain.sh builds it into .tools/lib/sap-seccomp.bpf). */
   seccompFilter?: string;
   /**
-   * bwrap provider: a directory mounted as every sandbox's lowest read-only layer of `/`, holding
+   * namespaces provider: a directory mounted as every sandbox's lowest read-only layer of `/`, holding
    * opt/sap/node_modules with the Claude Agent SDK (scripts/toolchain.sh installs it at
    * .tools/agent-sdk). Default: that path when it exists (SANDBOX_AGENT_SDK_LAYER overrides it); null: none.
    */
   agentSdkLayer?: string | null;
   /**
-   * bwrap provider: host uid/gid of the first sandbox's root (SANDBOX_ID_BASE). Sandbox n (a slot
+   * namespaces provider: host uid/gid of the first sandbox's root (SANDBOX_ID_BASE). Sandbox n (a slot
    * reused once its sandbox is gone) maps its ids 0..65535 to base + n × 65536 + 0..65535.
    */
   idBase?: number;
-  /** bwrap provider: sandboxes' network (see network.ts). Default: from SANDBOX_NETWORK and friends; null: loopback only. */
+  /** namespaces provider: sandboxes' network (see network.ts). Default: from SANDBOX_NETWORK and friends; null: loopback only. */
   network?: import('./network').SandboxNetwork | null;
   /**
    * The entrypoint audit log (see audit-log.ts): one fsync'd line per entrypoint start.
@@ -187,11 +203,4 @@ export interface ProviderOptions {
    * Default: SANDBOX_ENTRYPOINT_CLAIM_TIMEOUT_MS, else 30000.
    */
   entrypointClaimTimeoutMs?: number;
-}
-
-/** Creates the provider of the given kind. The `process` provider offers no isolation and says so in the log. */
-export function createSandboxProvider(opts: ProviderOptions & { kind: ProviderKind }): SandboxProvider {
-  if (opts.kind === 'bwrap') return new BwrapProvider(opts);
-  if (opts.kind === 'process') return new ProcessProvider(opts);
-  throw new Error(`unknown sandbox provider: ${String(opts.kind)}`);
 }

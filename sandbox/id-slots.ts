@@ -74,7 +74,7 @@ export type SetIdFile = [string, number];
  * On disk those ids are host ids too (sandbox root's files are host root's): a set-id file there
  * would be a host set-id file. So regular files lose their set-id bits on disk; they are returned,
  * for the layer to keep as data (setid.json), and put back inside each sandbox made from the layer,
- * on its own copy (see BwrapProvider.restoreSetIds).
+ * on its own copy (see NamespaceProvider.restoreSetIds).
  */
 export async function shiftIdsToSandbox(dir: string, idBase: number): Promise<SetIdFile[]> {
   const setId: SetIdFile[] = [];

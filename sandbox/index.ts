@@ -1,5 +1,14 @@
-/** The sandbox runtime's public surface: the host contract's types and the client that speaks it. */
-export * from './types';
-export { HostClient, HostError, decodeExecFrame, encodeStdinFrame, type ExecFrame, type HostClientOptions } from './host/client';
+/**
+ * The one module the control plane (api/, activities/, worker/, store/, scripts/) imports from
+ * sandbox/: the host contract only — the HTTP client of a sandbox host, the wire types, the exec
+ * frame codec, the egress policy's checks — and the few host-side names that read a host's files.
+ * It pulls no runtime (drivers, nftables, C helpers) into the importing process; a process that runs
+ * a host imports ./host/main (or ./host/server) itself.
+ */
+export * from './host-contract/types';
+export { HostClient, HostError, decodeExecFrame, encodeStdinFrame, type ExecFrame, type HostCapacity, type HostClientOptions } from './host-contract/client';
+export { writeRawFrame } from './host-contract/frames';
+export { normaliseEgress, normaliseAllowEntry, type Egress } from './host-contract/egress';
 export { SandboxError, errorStatus, isSandboxError, type SandboxErrorType } from './errors';
-export { createSandboxProvider, type SandboxProvider, type ProviderKind, type SpawnOptions } from './provider';
+export { countRuns, defaultAuditLogPath } from './audit-log';
+export { defaultScratchDir } from './scratch';

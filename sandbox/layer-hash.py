@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """
-The content hash of a layer's directory (see BwrapProvider.hashOfDir), computed in a process of its
+The content hash of a layer's directory (see NamespaceProvider.hashOfDir), computed in a process of its
 own so that the host's event loop never waits on it.
 
 usage: layer-hash.py DIR

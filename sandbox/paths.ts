@@ -10,7 +10,7 @@
  * kernel (which would resolve an absolute target against the HOST's root when the walk started under
  * /proc/<pid>/root): the walk reads the link and goes on from the sandbox root itself.
  *
- * When the map names the sandbox's own mounts (`mountIds`, as the bwrap provider does: its tree is
+ * When the map names the sandbox's own mounts (`mountIds`, as the namespaces provider does: its tree is
  * reached through /proc/<init pid>/root, in the sandbox's mount namespace), every descriptor opened
  * on the way, directories included and before anything is created in them, must be on one of those
  * mounts (`mnt_id` in /proc/self/fdinfo): the sandbox's /proc, /dev and any other mount are refused.

@@ -10,7 +10,7 @@ import { BaseProvider, DEFAULT_ENV, envPairs, type SandboxState } from './base';
 import { SandboxError } from './errors';
 import { hostPathOf, sandboxPathComponents, type RootMap } from './paths';
 import { isAlive, SandboxCgroups } from './procs';
-import type { ProviderOptions, SpawnOptions } from './provider';
+import type { ProviderOptions, SpawnOptions } from './driver';
 
 /** Unisolated sandboxes for development; see the module comment. */
 export class ProcessProvider extends BaseProvider {

@@ -1,6 +1,6 @@
 import fs from 'node:fs';
 import path from 'node:path';
-import { HostClient } from '../sandbox/host/client';
+import { HostClient } from '../sandbox';
 
 /**
  * `npm run bench -- layers [--n N] [--mb 1,100]` against a running stack with two or more hosts

@@ -1,6 +1,6 @@
 import { execFile } from 'node:child_process';
 import os from 'node:os';
-import { HostClient } from '../sandbox/host/client';
+import { HostClient } from '../sandbox';
 
 /**
  * Load client shared by every leg of the preview bench (run inside the sandbox and on the host alike):

@@ -6,8 +6,8 @@ import path from 'node:path';
 import { isDeepStrictEqual, parseArgs } from 'node:util';
 import { batchSessionId } from '../lib/batch-ids';
 import { sandboxIdForSession } from '../lib/naming';
-import { countRuns, defaultAuditLogPath } from '../sandbox/audit-log';
-import { defaultScratchDir } from '../sandbox/base';
+import { countRuns, defaultAuditLogPath } from '../sandbox';
+import { defaultScratchDir } from '../sandbox';
 import type { BaseProcName as ProcName, StackFile } from './launcher';
 
 /**

@@ -33,7 +33,7 @@ export interface StackOptions {
   hostPorts?: number[];
   apiKey: string;
   hostToken: string;
-  sandboxProvider?: 'bwrap' | 'process';
+  sandboxProvider?: 'namespaces' | 'process';
   /** Extra environment for the platform's own processes. */
   env?: Record<string, string>;
   /** Lines of our processes' output go here as well as to their log files. */
@@ -169,7 +169,7 @@ export async function startStack(o: StackOptions): Promise<Stack> {
     DATA_DIR: o.dataDir,
     HOST_LISTEN: `127.0.0.1:${o.hostPort}`,
     HOST_TOKEN: o.hostToken,
-    SANDBOX_PROVIDER: o.sandboxProvider ?? 'bwrap',
+    SANDBOX_PROVIDER: o.sandboxProvider ?? 'namespaces',
     ...o.env,
   };
   const hostCount = o.hosts ?? 1;

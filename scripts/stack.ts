@@ -1,4 +1,4 @@
-import { bootstrapApiKey, loadConfigOrExit, resolveHostToken } from '../config';
+import { bootstrapApiKey, loadConfigOrExit, resolveHostToken, sandboxProviderWarning } from '../config';
 import { startStack, Stack } from './launcher';
 
 /**
@@ -7,6 +7,9 @@ import { startStack, Stack } from './launcher';
  */
 async function main(): Promise<void> {
   const cfg = loadConfigOrExit();
+  // The stack's processes get the new name; the old one is reported here once.
+  const providerWarning = sandboxProviderWarning();
+  if (providerWarning) process.stderr.write(`warning: ${providerWarning}\n`);
   const [tHost, tPort] = cfg.TEMPORAL_ADDRESS.split(':');
   const mongoPort = Number(new URL(cfg.MONGO_URL).port || 27017);
   const apiKey = bootstrapApiKey(cfg) ?? 'dev-key';

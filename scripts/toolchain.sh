@@ -85,7 +85,7 @@ ln -sfn "$fbin" "$root/.tools/bin/ferretdb"
 # --- sap-sandbox-init and sap-sandbox-enter ----------------------------------------------
 # sap-sandbox-init builds a sandbox (user namespace, idmapped layers, overlays, /proc, /dev,
 # capabilities, seccomp) and becomes its pid 1; sap-sandbox-enter runs a process inside one (see
-# sandbox/bwrap.ts). Sandboxes cannot be isolated without them: no C compiler stops here. Each is
+# sandbox/namespaces/). Sandboxes cannot be isolated without them: no C compiler stops here. Each is
 # built once per version of its source and the shared header.
 command -v cc >/dev/null 2>&1 || { echo "toolchain: a C compiler (cc) is needed to build the sandbox helpers: apt-get install -y gcc" >&2; exit 1; }
 build_helper() { # name, source
@@ -152,7 +152,7 @@ ln -sfn "$sbpf" "$root/.tools/lib/sap-seccomp.bpf"
 # The default agent runner imports @anthropic-ai/claude-agent-sdk (sandbox/runners/agent.ts). It is
 # installed once per version of sandbox/agent-sdk/package-lock.json into a tree laid out as a sandbox
 # sees it (opt/sap/node_modules), which every sandbox mounts as its lowest read-only layer (no copy
-# per sandbox; see sandbox/bwrap.ts). The package brings the Claude Code CLI as a native binary
+# per sandbox; see sandbox/namespaces/). The package brings the Claude Code CLI as a native binary
 # (@anthropic-ai/claude-agent-sdk-linux-<arch>, about 360 MB), which the SDK spawns.
 asrc="$root/sandbox/agent-sdk"
 ahash="$(cat "$asrc/package.json" "$asrc/package-lock.json" | sha256sum | cut -c1-16)"

@@ -1,5 +1,5 @@
 import type { Store } from './index';
-import type { HostCapacity } from '../sandbox/host/client';
+import type { HostCapacity } from '../sandbox';
 
 /**
  * A sandbox host, registered by the worker beside it at start and refreshed by its heartbeat (every

@@ -1,6 +1,6 @@
 import type { Store } from './index';
-import type { HostClient } from '../sandbox/host/client';
-import { HIBERNATION_LAYER_MARK } from '../sandbox/types';
+import type { HostClient } from '../sandbox';
+import { HIBERNATION_LAYER_MARK } from '../sandbox';
 
 /**
  * A sandbox created through /api/sandboxes (or an instance's): which organisation owns it and

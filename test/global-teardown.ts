@@ -2,7 +2,7 @@ import fs from 'node:fs';
 import type http from 'node:http';
 import path from 'node:path';
 import type { Stack } from '../scripts/launcher';
-import { defaultScratchDir } from '../sandbox/base';
+import { defaultScratchDir } from '../sandbox';
 
 /** Where the stack's logs are kept after a run with failures (or with SAP_TEST_KEEP_LOGS=1). */
 const KEPT_LOGS = path.resolve(__dirname, '..', 'test-logs');

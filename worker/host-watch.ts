@@ -1,7 +1,7 @@
 import type { Client } from '@temporalio/client';
 import type { Logger } from 'pino';
 import type { Store } from '../store';
-import type { HostClient } from '../sandbox/host/client';
+import type { HostClient } from '../sandbox';
 import { checkHostLost, hostAlive, hostsOf, type HostDoc } from '../store/hosts';
 import { sandboxesOf } from '../store/sandboxes';
 import { hostAnswers } from '../activities/hosts';

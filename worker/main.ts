@@ -5,7 +5,7 @@ import { Client, Connection } from '@temporalio/client';
 import { hostTaskQueue, hostUrlOf, loadConfigOrExit, PROJECT_ROOT, resolveHostToken, resolveSecretBox, workerHeartbeatMs } from '../config';
 import { createActivities } from '../activities';
 import { createLogger } from '../lib/logger';
-import { HostClient } from '../sandbox/host/client';
+import { HostClient } from '../sandbox';
 import { connectStore } from '../store';
 import { startReaper } from './reaper';
 import { createWorkerMetrics, installTemporalRuntime, serveWorkerMetrics } from './metrics';

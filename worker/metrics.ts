@@ -3,7 +3,7 @@ import client from 'prom-client';
 import type { ActivityExecuteInput, ActivityInboundCallsInterceptor, Next } from '@temporalio/worker';
 import type { Context } from '@temporalio/activity';
 import type { Logger } from '../lib/logger';
-import type { HostClient } from '../sandbox/host/client';
+import type { HostClient } from '../sandbox';
 import type { SessionEnd } from '../workflows/types';
 import type { WorkerReadiness } from './readiness';
 

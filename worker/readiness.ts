@@ -1,5 +1,5 @@
 import type { Worker } from '@temporalio/worker';
-import type { HostClient } from '../sandbox/host/client';
+import type { HostClient } from '../sandbox';
 
 /** The worker process's readiness, as its metrics port reports it on GET /readyz. */
 export interface WorkerReadiness {

@@ -1,11 +1,11 @@
 import type { Client } from '@temporalio/client';
 import { WorkflowNotFoundError } from '@temporalio/client';
 import type { Logger } from '../lib/logger';
-import type { HostClient } from '../sandbox/host/client';
+import type { HostClient } from '../sandbox';
 import type { Store } from '../store';
 import { hibernateSandbox, sandboxesOf } from '../store/sandboxes';
 import { readSession } from '../store/sessions';
-import type { SandboxInfo } from '../sandbox/types';
+import type { SandboxInfo } from '../sandbox';
 
 /** Sandboxes younger than this are left alone: their session may still be provisioning, or their record being written. */
 const GRACE_MS = 60_000;

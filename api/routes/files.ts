@@ -6,7 +6,7 @@ import type { ApiDeps } from '../deps';
 import type { RouteTable } from '../http';
 import '../http';
 import { ApiError, invalid, notFound } from '../../lib/errors';
-import type { HostClient } from '../../sandbox/host/client';
+import type { HostClient } from '../../sandbox';
 import { findOrgSandbox } from '../../store/sandboxes';
 import { fromHostError, sandboxHost } from './exec';
 import { SandboxParams, wakeInBackground } from './sandboxes';

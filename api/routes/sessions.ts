@@ -10,7 +10,7 @@ import { ApiError, conflict, invalid, notFound } from '../../lib/errors';
 import { derivedId, randomId } from '../../lib/ids';
 import { AgentDoc, fromJsonText, isDuplicateKey, runSpecOf, SessionDoc } from '../../store';
 import { knownCreation, readSession, readSessions, recordSessionEnd, rememberCreated, sessionHostOf } from '../../store/sessions';
-import type { HostClient } from '../../sandbox/host/client';
+import type { HostClient } from '../../sandbox';
 import { getAgent, getAgentToRun } from './agents';
 import { sessionLogDoc, sessionLogsOf, type SessionLogDoc } from '../../store/session-logs';
 import { sandboxIdForSession } from '../../lib/naming';

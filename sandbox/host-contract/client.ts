@@ -9,7 +9,7 @@ import { WebSocket } from 'ws';
 import { ExecStream, type ExecStreamHandlers } from './exec-stream';
 import type { Readable } from 'node:stream';
 import type { SandboxEntry } from '../paths';
-import type { CreatedSandbox, CreateSandboxRequest, EntrypointSpec, EntrypointStatus, ExecRequest, ExecRunResult, ExecSessionInfo, SandboxInfo, WireEntrypointLog } from '../types';
+import type { CreatedSandbox, CreateSandboxRequest, EntrypointSpec, EntrypointStatus, ExecRequest, ExecRunResult, ExecSessionInfo, SandboxInfo, WireEntrypointLog } from './types';
 
 /** A decoded server→client exec WebSocket frame (see exec.ts for the wire format). */
 export type ExecFrame =
@@ -441,7 +441,7 @@ export class HostClient {
   }
 
   /** Starts a login shell on a terminal of the sandbox (see ./pty). */
-  createPty(id: string, req: { cols?: number; rows?: number; envs?: Record<string, string>; cwd?: string }): Promise<import('./pty').PtyInfo> {
+  createPty(id: string, req: { cols?: number; rows?: number; envs?: Record<string, string>; cwd?: string }): Promise<import('../host/pty').PtyInfo> {
     return this.call('POST', `/sandboxes/${encodeURIComponent(id)}/pty`, { body: req });
   }
 

@@ -92,7 +92,7 @@ export interface SandboxInfo {
   createdAt: string;
   metadata: Record<string, string>;
   patches: PatchOutcome[];
-  /** Which isolation this sandbox got: 'bwrap' (namespaces) or 'process' (none). */
+  /** Which isolation this sandbox got: 'namespaces' or 'process' (none). */
   provider: string;
   /** Its egress policy now (absent: loopback only, no policy: SANDBOX_NETWORK=off or the process provider). */
   network?: { egress: 'internet' | 'none' | { allow: string[] } };

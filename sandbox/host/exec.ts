@@ -35,12 +35,12 @@ import { WebSocketServer, WebSocket } from 'ws';
 import { z } from 'zod';
 import { errorStatus, isSandboxError, SandboxError } from '../errors';
 import { SandboxCgroups } from '../procs';
-import type { SandboxProvider } from '../provider';
+import type { SandboxProvider } from '../driver';
 import type { PipedProcess } from '../spawner';
-import type { ExecRequest, ExecRunResult, ExecSessionInfo } from '../types';
+import type { ExecRequest, ExecRunResult, ExecSessionInfo } from '../host-contract/types';
 import { bearerMatchesHeader } from './auth';
 import { splice } from '../../lib/splice';
-import { writeBinaryFrame } from './frames';
+import { writeBinaryFrame } from '../host-contract/frames';
 import { readOutput, type OutputReader, type Slab } from './output-reader';
 import type { ExecLimits } from '../../config/exec-limits';
 

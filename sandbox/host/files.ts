@@ -33,7 +33,7 @@ import {
   renameSandboxPath,
   statSandboxPath,
 } from '../paths';
-import type { SandboxProvider } from '../provider';
+import type { SandboxProvider } from '../driver';
 
 type Wrap = (fn: (req: Request, res: Response) => Promise<void>) => (req: Request, res: Response, next: NextFunction) => void;
 type Parse = <S extends z.ZodType>(schema: S, req: Request) => z.infer<S>;

@@ -12,7 +12,7 @@ import * as path from 'node:path';
 import * as readline from 'node:readline';
 import type { Logger } from 'pino';
 import { SandboxError } from '../errors';
-import type { SandboxProvider } from '../provider';
+import type { SandboxProvider } from '../driver';
 import type { ForwarderCommand, ForwarderReply } from './forwarder';
 
 /** Longest Unix socket path that fits sockaddr_un on Linux (108 bytes with the NUL), with margin. */

@@ -1,7 +1,7 @@
 /**
  * The sandbox host daemon: one per machine, owns every sandbox on it. Configured by environment:
  * DATA_DIR (required), HOST_TOKEN (required), HOST_ID (default hostname), SANDBOX_PROVIDER
- * (bwrap | process, default bwrap), HOST_LISTEN (default 127.0.0.1:7300), LOG_LEVEL (default info),
+ * (namespaces | process, default namespaces; `bwrap` is the old name of namespaces), HOST_LISTEN (default 127.0.0.1:7300), LOG_LEVEL (default info),
  * SANDBOX_SCRATCH_DIR (where sessions' sandboxes keep their files; default /dev/shm when it is a tmpfs, `off`: DATA_DIR),
  * HOST_MAX_SANDBOXES (live sandboxes at most; default one per 64 MB of memory, at least 16),
  * SANDBOX_AUDIT_LOG (the entrypoint audit log; default DATA_DIR/audit/entrypoints.ndjson, `off`: none),
@@ -15,6 +15,7 @@
 import * as os from 'node:os';
 import pino from 'pino';
 import { z } from 'zod';
+import { sandboxProviderSetting, sandboxProviderWarning } from '../../config';
 import { limitsEnvShape, resolveLimits } from '../../config/limits';
 import { pathLimits } from '../paths';
 import { execLimitsEnvShape, loadExecLimits } from '../../config/exec-limits';
@@ -25,7 +26,7 @@ const envSchema = z.object({
   DATA_DIR: z.string().min(1),
   HOST_TOKEN: z.string().min(1),
   HOST_ID: z.string().min(1).default(os.hostname()),
-  SANDBOX_PROVIDER: z.enum(['bwrap', 'process']).default('bwrap'),
+  SANDBOX_PROVIDER: sandboxProviderSetting,
   HOST_LISTEN: z.string().default('127.0.0.1:7300'),
   // Where sessions' sandboxes keep their files: unset = /dev/shm when it is a tmpfs, 'off' = DATA_DIR.
   SANDBOX_SCRATCH_DIR: z.string().optional(),
@@ -58,6 +59,8 @@ async function main(): Promise<void> {
     process.exit(2);
   }
   logger.level = env.LOG_LEVEL;
+  const providerWarning = sandboxProviderWarning(process.env);
+  if (providerWarning) logger.warn(providerWarning);
   pathLimits.maxDepth = env.SANDBOX_PATH_MAX_DEPTH;
   pathLimits.maxBytes = env.SANDBOX_PATH_MAX_BYTES;
   const host = await startHost({

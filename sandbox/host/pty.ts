@@ -20,7 +20,7 @@ import type { Logger } from 'pino';
 import { WebSocket } from 'ws';
 import { z } from 'zod';
 import { SandboxError } from '../errors';
-import type { SandboxProvider } from '../provider';
+import type { SandboxProvider } from '../driver';
 
 const SCROLLBACK_BYTES = 64 * 1024;
 export const PTY_DETACHED_MS = 30_000;

@@ -11,11 +11,12 @@ import { z } from 'zod';
 import { effectiveResources, loadLimits, overMaximum, type SandboxLimits } from '../../config/limits';
 import { loadExecLimits, type ExecLimits } from '../../config/exec-limits';
 import { errorStatus, isSandboxError, SandboxError, type SandboxErrorType } from '../errors';
-import { createSandboxProvider, type ProviderKind, type SandboxProvider } from '../provider';
-import type { CreatedSandbox, WireEntrypointLog } from '../types';
+import type { ProviderKind, SandboxProvider } from '../driver';
+import { createSandboxProvider } from '../factory';
+import type { CreatedSandbox, WireEntrypointLog } from '../host-contract/types';
 import type { EntrypointLog } from '../base';
 import { bearerMatchesHeader } from './auth';
-import { HostClient, type HostCapacity } from './client';
+import { HostClient, type HostCapacity } from '../host-contract/client';
 import { machineName } from '../../lib/machine';
 import { scrubUrl } from '../../lib/logger';
 import { attachExec, ExecManager } from './exec';
@@ -387,7 +388,7 @@ export function createApp(deps: HostDeps): express.Express {
 export interface StartHostOptions {
   dataDir: string;
   token: string;
-  /** A provider kind, or a ready provider. Default 'bwrap'. */
+  /** A provider kind, or a ready provider. Default 'namespaces'. */
   provider?: ProviderKind | SandboxProvider;
   hostId?: string;
   /** `host:port`; default 127.0.0.1:7300 (port 0 picks a free one). */
@@ -429,7 +430,7 @@ export async function startHost(opts: StartHostOptions): Promise<RunningHost> {
   const provider =
     typeof opts.provider === 'object'
       ? opts.provider
-      : createSandboxProvider({ kind: opts.provider ?? 'bwrap', dataDir: opts.dataDir, hostId, logger, scratchDir: opts.scratchDir, auditLog: opts.auditLog, ...(opts.network !== undefined ? { network: opts.network } : {}) });
+      : createSandboxProvider({ kind: opts.provider ?? 'namespaces', dataDir: opts.dataDir, hostId, logger, scratchDir: opts.scratchDir, auditLog: opts.auditLog, ...(opts.network !== undefined ? { network: opts.network } : {}) });
   await provider.init();
   const exec = new ExecManager(provider, logger, opts.execLimits ?? loadExecLimits(process.env));
   const pty = new PtyManager(provider, logger);

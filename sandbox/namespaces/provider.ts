@@ -34,16 +34,16 @@ import * as net from 'node:net';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { promisify } from 'node:util';
-import type { Spawner } from './spawner';
-import { PROJECT_ROOT } from '../config';
-import { DEFAULT_MEMORY_MB } from '../config/limits';
-import { BaseProvider, DEFAULT_ENV, assertId, envPairs, type EnterOptions, type LayerScan, type SandboxState } from './base';
-import { SandboxError } from './errors';
-import { openSandboxFileForRead, type RootMap } from './paths';
-import { isAlive, procRef, SandboxCgroups, signalRef, type ProcRef } from './procs';
-import { ID_COUNT, IdSlots, shiftIdsToSandbox, stripSetIds, type SetIdFile } from './id-slots';
-import { normaliseEgress, RESOLVER_ADDRESS, SandboxNetwork, type Egress } from './network';
-import type { ProviderOptions, SpawnOptions } from './provider';
+import type { Spawner } from '../spawner';
+import { PROJECT_ROOT } from '../../config';
+import { DEFAULT_MEMORY_MB } from '../../config/limits';
+import { BaseProvider, DEFAULT_ENV, assertId, envPairs, type EnterOptions, type LayerScan, type SandboxState } from '../base';
+import { SandboxError } from '../errors';
+import { openSandboxFileForRead, type RootMap } from '../paths';
+import { isAlive, procRef, SandboxCgroups, signalRef, type ProcRef } from '../procs';
+import { ID_COUNT, IdSlots, shiftIdsToSandbox, stripSetIds, type SetIdFile } from '../id-slots';
+import { normaliseEgress, RESOLVER_ADDRESS, SandboxNetwork, type Egress } from '../network';
+import type { ProviderOptions, SpawnOptions } from '../driver';
 
 const execFileP = promisify(execFile);
 
@@ -104,7 +104,7 @@ interface Spare {
   failed?: (why: string) => void;
 }
 
-/** An init helper handed its arguments: its pid, and its connection (bwrap-style info arrives there). */
+/** An init helper handed its arguments: its pid, and its connection (the sandbox's info arrives there). */
 interface Starting {
   pid: number;
   sock: net.Socket;
@@ -140,8 +140,8 @@ async function requireFile(file: string, what: string, exec: boolean): Promise<s
 }
 
 /** Namespaced sandboxes with a copy-on-write root; see the module comment. */
-export class BwrapProvider extends BaseProvider {
-  readonly kind = 'bwrap' as const;
+export class NamespaceProvider extends BaseProvider {
+  readonly kind = 'namespaces' as const;
   private readonly initHelper: string;
   private readonly enterHelper: string;
   private readonly seccompFilter: string;
@@ -354,7 +354,7 @@ export class BwrapProvider extends BaseProvider {
         return;
       }
       sock.off('data', onData);
-      // Until a create reads bwrap's info from it.
+      // Until a create reads the sandbox's info from it.
       sock.pause();
       const key = /^ready (\S+)$/.exec(text.slice(0, nl))?.[1];
       const waiter = key ? this.helperWaiters.get(key) : undefined;

@@ -1,7 +1,7 @@
 import { execFile } from 'node:child_process';
 import path from 'node:path';
 import { promisify } from 'node:util';
-import { HostClient } from '../../sandbox/host/client';
+import { HostClient } from '../../sandbox/host-contract/client';
 import { api, T } from './env';
 
 const ROOT = path.resolve(__dirname, '..', '..');

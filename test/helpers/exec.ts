@@ -1,5 +1,5 @@
 import { WebSocket } from 'ws';
-import { decodeExecFrame, type ExecFrame } from '../../sandbox/host/client';
+import { decodeExecFrame, type ExecFrame } from '../../sandbox/host-contract/client';
 import { api, T } from './env';
 
 /** A raw WebSocket client of /api/sandboxes/:id/exec/:sessionID that records what it receives. */

@@ -12,7 +12,7 @@ import fs, { promises as fsp } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { WebSocket } from 'ws';
-import { HostClient } from '../../sandbox/host/client';
+import { HostClient } from '../../sandbox/host-contract/client';
 import { startHost, type RunningHost } from '../../sandbox/host/server';
 import { otherOrgKey } from '../helpers/checkpoints';
 import { api, eventually, stackPid, T, unique } from '../helpers/env';

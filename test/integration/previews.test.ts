@@ -1,5 +1,5 @@
 import { randomBytes, createHash } from 'node:crypto';
-import { HostClient } from '../../sandbox/host/client';
+import { HostClient } from '../../sandbox/host-contract/client';
 import { api, eventually, T, unique, withMongo } from '../helpers/env';
 import { runSdk } from '../helpers/sdk';
 import { newSandbox, startServer, viaHost, wsViaHost } from '../helpers/previews';

@@ -6,7 +6,7 @@ import { promises as fsp } from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import type { WebSocket } from 'ws';
-import { HostClient, decodeExecFrame, encodeStdinFrame, type ExecFrame } from '../../sandbox/host/client';
+import { HostClient, decodeExecFrame, encodeStdinFrame, type ExecFrame } from '../../sandbox/host-contract/client';
 import { startHost, type RunningHost } from '../../sandbox/host/server';
 
 const TOKEN = 'exec-token';
@@ -27,7 +27,7 @@ const opened = (ws: WebSocket) => new Promise<void>((resolve, reject) => (ws.on(
 const text = (frames: ExecFrame[], kind: 'stdout' | 'stderr') =>
   Buffer.concat(frames.flatMap((f) => (f.kind === kind ? [f.data] : []))).toString();
 
-describe('exec sessions and checkpoints (bwrap)', () => {
+describe('exec sessions and checkpoints (namespaces)', () => {
   let dataDir: string;
   let host: RunningHost;
   let client: HostClient;

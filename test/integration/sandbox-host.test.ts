@@ -1,13 +1,14 @@
 /**
  * The sandbox host against real bubblewrap sandboxes: isolation, limits, entrypoints, patches, restarts.
- * Needs root, bwrap, overlayfs and cgroup v1 (the machine described in TOOLCHAIN.md).
+ * Needs root, the sandbox helpers, overlayfs and cgroup v1 (the machine described in TOOLCHAIN.md).
  */
 import { promises as fsp, existsSync } from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import { HostClient, HostError } from '../../sandbox/host/client';
+import { HostClient, HostError } from '../../sandbox/host-contract/client';
 import { startHost, type RunningHost } from '../../sandbox/host/server';
-import { createSandboxProvider, type SandboxProvider } from '../../sandbox/provider';
+import type { SandboxProvider } from '../../sandbox/driver';
+import { createSandboxProvider } from '../../sandbox/factory';
 import { eventually } from '../helpers/env';
 
 /** CapEff of sandbox root: Docker's default set (CHOWN … SETFCAP), inside the sandbox's user namespace. */
@@ -72,7 +73,7 @@ function killAllOf(pids: (number | string)[]): void {
   }
 }
 
-describe('sandbox host (bwrap)', () => {
+describe('sandbox host (namespaces)', () => {
   let dataDir: string;
   let host: RunningHost;
   let client: HostClient;
@@ -110,7 +111,7 @@ describe('sandbox host (bwrap)', () => {
       entrypoint: { argv: ['bash', '-c', 'cat /tmp/agent_input.json; echo " $GREETING $MINE $(pwd)"; echo err >&2; exit 7'], env: { MINE: 'mine' } },
     };
     const info = await client.createSandbox(req);
-    expect(info).toMatchObject({ id, orgId: 'org1', hostId: 'test-host', status: 'running', provider: 'bwrap' });
+    expect(info).toMatchObject({ id, orgId: 'org1', hostId: 'test-host', status: 'running', provider: 'namespaces' });
     expect(await client.createSandbox(req)).toMatchObject({ id, createdAt: info.createdAt });
     const st = await client.entrypointStatus(id, { waitMs: 10000 });
     expect(st).toMatchObject({ state: 'exited', exitCode: 7, timedOut: false, signal: null });
@@ -665,7 +666,7 @@ describe('sandbox host (bwrap)', () => {
   });
 });
 
-describe('sandbox host (bwrap), data directory too long for the helpers\' socket there', () => {
+describe('sandbox host (namespaces), data directory too long for the helpers\' socket there', () => {
   let dataDir: string;
   let host: RunningHost;
   let client: HostClient;
@@ -736,7 +737,7 @@ describe.each([['sap-sandbox-enter', undefined, 'sap-sandbox-ent']] as const)('e
   let n = 0;
   const newId = () => `sb-eh${process.pid}-${++n}`;
   const start = async () => {
-    const provider = createSandboxProvider({ kind: 'bwrap', dataDir, hostId: 'test-host-enter', enterHelper, network: null });
+    const provider = createSandboxProvider({ kind: 'namespaces', dataDir, hostId: 'test-host-enter', enterHelper, network: null });
     host = await startHost({ dataDir, token: TOKEN, listen: '127.0.0.1:0', provider });
     client = new HostClient({ url: host.url, token: TOKEN });
   };

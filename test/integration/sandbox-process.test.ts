@@ -2,7 +2,7 @@
 import { promises as fsp, existsSync } from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import { HostClient } from '../../sandbox/host/client';
+import { HostClient } from '../../sandbox/host-contract/client';
 import { startHost, type RunningHost } from '../../sandbox/host/server';
 
 describe('sandbox host (process provider)', () => {

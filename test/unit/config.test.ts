@@ -1,4 +1,4 @@
-import { loadConfig, ConfigError, bootstrapApiKey } from '../../config';
+import { loadConfig, ConfigError, bootstrapApiKey, sandboxProviderWarning } from '../../config';
 
 describe('configuration', () => {
   it('has local defaults', () => {
@@ -11,6 +11,18 @@ describe('configuration', () => {
 
   it('has no default key in production', () => {
     expect(bootstrapApiKey(loadConfig({ NODE_ENV: 'production' }))).toBeUndefined();
+  });
+
+  it('runs the namespaces provider by default', () => {
+    expect(loadConfig({}).SANDBOX_PROVIDER).toBe('namespaces');
+    expect(loadConfig({ SANDBOX_PROVIDER: 'process' }).SANDBOX_PROVIDER).toBe('process');
+    expect(sandboxProviderWarning({})).toBeUndefined();
+  });
+
+  it('accepts SANDBOX_PROVIDER=bwrap, the old name of namespaces, with one warning', () => {
+    expect(loadConfig({ SANDBOX_PROVIDER: 'bwrap' }).SANDBOX_PROVIDER).toBe('namespaces');
+    expect(sandboxProviderWarning({ SANDBOX_PROVIDER: 'bwrap' })).toBe('SANDBOX_PROVIDER=bwrap is the old name of namespaces');
+    expect(sandboxProviderWarning({ SANDBOX_PROVIDER: 'namespaces' })).toBeUndefined();
   });
 
   it.each([

@@ -8,8 +8,8 @@ import pino from 'pino';
 import { loadLimits } from '../../config/limits';
 import { ExecManager } from '../../sandbox/host/exec';
 import { createApp } from '../../sandbox/host/server';
-import type { SandboxProvider } from '../../sandbox/provider';
-import type { CreateSandboxRequest } from '../../sandbox/types';
+import type { SandboxProvider } from '../../sandbox/driver';
+import type { CreateSandboxRequest } from '../../sandbox/host-contract/types';
 
 const TOKEN = 'unit-test-token-0123456789';
 const logger = pino({ level: 'silent' });

@@ -7,8 +7,8 @@ import type { ApiDeps } from '../../api/deps';
 import { CreateSandboxBody, provisionSandbox } from '../../api/routes/sandboxes';
 import { loadLimits } from '../../config/limits';
 import { ApiError } from '../../lib/errors';
-import { HostError } from '../../sandbox/host/client';
-import type { SandboxInfo } from '../../sandbox/types';
+import { HostError } from '../../sandbox/host-contract/client';
+import type { SandboxInfo } from '../../sandbox/host-contract/types';
 import { startReaper } from '../../worker/reaper';
 
 const logger = pino({ level: 'silent' });

@@ -82,7 +82,7 @@ describe('sandbox path resolution', () => {
   });
 });
 
-describe('sandbox path resolution with a mount-id guard (the bwrap provider\'s kind of map)', () => {
+describe('sandbox path resolution with a mount-id guard (the namespaces provider\'s kind of map)', () => {
   // The map's root is one mount; a tmpfs mounted inside it stands for the sandbox's /proc or /dev.
   let tmp: string;
   let root: string;

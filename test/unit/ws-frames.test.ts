@@ -8,8 +8,8 @@ import * as http from 'node:http';
 import type { AddressInfo, Socket } from 'node:net';
 import * as wsLib from 'ws';
 import { WebSocket, WebSocketServer } from 'ws';
-import { ExecStream } from '../../sandbox/host/exec-stream';
-import { FrameError, FrameReader, maskedFrame, OP_BINARY, OP_CLOSE, OP_PING, writeBinaryFrame, type ReadFrame } from '../../sandbox/host/frames';
+import { ExecStream } from '../../sandbox/host-contract/exec-stream';
+import { FrameError, FrameReader, maskedFrame, OP_BINARY, OP_CLOSE, OP_PING, writeBinaryFrame, type ReadFrame } from '../../sandbox/host-contract/frames';
 
 /** A ws server on a free port; `onConnection` gets each client with the socket it was upgraded on. */
 async function server(onConnection: (ws: WebSocket, socket: Socket) => void): Promise<{ url: string; close(): Promise<void> }> {
