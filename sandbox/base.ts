@@ -3,33 +3,33 @@
  * the create sequence (provision → files → patches → entrypoint), the durable entrypoint wrapper, and
  * adoption of existing sandboxes after a restart. Providers supply isolation through a few hooks.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { type PipedProcess, Spawner } from './spawner';
 import { promises as fsp } from 'node:fs';
 import * as path from 'node:path';
 import type { Logger } from 'pino';
 import pino from 'pino';
 import { SandboxError } from './errors';
-import { defaultScratchDir } from './scratch';
+import { defaultScratchDir, makeSandboxDir, resolveScratchDir, scratchTarget } from './scratch';
 import { normaliseEgress, type Egress } from './network';
 import { AuditLog, defaultAuditLogPath } from './audit-log';
 import { readSandboxFile, writeSandboxFile, type RootMap } from './paths';
-import { isAlive, SandboxCgroups, signalRef, type ProcRef } from './procs';
+import { isAlive, signalRef, type ProcRef } from './procs';
 import type { EntrypointLog, EntrypointLogChunk, CreateResult, ListFilter, ProviderKind, ProviderOptions, SandboxProvider, SpawnOptions } from './driver';
-import { HIBERNATION_LAYER_MARK, type CreateSandboxRequest, type EntrypointSpec, type EntrypointStatus, type PatchOutcome, type SandboxInfo } from './host-contract/types';
-import { assertId, cgroupJoin, DEFAULT_ENV, envPairs, KeyedLock, PATCH_TAIL_BYTES, sleep } from './base/common';
+import { type CreateSandboxRequest, type EntrypointSpec, type EntrypointStatus, type SandboxInfo } from './host-contract/types';
+import { assertId, DEFAULT_ENV, envPairs, KeyedLock, sleep } from './base/common';
 import { DEFAULT_ENTRYPOINT_CLAIM_TIMEOUT_MS, Entrypoints, type EnterOptions } from './base/entrypoint';
 import { Layers, type LayerScan } from './base/layers';
-import { StateFile, type Respawn, type SandboxState } from './base/state-file';
+import { infoOf, StateFile, type SandboxState } from './base/state-file';
+import { Hibernation } from './base/hibernation';
+import { adoptSandboxes, type AdoptionDeps } from './base/adoption';
+import { SandboxProcesses } from './base/processes';
 
 // The parts' names, for the providers and the tests that import them from here.
 export { defaultScratchDir };
 export type { EntrypointLog, EntrypointLogChunk, EnterOptions, LayerScan, SandboxState };
 export { assertId, cgroupJoin, DEFAULT_ENV, envPairs, shq } from './base/common';
 export { DEFAULT_ENTRYPOINT_CLAIM_TIMEOUT_MS, runFiles, settleInterruptedRun } from './base/entrypoint';
-
-/** statfs type of a tmpfs. */
-const TMPFS_MAGIC = 0x01021994;
 
 /** The provider skeleton; subclasses supply isolation. */
 export abstract class BaseProvider implements SandboxProvider {
@@ -58,6 +58,12 @@ export abstract class BaseProvider implements SandboxProvider {
   protected readonly layers: Layers;
   /** state.json and the respawn records (see ./base/state-file). */
   protected readonly stateFile: StateFile;
+  /** Hibernated sandboxes and restores (see ./base/hibernation). */
+  private readonly hibernation: Hibernation;
+  /** Processes in the sandboxes (see ./base/processes). */
+  private readonly processes: SandboxProcesses;
+  /** What adoption at start calls back (see ./base/adoption). */
+  private readonly adoption: AdoptionDeps;
   /** The entrypoints' lifecycle (see ./base/entrypoint). */
   private readonly entrypoints: Entrypoints;
 
@@ -70,72 +76,50 @@ export abstract class BaseProvider implements SandboxProvider {
     if (/[,:\s]/.test(this.dataDir)) throw new Error(`DATA_DIR must not contain ',', ':' or spaces: ${this.dataDir}`);
     this.layers = new Layers(() => this.layersDir(), (dir) => this.scanLayerDir(dir), (layerId) => this.layerHash(layerId));
     this.stateFile = new StateFile(this.dataDir, this.log, (id) => this.dirOf(id));
-    this.entrypoints = new Entrypoints({
+    // What the parts below call back: the provider's hooks and state, late-bound (subclasses override them).
+    const hooks = {
       log: this.log,
-      audit: this.audit,
       spawner: this.spawner,
+      states: this.states,
+      hibernated: this.hibernated,
+      stateFile: this.stateFile,
+      kind: () => this.kind,
+      dirOf: (id: string) => this.dirOf(id),
+      stateOf: (id: string) => this.stateOf(id),
+      isLive: (state: SandboxState) => this.isLive(state),
+      saveState: (state: SandboxState) => this.saveState(state),
+      enterArgv: (state: SandboxState, o: SpawnOptions, how: EnterOptions) => this.enterArgv(state, o, how),
+      enterEnv: (state: SandboxState, o: SpawnOptions) => this.enterEnv(state, o),
+      innerArgv: (state: SandboxState, o: SpawnOptions) => this.innerArgv(state, o),
+      destroyUnlocked: (id: string) => this.destroyUnlocked(id),
+    };
+    this.hibernation = new Hibernation({
+      ...hooks,
+      lock: this.lock,
+      layersDir: () => this.layersDir(),
+      checkpoint: (id, layerId) => this.checkpoint(id, layerId),
+      expandLayers: (layers) => this.expandLayers(layers),
+      deleteLayer: (layerId) => this.deleteLayer(layerId),
+      create: (req) => this.create(req),
+    });
+    this.processes = new SandboxProcesses({ ...hooks, spawn: (id, o) => this.spawn(id, o) });
+    this.entrypoints = new Entrypoints({
+      ...hooks,
+      audit: this.audit,
       claimTimeoutMs: opts.entrypointClaimTimeoutMs ?? (Number(process.env.SANDBOX_ENTRYPOINT_CLAIM_TIMEOUT_MS) || DEFAULT_ENTRYPOINT_CLAIM_TIMEOUT_MS),
       testPauseFile: process.env.SANDBOX_TEST_PAUSE_FILE || null,
-      dirOf: (id) => this.dirOf(id),
-      stateOf: (id) => this.stateOf(id),
       has: (id) => this.states.has(id),
-      saveState: (state) => this.saveState(state),
-      isLive: (state) => this.isLive(state),
-      enterArgv: (state, o, how) => this.enterArgv(state, o, how),
-      enterEnv: (state, o) => this.enterEnv(state, o),
-      innerArgv: (state, o) => this.innerArgv(state, o),
     });
-  }
-
-  /**
-   * The scratch directory in use: the one configured, or by default a directory of this DATA_DIR
-   * under /dev/shm when that is a tmpfs (null when there is none).
-   */
-  private async resolveScratch(): Promise<string | null> {
-    if (this.scratchOption === null) return null;
-    let dir = this.scratchOption;
-    if (dir === undefined) {
-      const shm = await fsp.statfs('/dev/shm').catch(() => null);
-      if (!shm || shm.type !== TMPFS_MAGIC) return null;
-      dir = defaultScratchDir(this.dataDir);
-    }
-    dir = path.resolve(dir);
-    await fsp.mkdir(dir, { recursive: true, mode: 0o700 });
-    return dir;
-  }
-
-  /**
-   * Makes the sandbox's directory: in DATA_DIR, or for a session's sandbox in the scratch directory
-   * with a link to it from DATA_DIR (its files are short-lived: a tmpfs spares the disk's inode and
-   * journal work of creating and removing them for every session). A leftover of the same id is
-   * destroyed first.
-   */
-  private async makeDir(id: string, owner: CreateSandboxRequest['owner']): Promise<void> {
-    const dir = this.dirOf(id);
-    const real = this.scratchDir && owner?.kind === 'session' ? path.join(this.scratchDir, id) : null;
-    const make = async () => {
-      if (!real) return fsp.mkdir(dir, { mode: 0o700 });
-      await fsp.mkdir(real, { mode: 0o700 });
-      await fsp.symlink(real, dir);
+    this.adoption = {
+      ...hooks,
+      scratchDir: () => this.scratchDir,
+      sandboxesDir: () => this.sandboxesDir(),
+      respawnDir: () => this.respawnDir(),
+      adopted: (state) => this.adopted(state),
+      adoptInterruptedStart: (state) => this.entrypoints.adoptInterruptedStart(state),
     };
-    try {
-      await make();
-    } catch (err) {
-      if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
-      // A leftover directory without adopted state (or a scratch directory never linked): clear it
-      // and start over.
-      await this.destroyUnlocked(id);
-      if (real) await fsp.rm(real, { recursive: true, force: true });
-      await make();
-    }
   }
 
-  /** The scratch directory a sandbox's directory links to, if it is such a link (and points there). */
-  private async scratchTarget(dir: string): Promise<string | null> {
-    if (!this.scratchDir) return null;
-    const target = await fsp.readlink(dir).catch(() => null);
-    return target && path.dirname(target) === this.scratchDir ? target : null;
-  }
 
   /** Called for each sandbox found on disk at start, before it is adopted (e.g. to mark resources it holds). */
   protected adopted(_state: SandboxState): void {}
@@ -187,33 +171,8 @@ export abstract class BaseProvider implements SandboxProvider {
     return this.stateFile.respawnDir();
   }
 
-  private async readRespawn(id: string): Promise<Respawn | null> {
-    return this.stateFile.readRespawn(id);
-  }
-
-  private async writeRespawn(r: Respawn): Promise<void> {
-    await this.stateFile.writeRespawn(r);
-    this.hibernated.add(r.id);
-  }
-
-  private async dropRespawn(id: string): Promise<void> {
-    await this.stateFile.dropRespawn(id);
-    this.hibernated.delete(id);
-  }
-
   protected info(state: SandboxState): SandboxInfo {
-    return {
-      id: state.id,
-      orgId: state.orgId,
-      hostId: state.hostId,
-      ...(state.owner ? { owner: state.owner } : {}),
-      status: state.status === 'running' && this.isLive(state) ? 'running' : 'stopped',
-      createdAt: state.createdAt,
-      metadata: state.metadata,
-      patches: state.patches,
-      provider: state.provider,
-      ...(state.link ? { network: state.network ?? { egress: 'internet' } } : {}),
-    };
+    return infoOf(state, state.status === 'running' && this.isLive(state));
   }
 
   async setNetwork(id: string, network: { egress: Egress }): Promise<SandboxInfo> {
@@ -249,105 +208,18 @@ export abstract class BaseProvider implements SandboxProvider {
     return st;
   }
 
-  /** What it takes to make a live sandbox again under the same id, over `layer`. */
-  private respawnOf(state: SandboxState, layer: string, kind: Respawn['kind']): Respawn {
-    return {
-      version: 1,
-      kind,
-      id: state.id,
-      orgId: state.orgId,
-      ...(state.owner ? { owner: state.owner } : {}),
-      layer,
-      envs: state.envs,
-      ...(state.cwd ? { cwd: state.cwd } : {}),
-      ...(state.network ? { network: state.network } : {}),
-      limits: state.limits,
-      metadata: state.metadata,
-      at: new Date().toISOString(),
-    };
-  }
-
-  /** Creates the sandbox a respawn record describes (idempotent: create is), then forgets the record. */
-  private async respawn(r: Respawn, patches: { id: string; script: string }[]): Promise<SandboxInfo> {
-    const { info } = await this.create({
-      id: r.id,
-      orgId: r.orgId,
-      ...(r.owner ? { owner: r.owner } : {}),
-      layers: [r.layer],
-      envs: r.envs,
-      ...(r.cwd ? { cwd: r.cwd } : {}),
-      ...(r.network ? { network: r.network } : {}),
-      memoryMB: r.limits.memoryMB,
-      cpuCount: r.limits.cpuCount,
-      maxProcesses: r.limits.maxProcesses,
-      diskMB: r.limits.diskMB,
-      metadata: r.metadata,
-      patches,
-    });
-    await this.dropRespawn(r.id);
-    return info;
-  }
-
-  /**
-   * Hibernates a running sandbox: its writable layer becomes read-only layer `layerId` (copied while
-   * it is frozen, like a checkpoint), a respawn record keeps what it was created with, and then it is
-   * destroyed: its processes end, its memory, cgroups, id slot and network link are released.
-   * Idempotent: a sandbox already hibernated answers its layer.
-   */
+  // Hibernation (./base/hibernation), processes (./base/processes), entrypoints (./base/entrypoint)
+  // and layers (./base/layers) are the parts' own; the provider's methods below hand them on.
   async hibernate(id: string, layerId: string): Promise<{ layerId: string; parents: string[] }> {
-    assertId(id);
-    return this.lock.run(id, async () => {
-      const state = this.states.get(id);
-      if (!state) {
-        const r = await this.readRespawn(id);
-        if (r?.kind === 'hibernated') return { layerId: r.layer, parents: [] };
-        throw new SandboxError('not_found', `sandbox ${id} not found`);
-      }
-      if (state.status !== 'running' || !this.isLive(state)) throw new SandboxError('conflict', `sandbox ${id} is not running`);
-      const layer = await this.checkpoint(id, layerId);
-      await this.writeRespawn(this.respawnOf(state, layerId, 'hibernated'));
-      await this.destroyUnlocked(id);
-      this.log.info({ sandboxId: id, layerId }, 'sandbox hibernated');
-      return layer;
-    });
+    return this.hibernation.hibernate(id, layerId);
   }
 
-  /**
-   * Wakes a hibernated sandbox: the same id, env, limits, network policy and metadata, its files from
-   * the hibernation layer; `patches` run first, in order (a failed one leaves it hibernated and throws
-   * patch_failed). Throws not_found when it is not hibernated here, conflict when it is running.
-   */
   async wake(id: string, patches: { id: string; script: string }[] = []): Promise<SandboxInfo> {
-    assertId(id);
-    const live = this.states.get(id);
-    if (live) throw new SandboxError('conflict', `sandbox ${id} is ${live.status === 'running' ? 'running' : live.status}, not hibernated`);
-    const r = await this.readRespawn(id);
-    if (!r) throw new SandboxError('not_found', `no hibernated sandbox ${id}`);
-    const info = await this.respawn(r, patches);
-    this.log.info({ sandboxId: id }, 'sandbox woken');
-    return info;
+    return this.hibernation.wake(id, patches);
   }
 
-  /**
-   * Puts a running sandbox's files back to layer `layerId` (a checkpoint of it) in place: the sandbox
-   * is made again under the same id over that layer (its processes end, as at a reboot), then
-   * `patches` run. A host that dies half-way leaves it hibernated over the checkpoint (wake finishes it).
-   */
   async restore(id: string, layerId: string, patches: { id: string; script: string }[] = []): Promise<SandboxInfo> {
-    assertId(id);
-    assertId(layerId, 'layer id');
-    await this.expandLayers([layerId]);
-    const r = await this.lock.run(id, async () => {
-      const state = this.stateOf(id);
-      if (state.status !== 'running' || !this.isLive(state)) throw new SandboxError('conflict', `sandbox ${id} is not running`);
-      const rec = this.respawnOf(state, layerId, 'restoring');
-      await this.writeRespawn(rec);
-      await this.destroyUnlocked(id);
-      return rec;
-    });
-    const info = await this.respawn(r, patches);
-    this.log.info({ sandboxId: id, layerId }, 'sandbox restored');
-    return info;
+    return this.hibernation.restore(id, layerId, patches);
   }
 
   async init(): Promise<SandboxInfo[]> {
@@ -357,43 +229,9 @@ export abstract class BaseProvider implements SandboxProvider {
       await fsp.mkdir(dir, { recursive: true, mode: 0o700 });
       await fsp.chmod(dir, 0o700);
     }
-    this.scratchDir = await this.resolveScratch();
+    this.scratchDir = await resolveScratchDir(this.scratchOption, this.dataDir);
     await this.prepare();
-    for (const id of await fsp.readdir(this.sandboxesDir())) {
-      if (this.states.has(id)) continue;
-      let state: SandboxState | undefined;
-      try {
-        state = await this.stateFile.read(id);
-      } catch {
-        state = undefined;
-      }
-      if (!state || state.status === 'creating' || state.provider !== this.kind) {
-        if (state && state.provider !== this.kind) {
-          this.log.warn({ sandboxId: id, provider: state.provider }, 'sandbox belongs to another provider; left alone');
-          continue;
-        }
-        this.log.warn({ sandboxId: id }, 'removing incomplete sandbox');
-        await this.destroyUnlocked(id).catch((err) => this.log.error({ err, sandboxId: id }, 'cleanup failed'));
-        continue;
-      }
-      if (state.entrypoint?.starting) await this.entrypoints.adoptInterruptedStart(state);
-      if (state.status === 'running' && !this.isLive(state)) {
-        state.status = 'stopped';
-        await this.saveState(state);
-        this.log.warn({ sandboxId: id }, 'sandbox init is gone; marked stopped');
-      }
-      this.adopted(state);
-      this.states.set(id, state);
-    }
-    await this.removeUnlinkedScratch();
-    await fsp.mkdir(this.respawnDir(), { recursive: true, mode: 0o700 });
-    for (const name of await fsp.readdir(this.respawnDir())) {
-      if (!name.endsWith('.json')) continue;
-      const id = name.slice(0, -'.json'.length);
-      // A respawn record next to a live sandbox: the host died after the record, before the destroy.
-      // Hibernation is then redone by the caller's retry; a restore is finished below.
-      if (!this.states.has(id)) this.hibernated.add(id);
-    }
+    await adoptSandboxes(this.adoption);
     const all = [...this.states.values()].map((s) => this.info(s));
     this.log.info({ count: all.length, scratchDir: this.scratchDir }, 'sandboxes adopted');
     return all;
@@ -442,7 +280,8 @@ export abstract class BaseProvider implements SandboxProvider {
         patches: [],
         status: 'creating',
       };
-      await this.makeDir(req.id, req.owner);
+      // In DATA_DIR, or for a session's sandbox in the scratch directory (see makeSandboxDir).
+      await makeSandboxDir(this.dirOf(req.id), this.scratchDir && req.owner?.kind === 'session' ? path.join(this.scratchDir, req.id) : null, () => this.destroyUnlocked(req.id));
       try {
         // state.json is written once the sandbox runs: after a crash before that, adoption finds a
         // directory without it and removes it (killing what joined the sandbox's cgroups).
@@ -453,7 +292,7 @@ export abstract class BaseProvider implements SandboxProvider {
           await writeSandboxFile(await this.rootMap(state), p, Buffer.from(content, 'utf8'));
         }
         for (const patch of req.patches ?? []) {
-          const outcome = await this.runPatch(state, patch);
+          const outcome = await this.processes.runPatch(state, patch);
           state.patches.push(outcome);
           if (outcome.exitCode !== 0) {
             throw new SandboxError(
@@ -472,15 +311,6 @@ export abstract class BaseProvider implements SandboxProvider {
       this.log.info({ sandboxId: req.id, ms: Date.now() - t0 }, 'sandbox created');
       return { info: this.info(state), created: true };
     });
-  }
-
-  /** Removes scratch directories no sandbox links to (the host died between making one and linking it). */
-  private async removeUnlinkedScratch(): Promise<void> {
-    if (!this.scratchDir) return;
-    for (const name of await fsp.readdir(this.scratchDir)) {
-      const linked = await this.scratchTarget(this.dirOf(name));
-      if (linked !== path.join(this.scratchDir, name)) await fsp.rm(path.join(this.scratchDir, name), { recursive: true, force: true });
-    }
   }
 
   get(id: string): SandboxInfo | null {
@@ -508,25 +338,11 @@ export abstract class BaseProvider implements SandboxProvider {
       const live = await this.destroyUnlocked(id);
       const w = this.waitingCreates.get(id);
       if (w && live) w.destroys++;
-      const wasHibernated = this.hibernated.has(id) || (await this.readRespawn(id)) !== null;
-      if (wasHibernated) await this.dropRespawn(id);
-      await this.dropHibernationLayers(id);
+      const wasHibernated = this.hibernated.has(id) || (await this.hibernation.readRespawn(id)) !== null;
+      if (wasHibernated) await this.hibernation.dropRespawn(id);
+      await this.hibernation.dropHibernationLayers(id);
       return live || wasHibernated;
     });
-  }
-
-  /** Removes the hibernation layers of a sandbox that is gone, except those a layer (a checkpoint) stands on. */
-  private async dropHibernationLayers(id: string): Promise<void> {
-    const names = await fsp.readdir(this.layersDir()).catch(() => [] as string[]);
-    const mine = names.filter((n) => n.startsWith(`${id}${HIBERNATION_LAYER_MARK}`) && !n.includes('.tmp-'));
-    if (mine.length === 0) return;
-    const used = new Set<string>();
-    for (const n of names) {
-      if (mine.includes(n) || n.includes('.tmp-')) continue;
-      const m = await fsp.readFile(path.join(this.layersDir(), n, 'layer.json'), 'utf8').then((t) => JSON.parse(t) as { parents?: string[] }, () => ({ parents: [] }));
-      for (const p of m.parents ?? []) used.add(p);
-    }
-    for (const n of mine) if (!used.has(n)) await this.deleteLayer(n).catch((err) => this.log.warn({ err, layerId: n }, 'could not delete a hibernation layer'));
   }
 
   private async destroyUnlocked(id: string): Promise<boolean> {
@@ -535,14 +351,9 @@ export abstract class BaseProvider implements SandboxProvider {
     // lstat: a link into the scratch directory whose target is gone (the machine rebooted) still counts.
     const exists = state !== undefined || (await fsp.lstat(dir).then(() => true, () => false));
     if (!exists) return false;
-    const scratch = await this.scratchTarget(dir);
+    const scratch = await scratchTarget(this.scratchDir, dir);
     let onDisk = state;
-    if (!onDisk) {
-      onDisk = await fsp
-        .readFile(path.join(dir, 'state.json'), 'utf8')
-        .then((t) => JSON.parse(t) as SandboxState)
-        .catch(() => undefined);
-    }
+    onDisk ??= await this.stateFile.readPlain(id);
     if (onDisk?.entrypoint) signalRef(onDisk.entrypoint.wrapper, 'SIGKILL');
     await this.teardown(id, onDisk);
     if (scratch) await fsp.rm(scratch, { recursive: true, force: true });
@@ -583,67 +394,11 @@ export abstract class BaseProvider implements SandboxProvider {
   }
 
   spawn(id: string, opts: SpawnOptions): ChildProcess {
-    const { state, cgroupProcs } = this.spawnable(id, opts);
-    // Terminals and patches (and exec commands without the spawner helper) live in this process's memory: if it dies, they are hung up.
-    const direct = this.enterArgv(state, opts, { cgroupProcs, hangUpWithCaller: process.pid, ...(opts.pty ? { pty: opts.pty, ownGroup: true } : {}) });
-    if (direct) {
-      const stdio: ('pipe')[] = opts.pty ? ['pipe', 'pipe', 'pipe', 'pipe'] : ['pipe', 'pipe', 'pipe'];
-      return spawn(direct[0]!, direct.slice(1), { stdio, detached: true, env: this.enterEnv(state, opts) });
-    }
-    if (opts.pty) throw new SandboxError('invalid_request', `terminals need the namespaces provider (this host runs ${this.kind})`);
-    const inner = this.innerArgv(state, opts);
-    const script = `${cgroupJoin(cgroupProcs)} exec "$@"`;
-    return spawn('/bin/sh', ['-c', script, 'sh', ...inner], {
-      stdio: ['pipe', 'pipe', 'pipe'],
-      detached: true,
-      env: { PATH: DEFAULT_ENV.PATH },
-    });
+    return this.processes.spawn(id, opts);
   }
 
-  /**
-   * spawn without a terminal, started by the spawner helper when there is one (no fork of this
-   * process: see Spawner.exec); the command then hangs up with the helper, which exits with this
-   * process.
-   */
   async spawnPiped(id: string, opts: SpawnOptions): Promise<PipedProcess> {
-    if (opts.pty) return this.spawn(id, opts);
-    const helperPid = this.spawner.helperPid();
-    if (helperPid !== null) {
-      const { state, cgroupProcs } = this.spawnable(id, opts);
-      const direct = this.enterArgv(state, opts, { cgroupProcs, hangUpWithCaller: helperPid });
-      const child = direct ? await this.spawner.exec(direct, this.enterEnv(state, opts), helperPid) : null;
-      if (child) return child;
-    }
-    return this.spawn(id, opts);
-  }
-
-  /** A running sandbox's state and cgroups for a new process, or conflict / invalid_request. */
-  private spawnable(id: string, opts: SpawnOptions): { state: SandboxState; cgroupProcs: string[] } {
-    const state = this.stateOf(id);
-    if (state.status !== 'running' || !this.isLive(state)) throw new SandboxError('conflict', `sandbox ${id} is not running`);
-    if (!opts.argv.length || opts.argv[0].includes('=')) {
-      throw new SandboxError('invalid_request', 'argv must be non-empty and argv[0] must not contain "="');
-    }
-    return { state, cgroupProcs: SandboxCgroups.of(id).procsFiles() };
-  }
-
-  private runPatch(state: SandboxState, patch: { id: string; script: string }): Promise<PatchOutcome> {
-    return new Promise((resolve, reject) => {
-      const child = this.spawn(state.id, { argv: ['/bin/bash', '-c', patch.script] });
-      let tail = Buffer.alloc(0);
-      const add = (b: Buffer) => {
-        tail = Buffer.concat([tail, b]);
-        if (tail.length > PATCH_TAIL_BYTES * 2) tail = tail.subarray(tail.length - PATCH_TAIL_BYTES);
-      };
-      child.stdin?.end();
-      child.stdout?.on('data', add);
-      child.stderr?.on('data', add);
-      child.on('error', reject);
-      child.on('close', (code, signal) => {
-        const outputTail = tail.subarray(Math.max(0, tail.length - PATCH_TAIL_BYTES)).toString('utf8');
-        resolve({ id: patch.id, exitCode: code ?? (signal ? 128 : -1), outputTail });
-      });
-    });
+    return this.processes.spawnPiped(id, opts);
   }
 
   async startEntrypoint(id: string, spec: EntrypointSpec): Promise<EntrypointStatus> {
@@ -659,12 +414,10 @@ export abstract class BaseProvider implements SandboxProvider {
     return this.entrypoints.entrypointStatus(id);
   }
 
-  /** See Entrypoints.waitEntrypoint: the status once the entrypoint has exited or `waitMs` has passed. */
   async waitEntrypoint(id: string, waitMs: number, signal?: AbortSignal): Promise<EntrypointStatus> {
     return this.entrypoints.waitEntrypoint(id, waitMs, signal);
   }
 
-  /** See Entrypoints.entrypointLog: stdout and stderr in the order they were written. */
   async entrypointLog(id: string, maxBytes: number, since: { stdout?: number; stderr?: number } = {}): Promise<EntrypointLog> {
     return this.entrypoints.entrypointLog(id, maxBytes, since);
   }
@@ -688,17 +441,14 @@ export abstract class BaseProvider implements SandboxProvider {
     return this.layers.deleteLayer(layerId);
   }
 
-  /** See SandboxProvider.hasLayer. */
   async hasLayer(layerId: string): Promise<boolean> {
     return this.layers.hasLayer(layerId);
   }
 
-  /** See SandboxProvider.exportLayer (./base/layers). */
   async exportLayer(layerId: string): Promise<{ sha256: string; stream: NodeJS.ReadableStream; done: Promise<void> }> {
     return this.layers.exportLayer(layerId);
   }
 
-  /** See SandboxProvider.importLayer (./base/layers). */
   async importLayer(layerId: string, stream: NodeJS.ReadableStream, sha256: string): Promise<{ parents: string[] }> {
     return this.layers.importLayer(layerId, stream, sha256);
   }

@@ -10,7 +10,7 @@ import type { Logger } from 'pino';
 import { SecretBox } from '../../lib/secret-box';
 import type { ProviderKind } from '../driver';
 import type { ProcRef, Limits } from '../procs';
-import type { CreateSandboxRequest, PatchOutcome } from '../host-contract/types';
+import type { CreateSandboxRequest, PatchOutcome, SandboxInfo } from '../host-contract/types';
 
 /** What a host keeps about a sandbox, in state.json. */
 export interface SandboxState {
@@ -67,6 +67,22 @@ export interface Respawn {
   limits: Limits;
   metadata: Record<string, string>;
   at: string;
+}
+
+/** The host contract's view of a sandbox (`running`: it runs and its processes are there). */
+export function infoOf(state: SandboxState, running: boolean): SandboxInfo {
+  return {
+    id: state.id,
+    orgId: state.orgId,
+    hostId: state.hostId,
+    ...(state.owner ? { owner: state.owner } : {}),
+    status: running ? 'running' : 'stopped',
+    createdAt: state.createdAt,
+    metadata: state.metadata,
+    patches: state.patches,
+    provider: state.provider,
+    ...(state.link ? { network: state.network ?? { egress: 'internet' } } : {}),
+  };
 }
 
 /** Provider kinds under their old names in state files written by older hosts. */
@@ -130,6 +146,14 @@ export class StateFile {
     // Mode 0600, and its environment (secret-store values included) sealed.
     await fsp.writeFile(`${file}.tmp`, JSON.stringify(this.withSealedEnvs(state), null, 1), { mode: 0o600 });
     await fsp.rename(`${file}.tmp`, file);
+  }
+
+  /** The state.json of sandbox `id` as it lies on disk (envs still sealed), or undefined. */
+  async readPlain(id: string): Promise<SandboxState | undefined> {
+    return fsp
+      .readFile(path.join(this.dirOf(id), 'state.json'), 'utf8')
+      .then((t) => JSON.parse(t) as SandboxState)
+      .catch(() => undefined);
   }
 
   /** The state.json of sandbox `id`, its envs opened; a kind under its old name is given its new one. Throws when unreadable. */
