@@ -8,7 +8,7 @@ import * as https from 'node:https';
 import { WebSocket } from 'ws';
 import { ExecStream, type ExecStreamHandlers } from './exec-stream';
 import type { Readable } from 'node:stream';
-import type { SandboxEntry } from '../paths';
+import type { SandboxEntry } from './types';
 import type { CreatedSandbox, CreateSandboxRequest, EntrypointSpec, EntrypointStatus, ExecRequest, ExecRunResult, ExecSessionInfo, SandboxInfo, WireEntrypointLog } from './types';
 
 /** A decoded server→client exec WebSocket frame (see exec.ts for the wire format). */

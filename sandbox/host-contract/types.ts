@@ -163,3 +163,18 @@ export interface ExecRunResult {
 
 /** Layer ids of hibernations are `<sandbox id>.h<time>`: a host destroying the sandbox finds them by that prefix. */
 export const HIBERNATION_LAYER_MARK = '.h';
+
+/** What the filesystem routes say of a path: `lstat` of a listed entry, `stat` of a path asked for. */
+export interface SandboxEntry {
+  name: string;
+  /** Absolute path inside the sandbox (symlinks on the way resolved for `stat`, as listed for `list`). */
+  path: string;
+  type: 'file' | 'dir' | 'symlink' | 'other';
+  isDir: boolean;
+  size: number;
+  /** Permission bits, e.g. 0o644. */
+  mode: number;
+  modTime: string;
+  /** The link's target (symlinks only). */
+  target?: string;
+}
