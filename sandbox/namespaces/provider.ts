@@ -27,25 +27,24 @@
  * no_new_privs, seccomp, environment, timeout and exit file in one exec). All processes of a sandbox
  * are in its cgroups, which is also how destroy finds and kills them.
  */
-import { execFile } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
-import { existsSync, promises as fsp, constants as fsc } from 'node:fs';
+import { promises as fsp, constants as fsc } from 'node:fs';
 import * as net from 'node:net';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import { promisify } from 'node:util';
-import type { Spawner } from '../spawner';
 import { PROJECT_ROOT } from '../../config';
 import { DEFAULT_MEMORY_MB } from '../../config/limits';
 import { BaseProvider, DEFAULT_ENV, assertId, envPairs, type EnterOptions, type LayerScan, type SandboxState } from '../base';
 import { SandboxError } from '../errors';
-import { openSandboxFileForRead, type RootMap } from '../paths';
+import type { RootMap } from '../paths';
 import { isAlive, procRef, SandboxCgroups, signalRef, type ProcRef } from '../procs';
-import { ID_COUNT, IdSlots, shiftIdsToSandbox, stripSetIds, type SetIdFile } from '../id-slots';
+import { ID_COUNT, IdSlots } from '../id-slots';
 import { normaliseEgress, RESOLVER_ADDRESS, SandboxNetwork, type Egress } from '../network';
 import type { ProviderOptions, SpawnOptions } from '../driver';
+import { captureLayer, execFileP, migrateSetIds, restoreSetIds, scanLayer } from './layers';
+import { sandboxMountIds, unmountUnder } from './mounts';
 
-const execFileP = promisify(execFile);
+export { sandboxMountIds };
 
 const BASE_DIRS = ['root', 'tmp', 'workspace', 'home', 'proc', 'dev', 'usr', 'opt', 'var', 'var/tmp', 'run', 'mnt', 'srv', 'etc'];
 const BASE_LINKS: [string, string][] = [
@@ -54,33 +53,6 @@ const BASE_LINKS: [string, string][] = [
   ['lib64', 'usr/lib64'],
   ['sbin', 'usr/sbin'],
 ];
-
-/** Mount points under `dir` in the host's mount namespace, deepest first. */
-async function mountsUnder(dir: string): Promise<string[]> {
-  const text = await fsp.readFile('/proc/self/mountinfo', 'utf8');
-  const prefix = dir.endsWith('/') ? dir : dir + '/';
-  const out: string[] = [];
-  for (const line of text.split('\n')) {
-    const mp = line.split(' ')[4];
-    if (!mp) continue;
-    const decoded = mp.replace(/\\([0-7]{3})/g, (_m, o: string) => String.fromCharCode(parseInt(o, 8)));
-    if (decoded.startsWith(prefix)) out.push(decoded);
-  }
-  return out.sort((a, b) => b.length - a.length);
-}
-
-/**
- * Unmounts everything under `dir` (umount2 through the spawner: no process per unmount), lazily
- * when a plain unmount fails. Throws internal if something stays mounted.
- */
-async function unmountUnder(dir: string, spawner: Spawner): Promise<void> {
-  const mounts = await mountsUnder(dir);
-  if (mounts.length === 0) return;
-  let failed = await spawner.umount(mounts);
-  if (failed.length === 0) return;
-  failed = await spawner.umount(failed.map((f) => f.path), { lazy: true });
-  if (failed.length > 0) throw new SandboxError('internal', `could not unmount ${failed.map((f) => `${f.path} (${f.error})`).join(', ')}`);
-}
 
 /** Cgroup names of spare init helpers: `spare-<host pid>-<n>`. */
 const SPARE_PREFIX = 'spare-';
@@ -119,12 +91,6 @@ const DEFAULT_ENTER_HELPER = path.join(PROJECT_ROOT, '.tools', 'bin', 'sap-sandb
 const DEFAULT_SECCOMP = path.join(PROJECT_ROOT, '.tools', 'lib', 'sap-seccomp.bpf');
 /** Where scripts/toolchain.sh installs the Claude Agent SDK, as a layer holding opt/sap/node_modules. */
 const DEFAULT_AGENT_SDK_LAYER = path.join(PROJECT_ROOT, '.tools', 'agent-sdk');
-/** The layer hasher (sandbox/layer-hash.py): next to this module once built, else in the source tree. */
-const LAYER_HASH = [path.join(__dirname, 'layer-hash.py'), path.resolve(__dirname, '..', '..', 'sandbox', 'layer-hash.py')].find((f) => existsSync(f)) ?? 'layer-hash.py';
-/** Where a layer keeps the set-id bits its regular files had in the sandbox (never on disk: see shiftIdsToSandbox). */
-const SET_ID_FILE = 'setid.json';
-/** Marks a layers directory whose layers of older hosts have had their set-id bits moved to setid.json (migrateSetIds). */
-const SET_ID_MIGRATED = '.setid-v1';
 
 /** Version of the base skeleton's contents: a new one is made next to an older one (sandboxes may still use it). */
 const BASE_NAME = 'base-v2';
@@ -217,7 +183,7 @@ export class NamespaceProvider extends BaseProvider {
     }
     this.realDataDir = await fsp.realpath(this.dataDir);
     this.realUsr = await fsp.realpath('/usr');
-    await this.migrateSetIds();
+    await migrateSetIds(this.layersDir(), this.log);
     if (!this.closed) await this.listenForHelpers();
     // Cgroups of spare helpers whose host process is gone (a live host's spare is in use and stays).
     await SandboxCgroups.removeGroups((n) => n.startsWith(SPARE_PREFIX) && !signalable(Number(n.slice(SPARE_PREFIX.length).split('-')[0])));
@@ -593,67 +559,7 @@ export class NamespaceProvider extends BaseProvider {
     const ns = procRef(nsPid);
     if (!outer || !ns) throw new SandboxError('internal', `sandbox ${id} init exited right after start`);
     state.init = { outer, ns };
-    await this.restoreSetIds(state);
-  }
-
-  /**
-   * Once per DATA_DIR: the layers of an older host, which kept set-id files on disk (host set-id
-   * files, since on-disk ids are host ids), lose those bits to setid.json as new layers do, and
-   * their directories become root's alone.
-   */
-  private async migrateSetIds(): Promise<void> {
-    const mark = path.join(this.layersDir(), SET_ID_MIGRATED);
-    if (await fsp.lstat(mark).then(() => true, () => false)) return;
-    for (const name of await fsp.readdir(this.layersDir())) {
-      const dir = path.join(this.layersDir(), name);
-      const st = await fsp.lstat(dir);
-      if (!st.isDirectory() || !(await fsp.lstat(path.join(dir, 'layer.json')).then((s) => s.isFile(), () => false))) continue;
-      const found = await stripSetIds(dir);
-      if (found.length > 0) {
-        const kept = await readSetIds(dir);
-        // Written aside and renamed over: never through whatever the name is now.
-        const tmp = path.join(dir, `${SET_ID_FILE}.tmp-${process.pid}`);
-        await fsp.writeFile(tmp, JSON.stringify([...kept, ...found]), { mode: 0o600, flag: 'wx' });
-        await fsp.rename(tmp, path.join(dir, SET_ID_FILE));
-        this.log.warn({ layerId: name, files: found.length }, 'layer of an older host: set-id bits moved off the disk into setid.json');
-      }
-      await fsp.chown(dir, 0, 0);
-      await fsp.chmod(dir, 0o700);
-    }
-    await fsp.writeFile(mark, '', { mode: 0o600 });
-  }
-
-  /**
-   * Puts back the set-id bits that the files of the sandbox's layers had when they were captured
-   * (kept in each layer's setid.json, never on disk), on the sandbox's own copy: the chmod goes
-   * through the sandbox's tree (its overlay copies the file up into the writable layer). A record is
-   * skipped when a layer above its own holds that path, or a non-directory on the way to it: the
-   * file the sandbox sees is then another.
-   */
-  private async restoreSetIds(state: SandboxState): Promise<void> {
-    if (state.layers.length === 0) return;
-    const dirs = state.layers.map((l) => path.join(this.layersDir(), l));
-    const records = await Promise.all(dirs.map((d) => readSetIds(d)));
-    if (records.every((r) => r.length === 0)) return;
-    const map = await this.rootMap(state);
-    for (let i = 0; i < dirs.length; i++) {
-      for (const [rel, mode] of records[i]!) {
-        const parts = rel.split('/');
-        const where = parts[0] === 'root' ? parts.slice(1) : parts[0] === 'usr' ? parts : null;
-        if (!where || where.length === 0 || !Number.isInteger(mode) || mode & ~0o7777) continue;
-        if (await shadowed(dirs.slice(0, i), parts)) continue;
-        try {
-          const { fh } = await openSandboxFileForRead(map, '/' + where.join('/'));
-          try {
-            await fh.chmod(mode);
-          } finally {
-            await fh.close();
-          }
-        } catch (err) {
-          this.log.warn({ sandboxId: state.id, path: rel, err: (err as Error).message }, 'could not restore the set-id bits of a layer file');
-        }
-      }
-    }
+    await restoreSetIds(state, this.layersDir(), () => this.rootMap(state), this.log);
   }
 
   /** The init to enter, the working directory and the environment of a process to run in the sandbox. */
@@ -722,43 +628,10 @@ export class NamespaceProvider extends BaseProvider {
     if (state?.idBase !== undefined) this.idSlots.release(state.idBase);
   }
 
+  /** See captureLayer (./layers): the sandbox's writable layer copied into read-only layer `layerId`. */
   override async checkpoint(id: string, layerId: string): Promise<{ layerId: string; parents: string[]; sizeBytes?: number }> {
     assertId(layerId, 'layer id');
-    const state = this.stateOf(id);
-    const target = path.join(this.layersDir(), layerId);
-    if (await fsp.stat(target).then(() => true, () => false)) throw new SandboxError('conflict', `layer ${layerId} exists`);
-    const tmp = `${target}.tmp-${process.pid}-${Date.now()}`;
-    const cgroups = SandboxCgroups.of(id);
-    // Root's alone (0700): the layer's files keep the sandbox's ids, which are host ids too.
-    await fsp.mkdir(tmp, { mode: 0o700 });
-    try {
-      // Freeze the sandbox so the copy is consistent; cp -a keeps whiteouts (0/0 char devices) and
-      // the trusted.overlay.* xattrs that mark opaque directories, --sparse=always a sparse file's
-      // holes. The writable layer is a tmpfs in the namespace of the sandbox's init helper, reached through it.
-      const outer = state.init?.outer;
-      if (!outer || !isAlive(outer) || state.idBase === undefined) throw new SandboxError('conflict', `sandbox ${id} is not running`);
-      const upper = path.join(`/proc/${outer.pid}/root`, this.dirOf(id), 'm', 'w');
-      await cgroups.pause();
-      try {
-        await execFileP('cp', ['-a', '--sparse=always', path.join(upper, 'root'), path.join(upper, 'usr'), tmp]);
-      } finally {
-        await cgroups.resume();
-      }
-      // On disk, a layer holds the sandbox's own ids (0..65535), not the host ids of this sandbox's slot.
-      const setIds = await shiftIdsToSandbox(tmp, state.idBase);
-      if (setIds.length > 0) await fsp.writeFile(path.join(tmp, SET_ID_FILE), JSON.stringify(setIds), { mode: 0o600 });
-      const parents = [...state.layers];
-      await fsp.writeFile(
-        path.join(tmp, 'layer.json'),
-        JSON.stringify({ id: layerId, parents, sandboxId: id, createdAt: new Date().toISOString() }),
-      );
-      const du = await execFileP('du', ['-sb', '--apparent-size', tmp]).then((r) => Number(r.stdout.split('\t')[0]), () => NaN);
-      await fsp.rename(tmp, target);
-      return { layerId, parents, ...(Number.isFinite(du) ? { sizeBytes: du } : {}) };
-    } catch (err) {
-      await fsp.rm(tmp, { recursive: true, force: true });
-      throw err;
-    }
+    return captureLayer(this.stateOf(id), layerId, this.layersDir(), this.dirOf(id));
   }
 
   override async layerHash(layerId: string): Promise<string> {
@@ -770,64 +643,14 @@ export class NamespaceProvider extends BaseProvider {
     return this.hashOfDir(dir);
   }
 
-  /**
-   * The content hash of a layer's directory (layer.json left out: names, types, modes, owners, bytes)
-   * and its regular files with set-id bits, from sandbox/layer-hash.py: a process of its own, so the
-   * event loop never waits on a big layer, that reads only the data extents of sparse files.
-   */
+  /** See scanLayer (./layers). */
   protected override async scanLayerDir(dir: string): Promise<LayerScan> {
-    const { stdout } = await execFileP('python3', [LAYER_HASH, dir], { maxBuffer: 1 << 26 }).catch((err: Error & { stderr?: string }) => {
-      throw new SandboxError('internal', `could not hash layer ${path.basename(dir)}: ${(err.stderr || err.message).trim()}`);
-    });
-    return JSON.parse(stdout) as LayerScan;
+    return scanLayer(dir);
   }
 
   protected override async hashOfDir(dir: string): Promise<string> {
     return (await this.scanLayerDir(dir)).sha256;
   }
-}
-
-/** A layer's set-id records (none when it has no setid.json). */
-async function readSetIds(layerDir: string): Promise<SetIdFile[]> {
-  const text = await fsp.readFile(path.join(layerDir, SET_ID_FILE), { encoding: 'utf8', flag: fsc.O_RDONLY | fsc.O_NOFOLLOW }).catch((err: NodeJS.ErrnoException) => {
-    if (err.code === 'ENOENT') return '[]';
-    throw err;
-  });
-  const list = JSON.parse(text) as unknown;
-  return Array.isArray(list) ? list.filter((r): r is SetIdFile => Array.isArray(r) && typeof r[0] === 'string' && typeof r[1] === 'number') : [];
-}
-
-/**
- * True when one of the layers `above` holds the path `parts` (`root`/`usr` first), or something other
- * than a directory on the way to it. Each component is looked at only once its parent is known to be
- * a directory, so no symlink in a layer is followed.
- */
-async function shadowed(above: string[], parts: string[]): Promise<boolean> {
-  for (const dir of above) {
-    let p = path.join(dir, parts[0]!);
-    for (let k = 1; k < parts.length; k++) {
-      p = path.join(p, parts[k]!);
-      const st = await fsp.lstat(p).catch(() => null);
-      if (!st) break;
-      if (k === parts.length - 1 || !st.isDirectory()) return true;
-    }
-  }
-  return false;
-}
-
-/**
- * The ids of the overlay mounts on `/` and `/usr` in a mountinfo table: a sandbox's own trees. (Its
- * processes have no capability to mount anything else there.)
- */
-export function sandboxMountIds(mountinfo: string): Set<number> {
-  const ids = new Set<number>();
-  for (const line of mountinfo.split('\n')) {
-    const f = line.split(' ');
-    const sep = f.indexOf('-', 6);
-    if (sep < 0 || f[sep + 1] !== 'overlay') continue;
-    if (f[4] === '/' || f[4] === '/usr') ids.add(Number(f[0]));
-  }
-  return ids;
 }
 
 /** True while a process with this pid exists (signal 0 checks without sending anything). */
