@@ -1,0 +1,271 @@
+/**
+ * The namespaces provider's init helpers (`sap-sandbox-init -w`): started through the spawner in
+ * cgroups of their own, each connecting back on the host's socket once it has joined them; one spare
+ * kept ready ahead of the next create, and one of its own for a create that finds none.
+ */
+import { createHash, randomBytes } from 'node:crypto';
+import { promises as fsp } from 'node:fs';
+import * as net from 'node:net';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import type { Logger } from 'pino';
+import { DEFAULT_ENV } from '../base';
+import { procRef, SandboxCgroups, signalRef, type ProcRef } from '../procs';
+import type { SandboxState } from '../base';
+import type { Spawner } from '../spawner';
+
+/** Cgroup names of spare init helpers: `spare-<host pid>-<n>`. */
+export const SPARE_PREFIX = 'spare-';
+
+/**
+ * A spare init helper: its cgroups (named `name` until claimed), its process, its key (what it says
+ * when it connects to the host's socket) and that connection, and whether it has joined its cgroups.
+ */
+interface Spare {
+  name: string;
+  cgroups: SandboxCgroups | null;
+  proc: ProcRef | null;
+  key: string | null;
+  sock: net.Socket | null;
+  ready: boolean;
+  /** Set once a create has taken it: failures are then that create's to report. */
+  claimed: boolean;
+  /** Set once the host has stopped it on purpose (closing, or a failed claim). */
+  discarded: boolean;
+  /** Reports the spare as failed (before it is claimed). */
+  failed?: (why: string) => void;
+}
+
+/** An init helper handed its arguments: its pid, and its connection (the sandbox's info arrives there). */
+export interface Starting {
+  pid: number;
+  sock: net.Socket;
+}
+
+/** What InitHelpers needs of its provider. */
+export interface InitHelperDeps {
+  dataDir: string;
+  log: Logger;
+  spawner: Spawner;
+  /** The `sap-sandbox-init` helper. */
+  initHelper: string;
+  /** Waits until none of the given processes is alive (bounded). */
+  waitGone(refs: (ProcRef | undefined)[]): Promise<void>;
+}
+
+/** The init helpers of one provider; see the module comment. */
+export class InitHelpers {
+  /** The spare init helper started ahead of the next create (see prepareSpare). */
+  private spare: Spare | null = null;
+  private spareSeq = 0;
+  /** Distinguishes this provider's spares from another's in the same process (a host restarted in place). */
+  private readonly spareTag = randomBytes(3).toString('hex');
+  /** Every connection of an init helper still open: close() ends them, so that it never waits on one. */
+  private readonly helperConns = new Set<net.Socket>();
+  private spareFailures = 0;
+  /** Set once the provider is closing: no spare is started any more. */
+  closed = false;
+  /** Where init helpers started by the spawner connect (listenForHelpers), and who waits for which key. */
+  private helperServer: net.Server | null = null;
+  private helperSocket: string | null = null;
+  private readonly helperWaiters = new Map<string, (sock: net.Socket) => void>();
+
+  constructor(private readonly deps: InitHelperDeps) {}
+
+  /**
+   * Listens on `${dataDir}/init.sock` (or, when that path is too long for a unix socket, on a socket
+   * in a private directory under the system's temporary directory) for init helpers started by the
+   * spawner (`-w -s`): each connects once it has joined its cgroups and says which it is ("ready KEY").
+   */
+  async listen(): Promise<void> {
+    let sockPath = path.join(this.deps.dataDir, 'init.sock');
+    if (Buffer.byteLength(sockPath) >= 100) {
+      const dir = path.join(os.tmpdir(), `sap-init-${createHash('sha256').update(this.deps.dataDir).digest('hex').slice(0, 12)}`);
+      await fsp.mkdir(dir, { recursive: true, mode: 0o700 });
+      await fsp.chmod(dir, 0o700);
+      sockPath = path.join(dir, 'init.sock');
+    }
+    await fsp.rm(sockPath, { force: true });
+    const server = net.createServer({ allowHalfOpen: true }, (sock) => this.helperConnected(sock));
+    await new Promise<void>((resolve, reject) => {
+      server.once('error', reject);
+      server.listen(sockPath, () => {
+        server.off('error', reject);
+        resolve();
+      });
+    });
+    server.on('error', (err) => this.deps.log.warn({ err: err.message }, 'init helpers\' socket failed'));
+    await fsp.chmod(sockPath, 0o600);
+    server.unref();
+    this.helperServer = server;
+    this.helperSocket = sockPath;
+  }
+
+  /** A helper's connection: its first line names the spare (or the create) waiting for it. */
+  private helperConnected(sock: net.Socket): void {
+    this.helperConns.add(sock);
+    sock.once('close', () => this.helperConns.delete(sock));
+    sock.unref();
+    sock.on('error', () => undefined);
+    let text = '';
+    const onData = (chunk: Buffer) => {
+      text += chunk.toString('latin1');
+      const nl = text.indexOf('\n');
+      if (nl < 0) {
+        if (text.length > 200) sock.destroy();
+        return;
+      }
+      sock.off('data', onData);
+      // Until a create reads the sandbox's info from it.
+      sock.pause();
+      const key = /^ready (\S+)$/.exec(text.slice(0, nl))?.[1];
+      const waiter = key ? this.helperWaiters.get(key) : undefined;
+      if (!key || !waiter) return void sock.destroy();
+      this.helperWaiters.delete(key);
+      waiter(sock);
+    };
+    sock.on('data', onData);
+  }
+
+  /**
+   * Starts `sap-sandbox-init -w -s SOCKET KEY` in the given cgroups through the spawner (no fork of
+   * the host); `connected` is called with its connection once it is in them.
+   */
+  private async startLinkedHelper(key: string, cgroups: SandboxCgroups, connected: (sock: net.Socket) => void): Promise<ProcRef> {
+    this.helperWaiters.set(key, connected);
+    try {
+      const pid = await this.deps.spawner.spawn({
+        argv: [this.deps.initHelper, '-w', '-s', this.helperSocket!, key, ...cgroups.procsFiles().flatMap((f) => ['-c', f])],
+        env: { PATH: DEFAULT_ENV.PATH },
+      });
+      return procRef(pid) ?? { pid, start: -1 };
+    } catch (err) {
+      this.helperWaiters.delete(key);
+      throw err;
+    }
+  }
+
+  /**
+   * Starts a spare init helper (`sap-sandbox-init -w`) in cgroups of its own, unless one is there or
+   * starting. Joining cgroups waits for a kernel RCU grace period (5–15 ms), so it is done ahead of
+   * the next create, which renames the groups to its sandbox's and hands the helper the rest of its
+   * arguments. Gives up after three failures in a row (creates then start a helper each time).
+   */
+  prepareSpare(): void {
+    if (!this.helperSocket || this.spare || this.closed || this.spareFailures >= 3) return;
+    const name = `${SPARE_PREFIX}${process.pid}-${this.spareTag}${++this.spareSeq}`;
+    const pending: Spare = { name, proc: null, key: null, sock: null, cgroups: null, ready: false, claimed: false, discarded: false };
+    this.spare = pending;
+    let done = false;
+    const failed = (why: string) => {
+      if (done || pending.discarded || pending.claimed) return;
+      done = true;
+      if (this.spare === pending) this.spare = null;
+      this.spareFailures++;
+      this.deps.log.warn({ why, failures: this.spareFailures }, 'spare sandbox init failed');
+      void this.discardSpare(pending);
+    };
+    pending.failed = failed;
+    void (async () => {
+      const cgroups = await SandboxCgroups.create(name, { maxProcesses: 512 });
+      pending.cgroups = cgroups;
+      if (this.spare !== pending) return void this.discardSpare(pending);
+      pending.key = `${name}.${randomBytes(8).toString('hex')}`;
+      const connected = (sock: net.Socket) => {
+        if (pending.discarded || done) return void sock.destroy();
+        pending.sock = sock;
+        sock.on('close', () => failed('the init helper closed its connection'));
+        pending.ready = true;
+        this.spareFailures = 0;
+      };
+      pending.proc = await this.startLinkedHelper(pending.key, cgroups, connected);
+      // One timer, not a poll: a helper that has not connected by then is taken as failed.
+      setTimeout(() => {
+        if (!pending.ready) failed('no connection from the init helper within 10 s');
+      }, 10_000).unref();
+    })().catch((err: Error) => failed(err.message));
+  }
+
+  /**
+   * The ready spare helper, now in sandbox `id`'s cgroups (renamed) with its limits, or null when
+   * there is none (the caller starts a helper of its own). The next spare is started by provision.
+   */
+  async claimSpare(id: string, limits: SandboxState['limits']): Promise<Starting | null> {
+    const spare = this.spare;
+    if (!spare?.ready || !spare.cgroups || !spare.sock || spare.sock.destroyed || !spare.proc) return null;
+    this.spare = null;
+    spare.claimed = true;
+    spare.sock.removeAllListeners('close');
+    try {
+      const cgroups = await spare.cgroups.renameTo(id);
+      await cgroups.applyLimits(limits);
+    } catch (err) {
+      this.deps.log.warn({ sandboxId: id, err: (err as Error).message }, 'could not use the spare sandbox init');
+      await this.discardSpare(spare, id);
+      return null;
+    }
+    spare.sock.ref();
+    return { pid: spare.proc.pid, sock: spare.sock };
+  }
+
+  /**
+   * A helper of its own for sandbox `id` when no spare is ready (a burst): started the same way as a
+   * spare, in the sandbox's cgroups, and waited for.
+   */
+  async startHelperFor(id: string, limits: SandboxState['limits'], failure: (why: string) => Promise<Error>): Promise<Starting> {
+    const cgroups = await SandboxCgroups.create(id, limits);
+    const key = `${id}.${randomBytes(8).toString('hex')}`;
+    let connected!: (sock: net.Socket) => void;
+    const sockP = new Promise<net.Socket>((r) => (connected = r));
+    const proc = await this.startLinkedHelper(key, cgroups, connected);
+    let timer: NodeJS.Timeout | undefined;
+    const sock = await Promise.race([
+      sockP,
+      new Promise<never>((_r, reject) => {
+        timer = setTimeout(() => reject(new Error('no connection from the init helper within 15 s')), 15_000);
+      }),
+    ])
+      .catch(async (err: Error) => {
+        this.helperWaiters.delete(key);
+        signalRef(proc, 'SIGKILL');
+        throw await failure(err.message);
+      })
+      .finally(() => clearTimeout(timer));
+    sock.ref();
+    return { pid: proc.pid, sock };
+  }
+
+  /** Kills a spare helper and removes its cgroups (under its own name and, if given, the name it was renamed to). */
+  private async discardSpare(spare: Spare, renamedTo?: string): Promise<void> {
+    spare.discarded = true;
+    if (spare.key) this.helperWaiters.delete(spare.key);
+    spare.sock?.destroy();
+    if (spare.proc) {
+      signalRef(spare.proc, 'SIGKILL');
+      await this.deps.waitGone([spare.proc]);
+    }
+    await SandboxCgroups.of(spare.name).remove();
+    if (renamedTo) await SandboxCgroups.of(renamedTo).remove();
+  }
+
+  /** Stops the spare helper and the helpers' socket. */
+  async close(): Promise<void> {
+    this.closed = true;
+    const spare = this.spare;
+    this.spare = null;
+    if (spare) await this.discardSpare(spare);
+    const server = this.helperServer;
+    this.helperServer = null;
+    if (server) {
+      // Connections of helpers still starting a sandbox are the host's own: ended, not waited for.
+      for (const sock of this.helperConns) sock.destroy();
+      await new Promise((r) => server.close(r));
+      if (this.helperSocket) {
+        await fsp.rm(this.helperSocket, { force: true });
+        // The private directory under the temp dir that a deep data dir's socket gets (listenForHelpers).
+        if (path.dirname(this.helperSocket) !== this.deps.dataDir) await fsp.rmdir(path.dirname(this.helperSocket)).catch(() => undefined);
+      }
+    }
+    this.helperSocket = null;
+  }
+}
