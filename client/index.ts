@@ -1,6 +1,6 @@
 import type { z } from 'zod';
-import type { Agent, CreateAgentBody, Session, SessionResult, UpdateAgentBody } from '../api/schemas';
-import type { Batch, BatchResultLine, BatchItem } from '../api/batch-schemas';
+import type { Agent, CreateAgentBody, Session, SessionResult, UpdateAgentBody } from '../contract/schemas';
+import type { Batch, BatchResultLine, BatchItem } from '../contract/batch-schemas';
 import type { ErrorBody } from '../lib/errors';
 
 /** The types of the API's answers and bodies, inferred from the server's own zod schemas. */

@@ -1,6 +1,5 @@
 import { WebhookInput, WebhookView } from '../lib/webhooks';
-import { z } from 'zod';
-import './http'; // extends zod with .openapi()
+import { z } from './zod'; // zod with .openapi()
 import { MIN_MEMORY_MB } from '../config/limits';
 import { networkSchema } from '../sandbox/network';
 

@@ -13,7 +13,7 @@ import { ImageError, resolveImage } from '../../store/checkpoints';
 import { findSecretStore, secretEnvOf, SecretStoreMissing, SecretUnreadable } from '../../store/secrets';
 import { assertStoreUnused, removeSecretStore } from './secret-stores';
 import { networkSchema, normaliseEgress } from '../../sandbox/network';
-import { ImageManifestSchema } from '../image-schema';
+import { ImageManifestSchema } from '../../contract/image-schema';
 import { imageSnapshot, sseIfAsked } from './snapshots';
 
 const EgressView = z.union([z.enum(['internet', 'none']), z.object({ allow: z.array(z.string()) })]);
