@@ -1,4 +1,4 @@
-import { WebhookInput, WebhookView } from '../lib/webhooks';
+import { WebhookInput, WebhookView } from './webhooks';
 import { z } from './zod'; // zod with .openapi()
 import { AgentId } from './schemas';
 

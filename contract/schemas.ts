@@ -1,7 +1,7 @@
-import { WebhookInput, WebhookView } from '../lib/webhooks';
+import { WebhookInput, WebhookView } from './webhooks';
 import { z } from './zod'; // zod with .openapi()
-import { MIN_MEMORY_MB } from '../config/limits';
-import { networkSchema } from '../sandbox/network';
+import { MIN_MEMORY_MB } from './limits';
+import { networkSchema } from './network';
 
 /** Agent ids: chosen by the caller or generated; safe in paths and workflow ids. */
 export const AgentId = z

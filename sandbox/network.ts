@@ -18,13 +18,10 @@ import { execFile } from 'node:child_process';
 import { promises as fsp } from 'node:fs';
 import { isIP } from 'node:net';
 import type { Logger } from 'pino';
+import { intToIp, normaliseAllowEntry, parseCidr, splitAllow, type Egress } from '../contract/network';
 import { DEFAULT_RESOLVER_LIMITS, parseUpstream, resolverLimitsFromEnv, SandboxResolver, type Decision, type ResolverLimits, type Upstream } from './dns';
 
-/**
- * What a sandbox may reach: everything public, nothing, or only its allow list: IPv4 addresses and
- * CIDRs, host names (`api.example.com`) and wildcards (`*.example.com`: names under example.com).
- */
-export type Egress = 'internet' | 'none' | { allow: string[] };
+export { normaliseAllowEntry, parseCidr, splitAllow, type Egress } from '../contract/network';
 export interface NetworkPolicy {
   egress: Egress;
 }
@@ -48,22 +45,6 @@ const ALWAYS_REFUSED = [
   '192.0.0.0/24', '192.168.0.0/16', '224.0.0.0/3',
 ];
 
-function ipToInt(ip: string): number {
-  return ip.split('.').reduce((a, o) => a * 256 + Number(o), 0);
-}
-function intToIp(n: number): string {
-  return [24, 16, 8, 0].map((s) => Math.floor(n / 2 ** s) % 256).join('.');
-}
-
-/** A normalised IPv4 CIDR ("a.b.c.d/n", host bits cleared), or throws with `what` in the message. */
-export function parseCidr(text: string, what: string): { base: number; bits: number; text: string } {
-  const m = /^(\d{1,3}(?:\.\d{1,3}){3})(?:\/(\d{1,2}))?$/.exec(text.trim());
-  const bits = m ? Number(m[2] ?? 32) : -1;
-  if (!m || isIP(m[1]!) !== 4 || bits < 0 || bits > 32) throw new Error(`${what}: not an IPv4 address or CIDR: ${text}`);
-  const size = 2 ** (32 - bits);
-  const base = Math.floor(ipToInt(m[1]!) / size) * size;
-  return { base, bits, text: `${intToIp(base)}/${bits}` };
-}
 
 /** IPv4 name servers of the host's resolver configuration (the sandboxes' resolver forwards to them). */
 export async function hostNameservers(): Promise<string[]> {
@@ -75,21 +56,6 @@ export async function hostNameservers(): Promise<string[]> {
   return [];
 }
 
-const NAME = /^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$/;
-const looksLikeAddress = (v: string) => /^[\d./]+$/.test(v.trim());
-
-/** One allow-list entry, normalised: a CIDR (`a.b.c.d/n`) or a lower-case host name or wildcard. */
-export function normaliseAllowEntry(text: string, what: string): string {
-  if (looksLikeAddress(text)) return parseCidr(text, what).text;
-  const name = text.trim().toLowerCase().replace(/\.$/, '');
-  if (name.length > 253 || !NAME.test(name)) throw new Error(`${what}: not an IPv4 address, CIDR, host name or *.wildcard: ${text}`);
-  return name;
-}
-
-/** The CIDRs and the names of an allow list. */
-export function splitAllow(allow: string[]): { cidrs: string[]; names: string[] } {
-  return { cidrs: allow.filter(looksLikeAddress), names: allow.filter((v) => !looksLikeAddress(v)) };
-}
 
 function run(cmd: string, args: string[], input?: string): Promise<void> {
   return new Promise((resolve, reject) => {
@@ -124,23 +90,6 @@ export function normaliseEgress(egress: Egress | undefined): Egress {
   return { allow: [...new Set(egress.allow.map((c) => normaliseAllowEntry(c, 'network.egress.allow')))] };
 }
 
-/** `network` of a create (API and sandbox host): the policy's shape; entries are checked by normaliseEgress. */
-export function networkSchema(zod: typeof import('zod').z) {
-  const entry = zod.string().max(253).refine(
-    (v) => {
-      try {
-        normaliseAllowEntry(v, '');
-        return true;
-      } catch {
-        return false;
-      }
-    },
-    { message: 'must be an IPv4 address, a CIDR (a.b.c.d/n), a host name or a *.wildcard' },
-  );
-  return zod.object({
-    egress: zod.union([zod.enum(['internet', 'none']), zod.object({ allow: zod.array(entry).max(256) }).strict()]).default('internet'),
-  }).strict();
-}
 
 /**
  * The name server every sandbox's /etc/resolv.conf names. It exists only on the sandbox's side of

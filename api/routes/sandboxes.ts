@@ -12,7 +12,8 @@ import { findOrgCheckpoint, listPatches } from '../../store/checkpoints';
 import { ImageError, resolveImage } from '../../store/checkpoints';
 import { findSecretStore, secretEnvOf, SecretStoreMissing, SecretUnreadable } from '../../store/secrets';
 import { assertStoreUnused, removeSecretStore } from './secret-stores';
-import { networkSchema, normaliseEgress } from '../../sandbox/network';
+import { normaliseEgress } from '../../sandbox/network';
+import { networkSchema } from '../../contract/network';
 import { ImageManifestSchema } from '../../contract/image-schema';
 import { imageSnapshot, sseIfAsked } from './snapshots';
 
