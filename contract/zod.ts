@@ -3,8 +3,8 @@
  * the schemas carry their document names wherever they are imported.
  */
 import { extendZodWithOpenApi } from '@asteasolutions/zod-to-openapi';
-import { z } from 'zod';
+import { z, type ZodType } from 'zod';
 
 extendZodWithOpenApi(z);
 
-export { z };
+export { z, type ZodType };
