@@ -1,4 +1,5 @@
-import { Context, ApplicationFailure } from '@temporalio/activity';
+import { Context } from '@temporalio/activity';
+import { failure } from './failures';
 import { saveSessionLog, sessionLogDoc, stderrTail, type HostLog } from '../store/session-logs';
 import type { AgentRunSpec } from '../store';
 import { claimSessionRun, markSessionRunning, recordSessionEnd, sessionResultsOf } from '../store/sessions';
@@ -45,7 +46,7 @@ export const createSessionActivities = (deps: ActivityDeps) => ({
       args.input !== undefined ? { input: args.input } : deps.store.sessions.findOne({ _id: args.sessionId }, { projection: { input: 1 } }),
       sessionResultsOf(deps.store).findOne({ _id: args.sessionId }),
     ]);
-    if (!session) throw ApplicationFailure.nonRetryable(`session ${args.sessionId} not found`, 'InvalidAgent');
+    if (!session) throw failure('invalid_agent', `session ${args.sessionId} not found`);
     const input = session.input;
     if (ended) {
       await deps.host.destroySandbox(sandboxId);
@@ -105,7 +106,7 @@ export const createSessionActivities = (deps: ActivityDeps) => ({
     for (;;) {
       ctx.heartbeat();
       const st = await deps.host.entrypointStatus(args.sandboxId, { waitMs: 5000, signal: ctx.cancellationSignal });
-      if (st.state === 'none') throw ApplicationFailure.nonRetryable(`sandbox ${args.sandboxId} has no entrypoint`, 'SandboxLost');
+      if (st.state === 'none') throw failure('sandbox_lost', `sandbox ${args.sandboxId} has no entrypoint`);
       if (st.state === 'exited') return exitOf(st);
     }
   },
@@ -241,7 +242,7 @@ export function decideEnd(
 async function backToClaimant(deps: ActivityDeps, sandboxId: string, claimant: string): Promise<Provisioned> {
   const doc = await hostsOf(deps.store).findOne({ _id: claimant });
   if (!doc || (await checkHostLost(deps.store, claimant, deps.hostDeadAfterMs ?? 15_000, (url) => hostAnswers(url, deps.hostToken ?? '')))) {
-    throw ApplicationFailure.create({ type: 'HostLost', message: `sandbox host ${claimant} that provisioned this session is lost`, nonRetryable: true, details: [claimant] });
+    throw failure('host_lost', `sandbox host ${claimant} that provisioned this session is lost`, claimant);
   }
   return { sandboxId, taskQueue: doc.taskQueue, exit: null, end: null, redirect: doc.taskQueue };
 }
@@ -251,7 +252,7 @@ export async function imageOrFail(deps: ActivityDeps, orgId: string, ref: string
   try {
     image = await resolveImage(deps.store, orgId, ref);
   } catch (err) {
-    if (err instanceof ImageError) throw ApplicationFailure.nonRetryable(err.message, 'SnapshotNotFound');
+    if (err instanceof ImageError) throw failure('snapshot_not_found', err.message);
     throw err;
   }
   await bringLayersHere(deps, image);
@@ -266,15 +267,15 @@ export async function imageOrFail(deps: ActivityDeps, orgId: string, ref: string
 async function bringLayersHere(deps: ActivityDeps, image: ResolvedImage): Promise<void> {
   if (!deps.hostId || !image.hostId || image.hostId === deps.hostId || image.layers.length === 0) return;
   const source = await hostsOf(deps.store).findOne({ _id: image.hostId });
-  if (!source) throw ApplicationFailure.nonRetryable(`the snapshot's layers are on sandbox host ${image.hostId}, which is not registered`, 'SnapshotNotFound');
+  if (!source) throw failure('snapshot_not_found', `the snapshot's layers are on sandbox host ${image.hostId}, which is not registered`);
   for (const layer of image.layers) {
     try {
       await deps.host.fetchLayer(layer, source.url);
     } catch (err) {
       const e = err as { type?: string; message?: string };
-      if (e.type === 'not_found') throw ApplicationFailure.nonRetryable(`layer ${layer} of the snapshot is not on sandbox host ${image.hostId} any more`, 'SnapshotNotFound');
+      if (e.type === 'not_found') throw failure('snapshot_not_found', `layer ${layer} of the snapshot is not on sandbox host ${image.hostId} any more`);
       if (!hostAlive(source, deps.hostDeadAfterMs ?? 15_000)) {
-        throw ApplicationFailure.nonRetryable(`the snapshot's layers were only on sandbox host ${image.hostId}, which is lost`, 'SnapshotNotFound');
+        throw failure('snapshot_not_found', `the snapshot's layers were only on sandbox host ${image.hostId}, which is lost`);
       }
       throw err;
     }
@@ -289,9 +290,9 @@ export async function secretEnvOrFail(deps: ActivityDeps, orgId: string, name: s
   try {
     return await secretEnvOf(deps.store, deps.secrets, orgId, name);
   } catch (err) {
-    if (err instanceof SecretStoreMissing) throw ApplicationFailure.nonRetryable(`the agent's ${err.message}`, 'InvalidAgent');
+    if (err instanceof SecretStoreMissing) throw failure('invalid_agent', `the agent's ${err.message}`);
     // A retry cannot help: the key is what it is until the operator acts.
-    if (err instanceof SecretUnreadable) throw ApplicationFailure.nonRetryable(err.message, 'InvalidAgent');
+    if (err instanceof SecretUnreadable) throw failure('invalid_agent', err.message);
     throw err;
   }
 }
@@ -302,7 +303,7 @@ export function agentEnvOrFail(deps: ActivityDeps, orgId: string, agentId: strin
     return openAgentEnv(deps.secrets, orgId, agentId, run.env, run.envSealed);
   } catch (err) {
     // A retry cannot help: the key is what it is until the operator acts.
-    if (err instanceof AgentEnvUnreadable) throw ApplicationFailure.nonRetryable(err.message, 'InvalidAgent');
+    if (err instanceof AgentEnvUnreadable) throw failure('invalid_agent', err.message);
     throw err;
   }
 }
@@ -313,8 +314,8 @@ export async function createOrExplain(deps: ActivityDeps, req: Parameters<HostCl
     return await deps.host.createSandbox(req);
   } catch (err) {
     const type = (err as { type?: string }).type;
-    if (type === 'patch_failed') throw ApplicationFailure.nonRetryable((err as Error).message, 'PatchFailed');
-    if (type === 'invalid_request') throw ApplicationFailure.nonRetryable((err as Error).message, 'InvalidAgent');
+    if (type === 'patch_failed') throw failure('patch_failed', (err as Error).message);
+    if (type === 'invalid_request') throw failure('invalid_agent', (err as Error).message);
     throw err;
   }
 }

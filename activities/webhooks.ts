@@ -1,4 +1,4 @@
-import { ApplicationFailure } from '@temporalio/activity';
+import { failure } from './failures';
 import { readSession } from '../store/sessions';
 import { batchesOf } from '../store/batches';
 import { sessionView } from '../api/routes/sessions';
@@ -33,11 +33,11 @@ export const createWebhookActivities = (deps: ActivityDeps) => ({
     let data: unknown;
     if (args.event === 'session.ended') {
       const s = await readSession(deps.store, args.subjectId);
-      if (!s) throw ApplicationFailure.nonRetryable(`session ${args.subjectId} not found`, 'NotFound');
+      if (!s) throw failure('webhook_subject_not_found', `session ${args.subjectId} not found`);
       data = sessionView(s);
     } else {
       const b = await batchesOf(deps.store).batches.findOne({ _id: args.subjectId });
-      if (!b) throw ApplicationFailure.nonRetryable(`batch ${args.subjectId} not found`, 'NotFound');
+      if (!b) throw failure('webhook_subject_not_found', `batch ${args.subjectId} not found`);
       data = batchView(b);
     }
     const body = JSON.stringify({ event: args.event, delivery_id: args.deliveryId, data });
@@ -56,11 +56,11 @@ export const createWebhookActivities = (deps: ActivityDeps) => ({
     try {
       res = await postChecked(targetPolicy(opts.allowedCidrs), args.webhook.url, { headers, body, timeoutMs: opts.timeoutMs, maxAnswerBytes: opts.answerMaxBytes });
     } catch (err) {
-      if (err instanceof WebhookTargetRefused) throw ApplicationFailure.nonRetryable(`webhook refused: ${err.message}`, 'WebhookTargetRefused');
+      if (err instanceof WebhookTargetRefused) throw failure('webhook_target_refused', `webhook refused: ${err.message}`);
       // The error's code (or name) only: its message could name internal addresses.
-      throw ApplicationFailure.retryable(`no answer from the webhook receiver: ${(err as NodeJS.ErrnoException).code ?? (err as Error).name}`, 'WebhookUnreachable');
+      throw failure('webhook_unreachable', `no answer from the webhook receiver: ${(err as NodeJS.ErrnoException).code ?? (err as Error).name}`);
     }
-    if (res.status < 200 || res.status > 299) throw ApplicationFailure.retryable(`the webhook receiver answered ${res.status}`, 'WebhookRefused');
+    if (res.status < 200 || res.status > 299) throw failure('webhook_refused', `the webhook receiver answered ${res.status}`);
     return { status: res.status };
   },
 });

@@ -81,7 +81,10 @@ export function createApp(deps: ApiDeps, opts: { server?: http.Server } = {}): {
     const report = await readiness.check();
     const { mongo, temporal, worker, host } = report.checks;
     if (report.ok) res.json({ status: 'ok', mongo: mongo.message, temporal: temporal.message, worker: worker.message, host: host.message, checks: report.checks });
-    else res.status(503).json({ error: { type: 'unavailable', message: notReadyMessage(report) } });
+    else {
+      const e = new ApiError('unavailable', notReadyMessage(report));
+      res.status(e.status).json(e.toBody());
+    }
   });
 
   const auth = createAuthenticator(deps.store);

@@ -1,15 +1,9 @@
 import type { NextFunction, Request, RequestHandler, Response, Router } from 'express';
-import { OpenAPIRegistry, extendZodWithOpenApi } from '@asteasolutions/zod-to-openapi';
-import { z, ZodType } from 'zod';
-import { ApiError } from '../lib/errors';
+import { OpenAPIRegistry } from '@asteasolutions/zod-to-openapi';
+import { z, type ZodType } from '../contract/zod';
+import { ApiError } from '../contract/errors';
+import { ErrorBodySchema } from '../contract/schemas';
 import type { Authenticator, OrgContext } from './auth';
-
-extendZodWithOpenApi(z);
-
-/** The error body schema, shared by every route's documented error answers. */
-export const ErrorBodySchema = z
-  .object({ error: z.object({ type: z.string(), message: z.string() }) })
-  .openapi('Error');
 
 /** What a handler receives: the parsed (not raw) params, query and body, and the caller's org. */
 export interface Ctx<P, Q, B> {

@@ -1,30 +1,8 @@
-import type { z } from 'zod';
-import type { Agent, CreateAgentBody, Session, SessionResult, UpdateAgentBody } from '../api/schemas';
-import type { Batch, BatchResultLine, BatchItem } from '../api/batch-schemas';
-import type { ErrorBody } from '../lib/errors';
+import type { ErrorBody } from '../contract/errors';
+import type { AgentView, BatchItemInput, BatchResult, BatchView, CreateAgentInput, InstanceView, SessionResultView, SessionView, UpdateAgentInput } from '../contract/views';
 
-/** The types of the API's answers and bodies, inferred from the server's own zod schemas. */
-export type AgentView = z.infer<typeof Agent>;
-export type CreateAgentInput = z.input<typeof CreateAgentBody>;
-export type UpdateAgentInput = z.input<typeof UpdateAgentBody>;
-export type SessionView = z.infer<typeof Session>;
-export type SessionResultView = z.infer<typeof SessionResult>;
-export type BatchView = z.infer<typeof Batch>;
-export type BatchResult = z.infer<typeof BatchResultLine>;
-export type BatchItemInput = z.input<typeof BatchItem>;
-
-/**
- * An instance (SPEC 2.2). The server has no zod schema for instances yet, so this one type is
- * written here; replace it with `z.infer<typeof Instance>` once api/schemas.ts has one.
- */
-export interface InstanceView {
-  id: string;
-  agent_id: string;
-  status: string;
-  metadata: Record<string, unknown>;
-  created_at: string;
-  updated_at: string;
-}
+/** The types of the API's answers and bodies (contract/views.ts, inferred from the server's own zod schemas). */
+export type { AgentView, BatchItemInput, BatchResult, BatchView, CreateAgentInput, InstanceView, SessionResultView, SessionView, UpdateAgentInput };
 
 /** An error answer of the API: its status and its `{ error: { type, message } }` body. */
 export class SapApiError extends Error {

@@ -18,12 +18,12 @@
  */
 import * as os from 'node:os';
 import { z } from 'zod';
+import { MIN_MEMORY_MB } from '../contract/limits';
 
 export const DEFAULT_MEMORY_MB = 2048;
 export const DEFAULT_MAX_PROCESSES = 512;
 export const DEFAULT_MAX_DISK_MB = 20480;
-/** The smallest memory limit accepted anywhere (below it a sandbox cannot start a shell). */
-export const MIN_MEMORY_MB = 16;
+export { MIN_MEMORY_MB };
 
 /** The effective limits of one sandbox (what its host applies). */
 export interface SandboxResources {

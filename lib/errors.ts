@@ -1,50 +1,9 @@
-/** The API's one error vocabulary, its HTTP statuses, and its one error body. */
-export const ERROR_STATUS = {
-  invalid_request: 400,
-  unauthorized: 401,
-  forbidden: 403,
-  not_found: 404,
-  method_not_allowed: 405,
-  conflict: 409,
-  gone: 410,
-  payload_too_large: 413,
-  unsupported_media_type: 415,
-  rate_limited: 429,
-  internal: 500,
-  not_implemented: 501,
-  bad_gateway: 502,
-  unavailable: 503,
-  /** The organisation's storage quota (ORG_STORAGE_QUOTA_MB) is used up: waiting does not help, deleting does. */
-  insufficient_storage: 507,
-} as const satisfies Record<string, number>;
-
-export type ErrorType = keyof typeof ERROR_STATUS;
-
-/** `{ "error": { "type", "message" } }`, the body of every error answer. */
-export interface ErrorBody {
-  error: { type: ErrorType; message: string };
-}
-
-/** An error that carries its API type; thrown anywhere in a request, rendered by the error handler. */
-export class ApiError extends Error {
-  override name = 'ApiError';
-  constructor(
-    readonly type: ErrorType,
-    message: string,
-  ) {
-    super(message);
-  }
-  get status(): number {
-    return ERROR_STATUS[this.type];
-  }
-  toBody(): ErrorBody {
-    return { error: { type: this.type, message: this.message } };
-  }
-}
-
-export const notFound = (what: string): ApiError => new ApiError('not_found', `${what} not found`);
-export const conflict = (message: string): ApiError => new ApiError('conflict', message);
-export const invalid = (message: string): ApiError => new ApiError('invalid_request', message);
+/**
+ * The API's errors: its class, codes and statuses come from the one registry (contract/errors.ts);
+ * re-exported here for the code that throws them. `unreachableService` tells an outage of a backing
+ * service from a bug.
+ */
+export { ApiError, notFound, conflict, invalid, API_ERROR_STATUS as ERROR_STATUS, type ApiErrorType as ErrorType, type ErrorBody } from '../contract/errors';
 
 /** Errors of the MongoDB driver that mean the database cannot be reached (not that a query was wrong). */
 const MONGO_UNREACHABLE = new Set([

@@ -1,5 +1,6 @@
 import { createHmac } from 'node:crypto';
-import { z } from 'zod';
+import type { z } from 'zod';
+import { WebhookInput, WebhookView } from '../contract/webhooks';
 import type { SecretBox } from './secret-box';
 import { invalid } from './errors';
 import { refusedUrl, targetPolicy, type LookupAll } from './webhook-target';
@@ -9,26 +10,6 @@ import { refusedUrl, targetPolicy, type LookupAll } from './webhook-target';
  * (or a batch completes). The secret is kept sealed (lib/secret-box.ts, context `webhook:<org>`):
  * it travels sealed in workflow arguments and is opened only by the activity that signs a delivery.
  */
-
-const MAX_URL = 2048;
-
-/** `webhook` of a create body: an absolute http(s) URL without credentials, and an optional secret. */
-export const WebhookInput = z
-  .object({
-    url: z
-      .string()
-      .max(MAX_URL)
-      .refine((v) => {
-        try {
-          const u = new URL(v);
-          return (u.protocol === 'http:' || u.protocol === 'https:') && !u.username && !u.password && !!u.hostname;
-        } catch {
-          return false;
-        }
-      }, 'must be an absolute http(s) URL without credentials'),
-    secret: z.string().min(8).max(256).optional().describe('HMAC-SHA256 key of the X-SAP-Signature header; never returned'),
-  })
-  .strict();
 
 /** How a webhook is stored and carried: its secret sealed. */
 export interface StoredWebhook {
@@ -41,9 +22,6 @@ export interface WebhookSpec extends StoredWebhook {
   /** attemptMs: WEBHOOK_TIMEOUT_MS, which bounds the activity's own time limit (absent in specs from before it existed). */
   retry: { initialMs: number; maxIntervalMs: number; maxHours: number; attemptMs?: number };
 }
-
-/** What answers show of a webhook: never the secret. */
-export const WebhookView = z.object({ url: z.string(), has_secret: z.boolean() }).nullable();
 
 export function webhookView(w: StoredWebhook | null | undefined): z.infer<typeof WebhookView> {
   return w ? { url: w.url, has_secret: !!w.secretSealed } : null;

@@ -18,7 +18,7 @@ import { execFile } from 'node:child_process';
 import { promises as fsp } from 'node:fs';
 import { isIP } from 'node:net';
 import type { Logger } from 'pino';
-import { intToIp, normaliseAllowEntry, normaliseEgress, parseCidr, splitAllow, type Egress, type NetworkPolicy } from './host-contract/egress';
+import { intToIp, normaliseAllowEntry, normaliseEgress, parseCidr, splitAllow, type Egress, type NetworkPolicy } from '../contract/network';
 import { DEFAULT_RESOLVER_LIMITS, parseUpstream, resolverLimitsFromEnv, SandboxResolver, type Decision, type ResolverLimits, type Upstream } from './dns';
 
 
@@ -83,23 +83,6 @@ export interface NetworkOptions {
 }
 
 
-/** `network` of a create (API and sandbox host): the policy's shape; entries are checked by normaliseEgress. */
-export function networkSchema(zod: typeof import('zod').z) {
-  const entry = zod.string().max(253).refine(
-    (v) => {
-      try {
-        normaliseAllowEntry(v, '');
-        return true;
-      } catch {
-        return false;
-      }
-    },
-    { message: 'must be an IPv4 address, a CIDR (a.b.c.d/n), a host name or a *.wildcard' },
-  );
-  return zod.object({
-    egress: zod.union([zod.enum(['internet', 'none']), zod.object({ allow: zod.array(entry).max(256) }).strict()]).default('internet'),
-  }).strict();
-}
 
 /**
  * The name server every sandbox's /etc/resolv.conf names. It exists only on the sandbox's side of

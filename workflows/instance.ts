@@ -9,6 +9,7 @@ import {
 } from '@temporalio/workflow';
 import type { ActivityOptions } from '@temporalio/workflow';
 import type { Activities } from '../activities';
+import { nonRetryableFailureTypes } from '../contract/errors';
 import type { AgentRunSpec } from '../store';
 
 /** Arguments of an instance's workflow. The workflow id is the instance id (`inst_<id>`). */
@@ -39,7 +40,7 @@ const PROVISION: ActivityOptions = {
     backoffCoefficient: 2,
     maximumInterval: '30 s',
     maximumAttempts: 6,
-    nonRetryableErrorTypes: ['PatchFailed', 'SnapshotNotFound', 'InvalidAgent'],
+    nonRetryableErrorTypes: nonRetryableFailureTypes(),
   },
 };
 

@@ -12,6 +12,7 @@ import {
 } from '@temporalio/workflow';
 import type { ActivityOptions } from '@temporalio/workflow';
 import type { Activities } from '../activities';
+import { failureType, nonRetryableFailureTypes, provisioningOutcome } from '../contract/errors';
 import { SESSION_STATUS } from './search-attributes';
 import type { AgentRunSpec } from '../store';
 import type { SessionWorkflowResult, SessionEnd } from './types';
@@ -38,7 +39,7 @@ const PROVISION_OPTIONS: ActivityOptions = {
     backoffCoefficient: 2,
     maximumInterval: '30 s',
     maximumAttempts: 8,
-    nonRetryableErrorTypes: ['PatchFailed', 'SnapshotNotFound', 'InvalidAgent'],
+    nonRetryableErrorTypes: nonRetryableFailureTypes(),
   },
 };
 /**
@@ -94,7 +95,7 @@ async function provision(args: ProvisionArgs): Promise<Provisioned> {
     return result;
   } catch (err) {
     // The host that claimed this run is lost (activities/sessions.ts backToClaimant).
-    const lost = failureOfType(err, 'HostLost');
+    const lost = failureOfType(err, failureType('host_lost'));
     if (lost) throw new HostLost(String(lost.details?.[0] ?? 'unknown'));
     throw err;
   }
@@ -260,7 +261,8 @@ async function runSessionOnce(args: SessionWorkflowArgs, rerun: number): Promise
     } else if (provisioned) failure = err instanceof ActivityFailure && err.cause ? err.cause.message : String(err);
     else {
       const message = err instanceof ActivityFailure && err.cause ? err.cause.message : String(err);
-      end = { status: 'failed', result: null, outcome: { reason: 'provisioning_failed', exit_code: null, message } };
+      const type = err instanceof ActivityFailure && err.cause instanceof ApplicationFailure ? err.cause.type : undefined;
+      end = { status: 'failed', result: null, outcome: { reason: provisioningOutcome(type ?? undefined), exit_code: null, message } };
       await CancellationScope.nonCancellable(() => recordSessionOutcome({ sessionId, end }));
       setStatus('failed');
       return await finish(args, { sessionId, workflowId: workflowInfo().workflowId, status: end.status, outcome: end.outcome });

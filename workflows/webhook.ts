@@ -1,6 +1,7 @@
 import { ParentClosePolicy, proxyActivities, startChild, workflowInfo } from '@temporalio/workflow';
 import { WorkflowExecutionAlreadyStartedError } from '@temporalio/common';
 import type { Activities } from '../activities';
+import { nonRetryableFailureTypes } from '../contract/errors';
 import type { WebhookSpec } from '../lib/webhooks';
 
 export interface WebhookWorkflowArgs {
@@ -22,7 +23,7 @@ export async function webhookWorkflow(args: WebhookWorkflowArgs): Promise<{ stat
     // The activity ends its exchange within attemptMs (WEBHOOK_TIMEOUT_MS); this only bounds a stuck worker.
     startToCloseTimeout: (retry.attemptMs ?? 10_000) + 5_000,
     scheduleToCloseTimeout: Math.round(retry.maxHours * 3600 * 1000),
-    retry: { initialInterval: retry.initialMs, backoffCoefficient: 2, maximumInterval: retry.maxIntervalMs, nonRetryableErrorTypes: ['NotFound', 'WebhookTargetRefused'] },
+    retry: { initialInterval: retry.initialMs, backoffCoefficient: 2, maximumInterval: retry.maxIntervalMs, nonRetryableErrorTypes: nonRetryableFailureTypes() },
   });
   return deliverWebhook({ event: args.event, orgId: args.orgId, subjectId: args.subjectId, deliveryId: workflowInfo().workflowId, webhook: args.webhook });
 }

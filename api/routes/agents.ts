@@ -1,7 +1,7 @@
 import { z } from 'zod';
 import type { ApiDeps } from '../deps';
 import type { RouteTable } from '../http';
-import { Agent, AgentParams, CreateAgentBody, Cursor, Limit, UpdateAgentBody } from '../schemas';
+import { Agent, AgentParams, CreateAgentBody, Cursor, Limit, UpdateAgentBody } from '../../contract/schemas';
 import { conflict, invalid, notFound } from '../../lib/errors';
 import { overMaximum } from '../../config/limits';
 import { randomId } from '../../lib/ids';

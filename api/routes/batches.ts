@@ -7,8 +7,8 @@ import { WorkflowExecutionAlreadyStartedError, WorkflowNotFoundError } from '@te
 import { WorkflowIdReusePolicy } from '@temporalio/common';
 import type { ApiDeps } from '../deps';
 import type { RouteTable } from '../http';
-import { AgentParams, Cursor, Limit } from '../schemas';
-import { Batch, BATCH_LIMITS, BatchParams, BatchResult, BatchResultLine, BatchResultsQuery, BatchStatusEnum, CreateBatchBody, CreateBatchQuery } from '../batch-schemas';
+import { AgentParams, Cursor, Limit } from '../../contract/schemas';
+import { Batch, BATCH_LIMITS, BatchParams, BatchResult, BatchResultLine, BatchResultsQuery, BatchStatusEnum, CreateBatchBody, CreateBatchQuery } from '../../contract/batch-schemas';
 import { ApiError, conflict, invalid, notFound } from '../../lib/errors';
 import { derivedId, randomId } from '../../lib/ids';
 import { batchSessionId } from '../../lib/batch-ids';

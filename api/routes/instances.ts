@@ -3,7 +3,7 @@ import { WorkflowExecutionAlreadyStartedError, WorkflowNotFoundError } from '@te
 import { WorkflowIdReusePolicy } from '@temporalio/common';
 import type { ApiDeps } from '../deps';
 import type { RouteTable } from '../http';
-import { AgentParams } from '../schemas';
+import { AgentParams } from '../../contract/schemas';
 import { ApiError, invalid, notFound } from '../../lib/errors';
 import { randomId } from '../../lib/ids';
 import { fromJsonText, runSpecOf } from '../../store';

@@ -12,9 +12,9 @@ import { findOrgCheckpoint, listPatches } from '../../store/checkpoints';
 import { ImageError, resolveImage } from '../../store/checkpoints';
 import { findSecretStore, secretEnvOf, SecretStoreMissing, SecretUnreadable } from '../../store/secrets';
 import { assertStoreUnused, removeSecretStore } from './secret-stores';
-import { networkSchema } from '../../sandbox/network';
 import { normaliseEgress } from '../../sandbox';
-import { ImageManifestSchema } from '../image-schema';
+import { networkSchema } from '../../contract/network';
+import { ImageManifestSchema } from '../../contract/image-schema';
 import { imageSnapshot, sseIfAsked } from './snapshots';
 
 const EgressView = z.union([z.enum(['internet', 'none']), z.object({ allow: z.array(z.string()) })]);

@@ -5,7 +5,7 @@ import { WorkflowExecutionAlreadyStartedError, WorkflowNotFoundError } from '@te
 import { WorkflowIdReusePolicy } from '@temporalio/common';
 import type { ApiDeps } from '../deps';
 import type { RouteTable } from '../http';
-import { CreateSessionBody, Cursor, Limit, WaitSeconds, Session, SessionParams, SessionResult, SessionStatusEnum, AgentParams } from '../schemas';
+import { CreateSessionBody, Cursor, Limit, WaitSeconds, Session, SessionParams, SessionResult, SessionStatusEnum, AgentParams } from '../../contract/schemas';
 import { ApiError, conflict, invalid, notFound } from '../../lib/errors';
 import { derivedId, randomId } from '../../lib/ids';
 import { AgentDoc, fromJsonText, isDuplicateKey, runSpecOf, SessionDoc } from '../../store';

@@ -21,8 +21,8 @@ import { checkpointInUse, deleteCheckpoint, getOrgCheckpoint, readyCheckpoint } 
 import { hostTaskQueue } from '../../config';
 import { assertStorageRoom } from '../storage-quota';
 
-export { ImageManifestSchema, ImageStepSchema } from '../image-schema';
-import { ImageManifestSchema } from '../image-schema';
+export { ImageManifestSchema, ImageStepSchema } from '../../contract/image-schema';
+import { ImageManifestSchema } from '../../contract/image-schema';
 
 const SnapshotName = z
   .string()

@@ -9,7 +9,10 @@ import { WebSocket } from 'ws';
 import { ExecStream, type ExecStreamHandlers } from './exec-stream';
 import type { Readable } from 'node:stream';
 import type { SandboxEntry } from './types';
+import { HostError } from '../../contract/errors';
 import type { CreatedSandbox, CreateSandboxRequest, EntrypointSpec, EntrypointStatus, ExecRequest, ExecRunResult, ExecSessionInfo, SandboxInfo, WireEntrypointLog } from './types';
+
+export { HostError };
 
 /** A decoded server→client exec WebSocket frame (see exec.ts for the wire format). */
 export type ExecFrame =
@@ -65,18 +68,6 @@ export interface HostCapacity {
   reservedMB: number;
   /** The machine's memory. */
   memoryMB: number;
-}
-
-/** An error answered by the host: `{ error: { type, message } }` with its HTTP status. */
-export class HostError extends Error {
-  override readonly name = 'HostError';
-  constructor(
-    readonly type: string,
-    readonly status: number,
-    message: string,
-  ) {
-    super(message);
-  }
 }
 
 /** Where the host is and how to authenticate. */

@@ -23,7 +23,8 @@ import { attachExec, ExecManager } from './exec';
 import { PortForwarder } from './forward';
 import { fileRoutes } from './files';
 import { PtyManager } from './pty';
-import { networkSchema, type SandboxNetwork } from '../network';
+import type { SandboxNetwork } from '../network';
+import { networkSchema } from '../../contract/network';
 
 /** What the app needs. */
 export interface HostDeps {

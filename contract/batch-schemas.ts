@@ -1,6 +1,5 @@
-import { WebhookInput, WebhookView } from '../lib/webhooks';
-import { z } from 'zod';
-import './http'; // extends zod with .openapi()
+import { WebhookInput, WebhookView } from './webhooks';
+import { z } from './zod'; // zod with .openapi()
 import { AgentId } from './schemas';
 
 const JsonObject = z.record(z.string(), z.unknown());

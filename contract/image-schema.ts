@@ -1,5 +1,4 @@
-import { z } from 'zod';
-import './http';
+import { z } from './zod'; // zod with .openapi()
 
 /* The image manifest of snapshots and of sandboxes created with an image (the open API's shape). */
 

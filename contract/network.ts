@@ -1,21 +1,27 @@
 /**
- * A sandbox's egress policy as the host contract carries it, and its pure checks (no nftables, no
- * resolver): the API checks a policy with these before a host applies it (see ../network.ts).
+ * The network policy of a sandbox as the public API and the sandbox host accept it: its shape
+ * (`networkSchema`) and the normalisation of allow-list entries. Pure: the runtime that enforces a
+ * policy is sandbox/network.ts.
  */
-import { isIP } from 'node:net';
+import type { z as Zod } from 'zod';
 
 /**
  * What a sandbox may reach: everything public, nothing, or only its allow list: IPv4 addresses and
  * CIDRs, host names (`api.example.com`) and wildcards (`*.example.com`: names under example.com).
  */
 export type Egress = 'internet' | 'none' | { allow: string[] };
-export interface NetworkPolicy {
-  egress: Egress;
-}
 
-export function ipToInt(ip: string): number {
+/** One IPv4 octet in decimal, without leading zeros (what node:net's isIP accepts). */
+const OCTET = '(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9][0-9]|[0-9])';
+const IPV4 = new RegExp(`^(?:${OCTET}\\.){3}${OCTET}$`);
+/** True for a dotted-decimal IPv4 address. */
+export const isIPv4 = (text: string): boolean => IPV4.test(text);
+
+/** The 32-bit number of a dotted IPv4 address. */
+function ipToInt(ip: string): number {
   return ip.split('.').reduce((a, o) => a * 256 + Number(o), 0);
 }
+/** The dotted IPv4 address of a 32-bit number. */
 export function intToIp(n: number): string {
   return [24, 16, 8, 0].map((s) => Math.floor(n / 2 ** s) % 256).join('.');
 }
@@ -24,14 +30,14 @@ export function intToIp(n: number): string {
 export function parseCidr(text: string, what: string): { base: number; bits: number; text: string } {
   const m = /^(\d{1,3}(?:\.\d{1,3}){3})(?:\/(\d{1,2}))?$/.exec(text.trim());
   const bits = m ? Number(m[2] ?? 32) : -1;
-  if (!m || isIP(m[1]!) !== 4 || bits < 0 || bits > 32) throw new Error(`${what}: not an IPv4 address or CIDR: ${text}`);
+  if (!m || !isIPv4(m[1]!) || bits < 0 || bits > 32) throw new Error(`${what}: not an IPv4 address or CIDR: ${text}`);
   const size = 2 ** (32 - bits);
   const base = Math.floor(ipToInt(m[1]!) / size) * size;
   return { base, bits, text: `${intToIp(base)}/${bits}` };
 }
 
 const NAME = /^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$/;
-export const looksLikeAddress = (v: string) => /^[\d./]+$/.test(v.trim());
+const looksLikeAddress = (v: string) => /^[\d./]+$/.test(v.trim());
 
 /** One allow-list entry, normalised: a CIDR (`a.b.c.d/n`) or a lower-case host name or wildcard. */
 export function normaliseAllowEntry(text: string, what: string): string {
@@ -44,6 +50,29 @@ export function normaliseAllowEntry(text: string, what: string): string {
 /** The CIDRs and the names of an allow list. */
 export function splitAllow(allow: string[]): { cidrs: string[]; names: string[] } {
   return { cidrs: allow.filter(looksLikeAddress), names: allow.filter((v) => !looksLikeAddress(v)) };
+}
+
+/** `network` of a create (API and sandbox host): the policy's shape; entries are checked by normaliseEgress. */
+export function networkSchema(zod: typeof Zod) {
+  const entry = zod.string().max(253).refine(
+    (v) => {
+      try {
+        normaliseAllowEntry(v, '');
+        return true;
+      } catch {
+        return false;
+      }
+    },
+    { message: 'must be an IPv4 address, a CIDR (a.b.c.d/n), a host name or a *.wildcard' },
+  );
+  return zod.object({
+    egress: zod.union([zod.enum(['internet', 'none']), zod.object({ allow: zod.array(entry).max(256) }).strict()]).default('internet'),
+  }).strict();
+}
+
+/** The network part of a sandbox's spec. */
+export interface NetworkPolicy {
+  egress: Egress;
 }
 
 /** Validates an egress policy's allow list and returns it normalised. */

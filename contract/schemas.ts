@@ -1,8 +1,13 @@
-import { WebhookInput, WebhookView } from '../lib/webhooks';
-import { z } from 'zod';
-import './http'; // extends zod with .openapi()
-import { MIN_MEMORY_MB } from '../config/limits';
-import { networkSchema } from '../sandbox/network';
+import { WebhookInput, WebhookView } from './webhooks';
+import { z } from './zod'; // zod with .openapi()
+import { MIN_MEMORY_MB } from './limits';
+import { networkSchema } from './network';
+import { OUTCOME_REASONS } from './errors';
+
+/** `{ "error": { "type", "message" } }`: the body of every error answer (types and statuses: contract/errors.ts). */
+export const ErrorBodySchema = z
+  .object({ error: z.object({ type: z.string(), message: z.string() }) })
+  .openapi('Error');
 
 /** Agent ids: chosen by the caller or generated; safe in paths and workflow ids. */
 export const AgentId = z
@@ -123,7 +128,7 @@ export const SessionStatusEnum = z.enum(['creating', 'running', 'completed', 'fa
 
 export const Outcome = z
   .object({
-    reason: z.enum(['exit_code', 'timeout', 'cancelled', 'invalid_result', 'oom', 'provisioning_failed', 'host_lost']).nullable(),
+    reason: z.enum(OUTCOME_REASONS).nullable(),
     exit_code: z.number().int().nullable(),
     message: z.string().nullable(),
   })
