@@ -4,7 +4,7 @@ import type { AgentRunSpec } from '../store';
 import { claimSessionRun, markSessionRunning, recordSessionEnd, sessionResultsOf } from '../store/sessions';
 import type { HostClient } from '../sandbox/host/client';
 import type { CreatedSandbox, EntrypointStatus } from '../sandbox/types';
-import type { SessionEnd } from '../workflows/types';
+import type { SessionEnd } from '../store/sessions';
 import { sandboxIdForSession } from '../lib/naming';
 import { ImageError, resolveImage, type ResolvedImage } from '../store/checkpoints';
 import { effectiveResources } from '../config/limits';

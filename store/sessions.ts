@@ -143,10 +143,17 @@ export async function markSessionRunning(store: Store, id: string, sandboxId: st
  * Records how a session ended. Only the first record counts: a retry or a second ending never
  * overwrites it. Returns whether this call recorded it.
  */
+/** How a session ended: what the activities hand back to the workflow and record. */
+export interface SessionEnd {
+  status: 'completed' | 'failed';
+  result: Record<string, unknown> | null;
+  outcome: SessionOutcome | null;
+}
+
 export async function recordSessionEnd(
   store: Store,
   id: string,
-  end: { status: 'completed' | 'failed'; result: Record<string, unknown> | null; outcome: SessionOutcome | null },
+  end: SessionEnd,
   started?: { sandboxId: string; at: Date },
 ): Promise<boolean> {
   try {

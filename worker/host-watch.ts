@@ -5,7 +5,7 @@ import type { HostClient } from '../sandbox/host/client';
 import { checkHostLost, hostAlive, hostsOf, type HostDoc } from '../store/hosts';
 import { sandboxesOf } from '../store/sandboxes';
 import { hostAnswers } from '../activities/hosts';
-import { hostLostSignal } from '../workflows/instance';
+import { hostLostSignal } from '../workflows/defs';
 
 /**
  * Watches the other hosts from each worker: a host silent for HOST_DEAD_AFTER that does not answer a
