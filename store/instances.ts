@@ -36,3 +36,28 @@ export function metaPairsOf(metadata: Record<string, unknown>): string[] {
 export function sandboxIdForInstance(instanceId: string): string {
   return `sb-${instanceId.replace(/^inst_/, 'i')}`;
 }
+
+/** Reads an instance; null when there is none. */
+export function findInstance(store: Store, id: string): Promise<InstanceDoc | null> {
+  return instancesOf(store).findOne({ _id: id });
+}
+
+/** Stores a new instance. */
+export async function insertInstance(store: Store, doc: InstanceDoc): Promise<void> {
+  await instancesOf(store).insertOne(doc);
+}
+
+/** Deletes an instance document (its workflow could not be started). */
+export async function deleteInstance(store: Store, id: string): Promise<void> {
+  await instancesOf(store).deleteOne({ _id: id });
+}
+
+/** Up to `limit` instances matching `filter`, newest first. */
+export function listInstances(store: Store, filter: Record<string, unknown>, limit: number): Promise<InstanceDoc[]> {
+  return instancesOf(store).find(filter).sort({ created_at: -1, _id: -1 }).limit(limit).toArray();
+}
+
+/** Records an instance stopped (nothing owns a sandbox for it any more). */
+export async function markInstanceStopped(store: Store, id: string): Promise<void> {
+  await instancesOf(store).updateOne({ _id: id }, { $set: { status: 'stopped', updated_at: new Date() } });
+}

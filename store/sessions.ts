@@ -1,5 +1,6 @@
 import type { Store, SessionDoc, SessionOutcome } from './index';
 import { isDuplicateKey } from './index';
+import { afterCursor } from './page';
 
 /**
  * A session's state is written insert-only, in three documents keyed by the session id:
@@ -204,4 +205,23 @@ export async function sessionHostOf(store: Store, sessionId: string): Promise<st
   const claims = await store.db.collection<SessionClaimDoc>('session_claims').find({ _id: { $in: ids } }).toArray();
   claims.sort((a, b) => b._id.localeCompare(a._id));
   return claims[0]?.hostId ?? null;
+}
+
+/** Stores a session's creation record; throws MongoDB's duplicate-key error when its id is taken. */
+export async function insertSession(store: Store, doc: SessionDoc): Promise<void> {
+  await store.sessions.insertOne(doc);
+}
+
+/** Deletes a session's creation record (its workflow could not be started). */
+export async function deleteSession(store: Store, id: string): Promise<void> {
+  await store.sessions.deleteOne({ _id: id });
+}
+
+/** Up to `size` creation records of an agent's sessions after `cursor`, newest first (their state not merged in). */
+export function sessionCreationsAfter(store: Store, orgId: string, agentId: string, cursor: string | undefined, size: number): Promise<SessionDoc[]> {
+  return store.sessions
+    .find({ orgId, agent_id: agentId, ...afterCursor(cursor) })
+    .sort({ created_at: -1, _id: -1 })
+    .limit(size)
+    .toArray();
 }
