@@ -120,3 +120,19 @@ export async function storeBatchItems(store: Store, batchId: string, items: { in
     }
   }
 }
+
+/** Reads the `batch_items` chunk `chunk` of a batch; null when it is missing. */
+export function findBatchChunk(store: Store, batchId: string, chunk: number): Promise<BatchItemsDoc | null> {
+  return batchesOf(store).batchItems.findOne({ _id: batchChunkId(batchId, chunk) });
+}
+
+/** Writes a batch's counts (and, at its end, its status). Filtered by `_id` alone. */
+export async function recordBatchCounts(store: Store, batchId: string, counts: BatchCounts, status?: BatchStatus): Promise<void> {
+  const now = new Date();
+  const set: Record<string, unknown> = { counts, updated_at: now };
+  if (status) {
+    set.status = status;
+    set.completed_at = now;
+  }
+  await batchesOf(store).batches.updateOne({ _id: batchId }, { $set: set });
+}

@@ -59,5 +59,20 @@ export function listInstances(store: Store, filter: Record<string, unknown>, lim
 
 /** Records an instance stopped (nothing owns a sandbox for it any more). */
 export async function markInstanceStopped(store: Store, id: string): Promise<void> {
-  await instancesOf(store).updateOne({ _id: id }, { $set: { status: 'stopped', updated_at: new Date() } });
+  await markInstanceStoppedAt(store, id, new Date());
+}
+
+/** Records an instance stopped at `at`. */
+export async function markInstanceStoppedAt(store: Store, id: string, at: Date): Promise<void> {
+  await instancesOf(store).updateOne({ _id: id }, { $set: { status: 'stopped', updated_at: at } });
+}
+
+/** Records an instance running in sandbox `sandboxId` (made from `snapshotId`, if any). */
+export async function markInstanceRunning(store: Store, id: string, sandboxId: string, snapshotId: string | null): Promise<void> {
+  await instancesOf(store).updateOne({ _id: id }, { $set: { status: 'running', sandbox_id: sandboxId, snapshot_id: snapshotId, updated_at: new Date() } });
+}
+
+/** Records an instance's end: `failed` with its reason, or `stopped`. */
+export async function recordInstanceStatus(store: Store, id: string, status: 'failed' | 'stopped', error: string | null, at = new Date()): Promise<void> {
+  await instancesOf(store).updateOne({ _id: id }, { $set: { status, error, updated_at: at } });
 }

@@ -1,3 +1,4 @@
+import { MongoBulkWriteError } from 'mongodb';
 import type { Store, SessionDoc, SessionOutcome } from './index';
 import { isDuplicateKey } from './index';
 import { afterCursor } from './page';
@@ -224,4 +225,30 @@ export function sessionCreationsAfter(store: Store, orgId: string, agentId: stri
     .sort({ created_at: -1, _id: -1 })
     .limit(size)
     .toArray();
+}
+
+/** Stores many sessions' creation records at once; records that exist already are left as they are. */
+export async function insertSessionsOnce(store: Store, docs: SessionDoc[]): Promise<void> {
+  try {
+    await store.sessions.insertMany(docs, { ordered: false });
+  } catch (err) {
+    const dupOnly = err instanceof MongoBulkWriteError && [err.writeErrors].flat().every((e) => e.code === 11000);
+    if (!dupOnly) throw err;
+  }
+}
+
+/** Deletes the sessions among `ids` that are still `creating` (never started); returns how many. */
+export async function deleteUnstartedSessions(store: Store, ids: string[]): Promise<number> {
+  const r = await store.sessions.deleteMany({ _id: { $in: ids }, status: 'creating' });
+  return r.deletedCount;
+}
+
+/** A session's input (JSON text) from its creation record; null when there is none. */
+export async function sessionInputOf(store: Store, id: string): Promise<{ input: string } | null> {
+  return store.sessions.findOne({ _id: id }, { projection: { input: 1 } });
+}
+
+/** A session's result record; null while it has not ended. */
+export function readSessionResult(store: Store, id: string): Promise<SessionResultDoc | null> {
+  return sessionResultsOf(store).findOne({ _id: id });
 }
