@@ -32,6 +32,8 @@ import { createSessionService } from '../services/sessions';
 import { createBatchService } from '../services/batches';
 import { createInstanceService } from '../services/instances';
 import { createSecretStoreService } from '../services/secret-stores';
+import { createCapacityService } from '../services/capacity';
+import { createUsageService } from '../services/usage';
 
 /** Body types the API reads; anything else on a request with a body is 415. */
 const JSON_TYPES = ['application/json', 'application/*+json'];
@@ -113,8 +115,8 @@ export function createApp(deps: ApiDeps, opts: { server?: http.Server } = {}): {
   registerCheckpointRoutes(table, deps);
   registerSnapshotRoutes(table, deps);
   registerInstanceRoutes(table, createInstanceService(deps, agents));
-  registerCapacityRoutes(table, deps);
-  registerUsageRoutes(table, deps);
+  registerCapacityRoutes(table, createCapacityService(deps));
+  registerUsageRoutes(table, createUsageService(deps));
   registerPreviewRoutes(table, deps);
   registerExecRoutes(table, deps);
   registerSandboxAgentRoutes(table, deps);

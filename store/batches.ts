@@ -136,3 +136,9 @@ export async function recordBatchCounts(store: Store, batchId: string, counts: B
   }
   await batchesOf(store).batches.updateOne({ _id: batchId }, { $set: set });
 }
+
+/** The counts of every running batch. */
+export async function runningBatchCounts(store: Store): Promise<BatchCounts[]> {
+  const running = await batchesOf(store).batches.find({ status: 'running' }, { projection: { counts: 1 } }).toArray();
+  return running.map((b) => b.counts);
+}

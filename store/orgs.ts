@@ -35,3 +35,9 @@ export async function orgReservationLimitGb(store: Store, orgId: string): Promis
   const org = await store.orgs.findOne({ _id: orgId });
   return org?.settings?.reservationLimitGb;
 }
+
+/** The organisation an API key (by its sha256) acts for; null when the key is unknown. */
+export async function orgOfKeyHash(store: Store, keyHash: string): Promise<string | null> {
+  const doc = await store.apiKeys.findOne({ _id: keyHash });
+  return doc ? doc.orgId : null;
+}

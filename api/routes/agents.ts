@@ -1,35 +1,8 @@
 import { z } from 'zod';
 import type { RouteTable } from '../http';
 import { Agent, AgentParams, CreateAgentBody, Cursor, Limit, UpdateAgentBody } from '../schemas';
-import { fromJsonText, type AgentDoc } from '../../store';
-import { webhookView } from '../../lib/webhooks';
 import type { AgentService } from '../../services/agents';
-
-/** The public form of an agent. Environment values are secrets: they are never returned. */
-export function agentView(a: AgentDoc): z.infer<typeof Agent> {
-  return {
-    id: a.id,
-    display_name: a.display_name,
-    core: a.core,
-    channels: a.channels,
-    packages: a.packages,
-    secret_store: a.secret_store,
-    config: fromJsonText(a.config),
-    entrypoint: a.entrypoint,
-    files: Object.fromEntries(a.files.map((f) => [f.path, f.content])),
-    env: Object.fromEntries(Object.keys(a.env ?? {}).map((k) => [k, '[set]'])),
-    snapshot: a.snapshot,
-    timeoutSeconds: a.timeoutSeconds,
-    memoryMB: a.memoryMB ?? null,
-    cpuCount: a.cpuCount ?? null,
-    diskMB: a.diskMB ?? null,
-    network: a.network ?? null,
-    webhook: webhookView(a.webhook),
-    retryOnHostLoss: a.retryOnHostLoss ?? false,
-    created_at: a.created_at.toISOString(),
-    updated_at: a.updated_at.toISOString(),
-  };
-}
+import { agentView } from '../../services/views';
 
 /** /v1/agents: create, list, read, update, delete. */
 export function registerAgentRoutes(t: RouteTable, agents: AgentService): void {

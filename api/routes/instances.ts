@@ -1,9 +1,8 @@
 import { z } from 'zod';
 import type { RouteTable } from '../http';
 import { AgentParams } from '../schemas';
-import { fromJsonText } from '../../store';
-import type { InstanceDoc } from '../../store/instances';
 import type { InstanceService } from '../../services/instances';
+import { instanceView } from '../../services/views';
 
 const InstanceId = z.string().regex(/^inst_[a-z0-9]{1,64}$/, 'must be an instance id (inst_…)');
 const InstanceParams = AgentParams.extend({ id: InstanceId });
@@ -22,21 +21,6 @@ export const InstanceView = z
     updated_at: z.string(),
   })
   .openapi('Instance');
-
-/** The public form of an instance (2.2), plus its sandbox, snapshot and failure reason. */
-export function instanceView(i: InstanceDoc): z.infer<typeof InstanceView> {
-  return {
-    id: i._id,
-    agent_id: i.agent_id,
-    status: i.status,
-    metadata: fromJsonText(i.metadata) ?? {},
-    sandbox_id: i.sandbox_id,
-    snapshot_id: i.snapshot_id,
-    error: i.error,
-    created_at: i.created_at.toISOString(),
-    updated_at: i.updated_at.toISOString(),
-  };
-}
 
 /** /v1/agents/{agentId}/instances: create (provisioned in the background by `inst_<id>`), list, read, destroy. */
 export function registerInstanceRoutes(t: RouteTable, instances: InstanceService): void {

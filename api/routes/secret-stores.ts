@@ -1,8 +1,8 @@
 import { z } from 'zod';
 import type { RouteTable } from '../http';
 import '../http';
-import type { SecretEntryDoc, SecretStoreDoc } from '../../store/secrets';
 import type { SecretStoreService } from '../../services/secret-stores';
+import { secretEntryView as entryView, secretStoreView as storeView } from '../../services/views';
 
 export { assertStoreUnused, removeSecretStore } from '../../services/secret-stores'; // MERGE: re-export
 
@@ -50,19 +50,6 @@ const StoreParams = z.object({
   id: z.string().min(1).max(100).describe('The store id (ss-…) or its name'),
 });
 const EntryParams = StoreParams.extend({ name: SecretName });
-
-const storeView = (d: SecretStoreDoc): z.infer<typeof SecretStoreView> => ({
-  id: d.id,
-  name: d.name,
-  createdAt: d.createdAt.toISOString(),
-  updatedAt: d.updatedAt.toISOString(),
-});
-const entryView = (e: SecretEntryDoc): z.infer<typeof SecretEntryView> => ({
-  storeId: e.storeId,
-  name: e.name,
-  createdAt: e.createdAt.toISOString(),
-  updatedAt: e.updatedAt.toISOString(),
-});
 
 /** /api/secret-stores: named stores of write-only secrets (OpenComputer's SecretStore routes). */
 export function registerSecretStoreRoutes(t: RouteTable, stores: SecretStoreService): void {

@@ -3,9 +3,8 @@ import type { Response } from 'express';
 import type { RouteTable } from '../http';
 import { CreateSessionBody, Cursor, Limit, WaitSeconds, Session, SessionParams, SessionResult, SessionStatusEnum, AgentParams } from '../schemas';
 import { invalid } from '../../lib/errors';
-import { fromJsonText } from '../../store';
 import type { SessionLogDoc } from '../../store/session-logs';
-import { sessionView } from '../../services/views';
+import { sessionResultView, sessionView } from '../../services/views';
 import { isTerminal, type LogStream, type LogWriter, type SessionService } from '../../services/sessions';
 
 export { sessionView } from '../../services/views'; // MERGE: re-export
@@ -125,14 +124,7 @@ export function registerSessionRoutes(t: RouteTable, sessions: SessionService): 
     errors: [409],
     handler: async ({ params, query, org, res }) => {
       const s = await sessions.getEnded(org.id, params.agentId, params.id, query.wait, abortOnClose(res));
-      res.json({
-        status: s.status,
-        data: fromJsonText(s.result),
-        completed_at: (s.completed_at ?? s.updated_at).toISOString(),
-        reason: s.outcome?.reason ?? null,
-        exit_code: s.outcome?.exit_code ?? null,
-        message: s.outcome?.message ?? null,
-      });
+      res.json(sessionResultView(s));
     },
   });
 
