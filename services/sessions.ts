@@ -20,6 +20,8 @@ import {
   sessionHostOf,
 } from '../store/sessions';
 import { readSessionLog, sessionLogDoc, type SessionLogDoc } from '../store/session-logs';
+
+export type { SessionLogDoc } from '../store/session-logs';
 import { AGENT_ID, ORG_ID, SESSION_STATUS, sessionSummary, type SessionWorkflowArgs } from '../workflows/defs';
 import type { AgentService } from './agents';
 import type { ServiceDeps } from './deps';

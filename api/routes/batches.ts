@@ -1,14 +1,12 @@
 import { z } from 'zod';
 import type { RouteTable } from '../http';
+import { idempotencyKeyOf } from '../idempotency';
 import { AgentParams, Cursor, Limit } from '../schemas';
 import { Batch, BATCH_LIMITS, BatchParams, BatchResultLine, BatchResultsQuery, BatchStatusEnum, CreateBatchBody, CreateBatchQuery } from '../batch-schemas';
-import { invalid } from '../../lib/errors';
 import { batchView } from '../../services/views';
 import type { BatchService } from '../../services/batches';
 
 export { batchView } from '../../services/views'; // MERGE: re-export
-
-const IDEMPOTENCY_KEY = /^[\x21-\x7e]{1,255}$/;
 
 /** /v1/agents/{agentId}/batches: create, list, read, results, cancel. */
 export function registerBatchRoutes(t: RouteTable, batches: BatchService): void {
@@ -23,8 +21,7 @@ export function registerBatchRoutes(t: RouteTable, batches: BatchService): void 
     responses: { 201: { description: 'The batch, status running', schema: Batch }, 200: { description: 'The batch an earlier request with the same Idempotency-Key created', schema: Batch } },
     errors: [409, 413, 415],
     handler: async ({ params, query, body, org, req, res }) => {
-      const key = req.header('idempotency-key');
-      if (key !== undefined && !IDEMPOTENCY_KEY.test(key)) throw invalid('header Idempotency-Key: must be 1-255 printable ASCII characters');
+      const key = idempotencyKeyOf(req);
       const { batch, created } = await batches.create(org.id, params.agentId, body, {
         concurrency: query.concurrency ?? body.concurrency,
         maxAttempts: query.maxAttempts ?? body.maxAttempts,

@@ -1,10 +1,9 @@
 import { z } from 'zod';
 import type { RouteTable } from '../http';
-import { invalid } from '../../lib/errors';
+import { idempotencyKeyOf } from '../idempotency';
 import { INTERVAL_MS, type CapacityService } from '../../services/capacity';
 import { reservationView } from '../../services/views';
 
-const IDEMPOTENCY_KEY = /^[\x21-\x7e]{1,255}$/;
 const RFC3339_UTC = /^(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})(\.\d+)?(Z|[+-]00:00)$/i;
 
 /**
@@ -96,8 +95,7 @@ export function registerCapacityRoutes(t: RouteTable, capacity: CapacityService)
     },
     errors: [409, 503],
     handler: async ({ body, org, req, res }) => {
-      const key = req.header('idempotency-key');
-      if (key !== undefined && !IDEMPOTENCY_KEY.test(key)) throw invalid('header Idempotency-Key: must be 1-255 printable ASCII characters');
+      const key = idempotencyKeyOf(req);
       const { reservation, created } = await capacity.reserve(org.id, body, key);
       res.status(created ? 201 : 200).json(reservationView(reservation));
     },

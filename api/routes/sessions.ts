@@ -1,11 +1,10 @@
 import { z } from 'zod';
 import type { Response } from 'express';
 import type { RouteTable } from '../http';
+import { idempotencyKeyOf } from '../idempotency';
 import { CreateSessionBody, Cursor, Limit, WaitSeconds, Session, SessionParams, SessionResult, SessionStatusEnum, AgentParams } from '../schemas';
-import { invalid } from '../../lib/errors';
-import type { SessionLogDoc } from '../../store/session-logs';
 import { sessionResultView, sessionView } from '../../services/views';
-import { isTerminal, type LogStream, type LogWriter, type SessionService } from '../../services/sessions';
+import { isTerminal, type LogStream, type LogWriter, type SessionLogDoc, type SessionService } from '../../services/sessions';
 
 export { sessionView } from '../../services/views'; // MERGE: re-export
 
@@ -42,8 +41,6 @@ function sendLog(ndjson: boolean, stream: LogStream, log: SessionLogDoc | null, 
   }
   res.type('text/plain; charset=utf-8').send(chunks.map((c) => c.d).join(''));
 }
-const IDEMPOTENCY_KEY = /^[\x21-\x7e]{1,255}$/;
-
 /** Aborts when the caller goes away (the response closes). */
 function abortOnClose(res: Response): AbortSignal {
   const abort = new AbortController();
@@ -79,8 +76,7 @@ export function registerSessionRoutes(t: RouteTable, sessions: SessionService): 
     responses: { 201: { description: 'The session, status creating', schema: Session }, 200: { description: 'The session an earlier request with the same Idempotency-Key created', schema: Session } },
     errors: [409, 413],
     handler: async ({ params, body, org, req, res }) => {
-      const key = req.header('idempotency-key');
-      if (key !== undefined && !IDEMPOTENCY_KEY.test(key)) throw invalid('header Idempotency-Key: must be 1-255 printable ASCII characters');
+      const key = idempotencyKeyOf(req);
       const { session, created } = await sessions.create(org.id, params.agentId, body, key);
       res.status(created ? 201 : 200).json(sessionView(session));
     },
