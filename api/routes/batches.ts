@@ -6,8 +6,6 @@ import { Batch, BATCH_LIMITS, BatchParams, BatchResultLine, BatchResultsQuery, B
 import { batchView } from '../../services/views';
 import type { BatchService } from '../../services/batches';
 
-export { batchView } from '../../services/views'; // MERGE: re-export
-
 /** /v1/agents/{agentId}/batches: create, list, read, results, cancel. */
 export function registerBatchRoutes(t: RouteTable, batches: BatchService): void {
   t.add({

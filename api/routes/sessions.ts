@@ -6,8 +6,6 @@ import { CreateSessionBody, Cursor, Limit, WaitSeconds, Session, SessionParams, 
 import { sessionResultView, sessionView } from '../../services/views';
 import { isTerminal, type LogStream, type LogWriter, type SessionLogDoc, type SessionService } from '../../services/sessions';
 
-export { sessionView } from '../../services/views'; // MERGE: re-export
-
 const LogsQuery = z.object({
   stream: z.enum(['stdout', 'stderr', 'all']).default('all').describe('Which output (default all: both, interleaved as written)'),
   follow: z
