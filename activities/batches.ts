@@ -1,6 +1,6 @@
-import { MongoBulkWriteError } from 'mongodb';
 import type { SessionDoc } from '../store';
-import { BATCH_CHUNK_SIZE, batchChunkId, batchesOf, BatchCounts, BatchItemsDoc, BatchStatus } from '../store/batches';
+import { BATCH_CHUNK_SIZE, findBatchChunk, recordBatchCounts, type BatchCounts, type BatchItemsDoc, type BatchStatus } from '../store/batches';
+import { deleteUnstartedSessions, insertSessionsOnce } from '../store/sessions';
 import { batchSessionId } from '../lib/batch-ids';
 import type { ActivityDeps } from './deps';
 
@@ -23,12 +23,11 @@ export const createBatchActivities = (deps: ActivityDeps) => ({
     const jobs: BatchJob[] = [...(args.jobs ?? [])];
     for (let i = args.from; i < args.to; i++) jobs.push({ index: i, attempt: 1 });
     if (jobs.length === 0) return 0;
-    const { batchItems } = batchesOf(deps.store);
     const chunkNos = [...new Set(jobs.map((j) => Math.floor(j.index / BATCH_CHUNK_SIZE)))];
     const chunks = new Map<number, BatchItemsDoc>();
     await Promise.all(
       chunkNos.map(async (c) => {
-        const doc = await batchItems.findOne({ _id: batchChunkId(args.batchId, c) });
+        const doc = await findBatchChunk(deps.store, args.batchId, c);
         if (!doc) throw new Error(`items chunk ${c} of ${args.batchId} is missing`);
         chunks.set(c, doc);
       }),
@@ -55,24 +54,13 @@ export const createBatchActivities = (deps: ActivityDeps) => ({
         completed_at: null,
       };
     });
-    try {
-      await deps.store.sessions.insertMany(docs, { ordered: false });
-    } catch (err) {
-      const dupOnly = err instanceof MongoBulkWriteError && [err.writeErrors].flat().every((e) => e.code === 11000);
-      if (!dupOnly) throw err;
-    }
+    await insertSessionsOnce(deps.store, docs);
     return docs.length;
   },
 
   /** Writes a batch's counts (and, at its end, its status). Filtered by `_id` alone. */
   async recordBatchProgress(args: { batchId: string; counts: BatchCounts; status?: BatchStatus }): Promise<void> {
-    const now = new Date();
-    const set: Record<string, unknown> = { counts: args.counts, updated_at: now };
-    if (args.status) {
-      set.status = args.status;
-      set.completed_at = now;
-    }
-    await batchesOf(deps.store).batches.updateOne({ _id: args.batchId }, { $set: set });
+    await recordBatchCounts(deps.store, args.batchId, args.counts, args.status);
   },
 
   /**
@@ -83,7 +71,6 @@ export const createBatchActivities = (deps: ActivityDeps) => ({
     if (args.to <= args.from) return 0;
     const ids: string[] = [];
     for (let i = args.from; i < args.to; i++) ids.push(batchSessionId(args.batchId, i, 1));
-    const r = await deps.store.sessions.deleteMany({ _id: { $in: ids }, status: 'creating' });
-    return r.deletedCount;
+    return deleteUnstartedSessions(deps.store, ids);
   },
 });

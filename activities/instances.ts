@@ -1,8 +1,7 @@
 import { Context } from '@temporalio/activity';
 import type { AgentRunSpec } from '../store';
-import { isDuplicateKey } from '../store';
-import { instancesOf, sandboxIdForInstance } from '../store/instances';
-import { SandboxDoc, sandboxesOf } from '../store/sandboxes';
+import { markInstanceRunning, markInstanceStoppedAt, recordInstanceStatus, sandboxIdForInstance } from '../store/instances';
+import { deleteSandboxRecord, insertSandboxOnce, markSandboxStopped, type SandboxDoc } from '../store/sandboxes';
 import type { ActivityDeps } from './deps';
 import { agentEnvOrFail, createOrExplain, imageOrFail, secretEnvOrFail } from './sessions';
 import { effectiveResources } from '../config/limits';
@@ -58,11 +57,7 @@ export const createInstanceActivities = (deps: ActivityDeps) => ({
       createdAt: now,
       updatedAt: now,
     };
-    try {
-      await sandboxesOf(deps.store).insertOne(record);
-    } catch (err) {
-      if (!isDuplicateKey(err)) throw err;
-    }
+    await insertSandboxOnce(deps.store, record);
     try {
       await createOrExplain(deps, {
         id: sandboxId,
@@ -80,13 +75,10 @@ export const createInstanceActivities = (deps: ActivityDeps) => ({
       });
     } catch (err) {
       // Not created: the record goes too (a retry writes it again).
-      await sandboxesOf(deps.store).deleteOne({ _id: sandboxId });
+      await deleteSandboxRecord(deps.store, sandboxId);
       throw err;
     }
-    await instancesOf(deps.store).updateOne(
-      { _id: args.instanceId },
-      { $set: { status: 'running', sandbox_id: sandboxId, snapshot_id: image?.snapshotId ?? null, updated_at: new Date() } },
-    );
+    await markInstanceRunning(deps.store, args.instanceId, sandboxId, image?.snapshotId ?? null);
     return { sandboxId, taskQueue: deps.hostTaskQueue };
   },
 
@@ -94,12 +86,12 @@ export const createInstanceActivities = (deps: ActivityDeps) => ({
   async destroyInstanceSandbox(args: { instanceId: string; sandboxId: string }): Promise<void> {
     await deps.host.destroySandbox(args.sandboxId);
     const now = new Date();
-    await sandboxesOf(deps.store).updateOne({ _id: args.sandboxId }, { $set: { status: 'stopped', updatedAt: now } });
-    await instancesOf(deps.store).updateOne({ _id: args.instanceId }, { $set: { status: 'stopped', updated_at: now } });
+    await markSandboxStopped(deps.store, args.sandboxId, now);
+    await markInstanceStoppedAt(deps.store, args.instanceId, now);
   },
 
   /** Records an instance's end when it has no sandbox: `failed` with the reason, or `stopped`. */
   async recordInstanceEnd(args: { instanceId: string; status: 'failed' | 'stopped'; error: string | null }): Promise<void> {
-    await instancesOf(deps.store).updateOne({ _id: args.instanceId }, { $set: { status: args.status, error: args.error, updated_at: new Date() } });
+    await recordInstanceStatus(deps.store, args.instanceId, args.status, args.error);
   },
 });

@@ -2,10 +2,10 @@ import { Context } from '@temporalio/activity';
 import { failure } from './failures';
 import { saveSessionLog, sessionLogDoc, stderrTail, type HostLog } from '../store/session-logs';
 import type { AgentRunSpec } from '../store';
-import { claimSessionRun, markSessionRunning, recordSessionEnd, sessionResultsOf } from '../store/sessions';
+import { claimSessionRun, markSessionRunning, readSessionResult, recordSessionEnd, sessionInputOf } from '../store/sessions';
 import type { HostClient } from '../sandbox';
 import type { CreatedSandbox, EntrypointStatus } from '../sandbox';
-import type { SessionEnd } from '../workflows/types';
+import type { SessionEnd } from '../store/sessions';
 import { sandboxIdForSession } from '../lib/naming';
 import { ImageError, resolveImage, type ResolvedImage } from '../store/checkpoints';
 import { effectiveResources } from '../config/limits';
@@ -13,7 +13,7 @@ import { secretEnvOf, SecretStoreMissing, SecretUnreadable } from '../store/secr
 import { AgentEnvUnreadable, openAgentEnv } from '../store/agent-env';
 
 import type { ActivityDeps } from './deps';
-import { checkHostLost, hostAlive, hostsOf } from '../store/hosts';
+import { checkHostLost, findHost, hostAlive } from '../store/hosts';
 import { hostAnswers } from './hosts';
 
 /** Where the agent's input and result live inside a session's sandbox. */
@@ -43,8 +43,8 @@ export const createSessionActivities = (deps: ActivityDeps) => ({
     const sandboxId = sandboxIdForSession(args.sessionId);
     // A small input comes in the workflow's arguments; a larger one is read from MongoDB.
     const [session, ended] = await Promise.all([
-      args.input !== undefined ? { input: args.input } : deps.store.sessions.findOne({ _id: args.sessionId }, { projection: { input: 1 } }),
-      sessionResultsOf(deps.store).findOne({ _id: args.sessionId }),
+      args.input !== undefined ? { input: args.input } : sessionInputOf(deps.store, args.sessionId),
+      readSessionResult(deps.store, args.sessionId),
     ]);
     if (!session) throw failure('invalid_agent', `session ${args.sessionId} not found`);
     const input = session.input;
@@ -240,7 +240,7 @@ export function decideEnd(
  * session's host lost (workflows/session.ts).
  */
 async function backToClaimant(deps: ActivityDeps, sandboxId: string, claimant: string): Promise<Provisioned> {
-  const doc = await hostsOf(deps.store).findOne({ _id: claimant });
+  const doc = await findHost(deps.store, claimant);
   if (!doc || (await checkHostLost(deps.store, claimant, deps.hostDeadAfterMs ?? 15_000, (url) => hostAnswers(url, deps.hostToken ?? '')))) {
     throw failure('host_lost', `sandbox host ${claimant} that provisioned this session is lost`, claimant);
   }
@@ -266,7 +266,7 @@ export async function imageOrFail(deps: ActivityDeps, orgId: string, ref: string
  */
 async function bringLayersHere(deps: ActivityDeps, image: ResolvedImage): Promise<void> {
   if (!deps.hostId || !image.hostId || image.hostId === deps.hostId || image.layers.length === 0) return;
-  const source = await hostsOf(deps.store).findOne({ _id: image.hostId });
+  const source = await findHost(deps.store, image.hostId);
   if (!source) throw failure('snapshot_not_found', `the snapshot's layers are on sandbox host ${image.hostId}, which is not registered`);
   for (const layer of image.layers) {
     try {

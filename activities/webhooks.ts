@@ -1,8 +1,5 @@
 import { failure } from './failures';
-import { readSession } from '../store/sessions';
-import { batchesOf } from '../store/batches';
-import { sessionView } from '../api/routes/sessions';
-import { batchView } from '../api/routes/batches';
+import { createWebhookService } from '../services/webhooks';
 import { signature, webhookContext, type StoredWebhook } from '../lib/webhooks';
 import { postChecked, targetPolicy, WebhookTargetRefused } from '../lib/webhook-target';
 import type { ActivityDeps } from './deps';
@@ -20,7 +17,7 @@ export interface WebhookEvent {
   deliveryId: string;
 }
 
-export const createWebhookActivities = (deps: ActivityDeps) => ({
+export const createWebhookActivities = (deps: ActivityDeps, webhooks = createWebhookService(deps)) => ({
   /**
    * One delivery attempt: POSTs the session's (or batch's) public form, as GET returns it, signed
    * when the webhook has a secret, to an address the operator's policy allows (checked after
@@ -30,16 +27,8 @@ export const createWebhookActivities = (deps: ActivityDeps) => ({
    * (WebhookTargetRefused). Only WEBHOOK_ANSWER_MAX_BYTES of the answer are read; redirects are not followed.
    */
   async deliverWebhook(args: WebhookEvent & { webhook: StoredWebhook }): Promise<{ status: number }> {
-    let data: unknown;
-    if (args.event === 'session.ended') {
-      const s = await readSession(deps.store, args.subjectId);
-      if (!s) throw failure('webhook_subject_not_found', `session ${args.subjectId} not found`);
-      data = sessionView(s);
-    } else {
-      const b = await batchesOf(deps.store).batches.findOne({ _id: args.subjectId });
-      if (!b) throw failure('webhook_subject_not_found', `batch ${args.subjectId} not found`);
-      data = batchView(b);
-    }
+    const data = await webhooks.payloadData(args.event, args.subjectId);
+    if (data === null) throw failure('webhook_subject_not_found', `${args.event === 'session.ended' ? 'session' : 'batch'} ${args.subjectId} not found`);
     const body = JSON.stringify({ event: args.event, delivery_id: args.deliveryId, data });
     const headers: Record<string, string> = {
       'content-type': 'application/json',

@@ -27,6 +27,13 @@ import { registerFileRoutes } from './routes/files';
 import { registerUnimplementedRoutes } from './routes/unimplemented';
 import { registerPtyRoutes, registerPtySocket } from './routes/pty';
 import { notReadyMessage, Readiness } from './readiness';
+import { createAgentService } from '../services/agents';
+import { createSessionService } from '../services/sessions';
+import { createBatchService } from '../services/batches';
+import { createInstanceService } from '../services/instances';
+import { createSecretStoreService } from '../services/secret-stores';
+import { createCapacityService } from '../services/capacity';
+import { createUsageService } from '../services/usage';
 
 /** Body types the API reads; anything else on a request with a body is 415. */
 const JSON_TYPES = ['application/json', 'application/*+json'];
@@ -102,19 +109,21 @@ export function createApp(deps: ApiDeps, opts: { server?: http.Server } = {}): {
   // NDJSON bodies (batch items) reach their route as text.
   app.use(express.text({ limit: deps.cfg.BODY_LIMIT_BYTES, type: (req) => !table.isRawBody(req as Request) && Boolean((req as Request).is('application/x-ndjson')) }));
 
-  registerAgentRoutes(table, deps);
-  registerSessionRoutes(table, deps);
-  registerBatchRoutes(table, deps);
+  const secretStores = createSecretStoreService(deps);
+  const agents = createAgentService(deps, secretStores);
+  registerAgentRoutes(table, agents);
+  registerSessionRoutes(table, createSessionService(deps, agents));
+  registerBatchRoutes(table, createBatchService(deps, agents));
   registerSandboxRoutes(table, deps);
   registerCheckpointRoutes(table, deps);
   registerSnapshotRoutes(table, deps);
-  registerInstanceRoutes(table, deps);
-  registerCapacityRoutes(table, deps);
-  registerUsageRoutes(table, deps);
+  registerInstanceRoutes(table, createInstanceService(deps, agents));
+  registerCapacityRoutes(table, createCapacityService(deps));
+  registerUsageRoutes(table, createUsageService(deps));
   registerPreviewRoutes(table, deps);
   registerExecRoutes(table, deps);
   registerSandboxAgentRoutes(table, deps);
-  registerSecretStoreRoutes(table, deps);
+  registerSecretStoreRoutes(table, secretStores);
   registerFileRoutes(table, deps);
   registerUnimplementedRoutes(table, deps);
   registerPtyRoutes(table, deps);

@@ -2,6 +2,7 @@ import type { Request } from 'express';
 import { ApiError } from '../lib/errors';
 import { hashSecret } from '../lib/ids';
 import type { Store } from '../store';
+import { orgOfKeyHash } from '../store/orgs';
 
 /** The organisation a request acts for. */
 export interface OrgContext {
@@ -28,8 +29,8 @@ export function createAuthenticator(store: Store): Authenticator {
     const hit = cache.get(id);
     const now = Date.now();
     if (hit && hit.until > now) return hit.org;
-    const doc = await store.apiKeys.findOne({ _id: id });
-    const org = doc ? { id: doc.orgId } : null;
+    const orgId = await orgOfKeyHash(store, id);
+    const org = orgId ? { id: orgId } : null;
     if (cache.size > 10_000) cache.clear();
     cache.set(id, { org, until: now + CACHE_MS });
     return org;

@@ -1,7 +1,7 @@
 import type { NextFunction, Request, Response } from 'express';
 import client from 'prom-client';
 import type { ApiDeps } from './deps';
-import { batchesOf } from '../store/batches';
+import { runningBatchCounts } from '../store/batches';
 
 /**
  * The API's Prometheus metrics (one registry per app): HTTP latency by route and status, sessions
@@ -48,8 +48,8 @@ export function createApiMetrics(deps: Pick<ApiDeps, 'store'>): ApiMetrics {
     async collect() {
       if (!cached || Date.now() - cached.at > BATCH_GAUGE_TTL_MS) {
         const counts: Record<string, number> = { pending: 0, running: 0, completed: 0, failed: 0 };
-        const running = await batchesOf(deps.store as ApiDeps['store']).batches.find({ status: 'running' }, { projection: { counts: 1 } }).toArray();
-        for (const b of running) for (const k of Object.keys(counts)) counts[k]! += (b.counts as unknown as Record<string, number>)[k] ?? 0;
+        const running = await runningBatchCounts(deps.store as ApiDeps['store']);
+        for (const c of running) for (const k of Object.keys(counts)) counts[k]! += (c as unknown as Record<string, number>)[k] ?? 0;
         cached = { at: Date.now(), counts };
       }
       for (const [state, v] of Object.entries(cached.counts)) this.set({ state }, v);

@@ -2,7 +2,7 @@ import type { Client } from '@temporalio/client';
 import { temporal } from '@temporalio/proto';
 import { optionalTsToMs } from '@temporalio/common/lib/time';
 import type { Store } from '../store';
-import { hostsOf } from '../store/hosts';
+import { listRecentHosts } from '../store/hosts';
 import type { HostDirectory } from './hosts';
 
 /** One check of /readyz: `ok`, or a message saying what is missing, plus details for the body. */
@@ -160,7 +160,7 @@ export class Readiness {
   }
 
   private async hostCheck(): Promise<CheckResult> {
-    const docs = await within(PROBE_TIMEOUT_MS, 'mongo', hostsOf(this.deps.store).find({}).sort({ updatedAt: -1 }).limit(MAX_HOSTS).toArray());
+    const docs = await within(PROBE_TIMEOUT_MS, 'mongo', listRecentHosts(this.deps.store, MAX_HOSTS));
     if (!docs.length) return { ok: false, message: 'no sandbox host is registered (a worker registers its host when it starts)' };
     const answers = await Promise.all(
       docs.map(async (doc) => {

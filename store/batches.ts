@@ -1,5 +1,6 @@
 import type { Collection } from 'mongodb';
-import type { Store } from './index';
+import { isDuplicateKey, type Store } from './index';
+import { pageOf } from './page';
 import type { StoredWebhook } from '../lib/webhooks';
 
 export type BatchStatus = 'running' | 'completed' | 'cancelled';
@@ -70,4 +71,74 @@ export function batchesOf(store: Store): BatchCollections {
 /** Creates the index that lists an agent's batches. */
 export async function ensureBatchIndexes(store: Store): Promise<void> {
   await batchesOf(store).batches.createIndex({ orgId: 1, agent_id: 1, created_at: -1 });
+}
+
+/** Reads a batch; null when there is none. */
+export function findBatch(store: Store, id: string): Promise<BatchDoc | null> {
+  return batchesOf(store).batches.findOne({ _id: id });
+}
+
+/** Stores a new batch; throws MongoDB's duplicate-key error when its id is taken. */
+export async function insertBatch(store: Store, doc: BatchDoc): Promise<void> {
+  await batchesOf(store).batches.insertOne(doc);
+}
+
+/** Deletes a batch document (its workflow could not be started). */
+export async function deleteBatch(store: Store, id: string): Promise<void> {
+  await batchesOf(store).batches.deleteOne({ _id: id });
+}
+
+/** One page of batches matching `filter`, newest first. */
+export function listBatches(store: Store, filter: Record<string, unknown>, limit: number, cursor: string | undefined): Promise<{ page: BatchDoc[]; next_cursor: string | null }> {
+  return pageOf(batchesOf(store).batches, filter, limit, cursor);
+}
+
+/** Marks a batch cancelled, ended at `at`. */
+export async function markBatchCancelled(store: Store, id: string, at: Date): Promise<void> {
+  await batchesOf(store).batches.updateOne({ _id: id }, { $set: { status: 'cancelled', updated_at: at, completed_at: at } });
+}
+
+/**
+ * Stores a batch's items once, in chunks of BATCH_CHUNK_SIZE, a few chunks at a time (FerretDB
+ * serialises writes, and one huge insertMany holds the whole body twice); chunks stored by an
+ * earlier try are kept.
+ */
+export async function storeBatchItems(store: Store, batchId: string, items: { input: unknown; metadata: unknown }[]): Promise<void> {
+  const docs: BatchItemsDoc[] = [];
+  for (let c = 0; c * BATCH_CHUNK_SIZE < items.length; c++) {
+    const slice = items.slice(c * BATCH_CHUNK_SIZE, (c + 1) * BATCH_CHUNK_SIZE);
+    docs.push({ _id: batchChunkId(batchId, c), batch_id: batchId, inputs: slice.map((i) => JSON.stringify(i.input)), metadatas: slice.map((i) => JSON.stringify(i.metadata)) });
+  }
+  const { batchItems } = batchesOf(store);
+  for (let i = 0; i < docs.length; i += 10) {
+    try {
+      await batchItems.insertMany(docs.slice(i, i + 10), { ordered: false });
+    } catch (err) {
+      const errors = (err as { writeErrors?: unknown }).writeErrors;
+      const dupOnly = errors !== undefined && [errors].flat().every((e) => (e as { code?: number }).code === 11000);
+      if (!dupOnly && !isDuplicateKey(err)) throw err;
+    }
+  }
+}
+
+/** Reads the `batch_items` chunk `chunk` of a batch; null when it is missing. */
+export function findBatchChunk(store: Store, batchId: string, chunk: number): Promise<BatchItemsDoc | null> {
+  return batchesOf(store).batchItems.findOne({ _id: batchChunkId(batchId, chunk) });
+}
+
+/** Writes a batch's counts (and, at its end, its status). Filtered by `_id` alone. */
+export async function recordBatchCounts(store: Store, batchId: string, counts: BatchCounts, status?: BatchStatus): Promise<void> {
+  const now = new Date();
+  const set: Record<string, unknown> = { counts, updated_at: now };
+  if (status) {
+    set.status = status;
+    set.completed_at = now;
+  }
+  await batchesOf(store).batches.updateOne({ _id: batchId }, { $set: set });
+}
+
+/** The counts of every running batch. */
+export async function runningBatchCounts(store: Store): Promise<BatchCounts[]> {
+  const running = await batchesOf(store).batches.find({ status: 'running' }, { projection: { counts: 1 } }).toArray();
+  return running.map((b) => b.counts);
 }

@@ -190,3 +190,8 @@ export async function listReservations(store: Store, orgId: string): Promise<Res
   const docs = await reservationsOf(store).find({ orgId }).toArray();
   return docs.sort((a, b) => a.startsAt.getTime() - b.startsAt.getTime() || a._id.localeCompare(b._id));
 }
+
+/** Reads a reservation; null when there is none. */
+export function findReservation(store: Store, id: string): Promise<ReservationDoc | null> {
+  return reservationsOf(store).findOne({ _id: id });
+}

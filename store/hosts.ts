@@ -121,3 +121,28 @@ export async function checkHostLost(store: Store, hostId: string, deadAfterMs: n
   await markHostLost(store, hostId);
   return true;
 }
+
+/** Reads a host's registration; null when it is not registered. */
+export function findHost(store: Store, hostId: string): Promise<HostDoc | null> {
+  return hostsOf(store).findOne({ _id: hostId });
+}
+
+/** Every registered host (a small collection). */
+export function listHosts(store: Store): Promise<HostDoc[]> {
+  return hostsOf(store).find({}).toArray();
+}
+
+/** Up to `limit` registered hosts, most recently heard from first. */
+export function listRecentHosts(store: Store, limit: number): Promise<HostDoc[]> {
+  return hostsOf(store).find({}).sort({ updatedAt: -1 }).limit(limit).toArray();
+}
+
+/** Records that what ran on a lost host has been written off. */
+export async function markHostWrittenOff(store: Store, hostId: string): Promise<void> {
+  await hostsOf(store).updateOne({ _id: hostId }, { $set: { writtenOff: true } });
+}
+
+/** A lost host is back: clears its lost and written-off marks. */
+export async function markHostRejoined(store: Store, hostId: string): Promise<void> {
+  await hostsOf(store).updateOne({ _id: hostId }, { $set: { lostAt: null, writtenOff: false, updatedAt: new Date() } });
+}

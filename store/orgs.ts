@@ -29,3 +29,15 @@ export async function revokeApiKey(store: Store, key: string): Promise<boolean> 
   const r = await store.apiKeys.deleteOne({ _id: hashSecret(key) });
   return r.deletedCount === 1;
 }
+
+/** An organisation's own reservation limit per interval (GB); undefined when it has none. */
+export async function orgReservationLimitGb(store: Store, orgId: string): Promise<number | undefined> {
+  const org = await store.orgs.findOne({ _id: orgId });
+  return org?.settings?.reservationLimitGb;
+}
+
+/** The organisation an API key (by its sha256) acts for; null when the key is unknown. */
+export async function orgOfKeyHash(store: Store, keyHash: string): Promise<string | null> {
+  const doc = await store.apiKeys.findOne({ _id: keyHash });
+  return doc ? doc.orgId : null;
+}

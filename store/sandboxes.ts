@@ -1,6 +1,4 @@
-import type { Store } from './index';
-import type { HostClient } from '../sandbox';
-import { HIBERNATION_LAYER_MARK } from '../sandbox';
+import { isDuplicateKey, type Store } from './index';
 
 /**
  * A sandbox created through /api/sandboxes (or an instance's): which organisation owns it and
@@ -60,15 +58,40 @@ export async function touchSandbox(store: Store, id: string): Promise<void> {
   await sandboxesOf(store).updateOne({ _id: id }, { $set: { lastActiveAt: new Date(now) } });
 }
 
-/**
- * Hibernates a running sandbox on its host and records it (status `hibernated`, its layer). The host's
- * hibernate is idempotent, so a caller that died between the two steps can simply call this again.
- */
-export async function hibernateSandbox(store: Store, host: HostClient, doc: SandboxDoc): Promise<SandboxDoc> {
-  const layerId = `${doc._id}${HIBERNATION_LAYER_MARK}${Date.now().toString(36)}`;
-  const r = await host.hibernate(doc._id, layerId);
+/** Records a sandbox hibernated (status `hibernated`, its layer) and returns it as recorded. */
+export async function recordHibernation(store: Store, doc: SandboxDoc, layerId: string): Promise<SandboxDoc> {
   const now = new Date();
-  const hibernation = { layerId: r.layerId, at: now };
+  const hibernation = { layerId, at: now };
   await sandboxesOf(store).updateOne({ _id: doc._id }, { $set: { status: 'hibernated', hibernation, updatedAt: now } });
   return { ...doc, status: 'hibernated', hibernation, updatedAt: now };
+}
+
+/** Records a sandbox (created, or about to be); a record that exists already is left as it is. */
+export async function insertSandboxOnce(store: Store, doc: SandboxDoc): Promise<void> {
+  try {
+    await sandboxesOf(store).insertOne(doc);
+  } catch (err) {
+    if (!isDuplicateKey(err)) throw err;
+  }
+}
+
+/** Deletes a sandbox's record (it was not created after all). */
+export async function deleteSandboxRecord(store: Store, id: string): Promise<void> {
+  await sandboxesOf(store).deleteOne({ _id: id });
+}
+
+/** Reads a sandbox's record; null when there is none. */
+export function findSandbox(store: Store, id: string): Promise<SandboxDoc | null> {
+  return sandboxesOf(store).findOne({ _id: id });
+}
+
+/** Records a sandbox stopped. */
+export async function markSandboxStopped(store: Store, id: string, at = new Date()): Promise<void> {
+  await sandboxesOf(store).updateOne({ _id: id }, { $set: { status: 'stopped', updatedAt: at } });
+}
+
+/** The instances whose sandboxes run on host `hostId`. */
+export async function instancesOnHost(store: Store, hostId: string): Promise<string[]> {
+  const docs = await sandboxesOf(store).find({ hostId, status: 'running', instanceId: { $ne: null } }, { projection: { instanceId: 1 } }).toArray();
+  return docs.flatMap((d) => (d.instanceId ? [d.instanceId] : []));
 }

@@ -90,3 +90,50 @@ export async function secretEnvOf(store: Store, box: SecretBox, orgId: string, n
   }
   return env;
 }
+
+/** Whether the organisation has a store named `name`. */
+export async function secretStoreExists(store: Store, orgId: string, name: string): Promise<boolean> {
+  return (await secretStoresOf(store).findOne({ _id: secretStoreKey(orgId, name) }, { projection: { _id: 1 } })) !== null;
+}
+
+/** Stores a new secret store; throws MongoDB's duplicate-key error when its name is taken. */
+export async function insertSecretStore(store: Store, doc: SecretStoreDoc): Promise<void> {
+  await secretStoresOf(store).insertOne(doc);
+}
+
+/** The organisation's stores, by name (at most 1000). */
+export function listSecretStores(store: Store, orgId: string): Promise<SecretStoreDoc[]> {
+  return secretStoresOf(store).find({ orgId }).sort({ name: 1 }).limit(1000).toArray();
+}
+
+/** Deletes a store and its secrets. */
+export async function deleteSecretStore(store: Store, doc: SecretStoreDoc): Promise<void> {
+  await secretStoresOf(store).deleteOne({ _id: doc._id });
+  await secretEntriesOf(store).deleteMany({ storeId: doc.id });
+}
+
+/** A store's secrets by name, without their values. */
+export function listSecretEntries(store: Store, storeId: string): Promise<SecretEntryDoc[]> {
+  return secretEntriesOf(store).find({ storeId }, { projection: { value: 0 } }).sort({ name: 1 }).toArray();
+}
+
+/** Creates or replaces a secret (its value sealed already) and returns it without its value; null if deleted meanwhile. */
+export async function putSecretEntry(store: Store, doc: SecretStoreDoc, name: string, sealed: string, now: Date): Promise<SecretEntryDoc | null> {
+  const _id = `${doc.id}/${name}`;
+  await secretEntriesOf(store).updateOne(
+    { _id },
+    { $set: { value: sealed, updatedAt: now }, $setOnInsert: { orgId: doc.orgId, storeId: doc.id, name, createdAt: now } },
+    { upsert: true },
+  );
+  await secretStoresOf(store).updateOne({ _id: doc._id }, { $set: { updatedAt: now } });
+  return secretEntriesOf(store).findOne({ _id }, { projection: { value: 0 } });
+}
+
+/** Deletes a secret and returns it without its value; null when there was none. */
+export async function deleteSecretEntry(store: Store, doc: SecretStoreDoc, name: string): Promise<SecretEntryDoc | null> {
+  const _id = `${doc.id}/${name}`;
+  const entry = await secretEntriesOf(store).findOne({ _id }, { projection: { value: 0 } });
+  if (!entry || (await secretEntriesOf(store).deleteOne({ _id })).deletedCount === 0) return null;
+  await secretStoresOf(store).updateOne({ _id: doc._id }, { $set: { updatedAt: new Date() } });
+  return entry;
+}

@@ -66,3 +66,8 @@ export function stderrTail(doc: SessionLogDoc | null, maxChars = 2048): string {
   const nl = cut.indexOf('\n');
   return nl >= 0 && nl < cut.length - 1 ? cut.slice(nl + 1) : cut;
 }
+
+/** The stored log of a session that has ended; null when none was stored. */
+export function readSessionLog(store: Store, sessionId: string): Promise<SessionLogDoc | null> {
+  return sessionLogsOf(store).findOne({ _id: sessionId });
+}

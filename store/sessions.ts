@@ -1,5 +1,7 @@
+import { MongoBulkWriteError } from 'mongodb';
 import type { Store, SessionDoc, SessionOutcome } from './index';
 import { isDuplicateKey } from './index';
+import { afterCursor } from './page';
 
 /**
  * A session's state is written insert-only, in three documents keyed by the session id:
@@ -143,10 +145,17 @@ export async function markSessionRunning(store: Store, id: string, sandboxId: st
  * Records how a session ended. Only the first record counts: a retry or a second ending never
  * overwrites it. Returns whether this call recorded it.
  */
+/** How a session ended: what the activities hand back to the workflow and record. */
+export interface SessionEnd {
+  status: 'completed' | 'failed';
+  result: Record<string, unknown> | null;
+  outcome: SessionOutcome | null;
+}
+
 export async function recordSessionEnd(
   store: Store,
   id: string,
-  end: { status: 'completed' | 'failed'; result: Record<string, unknown> | null; outcome: SessionOutcome | null },
+  end: SessionEnd,
   started?: { sandboxId: string; at: Date },
 ): Promise<boolean> {
   try {
@@ -197,4 +206,49 @@ export async function sessionHostOf(store: Store, sessionId: string): Promise<st
   const claims = await store.db.collection<SessionClaimDoc>('session_claims').find({ _id: { $in: ids } }).toArray();
   claims.sort((a, b) => b._id.localeCompare(a._id));
   return claims[0]?.hostId ?? null;
+}
+
+/** Stores a session's creation record; throws MongoDB's duplicate-key error when its id is taken. */
+export async function insertSession(store: Store, doc: SessionDoc): Promise<void> {
+  await store.sessions.insertOne(doc);
+}
+
+/** Deletes a session's creation record (its workflow could not be started). */
+export async function deleteSession(store: Store, id: string): Promise<void> {
+  await store.sessions.deleteOne({ _id: id });
+}
+
+/** Up to `size` creation records of an agent's sessions after `cursor`, newest first (their state not merged in). */
+export function sessionCreationsAfter(store: Store, orgId: string, agentId: string, cursor: string | undefined, size: number): Promise<SessionDoc[]> {
+  return store.sessions
+    .find({ orgId, agent_id: agentId, ...afterCursor(cursor) })
+    .sort({ created_at: -1, _id: -1 })
+    .limit(size)
+    .toArray();
+}
+
+/** Stores many sessions' creation records at once; records that exist already are left as they are. */
+export async function insertSessionsOnce(store: Store, docs: SessionDoc[]): Promise<void> {
+  try {
+    await store.sessions.insertMany(docs, { ordered: false });
+  } catch (err) {
+    const dupOnly = err instanceof MongoBulkWriteError && [err.writeErrors].flat().every((e) => e.code === 11000);
+    if (!dupOnly) throw err;
+  }
+}
+
+/** Deletes the sessions among `ids` that are still `creating` (never started); returns how many. */
+export async function deleteUnstartedSessions(store: Store, ids: string[]): Promise<number> {
+  const r = await store.sessions.deleteMany({ _id: { $in: ids }, status: 'creating' });
+  return r.deletedCount;
+}
+
+/** A session's input (JSON text) from its creation record; null when there is none. */
+export async function sessionInputOf(store: Store, id: string): Promise<{ input: string } | null> {
+  return store.sessions.findOne({ _id: id }, { projection: { input: 1 } });
+}
+
+/** A session's result record; null while it has not ended. */
+export function readSessionResult(store: Store, id: string): Promise<SessionResultDoc | null> {
+  return sessionResultsOf(store).findOne({ _id: id });
 }

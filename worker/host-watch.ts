@@ -2,10 +2,10 @@ import type { Client } from '@temporalio/client';
 import type { Logger } from 'pino';
 import type { Store } from '../store';
 import type { HostClient } from '../sandbox';
-import { checkHostLost, hostAlive, hostsOf, type HostDoc } from '../store/hosts';
-import { sandboxesOf } from '../store/sandboxes';
+import { checkHostLost, findHost, hostAlive, listHosts, markHostRejoined, markHostWrittenOff, type HostDoc } from '../store/hosts';
+import { instancesOnHost } from '../store/sandboxes';
 import { hostAnswers } from '../activities/hosts';
-import { hostLostSignal } from '../workflows/instance';
+import { hostLostSignal } from '../workflows/defs';
 
 /**
  * Watches the other hosts from each worker: a host silent for HOST_DEAD_AFTER that does not answer a
@@ -20,7 +20,7 @@ export function startHostWatch(o: { store: Store; client: Client; hostId: string
     if (running) return;
     running = true;
     try {
-      const docs = await hostsOf(o.store).find({}).toArray();
+      const docs = await listHosts(o.store);
       for (const doc of docs) {
         if (doc._id === o.hostId) continue;
         if (!doc.lostAt && hostAlive(doc, o.deadAfterMs)) continue;
@@ -39,15 +39,14 @@ export function startHostWatch(o: { store: Store; client: Client; hostId: string
 
 /** Signals every instance on lost host `hostId` that it is gone, then marks the host written off. Idempotent. */
 export async function writeOffHost(store: Store, client: Client, hostId: string, logger: Logger): Promise<void> {
-  const onIt = await sandboxesOf(store).find({ hostId, status: 'running', instanceId: { $ne: null } }, { projection: { instanceId: 1 } }).toArray();
-  for (const sb of onIt) {
-    if (!sb.instanceId) continue;
+  const onIt = await instancesOnHost(store, hostId);
+  for (const instanceId of onIt) {
     await client.workflow
-      .getHandle(sb.instanceId)
+      .getHandle(instanceId)
       .signal(hostLostSignal, { hostId })
-      .catch((err: Error) => logger.debug({ err: err.message, instanceId: sb.instanceId }, 'instance already ended'));
+      .catch((err: Error) => logger.debug({ err: err.message, instanceId }, 'instance already ended'));
   }
-  await hostsOf(store).updateOne({ _id: hostId }, { $set: { writtenOff: true } });
+  await markHostWrittenOff(store, hostId);
   logger.warn({ hostId, instances: onIt.length }, 'sandbox host lost: its instances were written off');
 }
 
@@ -57,12 +56,12 @@ export async function writeOffHost(store: Store, client: Client, hostId: string,
  * host rejoins (lostAt cleared).
  */
 export async function rejoinIfLost(store: Store, client: Client, host: HostClient, hostId: string, logger: Logger): Promise<void> {
-  const doc: HostDoc | null = await hostsOf(store).findOne({ _id: hostId });
+  const doc: HostDoc | null = await findHost(store, hostId);
   if (!doc?.lostAt) return;
   if (!doc.writtenOff) await writeOffHost(store, client, hostId, logger);
   const lostAt = new Date(doc.lostAt).getTime();
   const stale = (await host.listSandboxes()).filter((sb) => new Date(sb.createdAt).getTime() < lostAt);
   for (const sb of stale) await host.destroySandbox(sb.id);
-  await hostsOf(store).updateOne({ _id: hostId }, { $set: { lostAt: null, writtenOff: false, updatedAt: new Date() } });
+  await markHostRejoined(store, hostId);
   logger.warn({ hostId, destroyed: stale.length }, 'sandbox host rejoined after it was written off: its old sandboxes were destroyed');
 }

@@ -4,7 +4,7 @@ import type { ActivityExecuteInput, ActivityInboundCallsInterceptor, Next } from
 import type { Context } from '@temporalio/activity';
 import type { Logger } from '../lib/logger';
 import type { HostClient } from '../sandbox';
-import type { SessionEnd } from '../workflows/types';
+import type { SessionEnd } from '../store/sessions';
 import type { WorkerReadiness } from './readiness';
 
 /** The worker's Prometheus metrics and the activity interceptor that feeds them. */

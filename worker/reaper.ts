@@ -3,7 +3,8 @@ import { WorkflowNotFoundError } from '@temporalio/client';
 import type { Logger } from '../lib/logger';
 import type { HostClient } from '../sandbox';
 import type { Store } from '../store';
-import { hibernateSandbox, sandboxesOf } from '../store/sandboxes';
+import { findSandbox, markSandboxStopped } from '../store/sandboxes';
+import { hibernateSandbox } from '../services/hibernation';
 import { readSession } from '../store/sessions';
 import type { SandboxInfo } from '../sandbox';
 
@@ -44,7 +45,7 @@ export function startReaper(deps: { host: HostClient; store: Store; client: Clie
       }
     }
     if (sb.owner?.kind === 'api' || sb.owner?.kind === 'instance') {
-      const doc = await sandboxesOf(deps.store).findOne({ _id: sb.id });
+      const doc = await findSandbox(deps.store, sb.id);
       // The API records a sandbox while the host creates it: a young one may not have its record yet.
       if (!doc && Date.now() - Date.parse(sb.createdAt) < GRACE_MS) return false;
       if (!doc || doc.status === 'stopped') return 'it has no record';
@@ -55,7 +56,7 @@ export function startReaper(deps: { host: HostClient; store: Store; client: Clie
           deps.logger.info({ sandboxId: doc._id, timeout: doc.timeout }, 'hibernated an idle sandbox');
           return false;
         }
-        await sandboxesOf(deps.store).updateOne({ _id: doc._id }, { $set: { status: 'stopped', updatedAt: new Date() } });
+        await markSandboxStopped(deps.store, doc._id);
         return `idle for more than ${doc.timeout} s`;
       }
     }

@@ -7,48 +7,19 @@ import {
   ParentClosePolicy,
   ChildWorkflowCancellationType,
   proxyActivities,
-  defineQuery,
   setHandler,
 } from '@temporalio/workflow';
 import { WorkflowIdReusePolicy } from '@temporalio/common';
 import type { Activities } from '../activities';
-import type { AgentRunSpec } from '../store';
 import type { BatchCounts } from '../store/batches';
 import { batchSessionId } from '../lib/batch-ids';
 import { AGENT_ID, BATCH_ID, ORG_ID, SESSION_STATUS } from './search-attributes';
 import { sessionWorkflow } from './session';
 import { batchSummary } from './summary';
 import { startWebhook } from './webhook';
-import type { WebhookSpec } from '../lib/webhooks';
+import { batchCountsQuery, type BatchProgress, type BatchWorkflowArgs } from './defs';
 
-/** What a batch carries from one run to the next when it continues as new. */
-export interface BatchProgress {
-  /** Items `0 … next-1` have been started at least once. */
-  next: number;
-  completed: number;
-  failed: number;
-  /** Items `0 … prepared-1` have their first attempt's session document. */
-  prepared: number;
-  /** Failed items waiting for another attempt. */
-  retries: { index: number; attempt: number }[];
-}
-
-/** Arguments of a batch's workflow. The workflow id is the batch id. */
-export interface BatchWorkflowArgs {
-  batchId: string;
-  orgId: string;
-  agentId: string;
-  run: AgentRunSpec;
-  total: number;
-  concurrency: number;
-  maxAttempts: number;
-  progress?: BatchProgress;
-  /** The batch's own webhook, called once when it completes or is cancelled. */
-  webhook?: WebhookSpec;
-}
-
-/** Live counts of a batch, answered by its workflow. */
-export const batchCountsQuery = defineQuery<BatchCounts>('batchCounts');
+export { batchCountsQuery, type BatchProgress, type BatchWorkflowArgs } from './defs';
 
 /** Item starts per workflow run; then the run drains and continues as new, so history stays bounded. */
 export const ITEMS_PER_RUN = 500;

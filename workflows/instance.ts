@@ -2,7 +2,6 @@ import {
   ActivityFailure,
   CancellationScope,
   condition,
-  defineSignal,
   isCancellation,
   proxyActivities,
   setHandler,
@@ -11,26 +10,10 @@ import type { ActivityOptions } from '@temporalio/workflow';
 import type { Activities } from '../activities';
 import { nonRetryableFailureTypes } from '../contract/errors';
 import type { AgentRunSpec } from '../store';
+import { destroyInstanceSignal, hostLostSignal, type InstanceWorkflowArgs, type InstanceWorkflowResult } from './defs';
 
-/** Arguments of an instance's workflow. The workflow id is the instance id (`inst_<id>`). */
-export interface InstanceWorkflowArgs {
-  instanceId: string;
-  orgId: string;
-  agentId: string;
-  run: AgentRunSpec;
-}
+export { destroyInstanceSignal, hostLostSignal, type InstanceWorkflowArgs, type InstanceWorkflowResult } from './defs';
 
-export interface InstanceWorkflowResult {
-  instanceId: string;
-  status: 'failed' | 'stopped';
-  error: string | null;
-}
-
-/** Asks the instance to destroy its sandbox and end (DELETE …/instances/{id}). */
-export const destroyInstanceSignal = defineSignal('destroyInstance');
-
-/** Its sandbox's host was lost (worker/host-watch.ts): the instance ends failed, reason host_lost. */
-export const hostLostSignal = defineSignal<[{ hostId: string }]>('hostLost');
 
 const PROVISION: ActivityOptions = {
   startToCloseTimeout: '2 minutes',

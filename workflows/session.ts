@@ -18,16 +18,10 @@ import type { AgentRunSpec } from '../store';
 import type { SessionWorkflowResult, SessionEnd } from './types';
 import type { EntrypointExit, Provisioned } from '../activities';
 import { startWebhook } from './webhook';
+import type { SessionWorkflowArgs } from './defs';
 
-/** Arguments of one session's workflow. The workflow id is the session id. */
-export interface SessionWorkflowArgs {
-  sessionId: string;
-  orgId: string;
-  agentId: string;
-  run: AgentRunSpec;
-  /** The session's input (JSON text) when it is small; a larger one is read from MongoDB by provisioning. */
-  input?: string;
-}
+export type { SessionWorkflowArgs } from './defs';
+
 
 /** Provisioning may run on any worker: the one that takes it provisions on its own sandbox host (or places it on another). */
 const PROVISION_OPTIONS: ActivityOptions = {

@@ -1,11 +1,6 @@
-import type { SessionOutcome } from '../store';
+export type { SessionEnd } from '../store/sessions';
 
-/** How a session ended: what the activities hand back to the workflow and record. */
-export interface SessionEnd {
-  status: 'completed' | 'failed';
-  result: Record<string, unknown> | null;
-  outcome: SessionOutcome | null;
-}
+import type { SessionOutcome } from '../store';
 
 /** What a session workflow returns (visible in the Temporal UI); the result data stays in MongoDB. */
 export interface SessionWorkflowResult {

@@ -3,13 +3,10 @@ import { WorkflowExecutionAlreadyStartedError } from '@temporalio/common';
 import type { Activities } from '../activities';
 import { nonRetryableFailureTypes } from '../contract/errors';
 import type { WebhookSpec } from '../lib/webhooks';
+import type { WebhookWorkflowArgs } from './defs';
 
-export interface WebhookWorkflowArgs {
-  event: 'session.ended' | 'batch.completed';
-  orgId: string;
-  subjectId: string;
-  webhook: WebhookSpec;
-}
+export type { WebhookWorkflowArgs } from './defs';
+
 
 /**
  * One webhook delivery, durable: the activity is retried with backoff (WEBHOOK_RETRY_INITIAL_MS,

@@ -7,7 +7,8 @@ import { effectiveResources, MIN_MEMORY_MB, overMaximum } from '../../config/lim
 import { randomId } from '../../lib/ids';
 import { fromJsonText } from '../../store';
 import { deleteSandboxPreviews } from '../preview-proxy';
-import { findOrgSandbox, hibernateSandbox, SandboxDoc, sandboxesOf } from '../../store/sandboxes';
+import { findOrgSandbox, SandboxDoc, sandboxesOf } from '../../store/sandboxes';
+import { hibernateSandbox } from '../../services/hibernation';
 import { findOrgCheckpoint, listPatches } from '../../store/checkpoints';
 import { ImageError, resolveImage } from '../../store/checkpoints';
 import { findSecretStore, secretEnvOf, SecretStoreMissing, SecretUnreadable } from '../../store/secrets';

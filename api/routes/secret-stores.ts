@@ -1,34 +1,10 @@
 import { z } from 'zod';
-import type { ApiDeps } from '../deps';
 import type { RouteTable } from '../http';
 import '../http';
-import { conflict, invalid, notFound } from '../../lib/errors';
-import { randomId } from '../../lib/ids';
-import { isDuplicateKey } from '../../store';
-import {
-  findSecretStore,
-  needsNoStore,
-  sealContext,
-  secretEntriesOf,
-  SecretEntryDoc,
-  secretStoreKey,
-  secretStoresOf,
-  SecretStoreDoc,
-} from '../../store/secrets';
+import type { SecretStoreService } from '../../services/secret-stores';
+import { secretEntryView as entryView, secretStoreView as storeView } from '../../services/views';
 
-/** 409 while an agent names the store. */
-export async function assertStoreUnused(deps: ApiDeps, doc: SecretStoreDoc): Promise<void> {
-  const users = await deps.store.agents.find({ orgId: doc.orgId, secret_store: doc.name }, { projection: { id: 1 } }).limit(5).toArray();
-  if (users.length > 0) {
-    throw conflict(`secret store ${doc.name} is named by agent(s) ${users.map((a) => a.id).join(', ')}${users.length === 5 ? ' and more' : ''}; point them at another store first`);
-  }
-}
-
-/** Deletes a store and its secrets (the caller has checked it is unused). */
-export async function removeSecretStore(deps: ApiDeps, doc: SecretStoreDoc): Promise<void> {
-  await secretStoresOf(deps.store).deleteOne({ _id: doc._id });
-  await secretEntriesOf(deps.store).deleteMany({ storeId: doc.id });
-}
+export { assertStoreUnused, removeSecretStore } from '../../services/secret-stores'; // MERGE: re-export
 
 /** Store names: what agents' `secret_store` and sandboxes' `secretStore` hold. `ss-…` is kept for ids. */
 export const SecretStoreName = z
@@ -75,37 +51,8 @@ const StoreParams = z.object({
 });
 const EntryParams = StoreParams.extend({ name: SecretName });
 
-const storeView = (d: SecretStoreDoc): z.infer<typeof SecretStoreView> => ({
-  id: d.id,
-  name: d.name,
-  createdAt: d.createdAt.toISOString(),
-  updatedAt: d.updatedAt.toISOString(),
-});
-const entryView = (e: SecretEntryDoc): z.infer<typeof SecretEntryView> => ({
-  storeId: e.storeId,
-  name: e.name,
-  createdAt: e.createdAt.toISOString(),
-  updatedAt: e.updatedAt.toISOString(),
-});
-
-async function getStore(deps: ApiDeps, orgId: string, idOrName: string): Promise<SecretStoreDoc> {
-  const doc = await findSecretStore(deps.store, orgId, idOrName);
-  if (!doc) throw notFound(`secret store ${idOrName}`);
-  return doc;
-}
-
-/**
- * 400 unless `name` is a store of the organisation (or needs none: empty, or the implicit
- * `default`). For the agent's `secret_store` and the sandbox's `secretStore`.
- */
-export async function assertSecretStoreExists(deps: ApiDeps, orgId: string, name: string | undefined, field: string): Promise<void> {
-  if (needsNoStore(name)) return;
-  const doc = await secretStoresOf(deps.store).findOne({ _id: secretStoreKey(orgId, name!) }, { projection: { _id: 1 } });
-  if (!doc) throw invalid(`${field}: no secret store named ${name}; create it with POST /api/secret-stores`);
-}
-
 /** /api/secret-stores: named stores of write-only secrets (OpenComputer's SecretStore routes). */
-export function registerSecretStoreRoutes(t: RouteTable, deps: ApiDeps): void {
+export function registerSecretStoreRoutes(t: RouteTable, stores: SecretStoreService): void {
   t.add({
     method: 'post',
     path: '/api/secret-stores',
@@ -115,14 +62,7 @@ export function registerSecretStoreRoutes(t: RouteTable, deps: ApiDeps): void {
     responses: { 201: { description: 'The store', schema: SecretStoreView } },
     errors: [409],
     handler: async ({ body, org, res }) => {
-      const now = new Date();
-      const doc: SecretStoreDoc = { _id: secretStoreKey(org.id, body.name), orgId: org.id, id: `ss-${randomId()}`, name: body.name, createdAt: now, updatedAt: now };
-      try {
-        await secretStoresOf(deps.store).insertOne(doc);
-      } catch (err) {
-        if (isDuplicateKey(err)) throw conflict(`secret store ${body.name} already exists`);
-        throw err;
-      }
+      const doc = await stores.create(org.id, body.name);
       res.status(201).json(storeView(doc));
     },
   });
@@ -134,7 +74,7 @@ export function registerSecretStoreRoutes(t: RouteTable, deps: ApiDeps): void {
     summary: "List the organisation's secret stores, by name",
     responses: { 200: { description: 'Stores (no secrets)', schema: z.array(SecretStoreView) } },
     handler: async ({ org, res }) => {
-      const docs = await secretStoresOf(deps.store).find({ orgId: org.id }).sort({ name: 1 }).limit(1000).toArray();
+      const docs = await stores.list(org.id);
       res.json(docs.map(storeView));
     },
   });
@@ -147,7 +87,7 @@ export function registerSecretStoreRoutes(t: RouteTable, deps: ApiDeps): void {
     params: StoreParams,
     responses: { 200: { description: 'The store', schema: SecretStoreView } },
     handler: async ({ params, org, res }) => {
-      res.json(storeView(await getStore(deps, org.id, params.id)));
+      res.json(storeView(await stores.get(org.id, params.id)));
     },
   });
 
@@ -160,9 +100,7 @@ export function registerSecretStoreRoutes(t: RouteTable, deps: ApiDeps): void {
     responses: { 200: { description: 'The deleted store', schema: SecretStoreView } },
     errors: [409],
     handler: async ({ params, org, res }) => {
-      const doc = await getStore(deps, org.id, params.id);
-      await assertStoreUnused(deps, doc);
-      await removeSecretStore(deps, doc);
+      const doc = await stores.remove(org.id, params.id);
       res.json(storeView(doc));
     },
   });
@@ -175,8 +113,7 @@ export function registerSecretStoreRoutes(t: RouteTable, deps: ApiDeps): void {
     params: StoreParams,
     responses: { 200: { description: 'Secrets without values', schema: z.array(SecretEntryView) } },
     handler: async ({ params, org, res }) => {
-      const doc = await getStore(deps, org.id, params.id);
-      const entries = await secretEntriesOf(deps.store).find({ storeId: doc.id }, { projection: { value: 0 } }).sort({ name: 1 }).toArray();
+      const entries = await stores.listEntries(org.id, params.id);
       res.json(entries.map(entryView));
     },
   });
@@ -190,18 +127,7 @@ export function registerSecretStoreRoutes(t: RouteTable, deps: ApiDeps): void {
     body: SetSecretBody,
     responses: { 200: { description: 'The secret, without its value', schema: SecretEntryView } },
     handler: async ({ params, body, org, res }) => {
-      const doc = await getStore(deps, org.id, params.id);
-      const now = new Date();
-      const sealed = deps.secrets.seal(body.value, sealContext(org.id, doc.id, params.name));
-      const _id = `${doc.id}/${params.name}`;
-      await secretEntriesOf(deps.store).updateOne(
-        { _id },
-        { $set: { value: sealed, updatedAt: now }, $setOnInsert: { orgId: org.id, storeId: doc.id, name: params.name, createdAt: now } },
-        { upsert: true },
-      );
-      await secretStoresOf(deps.store).updateOne({ _id: doc._id }, { $set: { updatedAt: now } });
-      const entry = await secretEntriesOf(deps.store).findOne({ _id }, { projection: { value: 0 } });
-      if (!entry) throw notFound(`secret ${params.name} in store ${params.id}`); // deleted at the same moment
+      const entry = await stores.setEntry(org.id, params.id, params.name, body.value);
       res.json(entryView(entry));
     },
   });
@@ -214,11 +140,7 @@ export function registerSecretStoreRoutes(t: RouteTable, deps: ApiDeps): void {
     params: EntryParams,
     responses: { 200: { description: 'The deleted secret, without its value', schema: SecretEntryView } },
     handler: async ({ params, org, res }) => {
-      const doc = await getStore(deps, org.id, params.id);
-      const _id = `${doc.id}/${params.name}`;
-      const entry = await secretEntriesOf(deps.store).findOne({ _id }, { projection: { value: 0 } });
-      if (!entry || (await secretEntriesOf(deps.store).deleteOne({ _id })).deletedCount === 0) throw notFound(`secret ${params.name} in store ${params.id}`);
-      await secretStoresOf(deps.store).updateOne({ _id: doc._id }, { $set: { updatedAt: new Date() } });
+      const entry = await stores.deleteEntry(org.id, params.id, params.name);
       res.json(entryView(entry));
     },
   });

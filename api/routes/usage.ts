@@ -1,7 +1,6 @@
 import { z } from 'zod';
-import type { ApiDeps } from '../deps';
 import type { RouteTable } from '../http';
-import { usageOf } from '../storage-quota';
+import type { UsageService } from '../../services/usage';
 
 const Usage = z
   .object({
@@ -15,7 +14,7 @@ const Usage = z
   .openapi('Usage');
 
 /** GET /api/usage: what the caller's organisation stores, against its quota. */
-export function registerUsageRoutes(t: RouteTable, deps: ApiDeps): void {
+export function registerUsageRoutes(t: RouteTable, usage: UsageService): void {
   t.add({
     method: 'get',
     path: '/api/usage',
@@ -23,7 +22,7 @@ export function registerUsageRoutes(t: RouteTable, deps: ApiDeps): void {
     summary: "The organisation's storage use (checkpoints and snapshots) and its quota; over the quota, new ones are refused with 507",
     responses: { 200: { description: 'Usage', schema: Usage } },
     handler: async ({ org, res }) => {
-      res.json({ storage: await usageOf(deps, org.id) });
+      res.json({ storage: await usage.storage(org.id) });
     },
   });
 }

@@ -2,7 +2,7 @@ import { MongoNetworkError, MongoServerError } from 'mongodb';
 import { ServiceError } from '@temporalio/client';
 import { toApiError } from '../../api/app';
 import { ApiError, ERROR_STATUS } from '../../lib/errors';
-import { afterCursor, decodeCursor, encodeCursor } from '../../api/cursor';
+import { afterCursor, decodeCursor, encodeCursor } from '../../store/page';
 
 describe('error vocabulary', () => {
   it('maps every type to a status', () => {

@@ -1,0 +1,18 @@
+import type { Client } from '@temporalio/client';
+import type { Config } from '../config';
+import type { Logger } from '../lib/logger';
+import type { Store } from '../store';
+import type { SecretBox } from '../lib/secret-box';
+import type { HostDirectory } from '../api/hosts'; // MERGE: sbxapi
+
+/** What the services of the control plane are built from (api/main.ts builds it once; tests build their own). */
+export interface ServiceDeps {
+  cfg: Config;
+  store: Store;
+  temporal: Client;
+  logger: Logger;
+  /** Clients of the sandbox hosts, by host id. */
+  hosts: HostDirectory;
+  /** Seals and opens secret-store values (SECRETS_KEY). */
+  secrets: SecretBox;
+}

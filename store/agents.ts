@@ -1,0 +1,36 @@
+import type { AgentDoc, Store } from './index';
+import { pageOf } from './page';
+
+/** The `_id` of an agent: its organisation and its id. */
+export const agentKey = (orgId: string, agentId: string): string => `${orgId}/${agentId}`;
+
+/** Reads an agent of an organisation; null when there is none. */
+export function findAgent(store: Store, orgId: string, agentId: string): Promise<AgentDoc | null> {
+  return store.agents.findOne({ _id: agentKey(orgId, agentId) });
+}
+
+/** Stores a new agent; throws MongoDB's duplicate-key error when its id is taken. */
+export async function insertAgent(store: Store, doc: AgentDoc): Promise<void> {
+  await store.agents.insertOne(doc);
+}
+
+/** Sets fields of an agent and returns it as updated; null when there is none. */
+export function updateAgent(store: Store, _id: string, set: Record<string, unknown>): Promise<AgentDoc | null> {
+  return store.agents.findOneAndUpdate({ _id }, { $set: set }, { returnDocument: 'after' });
+}
+
+/** Deletes an agent by its `_id`. */
+export async function deleteAgent(store: Store, _id: string): Promise<void> {
+  await store.agents.deleteOne({ _id });
+}
+
+/** One page of an organisation's agents, newest first. */
+export function listAgents(store: Store, orgId: string, limit: number, cursor: string | undefined): Promise<{ page: AgentDoc[]; next_cursor: string | null }> {
+  return pageOf(store.agents, { orgId }, limit, cursor);
+}
+
+/** The ids of up to `limit` agents of an organisation that name the secret store `storeName`. */
+export async function agentsNamingStore(store: Store, orgId: string, storeName: string, limit: number): Promise<string[]> {
+  const users = await store.agents.find({ orgId, secret_store: storeName }, { projection: { id: 1 } }).limit(limit).toArray();
+  return users.map((a) => a.id);
+}
