@@ -1,6 +1,4 @@
 import type { Store } from './index';
-import type { HostClient } from '../sandbox/host/client';
-import { HIBERNATION_LAYER_MARK } from '../sandbox/types';
 
 /**
  * A sandbox created through /api/sandboxes (or an instance's): which organisation owns it and
@@ -50,25 +48,36 @@ export async function findOrgSandbox(store: Store, orgId: string, id: string): P
   return doc && doc.orgId === orgId ? doc : null;
 }
 
-/** Marks a sandbox as used now, at most once a minute per sandbox per process (it costs a write). */
-const touched = new Map<string, number>();
-export async function touchSandbox(store: Store, id: string): Promise<void> {
-  const now = Date.now();
-  if ((touched.get(id) ?? 0) > now - 60_000) return;
-  touched.set(id, now);
-  if (touched.size > 10_000) touched.clear();
-  await sandboxesOf(store).updateOne({ _id: id }, { $set: { lastActiveAt: new Date(now) } });
+/** Records a new sandbox. */
+export async function insertSandbox(store: Store, doc: SandboxDoc): Promise<void> {
+  await sandboxesOf(store).insertOne(doc);
 }
 
-/**
- * Hibernates a running sandbox on its host and records it (status `hibernated`, its layer). The host's
- * hibernate is idempotent, so a caller that died between the two steps can simply call this again.
- */
-export async function hibernateSandbox(store: Store, host: HostClient, doc: SandboxDoc): Promise<SandboxDoc> {
-  const layerId = `${doc._id}${HIBERNATION_LAYER_MARK}${Date.now().toString(36)}`;
-  const r = await host.hibernate(doc._id, layerId);
-  const now = new Date();
-  const hibernation = { layerId: r.layerId, at: now };
-  await sandboxesOf(store).updateOne({ _id: doc._id }, { $set: { status: 'hibernated', hibernation, updatedAt: now } });
-  return { ...doc, status: 'hibernated', hibernation, updatedAt: now };
+/** Removes a sandbox's record (a create that failed on its host). */
+export async function deleteSandboxRecord(store: Store, id: string): Promise<void> {
+  await sandboxesOf(store).deleteOne({ _id: id });
+}
+
+/** Sets fields of a sandbox's record. */
+export async function updateSandbox(store: Store, id: string, set: Partial<SandboxDoc>): Promise<void> {
+  await sandboxesOf(store).updateOne({ _id: id }, { $set: set });
+}
+
+/** The organisation's running and hibernated sandboxes, newest first (at most 1000). */
+export function listLiveOrgSandboxes(store: Store, orgId: string): Promise<SandboxDoc[]> {
+  return sandboxesOf(store)
+    .find({ orgId, status: { $in: ['running', 'hibernated'] } })
+    .sort({ createdAt: -1 })
+    .limit(1000)
+    .toArray();
+}
+
+/** A running or hibernated sandbox of the organisation that stands on checkpoint `checkpointId` (its id only), or null. */
+export function findSandboxOnCheckpoint(store: Store, orgId: string, checkpointId: string): Promise<{ _id: string } | null> {
+  return sandboxesOf(store).findOne({ orgId, fromCheckpoint: checkpointId, status: { $in: ['running', 'hibernated'] } }, { projection: { _id: 1 } });
+}
+
+/** A running sandbox of the organisation started from snapshot `snapshotId` (its id only), or null. */
+export function findRunningSandboxOfSnapshot(store: Store, orgId: string, snapshotId: string): Promise<{ _id: string } | null> {
+  return sandboxesOf(store).findOne({ orgId, snapshot: snapshotId, status: 'running' }, { projection: { _id: 1 } });
 }

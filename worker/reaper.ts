@@ -3,7 +3,8 @@ import { WorkflowNotFoundError } from '@temporalio/client';
 import type { Logger } from '../lib/logger';
 import type { HostClient } from '../sandbox/host/client';
 import type { Store } from '../store';
-import { hibernateSandbox, sandboxesOf } from '../store/sandboxes';
+import { sandboxesOf } from '../store/sandboxes';
+import { hibernateSandbox } from '../services/sandboxes';
 import { readSession } from '../store/sessions';
 import type { SandboxInfo } from '../sandbox/types';
 

@@ -1,7 +1,7 @@
 import { z } from 'zod';
 import type { ApiDeps } from '../deps';
 import type { RouteTable } from '../http';
-import { usageOf } from '../storage-quota';
+import { usageOf } from '../../services/storage-quota';
 
 const Usage = z
   .object({
