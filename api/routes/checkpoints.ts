@@ -4,7 +4,7 @@ import type { RouteTable } from '../http';
 import '../http';
 import { CheckpointDoc, checkpointStatus, PatchDoc } from '../../store/checkpoints';
 import { sandboxServicesOf } from '../../services/sandbox-services';
-import { CreateSandboxBody, SandboxParams, sandboxView, SandboxView } from './sandboxes';
+import { CreateSandboxBody, SandboxParams, sandboxView, SandboxView } from '../sandbox-schemas';
 
 const CheckpointId = z.string().regex(/^cp-[a-z0-9]{1,64}$/, 'must be a checkpoint id (cp-…)');
 const PatchId = z.string().regex(/^pa-[a-z0-9]{1,64}-[0-9]{1,9}$/, 'must be a patch id (pa-…)');
