@@ -10,9 +10,8 @@ import type { Duplex } from 'node:stream';
 import type { ApiDeps } from './deps';
 import { ApiError } from '../lib/errors';
 import { splice } from '../lib/splice';
-import { hostnameOf, type PortRoute, type PreviewService } from '../services/previews';
+import { hostnameOf, type PortRoute, type PreviewDoc, type PreviewService } from '../services/previews';
 import { sandboxServicesOf } from '../services/sandbox-services';
-import type { PreviewDoc } from '../store/previews';
 
 export { hostnameOf };
 

@@ -2,8 +2,7 @@ import { z } from 'zod';
 import type { ApiDeps } from './deps';
 import { MIN_MEMORY_MB } from '../config/limits';
 import { networkSchema } from '../sandbox/network';
-import { fromJsonText } from '../store';
-import type { SandboxDoc } from '../store/sandboxes';
+import type { SandboxDoc } from '../services/sandboxes';
 import { ImageManifestSchema } from './image-schema';
 import './http';
 
@@ -96,7 +95,7 @@ export function sandboxView(deps: ApiDeps, s: SandboxDoc): z.infer<typeof Sandbo
     sandboxID: s._id,
     status: s.status,
     templateID: s.templateID,
-    metadata: fromJsonText<Record<string, string>>(s.metadata) ?? {},
+    metadata: (JSON.parse(s.metadata) as Record<string, string> | null) ?? {},
     timeout: s.timeout,
     onTimeout: s.onTimeout ?? 'kill',
     hibernatedAt: s.status === 'hibernated' && s.hibernation ? s.hibernation.at.toISOString() : null,

@@ -26,6 +26,8 @@ import type { SandboxDeps } from './sandbox-deps';
 import type { SandboxCreateRequest, SandboxService } from './sandboxes';
 import { assertRoomAfterCapture, assertStorageRoom } from './storage-quota';
 
+export { checkpointStatus, type CheckpointDoc, type PatchDoc };
+
 const READY_WAIT_MS = 120_000;
 
 /** The organisation's checkpoint, or 404. */

@@ -20,6 +20,8 @@ import { deletePreview, findPreview, insertPreview, listSandboxPreviews, type Pr
 import type { SandboxDoc } from '../store/sandboxes';
 import type { SandboxDeps } from './sandbox-deps';
 
+export type { PreviewDoc };
+
 /** How the proxy reaches a sandbox port: the forwarder's Unix socket, or a tunnel through its host. */
 export type PortRoute = { socketPath: string } | { tunnel: HostClient; sandboxId: string; port: number };
 

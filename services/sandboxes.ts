@@ -24,6 +24,8 @@ import { assertStoreUnused, removeSecretStore } from '../api/routes/secret-store
 import type { PreviewService } from './previews';
 import type { SandboxDeps } from './sandbox-deps';
 
+export type { SandboxDoc };
+
 /** What a create asks for (the parsed body of POST /api/sandboxes, defaults applied). */
 export interface SandboxCreateRequest {
   templateID: string;

@@ -24,6 +24,8 @@ import type { SandboxDeps } from './sandbox-deps';
 import { buildSnapshot, chainHash, reapStaleBuild, type BuildLog } from './snapshot-builder';
 import { assertStorageRoom } from './storage-quota';
 
+export type { ImageManifest, SnapshotDoc };
+
 /** A new snapshot record, `building`, named `name` (not stored yet). */
 function newSnapshotDoc(orgId: string, name: string, manifest: ImageManifest): SnapshotDoc {
   const now = new Date();

@@ -41,8 +41,8 @@ export interface AgentSessionDoc {
   oomKilled?: boolean;
 }
 
-export const execSessionsOf = (store: Store) => store.db.collection<ExecDoc>('exec_sessions');
-export const agentSessionsOf = (store: Store) => store.db.collection<AgentSessionDoc>('sandbox_agent_sessions');
+const execSessionsOf = (store: Store) => store.db.collection<ExecDoc>('exec_sessions');
+const agentSessionsOf = (store: Store) => store.db.collection<AgentSessionDoc>('sandbox_agent_sessions');
 
 /** Indexes for the per-sandbox lists (MongoDB uses them; FerretDB scans regardless). */
 export async function ensureExecIndexes(store: Store): Promise<void> {

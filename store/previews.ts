@@ -22,7 +22,7 @@ export interface PreviewDoc {
   createdAt: Date;
 }
 
-export const previewsOf = (store: Store): Collection<PreviewDoc> => store.db.collection<PreviewDoc>('previews');
+const previewsOf = (store: Store): Collection<PreviewDoc> => store.db.collection<PreviewDoc>('previews');
 
 /** The previews of a sandbox, by port (not a hot path: a scan on FerretDB). */
 export async function listSandboxPreviews(store: Store, sandboxId: string): Promise<PreviewDoc[]> {

@@ -2,7 +2,7 @@ import { z } from 'zod';
 import type { ApiDeps } from '../deps';
 import type { RouteTable } from '../http';
 import '../http';
-import { CheckpointDoc, checkpointStatus, PatchDoc } from '../../store/checkpoints';
+import { checkpointStatus, type CheckpointDoc, type PatchDoc } from '../../services/checkpoints';
 import { sandboxServicesOf } from '../../services/sandbox-services';
 import { CreateSandboxBody, SandboxParams, sandboxView, SandboxView } from '../sandbox-schemas';
 

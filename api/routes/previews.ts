@@ -2,7 +2,7 @@ import { z } from 'zod';
 import type { ApiDeps } from '../deps';
 import type { RouteTable } from '../http';
 import '../http';
-import type { PreviewDoc } from '../../store/previews';
+import type { PreviewDoc } from '../../services/previews';
 import { sandboxServicesOf } from '../../services/sandbox-services';
 import { SandboxParams } from '../sandbox-schemas';
 

@@ -2,8 +2,7 @@ import { z } from 'zod';
 import type { ApiDeps } from '../deps';
 import type { RouteTable } from '../http';
 import '../http';
-import { fromJsonText } from '../../store';
-import type { SnapshotDoc } from '../../store/checkpoints';
+import type { SnapshotDoc } from '../../services/snapshots';
 import { sandboxServicesOf } from '../../services/sandbox-services';
 import { sse } from '../sse';
 export { imageCacheName, imageSnapshot, snapshotRefOf } from '../../services/snapshots'; // MERGE: re-export
@@ -49,7 +48,7 @@ export function snapshotView(s: SnapshotDoc): z.infer<typeof SnapshotView> {
     status: s.status,
     contentHash: s.contentHash,
     checkpointId: s.checkpointId,
-    manifest: fromJsonText(s.manifest) ?? { steps: [] },
+    manifest: (JSON.parse(s.manifest) as Record<string, unknown> | null) ?? { steps: [] },
     error: s.error,
     createdAt: s.createdAt.toISOString(),
     lastUsedAt: s.lastUsedAt.toISOString(),
