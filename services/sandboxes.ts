@@ -6,10 +6,7 @@
 import { effectiveResources, overMaximum } from '../config/limits';
 import { ApiError, invalid, notFound } from '../lib/errors';
 import { randomId } from '../lib/ids';
-import type { HostClient } from '../sandbox/host/client';
 import { normaliseEgress, type Egress } from '../sandbox/network';
-import { HIBERNATION_LAYER_MARK } from '../sandbox/types';
-import type { Store } from '../store';
 import { findOrgCheckpoint, ImageError, listPatches, resolveImage } from '../store/checkpoints';
 import {
   deleteSandboxRecord,
@@ -21,6 +18,7 @@ import {
 } from '../store/sandboxes';
 import { findSecretStore, secretEnvOf, SecretStoreMissing, SecretUnreadable } from '../store/secrets';
 import { assertStoreUnused, removeSecretStore } from '../api/routes/secret-stores'; // MERGE: flow
+import { hibernateSandbox } from './hibernate';
 import type { PreviewService } from './previews';
 import type { SandboxDeps } from './sandbox-deps';
 
@@ -169,19 +167,6 @@ export async function provisionSandbox(
     throw new ApiError('unavailable', `could not create the sandbox: ${e.message ?? String(created.reason)}`);
   }
   return doc;
-}
-
-/**
- * Hibernates a running sandbox on its host and records it (status `hibernated`, its layer). The host's
- * hibernate is idempotent, so a caller that died between the two steps can simply call this again.
- */
-export async function hibernateSandbox(store: Store, host: HostClient, doc: SandboxDoc): Promise<SandboxDoc> {
-  const layerId = `${doc._id}${HIBERNATION_LAYER_MARK}${Date.now().toString(36)}`;
-  const r = await host.hibernate(doc._id, layerId);
-  const now = new Date();
-  const hibernation = { layerId: r.layerId, at: now };
-  await updateSandbox(store, doc._id, { status: 'hibernated', hibernation, updatedAt: now });
-  return { ...doc, status: 'hibernated', hibernation, updatedAt: now };
 }
 
 /**

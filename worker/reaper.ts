@@ -4,7 +4,7 @@ import type { Logger } from '../lib/logger';
 import type { HostClient } from '../sandbox/host/client';
 import type { Store } from '../store';
 import { sandboxesOf } from '../store/sandboxes';
-import { hibernateSandbox } from '../services/sandboxes';
+import { hibernateSandbox } from '../services/hibernate';
 import { readSession } from '../store/sessions';
 import type { SandboxInfo } from '../sandbox/types';
 

@@ -30,9 +30,8 @@ const WsParams = SandboxParams.extend({
   sessionID: z.string().regex(/^(es|as)-[a-z0-9]{1,64}$/, 'must be an exec or agent session id (es-… or as-…)'),
 });
 
-/** Bytes queued toward one side above which the relay stops reading the other side; resumes below LOW. */
+/** Bytes queued toward one side above which the relay stops reading the other side (until that side drains). */
 const RELAY_HIGH = 2 * 1024 * 1024;
-const RELAY_LOW = 512 * 1024;
 
 type EarlyFrame = [string | Buffer | ArrayBuffer | Buffer[], boolean | undefined];
 
