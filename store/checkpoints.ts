@@ -107,11 +107,11 @@ export interface SnapshotNameDoc {
 }
 
 export const checkpointsOf = (s: Store) => s.db.collection<CheckpointDoc>('checkpoints');
-export const patchesOf = (s: Store) => s.db.collection<PatchDoc>('patches');
+const patchesOf = (s: Store) => s.db.collection<PatchDoc>('patches');
 export const snapshotsOf = (s: Store) => s.db.collection<SnapshotDoc>('snapshots');
-export const snapshotNamesOf = (s: Store) => s.db.collection<SnapshotNameDoc>('snapshot_names');
+const snapshotNamesOf = (s: Store) => s.db.collection<SnapshotNameDoc>('snapshot_names');
 
-export const snapshotNameKey = (orgId: string, name: string): string => `${orgId}/${name}`;
+const snapshotNameKey = (orgId: string, name: string): string => `${orgId}/${name}`;
 
 /** The `_id` of patch number `sequence` of a checkpoint. */
 export function patchIdFor(checkpointId: string, sequence: number): string {
