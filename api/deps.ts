@@ -2,7 +2,7 @@ import type { Client } from '@temporalio/client';
 import type { Config } from '../config';
 import type { Logger } from '../lib/logger';
 import type { Store } from '../store';
-import type { HostDirectory } from './hosts';
+import type { HostDirectory } from '../services/hosts';
 import type { SecretBox } from '../lib/secret-box';
 
 /** Everything the API needs, built once by api/main.ts (or a test) and passed to createApp. */

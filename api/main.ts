@@ -4,7 +4,7 @@ import { createLogger } from '../lib/logger';
 import { connectStore } from '../store';
 import { ensureApiKey } from '../store/orgs';
 import { createApiServer } from './server';
-import { HostDirectory } from './hosts';
+import { HostDirectory } from '../services/hosts';
 import { resolveHostToken, resolveSecretBox } from '../config';
 import { sealLegacyAgentEnvs } from '../store/agent-env';
 

@@ -1,49 +1,29 @@
 /**
  * The preview proxy: routes a request by its Host header to a sandbox port. Plain HTTP (streamed both
- * ways, kept alive) and WebSocket upgrades (raw byte pipe after the upgrade request).
- *
- * Path of a request: Host → preview record (`_id` lookup, cached 2 s; dropped at once on delete here)
- * → bearer check → the Unix socket of the sandbox port's forwarder on the sandbox host (see
- * sandbox/host/forward.ts; asked for once, then cached) → 127.0.0.1:<port> inside the sandbox.
- * When the API and the host do not share a machine (or PREVIEW_TRANSPORT=tcp), each connection is a
- * tunnel through the host's HTTP port instead (HostClient.openTunnel: authenticated with HOST_TOKEN,
- * then a byte pipe to the same forwarder): not kept alive, one more hop.
+ * ways, kept alive) and WebSocket upgrades (raw byte pipe after the upgrade request). Which port a
+ * hostname names, its bearer check and the way to the port are the preview service's
+ * (services/previews.ts); this file is the HTTP side only.
  */
-import { timingSafeEqual } from 'node:crypto';
 import http from 'node:http';
 import net from 'node:net';
 import type { Duplex } from 'node:stream';
 import type { ApiDeps } from './deps';
 import { ApiError } from '../lib/errors';
-import { hashSecret } from '../lib/ids';
-import { listSandboxPreviews, previewsOf, type PreviewDoc } from '../store/previews';
-import { machineName } from '../lib/machine';
 import { splice } from '../lib/splice';
-import type { HostClient } from '../sandbox';
+import { hostnameOf, type PortRoute, type PreviewDoc, type PreviewService } from '../services/previews';
+import { sandboxServicesOf } from '../services/sandbox-services';
 
-/** How the proxy reaches a sandbox port: the forwarder's Unix socket, or a tunnel through its host. */
-type PortRoute = { socketPath: string } | { tunnel: HostClient; sandboxId: string; port: number };
+export { hostnameOf };
 
-const CACHE_MS = 2_000;
 /** `<label>-p<port>.<domain>`: the only Host headers that may name a preview. */
 const PREVIEW_HOST = /^[a-z0-9][a-z0-9-]*-p\d{1,5}\.[a-z0-9.-]+$/;
 const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'proxy-authenticate', 'proxy-authorization', 'te', 'trailer', 'transfer-encoding', 'upgrade']);
 
-/** The hostname (lowercase, no port) of a Host header. */
-export function hostnameOf(host: string | undefined): string {
-  if (!host) return '';
-  const h = host.toLowerCase();
-  const i = h.lastIndexOf(':');
-  return i > 0 && !h.endsWith(']') ? h.slice(0, i) : h;
-}
-
-/** Preview records by hostname, and the forwarder sockets of sandbox ports. One per API process. */
+/** Serves preview hostnames over HTTP. One per API process. */
 export class PreviewProxy {
-  private readonly records = new Map<string, { doc: PreviewDoc | null; until: number }>();
-  private readonly sockets = new Map<string, PortRoute>();
   private readonly agent = new http.Agent({ keepAlive: true, maxFreeSockets: 64, keepAliveMsecs: 10_000 });
 
-  constructor(private readonly deps: ApiDeps) {}
+  constructor(private readonly previews: PreviewService) {}
 
   /** The hostname when this Host header can only be a preview's; null for everything else (the API). */
   match(host: string | undefined): string | null {
@@ -51,83 +31,17 @@ export class PreviewProxy {
     return PREVIEW_HOST.test(name) ? name : null;
   }
 
-  /** Forgets a hostname (after create or delete on this process), so the change applies at once. */
-  invalidate(hostname: string): void {
-    this.records.delete(hostname);
-  }
-
-  /** Remembers where a sandbox port's forwarder listens. */
-  rememberSocket(sandboxId: string, port: number, socketPath: string, machine: string | undefined, host: HostClient): void {
-    this.sockets.set(`${sandboxId}:${port}`, this.routeFor(sandboxId, port, socketPath, machine, host));
-  }
-
-  /** The Unix socket when it is reachable from here (and PREVIEW_TRANSPORT allows), else a tunnel through the host. */
-  private routeFor(sandboxId: string, port: number, socketPath: string, machine: string | undefined, host: HostClient): PortRoute {
-    const transport = this.deps.cfg.PREVIEW_TRANSPORT;
-    const local = transport === 'unix' || (transport === 'auto' && machine === machineName());
-    return local ? { socketPath } : { tunnel: host, sandboxId, port };
-  }
-
-  /** Forgets a sandbox port's socket (the preview is gone). */
-  forgetSocket(sandboxId: string, port: number): void {
-    this.sockets.delete(`${sandboxId}:${port}`);
-  }
-
   /** Stops keeping idle connections to forwarders. */
   close(): void {
     this.agent.destroy();
   }
 
-  private async lookup(hostname: string): Promise<PreviewDoc | null> {
-    if (!hostname) return null;
-    const now = Date.now();
-    const hit = this.records.get(hostname);
-    if (hit && hit.until > now) return hit.doc;
-    const doc = await previewsOf(this.deps.store).findOne({ _id: hostname });
-    if (this.records.size > 10_000) this.records.clear();
-    this.records.set(hostname, { doc, until: now + CACHE_MS });
-    return doc;
+  private routeOf(doc: PreviewDoc, fresh = false): Promise<PortRoute> {
+    return this.previews.routeOf(doc, fresh);
   }
 
-  /** Checks the request's bearer token against the preview's; throws 401. */
-  private authorize(doc: PreviewDoc, headers: http.IncomingHttpHeaders): void {
-    if (!doc.auth) return;
-    const auth = headers.authorization;
-    const presented =
-      (typeof headers['x-preview-token'] === 'string' ? headers['x-preview-token'] : undefined) ??
-      (auth && /^bearer\s+/i.test(auth) ? auth.replace(/^bearer\s+/i, '').trim() : undefined);
-    if (!presented) throw new ApiError('unauthorized', 'this preview needs a token: send Authorization: Bearer <token> or X-Preview-Token');
-    const a = Buffer.from(hashSecret(presented), 'hex');
-    const b = Buffer.from(doc.auth.tokenHash, 'hex');
-    if (a.length !== b.length || !timingSafeEqual(a, b)) throw new ApiError('unauthorized', 'invalid preview token');
-  }
-
-  /** The route to the preview's port; asks the sandbox host when not known (or `fresh`). */
-  private async routeOf(doc: PreviewDoc, fresh = false): Promise<PortRoute> {
-    const key = `${doc.sandboxId}:${doc.port}`;
-    const known = this.sockets.get(key);
-    if (known && !fresh) return known;
-    const host = await this.deps.hosts.get(doc.hostId);
-    try {
-      const { socketPath, machine } = await host.portForward(doc.sandboxId, doc.port);
-      const route = this.routeFor(doc.sandboxId, doc.port, socketPath, machine, host);
-      this.sockets.set(key, route);
-      return route;
-    } catch (err) {
-      const e = err as { type?: string; message?: string };
-      if (e.type === 'not_found') throw new ApiError('bad_gateway', `sandbox ${doc.sandboxId} is not running`);
-      // Hibernated (or stopping): the host says which; waking it brings the preview back.
-      if (e.type === 'conflict') throw new ApiError('unavailable', e.message ?? `sandbox ${doc.sandboxId} is not running`);
-      throw new ApiError('bad_gateway', `could not reach sandbox ${doc.sandboxId}: ${e.message ?? String(err)}`);
-    }
-  }
-
-  /** The preview of `hostname` and the socket to its port, once the request may pass: 404 or 401 otherwise. */
-  private async admit(hostname: string, headers: http.IncomingHttpHeaders): Promise<{ doc: PreviewDoc; route: PortRoute }> {
-    const doc = await this.lookup(hostname);
-    if (!doc) throw new ApiError('not_found', `preview ${hostname} not found`);
-    this.authorize(doc, headers);
-    return { doc, route: await this.routeOf(doc) };
+  private admit(hostname: string, headers: http.IncomingHttpHeaders): Promise<{ doc: PreviewDoc; route: PortRoute }> {
+    return this.previews.admit(hostname, headers);
   }
 
   /** Serves one HTTP request for a preview hostname. Never throws: failures answer with the error body. */
@@ -283,24 +197,9 @@ function rawError(socket: Duplex, err: unknown): void {
 
 const proxies = new WeakMap<ApiDeps, PreviewProxy>();
 
-/** The preview proxy of an API process (one per deps object: the routes and the server share it). */
+/** The preview proxy of an API process (one per deps object: it shares the routes' preview service). */
 export function previewProxyOf(deps: ApiDeps): PreviewProxy {
   let p = proxies.get(deps);
-  if (!p) proxies.set(deps, (p = new PreviewProxy(deps)));
+  if (!p) proxies.set(deps, (p = new PreviewProxy(sandboxServicesOf(deps).previews)));
   return p;
-}
-
-/**
- * Removes every preview of a sandbox (when it is destroyed), on this process at once.
- * Best effort towards the host: its forwarder goes with the sandbox anyway.
- */
-export async function deleteSandboxPreviews(deps: ApiDeps, sandboxId: string): Promise<number> {
-  const docs = await listSandboxPreviews(deps.store, sandboxId);
-  const proxy = previewProxyOf(deps);
-  for (const d of docs) {
-    await previewsOf(deps.store).deleteOne({ _id: d._id });
-    proxy.invalidate(d._id);
-    proxy.forgetSocket(d.sandboxId, d.port);
-  }
-  return docs.length;
 }

@@ -3,7 +3,7 @@ import type { Config } from '../config';
 import type { Logger } from '../lib/logger';
 import type { Store } from '../store';
 import type { SecretBox } from '../lib/secret-box';
-import type { HostDirectory } from '../api/hosts'; // MERGE: sbxapi
+import type { HostDirectory } from './hosts';
 
 /** What the services of the control plane are built from (api/main.ts builds it once; tests build their own). */
 export interface ServiceDeps {

@@ -2,7 +2,7 @@ import { ApiError, invalid, notFound } from '../lib/errors';
 import { randomId } from '../lib/ids';
 import { runSpecOf } from '../store';
 import { deleteInstance, findInstance, insertInstance, listInstances, markInstanceStopped, metaPairsOf, type InstanceDoc, type InstanceStatus } from '../store/instances';
-import { snapshotRefOf } from '../api/routes/snapshots'; // MERGE: sbxapi
+import { snapshotRefOf } from './snapshots';
 import { AGENT_ID, ORG_ID, destroyInstanceSignal, type InstanceWorkflowArgs } from '../workflows/defs';
 import type { AgentService } from './agents';
 import type { ServiceDeps } from './deps';

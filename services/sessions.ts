@@ -1,6 +1,6 @@
 import type { z } from 'zod';
 import type { CreateSessionBody } from '../contract/schemas';
-import { snapshotRefOf } from '../api/routes/snapshots'; // MERGE: sbxapi
+import { snapshotRefOf } from './snapshots';
 import type { HostClient } from '../sandbox';
 import { ApiError, conflict, notFound } from '../lib/errors';
 import { derivedId, randomId } from '../lib/ids';

@@ -1,4 +1,4 @@
-import { usageOf } from '../api/storage-quota'; // MERGE: sbxapi
+import { usageOf } from './storage-quota';
 import type { ServiceDeps } from './deps';
 
 /** What an organisation uses, against its quotas. */

@@ -107,11 +107,11 @@ export interface SnapshotNameDoc {
 }
 
 export const checkpointsOf = (s: Store) => s.db.collection<CheckpointDoc>('checkpoints');
-export const patchesOf = (s: Store) => s.db.collection<PatchDoc>('patches');
+const patchesOf = (s: Store) => s.db.collection<PatchDoc>('patches');
 export const snapshotsOf = (s: Store) => s.db.collection<SnapshotDoc>('snapshots');
-export const snapshotNamesOf = (s: Store) => s.db.collection<SnapshotNameDoc>('snapshot_names');
+const snapshotNamesOf = (s: Store) => s.db.collection<SnapshotNameDoc>('snapshot_names');
 
-export const snapshotNameKey = (orgId: string, name: string): string => `${orgId}/${name}`;
+const snapshotNameKey = (orgId: string, name: string): string => `${orgId}/${name}`;
 
 /** The `_id` of patch number `sequence` of a checkpoint. */
 export function patchIdFor(checkpointId: string, sequence: number): string {
@@ -257,4 +257,80 @@ export async function touchSnapshot(store: Store, id: string): Promise<void> {
   used.set(id, now);
   if (used.size > 10_000) used.clear();
   await snapshotsOf(store).updateOne({ _id: id }, { $set: { lastUsedAt: new Date(now) } });
+}
+
+/** Records a checkpoint. */
+export async function insertCheckpoint(store: Store, doc: CheckpointDoc): Promise<void> {
+  await checkpointsOf(store).insertOne(doc);
+}
+
+/** A checkpoint by id (any organisation), or null. */
+export function findCheckpoint(store: Store, id: string): Promise<CheckpointDoc | null> {
+  return checkpointsOf(store).findOne({ _id: id });
+}
+
+/** Sets fields of a checkpoint's record. */
+export async function updateCheckpoint(store: Store, id: string, set: Partial<CheckpointDoc>): Promise<void> {
+  await checkpointsOf(store).updateOne({ _id: id }, { $set: set });
+}
+
+/** The checkpoints taken of a sandbox, oldest first (at most 1000). */
+export function listSandboxCheckpoints(store: Store, sandboxId: string): Promise<CheckpointDoc[]> {
+  return checkpointsOf(store).find({ sandboxId }).sort({ createdAt: 1 }).limit(1000).toArray();
+}
+
+/** A checkpoint of the organisation taken over layer `layerId` (its id only), or null. */
+export function findChildCheckpoint(store: Store, orgId: string, layerId: string): Promise<{ _id: string } | null> {
+  return checkpointsOf(store).findOne({ orgId, parents: layerId }, { projection: { _id: 1 } });
+}
+
+/** Removes a checkpoint's record and its patches' records. */
+export async function deleteCheckpointRecords(store: Store, id: string): Promise<void> {
+  await checkpointsOf(store).deleteOne({ _id: id });
+  await patchesOf(store).deleteMany({ checkpointId: id });
+}
+
+/** A patch by id (tombstones included), or null. */
+export function findPatch(store: Store, id: string): Promise<PatchDoc | null> {
+  return patchesOf(store).findOne({ _id: id });
+}
+
+/** A snapshot of the organisation over checkpoint `checkpointId`, other than `exceptSnapshot` (its id only), or null. */
+export function findSnapshotOfCheckpoint(store: Store, orgId: string, checkpointId: string, exceptSnapshot?: string): Promise<{ _id: string } | null> {
+  return snapshotsOf(store).findOne(exceptSnapshot ? { orgId, checkpointId, _id: { $ne: exceptSnapshot } } : { orgId, checkpointId }, { projection: { _id: 1 } });
+}
+
+/** Records a snapshot. */
+export async function insertSnapshot(store: Store, doc: SnapshotDoc): Promise<void> {
+  await snapshotsOf(store).insertOne(doc);
+}
+
+/** Sets fields of a snapshot's record. */
+export async function updateSnapshot(store: Store, id: string, set: Partial<SnapshotDoc> | Record<string, unknown>): Promise<void> {
+  await snapshotsOf(store).updateOne({ _id: id }, { $set: set });
+}
+
+/** Removes a snapshot's record. */
+export async function deleteSnapshotRecord(store: Store, id: string): Promise<void> {
+  await snapshotsOf(store).deleteOne({ _id: id });
+}
+
+/** Claims a snapshot name in the organisation (a taken name throws the store's duplicate-key error). */
+export async function reserveSnapshotName(store: Store, orgId: string, name: string, snapshotId: string): Promise<void> {
+  await snapshotNamesOf(store).insertOne({ _id: snapshotNameKey(orgId, name), snapshotId });
+}
+
+/** Frees a snapshot name in the organisation. */
+export async function releaseSnapshotName(store: Store, orgId: string, name: string): Promise<void> {
+  await snapshotNamesOf(store).deleteOne({ _id: snapshotNameKey(orgId, name) });
+}
+
+/** The organisation's snapshots, newest first (at most 1000). */
+export function listOrgSnapshots(store: Store, orgId: string): Promise<SnapshotDoc[]> {
+  return snapshotsOf(store).find({ orgId }).sort({ createdAt: -1 }).limit(1000).toArray();
+}
+
+/** An agent of the organisation whose snapshot is one of `refs` (id or name; its id only), or null. */
+export function findAgentOfSnapshot(store: Store, orgId: string, refs: string[]): Promise<{ id: string } | null> {
+  return store.agents.findOne({ orgId, snapshot: { $in: refs } }, { projection: { id: 1 } });
 }

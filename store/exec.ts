@@ -41,12 +41,61 @@ export interface AgentSessionDoc {
   oomKilled?: boolean;
 }
 
-export const execSessionsOf = (store: Store) => store.db.collection<ExecDoc>('exec_sessions');
-export const agentSessionsOf = (store: Store) => store.db.collection<AgentSessionDoc>('sandbox_agent_sessions');
+const execSessionsOf = (store: Store) => store.db.collection<ExecDoc>('exec_sessions');
+const agentSessionsOf = (store: Store) => store.db.collection<AgentSessionDoc>('sandbox_agent_sessions');
 
 /** Indexes for the per-sandbox lists (MongoDB uses them; FerretDB scans regardless). */
 export async function ensureExecIndexes(store: Store): Promise<void> {
   await execSessionsOf(store).createIndex({ sandboxId: 1, startedAt: -1 });
   await execSessionsOf(store).createIndex({ orgId: 1, exitedAt: 1 });
   await agentSessionsOf(store).createIndex({ sandboxId: 1, startedAt: -1 });
+}
+
+/** A session record of either kind: `exec` (es-…) or `agent` (as-…). */
+export type SessionKind = 'exec' | 'agent';
+
+/** Records a new exec session. */
+export async function insertExec(store: Store, doc: ExecDoc): Promise<void> {
+  await execSessionsOf(store).insertOne(doc);
+}
+
+/** Records a new agent session. */
+export async function insertAgentSession(store: Store, doc: AgentSessionDoc): Promise<void> {
+  await agentSessionsOf(store).insertOne(doc);
+}
+
+/** An exec session's record by id, or null. */
+export function findExec(store: Store, id: string): Promise<ExecDoc | null> {
+  return execSessionsOf(store).findOne({ _id: id });
+}
+
+/** An agent session's record by id, or null. */
+export function findAgentSession(store: Store, id: string): Promise<AgentSessionDoc | null> {
+  return agentSessionsOf(store).findOne({ _id: id });
+}
+
+/** A sandbox's exec sessions, newest first (at most 1000). */
+export function listSandboxExecs(store: Store, sandboxId: string): Promise<ExecDoc[]> {
+  return execSessionsOf(store).find({ sandboxId }).sort({ startedAt: -1 }).limit(1000).toArray();
+}
+
+/** A sandbox's agent sessions, newest first (at most 1000). */
+export function listSandboxAgentSessions(store: Store, sandboxId: string): Promise<AgentSessionDoc[]> {
+  return agentSessionsOf(store).find({ sandboxId }).sort({ startedAt: -1 }).limit(1000).toArray();
+}
+
+/** How many of the organisation's exec sessions have no recorded exit, counting at most `limit`. */
+export function countOpenExecs(store: Store, orgId: string, limit: number): Promise<number> {
+  return execSessionsOf(store).countDocuments({ orgId, exitedAt: null }, { limit });
+}
+
+/** The organisation's exec sessions without a recorded exit (the fields an exit check needs). */
+export function listOpenExecs(store: Store, orgId: string): Promise<Pick<ExecDoc, '_id' | 'sandboxId' | 'exitedAt' | 'oomKilled'>[]> {
+  return execSessionsOf(store).find({ orgId, exitedAt: null }, { projection: { _id: 1, sandboxId: 1, exitedAt: 1, oomKilled: 1 } }).toArray();
+}
+
+/** Sets fields (exit, oomKilled, agentSessionID) of a session record of either kind. */
+export async function updateSession(store: Store, kind: SessionKind, id: string, fields: Record<string, unknown>): Promise<void> {
+  const coll = kind === 'exec' ? execSessionsOf(store) : agentSessionsOf(store);
+  await (coll as ReturnType<typeof execSessionsOf>).updateOne({ _id: id }, { $set: fields });
 }

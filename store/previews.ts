@@ -22,10 +22,25 @@ export interface PreviewDoc {
   createdAt: Date;
 }
 
-export const previewsOf = (store: Store): Collection<PreviewDoc> => store.db.collection<PreviewDoc>('previews');
+const previewsOf = (store: Store): Collection<PreviewDoc> => store.db.collection<PreviewDoc>('previews');
 
 /** The previews of a sandbox, by port (not a hot path: a scan on FerretDB). */
 export async function listSandboxPreviews(store: Store, sandboxId: string): Promise<PreviewDoc[]> {
   const docs = await previewsOf(store).find({ sandboxId }).toArray();
   return docs.sort((a, b) => a.port - b.port || a._id.localeCompare(b._id));
+}
+
+/** The preview served at `hostname` (lowercase, no port), or null. */
+export function findPreview(store: Store, hostname: string): Promise<PreviewDoc | null> {
+  return previewsOf(store).findOne({ _id: hostname });
+}
+
+/** Records a preview (a duplicate hostname throws the store's duplicate-key error). */
+export async function insertPreview(store: Store, doc: PreviewDoc): Promise<void> {
+  await previewsOf(store).insertOne(doc);
+}
+
+/** Removes the preview served at `hostname`. */
+export async function deletePreview(store: Store, hostname: string): Promise<void> {
+  await previewsOf(store).deleteOne({ _id: hostname });
 }

@@ -48,14 +48,9 @@ export async function findOrgSandbox(store: Store, orgId: string, id: string): P
   return doc && doc.orgId === orgId ? doc : null;
 }
 
-/** Marks a sandbox as used now, at most once a minute per sandbox per process (it costs a write). */
-const touched = new Map<string, number>();
-export async function touchSandbox(store: Store, id: string): Promise<void> {
-  const now = Date.now();
-  if ((touched.get(id) ?? 0) > now - 60_000) return;
-  touched.set(id, now);
-  if (touched.size > 10_000) touched.clear();
-  await sandboxesOf(store).updateOne({ _id: id }, { $set: { lastActiveAt: new Date(now) } });
+/** Records a new sandbox. */
+export async function insertSandbox(store: Store, doc: SandboxDoc): Promise<void> {
+  await sandboxesOf(store).insertOne(doc);
 }
 
 /** Records a sandbox hibernated (status `hibernated`, its layer) and returns it as recorded. */
@@ -66,6 +61,35 @@ export async function recordHibernation(store: Store, doc: SandboxDoc, layerId: 
   return { ...doc, status: 'hibernated', hibernation, updatedAt: now };
 }
 
+/** Removes a sandbox's record (a create that failed on its host). */
+export async function deleteSandboxRecord(store: Store, id: string): Promise<void> {
+  await sandboxesOf(store).deleteOne({ _id: id });
+}
+
+/** Sets fields of a sandbox's record. */
+export async function updateSandbox(store: Store, id: string, set: Partial<SandboxDoc>): Promise<void> {
+  await sandboxesOf(store).updateOne({ _id: id }, { $set: set });
+}
+
+/** The organisation's running and hibernated sandboxes, newest first (at most 1000). */
+export function listLiveOrgSandboxes(store: Store, orgId: string): Promise<SandboxDoc[]> {
+  return sandboxesOf(store)
+    .find({ orgId, status: { $in: ['running', 'hibernated'] } })
+    .sort({ createdAt: -1 })
+    .limit(1000)
+    .toArray();
+}
+
+/** A running or hibernated sandbox of the organisation that stands on checkpoint `checkpointId` (its id only), or null. */
+export function findSandboxOnCheckpoint(store: Store, orgId: string, checkpointId: string): Promise<{ _id: string } | null> {
+  return sandboxesOf(store).findOne({ orgId, fromCheckpoint: checkpointId, status: { $in: ['running', 'hibernated'] } }, { projection: { _id: 1 } });
+}
+
+/** A running sandbox of the organisation started from snapshot `snapshotId` (its id only), or null. */
+export function findRunningSandboxOfSnapshot(store: Store, orgId: string, snapshotId: string): Promise<{ _id: string } | null> {
+  return sandboxesOf(store).findOne({ orgId, snapshot: snapshotId, status: 'running' }, { projection: { _id: 1 } });
+}
+
 /** Records a sandbox (created, or about to be); a record that exists already is left as it is. */
 export async function insertSandboxOnce(store: Store, doc: SandboxDoc): Promise<void> {
   try {
@@ -73,11 +97,6 @@ export async function insertSandboxOnce(store: Store, doc: SandboxDoc): Promise<
   } catch (err) {
     if (!isDuplicateKey(err)) throw err;
   }
-}
-
-/** Deletes a sandbox's record (it was not created after all). */
-export async function deleteSandboxRecord(store: Store, id: string): Promise<void> {
-  await sandboxesOf(store).deleteOne({ _id: id });
 }
 
 /** Reads a sandbox's record; null when there is none. */

@@ -22,3 +22,9 @@ export async function storageUsage(store: Store, orgId: string, exceptCheckpoint
   ]);
   return { usedBytes: docs.reduce((n, d) => n + (d.sizeBytes ?? 0), 0), checkpoints: docs.length, snapshots };
 }
+
+/** The organisation's own storage quota setting in MB (settings.storageQuotaMB), or undefined. */
+export async function orgStorageQuotaMB(store: Store, orgId: string): Promise<number | undefined> {
+  const org = await store.orgs.findOne({ _id: orgId }, { projection: { settings: 1 } });
+  return org?.settings?.storageQuotaMB;
+}

@@ -1,15 +1,14 @@
 import { posix } from 'node:path';
 import { pipeline } from 'node:stream/promises';
+import type { IncomingMessage } from 'node:http';
 import type { Request, Response } from 'express';
 import { z } from 'zod';
 import type { ApiDeps } from '../deps';
 import type { RouteTable } from '../http';
 import '../http';
-import { ApiError, invalid, notFound } from '../../lib/errors';
-import type { HostClient } from '../../sandbox';
-import { findOrgSandbox } from '../../store/sandboxes';
-import { fromHostError, sandboxHost } from './exec';
-import { SandboxParams, wakeInBackground } from './sandboxes';
+import { invalid } from '../../lib/errors';
+import { sandboxServicesOf } from '../../services/sandbox-services';
+import { SandboxParams } from '../sandbox-schemas';
 
 /*
  * A sandbox's filesystem (OpenComputer's `sandbox.files`): content streamed both ways through the API
@@ -55,38 +54,6 @@ const SignedUrlBody = z
   .openapi('FileUrlRequest');
 const SignedUrlView = z.object({ url: z.string(), expiresAt: z.string() }).openapi('FileUrl');
 
-/** What a signed file URL carries (signed with the secrets key, purpose `file-url`). */
-interface FileGrant {
-  /** organisation, sandbox, path, method, expiry (epoch seconds) */
-  o: string;
-  s: string;
-  p: string;
-  m: 'GET' | 'PUT';
-  e: number;
-}
-
-const SIGN_PURPOSE = 'file-url';
-
-function signGrant(deps: ApiDeps, g: FileGrant): string {
-  const payload = Buffer.from(JSON.stringify(g), 'utf8').toString('base64url');
-  return `${payload}.${deps.secrets.sign(payload, SIGN_PURPOSE)}`;
-}
-
-/** The grant of a token, or 403 when it is forged, for another method, or expired. */
-function openGrant(deps: ApiDeps, token: string, method: 'GET' | 'PUT'): FileGrant {
-  const [payload, sig] = token.split('.');
-  if (!payload || !sig || !deps.secrets.verify(payload, SIGN_PURPOSE, sig)) throw new ApiError('forbidden', 'invalid file URL signature');
-  let g: FileGrant;
-  try {
-    g = JSON.parse(Buffer.from(payload, 'base64url').toString('utf8')) as FileGrant;
-  } catch {
-    throw new ApiError('forbidden', 'invalid file URL');
-  }
-  if (g.m !== method) throw new ApiError('forbidden', `this URL is for ${g.m === 'GET' ? 'downloading' : 'uploading'} (${g.m})`);
-  if (g.e * 1000 < Date.now()) throw new ApiError('forbidden', 'this file URL has expired');
-  return g;
-}
-
 /** The API's address as the caller reached it (PUBLIC_API_URL when set). */
 function publicBase(deps: ApiDeps, req: Request): string {
   if (deps.cfg.PUBLIC_API_URL) return deps.cfg.PUBLIC_API_URL.replace(/\/+$/, '');
@@ -96,16 +63,11 @@ function publicBase(deps: ApiDeps, req: Request): string {
   return `${proto === 'https' ? 'https' : 'http'}://${host}`;
 }
 
-/** Streams a file of the sandbox as the answer (Content-Length from the host; aborted with the client). */
-async function sendFile(host: HostClient, sandboxId: string, path: string, res: Response, opts: { attachment?: boolean } = {}): Promise<void> {
+/** Streams a file of the sandbox (opened by `open`, aborted with the client) as the answer, with Content-Length from the host. */
+async function sendFile(res: Response, open: (signal: AbortSignal) => Promise<{ upstream: IncomingMessage; path: string }>, opts: { attachment?: boolean } = {}): Promise<void> {
   const ac = new AbortController();
   res.on('close', () => ac.abort());
-  let upstream: import('node:http').IncomingMessage;
-  try {
-    upstream = await host.openFileStream(sandboxId, path, { signal: ac.signal });
-  } catch (err) {
-    throw fromHostError(err, `file ${path}`);
-  }
+  const { upstream, path } = await open(ac.signal);
   res.status(200);
   res.setHeader('content-type', 'application/octet-stream');
   if (upstream.headers['content-length']) res.setHeader('content-length', upstream.headers['content-length']);
@@ -116,62 +78,13 @@ async function sendFile(host: HostClient, sandboxId: string, path: string, res: 
   });
 }
 
-/** Streams the request body into a file of the sandbox. */
-async function receiveFile(host: HostClient, sandboxId: string, path: string, req: Request, mode?: number): Promise<{ path: string; size: number }> {
-  try {
-    return await host.uploadFile(sandboxId, path, req, { mode });
-  } catch (err) {
-    throw fromHostError(err, `file ${path}`);
-  }
-}
-
-/** The host of a sandbox named by a signed grant (404 when it is gone or changed hands). */
-async function grantHost(deps: ApiDeps, g: FileGrant): Promise<HostClient> {
-  const doc = await findOrgSandbox(deps.store, g.o, g.s);
-  if (!doc) throw notFound(`sandbox ${g.s}`);
-  return deps.hosts.get(doc.hostId);
-}
-
-/**
- * The client's async wake (`X-OSB-Async-Wake: 1`, sent by its Filesystem): a call on a hibernated
- * sandbox starts waking it and is answered 503 `{ waking: true }`, which the client retries until
- * the sandbox is up. Without the header the call gets the 409 (hibernated; wake it first).
- */
-async function orWake<T>(deps: ApiDeps, req: Request, orgId: string, sandboxId: string, fn: () => Promise<T>): Promise<T> {
-  try {
-    return await fn();
-  } catch (err) {
-    const e = err as { status?: number; message?: string };
-    if (e.status === 409 && /hibernated/.test(e.message ?? '') && req.header('x-osb-async-wake') === '1') {
-      const doc = await findOrgSandbox(deps.store, orgId, sandboxId);
-      if (doc?.status === 'hibernated') wakeInBackground(deps, doc);
-      throw new WakingError(sandboxId);
-    }
-    throw err;
-  }
-}
-
-/** 503 with `waking: true` next to the error body (what the client's retry loop looks for). */
-class WakingError extends ApiError {
-  constructor(sandboxId: string) {
-    super('unavailable', `sandbox ${sandboxId} is waking; retry`);
-  }
-  override toBody(): ReturnType<ApiError['toBody']> & { waking: true } {
-    return { ...super.toBody(), waking: true };
-  }
-}
+/** Whether the client asked for the async wake (X-OSB-Async-Wake: 1, see services/files.ts). */
+const asyncWake = (req: Request): boolean => req.header('x-osb-async-wake') === '1';
 
 /** /api/sandboxes/:id/files…: the sandbox's filesystem. */
 export function registerFileRoutes(t: RouteTable, deps: ApiDeps): void {
   const tag = 'files';
-  const hostOf = (orgId: string, id: string) => sandboxHost(deps, orgId, id);
-  const call = async <T>(what: string, fn: () => Promise<T>): Promise<T> => {
-    try {
-      return await fn();
-    } catch (err) {
-      throw fromHostError(err, what);
-    }
-  };
+  const files = sandboxServicesOf(deps).files;
 
   t.add({
     method: 'get',
@@ -183,8 +96,7 @@ export function registerFileRoutes(t: RouteTable, deps: ApiDeps): void {
     responses: { 200: { description: 'The file', schema: z.string().openapi({ format: 'binary' }), contentType: 'application/octet-stream' } },
     errors: [409, 502, 503],
     handler: async ({ params, query, org, req, res }) => {
-      const host = await hostOf(org.id, params.id);
-      await orWake(deps, req, org.id, params.id, () => sendFile(host, params.id, query.path, res));
+      await sendFile(res, async (signal) => ({ upstream: await files.download(org.id, params.id, query.path, signal, asyncWake(req)), path: query.path }));
     },
   });
 
@@ -199,8 +111,7 @@ export function registerFileRoutes(t: RouteTable, deps: ApiDeps): void {
     responses: { 200: { description: 'Written', schema: z.object({ path: z.string(), size: z.number().int() }) } },
     errors: [409, 502, 503],
     handler: async ({ params, query, org, req, res }) => {
-      const host = await hostOf(org.id, params.id);
-      res.json(await orWake(deps, req, org.id, params.id, () => receiveFile(host, params.id, query.path, req, query.mode ? parseInt(query.mode, 8) : undefined)));
+      res.json(await files.upload(org.id, params.id, query.path, req, query.mode ? parseInt(query.mode, 8) : undefined, asyncWake(req)));
     },
   });
 
@@ -214,8 +125,7 @@ export function registerFileRoutes(t: RouteTable, deps: ApiDeps): void {
     responses: { 200: { description: 'Removed', schema: z.object({ removed: z.literal(true), path: z.string() }) } },
     errors: [409, 502, 503],
     handler: async ({ params, query, org, req, res }) => {
-      const host = await hostOf(org.id, params.id);
-      await orWake(deps, req, org.id, params.id, () => call(`file ${query.path}`, () => host.removePath(params.id, query.path, { recursive: query.recursive })));
+      await files.remove(org.id, params.id, query.path, query.recursive, asyncWake(req));
       res.json({ removed: true, path: query.path });
     },
   });
@@ -230,8 +140,7 @@ export function registerFileRoutes(t: RouteTable, deps: ApiDeps): void {
     responses: { 200: { description: 'Its entries, by name', schema: z.array(FileEntry) } },
     errors: [409, 502, 503],
     handler: async ({ params, query, org, req, res }) => {
-      const host = await hostOf(org.id, params.id);
-      res.json(await orWake(deps, req, org.id, params.id, () => call(`directory ${query.path ?? '/'}`, () => host.listDir(params.id, query.path ?? '/'))));
+      res.json(await files.list(org.id, params.id, query.path, asyncWake(req)));
     },
   });
 
@@ -245,8 +154,7 @@ export function registerFileRoutes(t: RouteTable, deps: ApiDeps): void {
     responses: { 200: { description: 'The entry', schema: FileEntry } },
     errors: [409, 502, 503],
     handler: async ({ params, query, org, res }) => {
-      const host = await hostOf(org.id, params.id);
-      res.json(await call(`file ${query.path}`, () => host.statPath(params.id, query.path, { noFollow: query.noFollow })));
+      res.json(await files.stat(org.id, params.id, query.path, query.noFollow));
     },
   });
 
@@ -263,8 +171,7 @@ export function registerFileRoutes(t: RouteTable, deps: ApiDeps): void {
     handler: async ({ params, query, body, org, req, res }) => {
       const p = query.path ?? body?.path;
       if (!p) throw invalid('query.path: required (or body.path)');
-      const host = await hostOf(org.id, params.id);
-      res.json(await orWake(deps, req, org.id, params.id, () => call(`directory ${p}`, () => host.makeDir(params.id, p))));
+      res.json(await files.mkdir(org.id, params.id, p, asyncWake(req)));
     },
   });
 
@@ -278,8 +185,7 @@ export function registerFileRoutes(t: RouteTable, deps: ApiDeps): void {
     responses: { 200: { description: 'The entry at its new path', schema: FileEntry } },
     errors: [409, 502, 503],
     handler: async ({ params, body, org, res }) => {
-      const host = await hostOf(org.id, params.id);
-      res.json(await call(`file ${body.from}`, () => host.renamePath(params.id, body.from, body.to)));
+      res.json(await files.rename(org.id, params.id, body.from, body.to));
     },
   });
 
@@ -293,11 +199,8 @@ export function registerFileRoutes(t: RouteTable, deps: ApiDeps): void {
       body: SignedUrlBody,
       responses: { 200: { description: 'The signed URL', schema: SignedUrlView } },
       handler: async ({ params, body, org, req, res }) => {
-        const doc = await findOrgSandbox(deps.store, org.id, params.id);
-        if (!doc) throw notFound(`sandbox ${params.id}`);
-        const e = Math.floor(Date.now() / 1000) + body.expiresIn;
-        const token = signGrant(deps, { o: org.id, s: params.id, p: body.path, m: method, e });
-        res.json({ url: `${publicBase(deps, req)}/api/files/${token}`, expiresAt: new Date(e * 1000).toISOString() });
+        const { token, expiresAt } = await files.signUrl(org.id, params.id, body.path, method, body.expiresIn);
+        res.json({ url: `${publicBase(deps, req)}/api/files/${token}`, expiresAt: expiresAt.toISOString() });
       },
     });
   }
@@ -312,8 +215,7 @@ export function registerFileRoutes(t: RouteTable, deps: ApiDeps): void {
     params: TokenParams,
     responses: { 200: { description: 'The file' } },
     handler: async ({ params, res }) => {
-      const g = openGrant(deps, params.token, 'GET');
-      await sendFile(await grantHost(deps, g), g.s, g.p, res, { attachment: true });
+      await sendFile(res, (signal) => files.downloadByToken(params.token, signal), { attachment: true });
     },
   });
   t.add({
@@ -326,8 +228,7 @@ export function registerFileRoutes(t: RouteTable, deps: ApiDeps): void {
     rawBody: { contentType: 'application/octet-stream', description: 'The file content' },
     responses: { 200: { description: 'Written' } },
     handler: async ({ params, req, res }) => {
-      const g = openGrant(deps, params.token, 'PUT');
-      res.json(await receiveFile(await grantHost(deps, g), g.s, g.p, req));
+      res.json(await files.uploadByToken(params.token, req));
     },
   });
 }

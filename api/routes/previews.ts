@@ -1,15 +1,10 @@
-import { randomBytes } from 'node:crypto';
 import { z } from 'zod';
 import type { ApiDeps } from '../deps';
 import type { RouteTable } from '../http';
 import '../http';
-import { ApiError, conflict, invalid, notFound } from '../../lib/errors';
-import { hashSecret, randomId } from '../../lib/ids';
-import { isDuplicateKey } from '../../store';
-import { listSandboxPreviews, previewsOf, type PreviewDoc } from '../../store/previews';
-import { previewProxyOf, hostnameOf } from '../preview-proxy';
-export { deleteSandboxPreviews } from '../preview-proxy';
-import { getOrgSandbox, SandboxParams } from './sandboxes';
+import type { PreviewDoc } from '../../services/previews';
+import { sandboxServicesOf } from '../../services/sandbox-services';
+import { SandboxParams } from '../sandbox-schemas';
 
 const Port = z.coerce.number().int('must be an integer').min(1, 'must be 1 to 65535').max(65535, 'must be 1 to 65535');
 const DomainName = z
@@ -65,7 +60,7 @@ function previewView(deps: ApiDeps, p: PreviewDoc, token?: string): z.infer<type
 
 /** /api/sandboxes/:id/preview: expose a sandbox port at a hostname (served by the preview proxy). */
 export function registerPreviewRoutes(t: RouteTable, deps: ApiDeps): void {
-  const proxy = previewProxyOf(deps);
+  const { previews, sandboxes } = sandboxServicesOf(deps);
 
   t.add({
     method: 'post',
@@ -77,43 +72,7 @@ export function registerPreviewRoutes(t: RouteTable, deps: ApiDeps): void {
     responses: { 201: { description: 'The preview URL (with the bearer token, once)', schema: Preview } },
     errors: [409, 502],
     handler: async ({ params, body, org, res }) => {
-      const sandbox = await getOrgSandbox(deps, org.id, params.id);
-      if (sandbox.status !== 'running') throw conflict(`sandbox ${sandbox._id} is ${sandbox.status}`);
-      if (body.authConfig?.token && !body.authConfig.type) throw invalid('body.authConfig.type: must be "bearer" when a token is given');
-      const bearer = body.authConfig?.type === 'bearer';
-      const token = bearer ? (body.authConfig?.token ?? `pvt_${randomBytes(32).toString('base64url')}`) : undefined;
-      const base = body.domain ?? deps.cfg.PREVIEW_DOMAIN;
-      const hostname = `${sandbox._id}-p${body.port}.${base}`;
-      const doc: PreviewDoc = {
-        _id: hostnameOf(hostname),
-        id: `pv-${randomId()}`,
-        orgId: org.id,
-        sandboxId: sandbox._id,
-        hostId: sandbox.hostId,
-        port: body.port,
-        domain: body.domain ?? null,
-        hostname,
-        auth: token ? { type: 'bearer', tokenHash: hashSecret(token) } : null,
-        createdAt: new Date(),
-      };
-      // The port becomes reachable only now: open its forwarder first, so a failure leaves no record.
-      const host = await deps.hosts.get(sandbox.hostId);
-      let forward: { socketPath: string; machine?: string };
-      try {
-        forward = await host.portForward(sandbox._id, body.port);
-      } catch (err) {
-        const e = err as { type?: string; message?: string };
-        if (e.type === 'not_found' || e.type === 'conflict') throw conflict(`sandbox ${sandbox._id} is not running`);
-        throw new ApiError('bad_gateway', `could not open the port on the sandbox host: ${e.message ?? String(err)}`);
-      }
-      try {
-        await previewsOf(deps.store).insertOne(doc);
-      } catch (err) {
-        if (isDuplicateKey(err)) throw conflict(`port ${body.port} already has a preview at ${hostname}; delete it first`);
-        throw err;
-      }
-      proxy.rememberSocket(sandbox._id, body.port, forward.socketPath, forward.machine, host);
-      proxy.invalidate(doc._id);
+      const { doc, token } = await previews.create(await sandboxes.get(org.id, params.id), body);
       res.status(201).json(previewView(deps, doc, token));
     },
   });
@@ -126,8 +85,7 @@ export function registerPreviewRoutes(t: RouteTable, deps: ApiDeps): void {
     params: SandboxParams,
     responses: { 200: { description: 'The preview URLs', schema: z.array(Preview) } },
     handler: async ({ params, org, res }) => {
-      const sandbox = await getOrgSandbox(deps, org.id, params.id);
-      res.json((await listSandboxPreviews(deps.store, sandbox._id)).map((p) => previewView(deps, p)));
+      res.json((await previews.list(await sandboxes.get(org.id, params.id))).map((p) => previewView(deps, p)));
     },
   });
 
@@ -139,21 +97,7 @@ export function registerPreviewRoutes(t: RouteTable, deps: ApiDeps): void {
     params: SandboxParams.extend({ port: Port }),
     responses: { 204: { description: 'Deleted' } },
     handler: async ({ params, org, res }) => {
-      const sandbox = await getOrgSandbox(deps, org.id, params.id);
-      const docs = (await listSandboxPreviews(deps.store, sandbox._id)).filter((p) => p.port === params.port);
-      if (docs.length === 0) throw notFound(`preview of port ${params.port} on sandbox ${sandbox._id}`);
-      for (const d of docs) {
-        await previewsOf(deps.store).deleteOne({ _id: d._id });
-        proxy.invalidate(d._id);
-      }
-      proxy.forgetSocket(sandbox._id, params.port);
-      // Close the port's forwarder so nothing reaches it any more; the sandbox may already be gone.
-      if (sandbox.status === 'running') {
-        await deps.hosts
-          .get(sandbox.hostId)
-          .then((h) => h.closePortForward(sandbox._id, params.port))
-          .catch((err: Error) => deps.logger.warn({ err, sandboxId: sandbox._id }, 'could not close the forwarded port'));
-      }
+      await previews.removePort(await sandboxes.get(org.id, params.id), params.port);
       res.status(204).end();
     },
   });

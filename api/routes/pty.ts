@@ -6,26 +6,19 @@ import type { Authenticator } from '../auth';
 import type { ApiDeps } from '../deps';
 import type { RouteTable } from '../http';
 import { parseOrThrow } from '../http';
-import { ApiError, notFound } from '../../lib/errors';
-import type { Store } from '../../store';
-import { closeWith, fromHostError, sandboxHost } from './exec';
-import { SandboxParams } from './sandboxes';
+import { ApiError } from '../../lib/errors';
+import { fromHostError } from '../../services/host-errors';
+import { sandboxServicesOf } from '../../services/sandbox-services';
+import { SandboxParams } from '../sandbox-schemas';
+import { closeWith } from '../ws';
 
 /*
  * Terminals (the OpenComputer client's `sandbox.pty`): POST starts a login shell on a pseudo-terminal
  * of the sandbox (kept by its host, see sandbox/host/pty.ts); the WebSocket at
  * /api/sandboxes/{id}/pty/{sessionID} relays keystrokes (and `{"type":"resize","cols","rows"}` text
- * frames) to it and its output (binary frames) back. Recorded in MongoDB (`pty_sessions`, by `_id`)
- * so that any API process can attach a client.
+ * frames) to it and its output (binary frames) back. Recorded in MongoDB (services/pty.ts) so that
+ * any API process can attach a client.
  */
-
-interface PtyDoc {
-  _id: string;
-  orgId: string;
-  sandboxId: string;
-  createdAt: Date;
-}
-const ptySessionsOf = (store: Store) => store.db.collection<PtyDoc>('pty_sessions');
 
 const PtySessionParams = SandboxParams.extend({ sessionID: z.string().regex(/^pty-[a-z0-9]{1,64}$/, 'must be a terminal id (pty-…)') });
 
@@ -54,14 +47,7 @@ export function registerPtyRoutes(t: RouteTable, deps: ApiDeps): void {
     responses: { 201: { description: 'The terminal', schema: PtyView } },
     errors: [409, 502, 503],
     handler: async ({ params, body, org, res }) => {
-      const host = await sandboxHost(deps, org.id, params.id);
-      let info;
-      try {
-        info = await host.createPty(params.id, body);
-      } catch (err) {
-        throw fromHostError(err, `sandbox ${params.id}`);
-      }
-      await ptySessionsOf(deps.store).insertOne({ _id: info.sessionID, orgId: org.id, sandboxId: params.id, createdAt: new Date() });
+      const info = await sandboxServicesOf(deps).pty.start(org.id, params.id, body);
       res.status(201).json({ sessionID: info.sessionID, sandboxID: params.id, cols: info.cols, rows: info.rows, running: info.running, startedAt: info.startedAt });
     },
   });
@@ -71,6 +57,7 @@ export function registerPtyRoutes(t: RouteTable, deps: ApiDeps): void {
 export function registerPtySocket(app: express.Express, deps: ApiDeps, auth: Authenticator): void {
   const wsApp = app as express.Express & { ws?: (path: string, h: (ws: WebSocket, req: Request) => void) => void };
   if (typeof wsApp.ws !== 'function') return;
+  const pty = sandboxServicesOf(deps).pty;
   wsApp.ws('/api/sandboxes/:id/pty/:sessionID', (client, req) => {
     // What the client types before the relay is up is kept, in order.
     const early: [Buffer, boolean][] = [];
@@ -80,9 +67,7 @@ export function registerPtySocket(app: express.Express, deps: ApiDeps, auth: Aut
       try {
         const org = await auth.authenticate(req);
         const params = parseOrThrow(PtySessionParams, req.params, 'path');
-        const doc = await ptySessionsOf(deps.store).findOne({ _id: params.sessionID });
-        if (!doc || doc.orgId !== org.id || doc.sandboxId !== params.id) throw notFound(`terminal ${params.sessionID}`);
-        const host = await sandboxHost(deps, org.id, params.id);
+        const host = await pty.hostOf(org.id, params.id, params.sessionID);
         const upstream = host.openPtySocket(params.id, params.sessionID);
         // Before the open: the host sends the recent output at once, possibly in the same read as its 101.
         upstream.on('message', (data: Buffer) => {

@@ -4,7 +4,6 @@ import '../http';
 import type { SecretStoreService } from '../../services/secret-stores';
 import { secretEntryView as entryView, secretStoreView as storeView } from '../../services/views';
 
-export { assertStoreUnused, removeSecretStore } from '../../services/secret-stores'; // MERGE: re-export
 
 /** Store names: what agents' `secret_store` and sandboxes' `secretStore` hold. `ss-…` is kept for ids. */
 export const SecretStoreName = z

@@ -2,7 +2,8 @@ import { z } from 'zod';
 import type { ApiDeps } from '../deps';
 import type { RouteTable } from '../http';
 import { ApiError } from '../../lib/errors';
-import { getOrgSandbox, SandboxParams } from './sandboxes';
+import { sandboxServicesOf } from '../../services/sandbox-services';
+import { SandboxParams } from '../sandbox-schemas';
 
 /**
  * Calls of the OpenComputer client (@opencomputer/sdk 0.12.4) that concern sandboxes and that this
@@ -29,6 +30,7 @@ export const UNIMPLEMENTED: { method: 'get' | 'post' | 'put' | 'delete'; path: s
 
 /** Registers the 501 answers of UNIMPLEMENTED. */
 export function registerUnimplementedRoutes(t: RouteTable, deps: ApiDeps): void {
+  const sandboxes = sandboxServicesOf(deps).sandboxes;
   for (const u of UNIMPLEMENTED) {
     const onSandbox = u.path.includes(':id');
     t.add({
@@ -40,7 +42,7 @@ export function registerUnimplementedRoutes(t: RouteTable, deps: ApiDeps): void 
       params: onSandbox ? SandboxParams : u.path.includes(':name') ? z.object({ name: z.string().min(1).max(200) }) : undefined,
       responses: { 501: { description: 'Not implemented' } },
       handler: async ({ params, org }) => {
-        if (onSandbox) await getOrgSandbox(deps, org.id, (params as { id: string }).id);
+        if (onSandbox) await sandboxes.get(org.id, (params as { id: string }).id);
         throw new ApiError('not_implemented', `${u.call} is not implemented by this server: ${u.why}`);
       },
     });

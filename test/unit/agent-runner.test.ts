@@ -1,5 +1,5 @@
 import { sdkOptions, sessionIdOf } from '../../sandbox/runners/agent';
-import { parseRunnerSetting } from '../../api/routes/sandbox-agents';
+import { parseRunnerSetting } from '../../services/agent-sessions';
 
 describe('the Claude Agent SDK runner', () => {
   it('passes the session options, the sandbox environment and resume to query()', () => {

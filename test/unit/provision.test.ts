@@ -4,7 +4,8 @@
  */
 import pino from 'pino';
 import type { ApiDeps } from '../../api/deps';
-import { CreateSandboxBody, provisionSandbox } from '../../api/routes/sandboxes';
+import { CreateSandboxBody } from '../../api/sandbox-schemas';
+import { provisionSandbox } from '../../services/sandboxes';
 import { loadLimits } from '../../config/limits';
 import { ApiError } from '../../lib/errors';
 import { HostError } from '../../sandbox/host-contract/client';

@@ -1,13 +1,12 @@
 import { ApiError } from '../lib/errors';
-import { storageUsage, type StorageUsage } from '../store/usage';
-import type { ApiDeps } from './deps';
+import { orgStorageQuotaMB, storageUsage, type StorageUsage } from '../store/usage';
+import type { SandboxDeps } from './sandbox-deps';
 
 const MIB = 1024 * 1024;
 
 /** The organisation's storage quota in bytes (its settings.storageQuotaMB, else ORG_STORAGE_QUOTA_MB), or null when unlimited (0). */
-export async function storageQuotaOf(deps: ApiDeps, orgId: string): Promise<number | null> {
-  const org = await deps.store.orgs.findOne({ _id: orgId }, { projection: { settings: 1 } });
-  const mb = org?.settings?.storageQuotaMB ?? deps.cfg.ORG_STORAGE_QUOTA_MB;
+export async function storageQuotaOf(deps: Pick<SandboxDeps, 'store' | 'cfg'>, orgId: string): Promise<number | null> {
+  const mb = (await orgStorageQuotaMB(deps.store, orgId)) ?? deps.cfg.ORG_STORAGE_QUOTA_MB;
   return mb > 0 ? mb * MIB : null;
 }
 
@@ -26,7 +25,7 @@ export function quotaExceeded(usedBytes: number, quota: number): ApiError {
  * its whole quota. A size is known only once a capture ends, so the capture that crosses the quota
  * is kept and the next one refused (see also assertRoomAfterCapture).
  */
-export async function assertStorageRoom(deps: ApiDeps, orgId: string): Promise<void> {
+export async function assertStorageRoom(deps: Pick<SandboxDeps, 'store' | 'cfg'>, orgId: string): Promise<void> {
   const quota = await storageQuotaOf(deps, orgId);
   if (quota === null) return;
   const { usedBytes } = await storageUsage(deps.store, orgId);
@@ -38,7 +37,7 @@ export async function assertStorageRoom(deps: ApiDeps, orgId: string): Promise<v
  * checkpoints have used the quota up meanwhile (captures that ran at the same time). The caller
  * deletes what it captured.
  */
-export async function assertRoomAfterCapture(deps: ApiDeps, orgId: string, checkpointId: string): Promise<void> {
+export async function assertRoomAfterCapture(deps: Pick<SandboxDeps, 'store' | 'cfg'>, orgId: string, checkpointId: string): Promise<void> {
   const quota = await storageQuotaOf(deps, orgId);
   if (quota === null) return;
   const { usedBytes } = await storageUsage(deps.store, orgId, checkpointId);
@@ -46,7 +45,7 @@ export async function assertRoomAfterCapture(deps: ApiDeps, orgId: string, check
 }
 
 /** What GET /api/usage shows. */
-export async function usageOf(deps: ApiDeps, orgId: string): Promise<StorageUsage & { quotaBytes: number | null }> {
+export async function usageOf(deps: Pick<SandboxDeps, 'store' | 'cfg'>, orgId: string): Promise<StorageUsage & { quotaBytes: number | null }> {
   const [usage, quotaBytes] = await Promise.all([storageUsage(deps.store, orgId), storageQuotaOf(deps, orgId)]);
   return { ...usage, quotaBytes };
 }

@@ -8,11 +8,11 @@
  */
 import { createHash } from 'node:crypto';
 import path from 'node:path';
-import type { ApiDeps } from './deps';
+import type { SandboxDeps } from './sandbox-deps';
 import { randomId } from '../lib/ids';
 import { decodeExecFrame, encodeStdinFrame, type HostClient } from '../sandbox';
 import type { ExecRequest } from '../sandbox';
-import { CheckpointDoc, checkpointsOf, ImageManifest, ImageStep, SnapshotDoc, snapshotsOf } from '../store/checkpoints';
+import { CheckpointDoc, ImageManifest, ImageStep, insertCheckpoint, SnapshotDoc, updateSnapshot } from '../store/checkpoints';
 import { assertRoomAfterCapture } from './storage-quota';
 
 /** A build that has not written its heartbeat for this long is considered dead. */
@@ -34,8 +34,7 @@ export class StepFailed extends Error {
  * Builds `snap` (status `building`) from `manifest`; resolves with the snapshot as stored once it is
  * `ready` or `failed` (never throws for a failed build: the reason is in `error`).
  */
-export async function buildSnapshot(deps: ApiDeps, snap: SnapshotDoc, manifest: ImageManifest, log: BuildLog): Promise<SnapshotDoc> {
-  const col = snapshotsOf(deps.store);
+export async function buildSnapshot(deps: SandboxDeps, snap: SnapshotDoc, manifest: ImageManifest, log: BuildLog): Promise<SnapshotDoc> {
   let sandboxId: string | null = null;
   let host: HostClient | null = null;
   let timer: NodeJS.Timeout | undefined;
@@ -50,9 +49,9 @@ export async function buildSnapshot(deps: ApiDeps, snap: SnapshotDoc, manifest: 
     const picked = await deps.hosts.pick();
     host = picked.client;
     sandboxId = `sb-b${snap._id.replace(/^snap-/, '')}`;
-    await col.updateOne({ _id: snap._id }, { $set: { build: { sandboxId, hostId: picked.hostId, heartbeatAt: new Date() } } });
+    await updateSnapshot(deps.store, snap._id, { build: { sandboxId, hostId: picked.hostId, heartbeatAt: new Date() } });
     timer = setInterval(() => {
-      beat = col.updateOne({ _id: snap._id }, { $set: { 'build.heartbeatAt': new Date() } }).catch(() => undefined);
+      beat = updateSnapshot(deps.store, snap._id, { 'build.heartbeatAt': new Date() }).catch(() => undefined);
     }, HEARTBEAT_MS);
     timer.unref();
     await host.createSandbox({
@@ -88,7 +87,7 @@ export async function buildSnapshot(deps: ApiDeps, snap: SnapshotDoc, manifest: 
       await host.deleteLayer(layer.layerId).catch(() => undefined);
       throw err;
     }
-    await checkpointsOf(deps.store).insertOne(cp);
+    await insertCheckpoint(deps.store, cp);
     await stopHeartbeat();
     const ready: Partial<SnapshotDoc> = {
       status: 'ready',
@@ -102,14 +101,14 @@ export async function buildSnapshot(deps: ApiDeps, snap: SnapshotDoc, manifest: 
       build: null,
       updatedAt: new Date(),
     };
-    await col.updateOne({ _id: snap._id }, { $set: ready });
+    await updateSnapshot(deps.store, snap._id, ready);
     log({ step: manifest.steps.length, type: 'checkpoint', message: `snapshot ready: ${cpId} sha256:${hash}` });
     return { ...snap, ...ready };
   } catch (err) {
     const message = err instanceof StepFailed ? err.message : `build failed: ${(err as Error).message ?? String(err)}`;
     const failed: Partial<SnapshotDoc> = { status: 'failed', error: message, build: null, updatedAt: new Date() };
     await stopHeartbeat();
-    await col.updateOne({ _id: snap._id }, { $set: failed }).catch(() => undefined);
+    await updateSnapshot(deps.store, snap._id, failed).catch(() => undefined);
     return { ...snap, ...failed };
   } finally {
     await stopHeartbeat();
@@ -123,12 +122,12 @@ export async function buildSnapshot(deps: ApiDeps, snap: SnapshotDoc, manifest: 
  * Marks a `building` snapshot whose build stopped heartbeating as failed and destroys its build
  * sandbox. Returns the snapshot as it now stands.
  */
-export async function reapStaleBuild(deps: ApiDeps, snap: SnapshotDoc): Promise<SnapshotDoc> {
+export async function reapStaleBuild(deps: SandboxDeps, snap: SnapshotDoc): Promise<SnapshotDoc> {
   if (snap.status !== 'building') return snap;
   const beat = snap.build?.heartbeatAt ?? snap.createdAt;
   if (Date.now() - beat.getTime() < BUILD_STALE_MS) return snap;
   const failed: Partial<SnapshotDoc> = { status: 'failed', error: 'build interrupted: the API process building it stopped', build: null, updatedAt: new Date() };
-  await snapshotsOf(deps.store).updateOne({ _id: snap._id }, { $set: failed });
+  await updateSnapshot(deps.store, snap._id, failed);
   if (snap.build) {
     const host = await deps.hosts.get(snap.build.hostId).catch(() => null);
     await host?.destroySandbox(snap.build.sandboxId).catch(() => undefined);

@@ -1,0 +1,267 @@
+import type { Socket } from 'node:net';
+import type express from 'express';
+import type { Request } from 'express';
+import { WebSocket } from 'ws';
+import { z } from 'zod';
+import type { Authenticator } from '../auth';
+import type { ApiDeps } from '../deps';
+import { parseOrThrow } from '../http';
+import { ApiError, notFound } from '../../lib/errors';
+import type { Logger } from '../../lib/logger';
+import type { HostClient } from '../../sandbox';
+import { writeRawFrame } from '../../sandbox';
+import type { ExecLive } from '../../services/exec-live';
+import { fromHostError } from '../../services/host-errors';
+import { sandboxServicesOf } from '../../services/sandbox-services';
+import { SandboxParams } from '../sandbox-schemas';
+import { closeWith, pauseSocket, resumeSocket } from '../ws';
+
+/* ------------------------------------------------------------------------------------------------
+ * WebSocket attach: /api/sandboxes/:id/exec/:sessionID (es-… or an agent session's as-…).
+ * The key comes in X-API-Key or ?api_key=. A refused socket gets one text frame
+ * {"error":{type,message}} and is closed with 1008 (policy violation); a bad client frame closes
+ * it with 1003; a host failure with 1011. A session with EXEC_ATTACHES_PER_SESSION clients refuses
+ * another with type rate_limited (429). A client that reads nothing is closed with 1008 and a reason
+ * once more than EXEC_WS_BACKLOG_MAX_BYTES wait for it, or once it has held its stream paused
+ * (backpressure) for EXEC_WS_STALL_SECONDS.
+ * --------------------------------------------------------------------------------------------- */
+
+const WsParams = SandboxParams.extend({
+  sessionID: z.string().regex(/^(es|as)-[a-z0-9]{1,64}$/, 'must be an exec or agent session id (es-… or as-…)'),
+});
+
+/** Bytes queued toward one side above which the relay stops reading the other side (until that side drains). */
+const RELAY_HIGH = 2 * 1024 * 1024;
+
+type EarlyFrame = [string | Buffer | ArrayBuffer | Buffer[], boolean | undefined];
+
+/**
+ * The first output frames wait until the client's connection is this old. The published
+ * OpenComputer client sets its message handler only once its `open` event has been handled (it
+ * awaits it), so frames that reach it in the same read as the 101 answer are dispatched before the
+ * handler exists and lost: the scrollback, its end marker, or a finished session's exit. Holding
+ * them briefly puts them in a later read. Costs at most this much on an attach.
+ */
+const FIRST_FRAME_HOLD_MS = 50;
+
+/**
+ * Relays a public client and the host's exec stream for the same session, with backpressure both
+ * ways: reading one side pauses while the other side has more than RELAY_HIGH bytes queued.
+ *
+ * Host → client: the host's frames (unmasked server frames, no extension) are valid as they are
+ * on the public socket, so each is written on it unchanged, as views of what was read from the
+ * host (no decoding, re-encoding or copy); only the exit frame's code is read, to record it. The
+ * frames go on the connection the client's WebSocket was upgraded on (`clientSocket`), whole frames
+ * at a time, so they never interleave with what the ws library writes there (pongs, close frames).
+ * Client → host: stdin frames are checked (binary, 0x00 first), then sent on, masked.
+ *
+ * A client that does not read is dropped (close 1008 with a reason): when more than
+ * EXEC_WS_BACKLOG_MAX_BYTES are queued toward it, or when the host stream has stayed paused for it
+ * EXEC_WS_STALL_SECONDS (else it would keep the command paused and its buffers held for ever).
+ */
+function relay(
+  deps: ApiDeps,
+  live: ExecLive,
+  client: WebSocket,
+  clientSocket: Socket,
+  host: HostClient,
+  target: { sandboxId: string; execId: string },
+  sessionID: string,
+  kind: 'exec' | 'agent',
+  early: EarlyFrame[],
+  log: Logger,
+  touch: () => void,
+  openedAt: number,
+): void {
+  const pending: Buffer[] = [];
+  const held: Parameters<typeof writeRawFrame>[1][] = [];
+  let afterHeld: (() => void) | undefined;
+  let opened = false;
+  let clientPausedByUs = false;
+  let upstreamPausedByUs = false;
+  let heldBytes = 0;
+  let stallTimer: NodeJS.Timeout | undefined;
+  let dropped = false;
+  const backlogMax = deps.cfg.EXEC_WS_BACKLOG_MAX_BYTES;
+  const stallMs = deps.cfg.EXEC_WS_STALL_SECONDS * 1000;
+
+  /** Closes a client that does not read (1008 and why) and leaves the host's stream. */
+  const drop = (why: string) => {
+    if (dropped) return;
+    dropped = true;
+    clearTimeout(stallTimer);
+    log.info({ sessionID, unsent: clientSocket.writableLength }, `exec relay: client dropped: ${why}`);
+    upstream.close(1000, 'client left');
+    if (client.readyState === WebSocket.OPEN) client.close(1008, `client not reading: ${why}`.slice(0, 120));
+    // Its close frame waits behind what it did not read; ws drops the connection if it never answers.
+  };
+  /** Stops reading the host while the client has too much queued; drops the client if that lasts. */
+  const pauseUpstreamFor = () => {
+    if (upstreamPausedByUs) return;
+    upstreamPausedByUs = true;
+    upstream.pause();
+    clientSocket.once('drain', resumeUpstream);
+    stallTimer = setTimeout(() => drop(`its stream stayed paused ${deps.cfg.EXEC_WS_STALL_SECONDS} s (EXEC_WS_STALL_SECONDS)`), stallMs);
+  };
+
+  const resumeClient = () => {
+    if (!clientPausedByUs) return;
+    clientPausedByUs = false;
+    resumeSocket(client);
+  };
+  const resumeUpstream = () => {
+    clearTimeout(stallTimer);
+    if (!upstreamPausedByUs || dropped) return;
+    upstreamPausedByUs = false;
+    upstream.resume();
+  };
+
+  const upstream = host.openExecStream(target.sandboxId, target.execId, {
+    onOpen: () => {
+      opened = true;
+      for (const b of pending.splice(0)) upstream.send(b);
+      // The client may have been paused while its frames waited for the host.
+      if (!clientPausedByUs) watchUpstreamQueue();
+      else if (upstream.bufferedAmount > RELAY_HIGH) upstream.onDrain(resumeClient);
+      else resumeClient();
+    },
+    onFrame: (f) => {
+      if (client.readyState !== WebSocket.OPEN) return;
+      touch();
+      if (f.first === 0x03 && f.payload && f.payload.length >= 5) void live.recordExit(kind, sessionID, f.payload.readInt32BE(1), new Date());
+      // Held until the client's connection is FIRST_FRAME_HOLD_MS old (see there), in order.
+      const wait = openedAt + FIRST_FRAME_HOLD_MS - Date.now();
+      if (held.length || wait > 0) {
+        held.push(f.raw);
+        heldBytes += f.length;
+        // Do not read the host faster than frames can be held.
+        if (heldBytes > RELAY_HIGH && !upstreamPausedByUs) {
+          upstreamPausedByUs = true;
+          upstream.pause();
+        }
+        if (held.length === 1) {
+          setTimeout(() => {
+            for (const raw of held.splice(0)) if (client.readyState === WebSocket.OPEN) writeRawFrame(clientSocket, raw);
+            heldBytes = 0;
+            if (upstreamPausedByUs && !dropped) {
+              upstreamPausedByUs = false;
+              if (clientSocket.writableLength > RELAY_HIGH) pauseUpstreamFor();
+              else upstream.resume();
+            }
+            // A close that came while frames were held goes after them.
+            afterHeld?.();
+            afterHeld = undefined;
+          }, Math.max(0, wait));
+        }
+        return;
+      }
+      writeRawFrame(clientSocket, f.raw);
+      if (clientSocket.writableLength > backlogMax) drop(`more than ${backlogMax} bytes unsent (EXEC_WS_BACKLOG_MAX_BYTES)`);
+      else if (clientSocket.writableLength > RELAY_HIGH) pauseUpstreamFor();
+    },
+    onClose: (code, reason) => {
+      if (held.length) {
+        afterHeld = () => upstreamClosed(code, reason);
+        return;
+      }
+      upstreamClosed(code, reason);
+    },
+    onError: (err) => {
+      log.warn({ err: err.message, sessionID }, 'exec relay: host socket failed');
+      if (client.readyState !== WebSocket.OPEN) return;
+      if (err.status === 404) closeWith(client, 1011, 'not_found', 'the exec session is no longer on its sandbox host');
+      else if (err.status === 429) {
+        closeWith(client, 1008, 'rate_limited', 'the exec session has as many attached clients as its host allows (EXEC_ATTACHES_PER_SESSION); detach one first');
+      }
+      else closeWith(client, 1011, 'bad_gateway', 'the sandbox host is unreachable');
+    },
+  });
+  /** The host's end closed: the client's closes the same way (after any held frames). */
+  function upstreamClosed(code: number, reason: string): void {
+    if (client.readyState !== WebSocket.OPEN) return;
+    if (code === 1000) client.close(1000, reason.slice(0, 120));
+    // 1006: the host's end vanished without a close frame, as when the host process dies; its exec
+    // sessions lived in its memory, so a restarted host does not have them.
+    else if (code === 1006) closeWith(client, 1011, 'bad_gateway', 'the connection to the sandbox host dropped (a host that restarts loses its exec sessions)');
+    else closeWith(client, 1011, 'bad_gateway', `the sandbox host closed the stream (${code})`);
+  }
+
+  /** Stops reading the client while too much is queued toward the host, until that is written. */
+  const watchUpstreamQueue = () => {
+    if (clientPausedByUs || upstream.bufferedAmount <= RELAY_HIGH) return;
+    clientPausedByUs = true;
+    pauseSocket(client);
+    upstream.onDrain(resumeClient);
+  };
+  const toUpstream = (data: Buffer) => {
+    upstream.send(data);
+    watchUpstreamQueue();
+  };
+
+  const onMessage = (data: string | Buffer | ArrayBuffer | Buffer[], binaryFlag?: boolean) => {
+    const isBinary = typeof binaryFlag === 'boolean' ? binaryFlag : typeof data !== 'string';
+    const buf = Buffer.isBuffer(data) ? data : Array.isArray(data) ? Buffer.concat(data) : typeof data === 'string' ? Buffer.from(data) : Buffer.from(data);
+    if (!isBinary || buf.length === 0 || buf[0] !== 0x00) {
+      const why = !isBinary ? 'text frames are not accepted' : buf.length === 0 ? 'empty frame' : `unknown stream 0x${buf[0]!.toString(16).padStart(2, '0')}`;
+      closeWith(client, 1003, 'invalid_request', `bad frame: ${why}; send binary frames 0x00 + stdin bytes`);
+      upstream.terminate();
+      return;
+    }
+    if (!opened) {
+      pending.push(buf);
+      if (!clientPausedByUs && pending.reduce((n, b) => n + b.length, 0) > RELAY_HIGH) {
+        clientPausedByUs = true;
+        pauseSocket(client);
+      }
+      return;
+    }
+    if (upstream.open) toUpstream(buf);
+  };
+  client.on('message', onMessage);
+  for (const [data, flag] of early) onMessage(data, flag);
+
+  const detach = () => {
+    clearTimeout(stallTimer);
+    upstream.close(1000, 'client left');
+  };
+  client.on('close', detach);
+  client.on('error', detach);
+}
+
+/**
+ * Registers the WebSocket route (an express-ws route on the app). No-op when the app has no
+ * WebSocket support (createApp without a server, in unit tests).
+ */
+export function registerExecSocket(app: express.Express, deps: ApiDeps, auth: Authenticator): void {
+  const wsApp = app as express.Express & { ws?: (path: string, h: (ws: WebSocket, req: Request) => void) => void };
+  if (typeof wsApp.ws !== 'function') return;
+  const log = deps.logger.child({ route: 'exec-ws' });
+  const live = sandboxServicesOf(deps).live;
+  wsApp.ws('/api/sandboxes/:id/exec/:sessionID', (ws, req) => {
+    // Keep what the client sends while we check (stdin may follow the open at once), and stop
+    // reading more until the relay is set up.
+    const openedAt = Date.now();
+    const early: EarlyFrame[] = [];
+    const keep = (data: EarlyFrame[0], flag?: boolean) => early.push([data, flag]);
+    ws.on('message', keep);
+    pauseSocket(ws);
+    void (async () => {
+      try {
+        const org = await auth.authenticate(req);
+        const params = parseOrThrow(WsParams, req.params, 'path');
+        const target = await live.attachTarget(params.sessionID);
+        if (!target || target.orgId !== org.id || target.sandboxId !== params.id) throw notFound(`exec session ${params.sessionID}`);
+        const host = await live.sandboxHost(org.id, params.id);
+        if (ws.readyState !== WebSocket.OPEN) return;
+        ws.off('message', keep);
+        // Streaming counts as use of the sandbox (written at most once a minute).
+        const touch = () => live.touch(params.id);
+        relay(deps, live, ws, req.socket, host, { sandboxId: params.id, execId: target.execId }, params.sessionID, target.kind, early, log, touch, openedAt);
+        resumeSocket(ws);
+      } catch (err) {
+        const e = err instanceof ApiError ? err : fromHostError(err, 'exec session');
+        closeWith(ws, e.status >= 500 ? 1011 : 1008, e.type, e.message);
+      }
+    })();
+  });
+}

@@ -1,0 +1,225 @@
+/**
+ * Checkpoints (a copy of a sandbox's writable layer), spawning and restoring from them, and their
+ * on_wake patches.
+ */
+import { ApiError, conflict, notFound } from '../lib/errors';
+import { randomId } from '../lib/ids';
+import {
+  CheckpointDoc,
+  checkpointStatus,
+  createPatch,
+  deleteCheckpointRecords,
+  deletePatch,
+  findCheckpoint,
+  findChildCheckpoint,
+  findOrgCheckpoint,
+  findPatch,
+  findSnapshotOfCheckpoint,
+  insertCheckpoint,
+  listPatches,
+  listSandboxCheckpoints,
+  PatchDoc,
+  updateCheckpoint,
+} from '../store/checkpoints';
+import { findSandboxOnCheckpoint, SandboxDoc, updateSandbox } from '../store/sandboxes';
+import type { SandboxDeps } from './sandbox-deps';
+import type { SandboxCreateRequest, SandboxService } from './sandboxes';
+import { assertRoomAfterCapture, assertStorageRoom } from './storage-quota';
+
+export { checkpointStatus, type CheckpointDoc, type PatchDoc };
+
+const READY_WAIT_MS = 120_000;
+
+/** The organisation's checkpoint, or 404. */
+export async function getOrgCheckpoint(deps: Pick<SandboxDeps, 'store'>, orgId: string, id: string): Promise<CheckpointDoc> {
+  const cp = await findOrgCheckpoint(deps.store, orgId, id);
+  if (!cp) throw notFound(`checkpoint ${id}`);
+  return cp;
+}
+
+/**
+ * The checkpoint once it is ready: a `processing` one (its copy is under way in another request) is
+ * waited for (bounded); a failed one is 409.
+ */
+export async function readyCheckpoint(deps: Pick<SandboxDeps, 'store'>, cp: CheckpointDoc): Promise<CheckpointDoc> {
+  const deadline = Date.now() + READY_WAIT_MS;
+  let cur = cp;
+  for (;;) {
+    const { status, error } = checkpointStatus(cur);
+    if (status === 'ready') return cur;
+    if (status === 'failed') throw conflict(`checkpoint ${cur._id} failed: ${error ?? 'unknown error'}`);
+    if (Date.now() > deadline) throw conflict(`checkpoint ${cur._id} is still processing`);
+    await new Promise((r) => setTimeout(r, 100));
+    const next = await findCheckpoint(deps.store, cur._id);
+    if (!next) throw notFound(`checkpoint ${cur._id}`);
+    cur = next;
+  }
+}
+
+/**
+ * Why a checkpoint cannot be deleted yet, or null: a snapshot uses it, a later checkpoint was
+ * taken over it, or a running sandbox stacks it. (List queries: this is not a hot path.)
+ */
+export async function checkpointInUse(deps: Pick<SandboxDeps, 'store'>, cp: CheckpointDoc, exceptSnapshot?: string): Promise<string | null> {
+  const [snap, child, sandbox] = await Promise.all([
+    findSnapshotOfCheckpoint(deps.store, cp.orgId, cp._id, exceptSnapshot),
+    findChildCheckpoint(deps.store, cp.orgId, cp.layerId),
+    findSandboxOnCheckpoint(deps.store, cp.orgId, cp._id),
+  ]);
+  if (snap) return `snapshot ${snap._id} uses it`;
+  if (child) return `checkpoint ${child._id} was taken over it`;
+  if (sandbox) return `sandbox ${sandbox._id} runs from it`;
+  return null;
+}
+
+/** Removes a checkpoint's record, patches and layer (the caller has checked it is unused). */
+export async function deleteCheckpoint(deps: Pick<SandboxDeps, 'store' | 'hosts' | 'logger'>, cp: CheckpointDoc): Promise<void> {
+  await deleteCheckpointRecords(deps.store, cp._id);
+  const host = await deps.hosts.get(cp.hostId).catch(() => null);
+  await host?.deleteLayer(cp.layerId).catch((err) => deps.logger.warn({ err: String(err), layerId: cp.layerId }, 'could not delete a layer'));
+}
+
+/** The checkpoint operations of the API, over the sandbox service (spawning provisions a sandbox). */
+export function createCheckpointService(deps: SandboxDeps, sandboxes: SandboxService) {
+  /** The organisation's checkpoint `id` of sandbox `sandboxId`, or 404. */
+  async function ofSandbox(orgId: string, sandboxId: string, id: string): Promise<CheckpointDoc> {
+    const cp = await getOrgCheckpoint(deps, orgId, id);
+    if (cp.sandboxId !== sandboxId) throw notFound(`checkpoint ${id} of sandbox ${sandboxId}`);
+    return cp;
+  }
+
+  return {
+    get: ofSandbox,
+
+    /** Captures a running sandbox's writable layer (copied while it is frozen) as a checkpoint; 507 over the storage quota. */
+    async capture(orgId: string, sandboxId: string, name?: string): Promise<CheckpointDoc> {
+      const sb = await sandboxes.get(orgId, sandboxId);
+      if (sb.status !== 'running') throw conflict(`sandbox ${sb._id} is ${sb.status}`);
+      await assertStorageRoom(deps, orgId);
+      const id = `cp-${randomId()}`;
+      const host = await deps.hosts.get(sb.hostId);
+      // Recorded as processing first: a list or spawn meanwhile sees it (and a spawn waits for it).
+      const doc: CheckpointDoc = {
+        _id: id,
+        orgId,
+        sandboxId: sb._id,
+        hostId: sb.hostId,
+        name: name || id,
+        layerId: id,
+        parents: [],
+        patchSeq: 0,
+        status: 'processing',
+        error: null,
+        sizeBytes: null,
+        createdAt: new Date(),
+      };
+      await insertCheckpoint(deps.store, doc);
+      let layer: { layerId: string; parents: string[]; sizeBytes?: number };
+      try {
+        layer = await host.createCheckpoint(sb._id, id);
+      } catch (err) {
+        const e = err as { type?: string; message?: string };
+        const message = e.message ?? String(err);
+        await updateCheckpoint(deps.store, id, { status: 'failed', error: message });
+        if (e.type === 'not_found' || e.type === 'conflict') throw conflict(`sandbox ${sb._id} cannot be checkpointed: ${message}`);
+        throw new ApiError('unavailable', `could not checkpoint the sandbox: ${message}`);
+      }
+      const done = { layerId: layer.layerId, parents: layer.parents, status: 'ready' as const, sizeBytes: layer.sizeBytes ?? null };
+      try {
+        await assertRoomAfterCapture(deps, orgId, id);
+        await updateCheckpoint(deps.store, id, done);
+      } catch (err) {
+        if (err instanceof ApiError) await updateCheckpoint(deps.store, id, { status: 'failed', error: err.message }).catch(() => undefined);
+        await host.deleteLayer(layer.layerId).catch(() => undefined);
+        throw err;
+      }
+      return Object.assign(doc, done);
+    },
+
+    /** A sandbox's checkpoints, oldest first. */
+    async list(orgId: string, sandboxId: string): Promise<CheckpointDoc[]> {
+      const sb = await sandboxes.get(orgId, sandboxId);
+      const docs = await listSandboxCheckpoints(deps.store, sb._id);
+      return docs.filter((d) => d.orgId === orgId);
+    },
+
+    /** Deletes a checkpoint, its layer and its patches; 409 while it is processing or in use. */
+    async remove(orgId: string, sandboxId: string, id: string): Promise<CheckpointDoc> {
+      const cp = await ofSandbox(orgId, sandboxId, id);
+      if (checkpointStatus(cp).status === 'processing') throw conflict(`checkpoint ${cp._id} is still processing`);
+      const why = await checkpointInUse(deps, cp);
+      if (why) throw conflict(`checkpoint ${cp._id} is in use: ${why}`);
+      await deleteCheckpoint(deps, cp);
+      return cp;
+    },
+
+    /** Puts a running sandbox's files back to a checkpoint in place (its patches first); answers the sandbox. */
+    async restore(orgId: string, sandboxId: string, id: string): Promise<SandboxDoc> {
+      const sb = await sandboxes.get(orgId, sandboxId);
+      if (sb.status !== 'running') throw conflict(`sandbox ${sb._id} is ${sb.status}; only a running sandbox can be restored`);
+      const cp = await readyCheckpoint(deps, await getOrgCheckpoint(deps, orgId, id));
+      // Taken on another host: its layer (and parents) are copied to the sandbox's host first.
+      if (cp.hostId !== sb.hostId) await deps.hosts.bringLayers(sb.hostId, cp.hostId, [cp.layerId]);
+      const patches = (await listPatches(deps.store, cp)).map((p) => ({ id: p._id, script: p.script }));
+      const host = await deps.hosts.get(sb.hostId);
+      try {
+        await host.restore(sb._id, cp.layerId, patches);
+      } catch (err) {
+        const e = err as { type?: string; message?: string };
+        if (e.type === 'patch_failed') {
+          // The host keeps it hibernated over the checkpoint: a wake retries the patches.
+          const now = new Date();
+          await updateSandbox(deps.store, sb._id, { status: 'hibernated', hibernation: { layerId: cp.layerId, at: now }, fromCheckpoint: cp._id, updatedAt: now });
+          throw conflict(`sandbox ${sb._id} was restored but a patch failed, so it is hibernated (wake retries): ${e.message}`);
+        }
+        if (e.type === 'conflict' || e.type === 'not_found') throw conflict(`sandbox ${sb._id} cannot be restored: ${e.message}`);
+        throw new ApiError('unavailable', `could not restore the sandbox: ${e.message ?? String(err)}`);
+      }
+      // It now stands on the checkpoint: that checkpoint cannot be deleted under it, and its patches run at each wake.
+      const now = new Date();
+      const set = { fromCheckpoint: cp._id, lastActiveAt: now, updatedAt: now };
+      await updateSandbox(deps.store, sb._id, set);
+      return { ...sb, ...set };
+    },
+
+    /** Spawns a sandbox from a checkpoint (copy-on-write over its layer; its patches run first). */
+    async spawn(orgId: string, id: string, body: SandboxCreateRequest): Promise<SandboxDoc> {
+      const cp = await readyCheckpoint(deps, await getOrgCheckpoint(deps, orgId, id));
+      const patches = await listPatches(deps.store, cp);
+      return sandboxes.provision(orgId, body, {
+        layers: [cp.layerId],
+        patches: patches.map((p) => ({ id: p._id, script: p.script })),
+        fromCheckpoint: cp._id,
+        hostId: cp.hostId,
+      });
+    },
+
+    /** Adds a patch with the next sequence number. */
+    async addPatch(orgId: string, id: string, patch: { script: string; description: string }): Promise<PatchDoc> {
+      const cp = await getOrgCheckpoint(deps, orgId, id);
+      try {
+        return await createPatch(deps.store, cp, patch);
+      } catch (err) {
+        if ((err as { code?: string }).code === 'not_found') throw notFound(`checkpoint ${cp._id}`);
+        throw err;
+      }
+    },
+
+    /** A checkpoint's patches in sequence order. */
+    async listPatches(orgId: string, id: string): Promise<PatchDoc[]> {
+      return listPatches(deps.store, await getOrgCheckpoint(deps, orgId, id));
+    },
+
+    /** Deletes a patch (its sequence number is not reused); answers it. */
+    async removePatch(orgId: string, id: string, patchId: string): Promise<PatchDoc> {
+      const cp = await getOrgCheckpoint(deps, orgId, id);
+      const patch = await findPatch(deps.store, patchId);
+      if (!patch || patch.checkpointId !== cp._id || patch.deleted) throw notFound(`patch ${patchId}`);
+      await deletePatch(deps.store, patch._id);
+      return patch;
+    },
+  };
+}
+
+/** The checkpoint operations (see createCheckpointService). */
+export type CheckpointService = ReturnType<typeof createCheckpointService>;

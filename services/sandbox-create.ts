@@ -1,0 +1,32 @@
+import { ApiError } from '../lib/errors';
+import type { ImageManifest } from '../store/checkpoints';
+import type { SandboxDoc } from '../store/sandboxes';
+import type { BuildLog } from './snapshot-builder';
+import { refuseUnsupported, type SandboxCreateRequest, type SandboxService } from './sandboxes';
+import { assertBuilderMemory, type SnapshotService } from './snapshots';
+import type { SandboxDeps } from './sandbox-deps';
+
+/** A create of POST /api/sandboxes: from the base image, a snapshot, or an image manifest. */
+export type SandboxCreate = SandboxCreateRequest & { snapshot?: string; image?: ImageManifest };
+
+/** Creating a sandbox from what the body names: the base image, a snapshot, or an image (built once and cached). */
+export function createSandboxCreator(deps: Pick<SandboxDeps, 'cfg'>, sandboxes: SandboxService, snapshots: SnapshotService) {
+  return {
+    /** What is refused before anything starts (400, 501): checked before an answer begins to stream. */
+    check(body: SandboxCreate): void {
+      if (body.templateID !== 'base') throw new ApiError('invalid_request', `body.templateID: unknown template ${body.templateID}; only "base" exists`);
+      if (body.image && body.snapshot) throw new ApiError('invalid_request', 'body: give at most one of image and snapshot');
+      refuseUnsupported(body);
+      if (body.image) assertBuilderMemory(deps, body.image);
+    },
+
+    /** Creates the sandbox; an image's build progress goes to `log`. Call check first. */
+    async create(orgId: string, body: SandboxCreate, log: BuildLog = () => undefined): Promise<SandboxDoc> {
+      if (body.image) {
+        const snap = await snapshots.imageSnapshot(orgId, body.image, log);
+        return sandboxes.provisionFromSnapshot(orgId, body, snap._id);
+      }
+      return body.snapshot ? sandboxes.provisionFromSnapshot(orgId, body, body.snapshot) : sandboxes.provision(orgId, body);
+    },
+  };
+}

@@ -1,0 +1,51 @@
+/**
+ * The sandbox-side services, built once per API process from its deps and wired to each other:
+ * sandboxes, checkpoints, snapshots, exec and agent sessions, files, terminals, previews.
+ * Routes (api/routes/*) and the preview proxy take theirs from here.
+ */
+import { createAgentSessionService } from './agent-sessions';
+import { createCheckpointService } from './checkpoints';
+import { createExecService } from './exec';
+import { createExecLive } from './exec-live';
+import { createFileService } from './files';
+import { PreviewService } from './previews';
+import { createPtyService } from './pty';
+import type { SandboxDeps } from './sandbox-deps';
+import { createSandboxCreator } from './sandbox-create';
+import { createSandboxService } from './sandboxes';
+import { createSnapshotService } from './snapshots';
+
+/** Builds the sandbox-side services over `deps`. */
+export function createSandboxServices(deps: SandboxDeps) {
+  const previews = new PreviewService(deps);
+  const sandboxes = createSandboxService(deps, previews);
+  const snapshots = createSnapshotService(deps);
+  const live = createExecLive(deps, sandboxes);
+  return {
+    sandboxes: { ...sandboxes, ...createSandboxCreator(deps, sandboxes, snapshots) },
+    checkpoints: createCheckpointService(deps, sandboxes),
+    snapshots,
+    previews,
+    live,
+    exec: createExecService(deps, live),
+    agents: createAgentSessionService(deps, live),
+    files: createFileService(deps, live, sandboxes),
+    pty: createPtyService(deps, live),
+  };
+}
+
+/** The sandbox-side services (see createSandboxServices). */
+export type SandboxServices = ReturnType<typeof createSandboxServices>;
+
+const built = new WeakMap<SandboxDeps, SandboxServices>();
+
+/**
+ * The services of an API process: built on first use and kept with its deps object, so the routes,
+ * the WebSocket routes and the preview proxy (api/server.ts) share one set (one preview cache, one
+ * exec registry).
+ */
+export function sandboxServicesOf(deps: SandboxDeps): SandboxServices {
+  let s = built.get(deps);
+  if (!s) built.set(deps, (s = createSandboxServices(deps)));
+  return s;
+}
