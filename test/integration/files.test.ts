@@ -9,7 +9,7 @@ import path from 'node:path';
 import { Readable } from 'node:stream';
 import { api, stackPid, T } from '../helpers/env';
 import { otherOrgKey } from '../helpers/checkpoints';
-import { newSandbox } from '../helpers/exec';
+import { newSandbox, sh } from '../helpers/sandboxes';
 import { runSdk } from '../helpers/sdk';
 
 let sb: string;
@@ -23,14 +23,6 @@ afterAll(async () => {
 });
 
 const q = (p: string) => encodeURIComponent(p);
-
-/** Runs a shell command in the sandbox and returns its stdout (fails the test on a non-zero exit). */
-async function sh(cmd: string): Promise<string> {
-  const r = await api('POST', `/api/sandboxes/${sb}/exec/run`, { body: { cmd: 'bash', args: ['-c', cmd] } });
-  expect(r.status).toBe(200);
-  if (r.body.exitCode !== 0) throw new Error(`${cmd}: exit ${r.body.exitCode}: ${r.body.stderr}`);
-  return r.body.stdout as string;
-}
 
 /** PUTs raw bytes as a file. */
 function put(p: string, body: string | Buffer, headers: Record<string, string> = {}): Promise<Response> {
@@ -111,7 +103,7 @@ describe('files over raw HTTP', () => {
     expect(json.bytes.toString()).toBe('{"not":"parsed"');
     expect(json.headers.get('content-length')).toBe('15');
     expect((await get('/workspace/a/empty')).bytes.length).toBe(0);
-    expect(await sh('cat /workspace/a/b/hello.txt; stat -c "%U %a" /workspace/a/b/hello.txt /workspace/a/b')).toBe('hello\nroot 644\nroot 755\n');
+    expect(await sh(sb, 'cat /workspace/a/b/hello.txt; stat -c "%U %a" /workspace/a/b/hello.txt /workspace/a/b')).toBe('hello\nroot 644\nroot 755\n');
 
     const list = await api('GET', `/api/sandboxes/${sb}/files/list?path=${q('/workspace/a')}`);
     expect(list.status).toBe(200);
@@ -131,7 +123,7 @@ describe('files over raw HTTP', () => {
 
     const st = await api('GET', `/api/sandboxes/${sb}/files/stat?path=${q('/workspace/a/b/hello.txt')}`);
     expect(st.body).toMatchObject({ type: 'file', size: 6 });
-    await sh('ln -s /workspace/a/b/hello.txt /workspace/link');
+    await sh(sb, 'ln -s /workspace/a/b/hello.txt /workspace/link');
     expect((await api('GET', `/api/sandboxes/${sb}/files/stat?path=${q('/workspace/link')}`)).body).toMatchObject({ type: 'file', path: '/workspace/a/b/hello.txt' });
     expect((await api('GET', `/api/sandboxes/${sb}/files/stat?path=${q('/workspace/link')}&noFollow=true`)).body).toMatchObject({
       type: 'symlink',
@@ -152,7 +144,7 @@ describe('files over raw HTTP', () => {
     expect((await api('DELETE', `/api/sandboxes/${sb}/files?path=${q('/workspace/link')}`)).status).toBe(200);
     expect((await api('DELETE', `/api/sandboxes/${sb}/files?path=${q('/workspace/x')}`)).status).toBe(200);
     expect((await api('DELETE', `/api/sandboxes/${sb}/files?path=${q('/workspace/a/empty')}`)).status).toBe(200);
-    expect(await sh('ls /workspace; ls /workspace/a; test -e /workspace/x || echo gone')).toBe('a\nmoved\nb\ndata.json\ngone\n');
+    expect(await sh(sb, 'ls /workspace; ls /workspace/a; test -e /workspace/x || echo gone')).toBe('a\nmoved\nb\ndata.json\ngone\n');
     const missing = await api('DELETE', `/api/sandboxes/${sb}/files?path=${q('/workspace/x')}`);
     expect(missing.status).toBe(404);
     expect(missing.body.error.type).toBe('not_found');
@@ -162,7 +154,7 @@ describe('files over raw HTTP', () => {
     const secret = path.join('/tmp', `sap-host-secret-${process.pid}`);
     fs.writeFileSync(secret, 'host secret');
     try {
-      await sh(`ln -sf ${secret} /workspace/to-host; ln -sf /proc/1/root/etc /workspace/to-proc; mkdir -p /workspace/d`);
+      await sh(sb, `ln -sf ${secret} /workspace/to-host; ln -sf /proc/1/root/etc /workspace/to-proc; mkdir -p /workspace/d`);
       const cases: [string, number][] = [
         ['/workspace/../etc/passwd', 400],
         ['workspace/relative', 400],
@@ -181,7 +173,7 @@ describe('files over raw HTTP', () => {
       // Writes through a link land inside the sandbox; the host file is untouched.
       expect((await put('/workspace/to-host', 'overwritten')).status).toBe(200);
       expect(fs.readFileSync(secret, 'utf8')).toBe('host secret');
-      expect(await sh(`cat ${secret}`)).toBe('overwritten');
+      expect(await sh(sb, `cat ${secret}`)).toBe('overwritten');
       expect((await put('/proc/sys/kernel/hostname', 'x')).status).toBe(400);
       expect((await put('/workspace/d', 'x')).status).toBe(400);
       expect((await api('DELETE', `/api/sandboxes/${sb}/files?path=/`)).status).toBe(400);
@@ -212,7 +204,7 @@ describe('files over raw HTTP', () => {
     expect(up.value.status).toBe(200);
     expect(JSON.parse(up.value.body)).toEqual({ path: '/workspace/big.bin', size: 100 * 1024 * 1024 });
     const want = src.sha256();
-    expect((await sh('sha256sum /workspace/big.bin')).split(' ')[0]).toBe(want);
+    expect((await sh(sb, 'sha256sum /workspace/big.bin')).split(' ')[0]).toBe(want);
 
     const down = await peakRise(pid, () =>
       new Promise<{ sha: string; size: number; length: string | undefined }>((resolve, reject) => {
@@ -234,7 +226,7 @@ describe('files over raw HTTP', () => {
     // on a loaded CI machine), so the bound sits well under the file's size, not near zero.
     expect(up.riseMb).toBeLessThan(64);
     expect(down.riseMb).toBeLessThan(64);
-    await sh('rm /workspace/big.bin');
+    await sh(sb, 'rm /workspace/big.bin');
   }, 120_000);
 
   it('hands out signed URLs that work without a key, for one file, one method, until they expire', async () => {
@@ -351,22 +343,22 @@ describe('files API under attack: descriptors, long paths, errno answers', () =>
 
     // 250 directories deep (under the limit of 256): walked with the parents closed on the way down.
     const deep = '/workspace/deep/' + Array.from({ length: 248 }, () => 'd').join('/');
-    await sh(`mkdir -p ${deep} && echo bottom > ${deep}/f`);
+    await sh(sb, `mkdir -p ${deep} && echo bottom > ${deep}/f`);
     const walked = await peakFdRise(host, () => Promise.all(Array.from({ length: 20 }, () => api('GET', `/api/sandboxes/${sb}/files/stat?path=${q(`${deep}/f`)}`))));
     for (const r of walked.value) expect({ status: r.status, size: r.body.size }).toEqual({ status: 200, size: 7 });
     // 20 walks of 250 directories held 5,000 before; now a few each (and sockets of the requests).
     expect(walked.rise).toBeLessThan(200);
     expect((await get(`${deep}/f`)).bytes.toString()).toBe('bottom\n');
     // A symlink that makes the resolved path deeper than the limit: 400, not a deeper walk.
-    await sh(`ln -s ${deep} ${deep}/again`);
+    await sh(sb, `ln -s ${deep} ${deep}/again`);
     const r = await api('GET', `/api/sandboxes/${sb}/files/stat?path=${q(`${deep}/again/d/d/d/d/d/d/d/d/d/d`)}`);
     expect(r.status).toBe(400);
-    await sh('rm -rf /workspace/deep');
+    await sh(sb, 'rm -rf /workspace/deep');
   }, 120_000);
 
   it('answers 400 without a host path to a component over 255 bytes, in the path or in a link target', async () => {
     const long = 'a'.repeat(300);
-    await sh(`mkdir -p /workspace/long && ln -sfn ${long} /workspace/long/link && ln -sfn ${long}/x /workspace/long/link2`);
+    await sh(sb, `mkdir -p /workspace/long && ln -sfn ${long} /workspace/long/link && ln -sfn ${long}/x /workspace/long/link2`);
     const calls: [string, string, object?][] = [
       ['GET', `/api/sandboxes/${sb}/files/stat?path=${q(`/workspace/${long}`)}`],
       ['GET', `/api/sandboxes/${sb}/files?path=${q(`/workspace/${long}/x`)}`],
@@ -384,11 +376,11 @@ describe('files API under attack: descriptors, long paths, errno answers', () =>
       expect({ url: url.slice(0, 80), status: r.status, type: r.body?.error?.type }).toEqual({ url: url.slice(0, 80), status: 400, type: 'invalid_request' });
       expect(namesHostPath(r.body.error.message)).toBe(false);
     }
-    await sh('rm -rf /workspace/long');
+    await sh(sb, 'rm -rf /workspace/long');
   });
 
   it('answers every errno the sandbox can provoke with a 4xx that names only the sandbox path', async () => {
-    await sh(
+    await sh(sb, 
       [
         'mkdir -p /workspace/e/dir/sub /workspace/e/full',
         'echo x > /workspace/e/file',
@@ -428,7 +420,7 @@ describe('files API under attack: descriptors, long paths, errno answers', () =>
       expect({ what, status: r.status >= 400 && r.status < 500, body: typeof r.body?.error?.message }).toEqual({ what, status: true, body: 'string' });
       expect({ what, hostPath: namesHostPath(r.body.error.message) }).toEqual({ what, hostPath: false });
     }
-    await sh('rm -rf /workspace/e');
+    await sh(sb, 'rm -rf /workspace/e');
   });
 });
 
