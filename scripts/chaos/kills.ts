@@ -111,7 +111,7 @@ export async function killLoop(kills: KillRecord[], deadHostPids: number[]): Pro
   while (order.length > 0) {
     // The next process that may be killed now; if none may yet, wait for the earliest.
     const now = Date.now();
-    let pick = order.findIndex((n) => now - (lastKill[n] ?? 0) >= SAME_PROCESS_SPACING_MS);
+    const pick = order.findIndex((n) => now - (lastKill[n] ?? 0) >= SAME_PROCESS_SPACING_MS);
     if (pick < 0) {
       await sleep(Math.min(...order.map((n) => SAME_PROCESS_SPACING_MS - (now - (lastKill[n] ?? 0)))));
       continue;
