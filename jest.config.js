@@ -6,5 +6,7 @@
  */
 module.exports = {
   projects: ['<rootDir>/jest.unit.config.js', '<rootDir>/jest.integration.config.js'],
+  // Per-run options (Jest reads them from this file only, not from a project's).
+  testTimeout: 60000,
   reporters: ['default', '<rootDir>/test/summary-reporter.js', '<rootDir>/test/exit-watchdog.js'],
 };

@@ -6,5 +6,4 @@ module.exports = {
   roots: ['<rootDir>/test/unit'],
   testMatch: ['**/*.test.ts'],
   transform: { '^.+\\.ts$': ['ts-jest', { tsconfig: 'tsconfig.test.json' }] },
-  testTimeout: 60000,
 };
