@@ -1,12 +1,12 @@
-/** Jest runs unit tests (test/unit) and integration tests (test/integration) against a real stack
- *  started once by test/global-setup.ts. */
+/**
+ * Jest runs two projects: unit (test/unit, no stack, seconds) and integration (test/integration,
+ * against a real stack started once by test/global-setup.ts, only when an integration file runs).
+ * `npm test` runs the unit project first, then the integration project --runInBand.
+ * `npx jest <files…>` runs the given files in whichever project holds them.
+ */
 module.exports = {
-  testEnvironment: 'node',
-  roots: ['<rootDir>/test'],
-  testMatch: ['**/*.test.ts'],
-  transform: { '^.+\\.ts$': ['ts-jest', { tsconfig: 'tsconfig.test.json' }] },
-  globalSetup: '<rootDir>/test/global-setup.ts',
-  globalTeardown: '<rootDir>/test/global-teardown.ts',
+  projects: ['<rootDir>/jest.unit.config.js', '<rootDir>/jest.integration.config.js'],
+  // Per-run options (Jest reads them from this file only, not from a project's).
   testTimeout: 60000,
   reporters: ['default', '<rootDir>/test/summary-reporter.js', '<rootDir>/test/exit-watchdog.js'],
 };

@@ -87,13 +87,6 @@ export async function attachReady(sandboxId: string, sessionId: string): Promise
   return a;
 }
 
-/** Creates a sandbox through the API and returns its id. */
-export async function newSandbox(body: Record<string, unknown> = {}): Promise<string> {
-  const r = await api('POST', '/api/sandboxes', { body });
-  if (r.status !== 201) throw new Error(`create sandbox: ${r.status} ${JSON.stringify(r.body)}`);
-  return r.body.sandboxID as string;
-}
-
 /** Starts an exec session and returns its object. */
 export async function startExec(sandboxId: string, body: Record<string, unknown>): Promise<{ sessionID: string; [k: string]: unknown }> {
   const r = await api('POST', `/api/sandboxes/${sandboxId}/exec`, { body });

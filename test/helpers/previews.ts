@@ -52,13 +52,6 @@ s.on('upgrade', (req, sock) => {
 s.listen(port, '127.0.0.1');
 `;
 
-/** A new sandbox through the API; returns its id. */
-export async function newSandbox(key?: string): Promise<string> {
-  const r = await api('POST', '/api/sandboxes', { body: {}, key });
-  if (r.status !== 201) throw new Error(`create sandbox: ${r.status} ${JSON.stringify(r.body)}`);
-  return r.body.sandboxID as string;
-}
-
 /** Starts SERVER_JS on `port` inside the sandbox (an exec session through the API). */
 export async function startServer(sandboxId: string, port: number): Promise<void> {
   const r = await api('POST', `/api/sandboxes/${sandboxId}/exec`, { body: { cmd: 'node', args: ['-e', SERVER_JS, String(port)] } });

@@ -11,6 +11,21 @@ export async function createAgent(entrypoint: string[], extra: Record<string, un
 /** A bash agent running `script`. */
 export const bashAgent = (script: string, extra: Record<string, unknown> = {}) => createAgent(['bash', '-c', script], extra);
 
+/**
+ * A `bashAgent` whose agents are deleted after the calling file's tests (it registers the afterAll);
+ * each id is also pushed on `ids` when given (a list the file adds other agents to).
+ */
+export function bashAgentsDeletedAfterAll(ids: string[] = []) {
+  afterAll(async () => {
+    for (const id of ids) await api('DELETE', `/v1/agents/${id}`).catch(() => undefined);
+  });
+  return async (script: string, extra: Record<string, unknown> = {}): Promise<string> => {
+    const id = await bashAgent(script, extra);
+    ids.push(id);
+    return id;
+  };
+}
+
 export async function startSession(agentId: string, body: Record<string, unknown> = {}, headers: Record<string, string> = {}) {
   const r = await api('POST', `/v1/agents/${agentId}/sessions`, { body, headers });
   if (r.status !== 201 && r.status !== 200) throw new Error(`create session: ${r.status} ${JSON.stringify(r.body)}`);

@@ -11,7 +11,8 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { api, eventually } from '../helpers/env';
-import { attachReady, newSandbox, type Attached } from '../helpers/exec';
+import { newSandbox, run } from '../helpers/sandboxes';
+import { attachReady, type Attached } from '../helpers/exec';
 import { runSdk } from '../helpers/sdk';
 import { TestHost } from '../helpers/test-host';
 
@@ -58,13 +59,10 @@ function toolResults(evs: Event[]): { content: unknown; is_error?: boolean }[] {
     .filter((b) => b.type === 'tool_result');
 }
 
-const countOf = (a: Attached, type: string) => events(a).filter((e) => e.type === type).length;
+/** `bash -c script` in the file's sandbox: { exitCode, stdout, stderr }. */
+const runSh = (script: string) => run(sb, script, { timeout: 30 });
 
-async function sh(script: string): Promise<{ exitCode: number; stdout: string; stderr: string }> {
-  const r = await api('POST', `/api/sandboxes/${sb}/exec/run`, { body: { cmd: 'sh', args: ['-c', script], timeout: 30 } });
-  if (r.status !== 200) throw new Error(`exec/run: ${r.status} ${JSON.stringify(r.body)}`);
-  return r.body;
-}
+const countOf = (a: Attached, type: string) => events(a).filter((e) => e.type === type).length;
 
 /** Starts an agent session with the default runner and attaches to it. */
 async function startAgent(body: Record<string, unknown>): Promise<{ id: string; a: Attached; t0: number }> {
@@ -196,7 +194,7 @@ describe('the default agent runner on the Claude Agent SDK', () => {
     } finally {
       await stopAgent(allowed.id, allowed.a);
     }
-    expect((await sh('cat /workspace/allowed.txt')).stdout).toBe('made\n');
+    expect((await runSh('cat /workspace/allowed.txt')).stdout).toBe('made\n');
 
     const refused = await startAgent({ prompt: ask('refused.txt'), allowedTools: ['Read'] });
     try {
@@ -211,7 +209,7 @@ describe('the default agent runner on the Claude Agent SDK', () => {
     } finally {
       await stopAgent(refused.id, refused.a);
     }
-    expect((await sh('test -e /workspace/refused.txt; echo $?')).stdout).toBe('1\n');
+    expect((await runSh('test -e /workspace/refused.txt; echo $?')).stdout).toBe('1\n');
   }, 240_000);
 
   it('starts through the published client and ends its turn with the answer', async () => {

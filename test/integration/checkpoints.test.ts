@@ -1,20 +1,21 @@
 import { api } from '../helpers/env';
 import { runSdk } from '../helpers/sdk';
-import { hostClient, newSandbox, otherOrgKey, sh } from '../helpers/checkpoints';
+import { hostClient, hostSh, newSandbox } from '../helpers/sandboxes';
+import { otherOrgKey } from '../helpers/checkpoints';
 
 jest.setTimeout(120_000);
 
 describe('checkpoints and patches', () => {
   it('spawns copy-on-write from a checkpoint: its files plus the patches in order; writes never reach the checkpoint', async () => {
     const a = await newSandbox();
-    await sh(a, 'mkdir -p /workspace/data && echo one > /workspace/data/a.txt && echo kept > /etc/from-checkpoint');
+    await hostSh(a, 'mkdir -p /workspace/data && echo one > /workspace/data/a.txt && echo kept > /etc/from-checkpoint');
     const cp = await api('POST', `/api/sandboxes/${a}/checkpoints`, { body: { name: 'first' } });
     expect(cp.status).toBe(201);
     expect(cp.body).toMatchObject({ sandboxId: a, name: 'first', status: 'ready' });
     const cpId = cp.body.id as string;
     expect(cpId).toMatch(/^cp-[a-z0-9]+$/);
     // Written after the checkpoint: not part of it.
-    await sh(a, 'echo later > /workspace/data/later.txt');
+    await hostSh(a, 'echo later > /workspace/data/later.txt');
 
     const p1 = await api('POST', `/api/sandboxes/checkpoints/${cpId}/patches`, { body: { script: 'echo p1 >> /workspace/order', description: 'first' } });
     expect(p1.status).toBe(201);
@@ -27,15 +28,15 @@ describe('checkpoints and patches', () => {
     expect(b.status).toBe(201);
     expect(b.body).toMatchObject({ status: 'running', fromCheckpoint: cpId, metadata: { spawned: 'yes' } });
     const bId = b.body.sandboxID as string;
-    expect(await sh(bId, 'cat /workspace/data/a.txt /etc/from-checkpoint /workspace/order /workspace/seen')).toBe('one\nkept\np1\np2\none\n');
-    expect(await sh(bId, 'test -e /workspace/data/later.txt && echo yes || echo no')).toBe('no\n');
+    expect(await hostSh(bId, 'cat /workspace/data/a.txt /etc/from-checkpoint /workspace/order /workspace/seen')).toBe('one\nkept\np1\np2\none\n');
+    expect(await hostSh(bId, 'test -e /workspace/data/later.txt && echo yes || echo no')).toBe('no\n');
     const info = await hostClient().getSandbox(bId);
     expect(info?.patches.map((p) => [p.id, p.exitCode])).toEqual([[p1.body.patch.id, 0], [p2.body.patch.id, 0]]);
 
     // Writes in the spawned sandbox do not change the checkpoint.
-    await sh(bId, 'echo two > /workspace/data/a.txt && rm /etc/from-checkpoint');
+    await hostSh(bId, 'echo two > /workspace/data/a.txt && rm /etc/from-checkpoint');
     const c = (await api('POST', `/api/sandboxes/from-checkpoint/${cpId}`, { body: {} })).body.sandboxID as string;
-    expect(await sh(c, 'cat /workspace/data/a.txt /etc/from-checkpoint')).toBe('one\nkept\n');
+    expect(await hostSh(c, 'cat /workspace/data/a.txt /etc/from-checkpoint')).toBe('one\nkept\n');
 
     const list = await api('GET', `/api/sandboxes/${a}/checkpoints`);
     expect(list.body.map((x: { id: string }) => x.id)).toEqual([cpId]);
@@ -75,7 +76,7 @@ describe('checkpoints and patches', () => {
     // A spawn runs the 49 + 1 patches in sequence order.
     const b = (await api('POST', `/api/sandboxes/from-checkpoint/${cpId}`, { body: {} })).body.sandboxID as string;
     const expected = after.body.map((p: { description: string }) => p.description.slice(1)).join('\n') + '\n';
-    expect(await sh(b, 'cat /workspace/log')).toBe(expected);
+    expect(await hostSh(b, 'cat /workspace/log')).toBe(expected);
     for (const id of [a, b]) await api('DELETE', `/api/sandboxes/${id}`);
   });
 
@@ -160,7 +161,7 @@ describe('checkpoints and patches', () => {
     expect(r.afterDelete).toEqual([r.p1.id]);
     expect(r.child).toMatch(/^sb-/);
     expect(r.running).toBe(true);
-    expect(await sh(r.child, 'cat /workspace/p.txt')).toBe('from-patch\n');
+    expect(await hostSh(r.child, 'cat /workspace/p.txt')).toBe('from-patch\n');
     await api('DELETE', `/api/sandboxes/${r.child}`);
   });
 });

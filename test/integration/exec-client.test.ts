@@ -4,7 +4,7 @@
  * dropped connection, and the stateful shell.
  */
 import { api } from '../helpers/env';
-import { newSandbox } from '../helpers/exec';
+import { newSandbox } from '../helpers/sandboxes';
 import { runSdk } from '../helpers/sdk';
 
 let sb: string;

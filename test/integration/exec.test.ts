@@ -7,7 +7,8 @@ import { createHash, randomBytes } from 'node:crypto';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { api, control, eventually, T, withMongo } from '../helpers/env';
-import { attach, attachReady, getExec, newSandbox, startExec } from '../helpers/exec';
+import { newSandbox } from '../helpers/sandboxes';
+import { attach, attachReady, getExec, startExec } from '../helpers/exec';
 import { runSdk } from '../helpers/sdk';
 
 const run = promisify(execFile);

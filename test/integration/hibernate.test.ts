@@ -5,7 +5,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { api, eventually, T } from '../helpers/env';
-import { hostClient, newSandbox, sh } from '../helpers/checkpoints';
+import { hostClient, hostSh, newSandbox } from '../helpers/sandboxes';
 import { startServer, viaHost } from '../helpers/previews';
 import { runSdk } from '../helpers/sdk';
 
@@ -30,7 +30,7 @@ describe('hibernate and wake', () => {
   it('keeps id, files, env, metadata and previews, releases the cgroup, and runs on_wake patches once per wake', async () => {
     // A sandbox spawned from a checkpoint with a patch: the patch runs at the spawn and at every wake.
     const origin = await sandbox();
-    await sh(origin, 'echo from-checkpoint > /workspace/base.txt');
+    await hostSh(origin, 'echo from-checkpoint > /workspace/base.txt');
     const cp = await checkpoint(origin);
     const patch = await api('POST', `/api/sandboxes/checkpoints/${cp.id}/patches`, { body: { script: 'echo wake >> /workspace/wakes.log', description: 'count wakes' } });
     expect(patch.status).toBe(201);
@@ -38,8 +38,8 @@ describe('hibernate and wake', () => {
     expect(spawned.status).toBe(201);
     const id = spawned.body.sandboxID as string;
     made.push(id);
-    await sh(id, 'echo mine > /root/mine.txt');
-    expect(await sh(id, 'wc -l < /workspace/wakes.log')).toBe('1\n');
+    await hostSh(id, 'echo mine > /root/mine.txt');
+    expect(await hostSh(id, 'wc -l < /workspace/wakes.log')).toBe('1\n');
     const preview = await api('POST', `/api/sandboxes/${id}/preview`, { body: { port: 47411 } });
     expect(preview.status).toBe(201);
     const cgroup = `/sys/fs/cgroup/memory/sap/${id}`;
@@ -69,7 +69,7 @@ describe('hibernate and wake', () => {
     const w = await api('POST', `/api/sandboxes/${id}/wake`, { body: { timeout: 0 } });
     expect(w.status).toBe(200);
     expect(w.body).toMatchObject({ sandboxID: id, status: 'running', hibernatedAt: null, metadata: { team: 'blue' } });
-    expect(await sh(id, 'cat /workspace/base.txt /root/mine.txt; echo "$GREETING"; wc -l < /workspace/wakes.log')).toBe('from-checkpoint\nmine\nhi there\n2\n');
+    expect(await hostSh(id, 'cat /workspace/base.txt /root/mine.txt; echo "$GREETING"; wc -l < /workspace/wakes.log')).toBe('from-checkpoint\nmine\nhi there\n2\n');
     // Processes did not survive: the preview's server is started again, and the same preview URL serves it.
     await startServer(id, 47411);
     const served = await eventually(async () => {
@@ -80,12 +80,12 @@ describe('hibernate and wake', () => {
 
     await api('POST', `/api/sandboxes/${id}/hibernate`);
     expect((await api('POST', `/api/sandboxes/${id}/wake`, { body: {} })).status).toBe(200);
-    expect(await sh(id, 'wc -l < /workspace/wakes.log; cat /root/mine.txt')).toBe('3\nmine\n');
+    expect(await hostSh(id, 'wc -l < /workspace/wakes.log; cat /root/mine.txt')).toBe('3\nmine\n');
   }, 120_000);
 
   it("wakes a hibernated sandbox for the client's async wake (X-OSB-Async-Wake: 1): 503 { waking } until it is up", async () => {
     const id = await sandbox();
-    await sh(id, 'echo still-here > /workspace/f');
+    await hostSh(id, 'echo still-here > /workspace/f');
     expect((await api('POST', `/api/sandboxes/${id}/hibernate`)).status).toBe(200);
     expect((await api('GET', `/api/sandboxes/${id}/files?path=/workspace/f`)).status).toBe(409); // without the header: no wake
     const first = await api('GET', `/api/sandboxes/${id}/files?path=/workspace/f`, { headers: { 'x-osb-async-wake': '1' } });
@@ -122,19 +122,19 @@ describe('hibernate and wake', () => {
 
   it('reboots and power-cycles: every process ends, files stay, same id', async () => {
     const id = await sandbox({ envs: { E: 'e' } });
-    await sh(id, 'echo keep > /workspace/keep');
+    await hostSh(id, 'echo keep > /workspace/keep');
     expect((await api('POST', `/api/sandboxes/${id}/exec`, { body: { cmd: 'sleep', args: ['600'] } })).status).toBe(201);
     for (const what of ['reboot', 'power-cycle']) {
       const r = await api('POST', `/api/sandboxes/${id}/${what}`);
       expect(r.status).toBe(200);
       expect(r.body).toMatchObject({ sandboxID: id, status: 'running' });
-      expect(await sh(id, 'cat /workspace/keep; echo $E; pgrep -x sleep || echo none')).toBe('keep\ne\nnone\n');
+      expect(await hostSh(id, 'cat /workspace/keep; echo $E; pgrep -x sleep || echo none')).toBe('keep\ne\nnone\n');
     }
   });
 
   it('kills a hibernated sandbox (its saved layer goes too)', async () => {
     const id = await sandbox();
-    await sh(id, 'echo x > /workspace/x');
+    await hostSh(id, 'echo x > /workspace/x');
     const h = await api('POST', `/api/sandboxes/${id}/hibernate`);
     expect(h.status).toBe(200);
     const saved = () => fs.readdirSync(path.join(T.dataDir(), 'layers')).filter((n) => n.startsWith(`${id}.h`));
@@ -147,7 +147,7 @@ describe('hibernate and wake', () => {
 
   it('hibernates instead of killing after the idle timeout when created with onTimeout: hibernate', async () => {
     const id = await sandbox({ timeout: 1, onTimeout: 'hibernate' });
-    await sh(id, 'echo kept > /workspace/kept');
+    await hostSh(id, 'echo kept > /workspace/kept');
     const after = await eventually(async () => {
       const r = await api('GET', `/api/sandboxes/${id}`);
       return r.body.status === 'hibernated' ? r.body : null;
@@ -155,7 +155,7 @@ describe('hibernate and wake', () => {
     expect(after).toMatchObject({ onTimeout: 'hibernate', timeout: 1 });
     const w = await api('POST', `/api/sandboxes/${id}/wake`, { body: { timeout: 0 } });
     expect(w.body).toMatchObject({ status: 'running', timeout: 0 });
-    expect(await sh(id, 'cat /workspace/kept')).toBe('kept\n');
+    expect(await hostSh(id, 'cat /workspace/kept')).toBe('kept\n');
     expect((await api('POST', `/api/sandboxes/${id}/timeout`, { body: { timeout: 3600 } })).body.timeout).toBe(3600);
     expect((await api('POST', `/api/sandboxes/${id}/timeout`, { body: { timeout: -1 } })).status).toBe(400);
   }, 60_000);
@@ -164,20 +164,20 @@ describe('hibernate and wake', () => {
 describe('restore and the checkpoint lifecycle', () => {
   it('puts the files back in place under the same id, with the checkpoint fields the client expects', async () => {
     const id = await sandbox({ envs: { KEEP: 'env kept' } });
-    await sh(id, 'echo one > /workspace/f; head -c 300000 /dev/urandom > /workspace/blob');
+    await hostSh(id, 'echo one > /workspace/f; head -c 300000 /dev/urandom > /workspace/blob');
     const cp = await checkpoint(id, 'before');
     expect(cp).toMatchObject({ status: 'ready', name: 'before', sandboxId: id });
     expect(cp.sizeBytes).toBeGreaterThanOrEqual(300_000);
     const got = await api('GET', `/api/sandboxes/${id}/checkpoints/${cp.id}`);
     expect(got.body).toMatchObject({ id: cp.id, status: 'ready', error: null });
-    await sh(id, 'rm /workspace/f; echo two > /workspace/g');
+    await hostSh(id, 'rm /workspace/f; echo two > /workspace/g');
     const bg = await api('POST', `/api/sandboxes/${id}/exec`, { body: { cmd: 'sleep', args: ['600'] } });
     expect(bg.status).toBe(201);
 
     const r = await api('POST', `/api/sandboxes/${id}/checkpoints/${cp.id}/restore`);
     expect(r.status).toBe(200);
     expect(r.body).toMatchObject({ sandboxID: id, status: 'running', fromCheckpoint: cp.id });
-    expect(await sh(id, 'cat /workspace/f; test -e /workspace/g || echo no-g; echo "$KEEP"; pgrep -x sleep || echo no-sleep')).toBe('one\nno-g\nenv kept\nno-sleep\n');
+    expect(await hostSh(id, 'cat /workspace/f; test -e /workspace/g || echo no-g; echo "$KEEP"; pgrep -x sleep || echo no-sleep')).toBe('one\nno-g\nenv kept\nno-sleep\n');
     expect((await api('DELETE', `/api/sandboxes/${id}/checkpoints/${cp.id}`)).status).toBe(409);
     expect((await api('POST', `/api/sandboxes/${id}/checkpoints/cp-0000000000000000/restore`)).status).toBe(404);
   }, 60_000);

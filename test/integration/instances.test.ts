@@ -1,6 +1,7 @@
 import { api, control, eventually, unique } from '../helpers/env';
 import { bashAgent, runSession, startSession, waitForStatus } from '../helpers/sessions';
-import { hostClient, otherOrgKey, sh } from '../helpers/checkpoints';
+import { hostClient, hostSh } from '../helpers/sandboxes';
+import { otherOrgKey } from '../helpers/checkpoints';
 
 jest.setTimeout(180_000);
 
@@ -36,7 +37,7 @@ describe('instances', () => {
     const inst = await waitInstance(agentId, c.body.id, ['running']);
     expect(inst.sandbox_id).toMatch(/^sb-/);
     expect(await hostHas(inst.sandbox_id)).toBe(true);
-    expect(await sh(inst.sandbox_id, 'cat /workspace/agent.txt; echo; echo $INSTANCE_ID $AGENT_SECRET')).toBe(`agent file\n${c.body.id} s3\n`);
+    expect(await hostSh(inst.sandbox_id, 'cat /workspace/agent.txt; echo; echo $INSTANCE_ID $AGENT_SECRET')).toBe(`agent file\n${c.body.id} s3\n`);
     const sb = await api('GET', `/api/sandboxes/${inst.sandbox_id}`);
     expect(sb.body).toMatchObject({ sandboxID: inst.sandbox_id, status: 'running' });
 
@@ -74,7 +75,7 @@ describe('instances', () => {
     expect(c.body.snapshot_id).toBe(snap.id);
     const inst = await waitInstance(agentId, c.body.id, ['running', 'failed']);
     expect(inst.status).toBe('running');
-    expect(await sh(inst.sandbox_id, 'pwd; cat version patched; echo $TOOL_HOME')).toBe('/opt/tool\nfrom-snapshot\npatch-1\n/opt/tool\n');
+    expect(await hostSh(inst.sandbox_id, 'pwd; cat version patched; echo $TOOL_HOME')).toBe('/opt/tool\nfrom-snapshot\npatch-1\n/opt/tool\n');
     expect((await hostClient().getSandbox(inst.sandbox_id))?.patches.map((p) => p.exitCode)).toEqual([0]);
 
     const { session, result } = await runSession(agentId);

@@ -4,7 +4,7 @@ import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { api, eventually, T, unique } from '../helpers/env';
-import { hostClient } from '../helpers/checkpoints';
+import { hostClient, newSandbox as createSandbox, run, sh } from '../helpers/sandboxes';
 import { CONNECT_PROBE } from '../helpers/connect-probe';
 import {
   createProbeAgent,
@@ -64,28 +64,10 @@ class Opened {
 }
 
 const opened = new Opened();
+/** A sandbox closed after each test. */
+const newSandbox = async (body: Record<string, unknown> = {}): Promise<string> => opened.sandbox(await createSandbox(body));
 afterEach(() => opened.close());
 afterAll(() => opened.close());
-
-async function newSandbox(body: Record<string, unknown> = {}): Promise<string> {
-  const r = await api('POST', '/api/sandboxes', { body });
-  if (r.status !== 201) throw new Error(`create sandbox ${JSON.stringify(body)}: ${r.status} ${JSON.stringify(r.body)}`);
-  return opened.sandbox(r.body.sandboxID as string);
-}
-
-/** POST /api/sandboxes/{id}/exec/run of `bash -c script`: { exitCode, stdout, stderr }. */
-async function run(sandboxId: string, script: string, timeout = 60): Promise<{ exitCode: number; stdout: string; stderr: string }> {
-  const r = await api('POST', `/api/sandboxes/${sandboxId}/exec/run`, { body: { cmd: 'bash', args: ['-c', script], timeout } });
-  if (r.status !== 200) throw new Error(`exec/run in ${sandboxId} (${script.slice(0, 80)}): ${r.status} ${JSON.stringify(r.body)}`);
-  return r.body;
-}
-
-/** Like run, but throws (with stderr) unless the script exits 0; returns stdout. */
-async function sh(sandboxId: string, script: string): Promise<string> {
-  const r = await run(sandboxId, script);
-  if (r.exitCode !== 0) throw new Error(`\`${script.slice(0, 120)}\` in ${sandboxId} exited ${r.exitCode}: ${r.stderr.slice(-500)}`);
-  return r.stdout;
-}
 
 /** A python3 one-liner run through exec/run. */
 async function py(sandboxId: string, code: string, timeout = 60) {
@@ -344,7 +326,7 @@ print(json.dumps({'count': len(kids), 'error': error}))
   it('gives a disk filler ENOSPC at diskMB (64) while the host free space barely moves', async () => {
     const sb = await newSandbox({ diskMB: 64 });
     const before = { data: freeBytes(T.dataDir()), shm: freeBytes('/dev/shm') };
-    const r = await run(sb, 'dd if=/dev/zero of=/workspace/fill bs=1M count=200 2>&1; echo "dd exit $?"; stat -c %s /workspace/fill', 120);
+    const r = await run(sb, 'dd if=/dev/zero of=/workspace/fill bs=1M count=200 2>&1; echo "dd exit $?"; stat -c %s /workspace/fill', { timeout: 120 });
     const after = { data: freeBytes(T.dataDir()), shm: freeBytes('/dev/shm') };
     const filled = Number(r.stdout.trim().split('\n').pop());
     const what = `dd printed: ${r.stdout.trim()}; host free space of DATA_DIR moved ${((before.data - after.data) / 2 ** 20).toFixed(0)} MB, of /dev/shm ${((before.shm - after.shm) / 2 ** 20).toFixed(0)} MB`;

@@ -10,7 +10,7 @@ import * as os from 'node:os';
 import { promisify } from 'node:util';
 import * as path from 'node:path';
 import { api, T } from '../helpers/env';
-import { hostClient, newSandbox, sh } from '../helpers/checkpoints';
+import { hostClient, hostSh, newSandbox } from '../helpers/sandboxes';
 
 jest.setTimeout(180_000);
 
@@ -70,7 +70,7 @@ async function spawnFrom(cpId: string): Promise<string> {
 describe('checkpoint layers and the host', () => {
   it('a set-id file made in a sandbox is never a set-id file on the host, and keeps its bits in sandboxes spawned from the checkpoint', async () => {
     const a = await sandbox();
-    await sh(
+    await hostSh(
       a,
       'cp /usr/bin/id /workspace/suid-id && chmod 4755 /workspace/suid-id && ' +
         'mkdir -p /usr/local/bin && cp /usr/bin/id /usr/local/bin/sgid-id && chmod 2755 /usr/local/bin/sgid-id && ' +
@@ -86,20 +86,20 @@ describe('checkpoint layers and the host', () => {
     expect(run.stdout.trim()).not.toBe('0');
 
     const b = await spawnFrom(cp1);
-    expect(await sh(b, 'stat -c %a /workspace/suid-id /usr/local/bin/sgid-id /workspace/later-plain')).toBe('4755\n2755\n4755\n');
-    expect(await sh(b, 'stat -c %u:%g /workspace/suid-id')).toBe('0:0\n');
+    expect(await hostSh(b, 'stat -c %a /workspace/suid-id /usr/local/bin/sgid-id /workspace/later-plain')).toBe('4755\n2755\n4755\n');
+    expect(await hostSh(b, 'stat -c %u:%g /workspace/suid-id')).toBe('0:0\n');
 
     // A checkpoint of a checkpoint: a record of the parent is not put on a file the child replaced.
-    await sh(b, 'chmod 755 /workspace/later-plain && cp /usr/bin/id /workspace/new-suid && chmod 4711 /workspace/new-suid');
+    await hostSh(b, 'chmod 755 /workspace/later-plain && cp /usr/bin/id /workspace/new-suid && chmod 4711 /workspace/new-suid');
     const cp2 = await checkpoint(b);
     expect(await setIdOnDisk(cp2)).toEqual([]);
     const c = await spawnFrom(cp2);
-    expect(await sh(c, 'stat -c %a /workspace/suid-id /usr/local/bin/sgid-id /workspace/later-plain /workspace/new-suid')).toBe('4755\n2755\n755\n4711\n');
+    expect(await hostSh(c, 'stat -c %a /workspace/suid-id /usr/local/bin/sgid-id /workspace/later-plain /workspace/new-suid')).toBe('4755\n2755\n755\n4711\n');
   });
 
   it('DATA_DIR, its layers, sandboxes and logs are closed to other host users', async () => {
     const a = await sandbox();
-    await sh(a, 'echo private > /workspace/p');
+    await hostSh(a, 'echo private > /workspace/p');
     const cp = await checkpoint(a);
     const data = T.dataDir();
     const dirs = ['', 'logs', 'layers', 'sandboxes', 'ferretdb', `layers/${cp}`, `sandboxes/${a}`].map((d) => path.join(data, d));
@@ -128,7 +128,7 @@ describe('checkpoint layers and the host', () => {
 
   it('a layer redirected by a symlink, or under a directory another user owns, makes a spawn fail instead of reading the host', async () => {
     const a = await sandbox();
-    await sh(a, 'echo from-layer > /workspace/marker');
+    await hostSh(a, 'echo from-layer > /workspace/marker');
     const cp = await checkpoint(a);
     const hostDir = await fsp.mkdtemp(path.join(os.tmpdir(), 'sap-host-secret-'));
     const root = path.join(layerDir(cp), 'root');
@@ -141,7 +141,7 @@ describe('checkpoint layers and the host', () => {
       const r = await api('POST', `/api/sandboxes/from-checkpoint/${cp}`, { body: {} });
       if (r.status === 201) {
         sandboxes.push(r.body.sandboxID as string);
-        expect(await sh(r.body.sandboxID as string, 'cat /workspace/marker')).not.toContain('host secret');
+        expect(await hostSh(r.body.sandboxID as string, 'cat /workspace/marker')).not.toContain('host secret');
       }
       expect(r.status).toBeGreaterThanOrEqual(400);
       expect(r.body.error).toEqual({ type: expect.any(String), message: expect.any(String) });
@@ -162,12 +162,12 @@ describe('checkpoint layers and the host', () => {
     }
     // Put back, the layer spawns again.
     const b = await spawnFrom(cp);
-    expect(await sh(b, 'cat /workspace/marker')).toBe('from-layer\n');
+    expect(await hostSh(b, 'cat /workspace/marker')).toBe('from-layer\n');
   });
 
   it('an 8 GiB sparse file checkpoints, hashes and exports without being read or sent in full, the host answering meanwhile', async () => {
     const a = await sandbox();
-    expect(await sh(a, 'truncate -s 8G /workspace/big && printf tail >> /workspace/big && stat -c %s /workspace/big')).toBe(`${8 * 1024 ** 3 + 4}\n`);
+    expect(await hostSh(a, 'truncate -s 8G /workspace/big && printf tail >> /workspace/big && stat -c %s /workspace/big')).toBe(`${8 * 1024 ** 3 + 4}\n`);
     const cp = await checkpoint(a);
     const client = hostClient();
     const hashing = client.layerHash(cp);
@@ -194,7 +194,7 @@ describe('checkpoint layers and the host', () => {
     expect(bytes).toBeLessThan(64 * 1024 * 1024);
 
     const b = await spawnFrom(cp);
-    expect(await sh(b, 'stat -c %s /workspace/big && tail -c 4 /workspace/big')).toBe(`${8 * 1024 ** 3 + 4}\ntail`);
+    expect(await hostSh(b, 'stat -c %s /workspace/big && tail -c 4 /workspace/big')).toBe(`${8 * 1024 ** 3 + 4}\ntail`);
   });
 
   it('a layer that arrives from another host with a set-id file is refused, even with the right hash', async () => {

@@ -5,7 +5,7 @@
  */
 import { loadLimits } from '../../config/limits';
 import { api, eventually, T, unique } from '../helpers/env';
-import { hostClient } from '../helpers/checkpoints';
+import { hostClient } from '../helpers/sandboxes';
 import { bashAgent, createAgent, runSession } from '../helpers/sessions';
 
 jest.setTimeout(120_000);

@@ -7,6 +7,7 @@ import { CONNECT_PROBE } from '../helpers/connect-probe';
 import { TestHost } from '../helpers/test-host';
 import { FakeDns } from '../helpers/fake-dns';
 import { otherOrgKey } from '../helpers/checkpoints';
+import { newSandbox as createSandbox } from '../helpers/sandboxes';
 
 /*
  * Egress per sandbox (sandbox/network.ts). Every destination is a test host this file creates: a
@@ -25,18 +26,13 @@ const testHost = (prefix: '198.18' | '169.254'): TestHost => {
   hosts.push(h);
   return h;
 };
+/** A sandbox deleted after the file's tests. */
+const newSandbox = (body: Record<string, unknown> = {}) => createSandbox(body, { created: sandboxes });
 afterAll(async () => {
   await Promise.all(sandboxes.map((id) => api('DELETE', `/api/sandboxes/${id}`).catch(() => undefined)));
   await Promise.all(agents.map((id) => api('DELETE', `/v1/agents/${id}`).catch(() => undefined)));
   for (const h of hosts) h.remove();
 });
-
-async function newSandbox(body: Record<string, unknown> = {}): Promise<string> {
-  const r = await api('POST', '/api/sandboxes', { body });
-  if (r.status !== 201) throw new Error(`create sandbox ${JSON.stringify(body)}: ${r.status} ${JSON.stringify(r.body)}`);
-  sandboxes.push(r.body.sandboxID as string);
-  return r.body.sandboxID as string;
-}
 
 async function run(sandboxId: string, cmd: string, args: string[]): Promise<string> {
   const r = await api('POST', `/api/sandboxes/${sandboxId}/exec/run`, { body: { cmd, args, timeout: 60 } });

@@ -2,7 +2,8 @@ import { randomBytes, createHash } from 'node:crypto';
 import { HostClient } from '../../sandbox/host-contract/client';
 import { api, eventually, T, unique, withMongo } from '../helpers/env';
 import { runSdk } from '../helpers/sdk';
-import { newSandbox, startServer, viaHost, wsViaHost } from '../helpers/previews';
+import { newSandbox } from '../helpers/sandboxes';
+import { startServer, viaHost, wsViaHost } from '../helpers/previews';
 
 const DOMAIN = 'preview.localhost';
 

@@ -5,7 +5,7 @@
 import { WebSocket } from 'ws';
 import { api, eventually, T } from '../helpers/env';
 import { otherOrgKey } from '../helpers/checkpoints';
-import { newSandbox } from '../helpers/exec';
+import { newSandbox } from '../helpers/sandboxes';
 import { runSdk } from '../helpers/sdk';
 
 let sb: string;

@@ -1,5 +1,5 @@
 /**
- * Exec sessions (HTTP + WebSocket) and checkpoints against real bubblewrap sandboxes.
+ * Exec sessions (HTTP + WebSocket) and checkpoints against real sandboxes.
  */
 import { createHash } from 'node:crypto';
 import { promises as fsp } from 'node:fs';

@@ -5,6 +5,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { freePort, startStack, type Stack } from '../../scripts/launcher';
 import { SERVER_JS } from '../helpers/previews';
+import { newSandbox, sh, type ApiCall } from '../helpers/sandboxes';
 import { PROJECT_ROOT } from '../../config';
 
 /**
@@ -98,11 +99,8 @@ function history(workflowId: string): string {
   }
 }
 
-async function sh(sandboxId: string, script: string): Promise<string> {
-  const r = await call('POST', `/api/sandboxes/${sandboxId}/exec/run`, { cmd: 'bash', args: ['-c', script] });
-  if (r.status !== 200) throw new Error(`exec in ${sandboxId}: ${r.status} ${JSON.stringify(r.body)}`);
-  return r.body.stdout as string;
-}
+/** This file's own stack's API, for the shared sandbox helpers. */
+const via: ApiCall = (method, p, opts) => call(method, p, opts.body);
 
 async function waitSession(agent: string, id: string, timeoutMs = 60_000): Promise<any> {
   const deadline = Date.now() + timeoutMs;
@@ -121,12 +119,6 @@ async function sandboxOnHost(i: number, make: () => Promise<string>): Promise<st
   }
   throw new Error(`30 sandboxes in a row landed elsewhere than host ${i + 1}`);
 }
-
-const newSandbox = async (): Promise<string> => {
-  const r = await call('POST', '/api/sandboxes', {});
-  if (r.status !== 201) throw new Error(`create: ${r.status} ${JSON.stringify(r.body)}`);
-  return r.body.sandboxID as string;
-};
 
 function viaApi(hostname: string, p: string): Promise<{ status: number; text: string }> {
   const url = new URL(stack.apiUrl);
@@ -170,8 +162,8 @@ describe('two sandbox hosts', () => {
   });
 
   it('spawns a checkpoint taken on one host on the other, with its files and patches', async () => {
-    const origin = await sandboxOnHost(0, newSandbox);
-    await sh(origin, 'echo from-host-1 > /workspace/made.txt && head -c 300000 /dev/urandom > /workspace/blob && sha256sum /workspace/blob > /workspace/blob.sum');
+    const origin = await sandboxOnHost(0, () => newSandbox({}, { via }));
+    await sh(origin, 'echo from-host-1 > /workspace/made.txt && head -c 300000 /dev/urandom > /workspace/blob && sha256sum /workspace/blob > /workspace/blob.sum', { via });
     const cp = await call('POST', `/api/sandboxes/${origin}/checkpoints`, { name: 'moving' });
     expect(cp.status).toBe(201);
     const cpId = cp.body.id as string;
@@ -181,18 +173,18 @@ describe('two sandbox hosts', () => {
       if (r.status !== 201) throw new Error(`spawn: ${r.status} ${JSON.stringify(r.body)}`);
       return r.body.sandboxID as string;
     });
-    expect(await sh(spawned, 'cat /workspace/made.txt /workspace/patch.log && sha256sum -c /workspace/blob.sum')).toBe('from-host-1\npatched\n/workspace/blob: OK\n');
+    expect(await sh(spawned, 'cat /workspace/made.txt /workspace/patch.log && sha256sum -c /workspace/blob.sum', { via })).toBe('from-host-1\npatched\n/workspace/blob: OK\n');
     // The layer is now cached on the second host, beside the first host's own copy.
     for (const h of stack.hostList) expect(fs.existsSync(path.join(h.dataDir, 'layers', cpId, 'layer.json'))).toBe(true);
     // Restore in place on the second host of the same checkpoint: no copy needed, same files.
-    await sh(spawned, 'rm /workspace/made.txt');
+    await sh(spawned, 'rm /workspace/made.txt', { via });
     expect((await call('POST', `/api/sandboxes/${spawned}/checkpoints/${cpId}/restore`, {})).status).toBe(200);
-    expect(await sh(spawned, 'cat /workspace/made.txt')).toBe('from-host-1\n');
+    expect(await sh(spawned, 'cat /workspace/made.txt', { via })).toBe('from-host-1\n');
   });
 
   it("runs sessions of an agent whose snapshot was made on one host on both hosts (the layer follows)", async () => {
-    const origin = await sandboxOnHost(0, newSandbox);
-    await sh(origin, 'echo baked-in > /opt/tool.txt');
+    const origin = await sandboxOnHost(0, () => newSandbox({}, { via }));
+    await sh(origin, 'echo baked-in > /opt/tool.txt', { via });
     const cp = await call('POST', `/api/sandboxes/${origin}/checkpoints`, { name: 'for-snapshot' });
     expect(cp.status).toBe(201);
     const snap = await call('POST', '/api/snapshots', { name: 'made-on-host-1', checkpointId: cp.body.id });
@@ -214,7 +206,7 @@ describe('two sandbox hosts', () => {
   });
 
   it("serves a preview of a sandbox on the second host through that host's HTTP port", async () => {
-    const sb = await sandboxOnHost(1, newSandbox);
+    const sb = await sandboxOnHost(1, () => newSandbox({}, { via }));
     expect((await call('POST', `/api/sandboxes/${sb}/exec`, { cmd: 'node', args: ['-e', SERVER_JS, '8000'] })).status).toBe(201);
     const preview = await call('POST', `/api/sandboxes/${sb}/preview`, { port: 8000 });
     expect(preview.status).toBe(201);
@@ -261,9 +253,9 @@ describe('two sandbox hosts', () => {
     };
     const lostSession = await onSecond('sleeper');
     const rerunSession = await onSecond('rerun');
-    const apiSandbox = await sandboxOnHost(1, newSandbox);
+    const apiSandbox = await sandboxOnHost(1, () => newSandbox({}, { via }));
     // A checkpoint whose only copy is on the second host.
-    await sh(apiSandbox, 'echo only-here > /workspace/f');
+    await sh(apiSandbox, 'echo only-here > /workspace/f', { via });
     const stranded = await call('POST', `/api/sandboxes/${apiSandbox}/checkpoints`, { name: 'stranded' });
     expect(stranded.status).toBe(201);
     // An instance on the second host.
@@ -322,7 +314,7 @@ describe('two sandbox hosts', () => {
     await stack.start(second.proc);
     await stack.start(second.worker);
     expect((await sandboxesByHost())[1]).toEqual([]);
-    const fresh = await sandboxOnHost(1, newSandbox);
-    expect(await sh(fresh, 'echo back')).toBe('back\n');
+    const fresh = await sandboxOnHost(1, () => newSandbox({}, { via }));
+    expect(await sh(fresh, 'echo back', { via })).toBe('back\n');
   });
 });

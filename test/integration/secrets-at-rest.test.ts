@@ -10,7 +10,7 @@ import path from 'node:path';
 import { Client, Connection } from '@temporalio/client';
 import { api, control, eventually, T, unique, withMongo } from '../helpers/env';
 import { bashAgent, runSession, sandboxOf, startSession, waitForStatus } from '../helpers/sessions';
-import { newSandbox, sh } from '../helpers/checkpoints';
+import { hostSh, newSandbox } from '../helpers/sandboxes';
 
 jest.setTimeout(240_000);
 
@@ -116,7 +116,7 @@ describe('secret values at rest', () => {
         if (r.body.status === 'failed') throw new Error(`instance failed: ${JSON.stringify(r.body)}`);
         return r.body.status === 'running' ? r.body : undefined;
       }, 90_000, 200);
-      expect(await sh(running.sandbox_id, 'printf %s "$CANARY_VAL" | sha256sum | cut -d" " -f1')).toBe(`${sha256(created)}\n`);
+      expect(await hostSh(running.sandbox_id, 'printf %s "$CANARY_VAL" | sha256sum | cut -d" " -f1')).toBe(`${sha256(created)}\n`);
 
       expect((await api('PATCH', `/v1/agents/${agentId}`, { body: { env: { CANARY_VAL: patched } } })).status).toBe(200);
       const agent = await api('GET', `/v1/agents/${agentId}`);
@@ -207,11 +207,11 @@ describe('secret values at rest', () => {
       expect((await api('POST', `/api/sandboxes/${sb}/pty`, { body: {} })).status).toBe(201);
       const session = await startSession(agentId, { input: {} });
       sessionSb = sandboxOf(session.id);
-      const ready = await eventually(async () => (await sh(sessionSb!, 'cat /tmp/ready 2>/dev/null || true')).trim() || undefined, 90_000, 200);
+      const ready = await eventually(async () => (await hostSh(sessionSb!, 'cat /tmp/ready 2>/dev/null || true')).trim() || undefined, 90_000, 200);
       expect(ready).toBe(sha256(fromAgent));
       // The sandbox sees every value: a new command, and the running exec command (its environ, read inside).
-      expect(await sh(sb, 'printf %s "$ENV_VAL $STORE_VAL" | sha256sum | cut -d" " -f1')).toBe(`${sha256(`${fromEnvs} ${fromStore}`)}\n`);
-      const execEnv = await sh(
+      expect(await hostSh(sb, 'printf %s "$ENV_VAL $STORE_VAL" | sha256sum | cut -d" " -f1')).toBe(`${sha256(`${fromEnvs} ${fromStore}`)}\n`);
+      const execEnv = await hostSh(
         sb,
         'for p in /proc/[0-9]*; do [ "$(cat $p/comm 2>/dev/null)" = sleep ] && tr "\\0" "\\n" < $p/environ | grep "^EXEC_VAL=" | cut -d= -f2-; done | sha256sum | cut -d" " -f1',
       );
@@ -225,11 +225,11 @@ describe('secret values at rest', () => {
       expect(helpers.some((h) => h.includes(` -T `))).toBe(true);
       expect(helpers.filter((h) => h.includes(' -- sleep 300')).length).toBe(1);
 
-      await sh(sessionSb, 'touch /tmp/go');
+      await hostSh(sessionSb, 'touch /tmp/go');
       expect((await waitForStatus(agentId, session.id, ['completed', 'failed'], 90_000)).status).toBe('completed');
       expect((await api('GET', `/v1/agents/${agentId}/sessions/${session.id}/result`)).body.data).toEqual({ h: sha256(fromAgent) });
     } finally {
-      if (sessionSb) await sh(sessionSb, 'touch /tmp/go').catch(() => undefined);
+      if (sessionSb) await hostSh(sessionSb, 'touch /tmp/go').catch(() => undefined);
       if (sb) await api('DELETE', `/api/sandboxes/${sb}`);
       await api('DELETE', `/api/secret-stores/${store}`);
     }

@@ -7,13 +7,14 @@
  */
 import { ApplicationFailure, Client, Connection, WorkflowFailedError } from '@temporalio/client';
 import { api, eventually, T } from '../helpers/env';
-import { bashAgent, startSession, waitForStatus } from '../helpers/sessions';
+import { bashAgentsDeletedAfterAll, startSession, waitForStatus } from '../helpers/sessions';
 
 jest.setTimeout(120_000);
 
 let connection: Connection;
 let client: Client;
 const agents: string[] = [];
+const agent = bashAgentsDeletedAfterAll(agents);
 
 beforeAll(async () => {
   connection = await Connection.connect({ address: T.temporal() });
@@ -21,15 +22,8 @@ beforeAll(async () => {
 });
 
 afterAll(async () => {
-  for (const id of agents) await api('DELETE', `/v1/agents/${id}`).catch(() => undefined);
   await connection?.close();
 });
-
-async function agent(script: string, extra: Record<string, unknown> = {}): Promise<string> {
-  const id = await bashAgent(script, extra);
-  agents.push(id);
-  return id;
-}
 
 /** The failure the session's workflow ended with (its result() rejects with it). */
 async function workflowFailure(sessionId: string): Promise<{ status: string; cause: unknown }> {

@@ -4,20 +4,12 @@
  */
 import { api, control, eventually, T, withMongo } from '../helpers/env';
 import { otherOrgKey } from '../helpers/checkpoints';
-import { bashAgent, runSession, startSession, waitForStatus } from '../helpers/sessions';
+import { bashAgentsDeletedAfterAll, runSession, startSession, waitForStatus } from '../helpers/sessions';
 
 jest.setTimeout(180_000);
 
 const agents: string[] = [];
-afterAll(async () => {
-  for (const id of agents) await api('DELETE', `/v1/agents/${id}`).catch(() => undefined);
-});
-
-async function agent(script: string, extra: Record<string, unknown> = {}): Promise<string> {
-  const id = await bashAgent(script, extra);
-  agents.push(id);
-  return id;
-}
+const agent = bashAgentsDeletedAfterAll(agents);
 
 /** GET …/logs as text (or NDJSON), with the response's headers. */
 async function logs(agentId: string, sessionId: string, query = '', accept = 'text/plain'): Promise<{ status: number; text: string; headers: Headers }> {

@@ -1,6 +1,7 @@
 import { api, eventually, T, unique } from '../helpers/env';
 import { runSdk } from '../helpers/sdk';
-import { hostClient, newSandbox, otherOrgKey, sh } from '../helpers/checkpoints';
+import { hostClient, hostSh, newSandbox } from '../helpers/sandboxes';
+import { otherOrgKey } from '../helpers/checkpoints';
 
 jest.setTimeout(180_000);
 
@@ -74,7 +75,7 @@ describe('snapshots', () => {
     const sb = await api('POST', '/api/sandboxes', { body: { snapshot: name, envs: { APP_TAG: 'override' } } });
     expect(sb.status).toBe(201);
     expect(sb.body.snapshot).toBe(snap.id);
-    const out = await sh(sb.body.sandboxID, 'pwd; cat tag built.txt config.json lib/a/one.txt lib/two.txt; echo; echo $APP_MODE $APP_TAG; grep APP_MODE /etc/environment');
+    const out = await hostSh(sb.body.sandboxID, 'pwd; cat tag built.txt config.json lib/a/one.txt lib/two.txt; echo; echo $APP_MODE $APP_TAG; grep APP_MODE /etc/environment');
     expect(out).toBe('/opt/app\nv1\nsnap in /opt/app\n{"k":1}onetwo\nsnap override\nAPP_MODE="snap"\n');
     const used = (await api('GET', `/api/snapshots/${snap.id}`)).body;
     expect(Date.parse(used.lastUsedAt)).toBeGreaterThan(Date.parse(snap.lastUsedAt));
@@ -118,7 +119,7 @@ describe('snapshots', () => {
     expect(ready.contentHash).toMatch(/^sha256:/);
 
     const a = await newSandbox();
-    await sh(a, 'echo from-cp > /workspace/x');
+    await hostSh(a, 'echo from-cp > /workspace/x');
     const cpId = (await api('POST', `/api/sandboxes/${a}/checkpoints`, { body: {} })).body.id as string;
     await api('POST', `/api/sandboxes/checkpoints/${cpId}/patches`, { body: { script: 'echo patched >> /workspace/x' } });
     const fromCp = await api('POST', '/api/snapshots', { body: { name: unique('fromcp'), checkpointId: cpId } });
@@ -126,7 +127,7 @@ describe('snapshots', () => {
     expect(fromCp.body).toMatchObject({ status: 'ready', checkpointId: cpId });
     expect(fromCp.body.contentHash).toMatch(/^sha256:[0-9a-f]{64}$/);
     const sb = (await api('POST', '/api/sandboxes', { body: { snapshot: fromCp.body.id } })).body.sandboxID;
-    expect(await sh(sb, 'cat /workspace/x')).toBe('from-cp\npatched\n');
+    expect(await hostSh(sb, 'cat /workspace/x')).toBe('from-cp\npatched\n');
     // The checkpoint is in use by the snapshot.
     expect((await api('DELETE', `/api/sandboxes/${a}/checkpoints/${cpId}`)).status).toBe(409);
     await api('DELETE', `/api/sandboxes/${sb}`);
@@ -192,7 +193,7 @@ describe('snapshots', () => {
     expect(r.got.id).toBe(r.created.id);
     expect(r.logs).toBeGreaterThanOrEqual(4);
     expect(r.failed).toMatch(/Build failed: step 1 \(run\) failed/);
-    expect(await sh(r.sandbox, 'pwd; cat /sdk.txt hello.txt; echo; echo $FROM_SDK')).toBe('/srv\nsdk\nhello\n1\n');
+    expect(await hostSh(r.sandbox, 'pwd; cat /sdk.txt hello.txt; echo; echo $FROM_SDK')).toBe('/srv\nsdk\nhello\n1\n');
     await api('DELETE', `/api/sandboxes/${r.sandbox}`);
   });
 });

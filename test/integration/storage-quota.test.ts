@@ -5,7 +5,8 @@
  * organisation of its own with a 1 MiB quota, so the other tests' organisations keep the default.
  */
 import { api, unique, withMongo } from '../helpers/env';
-import { newSandbox, otherOrgKey, sh } from '../helpers/checkpoints';
+import { hostSh, newSandbox } from '../helpers/sandboxes';
+import { otherOrgKey } from '../helpers/checkpoints';
 
 jest.setTimeout(240_000);
 
@@ -34,10 +35,10 @@ const usage = async (k = key) => {
 
 describe('storage quota', () => {
   it('keeps the capture that crosses the quota, then refuses every new checkpoint and snapshot with 507 until some are deleted', async () => {
-    const sb = await newSandbox({}, key);
+    const sb = await newSandbox({}, { key });
     sandboxes.push(sb);
     expect(await usage()).toEqual({ usedBytes: 0, quotaBytes: MIB, checkpoints: 0, snapshots: 0 });
-    await sh(sb, 'mkdir -p /workspace && head -c 3000000 /dev/urandom > /workspace/blob');
+    await hostSh(sb, 'mkdir -p /workspace && head -c 3000000 /dev/urandom > /workspace/blob');
 
     const first = await api('POST', `/api/sandboxes/${sb}/checkpoints`, { key, body: {} });
     expect(first.status).toBe(201);
@@ -66,7 +67,7 @@ describe('storage quota', () => {
     expect((await api('DELETE', `/api/sandboxes/${sb}/checkpoints/${first.body.id}`, { key })).status).toBe(200);
     checkpoints.shift();
     expect(await usage()).toEqual({ usedBytes: 0, quotaBytes: MIB, checkpoints: 0, snapshots: 0 });
-    await sh(sb, 'rm /workspace/blob');
+    await hostSh(sb, 'rm /workspace/blob');
     const again = await api('POST', `/api/sandboxes/${sb}/checkpoints`, { key, body: {} });
     expect(again.status).toBe(201);
     checkpoints.push([sb, again.body.id]);

@@ -8,7 +8,8 @@ import fs from 'node:fs';
 import path from 'node:path';
 import type { StackFile } from '../../scripts/launcher';
 import { api, eventually, T } from '../helpers/env';
-import { attach, getExec, newSandbox, startExec } from '../helpers/exec';
+import { newSandbox } from '../helpers/sandboxes';
+import { attach, getExec, startExec } from '../helpers/exec';
 import { bashAgent, startSession, waitForStatus } from '../helpers/sessions';
 
 type Proc = keyof StackFile['pids'];

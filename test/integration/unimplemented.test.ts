@@ -7,7 +7,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { api } from '../helpers/env';
 import { otherOrgKey } from '../helpers/checkpoints';
-import { newSandbox } from '../helpers/exec';
+import { newSandbox } from '../helpers/sandboxes';
 import { runSdk } from '../helpers/sdk';
 import { UNIMPLEMENTED } from '../../api/routes/unimplemented';
 

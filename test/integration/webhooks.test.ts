@@ -10,7 +10,7 @@ import http from 'node:http';
 import path from 'node:path';
 import { ApplicationFailure, Client, Connection, WorkflowFailedError } from '@temporalio/client';
 import { api, control, eventually, T, withMongo } from '../helpers/env';
-import { bashAgent, runSession, startSession, waitForStatus } from '../helpers/sessions';
+import { bashAgentsDeletedAfterAll, runSession, startSession, waitForStatus } from '../helpers/sessions';
 
 jest.setTimeout(180_000);
 
@@ -70,6 +70,7 @@ function verify(d: Delivery, secret: string): boolean {
 const receivers: Receiver[] = [];
 const servers: http.Server[] = [];
 const agents: string[] = [];
+const agent = bashAgentsDeletedAfterAll(agents);
 let connection: Connection | undefined;
 afterAll(async () => {
   for (const r of receivers) await r.close();
@@ -78,19 +79,12 @@ afterAll(async () => {
     await new Promise((r) => s.close(r));
   }
   await connection?.close();
-  for (const id of agents) await api('DELETE', `/v1/agents/${id}`).catch(() => undefined);
 });
 
 async function receiver(answer?: (n: number) => number, port?: number, host?: string): Promise<Receiver> {
   const r = new Receiver(answer, host);
   receivers.push(r);
   return r.listen(port);
-}
-
-async function agent(script: string, extra: Record<string, unknown> = {}): Promise<string> {
-  const id = await bashAgent(script, extra);
-  agents.push(id);
-  return id;
 }
 
 const settle = () => new Promise((r) => setTimeout(r, 1500));
