@@ -24,7 +24,7 @@ const fill = (p: string, id: string) => p.replace(':id', id).replace(':name', 's
 describe('calls of the client that are not implemented', () => {
   it('answer 501 naming the call, 401 without a key, 404 for another organisation, and are listed in the README', async () => {
     const other = await otherOrgKey();
-    const readme = fs.readFileSync(path.join(__dirname, '..', '..', 'README.md'), 'utf8');
+    const readme = fs.readFileSync(path.join(__dirname, '..', '..', 'docs', 'api', 'sandboxes.md'), 'utf8');
     for (const u of UNIMPLEMENTED) {
       const method = u.method.toUpperCase();
       const body = method === 'GET' || method === 'DELETE' ? undefined : {};
