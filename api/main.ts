@@ -6,7 +6,7 @@ import { ensureApiKey } from '../store/orgs';
 import { createApiServer } from './server';
 import { HostDirectory } from '../services/hosts';
 import { resolveHostToken, resolveSecretBox } from '../config';
-import { sealLegacyAgentEnvs } from '../store/agent-env';
+import { sealLegacyAgentEnvs } from '../store/agents';
 
 /** The API process: validates configuration, connects, listens, and shuts down on SIGTERM. */
 async function main(): Promise<void> {

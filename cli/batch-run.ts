@@ -104,7 +104,6 @@ export async function batchRun(client: SapClient, o: BatchRunOptions, signal: Ab
     return { failed: b.counts.failed, running: b.counts.running, rate };
   };
   bar.start(batch.total, batch.counts.completed + batch.counts.failed, payload(batch));
-  let failedItems = 0;
   let written = done.size;
   let lastCounts = 0;
   try {
@@ -122,7 +121,6 @@ export async function batchRun(client: SapClient, o: BatchRunOptions, signal: Ab
           done.add(line.index);
           written++;
         }
-        if (line.status !== 'completed') failedItems++;
       }
       after = page.nextAfter;
       if (page.lines.length > 0) continue;
@@ -139,7 +137,6 @@ export async function batchRun(client: SapClient, o: BatchRunOptions, signal: Ab
     stderr.write(`interrupted: ${written}/${batch.total} results in ${o.out}; the batch keeps running. Run the same command again to resume.\n`);
     return 130;
   }
-  if (written < batch.total) failedItems += batch.total - written;
   const final = await client.batches.get(o.agent, batch.id);
   stderr.write(`batch ${final.id} ${final.status}: ${final.counts.completed} completed, ${final.counts.failed} failed; ${written} results in ${o.out}\n`);
   const summary = failureSummary(o.out);

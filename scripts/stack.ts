@@ -19,6 +19,7 @@ async function main(): Promise<void> {
   }
   const uiPort = Number(process.env.TEMPORAL_UI_PORT ?? 8233);
   const colors: Record<string, string> = { api: '36', worker: '35', host: '33' };
+  // eslint-disable-next-line prefer-const -- set once the stack has started; stop() may run before that
   let stack: Stack | undefined;
   let stopping = false;
   const stop = async (code = 0) => {

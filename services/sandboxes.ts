@@ -6,7 +6,7 @@
 import { effectiveResources, overMaximum } from '../config/limits';
 import { ApiError, invalid, notFound } from '../lib/errors';
 import { randomId } from '../lib/ids';
-import { normaliseEgress, type Egress } from '../sandbox/network';
+import { normaliseEgress, type Egress } from '../contract/network';
 import { findOrgCheckpoint, ImageError, listPatches, resolveImage } from '../store/checkpoints';
 import {
   deleteSandboxRecord,
@@ -104,7 +104,7 @@ export async function provisionSandbox(
   const over = overMaximum(deps.cfg.limits, body, 'body.');
   if (over) throw invalid(over);
   const limits = effectiveResources(deps.cfg.limits, body);
-  let secretEnv: Record<string, string> = {};
+  let secretEnv: Record<string, string>;
   try {
     secretEnv = await secretEnvOf(deps.store, deps.secrets, orgId, body.secretStore);
   } catch (err) {

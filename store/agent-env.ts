@@ -1,5 +1,4 @@
 import type { SecretBox } from '../lib/secret-box';
-import type { Store } from './index';
 
 /**
  * An agent's `env` values are secrets. They are sealed (lib/secret-box.ts, under SECRETS_KEY)
@@ -40,19 +39,4 @@ export function openAgentEnv(box: SecretBox, orgId: string, agentId: string, env
     }
   }
   return out;
-}
-
-/**
- * Seals the env of agents written before env values were sealed (run once at the API's start).
- * Each update matches only a doc still unsealed, so API processes starting together seal each once.
- * Returns how many agents it sealed.
- */
-export async function sealLegacyAgentEnvs(store: Store, box: SecretBox): Promise<number> {
-  let n = 0;
-  for await (const a of store.agents.find({ envSealed: { $ne: true } }, { projection: { _id: 1, orgId: 1, id: 1, env: 1 } })) {
-    const env = sealAgentEnv(box, a.orgId, a.id, a.env ?? {});
-    const r = await store.agents.updateOne({ _id: a._id, envSealed: { $ne: true } }, { $set: { env, envSealed: true } });
-    n += r.modifiedCount;
-  }
-  return n;
 }

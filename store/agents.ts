@@ -1,5 +1,7 @@
 import type { AgentDoc, Store } from './index';
 import { pageOf } from './page';
+import type { SecretBox } from '../lib/secret-box';
+import { sealAgentEnv } from './agent-env';
 
 /** The `_id` of an agent: its organisation and its id. */
 export const agentKey = (orgId: string, agentId: string): string => `${orgId}/${agentId}`;
@@ -33,4 +35,19 @@ export function listAgents(store: Store, orgId: string, limit: number, cursor: s
 export async function agentsNamingStore(store: Store, orgId: string, storeName: string, limit: number): Promise<string[]> {
   const users = await store.agents.find({ orgId, secret_store: storeName }, { projection: { id: 1 } }).limit(limit).toArray();
   return users.map((a) => a.id);
+}
+
+/**
+ * Seals the env of agents written before env values were sealed (run once at the API's start).
+ * Each update matches only a doc still unsealed, so API processes starting together seal each once.
+ * Returns how many agents it sealed.
+ */
+export async function sealLegacyAgentEnvs(store: Store, box: SecretBox): Promise<number> {
+  let n = 0;
+  for await (const a of store.agents.find({ envSealed: { $ne: true } }, { projection: { _id: 1, orgId: 1, id: 1, env: 1 } })) {
+    const env = sealAgentEnv(box, a.orgId, a.id, a.env ?? {});
+    const r = await store.agents.updateOne({ _id: a._id, envSealed: { $ne: true } }, { $set: { env, envSealed: true } });
+    n += r.modifiedCount;
+  }
+  return n;
 }

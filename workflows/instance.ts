@@ -9,7 +9,6 @@ import {
 import type { ActivityOptions } from '@temporalio/workflow';
 import type { Activities } from '../activities';
 import { nonRetryableFailureTypes } from '../contract/errors';
-import type { AgentRunSpec } from '../store';
 import { destroyInstanceSignal, hostLostSignal, type InstanceWorkflowArgs, type InstanceWorkflowResult } from './defs';
 
 export { destroyInstanceSignal, hostLostSignal, type InstanceWorkflowArgs, type InstanceWorkflowResult } from './defs';

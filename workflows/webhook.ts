@@ -2,7 +2,6 @@ import { ParentClosePolicy, proxyActivities, startChild, workflowInfo } from '@t
 import { WorkflowExecutionAlreadyStartedError } from '@temporalio/common';
 import type { Activities } from '../activities';
 import { nonRetryableFailureTypes } from '../contract/errors';
-import type { WebhookSpec } from '../lib/webhooks';
 import type { WebhookWorkflowArgs } from './defs';
 
 export type { WebhookWorkflowArgs } from './defs';
