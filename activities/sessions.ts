@@ -32,7 +32,15 @@ export const createSessionActivities = (deps: ActivityDeps) => ({
    * A retry finds the same sandbox (its id derives from the session id) and starts nothing twice;
    * a retry after the session's ending was recorded only makes sure its sandbox is gone.
    */
-  async provisionSandboxAndRunEntrypoint(args: { sessionId: string; orgId: string; agentId: string; run: AgentRunSpec; input?: string; placed?: boolean; rerun?: number }): Promise<Provisioned> {
+  async provisionSandboxAndRunEntrypoint(args: {
+    sessionId: string;
+    orgId: string;
+    agentId: string;
+    run: AgentRunSpec;
+    input?: string;
+    placed?: boolean;
+    rerun?: number;
+  }): Promise<Provisioned> {
     // The detail tells a retry (and the workflow, after a timeout) that an attempt got this far.
     Context.current().heartbeat('provisioning');
     // Placement: the session goes to whichever live host has room (a snapshot's layers follow it).
@@ -213,9 +221,19 @@ export function decideEnd(
   failure?: string,
   memoryMB?: number,
 ): SessionEnd {
-  if (cancelled) return { status: 'failed', result: captured.data, outcome: { reason: 'cancelled', exit_code: exit?.exitCode ?? null, message: 'session ended by request' } };
+  if (cancelled)
+    return {
+      status: 'failed',
+      result: captured.data,
+      outcome: { reason: 'cancelled', exit_code: exit?.exitCode ?? null, message: 'session ended by request' },
+    };
   if (!exit) return { status: 'failed', result: captured.data, outcome: { reason: null, exit_code: null, message: failure ?? 'entrypoint status unknown' } };
-  if (exit.timedOut) return { status: 'failed', result: captured.data, outcome: { reason: 'timeout', exit_code: exit.exitCode, message: 'entrypoint exceeded the agent timeout' } };
+  if (exit.timedOut)
+    return {
+      status: 'failed',
+      result: captured.data,
+      outcome: { reason: 'timeout', exit_code: exit.exitCode, message: 'entrypoint exceeded the agent timeout' },
+    };
   const limit = `the sandbox reached its memory limit${memoryMB ? ` (${memoryMB} MB)` : ''}`;
   if (exit.oomKilled && exit.exitCode !== 0) {
     // Before invalid_result: a result cut short by the kill is a symptom, the memory limit the cause.
@@ -231,7 +249,6 @@ export function decideEnd(
   const note = exit.oomKilled ? `a process of the sandbox was killed: ${limit}` : null;
   return { status: 'completed', result: captured.data, outcome: { reason: null, exit_code: 0, message: note } };
 }
-
 
 /** The agent's snapshot resolved to layers and patches; a missing or unready one fails for good (SnapshotNotFound). */
 /**

@@ -43,7 +43,12 @@ export const createWebhookActivities = (deps: ActivityDeps, webhooks = createWeb
     const opts = deps.webhooks ?? DEFAULTS;
     let res: { status: number };
     try {
-      res = await postChecked(targetPolicy(opts.allowedCidrs), args.webhook.url, { headers, body, timeoutMs: opts.timeoutMs, maxAnswerBytes: opts.answerMaxBytes });
+      res = await postChecked(targetPolicy(opts.allowedCidrs), args.webhook.url, {
+        headers,
+        body,
+        timeoutMs: opts.timeoutMs,
+        maxAnswerBytes: opts.answerMaxBytes,
+      });
     } catch (err) {
       if (err instanceof WebhookTargetRefused) throw failure('webhook_target_refused', `webhook refused: ${err.message}`);
       // The error's code (or name) only: its message could name internal addresses.

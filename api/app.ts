@@ -44,7 +44,10 @@ const JSON_TYPES = ['application/json', 'application/*+json'];
  * Builds the Express app: authentication, the routes of every resource, /openapi.json,
  * health checks, and one error body for every failure. Tests drive this directly.
  */
-export function createApp(deps: ApiDeps, opts: { server?: http.Server } = {}): { app: express.Express; auth: Authenticator; openapi: object; metrics: ApiMetrics } {
+export function createApp(
+  deps: ApiDeps,
+  opts: { server?: http.Server } = {},
+): { app: express.Express; auth: Authenticator; openapi: object; metrics: ApiMetrics } {
   const app = express();
   // WebSocket routes (router.ws) need the HTTP server; without one (unit tests) they are absent.
   if (opts.server) expressWs(app, opts.server);
@@ -89,7 +92,8 @@ export function createApp(deps: ApiDeps, opts: { server?: http.Server } = {}): {
   app.get('/readyz', async (_req, res) => {
     const report = await readiness.check();
     const { mongo, temporal, worker, host } = report.checks;
-    if (report.ok) res.json({ status: 'ok', mongo: mongo.message, temporal: temporal.message, worker: worker.message, host: host.message, checks: report.checks });
+    if (report.ok)
+      res.json({ status: 'ok', mongo: mongo.message, temporal: temporal.message, worker: worker.message, host: host.message, checks: report.checks });
     else {
       const e = new ApiError('unavailable', notReadyMessage(report));
       res.status(e.status).json(e.toBody());
@@ -107,9 +111,17 @@ export function createApp(deps: ApiDeps, opts: { server?: http.Server } = {}): {
     }
     next();
   });
-  app.use(express.json({ limit: deps.cfg.BODY_LIMIT_BYTES, type: (req) => !table.isRawBody(req as Request) && Boolean((req as Request).is(JSON_TYPES)), strict: true }));
+  app.use(
+    express.json({
+      limit: deps.cfg.BODY_LIMIT_BYTES,
+      type: (req) => !table.isRawBody(req as Request) && Boolean((req as Request).is(JSON_TYPES)),
+      strict: true,
+    }),
+  );
   // NDJSON bodies (batch items) reach their route as text.
-  app.use(express.text({ limit: deps.cfg.BODY_LIMIT_BYTES, type: (req) => !table.isRawBody(req as Request) && Boolean((req as Request).is('application/x-ndjson')) }));
+  app.use(
+    express.text({ limit: deps.cfg.BODY_LIMIT_BYTES, type: (req) => !table.isRawBody(req as Request) && Boolean((req as Request).is('application/x-ndjson')) }),
+  );
 
   const secretStores = createSecretStoreService(deps);
   const agents = createAgentService(deps, secretStores);

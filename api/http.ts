@@ -86,29 +86,32 @@ export class RouteTable {
   add<PS extends AnyObject, QS extends AnyObject, BS extends ZodType>(def: RouteDef<PS, QS, BS>): void {
     const responses: Record<string, { description: string; content?: Record<string, { schema: ZodType }> }> = {};
     for (const [status, r] of Object.entries(def.responses)) {
-      responses[status] = r.schema ? { description: r.description, content: { [r.contentType ?? 'application/json']: { schema: r.schema } } } : { description: r.description };
+      responses[status] = r.schema
+        ? { description: r.description, content: { [r.contentType ?? 'application/json']: { schema: r.schema } } }
+        : { description: r.description };
     }
     // Any route with a body may also meet the body parser's 413 (too large) and 415 (not JSON).
     for (const status of [400, 401, 404, ...(def.body ? [413, 415] : []), ...(def.rawBody ? [413] : []), ...(def.errors ?? [])]) {
       responses[String(status)] ??= { description: 'Error', content: { 'application/json': { schema: ErrorBodySchema } } };
     }
-    if (!def.public && !def.undocumented) this.registry.registerPath({
-      method: def.method,
-      path: openapiPath(def.path),
-      summary: def.summary,
-      tags: [def.tag],
-      security: [{ ApiKey: [] }],
-      request: {
-        params: def.params,
-        query: def.query,
-        body: def.body
-          ? { content: { 'application/json': { schema: def.body } } }
-          : def.rawBody
-            ? { description: def.rawBody.description, content: { [def.rawBody.contentType]: { schema: z.string().openapi({ format: 'binary' }) } } }
-            : undefined,
-      },
-      responses,
-    });
+    if (!def.public && !def.undocumented)
+      this.registry.registerPath({
+        method: def.method,
+        path: openapiPath(def.path),
+        summary: def.summary,
+        tags: [def.tag],
+        security: [{ ApiKey: [] }],
+        request: {
+          params: def.params,
+          query: def.query,
+          body: def.body
+            ? { content: { 'application/json': { schema: def.body } } }
+            : def.rawBody
+              ? { description: def.rawBody.description, content: { [def.rawBody.contentType]: { schema: z.string().openapi({ format: 'binary' }) } } }
+              : undefined,
+        },
+        responses,
+      });
 
     const handler: RequestHandler = async (req: Request, res: Response, next: NextFunction) => {
       try {

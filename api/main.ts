@@ -53,6 +53,6 @@ async function main(): Promise<void> {
 }
 
 main().catch((err) => {
-  process.stderr.write(`api: ${err instanceof Error ? err.stack ?? err.message : String(err)}\n`);
+  process.stderr.write(`api: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
   process.exit(1);
 });

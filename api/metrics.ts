@@ -34,10 +34,23 @@ export function createApiMetrics(deps: Pick<ApiDeps, 'store'>): ApiMetrics {
     buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 15],
     registers: [registry],
   });
-  const sessionsCreated = new client.Counter({ name: 'sap_sessions_created_total', help: 'Sessions created through the API (201 answers)', registers: [registry] });
+  const sessionsCreated = new client.Counter({
+    name: 'sap_sessions_created_total',
+    help: 'Sessions created through the API (201 answers)',
+    registers: [registry],
+  });
   const batchesCreated = new client.Counter({ name: 'sap_batches_created_total', help: 'Batches created through the API', registers: [registry] });
-  const batchItemsSubmitted = new client.Counter({ name: 'sap_batch_items_submitted_total', help: 'Items of the batches created through the API', registers: [registry] });
-  const proxyRequests = new client.Counter({ name: 'sap_proxy_requests_total', help: 'Preview proxy requests, by kind (http or websocket)', labelNames: ['kind'] as const, registers: [registry] });
+  const batchItemsSubmitted = new client.Counter({
+    name: 'sap_batch_items_submitted_total',
+    help: 'Items of the batches created through the API',
+    registers: [registry],
+  });
+  const proxyRequests = new client.Counter({
+    name: 'sap_proxy_requests_total',
+    help: 'Preview proxy requests, by kind (http or websocket)',
+    labelNames: ['kind'] as const,
+    registers: [registry],
+  });
 
   let cached: { at: number; counts: Record<string, number> } | undefined;
   new client.Gauge({

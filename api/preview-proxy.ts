@@ -17,7 +17,17 @@ export { hostnameOf };
 
 /** `<label>-p<port>.<domain>`: the only Host headers that may name a preview. */
 const PREVIEW_HOST = /^[a-z0-9][a-z0-9-]*-p\d{1,5}\.[a-z0-9.-]+$/;
-const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'proxy-authenticate', 'proxy-authorization', 'te', 'trailer', 'transfer-encoding', 'upgrade']);
+const HOP_BY_HOP = new Set([
+  'connection',
+  'keep-alive',
+  'proxy-connection',
+  'proxy-authenticate',
+  'proxy-authorization',
+  'te',
+  'trailer',
+  'transfer-encoding',
+  'upgrade',
+]);
 
 /** Serves preview hostnames over HTTP. One per API process. */
 export class PreviewProxy {
@@ -67,7 +77,10 @@ export class PreviewProxy {
             path: req.url,
             headers,
             createConnection: ((_opts: unknown, done: (err: Error | null, socket?: net.Socket) => void) => {
-              route.tunnel.openTunnel(route.sandboxId, route.port).then((sock) => done(null, sock), (err: Error) => done(tunnelError(err)));
+              route.tunnel.openTunnel(route.sandboxId, route.port).then(
+                (sock) => done(null, sock),
+                (err: Error) => done(tunnelError(err)),
+              );
               return undefined;
             }) as unknown as http.RequestOptions['createConnection'],
           });
@@ -100,7 +113,11 @@ export class PreviewProxy {
         return;
       }
       if (res.headersSent) res.destroy();
-      else sendError(res, err instanceof ApiError ? err : new ApiError('bad_gateway', `sandbox ${doc.sandboxId} is not accepting connections on port ${doc.port}`));
+      else
+        sendError(
+          res,
+          err instanceof ApiError ? err : new ApiError('bad_gateway', `sandbox ${doc.sandboxId} is not accepting connections on port ${doc.port}`),
+        );
     });
     res.on('close', () => {
       if (!res.writableFinished) preq.destroy();
@@ -139,7 +156,10 @@ export class PreviewProxy {
       });
       up.once('error', (err: NodeJS.ErrnoException) => {
         if (!retried && (err.code === 'ENOENT' || err.code === 'ECONNREFUSED')) {
-          this.routeOf(doc, true).then((p) => connect(p, true), (e) => rawError(socket, e));
+          this.routeOf(doc, true).then(
+            (p) => connect(p, true),
+            (e) => rawError(socket, e),
+          );
           return;
         }
         rawError(socket, refused());

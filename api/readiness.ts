@@ -73,7 +73,10 @@ export function judgeWorkers(input: { pollers: PollerSeen[]; heartbeats: Heartbe
 async function within<T>(ms: number, what: string, p: Promise<T>): Promise<T> {
   let timer: NodeJS.Timeout | undefined;
   try {
-    return await Promise.race([p, new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`${what} did not answer within ${ms} ms`)), ms)))]);
+    return await Promise.race([
+      p,
+      new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`${what} did not answer within ${ms} ms`)), ms))),
+    ]);
   } finally {
     clearTimeout(timer);
   }
@@ -143,12 +146,17 @@ export class Readiness {
       // Worker heartbeats need a recent server; without them the pollers decide alone.
       this.temporalCall(() => svc.listWorkers({ namespace, pageSize: 100, query: `TaskQueue = '${taskQueue}'` })).catch(() => null),
     ]);
-    const pollers: PollerSeen[] = [...wf.pollers, ...act.pollers].map((p) => ({ identity: p.identity ?? '', lastAccessMs: optionalTsToMs(p.lastAccessTime) ?? 0 }));
+    const pollers: PollerSeen[] = [...wf.pollers, ...act.pollers].map((p) => ({
+      identity: p.identity ?? '',
+      lastAccessMs: optionalTsToMs(p.lastAccessTime) ?? 0,
+    }));
     const heartbeats: HeartbeatSeen[] | null = listed
       ? listed.workersInfo.flatMap((w) => {
           const hb = w.workerHeartbeat;
           if (!hb || hb.taskQueue !== taskQueue) return [];
-          return [{ identity: hb.workerIdentity ?? '', running: hb.status === WorkerStatus.WORKER_STATUS_RUNNING, atMs: optionalTsToMs(hb.heartbeatTime) ?? 0 }];
+          return [
+            { identity: hb.workerIdentity ?? '', running: hb.status === WorkerStatus.WORKER_STATUS_RUNNING, atMs: optionalTsToMs(hb.heartbeatTime) ?? 0 },
+          ];
         })
       : null;
     const judged = judgeWorkers({ pollers, heartbeats, nowMs: Date.now(), maxAgeMs: workerMaxAgeMs });

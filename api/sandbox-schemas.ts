@@ -20,7 +20,7 @@ export const CreateSandboxBody = z
     templateID: z.string().min(1).max(200).default('base'),
     snapshot: z.string().min(1).max(200).optional(),
     image: ImageManifestSchema.optional().describe(
-      'An image manifest (the client\'s Image): built once per manifest and cached as the snapshot image-<hash>, then the sandbox starts from it. ' +
+      "An image manifest (the client's Image): built once per manifest and cached as the snapshot image-<hash>, then the sandbox starts from it. " +
         'With Accept: text/event-stream the answer streams build_log events and ends with result (the sandbox) or error.',
     ),
     envs: z.record(EnvName, z.string().max(32768)).default({}),
@@ -31,15 +31,25 @@ export const CreateSandboxBody = z
       .optional()
       .describe("Name of a secret store: its secrets become environment variables (the body's envs win on a clash)"),
     metadata: z.record(z.string(), z.string().max(4096)).default({}),
-    timeout: z.number().int().min(0).max(30 * 24 * 3600).default(0).describe('Idle seconds before the sandbox is destroyed (or hibernated: onTimeout); 0 = never'),
+    timeout: z
+      .number()
+      .int()
+      .min(0)
+      .max(30 * 24 * 3600)
+      .default(0)
+      .describe('Idle seconds before the sandbox is destroyed (or hibernated: onTimeout); 0 = never'),
     onTimeout: z.enum(['kill', 'hibernate']).default('kill').describe('What an idle timeout does: kill (default) or hibernate (wake brings it back)'),
     memoryMB: z
       .number()
       .int()
       .min(MIN_MEMORY_MB)
       .optional()
-      .describe('Memory limit in MB; default SANDBOX_MEMORY_MB (2048), at most SANDBOX_MAX_MEMORY_MB (the machine\'s memory)'),
-    cpuCount: z.number().min(0.1).optional().describe('CPUs of CFS quota; default SANDBOX_CPU_COUNT (0: no quota, an equal share), at most SANDBOX_MAX_CPU_COUNT'),
+      .describe("Memory limit in MB; default SANDBOX_MEMORY_MB (2048), at most SANDBOX_MAX_MEMORY_MB (the machine's memory)"),
+    cpuCount: z
+      .number()
+      .min(0.1)
+      .optional()
+      .describe('CPUs of CFS quota; default SANDBOX_CPU_COUNT (0: no quota, an equal share), at most SANDBOX_MAX_CPU_COUNT'),
     diskMB: z
       .number()
       .int()
@@ -50,7 +60,7 @@ export const CreateSandboxBody = z
     webhooks: z.unknown().optional().describe('Not implemented (501): sandbox lifecycle webhooks'),
     network: networkSchema(z)
       .optional()
-.describe(
+      .describe(
         "What the sandbox may reach: egress 'internet' (default), 'none', or { allow: [IPv4 address, CIDR, host name or *.wildcard…] }; the host, link-local, other sandboxes and private ranges are always refused",
       ),
   })
@@ -112,5 +122,10 @@ export function sandboxView(deps: ApiDeps, s: SandboxDoc): z.infer<typeof Sandbo
 
 /** The body of a kill (exec and agent sessions). */
 export const KillBody = z
-  .object({ signal: z.union([z.string().max(16), z.number().int().min(1).max(64)]).optional().describe('Name (SIGTERM) or number; default SIGKILL') })
+  .object({
+    signal: z
+      .union([z.string().max(16), z.number().int().min(1).max(64)])
+      .optional()
+      .describe('Name (SIGTERM) or number; default SIGKILL'),
+  })
   .default({});

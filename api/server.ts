@@ -38,7 +38,10 @@ export function createApiServer(deps: ApiDeps): { server: http.Server; previewSe
   let previewServer: http.Server | undefined;
   if (deps.cfg.PREVIEW_PORT) {
     previewServer = http.createServer((req, res) => void proxy.handleRequest(req, res, proxy.match(req.headers.host) ?? ''));
-    previewServer.on('upgrade', (req: http.IncomingMessage, socket, head: Buffer) => void proxy.handleUpgrade(req, socket, head, proxy.match(req.headers.host) ?? ''));
+    previewServer.on(
+      'upgrade',
+      (req: http.IncomingMessage, socket, head: Buffer) => void proxy.handleUpgrade(req, socket, head, proxy.match(req.headers.host) ?? ''),
+    );
     previewServer.keepAliveTimeout = 65_000;
   }
   return { server, previewServer, openapi };

@@ -86,16 +86,14 @@ export async function batchRun(client: SapClient, o: BatchRunOptions, signal: Ab
   let after = -1;
   while (done.has(after + 1)) after++;
   const fd = fs.openSync(o.out, 'a');
-  const bar = new SingleBar(
-    {
-      stream: stderr as NodeJS.WriteStream,
-      format: '{bar} {value}/{total} done | {failed} failed | {running} running | {rate}/s | ETA {eta_formatted}',
-      noTTYOutput: true,
-      notTTYSchedule: 1000,
-      etaBuffer: 50,
-      hideCursor: false,
-    },
-  );
+  const bar = new SingleBar({
+    stream: stderr as NodeJS.WriteStream,
+    format: '{bar} {value}/{total} done | {failed} failed | {running} running | {rate}/s | ETA {eta_formatted}',
+    noTTYOutput: true,
+    notTTYSchedule: 1000,
+    etaBuffer: 50,
+    hideCursor: false,
+  });
   const t0 = Date.now();
   const startDone = batch.counts.completed + batch.counts.failed;
   const payload = (b: BatchView) => {

@@ -1,5 +1,15 @@
 import type { ErrorBody } from '../contract/errors';
-import type { AgentView, BatchItemInput, BatchResult, BatchView, CreateAgentInput, InstanceView, SessionResultView, SessionView, UpdateAgentInput } from '../contract/views';
+import type {
+  AgentView,
+  BatchItemInput,
+  BatchResult,
+  BatchView,
+  CreateAgentInput,
+  InstanceView,
+  SessionResultView,
+  SessionView,
+  UpdateAgentInput,
+} from '../contract/views';
 
 /** The types of the API's answers and bodies (contract/views.ts, inferred from the server's own zod schemas). */
 export type { AgentView, BatchItemInput, BatchResult, BatchView, CreateAgentInput, InstanceView, SessionResultView, SessionView, UpdateAgentInput };
@@ -56,7 +66,11 @@ export class SapClient {
   }
 
   /** Sends one request; answers the raw Response for a 2xx, throws SapApiError otherwise. */
-  async raw(method: string, path: string, opts: { json?: unknown; text?: string; contentType?: string; headers?: Record<string, string> } = {}): Promise<Response> {
+  async raw(
+    method: string,
+    path: string,
+    opts: { json?: unknown; text?: string; contentType?: string; headers?: Record<string, string> } = {},
+  ): Promise<Response> {
     const headers: Record<string, string> = { 'x-api-key': this.opts.apiKey, ...opts.headers };
     let body: string | undefined;
     if (opts.json !== undefined) {
@@ -85,7 +99,9 @@ export class SapClient {
   }
 
   private static qs(q: Record<string, string | number | undefined>): string {
-    const p = Object.entries(q).filter(([, v]) => v !== undefined).map(([k, v]) => `${encodeURIComponent(k)}=${encodeURIComponent(String(v))}`);
+    const p = Object.entries(q)
+      .filter(([, v]) => v !== undefined)
+      .map(([k, v]) => `${encodeURIComponent(k)}=${encodeURIComponent(String(v))}`);
     return p.length ? `?${p.join('&')}` : '';
   }
 
@@ -111,17 +127,28 @@ export class SapClient {
     get: (agentId: string, id: string, opts: { waitSeconds?: number } = {}) =>
       this.json<SessionView>('GET', `/v1/agents/${encodeURIComponent(agentId)}/sessions/${id}${SapClient.qs({ wait: opts.waitSeconds })}`),
     list: async (agentId: string, q: { status?: string; limit?: number; cursor?: string } = {}): Promise<Page<SessionView>> => {
-      const r = await this.json<{ sessions: SessionView[]; next_cursor: string | null }>('GET', `/v1/agents/${encodeURIComponent(agentId)}/sessions${SapClient.qs(q)}`);
+      const r = await this.json<{ sessions: SessionView[]; next_cursor: string | null }>(
+        'GET',
+        `/v1/agents/${encodeURIComponent(agentId)}/sessions${SapClient.qs(q)}`,
+      );
       return { items: r.sessions, next_cursor: r.next_cursor };
     },
     /** The entrypoint's output in the order written (text), or one stream of it. */
     logs: async (agentId: string, id: string, opts: { stream?: 'stdout' | 'stderr' | 'all' } = {}): Promise<string> =>
-      (await this.raw('GET', `/v1/agents/${encodeURIComponent(agentId)}/sessions/${id}/logs${SapClient.qs({ stream: opts.stream })}`, { headers: { accept: 'text/plain' } })).text(),
+      (
+        await this.raw('GET', `/v1/agents/${encodeURIComponent(agentId)}/sessions/${id}/logs${SapClient.qs({ stream: opts.stream })}`, {
+          headers: { accept: 'text/plain' },
+        })
+      ).text(),
     /** The result of a finished session; SapApiError 409 while it runs. */
     result: (agentId: string, id: string) => this.json<SessionResultView>('GET', `/v1/agents/${encodeURIComponent(agentId)}/sessions/${id}/result`),
     end: (agentId: string, id: string) => this.json<SessionView>('DELETE', `/v1/agents/${encodeURIComponent(agentId)}/sessions/${id}`),
     /** Starts a session, waits until it ends (long polls of ?wait), and answers the session and its result. */
-    run: async (agentId: string, body: { input?: Record<string, unknown>; metadata?: Record<string, unknown> } = {}, opts: { idempotencyKey?: string; timeoutMs?: number } = {}) => {
+    run: async (
+      agentId: string,
+      body: { input?: Record<string, unknown>; metadata?: Record<string, unknown> } = {},
+      opts: { idempotencyKey?: string; timeoutMs?: number } = {},
+    ) => {
       const s = await this.sessions.create(agentId, body, opts);
       const deadline = Date.now() + (opts.timeoutMs ?? 3_600_000);
       let cur = s;
@@ -135,24 +162,37 @@ export class SapClient {
   };
 
   readonly instances = {
-    create: (agentId: string, body: { metadata?: Record<string, unknown> } = {}) => this.json<InstanceView>('POST', `/v1/agents/${encodeURIComponent(agentId)}/instances`, { json: body }),
-    list: async (agentId: string): Promise<InstanceView[]> => (await this.json<{ instances: InstanceView[] }>('GET', `/v1/agents/${encodeURIComponent(agentId)}/instances`)).instances,
+    create: (agentId: string, body: { metadata?: Record<string, unknown> } = {}) =>
+      this.json<InstanceView>('POST', `/v1/agents/${encodeURIComponent(agentId)}/instances`, { json: body }),
+    list: async (agentId: string): Promise<InstanceView[]> =>
+      (await this.json<{ instances: InstanceView[] }>('GET', `/v1/agents/${encodeURIComponent(agentId)}/instances`)).instances,
   };
 
   readonly batches = {
     /** Starts a batch. With `ndjson`, items travel as application/x-ndjson (for big batches). */
-    create: (agentId: string, body: { items: BatchItemInput[]; concurrency?: number; maxAttempts?: number }, opts: { idempotencyKey?: string; ndjson?: boolean } = {}) => {
+    create: (
+      agentId: string,
+      body: { items: BatchItemInput[]; concurrency?: number; maxAttempts?: number },
+      opts: { idempotencyKey?: string; ndjson?: boolean } = {},
+    ) => {
       const path = `/v1/agents/${encodeURIComponent(agentId)}/batches`;
       const headers = SapClient.idem(opts.idempotencyKey);
       if (!opts.ndjson) return this.json<BatchView>('POST', path, { json: body, headers });
       const text = body.items.map((i) => JSON.stringify(i)).join('\n') + '\n';
-      return this.json<BatchView>('POST', `${path}${SapClient.qs({ concurrency: body.concurrency, maxAttempts: body.maxAttempts })}`, { text, contentType: 'application/x-ndjson', headers });
+      return this.json<BatchView>('POST', `${path}${SapClient.qs({ concurrency: body.concurrency, maxAttempts: body.maxAttempts })}`, {
+        text,
+        contentType: 'application/x-ndjson',
+        headers,
+      });
     },
     get: (agentId: string, id: string) => this.json<BatchView>('GET', `/v1/agents/${encodeURIComponent(agentId)}/batches/${id}`),
     /** A batch by id alone (within the caller's organisation). */
     getById: (id: string) => this.json<BatchView>('GET', `/v1/batches/${id}`),
     list: async (agentId: string, q: { status?: string; limit?: number; cursor?: string } = {}): Promise<Page<BatchView>> => {
-      const r = await this.json<{ batches: BatchView[]; next_cursor: string | null }>('GET', `/v1/agents/${encodeURIComponent(agentId)}/batches${SapClient.qs(q)}`);
+      const r = await this.json<{ batches: BatchView[]; next_cursor: string | null }>(
+        'GET',
+        `/v1/agents/${encodeURIComponent(agentId)}/batches${SapClient.qs(q)}`,
+      );
       return { items: r.batches, next_cursor: r.next_cursor };
     },
     cancel: (agentId: string, id: string) => this.json<BatchView>('DELETE', `/v1/agents/${encodeURIComponent(agentId)}/batches/${id}`),
@@ -162,7 +202,10 @@ export class SapClient {
       const res = await this.raw('GET', `/v1/agents/${encodeURIComponent(agentId)}/batches/${id}/results${SapClient.qs(q)}`);
       const text = await res.text();
       return {
-        lines: text.split('\n').filter(Boolean).map((l) => JSON.parse(l) as BatchResult),
+        lines: text
+          .split('\n')
+          .filter(Boolean)
+          .map((l) => JSON.parse(l) as BatchResult),
         nextAfter: Number(res.headers.get('x-next-after') ?? q.after ?? -1),
         batchStatus: (res.headers.get('x-batch-status') ?? 'running') as BatchView['status'],
         total: Number(res.headers.get('x-batch-total') ?? 0),

@@ -20,12 +20,26 @@ import { z } from 'zod';
 const count = (max: number) => z.coerce.number().int().min(1).max(max);
 
 export const execLimitsEnvShape = {
-  EXEC_RUN_OUTPUT_MAX_BYTES: z.coerce.number().int().min(1024).max(256 * 1024 * 1024).default(1024 * 1024),
+  EXEC_RUN_OUTPUT_MAX_BYTES: z.coerce
+    .number()
+    .int()
+    .min(1024)
+    .max(256 * 1024 * 1024)
+    .default(1024 * 1024),
   EXEC_SESSIONS_PER_SANDBOX: count(100_000).default(32),
   EXEC_SESSIONS_PER_ORG: count(10_000_000).default(256),
   EXEC_ATTACHES_PER_SESSION: count(10_000).default(8),
-  EXEC_WS_BACKLOG_MAX_BYTES: z.coerce.number().int().min(64 * 1024).max(1024 * 1024 * 1024).default(8 * 1024 * 1024),
-  EXEC_WS_STALL_SECONDS: z.coerce.number().min(0.1).max(24 * 3600).default(30),
+  EXEC_WS_BACKLOG_MAX_BYTES: z.coerce
+    .number()
+    .int()
+    .min(64 * 1024)
+    .max(1024 * 1024 * 1024)
+    .default(8 * 1024 * 1024),
+  EXEC_WS_STALL_SECONDS: z.coerce
+    .number()
+    .min(0.1)
+    .max(24 * 3600)
+    .default(30),
 };
 
 export type ExecLimits = { [K in keyof typeof execLimitsEnvShape]: number };

@@ -38,7 +38,10 @@ export const configSchema = z.object({
   HOST: nonEmpty.default('127.0.0.1'),
   API_KEY: z.string().min(1).max(200).optional(),
   MONGO_URL: z.url({ protocol: /^mongodb(\+srv)?$/ }).default('mongodb://127.0.0.1:27017/sap'),
-  TEMPORAL_ADDRESS: z.string().regex(/^[^:\s]+:\d+$/, 'must be host:port').default('127.0.0.1:7233'),
+  TEMPORAL_ADDRESS: z
+    .string()
+    .regex(/^[^:\s]+:\d+$/, 'must be host:port')
+    .default('127.0.0.1:7233'),
   TEMPORAL_NAMESPACE: nonEmpty.default('default'),
   TASK_QUEUE: nonEmpty.regex(/^[\w.-]+$/, 'letters, digits, _ . - only').default('sandbox-agents'),
   PREVIEW_DOMAIN: nonEmpty.regex(/^[a-z0-9.-]+(:\d+)?$/i, 'must be a domain name').default('preview.localhost'),
@@ -50,7 +53,10 @@ export const configSchema = z.object({
    */
   PREVIEW_TRANSPORT: z.enum(['auto', 'tcp', 'unix']).default('auto'),
   /** Set when a TLS-terminating front serves *.PREVIEW_DOMAIN over HTTPS: previews then report sslStatus `active`. */
-  PREVIEW_TLS: z.enum(['true', 'false', '1', '0']).default('false').transform((v) => v === 'true' || v === '1'),
+  PREVIEW_TLS: z
+    .enum(['true', 'false', '1', '0'])
+    .default('false')
+    .transform((v) => v === 'true' || v === '1'),
   /** Default per-organisation capacity reservation limit, per 15-minute interval (OrgDoc.settings.reservationLimitGb overrides it). */
   RESERVATION_LIMIT_GB: z.coerce.number().int().min(0).default(64),
   /**
@@ -63,7 +69,10 @@ export const configSchema = z.object({
   /** npm start: how many sandbox hosts (each with its worker) to run on this machine. */
   SANDBOX_HOSTS: z.coerce.number().int().min(1).max(16).default(1),
   HOST_ID: nonEmpty.regex(/^[\w.-]+$/, 'letters, digits, _ . - only').optional(),
-  HOST_LISTEN: z.string().regex(/^[^:\s]+:\d+$/, 'must be host:port').default('127.0.0.1:7300'),
+  HOST_LISTEN: z
+    .string()
+    .regex(/^[^:\s]+:\d+$/, 'must be host:port')
+    .default('127.0.0.1:7300'),
   HOST_TOKEN: z.string().min(16, 'must be at least 16 characters').optional(),
   /** The host's address as the other machines reach it (APIs, other hosts); default http://HOST_LISTEN. */
   HOST_URL: z.url({ protocol: /^https?$/ }).optional(),
@@ -85,13 +94,26 @@ export const configSchema = z.object({
    * URLs it hands out. Unset: taken from each request (X-Forwarded-Proto/-Host when a proxy sets them, else Host).
    */
   PUBLIC_API_URL: z.url({ protocol: /^https?$/ }).optional(),
-  RESULT_MAX_BYTES: z.coerce.number().int().positive().default(4 * 1024 * 1024),
+  RESULT_MAX_BYTES: z.coerce
+    .number()
+    .int()
+    .positive()
+    .default(4 * 1024 * 1024),
   /** The last this-many bytes of a session's stdout and of its stderr are kept (session logs). */
-  SESSION_LOG_MAX_BYTES: z.coerce.number().int().min(0).max(8 * 1024 * 1024).default(1024 * 1024),
+  SESSION_LOG_MAX_BYTES: z.coerce
+    .number()
+    .int()
+    .min(0)
+    .max(8 * 1024 * 1024)
+    .default(1024 * 1024),
   /** Webhook deliveries: first retry after this, doubling up to the maximum interval, for this many hours. */
   WEBHOOK_RETRY_INITIAL_MS: z.coerce.number().int().min(10).default(10_000),
   WEBHOOK_RETRY_MAX_INTERVAL_MS: z.coerce.number().int().min(10).default(3_600_000),
-  WEBHOOK_MAX_HOURS: z.coerce.number().min(0.001).max(24 * 30).default(24),
+  WEBHOOK_MAX_HOURS: z.coerce
+    .number()
+    .min(0.001)
+    .max(24 * 30)
+    .default(24),
   /**
    * CIDR ranges (comma- or space-separated) that webhooks may reach although they are loopback,
    * private, link-local, … (refused by default: lib/webhook-target.ts), e.g. an on-premise receiver's
@@ -101,10 +123,19 @@ export const configSchema = z.object({
   /** One delivery attempt (resolving, connecting, sending, reading the answer) ends within this (ms). */
   WEBHOOK_TIMEOUT_MS: z.coerce.number().int().min(100).max(300_000).default(10_000),
   /** At most this much of a receiver's answer is read (bytes); the rest is dropped with the connection. */
-  WEBHOOK_ANSWER_MAX_BYTES: z.coerce.number().int().min(0).max(1024 * 1024).default(4096),
+  WEBHOOK_ANSWER_MAX_BYTES: z.coerce
+    .number()
+    .int()
+    .min(0)
+    .max(1024 * 1024)
+    .default(4096),
   /** The API resolves a webhook URL's name for at most this long when it is given (ms); a name not resolved in time is checked at delivery only. */
   WEBHOOK_RESOLVE_TIMEOUT_MS: z.coerce.number().int().min(0).max(30_000).default(2_000),
-  BODY_LIMIT_BYTES: z.coerce.number().int().positive().default(8 * 1024 * 1024),
+  BODY_LIMIT_BYTES: z.coerce
+    .number()
+    .int()
+    .positive()
+    .default(8 * 1024 * 1024),
   /** The worker's Prometheus endpoint (GET /metrics); the Temporal SDK's exporter takes the next port. 0: off. */
   WORKER_METRICS_PORT: z.coerce.number().int().min(0).max(65534).default(9464),
   /**
@@ -158,7 +189,12 @@ export function loadConfigOrExit(env: NodeJS.ProcessEnv = process.env): Config {
 
 /** The host's id: HOST_ID or the machine's hostname, made task-queue safe. */
 export function hostIdOf(cfg: Config): string {
-  return cfg.HOST_ID ?? require('node:os').hostname().replace(/[^\w.-]/g, '-');
+  return (
+    cfg.HOST_ID ??
+    require('node:os')
+      .hostname()
+      .replace(/[^\w.-]/g, '-')
+  );
 }
 
 /** Where the other processes reach the host beside this worker. */

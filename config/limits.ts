@@ -44,7 +44,12 @@ export interface SandboxLimits extends SandboxResources {
 /** A caller's overrides (per agent or per sandbox). */
 export type LimitOverrides = Partial<Pick<SandboxResources, 'memoryMB' | 'diskMB' | 'cpuCount' | 'maxProcesses'>>;
 
-const megabytes = (min: number) => z.coerce.number().int().min(min).max(1024 * 1024 * 1024);
+const megabytes = (min: number) =>
+  z.coerce
+    .number()
+    .int()
+    .min(min)
+    .max(1024 * 1024 * 1024);
 const cpus = z.coerce.number().min(0).max(4096);
 
 /** The variables, as zod fields: spread into each process's environment schema. */

@@ -48,9 +48,7 @@ function ndjsonItems(text: string, ctx: { addIssue: (i: { code: 'custom'; messag
  * POST …/batches body: JSON `{ items, concurrency?, maxAttempts? }`, or NDJSON items (then
  * concurrency and maxAttempts come from the query string).
  */
-export const CreateBatchBody = z
-  .preprocess((v, ctx) => (typeof v === 'string' ? ndjsonItems(v, ctx as never) : v), CreateBatchObject)
-  .openapi('CreateBatch');
+export const CreateBatchBody = z.preprocess((v, ctx) => (typeof v === 'string' ? ndjsonItems(v, ctx as never) : v), CreateBatchObject).openapi('CreateBatch');
 
 export const BatchStatusEnum = z.enum(['running', 'completed', 'cancelled']);
 

@@ -9,7 +9,20 @@ const Packages = (re: RegExp) => z.array(z.string().min(1).max(200).regex(re, 'm
 
 /** One manifest step, in the open API's shape (`{ type, args }`). */
 export const ImageStepSchema = z.discriminatedUnion('type', [
-  z.object({ type: z.literal('run'), args: z.object({ commands: z.array(z.string().min(1).max(64 * 1024)).min(1).max(200) }) }),
+  z.object({
+    type: z.literal('run'),
+    args: z.object({
+      commands: z
+        .array(
+          z
+            .string()
+            .min(1)
+            .max(64 * 1024),
+        )
+        .min(1)
+        .max(200),
+    }),
+  }),
   z.object({ type: z.literal('apt_install'), args: z.object({ packages: Packages(/^[A-Za-z0-9][A-Za-z0-9+.:=~_-]*$/) }) }),
   z.object({ type: z.literal('pip_install'), args: z.object({ packages: Packages(/^[A-Za-z0-9][^\s]*$/) }) }),
   z.object({ type: z.literal('env'), args: z.object({ vars: z.record(EnvName, z.string().max(32 * 1024)) }) }),
@@ -23,7 +36,16 @@ export const ImageStepSchema = z.discriminatedUnion('type', [
     args: z.object({
       path: AbsPath,
       files: z
-        .array(z.object({ relativePath: z.string().min(1).max(4096).refine((p) => !p.startsWith('/') && noDotDot(p), 'must be a relative path without ..'), content: z.string() }))
+        .array(
+          z.object({
+            relativePath: z
+              .string()
+              .min(1)
+              .max(4096)
+              .refine((p) => !p.startsWith('/') && noDotDot(p), 'must be a relative path without ..'),
+            content: z.string(),
+          }),
+        )
         .max(10_000),
     }),
   }),
@@ -34,7 +56,11 @@ export const ImageManifestSchema = z
   .object({
     base: z.literal('base', { message: 'only the "base" image exists' }).default('base'),
     steps: z.array(ImageStepSchema).max(500).default([]),
-    builderMemoryMB: z.number().int().min(64).optional().describe('Memory limit of the build sandbox in MB; default SANDBOX_MEMORY_MB, at most SANDBOX_MAX_MEMORY_MB'),
+    builderMemoryMB: z
+      .number()
+      .int()
+      .min(64)
+      .optional()
+      .describe('Memory limit of the build sandbox in MB; default SANDBOX_MEMORY_MB, at most SANDBOX_MAX_MEMORY_MB'),
   })
   .openapi('ImageManifest');
-

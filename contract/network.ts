@@ -54,20 +54,25 @@ export function splitAllow(allow: string[]): { cidrs: string[]; names: string[] 
 
 /** `network` of a create (API and sandbox host): the policy's shape; entries are checked by normaliseEgress. */
 export function networkSchema(zod: typeof Zod) {
-  const entry = zod.string().max(253).refine(
-    (v) => {
-      try {
-        normaliseAllowEntry(v, '');
-        return true;
-      } catch {
-        return false;
-      }
-    },
-    { message: 'must be an IPv4 address, a CIDR (a.b.c.d/n), a host name or a *.wildcard' },
-  );
-  return zod.object({
-    egress: zod.union([zod.enum(['internet', 'none']), zod.object({ allow: zod.array(entry).max(256) }).strict()]).default('internet'),
-  }).strict();
+  const entry = zod
+    .string()
+    .max(253)
+    .refine(
+      (v) => {
+        try {
+          normaliseAllowEntry(v, '');
+          return true;
+        } catch {
+          return false;
+        }
+      },
+      { message: 'must be an IPv4 address, a CIDR (a.b.c.d/n), a host name or a *.wildcard' },
+    );
+  return zod
+    .object({
+      egress: zod.union([zod.enum(['internet', 'none']), zod.object({ allow: zod.array(entry).max(256) }).strict()]).default('internet'),
+    })
+    .strict();
 }
 
 /** The network part of a sandbox's spec. */

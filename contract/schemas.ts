@@ -5,14 +5,10 @@ import { networkSchema } from './network';
 import { OUTCOME_REASONS } from './errors';
 
 /** `{ "error": { "type", "message" } }`: the body of every error answer (types and statuses: contract/errors.ts). */
-export const ErrorBodySchema = z
-  .object({ error: z.object({ type: z.string(), message: z.string() }) })
-  .openapi('Error');
+export const ErrorBodySchema = z.object({ error: z.object({ type: z.string(), message: z.string() }) }).openapi('Error');
 
 /** Agent ids: chosen by the caller or generated; safe in paths and workflow ids. */
-export const AgentId = z
-  .string()
-  .regex(/^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$/, 'must be 1-64 letters, digits, _ . - and start with a letter or digit');
+export const AgentId = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$/, 'must be 1-64 letters, digits, _ . - and start with a letter or digit');
 
 /** Runtimes an agent can name as its `core`. */
 export const CORES = ['bash', 'node', 'python'] as const;
@@ -35,16 +31,22 @@ const agentFields = {
   files: z.record(AbsPath, z.string()),
   env: z.record(EnvName, z.string().max(32768)),
   snapshot: z.string().min(1).max(200).nullable(),
-  timeoutSeconds: z.number().int().min(1).max(7 * 24 * 3600),
+  timeoutSeconds: z
+    .number()
+    .int()
+    .min(1)
+    .max(7 * 24 * 3600),
   // Limits of the agent's sandboxes (sessions and instances); the maxima are the operator's (checked by the routes).
   memoryMB: z.number().int().min(MIN_MEMORY_MB).describe('Memory limit of its sandboxes in MB; default SANDBOX_MEMORY_MB, at most SANDBOX_MAX_MEMORY_MB'),
   cpuCount: z.number().min(0.1).describe('CPUs of CFS quota of its sandboxes; default SANDBOX_CPU_COUNT (0: no quota), at most SANDBOX_MAX_CPU_COUNT'),
-  diskMB: z.number().int().min(1).describe('Size of its sandboxes\' writable layer in MB; default SANDBOX_DISK_MB, at most SANDBOX_MAX_DISK_MB'),
+  diskMB: z.number().int().min(1).describe("Size of its sandboxes' writable layer in MB; default SANDBOX_DISK_MB, at most SANDBOX_MAX_DISK_MB"),
   network: networkSchema(z).describe("What its sandboxes may reach: egress 'internet' (default), 'none', or { allow: [IPv4 CIDR…] }"),
   webhook: WebhookInput.describe('POSTed to (signed with the secret) when each of its sessions ends'),
   retryOnHostLoss: z
     .boolean()
-    .describe('A session whose sandbox host is lost while its entrypoint runs runs again from the start on another host (the agent must be idempotent); default false: it ends failed with reason host_lost'),
+    .describe(
+      'A session whose sandbox host is lost while its entrypoint runs runs again from the start on another host (the agent must be idempotent); default false: it ends failed with reason host_lost',
+    ),
 };
 
 export const CreateAgentBody = z

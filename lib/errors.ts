@@ -26,7 +26,11 @@ const SOCKET_UNREACHABLE = new Set(['ECONNREFUSED', 'ECONNRESET', 'EPIPE', 'ETIM
  * Such a failure is an outage (503, retry later), not a bug (500).
  */
 export function unreachableService(err: unknown): string | null {
-  for (let e = err as { name?: string; code?: unknown; cause?: unknown } | undefined, depth = 0; e && typeof e === 'object' && depth < 8; e = e.cause as typeof e, depth++) {
+  for (
+    let e = err as { name?: string; code?: unknown; cause?: unknown } | undefined, depth = 0;
+    e && typeof e === 'object' && depth < 8;
+    e = e.cause as typeof e, depth++
+  ) {
     if (e.name && MONGO_UNREACHABLE.has(e.name)) return 'MongoDB';
     // A gRPC error (Temporal's client wraps it in a ServiceError): a number code and metadata.
     if (typeof e.code === 'number' && GRPC_UNREACHABLE.has(e.code) && 'metadata' in e) return 'Temporal';

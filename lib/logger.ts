@@ -20,7 +20,10 @@ export const REDACT_PATHS = [
  * busy process makes fewer system calls) and flushed when the process exits.
  */
 export function createLogger(name: string, level = process.env.LOG_LEVEL ?? 'info'): Logger {
-  return pino({ name, level, redact: { paths: REDACT_PATHS, censor: '[redacted]' }, hooks: { streamWrite: scrubUrl } }, pino.destination({ dest: 1, sync: false }));
+  return pino(
+    { name, level, redact: { paths: REDACT_PATHS, censor: '[redacted]' }, hooks: { streamWrite: scrubUrl } },
+    pino.destination({ dest: 1, sync: false }),
+  );
 }
 
 /** Query parameters whose values are credentials. */

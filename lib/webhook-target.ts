@@ -106,7 +106,8 @@ function mappedV4(address: string): string | null {
   return [hi >> 8, hi & 255, lo >> 8, lo & 255].join('.');
 }
 
-const REFUSED_TEXT = 'is a loopback, private, link-local, multicast, reserved or unspecified address; webhooks go to public addresses only (the operator may open ranges: WEBHOOK_ALLOWED_CIDRS)';
+const REFUSED_TEXT =
+  'is a loopback, private, link-local, multicast, reserved or unspecified address; webhooks go to public addresses only (the operator may open ranges: WEBHOOK_ALLOWED_CIDRS)';
 
 /**
  * Why the address `address` (an IP literal, without brackets) may not receive webhooks, or null
@@ -149,7 +150,11 @@ export class WebhookTargetRefused extends Error {
  * the resolver's order. Throws WebhookTargetRefused when one is refused, and the resolver's error
  * when the name does not resolve.
  */
-export async function resolveChecked(policy: TargetPolicy, host: string, lookup: LookupAll = systemLookup): Promise<Array<{ address: string; family: number }>> {
+export async function resolveChecked(
+  policy: TargetPolicy,
+  host: string,
+  lookup: LookupAll = systemLookup,
+): Promise<Array<{ address: string; family: number }>> {
   if (net.isIP(host)) {
     const why = refusedAddress(policy, host);
     if (why) throw new WebhookTargetRefused(why);
@@ -214,42 +219,45 @@ export function postChecked(policy: TargetPolicy, url: string, opts: PostOptions
       else resolve(value!);
     };
     const timer = setTimeout(() => done(Object.assign(new Error('the webhook exchange timed out'), { name: 'TimeoutError' })), opts.timeoutMs);
-    resolveChecked(policy, host, opts.lookup).then((addrs) => {
-      if (settled) return;
-      const first = addrs[0]!;
-      // net.connect asks this for the name's address: the one checked above, whatever DNS says now.
-      const pinned = (_h: string, o: { all?: boolean }, cb: (...a: unknown[]) => void): void => {
-        if (o?.all) cb(null, [{ address: first.address, family: first.family }]);
-        else cb(null, first.address, first.family);
-      };
-      req = mod.request(
-        {
-          method: 'POST',
-          protocol: u.protocol,
-          hostname: host,
-          port: u.port || undefined,
-          path: `${u.pathname}${u.search}`,
-          headers: { ...opts.headers, 'content-length': String(Buffer.byteLength(opts.body)) },
-          lookup: pinned as unknown as net.LookupFunction,
-          agent: false,
-          ...(mod === https && !net.isIP(host) ? { servername: host } : {}),
-        },
-        (res) => {
-          const chunks: Buffer[] = [];
-          let size = 0;
-          const finish = (): void => done(null, { status: res.statusCode ?? 0, answer: Buffer.concat(chunks) });
-          res.on('data', (c: Buffer) => {
-            const room = opts.maxAnswerBytes - size;
-            if (room > 0) chunks.push(c.subarray(0, room));
-            size += c.length;
-            if (size >= opts.maxAnswerBytes) finish();
-          });
-          res.on('end', finish);
-          res.on('error', (e) => done(e));
-        },
-      );
-      req.on('error', (e) => done(e));
-      req.end(opts.body);
-    }, (e: Error) => done(e));
+    resolveChecked(policy, host, opts.lookup).then(
+      (addrs) => {
+        if (settled) return;
+        const first = addrs[0]!;
+        // net.connect asks this for the name's address: the one checked above, whatever DNS says now.
+        const pinned = (_h: string, o: { all?: boolean }, cb: (...a: unknown[]) => void): void => {
+          if (o?.all) cb(null, [{ address: first.address, family: first.family }]);
+          else cb(null, first.address, first.family);
+        };
+        req = mod.request(
+          {
+            method: 'POST',
+            protocol: u.protocol,
+            hostname: host,
+            port: u.port || undefined,
+            path: `${u.pathname}${u.search}`,
+            headers: { ...opts.headers, 'content-length': String(Buffer.byteLength(opts.body)) },
+            lookup: pinned as unknown as net.LookupFunction,
+            agent: false,
+            ...(mod === https && !net.isIP(host) ? { servername: host } : {}),
+          },
+          (res) => {
+            const chunks: Buffer[] = [];
+            let size = 0;
+            const finish = (): void => done(null, { status: res.statusCode ?? 0, answer: Buffer.concat(chunks) });
+            res.on('data', (c: Buffer) => {
+              const room = opts.maxAnswerBytes - size;
+              if (room > 0) chunks.push(c.subarray(0, room));
+              size += c.length;
+              if (size >= opts.maxAnswerBytes) finish();
+            });
+            res.on('end', finish);
+            res.on('error', (e) => done(e));
+          },
+        );
+        req.on('error', (e) => done(e));
+        req.end(opts.body);
+      },
+      (e: Error) => done(e),
+    );
   });
 }

@@ -36,7 +36,12 @@ export function webhookSpec(
 ): WebhookSpec {
   return {
     ...w,
-    retry: { initialMs: cfg.WEBHOOK_RETRY_INITIAL_MS, maxIntervalMs: cfg.WEBHOOK_RETRY_MAX_INTERVAL_MS, maxHours: cfg.WEBHOOK_MAX_HOURS, attemptMs: cfg.WEBHOOK_TIMEOUT_MS },
+    retry: {
+      initialMs: cfg.WEBHOOK_RETRY_INITIAL_MS,
+      maxIntervalMs: cfg.WEBHOOK_RETRY_MAX_INTERVAL_MS,
+      maxHours: cfg.WEBHOOK_MAX_HOURS,
+      attemptMs: cfg.WEBHOOK_TIMEOUT_MS,
+    },
   };
 }
 

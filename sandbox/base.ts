@@ -29,7 +29,8 @@ import { SandboxProcesses } from './base/processes';
 export { defaultScratchDir };
 export type { EntrypointLog, EntrypointLogChunk, EnterOptions, LayerScan, SandboxState };
 export { assertId, cgroupJoin, DEFAULT_ENV, envPairs, shq } from './base/common';
-export { DEFAULT_ENTRYPOINT_CLAIM_TIMEOUT_MS, runFiles, settleInterruptedRun } from './base/entrypoint';
+export { DEFAULT_ENTRYPOINT_CLAIM_TIMEOUT_MS } from './base/entrypoint';
+export { runFiles, settleInterruptedRun } from './base/run-files';
 
 /** The provider skeleton; subclasses supply isolation. */
 export abstract class BaseProvider implements SandboxProvider {
@@ -74,7 +75,11 @@ export abstract class BaseProvider implements SandboxProvider {
     this.scratchOption = opts.scratchDir;
     this.audit = opts.auditLog === null ? null : new AuditLog(opts.auditLog ?? defaultAuditLogPath(this.dataDir));
     if (/[,:\s]/.test(this.dataDir)) throw new Error(`DATA_DIR must not contain ',', ':' or spaces: ${this.dataDir}`);
-    this.layers = new Layers(() => this.layersDir(), (dir) => this.scanLayerDir(dir), (layerId) => this.layerHash(layerId));
+    this.layers = new Layers(
+      () => this.layersDir(),
+      (dir) => this.scanLayerDir(dir),
+      (layerId) => this.layerHash(layerId),
+    );
     this.stateFile = new StateFile(this.dataDir, this.log, (id) => this.dirOf(id));
     // What the parts below call back: the provider's hooks and state, late-bound (subclasses override them).
     const hooks = {
@@ -119,7 +124,6 @@ export abstract class BaseProvider implements SandboxProvider {
       adoptInterruptedStart: (state) => this.entrypoints.adoptInterruptedStart(state),
     };
   }
-
 
   /** Called for each sandbox found on disk at start, before it is adopted (e.g. to mark resources it holds). */
   protected adopted(_state: SandboxState): void {}
@@ -281,7 +285,9 @@ export abstract class BaseProvider implements SandboxProvider {
         status: 'creating',
       };
       // In DATA_DIR, or for a session's sandbox in the scratch directory (see makeSandboxDir).
-      await makeSandboxDir(this.dirOf(req.id), this.scratchDir && req.owner?.kind === 'session' ? path.join(this.scratchDir, req.id) : null, () => this.destroyUnlocked(req.id));
+      await makeSandboxDir(this.dirOf(req.id), this.scratchDir && req.owner?.kind === 'session' ? path.join(this.scratchDir, req.id) : null, () =>
+        this.destroyUnlocked(req.id),
+      );
       try {
         // state.json is written once the sandbox runs: after a crash before that, adoption finds a
         // directory without it and removes it (killing what joined the sandbox's cgroups).
@@ -295,10 +301,7 @@ export abstract class BaseProvider implements SandboxProvider {
           const outcome = await this.processes.runPatch(state, patch);
           state.patches.push(outcome);
           if (outcome.exitCode !== 0) {
-            throw new SandboxError(
-              'patch_failed',
-              `patch ${patch.id} failed with exit code ${outcome.exitCode}: ${outcome.outputTail.slice(-500)}`,
-            );
+            throw new SandboxError('patch_failed', `patch ${patch.id} failed with exit code ${outcome.exitCode}: ${outcome.outputTail.slice(-500)}`);
           }
         }
         if (req.entrypoint) await this.entrypoints.startEntrypointUnlocked(state, req.entrypoint);
@@ -349,7 +352,12 @@ export abstract class BaseProvider implements SandboxProvider {
     const state = this.states.get(id);
     const dir = this.dirOf(id);
     // lstat: a link into the scratch directory whose target is gone (the machine rebooted) still counts.
-    const exists = state !== undefined || (await fsp.lstat(dir).then(() => true, () => false));
+    const exists =
+      state !== undefined ||
+      (await fsp.lstat(dir).then(
+        () => true,
+        () => false,
+      ));
     if (!exists) return false;
     const scratch = await scratchTarget(this.scratchDir, dir);
     let onDisk = state;
@@ -484,4 +492,3 @@ export abstract class BaseProvider implements SandboxProvider {
     while (refs.some((r) => isAlive(r)) && Date.now() < deadline) await sleep(5);
   }
 }
-

@@ -63,12 +63,7 @@ function writeFailure(stderr: string, sandboxPath: string): SandboxError {
  * invalid_request when the source failed before its end, conflict otherwise. The source is unpiped,
  * never destroyed (the caller may still answer on its connection, then drain it).
  */
-export async function writeCharged(
-  source: Readable,
-  fh: FileHandle,
-  charge: NonNullable<RootMap['charge']>,
-  sandboxPath: string,
-): Promise<number> {
+export async function writeCharged(source: Readable, fh: FileHandle, charge: NonNullable<RootMap['charge']>, sandboxPath: string): Promise<number> {
   // Nothing of the host's environment (its token); LC_ALL=C: strerror in words writeFailure knows.
   const child = spawn(CAT, [], { stdio: ['pipe', fh.fd, 'pipe'], env: { PATH: '/usr/bin:/bin', LC_ALL: 'C' } });
   const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null; error?: Error }>((resolve) => {

@@ -176,10 +176,7 @@ export class SandboxResolver {
     if (this.sweeper) clearInterval(this.sweeper);
     this.sweeper = null;
     this.upstreamUdp.close();
-    await Promise.all([
-      udp ? new Promise<void>((r) => udp.close(() => r())) : undefined,
-      tcp ? new Promise<void>((r) => tcp.close(() => r())) : undefined,
-    ]);
+    await Promise.all([udp ? new Promise<void>((r) => udp.close(() => r())) : undefined, tcp ? new Promise<void>((r) => tcp.close(() => r())) : undefined]);
   }
 
   private state(source: string): SourceState {

@@ -26,7 +26,10 @@ export class IdSlots {
   private next = 0;
 
   /** `capacity`: at most this many slots (e.g. the /31s of the sandbox network's pool). */
-  constructor(readonly base = DEFAULT_ID_BASE, capacity = Infinity) {
+  constructor(
+    readonly base = DEFAULT_ID_BASE,
+    capacity = Infinity,
+  ) {
     if (!Number.isInteger(base) || base < ID_COUNT || base > 2 ** 32 - 2 * ID_COUNT) {
       throw new Error(`SANDBOX_ID_BASE must be an integer from ${ID_COUNT} to ${2 ** 32 - 2 * ID_COUNT}: ${base}`);
     }

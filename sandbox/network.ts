@@ -21,7 +21,6 @@ import type { Logger } from 'pino';
 import { intToIp, normaliseAllowEntry, normaliseEgress, parseCidr, splitAllow, type Egress, type NetworkPolicy } from '../contract/network';
 import { DEFAULT_RESOLVER_LIMITS, parseUpstream, resolverLimitsFromEnv, SandboxResolver, type Decision, type ResolverLimits, type Upstream } from './dns';
 
-
 /** A sandbox's link: host interface, host end (the gateway) and sandbox end, each a /31. */
 export interface SandboxLink {
   ifname: string;
@@ -39,10 +38,16 @@ export const DEFAULT_NET_NAME = 'sap';
 
 /** Refused whatever the policy, unless the operator allows them (SANDBOX_EGRESS_ALLOW_CIDRS). */
 const ALWAYS_REFUSED = [
-  '0.0.0.0/8', '10.0.0.0/8', '100.64.0.0/10', '127.0.0.0/8', '169.254.0.0/16', '172.16.0.0/12',
-  '192.0.0.0/24', '192.168.0.0/16', '224.0.0.0/3',
+  '0.0.0.0/8',
+  '10.0.0.0/8',
+  '100.64.0.0/10',
+  '127.0.0.0/8',
+  '169.254.0.0/16',
+  '172.16.0.0/12',
+  '192.0.0.0/24',
+  '192.168.0.0/16',
+  '224.0.0.0/3',
 ];
-
 
 /** IPv4 name servers of the host's resolver configuration (the sandboxes' resolver forwards to them). */
 export async function hostNameservers(): Promise<string[]> {
@@ -54,10 +59,11 @@ export async function hostNameservers(): Promise<string[]> {
   return [];
 }
 
-
 function run(cmd: string, args: string[], input?: string): Promise<void> {
   return new Promise((resolve, reject) => {
-    const child = execFile(cmd, args, (err, _out, stderr) => (err ? reject(new Error(`${cmd} ${args.join(' ')}: ${stderr.trim() || err.message}`)) : resolve()));
+    const child = execFile(cmd, args, (err, _out, stderr) =>
+      err ? reject(new Error(`${cmd} ${args.join(' ')}: ${stderr.trim() || err.message}`)) : resolve(),
+    );
     if (input !== undefined) child.stdin!.end(input);
   });
 }
@@ -81,8 +87,6 @@ export interface NetworkOptions {
   dnsLimits?: Partial<ResolverLimits>;
   log: Logger;
 }
-
-
 
 /**
  * The name server every sandbox's /etc/resolv.conf names. It exists only on the sandbox's side of
@@ -137,7 +141,11 @@ export class SandboxNetwork {
 
   static fromEnv(env: NodeJS.ProcessEnv, log: Logger): SandboxNetwork | null {
     if (/^(off|0|false|no)$/i.test(env.SANDBOX_NETWORK ?? '')) return null;
-    const list = (v: string | undefined) => (v ?? '').split(',').map((s) => s.trim()).filter(Boolean);
+    const list = (v: string | undefined) =>
+      (v ?? '')
+        .split(',')
+        .map((s) => s.trim())
+        .filter(Boolean);
     return new SandboxNetwork({
       cidr: env.SANDBOX_NET_CIDR || undefined,
       allowCidrs: list(env.SANDBOX_EGRESS_ALLOW_CIDRS),

@@ -26,4 +26,15 @@
 
 export type { SandboxEntry } from './host-contract/types';
 export { NAME_MAX, fsError, hostPathOf, isInsideRoot, mountIdOf, pathLimits, sandboxPathComponents, shownPath, type RootMap } from './paths/resolve';
-export { resolveSandboxPath, writeSandboxFile, readSandboxFile, openSandboxFileForRead, openSandboxFileForWrite, statSandboxPath, listSandboxDir, makeSandboxDir, renameSandboxPath, removeSandboxEntry } from './paths/entries';
+export {
+  resolveSandboxPath,
+  writeSandboxFile,
+  readSandboxFile,
+  openSandboxFileForRead,
+  openSandboxFileForWrite,
+  statSandboxPath,
+  listSandboxDir,
+  makeSandboxDir,
+  renameSandboxPath,
+  removeSandboxEntry,
+} from './paths/entries';

@@ -50,13 +50,12 @@ export class ProcessProvider extends BaseProvider {
     const cwd = hostPathOf(map, sandboxPathComponents(opts.cwd ?? state.cwd ?? '/workspace'));
     const root = this.rootOf(state.id);
     return [
-      '/usr/bin/env', '-i', '-C', cwd, '--',
-      ...envPairs(
-        DEFAULT_ENV,
-        { HOME: path.join(root, 'root'), TMPDIR: path.join(root, 'tmp'), SANDBOX_ROOT: root, HOSTNAME: state.id },
-        state.envs,
-        opts.env,
-      ),
+      '/usr/bin/env',
+      '-i',
+      '-C',
+      cwd,
+      '--',
+      ...envPairs(DEFAULT_ENV, { HOME: path.join(root, 'root'), TMPDIR: path.join(root, 'tmp'), SANDBOX_ROOT: root, HOSTNAME: state.id }, state.envs, opts.env),
       ...opts.argv,
     ];
   }

@@ -34,7 +34,7 @@ export async function benchEgress(opts: { mb: number; runs: number; call: BenchC
         s.once('error', () => resolve(false));
       });
       if (up) break;
-      if (i > 100) throw new Error('the test host\'s sink did not start');
+      if (i > 100) throw new Error("the test host's sink did not start");
       await new Promise((r) => setTimeout(r, 100));
     }
     const r = await opts.call('POST', '/api/sandboxes', {});

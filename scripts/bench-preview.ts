@@ -73,7 +73,10 @@ export async function benchPreview(apiUrl: string, apiKey: string, n: number, c:
       });
     // The exec session starts the server asynchronously: wait until it answers through the proxy.
     for (let i = 0; ; i++) {
-      const ok = await local({ host: api.hostname, port: Number(api.port || 80), hostHeader: hostname, n: 1, c: 1 }).then(() => true, () => false);
+      const ok = await local({ host: api.hostname, port: Number(api.port || 80), hostHeader: hostname, n: 1, c: 1 }).then(
+        () => true,
+        () => false,
+      );
       if (ok) break;
       if (i > 100) throw new Error('the server in the sandbox did not come up');
       await new Promise((r) => setTimeout(r, 200));

@@ -10,7 +10,10 @@ export type SpawnPart = (typeof SPAWN_PARTS)[number];
 /** Parses `--only a,b` (default: every part); throws on an unknown part. */
 export function parseSpawnParts(only: string | undefined): Set<SpawnPart> {
   if (only === undefined || only.trim() === '') return new Set(SPAWN_PARTS);
-  const parts = only.split(',').map((p) => p.trim()).filter(Boolean);
+  const parts = only
+    .split(',')
+    .map((p) => p.trim())
+    .filter(Boolean);
   for (const p of parts) {
     if (!(SPAWN_PARTS as readonly string[]).includes(p)) throw new Error(`--only: unknown part "${p}" (parts: ${SPAWN_PARTS.join(', ')})`);
   }
@@ -39,12 +42,7 @@ const NODE_V = { cmd: 'node', args: ['-v'] };
  * The sequential parts are latency, not throughput: one sandbox exists at a time, and the first
  * two rounds of each are warm-up (connections and caches), not counted.
  */
-export async function benchSpawn(opts: {
-  n: number;
-  burst: number;
-  parts: Set<SpawnPart>;
-  call: BenchCall;
-}): Promise<Record<string, unknown>> {
+export async function benchSpawn(opts: { n: number; burst: number; parts: Set<SpawnPart>; call: BenchCall }): Promise<Record<string, unknown>> {
   const { call } = opts;
   if (!Number.isInteger(opts.n) || opts.n < 1) throw new Error(`--n: must be a positive integer (got ${opts.n})`);
   if (!Number.isInteger(opts.burst) || opts.burst < 0) throw new Error(`--burst: must be an integer >= 0 (got ${opts.burst})`);
@@ -193,7 +191,11 @@ export async function benchSpawn(opts: {
   }
 
   if (opts.parts.has('checkpoint')) {
-    for (const [label, mb] of [['empty', 0], ['1mb', 1], ['100mb', 100]] as const) {
+    for (const [label, mb] of [
+      ['empty', 0],
+      ['1mb', 1],
+      ['100mb', 100],
+    ] as const) {
       const { checkpointId, snapshot } = await checkpointOf(mb);
       result[`spawn_${label}_ms`] = stats(await measure(() => create(`/api/sandboxes/from-checkpoint/${checkpointId}`)));
       await call('DELETE', `/api/snapshots/${snapshot}`);

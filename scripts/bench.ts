@@ -14,7 +14,17 @@ import { benchLayers } from './bench-hosts';
  */
 const { positionals, values } = parseArgs({
   allowPositionals: true,
-  options: { n: { type: 'string' }, c: { type: 'string' }, mb: { type: 'string' }, rounds: { type: 'string' }, runs: { type: 'string' }, burst: { type: 'string' }, only: { type: 'string' }, url: { type: 'string' }, key: { type: 'string' } },
+  options: {
+    n: { type: 'string' },
+    c: { type: 'string' },
+    mb: { type: 'string' },
+    rounds: { type: 'string' },
+    runs: { type: 'string' },
+    burst: { type: 'string' },
+    only: { type: 'string' },
+    url: { type: 'string' },
+    key: { type: 'string' },
+  },
 });
 const URL_ = values.url ?? process.env.SAP_API_URL ?? 'http://127.0.0.1:8080';
 const KEY = values.key ?? process.env.SAP_API_KEY ?? 'dev-key';
@@ -121,9 +131,7 @@ async function benchSessions(n: number, c: number): Promise<Record<string, unkno
     create_ms: stats(create),
     end_to_end_ms: stats(e2e),
     sessions_per_s: Math.round((n / seconds) * 10) / 10,
-    ...(blocks.length > 1
-      ? { per_block_of_1000_per_s: blocks, last_block_vs_first: Math.round((blocks[blocks.length - 1]! / blocks[0]!) * 100) / 100 }
-      : {}),
+    ...(blocks.length > 1 ? { per_block_of_1000_per_s: blocks, last_block_vs_first: Math.round((blocks[blocks.length - 1]! / blocks[0]!) * 100) / 100 } : {}),
     lost,
     failed,
   };
@@ -144,7 +152,11 @@ async function benchBatch(n: number, c: number): Promise<Record<string, unknown>
   if (a.status !== 201) throw new Error(`create agent: ${JSON.stringify(a.body)}`);
   const ndjson = Array.from({ length: n }, (_, i) => JSON.stringify({ input: { i } })).join('\n');
   const t0 = Date.now();
-  const res = await fetch(`${URL_}/v1/agents/${agentId}/batches?concurrency=${c}`, { method: 'POST', headers: { 'x-api-key': KEY, 'content-type': 'application/x-ndjson' }, body: ndjson });
+  const res = await fetch(`${URL_}/v1/agents/${agentId}/batches?concurrency=${c}`, {
+    method: 'POST',
+    headers: { 'x-api-key': KEY, 'content-type': 'application/x-ndjson' },
+    body: ndjson,
+  });
   const created = (await res.json()) as { id: string };
   if (res.status !== 201) throw new Error(`create batch: ${JSON.stringify(created)}`);
   const createMs = Date.now() - t0;
@@ -159,7 +171,10 @@ async function benchBatch(n: number, c: number): Promise<Record<string, unknown>
   let after = -1;
   for (;;) {
     const r = await fetch(`${URL_}/v1/agents/${agentId}/batches/${created.id}/results?after=${after}&limit=10000`, { headers: { 'x-api-key': KEY } });
-    const lines = (await r.text()).split('\n').filter(Boolean).map((l) => JSON.parse(l) as { index: number; status: string; data: { i?: number } | null });
+    const lines = (await r.text())
+      .split('\n')
+      .filter(Boolean)
+      .map((l) => JSON.parse(l) as { index: number; status: string; data: { i?: number } | null });
     if (lines.length === 0) break;
     for (const l of lines) if (l.status !== 'completed' || l.data?.i !== l.index) wrong++;
     after = Number(r.headers.get('x-next-after'));

@@ -52,7 +52,8 @@ async function leftovers(sandboxIds: Set<string>, deadHostPids: number[]): Promi
       if (sandboxIds.has(name) || deadHostPids.some((p) => name.startsWith(`spare-${p}-`))) out.cgroups.push(`${c}/sap/${name}`);
     }
   }
-  const scratch = process.env.SANDBOX_SCRATCH_DIR && process.env.SANDBOX_SCRATCH_DIR !== 'off' ? path.resolve(process.env.SANDBOX_SCRATCH_DIR) : defaultScratchDir(DATA_DIR);
+  const scratch =
+    process.env.SANDBOX_SCRATCH_DIR && process.env.SANDBOX_SCRATCH_DIR !== 'off' ? path.resolve(process.env.SANDBOX_SCRATCH_DIR) : defaultScratchDir(DATA_DIR);
   for (const l of fs.readFileSync('/proc/self/mountinfo', 'utf8').split('\n')) {
     if (l.includes(path.join(DATA_DIR, 'sandboxes')) || l.includes(scratch)) out.mounts.push(l);
   }
@@ -76,7 +77,10 @@ async function main(): Promise<void> {
   const runId = `${Date.now().toString(36)}${SEED.toString(36)}`;
   const work = `chaos-${runId}`;
   const slow = `chaos-${runId}-slow`;
-  for (const [id, timeoutSeconds] of [[work, 60], [slow, SHORT_TIMEOUT_S]] as const) {
+  for (const [id, timeoutSeconds] of [
+    [work, 60],
+    [slow, SHORT_TIMEOUT_S],
+  ] as const) {
     const a = await call('POST', '/v1/agents', { id, core: 'bash', entrypoint: ['bash', '-c', AGENT_SCRIPT], timeoutSeconds });
     if (a.status !== 201 && a.status !== 409) throw new Error(`create agent ${id}: ${a.status} ${a.text}`);
   }
@@ -93,7 +97,12 @@ async function main(): Promise<void> {
   // At least N_SESSIONS sessions, and more while kills remain, CONCURRENCY at a time; the batch beside them.
   const sessions: SessionRecord[] = [];
   const batch = runBatch(work, runId);
-  const mix: [Kind, number][] = [['quick', 0.4], ['sleep', 0.3], ['fail', 0.2], ['timeout', 0.1]];
+  const mix: [Kind, number][] = [
+    ['quick', 0.4],
+    ['sleep', 0.3],
+    ['fail', 0.2],
+    ['timeout', 0.1],
+  ];
   await Promise.all(
     Array.from({ length: CONCURRENCY }, async () => {
       while (sessions.length < N_SESSIONS || !killsDone) {
@@ -173,13 +182,43 @@ async function main(): Promise<void> {
     seed: SEED,
     seconds: Math.round(workloadS),
     concurrency: CONCURRENCY,
-    sessions: { total: sessions.length, by_kind: byKind, lost: lost.length, wrong: wrong.length, samples: [...lost, ...wrong].slice(0, 10).map((s) => ({ n: s.n, kind: s.task.kind, id: s.id, lost: s.lost, wrong: s.wrong })) },
-    batch: { id: b.id, items: N_BATCH, status: b.status, counts: b.counts, results_file: b.linesFile, lines: b.lines, missing: batchLost, duplicate_lines: b.duplicateLines.length, wrong: b.wrong.length, samples: b.wrong.slice(0, 10) },
-    runs: { recorded: [...runs.values()].reduce((x, y) => x + y, 0), duplicates: duplicates.length, never_ran: neverRan.length, samples: [...duplicates.slice(0, 10), ...neverRan.slice(0, 10)] },
+    sessions: {
+      total: sessions.length,
+      by_kind: byKind,
+      lost: lost.length,
+      wrong: wrong.length,
+      samples: [...lost, ...wrong].slice(0, 10).map((s) => ({ n: s.n, kind: s.task.kind, id: s.id, lost: s.lost, wrong: s.wrong })),
+    },
+    batch: {
+      id: b.id,
+      items: N_BATCH,
+      status: b.status,
+      counts: b.counts,
+      results_file: b.linesFile,
+      lines: b.lines,
+      missing: batchLost,
+      duplicate_lines: b.duplicateLines.length,
+      wrong: b.wrong.length,
+      samples: b.wrong.slice(0, 10),
+    },
+    runs: {
+      recorded: [...runs.values()].reduce((x, y) => x + y, 0),
+      duplicates: duplicates.length,
+      never_ran: neverRan.length,
+      samples: [...duplicates.slice(0, 10), ...neverRan.slice(0, 10)],
+    },
     kills: Object.fromEntries(Object.keys(KILL_PLAN).map((n) => [n, kills.filter((k) => k.name === n).length])),
     not_recovered: notRecovered,
     recovery,
-    leftovers: { total: leftoverCount(left), host_list: left.hostList.length, cgroups: left.cgroups.length, mounts: left.mounts.length, dirs: left.dirs.length, scratch: left.scratch.length, samples: [...left.hostList, ...left.cgroups, ...left.dirs, ...left.scratch, ...left.mounts].slice(0, 10) },
+    leftovers: {
+      total: leftoverCount(left),
+      host_list: left.hostList.length,
+      cgroups: left.cgroups.length,
+      mounts: left.mounts.length,
+      dirs: left.dirs.length,
+      scratch: left.scratch.length,
+      samples: [...left.hostList, ...left.cgroups, ...left.dirs, ...left.scratch, ...left.mounts].slice(0, 10),
+    },
     http: {
       requests: httpStats.requests,
       retries: httpStats.retries,
@@ -197,6 +236,6 @@ async function main(): Promise<void> {
 }
 
 main().catch((err) => {
-  process.stderr.write(`chaos: ${err instanceof Error ? err.stack ?? err.message : String(err)}\n`);
+  process.stderr.write(`chaos: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
   process.exit(2);
 });

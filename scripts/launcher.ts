@@ -119,7 +119,8 @@ export async function freePort(): Promise<number> {
 async function waitFor(what: string, check: () => Promise<boolean>, timeoutMs: number, proc?: ChildProcess): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
-    if (proc && (proc.exitCode !== null || proc.signalCode !== null)) throw new Error(`${what} exited with ${proc.signalCode ?? `code ${proc.exitCode}`} before it was ready`);
+    if (proc && (proc.exitCode !== null || proc.signalCode !== null))
+      throw new Error(`${what} exited with ${proc.signalCode ?? `code ${proc.exitCode}`} before it was ready`);
     if (await check().catch(() => false)) return;
     if (Date.now() > deadline) throw new Error(`${what} not ready after ${timeoutMs} ms`);
     await new Promise((r) => setTimeout(r, 100));
@@ -140,11 +141,16 @@ const tcpOpen = (port: number) => () =>
 const namespaceReady = (address: string) => async () => {
   if (!(await tcpOpen(Number(address.split(':')[1]))())) return false;
   return new Promise<boolean>((resolve) => {
-    execFile(path.join(TOOLS, 'temporal'), ['operator', 'namespace', 'describe', '-n', 'default', '--address', address], { timeout: 5000 }, (err) => resolve(!err));
+    execFile(path.join(TOOLS, 'temporal'), ['operator', 'namespace', 'describe', '-n', 'default', '--address', address], { timeout: 5000 }, (err) =>
+      resolve(!err),
+    );
   });
 };
 
-const httpOk = (url: string, headers: Record<string, string> = {}) => async () => (await fetch(url, { headers })).ok;
+const httpOk =
+  (url: string, headers: Record<string, string> = {}) =>
+  async () =>
+    (await fetch(url, { headers })).ok;
 
 /**
  * Starts the whole local stack: the Temporal dev server (persistent SQLite, WAL), FerretDB
@@ -173,7 +179,8 @@ export async function startStack(o: StackOptions): Promise<Stack> {
     ...o.env,
   };
   const hostCount = o.hosts ?? 1;
-  if (!Number.isInteger(hostCount) || hostCount < 1 || hostCount > MAX_STACK_HOSTS) throw new Error(`SANDBOX_HOSTS must be an integer from 1 to ${MAX_STACK_HOSTS}: ${o.hosts}`);
+  if (!Number.isInteger(hostCount) || hostCount < 1 || hostCount > MAX_STACK_HOSTS)
+    throw new Error(`SANDBOX_HOSTS must be an integer from 1 to ${MAX_STACK_HOSTS}: ${o.hosts}`);
   // Several hosts' workers must open the same secrets: they get the key the API uses.
   if (hostCount > 1 && !env.SECRETS_KEY) env.SECRETS_KEY = secretsKeyText(o.dataDir);
   const hostList = Array.from({ length: hostCount }, (_, k) => {
@@ -216,25 +223,37 @@ export async function startStack(o: StackOptions): Promise<Stack> {
   const commands: Partial<Record<ProcName, () => Command>> = {
     temporal: () => ({
       ...privately(path.join(TOOLS, 'temporal'), [
-        'server', 'start-dev',
-        '--ip', '127.0.0.1',
-        '--port', String(o.temporalPort),
+        'server',
+        'start-dev',
+        '--ip',
+        '127.0.0.1',
+        '--port',
+        String(o.temporalPort),
         ...(o.uiPort ? ['--ui-port', String(o.uiPort)] : ['--headless']),
-        '--db-filename', path.join(o.dataDir, 'temporal.db'),
-        '--sqlite-pragma', 'journal_mode=wal',
-        '--sqlite-pragma', 'synchronous=normal',
+        '--db-filename',
+        path.join(o.dataDir, 'temporal.db'),
+        '--sqlite-pragma',
+        'journal_mode=wal',
+        '--sqlite-pragma',
+        'synchronous=normal',
         // The file grows by about 25 KB per finished workflow (kept for the namespace's retention);
         // SQLite's default page cache (2 MB) soon holds a small part of its indexes, and every
         // lookup becomes a read through the kernel. A 256 MB cache and memory-mapped reads keep
         // the per-session cost flat over tens of thousands of sessions (README, Performance).
-        '--sqlite-pragma', 'cache_size=-262144',
-        '--sqlite-pragma', 'mmap_size=1073741824',
-        '--sqlite-pragma', 'temp_store=memory',
-        '--dynamic-config-value', 'history.transferProcessorMaxPollRPS=1000',
+        '--sqlite-pragma',
+        'cache_size=-262144',
+        '--sqlite-pragma',
+        'mmap_size=1073741824',
+        '--sqlite-pragma',
+        'temp_store=memory',
+        '--dynamic-config-value',
+        'history.transferProcessorMaxPollRPS=1000',
         // Idle workers start a new long poll every 5 s instead of every minute, so the poll times
         // Temporal lists tell a live worker from a dead one within seconds (/readyz, api/readiness.ts).
-        '--dynamic-config-value', 'matching.longPollExpirationInterval="5s"',
-        '--log-level', 'warn',
+        '--dynamic-config-value',
+        'matching.longPollExpirationInterval="5s"',
+        '--log-level',
+        'warn',
         ...SEARCH_ATTRIBUTE_FLAGS.flatMap((a) => ['--search-attribute', a]),
       ]),
       ready: async (p) => {
@@ -245,7 +264,13 @@ export async function startStack(o: StackOptions): Promise<Stack> {
     }),
     mongo: () => ({
       // FERRETDB_PPROF=127.0.0.1:6060 serves Go's profiler, for finding where the database spends its time.
-      ...privately(path.join(TOOLS, 'ferretdb'), ['-listen', `127.0.0.1:${o.mongoPort}`, '-dir', path.join(o.dataDir, 'ferretdb'), ...(process.env.FERRETDB_PPROF ? ['-pprof', process.env.FERRETDB_PPROF] : [])]),
+      ...privately(path.join(TOOLS, 'ferretdb'), [
+        '-listen',
+        `127.0.0.1:${o.mongoPort}`,
+        '-dir',
+        path.join(o.dataDir, 'ferretdb'),
+        ...(process.env.FERRETDB_PPROF ? ['-pprof', process.env.FERRETDB_PPROF] : []),
+      ]),
       ready: (p) => waitFor('ferretdb', tcpOpen(o.mongoPort), 60_000, p),
     }),
     api: () => ({
@@ -269,7 +294,12 @@ export async function startStack(o: StackOptions): Promise<Stack> {
       args: [...nodeArgs, path.join(DIST, 'worker', 'main.js')],
       env: h.env,
       ready: (p) =>
-        waitFor(`worker of ${h.hostId}`, async () => logSince(path.join(logDir, `${h.worker}.log`), logOffsets.get(p) ?? 0).includes('"worker running"'), 60_000, p),
+        waitFor(
+          `worker of ${h.hostId}`,
+          async () => logSince(path.join(logDir, `${h.worker}.log`), logOffsets.get(p) ?? 0).includes('"worker running"'),
+          60_000,
+          p,
+        ),
     });
   }
 
@@ -398,8 +428,11 @@ function setRetention(address: string, retention: string): Promise<void> {
   if (!/^\d+[hd]$/.test(retention)) return Promise.reject(new Error(`TEMPORAL_RETENTION must be hours or days, like 24h or 3d: ${retention}`));
   const value = retention.endsWith('d') ? `${Number(retention.slice(0, -1)) * 24}h` : retention;
   return new Promise((resolve, reject) => {
-    execFile(path.join(TOOLS, 'temporal'), ['operator', 'namespace', 'update', '-n', 'default', '--retention', value, '--address', address], { timeout: 10_000 }, (err, _out, stderr) =>
-      err ? reject(new Error(`setting TEMPORAL_RETENTION=${retention}: ${stderr.trim() || err.message}`)) : resolve(),
+    execFile(
+      path.join(TOOLS, 'temporal'),
+      ['operator', 'namespace', 'update', '-n', 'default', '--retention', value, '--address', address],
+      { timeout: 10_000 },
+      (err, _out, stderr) => (err ? reject(new Error(`setting TEMPORAL_RETENTION=${retention}: ${stderr.trim() || err.message}`)) : resolve()),
     );
   });
 }

@@ -71,12 +71,22 @@ export function createAgentSessionService(deps: SandboxDeps, live: ExecLive) {
     if (!agentSessionID) {
       agentSessionID = await readAgentSessionId(host, doc);
       if (agentSessionID) {
-        updateSession(deps.store, 'agent', doc._id, { agentSessionID }).catch((err: unknown) => deps.logger.warn({ err, id: doc._id }, 'could not record agentSessionID'));
+        updateSession(deps.store, 'agent', doc._id, { agentSessionID }).catch((err: unknown) =>
+          deps.logger.warn({ err, id: doc._id }, 'could not record agentSessionID'),
+        );
       }
     }
     live.noteExit('agent', doc._id, info, doc);
     const l = liveFields(info, doc);
-    return { sessionID: doc._id, sandboxID: doc.sandboxId, running: l.running, startedAt: doc.startedAt.toISOString(), agentSessionID, exitCode: l.exitCode, exitedAt: l.exitedAt };
+    return {
+      sessionID: doc._id,
+      sandboxID: doc.sandboxId,
+      running: l.running,
+      startedAt: doc.startedAt.toISOString(),
+      agentSessionID,
+      exitCode: l.exitCode,
+      exitedAt: l.exitedAt,
+    };
   }
 
   async function orgAgent(orgId: string, sandboxId: string, id: string): Promise<AgentSessionDoc> {
@@ -127,7 +137,15 @@ export function createAgentSessionService(deps: SandboxDeps, live: ExecLive) {
       }
       live.rememberTarget(id, { orgId, sandboxId, execId: info.sessionID, kind: 'agent' });
       const l = liveFields(info, doc);
-      return { sessionID: id, sandboxID: sandboxId, running: l.running, startedAt: doc.startedAt.toISOString(), agentSessionID: '', exitCode: l.exitCode, exitedAt: l.exitedAt };
+      return {
+        sessionID: id,
+        sandboxID: sandboxId,
+        running: l.running,
+        startedAt: doc.startedAt.toISOString(),
+        agentSessionID: '',
+        exitCode: l.exitCode,
+        exitedAt: l.exitedAt,
+      };
     },
 
     /** The sandbox's agent sessions, newest first, with their live state. */

@@ -53,7 +53,11 @@ export function createAgentService(deps: ServiceDeps, secretStores: Pick<SecretS
 
   /** 400 when an agent's limits exceed the operator's maxima. */
   const checkLimits = (body: { memoryMB?: number | null; cpuCount?: number | null; diskMB?: number | null }): void => {
-    const over = overMaximum(deps.cfg.limits, { memoryMB: body.memoryMB ?? undefined, cpuCount: body.cpuCount ?? undefined, diskMB: body.diskMB ?? undefined }, 'body.');
+    const over = overMaximum(
+      deps.cfg.limits,
+      { memoryMB: body.memoryMB ?? undefined, cpuCount: body.cpuCount ?? undefined, diskMB: body.diskMB ?? undefined },
+      'body.',
+    );
     if (over) throw invalid(over);
   };
 

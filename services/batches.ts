@@ -6,7 +6,17 @@ import { derivedId, randomId } from '../lib/ids';
 import { batchSessionId } from '../lib/batch-ids';
 import { assertWebhookTarget, sealWebhook, webhookSpec } from '../lib/webhooks';
 import { fromJsonText, isDuplicateKey, runSpecOf, type AgentDoc, type SessionDoc } from '../store';
-import { deleteBatch, ensureBatchIndexes, findBatch, insertBatch, listBatches, markBatchCancelled, storeBatchItems, type BatchDoc, type BatchStatus } from '../store/batches';
+import {
+  deleteBatch,
+  ensureBatchIndexes,
+  findBatch,
+  insertBatch,
+  listBatches,
+  markBatchCancelled,
+  storeBatchItems,
+  type BatchDoc,
+  type BatchStatus,
+} from '../store/batches';
 import { readSession } from '../store/sessions';
 import { AGENT_ID, BATCH_ID, ORG_ID, batchSummary, type BatchWorkflowArgs } from '../workflows/defs';
 import type { AgentService } from './agents';
@@ -95,7 +105,8 @@ export function createBatchService(deps: ServiceDeps, agents: Pick<AgentService,
     if (last.status !== 'completed' && last.status !== 'failed') return null;
     if (last.status === 'failed' && attempts < b.max_attempts && !batchOver) return null;
     const line: BatchResult = { index, session_id: last._id, status: last.status, data: fromJsonText(last.result), attempts };
-    if (last.status === 'failed') line.error = { reason: last.outcome?.reason ?? null, exit_code: last.outcome?.exit_code ?? null, message: last.outcome?.message ?? null };
+    if (last.status === 'failed')
+      line.error = { reason: last.outcome?.reason ?? null, exit_code: last.outcome?.exit_code ?? null, message: last.outcome?.message ?? null };
     return line;
   };
 

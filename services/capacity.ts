@@ -46,7 +46,11 @@ export interface CalendarInterval {
 /** Reservable capacity per organisation, in 15-minute intervals, and reservations against it. */
 export interface CapacityService {
   /** The calendar of [from, to) (epoch ms, aligned; at most 31 days): what is reserved and reservable per interval. */
-  calendar(orgId: string, from: number, to: number): Promise<{
+  calendar(
+    orgId: string,
+    from: number,
+    to: number,
+  ): Promise<{
     generatedAt: string;
     staleAt: string;
     intervalDuration: 'PT15M';
@@ -58,7 +62,11 @@ export interface CapacityService {
    * Reserves `capacityGb` in every interval of [startsAt, endsAt); never over the limit (409). With an
    * idempotency key, a second request answers the first reservation (`created: false`; 409 if it differs).
    */
-  reserve(orgId: string, body: { startsAt: number; endsAt: number; capacityGb: number }, idempotencyKey: string | undefined): Promise<{ reservation: ReservationDoc; created: boolean }>;
+  reserve(
+    orgId: string,
+    body: { startsAt: number; endsAt: number; capacityGb: number },
+    idempotencyKey: string | undefined,
+  ): Promise<{ reservation: ReservationDoc; created: boolean }>;
   /** The organisation's reservations, by start time. */
   list(orgId: string): Promise<ReservationDoc[]>;
 }

@@ -169,7 +169,12 @@ export function createCheckpointService(deps: SandboxDeps, sandboxes: SandboxSer
         if (e.type === 'patch_failed') {
           // The host keeps it hibernated over the checkpoint: a wake retries the patches.
           const now = new Date();
-          await updateSandbox(deps.store, sb._id, { status: 'hibernated', hibernation: { layerId: cp.layerId, at: now }, fromCheckpoint: cp._id, updatedAt: now });
+          await updateSandbox(deps.store, sb._id, {
+            status: 'hibernated',
+            hibernation: { layerId: cp.layerId, at: now },
+            fromCheckpoint: cp._id,
+            updatedAt: now,
+          });
           throw conflict(`sandbox ${sb._id} was restored but a patch failed, so it is hibernated (wake retries): ${e.message}`);
         }
         if (e.type === 'conflict' || e.type === 'not_found') throw conflict(`sandbox ${sb._id} cannot be restored: ${e.message}`);

@@ -85,7 +85,13 @@ export function createExecService(deps: SandboxDeps, live: ExecLive) {
     return running;
   }
 
-  async function startAndRecord(host: HostClient, orgId: string, sandboxId: string, body: ExecStartRequest, mine: { recorded: boolean }): Promise<{ doc: ExecDoc; info: ExecSessionInfo }> {
+  async function startAndRecord(
+    host: HostClient,
+    orgId: string,
+    sandboxId: string,
+    body: ExecStartRequest,
+    mine: { recorded: boolean },
+  ): Promise<{ doc: ExecDoc; info: ExecSessionInfo }> {
     let info: ExecSessionInfo;
     try {
       info = await host.createExec(sandboxId, body);
@@ -166,7 +172,13 @@ export function createExecService(deps: SandboxDeps, live: ExecLive) {
       const host = await live.sandboxHost(orgId, sandboxId);
       try {
         const r = await host.execRun(sandboxId, body);
-        return { exitCode: r.exitCode, stdout: r.stdout, stderr: r.stderr, ...(r.oomKilled ? { oomKilled: true as const } : {}), ...(r.truncated ? { truncated: true as const } : {}) };
+        return {
+          exitCode: r.exitCode,
+          stdout: r.stdout,
+          stderr: r.stderr,
+          ...(r.oomKilled ? { oomKilled: true as const } : {}),
+          ...(r.truncated ? { truncated: true as const } : {}),
+        };
       } catch (err) {
         throw fromHostError(err, `sandbox ${sandboxId}`);
       }
@@ -182,12 +194,28 @@ export function createExecService(deps: SandboxDeps, live: ExecLive) {
       } catch (err) {
         if ((err as { status?: number }).status === 404) {
           // The host no longer has it (restarted, or the sandbox is gone): what the record says.
-          return { execId: doc._id, running: false, exitCode: doc.exitCode, timedOut: false, stdout: '', stderr: '', error: 'its output is no longer kept (the sandbox or its host restarted)' };
+          return {
+            execId: doc._id,
+            running: false,
+            exitCode: doc.exitCode,
+            timedOut: false,
+            stdout: '',
+            stderr: '',
+            error: 'its output is no longer kept (the sandbox or its host restarted)',
+          };
         }
         throw fromHostError(err, `exec session ${doc._id}`);
       }
       live.noteExit('exec', doc._id, r, doc);
-      return { execId: doc._id, running: r.running, exitCode: r.exitCode, timedOut: r.timedOut, stdout: r.stdout, stderr: r.stderr, ...(r.truncated ? { truncated: true as const } : {}) };
+      return {
+        execId: doc._id,
+        running: r.running,
+        exitCode: r.exitCode,
+        timedOut: r.timedOut,
+        stdout: r.stdout,
+        stderr: r.stderr,
+        ...(r.truncated ? { truncated: true as const } : {}),
+      };
     },
 
     /** An exec session with its live state. */

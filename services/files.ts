@@ -95,20 +95,26 @@ export function createFileService(deps: SandboxDeps, live: ExecLive, sandboxes: 
     }
   }
 
-  const openStream = (host: HostClient, sandboxId: string, path: string, signal: AbortSignal) => call(`file ${path}`, () => host.openFileStream(sandboxId, path, { signal }));
-  const upload = (host: HostClient, sandboxId: string, path: string, body: Readable, mode?: number) => call(`file ${path}`, () => host.uploadFile(sandboxId, path, body, { mode }));
+  const openStream = (host: HostClient, sandboxId: string, path: string, signal: AbortSignal) =>
+    call(`file ${path}`, () => host.openFileStream(sandboxId, path, { signal }));
+  const upload = (host: HostClient, sandboxId: string, path: string, body: Readable, mode?: number) =>
+    call(`file ${path}`, () => host.uploadFile(sandboxId, path, body, { mode }));
 
   return {
     /** Opens a file of the sandbox for reading (the host's answer, streamed; aborted with `signal`). */
     download: (orgId: string, id: string, path: string, signal: AbortSignal, asyncWake: boolean): Promise<IncomingMessage> =>
       onHost(orgId, id, asyncWake, (h) => openStream(h, id, path, signal)),
     /** Streams `body` into a file of the sandbox (parents created). */
-    upload: (orgId: string, id: string, path: string, body: Readable, mode: number | undefined, asyncWake: boolean) => onHost(orgId, id, asyncWake, (h) => upload(h, id, path, body, mode)),
+    upload: (orgId: string, id: string, path: string, body: Readable, mode: number | undefined, asyncWake: boolean) =>
+      onHost(orgId, id, asyncWake, (h) => upload(h, id, path, body, mode)),
     remove: (orgId: string, id: string, path: string, recursive: boolean | undefined, asyncWake: boolean) =>
       onHost(orgId, id, asyncWake, (h) => call(`file ${path}`, () => h.removePath(id, path, { recursive }))),
-    list: (orgId: string, id: string, path: string | undefined, asyncWake: boolean) => onHost(orgId, id, asyncWake, (h) => call(`directory ${path ?? '/'}`, () => h.listDir(id, path ?? '/'))),
-    stat: (orgId: string, id: string, path: string, noFollow: boolean | undefined) => onHost(orgId, id, null, (h) => call(`file ${path}`, () => h.statPath(id, path, { noFollow }))),
-    mkdir: (orgId: string, id: string, path: string, asyncWake: boolean) => onHost(orgId, id, asyncWake, (h) => call(`directory ${path}`, () => h.makeDir(id, path))),
+    list: (orgId: string, id: string, path: string | undefined, asyncWake: boolean) =>
+      onHost(orgId, id, asyncWake, (h) => call(`directory ${path ?? '/'}`, () => h.listDir(id, path ?? '/'))),
+    stat: (orgId: string, id: string, path: string, noFollow: boolean | undefined) =>
+      onHost(orgId, id, null, (h) => call(`file ${path}`, () => h.statPath(id, path, { noFollow }))),
+    mkdir: (orgId: string, id: string, path: string, asyncWake: boolean) =>
+      onHost(orgId, id, asyncWake, (h) => call(`directory ${path}`, () => h.makeDir(id, path))),
     rename: (orgId: string, id: string, from: string, to: string) => onHost(orgId, id, null, (h) => call(`file ${from}`, () => h.renamePath(id, from, to))),
 
     /** A token that downloads (GET) or uploads (PUT) one file of the sandbox until `expiresIn` seconds from now. */

@@ -57,7 +57,10 @@ export class HostDirectory {
     const doc = await this.docOf(hostId);
     if (!doc) throw new ApiError('unavailable', `sandbox host ${hostId} is not registered`);
     if (!hostAlive(doc, this.deadAfterMs) && !(await this.probe(doc))) {
-      throw new ApiError('gone', `sandbox host ${hostId} is lost (not heard of for ${Math.round((Date.now() - new Date(doc.updatedAt).getTime()) / 1000)} s): its sandboxes are gone`);
+      throw new ApiError(
+        'gone',
+        `sandbox host ${hostId} is lost (not heard of for ${Math.round((Date.now() - new Date(doc.updatedAt).getTime()) / 1000)} s): its sandboxes are gone`,
+      );
     }
     return this.clientOf(doc);
   }
@@ -75,7 +78,14 @@ export class HostDirectory {
     } catch (err) {
       if (err instanceof ApiError && err.type === 'gone') {
         // The target may hold copies from earlier fetches: a fetch that finds everything present asks nobody.
-        const present = await Promise.all(layers.map((l) => target.fetchLayer(l, 'http://lost.invalid').then(() => true, () => false)));
+        const present = await Promise.all(
+          layers.map((l) =>
+            target.fetchLayer(l, 'http://lost.invalid').then(
+              () => true,
+              () => false,
+            ),
+          ),
+        );
         if (present.every(Boolean)) return;
         throw new ApiError('unavailable', `the layers of this checkpoint or snapshot were only on sandbox host ${from}, which is lost: ${err.message}`);
       }
@@ -102,7 +112,9 @@ export class HostDirectory {
     let doc = chooseHost(docs, this.deadAfterMs);
     if (!doc) {
       // No heartbeat is fresh (workers down, say): hosts that answer a probe themselves still count.
-      const answering = (await Promise.all(docs.map(async (d) => ((await this.probe(d)) ? { ...d, updatedAt: new Date() } : null)))).filter((d): d is HostDoc => d !== null);
+      const answering = (await Promise.all(docs.map(async (d) => ((await this.probe(d)) ? { ...d, updatedAt: new Date() } : null)))).filter(
+        (d): d is HostDoc => d !== null,
+      );
       doc = chooseHost(answering, this.deadAfterMs);
     }
     if (!doc) throw new ApiError('unavailable', 'no live sandbox host has room for a new sandbox (HOST_MAX_SANDBOXES), or none is heard of');

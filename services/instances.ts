@@ -1,7 +1,16 @@
 import { ApiError, invalid, notFound } from '../lib/errors';
 import { randomId } from '../lib/ids';
 import { runSpecOf } from '../store';
-import { deleteInstance, findInstance, insertInstance, listInstances, markInstanceStopped, metaPairsOf, type InstanceDoc, type InstanceStatus } from '../store/instances';
+import {
+  deleteInstance,
+  findInstance,
+  insertInstance,
+  listInstances,
+  markInstanceStopped,
+  metaPairsOf,
+  type InstanceDoc,
+  type InstanceStatus,
+} from '../store/instances';
 import { snapshotRefOf } from './snapshots';
 import { AGENT_ID, ORG_ID, destroyInstanceSignal, type InstanceWorkflowArgs } from '../workflows/defs';
 import type { AgentService } from './agents';

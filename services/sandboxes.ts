@@ -8,14 +8,7 @@ import { ApiError, invalid, notFound } from '../lib/errors';
 import { randomId } from '../lib/ids';
 import { normaliseEgress, type Egress } from '../contract/network';
 import { findOrgCheckpoint, ImageError, listPatches, resolveImage } from '../store/checkpoints';
-import {
-  deleteSandboxRecord,
-  findOrgSandbox,
-  insertSandbox,
-  listLiveOrgSandboxes,
-  SandboxDoc,
-  updateSandbox,
-} from '../store/sandboxes';
+import { deleteSandboxRecord, findOrgSandbox, insertSandbox, listLiveOrgSandboxes, SandboxDoc, updateSandbox } from '../store/sandboxes';
 import { findSecretStore, secretEnvOf, SecretStoreMissing, SecretUnreadable } from '../store/secrets';
 import { assertStoreUnused, removeSecretStore } from './secret-stores';
 import { hibernateSandbox } from './hibernation';
@@ -82,8 +75,16 @@ export async function snapshotOrigin(deps: Pick<SandboxDeps, 'store'>, orgId: st
 
 /** 501 for create options of the client this server does not implement: ignoring them would leave previews public or events undelivered while the caller thinks otherwise. */
 export function refuseUnsupported(body: { previewAuth?: unknown; webhooks?: unknown }): void {
-  if (body.previewAuth !== undefined) throw new ApiError('not_implemented', 'Sandbox.create({ previewAuth }) is not implemented by this server: protect each preview URL with authConfig at POST /api/sandboxes/{id}/preview');
-  if (body.webhooks !== undefined) throw new ApiError('not_implemented', 'Sandbox.create({ webhooks }) is not implemented by this server: no sandbox lifecycle webhooks (sessions have webhooks: see the README)');
+  if (body.previewAuth !== undefined)
+    throw new ApiError(
+      'not_implemented',
+      'Sandbox.create({ previewAuth }) is not implemented by this server: protect each preview URL with authConfig at POST /api/sandboxes/{id}/preview',
+    );
+  if (body.webhooks !== undefined)
+    throw new ApiError(
+      'not_implemented',
+      'Sandbox.create({ webhooks }) is not implemented by this server: no sandbox lifecycle webhooks (sessions have webhooks: see the README)',
+    );
 }
 
 /**
@@ -155,7 +156,9 @@ export async function provisionSandbox(
   ]);
   if (recorded.status === 'rejected') {
     if (created.status === 'fulfilled') {
-      await client.destroySandbox(doc._id).catch((err) => deps.logger.warn({ err: String(err), sandboxId: doc._id }, 'could not destroy an unrecorded sandbox; the reaper will'));
+      await client
+        .destroySandbox(doc._id)
+        .catch((err) => deps.logger.warn({ err: String(err), sandboxId: doc._id }, 'could not destroy an unrecorded sandbox; the reaper will'));
     }
     throw recorded.reason;
   }
@@ -211,7 +214,8 @@ export function createSandboxService(deps: SandboxDeps, previews: PreviewService
       return await hibernateSandbox(deps.store, host, doc);
     } catch (err) {
       const e = err as { type?: string; message?: string };
-      if (e.type === 'conflict' || e.type === 'not_found' || e.type === 'invalid_request') throw new ApiError('conflict', `sandbox ${doc._id} cannot hibernate: ${e.message}`);
+      if (e.type === 'conflict' || e.type === 'not_found' || e.type === 'invalid_request')
+        throw new ApiError('conflict', `sandbox ${doc._id} cannot hibernate: ${e.message}`);
       throw new ApiError('unavailable', `could not hibernate the sandbox: ${e.message ?? String(err)}`);
     }
   }
@@ -233,7 +237,8 @@ export function createSandboxService(deps: SandboxDeps, previews: PreviewService
     list: (orgId: string) => listLiveOrgSandboxes(deps.store, orgId),
     provision: (orgId: string, body: SandboxCreateRequest, origin?: SandboxOrigin) => provisionSandbox(deps, orgId, body, origin),
     /** Provisions a sandbox from a snapshot (id or name); 400 for an unusable snapshot. */
-    provisionFromSnapshot: async (orgId: string, body: SandboxCreateRequest, ref: string) => provisionSandbox(deps, orgId, body, await snapshotOrigin(deps, orgId, ref)),
+    provisionFromSnapshot: async (orgId: string, body: SandboxCreateRequest, ref: string) =>
+      provisionSandbox(deps, orgId, body, await snapshotOrigin(deps, orgId, ref)),
     destroy,
     wakeWithPatches,
 

@@ -23,7 +23,9 @@ import type { ServiceDeps } from './deps';
 export async function assertStoreUnused(deps: Pick<ServiceDeps, 'store'>, doc: SecretStoreDoc): Promise<void> {
   const users = await agentsNamingStore(deps.store, doc.orgId, doc.name, 5);
   if (users.length > 0) {
-    throw conflict(`secret store ${doc.name} is named by agent(s) ${users.join(', ')}${users.length === 5 ? ' and more' : ''}; point them at another store first`);
+    throw conflict(
+      `secret store ${doc.name} is named by agent(s) ${users.join(', ')}${users.length === 5 ? ' and more' : ''}; point them at another store first`,
+    );
   }
 }
 
@@ -98,7 +100,8 @@ export function createSecretStoreService(deps: ServiceDeps): SecretStoreService 
     },
     async assertExists(orgId, name, field) {
       if (needsNoStore(name)) return;
-      if (!(await secretStoreExists(deps.store, orgId, name!))) throw invalid(`${field}: no secret store named ${name}; create it with POST /api/secret-stores`);
+      if (!(await secretStoreExists(deps.store, orgId, name!)))
+        throw invalid(`${field}: no secret store named ${name}; create it with POST /api/secret-stores`);
     },
   };
 }

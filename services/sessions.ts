@@ -56,9 +56,18 @@ export interface SessionService {
    * Creates a session and starts its workflow. With an idempotency key, a second request answers
    * the session the first created (`created: false`; 409 if it was for another agent).
    */
-  create(orgId: string, agentId: string, body: z.infer<typeof CreateSessionBody>, idempotencyKey: string | undefined): Promise<{ session: SessionDoc; created: boolean }>;
+  create(
+    orgId: string,
+    agentId: string,
+    body: z.infer<typeof CreateSessionBody>,
+    idempotencyKey: string | undefined,
+  ): Promise<{ session: SessionDoc; created: boolean }>;
   /** A page of an agent's sessions, newest first, optionally of one status. */
-  list(orgId: string, agentId: string, q: { status?: SessionStatus; limit: number; cursor?: string }): Promise<{ sessions: SessionDoc[]; next_cursor: string | null }>;
+  list(
+    orgId: string,
+    agentId: string,
+    q: { status?: SessionStatus; limit: number; cursor?: string },
+  ): Promise<{ sessions: SessionDoc[]; next_cursor: string | null }>;
   /** Reads a session of the organisation and agent, or throws 404. */
   get(orgId: string, agentId: string, id: string): Promise<SessionDoc>;
   /**
@@ -295,7 +304,11 @@ export function createSessionService(deps: ServiceDeps, agents: Pick<AgentServic
       const found = await endWorkflowAndWait(deps.temporal, s._id, (h) => h.cancel());
       if (!found) {
         // No workflow was ever started for it: end the record here.
-        await recordSessionEnd(deps.store, s._id, { status: 'failed', result: null, outcome: { reason: 'cancelled', exit_code: null, message: 'session ended by request' } });
+        await recordSessionEnd(deps.store, s._id, {
+          status: 'failed',
+          result: null,
+          outcome: { reason: 'cancelled', exit_code: null, message: 'session ended by request' },
+        });
       }
       return get(orgId, agentId, id);
     },

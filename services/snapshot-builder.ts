@@ -126,7 +126,12 @@ export async function reapStaleBuild(deps: SandboxDeps, snap: SnapshotDoc): Prom
   if (snap.status !== 'building') return snap;
   const beat = snap.build?.heartbeatAt ?? snap.createdAt;
   if (Date.now() - beat.getTime() < BUILD_STALE_MS) return snap;
-  const failed: Partial<SnapshotDoc> = { status: 'failed', error: 'build interrupted: the API process building it stopped', build: null, updatedAt: new Date() };
+  const failed: Partial<SnapshotDoc> = {
+    status: 'failed',
+    error: 'build interrupted: the API process building it stopped',
+    build: null,
+    updatedAt: new Date(),
+  };
   await updateSnapshot(deps.store, snap._id, failed);
   if (snap.build) {
     const host = await deps.hosts.get(snap.build.hostId).catch(() => null);
@@ -165,8 +170,11 @@ async function runStep(
 ): Promise<void> {
   const where = `step ${n} (${step.type})`;
   const exec = async (script: string, what: string) => {
-    const r = await streamExec(host, sandboxId, { cmd: 'bash', args: ['-c', script], envs: state.env, cwd: state.cwd ?? DEFAULT_CWD, timeout: STEP_TIMEOUT_SECONDS }, (message) =>
-      log({ step: n, type: step.type, message }),
+    const r = await streamExec(
+      host,
+      sandboxId,
+      { cmd: 'bash', args: ['-c', script], envs: state.env, cwd: state.cwd ?? DEFAULT_CWD, timeout: STEP_TIMEOUT_SECONDS },
+      (message) => log({ step: n, type: step.type, message }),
     );
     if (r.exitCode !== 0) throw new StepFailed(`${where} failed: ${what} exited with code ${r.exitCode}${r.tail ? `: ${r.tail}` : ''}`);
   };
@@ -236,7 +244,7 @@ async function streamExec(host: HostClient, sandboxId: string, req: ExecRequest,
   const partial: Record<'stdout' | 'stderr', string> = { stdout: '', stderr: '' };
   const feed = (kind: 'stdout' | 'stderr', text: string, flush = false) => {
     const lines = (partial[kind] + text).split('\n');
-    partial[kind] = flush ? '' : lines.pop() ?? '';
+    partial[kind] = flush ? '' : (lines.pop() ?? '');
     for (const l of lines) if (l.length) onLine(l);
   };
   return new Promise((resolve, reject) => {

@@ -144,7 +144,10 @@ export function createSnapshotService(deps: SandboxDeps) {
      * Creates a snapshot named `name`: of checkpoint `checkpointId` (ready at once), or of `image`
      * (recorded `building`; `build` then builds it). 409 when the name is taken, 507 over the quota.
      */
-    async create(orgId: string, body: { name: string; image?: ImageManifest; checkpointId?: string }): Promise<{ snapshot: SnapshotDoc; manifest: ImageManifest }> {
+    async create(
+      orgId: string,
+      body: { name: string; image?: ImageManifest; checkpointId?: string },
+    ): Promise<{ snapshot: SnapshotDoc; manifest: ImageManifest }> {
       assertBuilderMemory(deps, body.image);
       await assertStorageRoom(deps, orgId);
       const found = body.checkpointId ? await getOrgCheckpoint(deps, orgId, body.checkpointId).catch(() => null) : null;

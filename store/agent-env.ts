@@ -18,7 +18,9 @@ export function sealAgentEnv(box: SecretBox, orgId: string, agentId: string, env
 export class AgentEnvUnreadable extends Error {
   override name = 'AgentEnvUnreadable';
   constructor(agentId: string, envName: string) {
-    super(`env ${envName} of agent ${agentId} does not open with this SECRETS_KEY; set it again (PATCH the agent's env), or give every process the key it was set with`);
+    super(
+      `env ${envName} of agent ${agentId} does not open with this SECRETS_KEY; set it again (PATCH the agent's env), or give every process the key it was set with`,
+    );
   }
 }
 
@@ -27,7 +29,13 @@ export class AgentEnvUnreadable extends Error {
  * before env values were sealed (an agent or a workflow started by an older version), used as is.
  * Throws AgentEnvUnreadable, without the value or its ciphertext, when one does not open.
  */
-export function openAgentEnv(box: SecretBox, orgId: string, agentId: string, env: Record<string, string> | undefined, sealed: boolean | undefined): Record<string, string> {
+export function openAgentEnv(
+  box: SecretBox,
+  orgId: string,
+  agentId: string,
+  env: Record<string, string> | undefined,
+  sealed: boolean | undefined,
+): Record<string, string> {
   if (!env) return {};
   if (!sealed) return { ...env };
   const out: Record<string, string> = {};

@@ -33,7 +33,10 @@ export function listAgents(store: Store, orgId: string, limit: number, cursor: s
 
 /** The ids of up to `limit` agents of an organisation that name the secret store `storeName`. */
 export async function agentsNamingStore(store: Store, orgId: string, storeName: string, limit: number): Promise<string[]> {
-  const users = await store.agents.find({ orgId, secret_store: storeName }, { projection: { id: 1 } }).limit(limit).toArray();
+  const users = await store.agents
+    .find({ orgId, secret_store: storeName }, { projection: { id: 1 } })
+    .limit(limit)
+    .toArray();
   return users.map((a) => a.id);
 }
 

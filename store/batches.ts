@@ -89,7 +89,12 @@ export async function deleteBatch(store: Store, id: string): Promise<void> {
 }
 
 /** One page of batches matching `filter`, newest first. */
-export function listBatches(store: Store, filter: Record<string, unknown>, limit: number, cursor: string | undefined): Promise<{ page: BatchDoc[]; next_cursor: string | null }> {
+export function listBatches(
+  store: Store,
+  filter: Record<string, unknown>,
+  limit: number,
+  cursor: string | undefined,
+): Promise<{ page: BatchDoc[]; next_cursor: string | null }> {
   return pageOf(batchesOf(store).batches, filter, limit, cursor);
 }
 
@@ -107,7 +112,12 @@ export async function storeBatchItems(store: Store, batchId: string, items: { in
   const docs: BatchItemsDoc[] = [];
   for (let c = 0; c * BATCH_CHUNK_SIZE < items.length; c++) {
     const slice = items.slice(c * BATCH_CHUNK_SIZE, (c + 1) * BATCH_CHUNK_SIZE);
-    docs.push({ _id: batchChunkId(batchId, c), batch_id: batchId, inputs: slice.map((i) => JSON.stringify(i.input)), metadatas: slice.map((i) => JSON.stringify(i.metadata)) });
+    docs.push({
+      _id: batchChunkId(batchId, c),
+      batch_id: batchId,
+      inputs: slice.map((i) => JSON.stringify(i.input)),
+      metadatas: slice.map((i) => JSON.stringify(i.metadata)),
+    });
   }
   const { batchItems } = batchesOf(store);
   for (let i = 0; i < docs.length; i += 10) {
@@ -139,6 +149,8 @@ export async function recordBatchCounts(store: Store, batchId: string, counts: B
 
 /** The counts of every running batch. */
 export async function runningBatchCounts(store: Store): Promise<BatchCounts[]> {
-  const running = await batchesOf(store).batches.find({ status: 'running' }, { projection: { counts: 1 } }).toArray();
+  const running = await batchesOf(store)
+    .batches.find({ status: 'running' }, { projection: { counts: 1 } })
+    .toArray();
   return running.map((b) => b.counts);
 }

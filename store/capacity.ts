@@ -135,7 +135,9 @@ export async function reserve(store: Store, doc: ReservationDoc, limitGb: number
     }
     return { reservation: doc, created: true };
   } finally {
-    await locksOf(store).deleteOne({ _id: doc.orgId, owner: doc._id }).catch(() => undefined);
+    await locksOf(store)
+      .deleteOne({ _id: doc.orgId, owner: doc._id })
+      .catch(() => undefined);
   }
 }
 

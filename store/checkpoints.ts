@@ -131,11 +131,7 @@ export async function findOrgCheckpoint(store: Store, orgId: string, id: string)
  * number is tried. Every number handed out is inserted by its holder or already exists, so the
  * sequence has no gaps (unless a process dies between the two writes).
  */
-export async function createPatch(
-  store: Store,
-  cp: CheckpointDoc,
-  patch: { script: string; description: string },
-): Promise<PatchDoc> {
+export async function createPatch(store: Store, cp: CheckpointDoc, patch: { script: string; description: string }): Promise<PatchDoc> {
   const next = async (): Promise<number> => {
     const r = await checkpointsOf(store).findOneAndUpdate({ _id: cp._id }, { $inc: { patchSeq: 1 } }, { returnDocument: 'after' });
     if (!r) throw Object.assign(new Error(`checkpoint ${cp._id} not found`), { code: 'not_found' });
@@ -297,7 +293,9 @@ export function findPatch(store: Store, id: string): Promise<PatchDoc | null> {
 
 /** A snapshot of the organisation over checkpoint `checkpointId`, other than `exceptSnapshot` (its id only), or null. */
 export function findSnapshotOfCheckpoint(store: Store, orgId: string, checkpointId: string, exceptSnapshot?: string): Promise<{ _id: string } | null> {
-  return snapshotsOf(store).findOne(exceptSnapshot ? { orgId, checkpointId, _id: { $ne: exceptSnapshot } } : { orgId, checkpointId }, { projection: { _id: 1 } });
+  return snapshotsOf(store).findOne(exceptSnapshot ? { orgId, checkpointId, _id: { $ne: exceptSnapshot } } : { orgId, checkpointId }, {
+    projection: { _id: 1 },
+  });
 }
 
 /** Records a snapshot. */

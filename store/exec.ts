@@ -91,7 +91,9 @@ export function countOpenExecs(store: Store, orgId: string, limit: number): Prom
 
 /** The organisation's exec sessions without a recorded exit (the fields an exit check needs). */
 export function listOpenExecs(store: Store, orgId: string): Promise<Pick<ExecDoc, '_id' | 'sandboxId' | 'exitedAt' | 'oomKilled'>[]> {
-  return execSessionsOf(store).find({ orgId, exitedAt: null }, { projection: { _id: 1, sandboxId: 1, exitedAt: 1, oomKilled: 1 } }).toArray();
+  return execSessionsOf(store)
+    .find({ orgId, exitedAt: null }, { projection: { _id: 1, sandboxId: 1, exitedAt: 1, oomKilled: 1 } })
+    .toArray();
 }
 
 /** Sets fields (exit, oomKilled, agentSessionID) of a session record of either kind. */

@@ -52,7 +52,10 @@ export function placementWeight(c: HostCapacity | undefined): number {
  * to the emptiest host. null: no live host has room.
  */
 export function chooseHost<T extends HostDoc>(docs: T[], deadAfterMs: number, random = Math.random, now = Date.now()): T | null {
-  const candidates = docs.filter((d) => hostAlive(d, deadAfterMs, now)).map((d) => ({ d, w: placementWeight(d.capacity) })).filter((x) => x.w > 0);
+  const candidates = docs
+    .filter((d) => hostAlive(d, deadAfterMs, now))
+    .map((d) => ({ d, w: placementWeight(d.capacity) }))
+    .filter((x) => x.w > 0);
   const total = candidates.reduce((sum, x) => sum + x.w, 0);
   if (total <= 0) return null;
   let r = random() * total;

@@ -10,11 +10,7 @@ export async function ensureOrg(store: Store, orgId: string, name = orgId): Prom
 /** Stores `key` (hashed) as a key of `orgId`; storing the same key again is a no-op. */
 export async function ensureApiKey(store: Store, orgId: string, key: string, label = 'bootstrap'): Promise<void> {
   await ensureOrg(store, orgId);
-  await store.apiKeys.updateOne(
-    { _id: hashSecret(key) },
-    { $setOnInsert: { orgId, label, prefix: key.slice(0, 4), createdAt: new Date() } },
-    { upsert: true },
-  );
+  await store.apiKeys.updateOne({ _id: hashSecret(key) }, { $setOnInsert: { orgId, label, prefix: key.slice(0, 4), createdAt: new Date() } }, { upsert: true });
 }
 
 /** Creates a new random key for `orgId` and returns it; only its hash is stored. */

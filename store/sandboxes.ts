@@ -111,6 +111,8 @@ export async function markSandboxStopped(store: Store, id: string, at = new Date
 
 /** The instances whose sandboxes run on host `hostId`. */
 export async function instancesOnHost(store: Store, hostId: string): Promise<string[]> {
-  const docs = await sandboxesOf(store).find({ hostId, status: 'running', instanceId: { $ne: null } }, { projection: { instanceId: 1 } }).toArray();
+  const docs = await sandboxesOf(store)
+    .find({ hostId, status: 'running', instanceId: { $ne: null } }, { projection: { instanceId: 1 } })
+    .toArray();
   return docs.flatMap((d) => (d.instanceId ? [d.instanceId] : []));
 }

@@ -114,7 +114,10 @@ export async function deleteSecretStore(store: Store, doc: SecretStoreDoc): Prom
 
 /** A store's secrets by name, without their values. */
 export function listSecretEntries(store: Store, storeId: string): Promise<SecretEntryDoc[]> {
-  return secretEntriesOf(store).find({ storeId }, { projection: { value: 0 } }).sort({ name: 1 }).toArray();
+  return secretEntriesOf(store)
+    .find({ storeId }, { projection: { value: 0 } })
+    .sort({ name: 1 })
+    .toArray();
 }
 
 /** Creates or replaces a secret (its value sealed already) and returns it without its value; null if deleted meanwhile. */

@@ -41,7 +41,12 @@ export function sessionLogDoc(sessionId: string, log: HostLog): SessionLogDoc | 
   if (!merged.length) return null;
   return {
     _id: sessionId,
-    chunks: merged.map((m) => ({ s: m.s, t: m.t === null ? null : new Date(m.t), d: Buffer.concat(m.parts).toString('utf8'), ...(m.o !== undefined ? { o: m.o } : {}) })),
+    chunks: merged.map((m) => ({
+      s: m.s,
+      t: m.t === null ? null : new Date(m.t),
+      d: Buffer.concat(m.parts).toString('utf8'),
+      ...(m.o !== undefined ? { o: m.o } : {}),
+    })),
     bytes: log.bytes,
     truncated: log.truncated,
     created_at: new Date(),
@@ -60,7 +65,11 @@ export async function saveSessionLog(store: Store, doc: SessionLogDoc): Promise<
 /** The last lines of stderr, at most `maxChars` characters, for a failed session's message. */
 export function stderrTail(doc: SessionLogDoc | null, maxChars = 2048): string {
   if (!doc) return '';
-  const text = doc.chunks.filter((c) => c.s === 'stderr').map((c) => c.d).join('').replace(/\s+$/, '');
+  const text = doc.chunks
+    .filter((c) => c.s === 'stderr')
+    .map((c) => c.d)
+    .join('')
+    .replace(/\s+$/, '');
   if (text.length <= maxChars) return text;
   const cut = text.slice(-maxChars);
   const nl = cut.indexOf('\n');

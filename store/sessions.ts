@@ -123,10 +123,7 @@ export async function readSession(store: Store, id: string): Promise<SessionDoc 
 export async function readSessions(store: Store, docs: SessionDoc[]): Promise<SessionDoc[]> {
   return Promise.all(
     docs.map(async (doc) => {
-      const [progress, result] = await Promise.all([
-        sessionProgressOf(store).findOne({ _id: doc._id }),
-        sessionResultsOf(store).findOne({ _id: doc._id }),
-      ]);
+      const [progress, result] = await Promise.all([sessionProgressOf(store).findOne({ _id: doc._id }), sessionResultsOf(store).findOne({ _id: doc._id })]);
       return mergeSession(doc, progress, result);
     }),
   );
@@ -152,12 +149,7 @@ export interface SessionEnd {
   outcome: SessionOutcome | null;
 }
 
-export async function recordSessionEnd(
-  store: Store,
-  id: string,
-  end: SessionEnd,
-  started?: { sandboxId: string; at: Date },
-): Promise<boolean> {
+export async function recordSessionEnd(store: Store, id: string, end: SessionEnd, started?: { sandboxId: string; at: Date }): Promise<boolean> {
   try {
     await sessionResultsOf(store).insertOne({
       _id: id,
@@ -203,7 +195,10 @@ export async function claimSessionRun(store: Store, sessionId: string, run: numb
 /** The host of a session's latest claimed run (runs 0-3), or null when none was claimed (one host). */
 export async function sessionHostOf(store: Store, sessionId: string): Promise<string | null> {
   const ids = [0, 1, 2, 3].map((run) => `${sessionId}#${run}`);
-  const claims = await store.db.collection<SessionClaimDoc>('session_claims').find({ _id: { $in: ids } }).toArray();
+  const claims = await store.db
+    .collection<SessionClaimDoc>('session_claims')
+    .find({ _id: { $in: ids } })
+    .toArray();
   claims.sort((a, b) => b._id.localeCompare(a._id));
   return claims[0]?.hostId ?? null;
 }

@@ -17,7 +17,9 @@ export interface StorageUsage {
 export async function storageUsage(store: Store, orgId: string, exceptCheckpoint?: string): Promise<StorageUsage> {
   const filter = { orgId, status: { $ne: 'failed' as const }, ...(exceptCheckpoint ? { _id: { $ne: exceptCheckpoint } } : {}) };
   const [docs, snapshots] = await Promise.all([
-    checkpointsOf(store).find(filter, { projection: { sizeBytes: 1 } }).toArray(),
+    checkpointsOf(store)
+      .find(filter, { projection: { sizeBytes: 1 } })
+      .toArray(),
     snapshotsOf(store).countDocuments({ orgId }),
   ]);
   return { usedBytes: docs.reduce((n, d) => n + (d.sizeBytes ?? 0), 0), checkpoints: docs.length, snapshots };

@@ -14,7 +14,9 @@ import { hostLostSignal } from '../workflows/defs';
  * themselves (their host-bound steps time out; workflows/session.ts). A lost host's API sandboxes
  * answer 410 (api/hosts.ts).
  */
-export function startHostWatch(o: { store: Store; client: Client; hostId: string; deadAfterMs: number; token: string; logger: Logger; intervalMs: number }): { stop(): void } {
+export function startHostWatch(o: { store: Store; client: Client; hostId: string; deadAfterMs: number; token: string; logger: Logger; intervalMs: number }): {
+  stop(): void;
+} {
   let running = false;
   const tick = async () => {
     if (running) return;

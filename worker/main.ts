@@ -59,10 +59,28 @@ async function main(): Promise<void> {
     return chosen && chosen._id !== hostId ? chosen.taskQueue : null;
   };
   const severalHosts = async (): Promise<boolean> => (await hosts.all()).length > 1;
-  const activities = createActivities({ store, host, hostTaskQueue: hostEntry.taskQueue, resultMaxBytes: cfg.RESULT_MAX_BYTES, logMaxBytes: cfg.SESSION_LOG_MAX_BYTES, limits: cfg.limits, webhooks: { allowedCidrs: cfg.WEBHOOK_ALLOWED_CIDRS, timeoutMs: cfg.WEBHOOK_TIMEOUT_MS, answerMaxBytes: cfg.WEBHOOK_ANSWER_MAX_BYTES }, secrets: resolveSecretBox(cfg), placeElsewhere, severalHosts, hostId, hostDeadAfterMs: deadAfterMs, hostToken: resolveHostToken(cfg) });
+  const activities = createActivities({
+    store,
+    host,
+    hostTaskQueue: hostEntry.taskQueue,
+    resultMaxBytes: cfg.RESULT_MAX_BYTES,
+    logMaxBytes: cfg.SESSION_LOG_MAX_BYTES,
+    limits: cfg.limits,
+    webhooks: { allowedCidrs: cfg.WEBHOOK_ALLOWED_CIDRS, timeoutMs: cfg.WEBHOOK_TIMEOUT_MS, answerMaxBytes: cfg.WEBHOOK_ANSWER_MAX_BYTES },
+    secrets: resolveSecretBox(cfg),
+    placeElsewhere,
+    severalHosts,
+    hostId,
+    hostDeadAfterMs: deadAfterMs,
+    hostToken: resolveHostToken(cfg),
+  });
 
   // Before any NativeConnection: SDK logs through pino, SDK metrics to a Prometheus exporter (port + 1).
-  const sdkMetricsUrl = installTemporalRuntime({ logger, prometheusPort: cfg.WORKER_METRICS_PORT ? cfg.WORKER_METRICS_PORT + 1 : 0, heartbeatMs: workerHeartbeatMs(cfg) });
+  const sdkMetricsUrl = installTemporalRuntime({
+    logger,
+    prometheusPort: cfg.WORKER_METRICS_PORT ? cfg.WORKER_METRICS_PORT + 1 : 0,
+    heartbeatMs: workerHeartbeatMs(cfg),
+  });
   const metrics = createWorkerMetrics({ host });
   // Filled once the Temporal workers exist; until then /readyz says they are not created yet.
   const temporalWorkers: { name: string; worker: Worker }[] = [];
@@ -72,13 +90,27 @@ async function main(): Promise<void> {
   const workflowSource = fs.existsSync(WORKFLOW_BUNDLE)
     ? { workflowBundle: { codePath: WORKFLOW_BUNDLE } }
     : { workflowsPath: require.resolve('../workflows') };
-  const common = { connection, namespace: cfg.TEMPORAL_NAMESPACE, activities, maxConcurrentActivityTaskExecutions: 500, interceptors: { activity: [metrics.activityInterceptor] } };
+  const common = {
+    connection,
+    namespace: cfg.TEMPORAL_NAMESPACE,
+    activities,
+    maxConcurrentActivityTaskExecutions: 500,
+    interceptors: { activity: [metrics.activityInterceptor] },
+  };
   const shared = await Worker.create({ ...common, ...workflowSource, taskQueue: cfg.TASK_QUEUE, maxConcurrentWorkflowTaskExecutions: 100 });
   const local = await Worker.create({ ...common, taskQueue: hostTaskQueue(cfg, hostId) });
   temporalWorkers.push({ name: cfg.TASK_QUEUE, worker: shared }, { name: hostTaskQueue(cfg, hostId), worker: local });
 
   const reaper = startReaper({ host, store, client, logger });
-  const watch = startHostWatch({ store, client, hostId, deadAfterMs, token: resolveHostToken(cfg), logger, intervalMs: Math.max(1_000, cfg.HOST_HEARTBEAT_MS) });
+  const watch = startHostWatch({
+    store,
+    client,
+    hostId,
+    deadAfterMs,
+    token: resolveHostToken(cfg),
+    logger,
+    intervalMs: Math.max(1_000, cfg.HOST_HEARTBEAT_MS),
+  });
 
   logger.info({ taskQueue: cfg.TASK_QUEUE, hostQueue: hostTaskQueue(cfg, hostId) }, 'worker running');
   // Worker.run() resolves after SIGINT/SIGTERM (the SDK's shutdown signals) once tasks drain.
@@ -91,6 +123,6 @@ async function main(): Promise<void> {
 }
 
 main().catch((err) => {
-  process.stderr.write(`worker: ${err instanceof Error ? err.stack ?? err.message : String(err)}\n`);
+  process.stderr.write(`worker: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
   process.exit(1);
 });

@@ -26,8 +26,17 @@ const MAX_TRACKED = 100_000;
 export function createWorkerMetrics(deps: { host: HostClient }): WorkerMetrics {
   const registry = new client.Registry();
   client.collectDefaultMetrics({ register: registry, prefix: 'sap_worker_' });
-  const started = new client.Counter({ name: 'sap_sessions_started_total', help: 'Sessions whose sandbox was provisioned and entrypoint started', registers: [registry] });
-  const finished = new client.Counter({ name: 'sap_sessions_finished_total', help: 'Sessions ended, by status and reason', labelNames: ['status', 'reason'] as const, registers: [registry] });
+  const started = new client.Counter({
+    name: 'sap_sessions_started_total',
+    help: 'Sessions whose sandbox was provisioned and entrypoint started',
+    registers: [registry],
+  });
+  const finished = new client.Counter({
+    name: 'sap_sessions_finished_total',
+    help: 'Sessions ended, by status and reason',
+    labelNames: ['status', 'reason'] as const,
+    registers: [registry],
+  });
   const duration = new client.Histogram({
     name: 'sap_session_duration_seconds',
     help: 'Session duration from provisioned to ended',
@@ -56,7 +65,11 @@ export function createWorkerMetrics(deps: { host: HostClient }): WorkerMetrics {
       execGauge.set(execs.flat().filter((e) => e.running).length);
     },
   });
-  const execGauge = new client.Gauge({ name: 'sap_exec_sessions_running', help: "Running exec sessions on this worker's host (first 200 sandboxes)", registers: [registry] });
+  const execGauge = new client.Gauge({
+    name: 'sap_exec_sessions_running',
+    help: "Running exec sessions on this worker's host (first 200 sandboxes)",
+    registers: [registry],
+  });
 
   const provisionedAt = new Map<string, number>();
   const sessionOf = (input: ActivityExecuteInput): string | undefined => (input.args[0] as { sessionId?: string } | undefined)?.sessionId;
@@ -122,7 +135,8 @@ export function serveWorkerMetrics(
   metrics: WorkerMetrics,
   opts: { host: string; port: number; sdkMetricsUrl?: string; logger: Logger; ready?: () => Promise<WorkerReadiness> },
 ): http.Server {
-  const json = (res: http.ServerResponse, status: number, body: unknown) => res.writeHead(status, { 'content-type': 'application/json' }).end(JSON.stringify(body));
+  const json = (res: http.ServerResponse, status: number, body: unknown) =>
+    res.writeHead(status, { 'content-type': 'application/json' }).end(JSON.stringify(body));
   const server = http.createServer((req, res) => {
     const path = (req.url ?? '').split('?')[0];
     if (req.method === 'GET' && path === '/healthz') {
@@ -131,7 +145,8 @@ export function serveWorkerMetrics(
     }
     if (req.method === 'GET' && path === '/readyz' && opts.ready) {
       opts.ready().then(
-        ({ ok, message, workers, host }) => (ok ? json(res, 200, { status: 'ok', workers, host }) : json(res, 503, { error: { type: 'unavailable', message } })),
+        ({ ok, message, workers, host }) =>
+          ok ? json(res, 200, { status: 'ok', workers, host }) : json(res, 503, { error: { type: 'unavailable', message } }),
         (err: unknown) => json(res, 503, { error: { type: 'unavailable', message: `not ready: ${(err as Error).message}` } }),
       );
       return;

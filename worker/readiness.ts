@@ -17,7 +17,10 @@ const HOST_PROBE_MS = 3_000;
  * Ready when every Temporal worker of the process is RUNNING and the sandbox host beside it answers.
  * `workers()` is empty until they are created (the metrics port listens before that).
  */
-export function workerReadiness(deps: { workers: () => { name: string; worker: Pick<Worker, 'getState'> }[]; host: Pick<HostClient, 'health'> }): () => Promise<WorkerReadiness> {
+export function workerReadiness(deps: {
+  workers: () => { name: string; worker: Pick<Worker, 'getState'> }[];
+  host: Pick<HostClient, 'health'>;
+}): () => Promise<WorkerReadiness> {
   return async () => {
     const list = deps.workers();
     const workers = Object.fromEntries(list.map(({ name, worker }) => [name, worker.getState()]));

@@ -16,7 +16,10 @@ const GRACE_MS = 60_000;
  * session has ended, or its workflow is gone), an API or instance sandbox without a record, and
  * an API sandbox idle past its `timeout` (or hibernates it, when created with onTimeout: hibernate). Runs at start, then every `intervalMs` (15 s).
  */
-export function startReaper(deps: { host: HostClient; store: Store; client: Client; logger: Logger; intervalMs?: number }): { stop(): void; sweep(): Promise<number> } {
+export function startReaper(deps: { host: HostClient; store: Store; client: Client; logger: Logger; intervalMs?: number }): {
+  stop(): void;
+  sweep(): Promise<number>;
+} {
   async function sweep(): Promise<number> {
     let reaped = 0;
     const sandboxes = await deps.host.listSandboxes();

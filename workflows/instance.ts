@@ -1,18 +1,10 @@
-import {
-  ActivityFailure,
-  CancellationScope,
-  condition,
-  isCancellation,
-  proxyActivities,
-  setHandler,
-} from '@temporalio/workflow';
+import { ActivityFailure, CancellationScope, condition, isCancellation, proxyActivities, setHandler } from '@temporalio/workflow';
 import type { ActivityOptions } from '@temporalio/workflow';
 import type { Activities } from '../activities';
 import { nonRetryableFailureTypes } from '../contract/errors';
 import { destroyInstanceSignal, hostLostSignal, type InstanceWorkflowArgs, type InstanceWorkflowResult } from './defs';
 
 export { destroyInstanceSignal, hostLostSignal, type InstanceWorkflowArgs, type InstanceWorkflowResult } from './defs';
-
 
 const PROVISION: ActivityOptions = {
   startToCloseTimeout: '2 minutes',

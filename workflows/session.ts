@@ -22,7 +22,6 @@ import type { SessionWorkflowArgs } from './defs';
 
 export type { SessionWorkflowArgs } from './defs';
 
-
 /** Provisioning may run on any worker: the one that takes it provisions on its own sandbox host (or places it on another). */
 const PROVISION_OPTIONS: ActivityOptions = {
   startToCloseTimeout: '2 minutes',
@@ -77,7 +76,11 @@ async function provision(args: ProvisionArgs): Promise<Provisioned> {
       const queue = result.redirect;
       const placed = { ...args, placed: true };
       try {
-        result = await proxyActivities<Activities>({ ...PROVISION_OPTIONS, taskQueue: queue, scheduleToStartTimeout: PLACED_SCHEDULE_TO_START }).provisionSandboxAndRunEntrypoint(placed);
+        result = await proxyActivities<Activities>({
+          ...PROVISION_OPTIONS,
+          taskQueue: queue,
+          scheduleToStartTimeout: PLACED_SCHEDULE_TO_START,
+        }).provisionSandboxAndRunEntrypoint(placed);
       } catch (err) {
         if (!scheduleToStartTimedOut(err)) throw err;
         const hostId = hostOfQueue(queue);
@@ -215,7 +218,11 @@ export async function sessionWorkflow(args: SessionWorkflowArgs): Promise<Sessio
         continue;
       }
       const why = args.run.retryOnHostLoss ? ` (after ${rerun} reruns on other hosts)` : '';
-      const end: SessionEnd = { status: 'failed', result: null, outcome: { reason: 'host_lost', exit_code: null, message: `${err.message} while the session ran${why}; its sandbox is written off` } };
+      const end: SessionEnd = {
+        status: 'failed',
+        result: null,
+        outcome: { reason: 'host_lost', exit_code: null, message: `${err.message} while the session ran${why}; its sandbox is written off` },
+      };
       await CancellationScope.nonCancellable(() => recordSessionOutcome({ sessionId: args.sessionId, end }));
       setStatus('failed');
       return await finish(args, { sessionId: args.sessionId, workflowId: workflowInfo().workflowId, status: end.status, outcome: end.outcome });
@@ -235,7 +242,9 @@ async function runSessionOnce(args: SessionWorkflowArgs, rerun: number): Promise
   let end: SessionEnd;
   try {
     // Not cancellable: a DELETE during provisioning waits for the sandbox to exist, then destroys it.
-    provisioned = await CancellationScope.nonCancellable(() => provision({ sessionId, orgId: args.orgId, agentId: args.agentId, run: args.run, input: args.input, ...(rerun ? { rerun } : {}) }));
+    provisioned = await CancellationScope.nonCancellable(() =>
+      provision({ sessionId, orgId: args.orgId, agentId: args.agentId, run: args.run, input: args.input, ...(rerun ? { rerun } : {}) }),
+    );
     if (provisioned.end) {
       // A quick entrypoint: the provisioning step captured its result and destroyed its sandbox.
       // (Ended outside this try: a failed session's failure must not be caught as the workflow's own.)
@@ -266,7 +275,14 @@ async function runSessionOnce(args: SessionWorkflowArgs, rerun: number): Promise
   const { sandboxId, taskQueue } = provisioned!;
   end = await CancellationScope.nonCancellable(() =>
     onHost(taskQueue, () =>
-      hostActivities(taskQueue, args.run.timeoutSeconds).captureResultAndDestroySandbox({ sessionId, sandboxId, exit, cancelled, failure, memoryMB: args.run.memoryMB }),
+      hostActivities(taskQueue, args.run.timeoutSeconds).captureResultAndDestroySandbox({
+        sessionId,
+        sandboxId,
+        exit,
+        cancelled,
+        failure,
+        memoryMB: args.run.memoryMB,
+      }),
     ),
   );
   setStatus(end.status);

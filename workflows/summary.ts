@@ -15,5 +15,7 @@ export function sessionSummary(agentId: string, sessionId: string, inputJson?: s
 }
 
 export function batchSummary(agentId: string, batchId: string, total: number, itemIndex?: number): string {
-  return itemIndex === undefined ? `agent ${agentId} · batch ${batchId} · ${total} items` : `agent ${agentId} · batch ${batchId} · item ${itemIndex} of ${total}`;
+  return itemIndex === undefined
+    ? `agent ${agentId} · batch ${batchId} · ${total} items`
+    : `agent ${agentId} · batch ${batchId} · item ${itemIndex} of ${total}`;
 }

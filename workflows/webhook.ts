@@ -6,7 +6,6 @@ import type { WebhookWorkflowArgs } from './defs';
 
 export type { WebhookWorkflowArgs } from './defs';
 
-
 /**
  * One webhook delivery, durable: the activity is retried with backoff (WEBHOOK_RETRY_INITIAL_MS,
  * doubling up to WEBHOOK_RETRY_MAX_INTERVAL_MS) for WEBHOOK_MAX_HOURS, across restarts of any
@@ -19,7 +18,12 @@ export async function webhookWorkflow(args: WebhookWorkflowArgs): Promise<{ stat
     // The activity ends its exchange within attemptMs (WEBHOOK_TIMEOUT_MS); this only bounds a stuck worker.
     startToCloseTimeout: (retry.attemptMs ?? 10_000) + 5_000,
     scheduleToCloseTimeout: Math.round(retry.maxHours * 3600 * 1000),
-    retry: { initialInterval: retry.initialMs, backoffCoefficient: 2, maximumInterval: retry.maxIntervalMs, nonRetryableErrorTypes: nonRetryableFailureTypes() },
+    retry: {
+      initialInterval: retry.initialMs,
+      backoffCoefficient: 2,
+      maximumInterval: retry.maxIntervalMs,
+      nonRetryableErrorTypes: nonRetryableFailureTypes(),
+    },
   });
   return deliverWebhook({ event: args.event, orgId: args.orgId, subjectId: args.subjectId, deliveryId: workflowInfo().workflowId, webhook: args.webhook });
 }

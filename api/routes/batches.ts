@@ -2,7 +2,16 @@ import { z } from 'zod';
 import type { RouteTable } from '../http';
 import { idempotencyKeyOf } from '../idempotency';
 import { AgentParams, Cursor, Limit } from '../../contract/schemas';
-import { Batch, BATCH_LIMITS, BatchParams, BatchResultLine, BatchResultsQuery, BatchStatusEnum, CreateBatchBody, CreateBatchQuery } from '../../contract/batch-schemas';
+import {
+  Batch,
+  BATCH_LIMITS,
+  BatchParams,
+  BatchResultLine,
+  BatchResultsQuery,
+  BatchStatusEnum,
+  CreateBatchBody,
+  CreateBatchQuery,
+} from '../../contract/batch-schemas';
 import { batchView } from '../../services/views';
 import type { BatchService } from '../../services/batches';
 
@@ -16,7 +25,10 @@ export function registerBatchRoutes(t: RouteTable, batches: BatchService): void 
     params: AgentParams,
     query: CreateBatchQuery,
     body: CreateBatchBody,
-    responses: { 201: { description: 'The batch, status running', schema: Batch }, 200: { description: 'The batch an earlier request with the same Idempotency-Key created', schema: Batch } },
+    responses: {
+      201: { description: 'The batch, status running', schema: Batch },
+      200: { description: 'The batch an earlier request with the same Idempotency-Key created', schema: Batch },
+    },
     errors: [409, 413, 415],
     handler: async ({ params, query, body, org, req, res }) => {
       const key = idempotencyKeyOf(req);

@@ -38,7 +38,17 @@ export const PatchView = z
 /** The public form of a checkpoint (the OpenComputer client's CheckpointInfo). */
 export function checkpointView(c: CheckpointDoc): z.infer<typeof CheckpointView> {
   const { status, error } = checkpointStatus(c);
-  return { id: c._id, sandboxId: c.sandboxId, orgId: c.orgId, name: c.name, status, error, sizeBytes: c.sizeBytes ?? 0, sandboxConfig: {}, createdAt: c.createdAt.toISOString() };
+  return {
+    id: c._id,
+    sandboxId: c.sandboxId,
+    orgId: c.orgId,
+    name: c.name,
+    status,
+    error,
+    sizeBytes: c.sizeBytes ?? 0,
+    sandboxConfig: {},
+    createdAt: c.createdAt.toISOString(),
+  };
 }
 
 /** The public form of a patch (2.6). */
@@ -151,7 +161,13 @@ export function registerCheckpointRoutes(t: RouteTable, deps: ApiDeps): void {
     tag: 'checkpoints',
     summary: 'Add a patch: a bash script run in every sandbox spawned from the checkpoint, in sequence order, before anything else',
     params: PatchParams,
-    body: z.object({ script: z.string().min(1).max(256 * 1024), description: z.string().max(2000).default('') }),
+    body: z.object({
+      script: z
+        .string()
+        .min(1)
+        .max(256 * 1024),
+      description: z.string().max(2000).default(''),
+    }),
     responses: { 201: { description: 'The patch, with the next sequence number', schema: z.object({ patch: PatchView }) } },
     handler: async ({ params, body, org, res }) => {
       const patch = await svc.addPatch(org.id, params.checkpointId, body);

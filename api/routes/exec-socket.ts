@@ -140,18 +140,21 @@ function relay(
           upstream.pause();
         }
         if (held.length === 1) {
-          setTimeout(() => {
-            for (const raw of held.splice(0)) if (client.readyState === WebSocket.OPEN) writeRawFrame(clientSocket, raw);
-            heldBytes = 0;
-            if (upstreamPausedByUs && !dropped) {
-              upstreamPausedByUs = false;
-              if (clientSocket.writableLength > RELAY_HIGH) pauseUpstreamFor();
-              else upstream.resume();
-            }
-            // A close that came while frames were held goes after them.
-            afterHeld?.();
-            afterHeld = undefined;
-          }, Math.max(0, wait));
+          setTimeout(
+            () => {
+              for (const raw of held.splice(0)) if (client.readyState === WebSocket.OPEN) writeRawFrame(clientSocket, raw);
+              heldBytes = 0;
+              if (upstreamPausedByUs && !dropped) {
+                upstreamPausedByUs = false;
+                if (clientSocket.writableLength > RELAY_HIGH) pauseUpstreamFor();
+                else upstream.resume();
+              }
+              // A close that came while frames were held goes after them.
+              afterHeld?.();
+              afterHeld = undefined;
+            },
+            Math.max(0, wait),
+          );
         }
         return;
       }
@@ -171,9 +174,13 @@ function relay(
       if (client.readyState !== WebSocket.OPEN) return;
       if (err.status === 404) closeWith(client, 1011, 'not_found', 'the exec session is no longer on its sandbox host');
       else if (err.status === 429) {
-        closeWith(client, 1008, 'rate_limited', 'the exec session has as many attached clients as its host allows (EXEC_ATTACHES_PER_SESSION); detach one first');
-      }
-      else closeWith(client, 1011, 'bad_gateway', 'the sandbox host is unreachable');
+        closeWith(
+          client,
+          1008,
+          'rate_limited',
+          'the exec session has as many attached clients as its host allows (EXEC_ATTACHES_PER_SESSION); detach one first',
+        );
+      } else closeWith(client, 1011, 'bad_gateway', 'the sandbox host is unreachable');
     },
   });
   /** The host's end closed: the client's closes the same way (after any held frames). */

@@ -26,7 +26,10 @@ export const ExecSessionParams = SandboxParams.extend({
 export const CreateExecBody = z
   .object({
     cmd: z.string().min(1).max(4096),
-    args: z.array(z.string().max(128 * 1024)).max(4096).default([]),
+    args: z
+      .array(z.string().max(128 * 1024))
+      .max(4096)
+      .default([]),
     envs: z.record(EnvName, z.string().max(128 * 1024)).default({}),
     cwd: z.string().startsWith('/', 'must be an absolute path').max(4096).optional(),
     timeout: z.number().int().positive().max(MAX_SECONDS).optional().describe('Seconds before the command is killed; default none'),
@@ -43,7 +46,10 @@ export const CreateExecBody = z
 export const RunExecBody = CreateExecBody.omit({ maxRunAfterDisconnect: true })
   .extend({
     timeout: z.number().int().positive().max(3600).default(60).describe('Seconds before the command is killed; default 60'),
-    stdin: z.string().max(1024 * 1024).optional(),
+    stdin: z
+      .string()
+      .max(1024 * 1024)
+      .optional(),
   })
   .openapi('RunExec');
 
@@ -61,7 +67,9 @@ export const ExecSessionView = z
     oomKilled: z
       .boolean()
       .optional()
-      .describe("Once exited: whether the sandbox's memory limit made the kernel kill a process of it while the command ran (present when the host reports it)"),
+      .describe(
+        "Once exited: whether the sandbox's memory limit made the kernel kill a process of it while the command ran (present when the host reports it)",
+      ),
   })
   .openapi('ExecSession');
 
@@ -90,7 +98,6 @@ export const ExecResultView = z
     error: z.string().optional(),
   })
   .openapi('ExecResult');
-
 
 /** /api/sandboxes/:id/exec: start, list, read, kill, run (the OpenComputer API's shapes). */
 export function registerExecRoutes(t: RouteTable, deps: ApiDeps): void {

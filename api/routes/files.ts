@@ -64,7 +64,11 @@ function publicBase(deps: ApiDeps, req: Request): string {
 }
 
 /** Streams a file of the sandbox (opened by `open`, aborted with the client) as the answer, with Content-Length from the host. */
-async function sendFile(res: Response, open: (signal: AbortSignal) => Promise<{ upstream: IncomingMessage; path: string }>, opts: { attachment?: boolean } = {}): Promise<void> {
+async function sendFile(
+  res: Response,
+  open: (signal: AbortSignal) => Promise<{ upstream: IncomingMessage; path: string }>,
+  opts: { attachment?: boolean } = {},
+): Promise<void> {
   const ac = new AbortController();
   res.on('close', () => ac.abort());
   const { upstream, path } = await open(ac.signal);
@@ -106,7 +110,12 @@ export function registerFileRoutes(t: RouteTable, deps: ApiDeps): void {
     tag,
     summary: 'Upload a file (the body, streamed, any size up to the sandbox disk); parent directories are created',
     params: SandboxParams,
-    query: PathQuery.extend({ mode: z.string().regex(/^[0-7]{3,4}$/, 'must be octal, e.g. 644').optional() }),
+    query: PathQuery.extend({
+      mode: z
+        .string()
+        .regex(/^[0-7]{3,4}$/, 'must be octal, e.g. 644')
+        .optional(),
+    }),
     rawBody: { contentType: 'application/octet-stream', description: 'The file content (any content type is accepted)' },
     responses: { 200: { description: 'Written', schema: z.object({ path: z.string(), size: z.number().int() }) } },
     errors: [409, 502, 503],
@@ -189,7 +198,10 @@ export function registerFileRoutes(t: RouteTable, deps: ApiDeps): void {
     },
   });
 
-  for (const [kind, method] of [['download', 'GET'], ['upload', 'PUT']] as const) {
+  for (const [kind, method] of [
+    ['download', 'GET'],
+    ['upload', 'PUT'],
+  ] as const) {
     t.add({
       method: 'post',
       path: `/api/sandboxes/:id/files/${kind}-url`,

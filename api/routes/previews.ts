@@ -37,7 +37,9 @@ const Preview = z
     hostname: z.string(),
     customHostname: z.string().optional(),
     port: z.number().int(),
-    sslStatus: z.enum(['none', 'active']).describe('none: served over plain HTTP by this server; active: a TLS-terminating front (PREVIEW_TLS=true) serves *.PREVIEW_DOMAIN over HTTPS'),
+    sslStatus: z
+      .enum(['none', 'active'])
+      .describe('none: served over plain HTTP by this server; active: a TLS-terminating front (PREVIEW_TLS=true) serves *.PREVIEW_DOMAIN over HTTPS'),
     authConfig: z.object({ type: z.literal('bearer').optional(), token: z.string().optional() }).describe('The token appears once, in the create response'),
     createdAt: z.string(),
   })

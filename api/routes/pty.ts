@@ -41,14 +41,17 @@ export function registerPtyRoutes(t: RouteTable, deps: ApiDeps): void {
     method: 'post',
     path: '/api/sandboxes/:id/pty',
     tag: 'exec',
-    summary: 'Start a login shell (bash -l, TERM=xterm-256color) on a pseudo-terminal of the sandbox; attach with the WebSocket at /api/sandboxes/{id}/pty/{sessionID}',
+    summary:
+      'Start a login shell (bash -l, TERM=xterm-256color) on a pseudo-terminal of the sandbox; attach with the WebSocket at /api/sandboxes/{id}/pty/{sessionID}',
     params: SandboxParams,
     body: CreatePtyBody,
     responses: { 201: { description: 'The terminal', schema: PtyView } },
     errors: [409, 502, 503],
     handler: async ({ params, body, org, res }) => {
       const info = await sandboxServicesOf(deps).pty.start(org.id, params.id, body);
-      res.status(201).json({ sessionID: info.sessionID, sandboxID: params.id, cols: info.cols, rows: info.rows, running: info.running, startedAt: info.startedAt });
+      res
+        .status(201)
+        .json({ sessionID: info.sessionID, sandboxID: params.id, cols: info.cols, rows: info.rows, running: info.running, startedAt: info.startedAt });
     },
   });
 }
@@ -75,7 +78,14 @@ export function registerPtySocket(app: express.Express, deps: ApiDeps, auth: Aut
         });
         await new Promise<void>((resolve, reject) => {
           upstream.once('open', () => resolve());
-          upstream.once('unexpected-response', (_r, res) => reject(new ApiError(res.statusCode === 404 ? 'not_found' : 'bad_gateway', res.statusCode === 404 ? `terminal ${params.sessionID} not found (it ended)` : `sandbox host answered ${res.statusCode}`)));
+          upstream.once('unexpected-response', (_r, res) =>
+            reject(
+              new ApiError(
+                res.statusCode === 404 ? 'not_found' : 'bad_gateway',
+                res.statusCode === 404 ? `terminal ${params.sessionID} not found (it ended)` : `sandbox host answered ${res.statusCode}`,
+              ),
+            ),
+          );
           upstream.once('error', reject);
         });
         client.off('message', keep);

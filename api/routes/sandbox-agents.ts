@@ -26,9 +26,15 @@ const McpServer = z
 
 export const CreateAgentBody = z
   .object({
-    prompt: z.string().max(1024 * 1024).optional(),
+    prompt: z
+      .string()
+      .max(1024 * 1024)
+      .optional(),
     model: z.string().min(1).max(200).optional(),
-    systemPrompt: z.string().max(1024 * 1024).optional(),
+    systemPrompt: z
+      .string()
+      .max(1024 * 1024)
+      .optional(),
     allowedTools: z.array(z.string().min(1).max(200)).max(500).optional(),
     permissionMode: z.enum(['default', 'acceptEdits', 'bypassPermissions', 'plan']).optional(),
     maxTurns: z.number().int().positive().max(10_000).optional(),

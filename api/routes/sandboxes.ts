@@ -112,9 +112,20 @@ export function registerSandboxRoutes(t: RouteTable, deps: ApiDeps): void {
     method: 'post',
     path: '/api/sandboxes/:id/wake',
     tag: 'sandboxes',
-    summary: "Wake a hibernated sandbox: same id, files, env, limits, network policy, metadata and previews; its checkpoint's on_wake patches run first, in sequence order",
+    summary:
+      "Wake a hibernated sandbox: same id, files, env, limits, network policy, metadata and previews; its checkpoint's on_wake patches run first, in sequence order",
     params: SandboxParams,
-    body: z.object({ timeout: z.number().int().min(0).max(30 * 24 * 3600).optional().describe('A new idle timeout in seconds (0 = none)') }).passthrough(),
+    body: z
+      .object({
+        timeout: z
+          .number()
+          .int()
+          .min(0)
+          .max(30 * 24 * 3600)
+          .optional()
+          .describe('A new idle timeout in seconds (0 = none)'),
+      })
+      .passthrough(),
     responses: { 200: { description: 'The running sandbox', schema: SandboxView } },
     errors: [409, 503],
     handler: async ({ params, body, org, res }) => {
@@ -122,7 +133,10 @@ export function registerSandboxRoutes(t: RouteTable, deps: ApiDeps): void {
     },
   });
 
-  for (const [call, path] of [['reboot', 'reboot'], ['powerCycle', 'power-cycle']] as const) {
+  for (const [call, path] of [
+    ['reboot', 'reboot'],
+    ['powerCycle', 'power-cycle'],
+  ] as const) {
     t.add({
       method: 'post',
       path: `/api/sandboxes/:id/${path}`,
@@ -143,7 +157,15 @@ export function registerSandboxRoutes(t: RouteTable, deps: ApiDeps): void {
     tag: 'sandboxes',
     summary: 'Set the idle timeout in seconds (0 = none), counted from now',
     params: SandboxParams,
-    body: z.object({ timeout: z.number().int().min(0).max(30 * 24 * 3600) }).strict(),
+    body: z
+      .object({
+        timeout: z
+          .number()
+          .int()
+          .min(0)
+          .max(30 * 24 * 3600),
+      })
+      .strict(),
     responses: { 200: { description: 'The sandbox', schema: SandboxView } },
     errors: [409],
     handler: async ({ params, body, org, res }) => {
@@ -158,7 +180,10 @@ export function registerSandboxRoutes(t: RouteTable, deps: ApiDeps): void {
     summary: "Kill a sandbox: its processes are killed and its files removed (a hibernated one's saved files too)",
     params: SandboxParams,
     query: z.object({
-      deleteSecretStore: z.enum(['true', 'false']).optional().describe("true: also delete the secret store it was created with (409, and nothing killed, while an agent names that store)"),
+      deleteSecretStore: z
+        .enum(['true', 'false'])
+        .optional()
+        .describe('true: also delete the secret store it was created with (409, and nothing killed, while an agent names that store)'),
     }),
     responses: { 200: { description: 'The sandbox, now stopped', schema: SandboxView } },
     errors: [409],

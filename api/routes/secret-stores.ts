@@ -4,7 +4,6 @@ import '../http';
 import type { SecretStoreService } from '../../services/secret-stores';
 import { secretEntryView as entryView, secretStoreView as storeView } from '../../services/views';
 
-
 /** Store names: what agents' `secret_store` and sandboxes' `secretStore` hold. `ss-…` is kept for ids. */
 export const SecretStoreName = z
   .string()
@@ -18,11 +17,7 @@ const SecretName = z
   .regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'must be a valid environment variable name');
 
 /** Egress is not enforced per secret or store yet: a list given anyway is refused, not silently ignored. */
-const NotYet = (field: string) =>
-  z
-    .array(z.string())
-    .max(0, `${field} is not supported yet: egress rules do not depend on secret stores`)
-    .optional();
+const NotYet = (field: string) => z.array(z.string()).max(0, `${field} is not supported yet: egress rules do not depend on secret stores`).optional();
 
 const CreateSecretStoreBody = z.object({ name: SecretStoreName, egressAllowlist: NotYet('egressAllowlist') }).openapi('CreateSecretStore');
 const SetSecretBody = z
@@ -37,9 +32,7 @@ const SetSecretBody = z
   })
   .openapi('SetSecret');
 
-export const SecretStoreView = z
-  .object({ id: z.string(), name: z.string(), createdAt: z.string(), updatedAt: z.string() })
-  .openapi('SecretStore');
+export const SecretStoreView = z.object({ id: z.string(), name: z.string(), createdAt: z.string(), updatedAt: z.string() }).openapi('SecretStore');
 const SecretEntryView = z
   .object({ storeId: z.string(), name: z.string(), createdAt: z.string(), updatedAt: z.string() })
   .describe('A secret without its value (values are never returned)')

@@ -71,7 +71,10 @@ export function registerSessionRoutes(t: RouteTable, sessions: SessionService): 
     summary: 'Start a session: one sandbox runs the agent on the input. Send Idempotency-Key to make retries safe.',
     params: AgentParams,
     body: CreateSessionBody,
-    responses: { 201: { description: 'The session, status creating', schema: Session }, 200: { description: 'The session an earlier request with the same Idempotency-Key created', schema: Session } },
+    responses: {
+      201: { description: 'The session, status creating', schema: Session },
+      200: { description: 'The session an earlier request with the same Idempotency-Key created', schema: Session },
+    },
     errors: [409, 413],
     handler: async ({ params, body, org, req, res }) => {
       const key = idempotencyKeyOf(req);

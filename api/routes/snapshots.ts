@@ -9,15 +9,16 @@ import { sse } from '../sse';
 export { ImageManifestSchema, ImageStepSchema } from '../../contract/image-schema';
 import { ImageManifestSchema } from '../../contract/image-schema';
 
-const SnapshotName = z
-  .string()
-  .regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/, 'must be 1-128 letters, digits, ".", "_" or "-", starting with a letter or digit');
+const SnapshotName = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/, 'must be 1-128 letters, digits, ".", "_" or "-", starting with a letter or digit');
 
 export const CreateSnapshotBody = z
   .object({
     name: SnapshotName,
     image: ImageManifestSchema.optional(),
-    checkpointId: z.string().regex(/^cp-[a-z0-9]{1,64}$/, 'must be a checkpoint id (cp-…)').optional(),
+    checkpointId: z
+      .string()
+      .regex(/^cp-[a-z0-9]{1,64}$/, 'must be a checkpoint id (cp-…)')
+      .optional(),
   })
   .refine((b) => (b.image === undefined) !== (b.checkpointId === undefined), { message: 'give exactly one of image and checkpointId', path: ['image'] })
   .openapi('CreateSnapshot');

@@ -18,7 +18,12 @@ export const UNIMPLEMENTED: { method: 'get' | 'post' | 'put' | 'delete'; path: s
   { method: 'get', path: '/api/sandboxes/:id/autoscale', call: 'Sandbox.getAutoscale', why: 'no autoscaling of a running sandbox' },
   { method: 'put', path: '/api/sandboxes/:id/scaling-lock', call: 'Sandbox.setScalingLock', why: 'no autoscaling of a running sandbox' },
   { method: 'get', path: '/api/sandboxes/:id/scaling-lock', call: 'Sandbox.getScalingLock', why: 'no autoscaling of a running sandbox' },
-  { method: 'post', path: '/api/sandboxes/:id/preview/rotate', call: 'Sandbox.rotatePreviewAuthToken', why: 'preview tokens are per preview URL (authConfig at POST /preview), not per sandbox' },
+  {
+    method: 'post',
+    path: '/api/sandboxes/:id/preview/rotate',
+    call: 'Sandbox.rotatePreviewAuthToken',
+    why: 'preview tokens are per preview URL (authConfig at POST /preview), not per sandbox',
+  },
   { method: 'post', path: '/api/sandboxes/:id/mounts', call: 'Mounts.add', why: 'no remote (rclone) mounts inside sandboxes' },
   { method: 'get', path: '/api/sandboxes/:id/mounts', call: 'Mounts.list', why: 'no remote (rclone) mounts inside sandboxes' },
   { method: 'delete', path: '/api/sandboxes/:id/mounts', call: 'Mounts.remove', why: 'no remote (rclone) mounts inside sandboxes' },

@@ -15,6 +15,7 @@ import { isAlive, procRef, SandboxCgroups, signalRef, type ProcRef } from '../pr
 import type { Spawner } from '../spawner';
 import { cgroupJoin, DEFAULT_ENV, KILL_AFTER_SECONDS, processNaming, shq, signalName, sleep, writeDurably } from './common';
 import type { SandboxState } from './state-file';
+import { runFiles, settleInterruptedRun } from './run-files';
 
 /**
  * How a provider's one-exec entry helper (see BaseProvider.enterArgv) starts a process: the cgroups it
@@ -44,34 +45,6 @@ export interface EnterOptions {
    * when the pending file is gone (see runFiles and settleInterruptedRun).
    */
   runFile?: string;
-}
-
-/** The files of one entrypoint run (`run`: its id): the caller writes `pending`, the helper's claim renames it to `claimed`. */
-export function runFiles(dir: string, run: string): { claimed: string; pending: string; cancelled: string } {
-  const claimed = path.join(dir, `entrypoint.run-${run}`);
-  return { claimed, pending: `${claimed}.pending`, cancelled: `${claimed}.cancelled` };
-}
-
-/**
- * Decides the fate of a run whose start a host did not finish (it died in between): `cancelled`
- * when the run's pending file could be renamed away (its helper, started or not, can then never
- * claim it: the run never began and never will); `started` when the helper's claim is there (with
- * the pid it wrote); `never` when neither is (the host died before writing the pending file).
- * One rename decides against the helper's own rename, so exactly one of the two wins.
- */
-export async function settleInterruptedRun(dir: string, run: string): Promise<{ outcome: 'cancelled' | 'never' } | { outcome: 'started'; pid: number | null }> {
-  const f = runFiles(dir, run);
-  try {
-    await fsp.rename(f.pending, f.cancelled);
-    await fsp.rm(f.cancelled, { force: true });
-    return { outcome: 'cancelled' };
-  } catch (err) {
-    if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
-  }
-  const text = await fsp.readFile(f.claimed, 'utf8').catch(() => null);
-  if (text === null) return { outcome: 'never' };
-  const pid = /^\d+\n/.test(text) ? Number(text.trim()) : null;
-  return { outcome: 'started', pid };
 }
 
 /** How long a host waits for an entrypoint's helper to claim its start before cancelling it (SANDBOX_ENTRYPOINT_CLAIM_TIMEOUT_MS). */
@@ -146,7 +119,13 @@ export class Entrypoints {
     }
     // Saved before the start (on disk only: until the helper runs, the entrypoint is not there to
     // report on): after a crash, the next host knows that a start may have happened, and which run.
-    const starting = { wrapper: { pid: 0, start: -1 }, startedAt: new Date().toISOString(), ...(spec.timeoutSeconds ? { timeoutSeconds: spec.timeoutSeconds } : {}), starting: true, run };
+    const starting = {
+      wrapper: { pid: 0, start: -1 },
+      startedAt: new Date().toISOString(),
+      ...(spec.timeoutSeconds ? { timeoutSeconds: spec.timeoutSeconds } : {}),
+      starting: true,
+      run,
+    };
     await this.deps.saveState({ ...state, entrypoint: starting });
     // The run's ticket: its helper claims it by renaming it (the durable mark that the run began), a
     // restarted host cancels it by renaming it away; whichever comes first wins (settleInterruptedRun).
@@ -173,7 +152,10 @@ export class Entrypoints {
     const wrapper = procRef(pid) ?? { pid, start: -1 };
     if (!(await this.awaitClaim(dir, run, wrapper))) {
       await this.deps.saveState(state);
-      throw new SandboxError('internal', `the entrypoint helper of ${state.id} exited (or did not answer within ${this.deps.claimTimeoutMs} ms) before starting it; nothing was started`);
+      throw new SandboxError(
+        'internal',
+        `the entrypoint helper of ${state.id} exited (or did not answer within ${this.deps.claimTimeoutMs} ms) before starting it; nothing was started`,
+      );
     }
     await this.testPause('after-claim', state, spec);
     // The run began (its claim is on disk): the audit line records that, never an intent.
@@ -212,7 +194,11 @@ export class Entrypoints {
    */
   private async awaitClaim(dir: string, run: string, wrapper: ProcRef): Promise<boolean> {
     const files = runFiles(dir, run);
-    const claimed = () => fsp.access(files.claimed).then(() => true, () => false);
+    const claimed = () =>
+      fsp.access(files.claimed).then(
+        () => true,
+        () => false,
+      );
     const deadline = Date.now() + this.deps.claimTimeoutMs;
     for (let waitMs = 1; ; waitMs = Math.min(waitMs * 2, 50)) {
       if (await claimed()) return true;
@@ -238,10 +224,23 @@ export class Entrypoints {
     const [at, marker] = (await fsp.readFile(file, 'utf8').catch(() => '')).trim().split(/\s+/);
     if (at !== point || !marker || !spec.argv.some((a) => a.includes(marker))) return;
     const reached = `${file}.reached`;
-    if (!(await fsp.rename(file, reached).then(() => true, () => false))) return;
+    if (
+      !(await fsp.rename(file, reached).then(
+        () => true,
+        () => false,
+      ))
+    )
+      return;
     this.deps.log.warn({ sandboxId: state.id, point }, 'test pause: the entrypoint start stops here');
     const until = Date.now() + 60_000;
-    while (Date.now() < until && (await fsp.access(reached).then(() => true, () => false))) await sleep(50);
+    while (
+      Date.now() < until &&
+      (await fsp.access(reached).then(
+        () => true,
+        () => false,
+      ))
+    )
+      await sleep(50);
   }
 
   /**
@@ -266,10 +265,16 @@ export class Entrypoints {
         if (this.deps.audit && !(await this.deps.audit.hasRun(run).catch(() => false))) {
           await this.recordStart(state, run, true).catch((err) => this.deps.log.error({ err, sandboxId: state.id }, 'entrypoint audit log write failed'));
         }
-        this.deps.log.warn({ sandboxId: state.id, run, pid: settled.pid, alive: own }, 'adopted an entrypoint run that its helper claimed before the previous host recorded it');
+        this.deps.log.warn(
+          { sandboxId: state.id, run, pid: settled.pid, alive: own },
+          'adopted an entrypoint run that its helper claimed before the previous host recorded it',
+        );
       } else {
         delete state.entrypoint;
-        this.deps.log.warn({ sandboxId: state.id, run, outcome: settled.outcome }, 'the previous host died before the entrypoint run was claimed; it is cancelled, and the next create starts a new one');
+        this.deps.log.warn(
+          { sandboxId: state.id, run, outcome: settled.outcome },
+          'the previous host died before the entrypoint run was claimed; it is cancelled, and the next create starts a new one',
+        );
       }
       await this.deps.saveState(state);
       return;
@@ -278,7 +283,10 @@ export class Entrypoints {
     const exitFile = path.join(this.deps.dirOf(state.id), 'entrypoint.exit');
     // The helper first: it writes the exit file before it exits, so one of the two is seen.
     const helper = await processNaming(exitFile);
-    const exited = await fsp.stat(exitFile).then(() => true, () => false);
+    const exited = await fsp.stat(exitFile).then(
+      () => true,
+      () => false,
+    );
     if (helper !== null || exited) {
       const { starting: _, ...ep } = state.entrypoint!;
       state.entrypoint = { ...ep, wrapper: procRef(helper ?? undefined) ?? { pid: 0, start: -1 } };
@@ -322,8 +330,7 @@ export class Entrypoints {
       return { state: 'exited', exitCode: -1, timedOut: false, signal: 'SIGKILL', startedAt: ep.startedAt, exitedAt: ep.startedAt };
     }
     const elapsed = exit.at - Date.parse(ep.startedAt);
-    const timedOut =
-      !!ep.timeoutSeconds && (exit.code === 124 || (exit.code === 137 && elapsed >= ep.timeoutSeconds * 1000 - 50));
+    const timedOut = !!ep.timeoutSeconds && (exit.code === 124 || (exit.code === 137 && elapsed >= ep.timeoutSeconds * 1000 - 50));
     const sig = exit.code > 128 && exit.code < 160 ? signalName(exit.code - 128) : null;
     // Read while the sandbox's cgroups exist (a session captures its ending before destroying them).
     const oomKilled = SandboxCgroups.of(id).oomKills() > 0;
@@ -425,7 +432,12 @@ export class Entrypoints {
     for (let p = skip; p + 24 <= idx.data.length; p += 24) {
       const s = idx.data[p];
       if (s !== 1 && s !== 2) continue;
-      records.push({ stream: s === 1 ? 'stdout' : 'stderr', len: idx.data.readUInt32LE(p + 4), offset: Number(idx.data.readBigUInt64LE(p + 8)), at: Number(idx.data.readBigUInt64LE(p + 16)) });
+      records.push({
+        stream: s === 1 ? 'stdout' : 'stderr',
+        len: idx.data.readUInt32LE(p + 4),
+        offset: Number(idx.data.readBigUInt64LE(p + 8)),
+        at: Number(idx.data.readBigUInt64LE(p + 16)),
+      });
     }
     const tails = { stdout: out, stderr: err };
     const next = { stdout: out.start, stderr: err.start };

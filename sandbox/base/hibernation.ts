@@ -157,9 +157,13 @@ export class Hibernation {
     const used = new Set<string>();
     for (const n of names) {
       if (mine.includes(n) || n.includes('.tmp-')) continue;
-      const m = await fsp.readFile(path.join(this.deps.layersDir(), n, 'layer.json'), 'utf8').then((t) => JSON.parse(t) as { parents?: string[] }, () => ({ parents: [] }));
+      const m = await fsp.readFile(path.join(this.deps.layersDir(), n, 'layer.json'), 'utf8').then(
+        (t) => JSON.parse(t) as { parents?: string[] },
+        () => ({ parents: [] }),
+      );
       for (const p of m.parents ?? []) used.add(p);
     }
-    for (const n of mine) if (!used.has(n)) await this.deps.deleteLayer(n).catch((err) => this.deps.log.warn({ err, layerId: n }, 'could not delete a hibernation layer'));
+    for (const n of mine)
+      if (!used.has(n)) await this.deps.deleteLayer(n).catch((err) => this.deps.log.warn({ err, layerId: n }, 'could not delete a hibernation layer'));
   }
 }

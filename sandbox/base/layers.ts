@@ -48,7 +48,10 @@ export class Layers {
   async deleteLayer(layerId: string): Promise<boolean> {
     assertId(layerId, 'layer id');
     const dir = path.join(this.layersDir(), layerId);
-    const exists = await fsp.stat(dir).then(() => true, () => false);
+    const exists = await fsp.stat(dir).then(
+      () => true,
+      () => false,
+    );
     if (!exists) return false;
     await fsp.rm(dir, { recursive: true, force: true });
     return true;
@@ -57,7 +60,10 @@ export class Layers {
   /** See SandboxProvider.hasLayer. */
   async hasLayer(layerId: string): Promise<boolean> {
     assertId(layerId, 'layer id');
-    return fsp.stat(path.join(this.layersDir(), layerId, 'layer.json')).then(() => true, () => false);
+    return fsp.stat(path.join(this.layersDir(), layerId, 'layer.json')).then(
+      () => true,
+      () => false,
+    );
   }
 
   /**
@@ -68,7 +74,9 @@ export class Layers {
     if (!(await this.hasLayer(layerId))) throw new SandboxError('not_found', `layer ${layerId} not found`);
     const sha256 = await this.layerHash(layerId);
     // --sparse: holes are recorded, not sent (tar finds a file's data with SEEK_DATA / SEEK_HOLE).
-    const tar = spawn('tar', ['-C', this.layersDir(), '--numeric-owner', '--xattrs', '--xattrs-include=*', '--sparse', '-cf', '-', layerId], { stdio: ['ignore', 'pipe', 'pipe'] });
+    const tar = spawn('tar', ['-C', this.layersDir(), '--numeric-owner', '--xattrs', '--xattrs-include=*', '--sparse', '-cf', '-', layerId], {
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
     let stderr = '';
     tar.stderr!.on('data', (c: Buffer) => (stderr += c.toString('utf8')));
     const done = new Promise<void>((resolve, reject) =>
@@ -86,7 +94,9 @@ export class Layers {
     const tmp = path.join(this.layersDir(), `${layerId}.tmp-import-${randomBytes(4).toString('hex')}`);
     await fsp.mkdir(tmp, { recursive: true, mode: 0o700 });
     try {
-      const tar = spawn('tar', ['-C', tmp, '--numeric-owner', '--same-owner', '--same-permissions', '--xattrs', '--xattrs-include=*', '-xf', '-'], { stdio: ['pipe', 'ignore', 'pipe'] });
+      const tar = spawn('tar', ['-C', tmp, '--numeric-owner', '--same-owner', '--same-permissions', '--xattrs', '--xattrs-include=*', '-xf', '-'], {
+        stdio: ['pipe', 'ignore', 'pipe'],
+      });
       let stderr = '';
       tar.stderr!.on('data', (c: Buffer) => (stderr += c.toString('utf8')));
       const exited = new Promise<number | null>((resolve) => tar.once('close', resolve));

@@ -36,7 +36,7 @@ export class SandboxProcesses {
     // Terminals and patches (and exec commands without the spawner helper) live in this process's memory: if it dies, they are hung up.
     const direct = this.deps.enterArgv(state, opts, { cgroupProcs, hangUpWithCaller: process.pid, ...(opts.pty ? { pty: opts.pty, ownGroup: true } : {}) });
     if (direct) {
-      const stdio: ('pipe')[] = opts.pty ? ['pipe', 'pipe', 'pipe', 'pipe'] : ['pipe', 'pipe', 'pipe'];
+      const stdio: 'pipe'[] = opts.pty ? ['pipe', 'pipe', 'pipe', 'pipe'] : ['pipe', 'pipe', 'pipe'];
       return spawn(direct[0]!, direct.slice(1), { stdio, detached: true, env: this.deps.enterEnv(state, opts) });
     }
     if (opts.pty) throw new SandboxError('invalid_request', `terminals need the namespaces provider (this host runs ${this.deps.kind()})`);

@@ -10,16 +10,22 @@ import { ExecStream, type ExecStreamHandlers } from './exec-stream';
 import type { Readable } from 'node:stream';
 import type { SandboxEntry } from './types';
 import { HostError } from '../../contract/errors';
-import type { CreatedSandbox, CreateSandboxRequest, EntrypointSpec, EntrypointStatus, ExecRequest, ExecRunResult, ExecSessionInfo, SandboxInfo, WireEntrypointLog } from './types';
+import type {
+  CreatedSandbox,
+  CreateSandboxRequest,
+  EntrypointSpec,
+  EntrypointStatus,
+  ExecRequest,
+  ExecRunResult,
+  ExecSessionInfo,
+  SandboxInfo,
+  WireEntrypointLog,
+} from './types';
 
 export { HostError };
 
 /** A decoded server→client exec WebSocket frame (see exec.ts for the wire format). */
-export type ExecFrame =
-  | { kind: 'stdout'; data: Buffer }
-  | { kind: 'stderr'; data: Buffer }
-  | { kind: 'exit'; exitCode: number }
-  | { kind: 'scrollback-end' };
+export type ExecFrame = { kind: 'stdout'; data: Buffer } | { kind: 'stderr'; data: Buffer } | { kind: 'exit'; exitCode: number } | { kind: 'scrollback-end' };
 
 /** Decodes one binary frame from an exec WebSocket; null for an unknown kind. */
 export function decodeExecFrame(buf: Buffer): ExecFrame | null {
@@ -208,7 +214,9 @@ export class HostClient {
   /** Streams layer `layerId` as a tar archive, with the content hash the receiver checks. Throws HostError not_found. */
   layerArchive(layerId: string): Promise<{ sha256: string; stream: http.IncomingMessage }> {
     return new Promise((resolve, reject) => {
-      const req = (this.secure ? https : http).request(`${this.base}/layers/${encodeURIComponent(layerId)}/archive`, { headers: { authorization: `Bearer ${this.token}` } });
+      const req = (this.secure ? https : http).request(`${this.base}/layers/${encodeURIComponent(layerId)}/archive`, {
+        headers: { authorization: `Bearer ${this.token}` },
+      });
       req.once('response', (res) => {
         const sha256 = res.headers['x-layer-sha256'];
         if (res.statusCode === 200 && typeof sha256 === 'string') return resolve({ sha256, stream: res });
@@ -358,7 +366,9 @@ export class HostClient {
 
   /** The entrypoint's stdout and stderr in the order written: the last `maxBytes` of each. */
   entrypointLog(id: string, maxBytes: number, since: { stdout?: number; stderr?: number } = {}): Promise<WireEntrypointLog> {
-    return this.call('GET', `/sandboxes/${encodeURIComponent(id)}/entrypoint/log`, { query: { maxBytes, sinceStdout: since.stdout, sinceStderr: since.stderr } });
+    return this.call('GET', `/sandboxes/${encodeURIComponent(id)}/entrypoint/log`, {
+      query: { maxBytes, sinceStdout: since.stdout, sinceStderr: since.stderr },
+    });
   }
 
   /** The last `maxBytes` (default 1 MiB) of the entrypoint's stdout or stderr. */
@@ -417,8 +427,15 @@ export class HostClient {
   }
 
   /** An exec session with its output so far (the last 1 MiB of each stream); `waitMs` (≤ 30000) waits for its exit first. */
-  execResult(id: string, sessionId: string, opts: { waitMs?: number; signal?: AbortSignal } = {}): Promise<ExecSessionInfo & { timedOut: boolean; stdout: string; stderr: string; truncated?: boolean }> {
-    return this.call('GET', `/sandboxes/${encodeURIComponent(id)}/exec/${encodeURIComponent(sessionId)}/result`, { query: { waitMs: opts.waitMs }, signal: opts.signal });
+  execResult(
+    id: string,
+    sessionId: string,
+    opts: { waitMs?: number; signal?: AbortSignal } = {},
+  ): Promise<ExecSessionInfo & { timedOut: boolean; stdout: string; stderr: string; truncated?: boolean }> {
+    return this.call('GET', `/sandboxes/${encodeURIComponent(id)}/exec/${encodeURIComponent(sessionId)}/result`, {
+      query: { waitMs: opts.waitMs },
+      signal: opts.signal,
+    });
   }
 
   /** Signals an exec session's process group (default SIGKILL). */

@@ -6,19 +6,7 @@
 import { createHash, randomBytes } from 'node:crypto';
 import * as http from 'node:http';
 import type { Socket } from 'node:net';
-import {
-  closePayload,
-  FrameError,
-  FrameReader,
-  maskedFrame,
-  OP_BINARY,
-  OP_CLOSE,
-  OP_CONTINUATION,
-  OP_PING,
-  OP_PONG,
-  OP_TEXT,
-  type ReadFrame,
-} from './frames';
+import { closePayload, FrameError, FrameReader, maskedFrame, OP_BINARY, OP_CLOSE, OP_CONTINUATION, OP_PING, OP_PONG, OP_TEXT, type ReadFrame } from './frames';
 
 const GUID = '258EAFA5-E914-47DA-95CA-C5AB0DC85B11';
 /** How long a close handshake may take before the connection is dropped. */
@@ -45,7 +33,11 @@ export class ExecStream {
   private inText = false;
   private paused = false;
 
-  constructor(url: string, token: string, private readonly h: ExecStreamHandlers) {
+  constructor(
+    url: string,
+    token: string,
+    private readonly h: ExecStreamHandlers,
+  ) {
     const key = randomBytes(16).toString('base64');
     const u = new URL(url.replace(/^ws/, 'http'));
     this.reader = new FrameReader((f) => this.frame(f));
@@ -62,7 +54,9 @@ export class ExecStream {
       },
     });
     this.req.on('upgrade', (res: http.IncomingMessage, socket: Socket, head: Buffer) => {
-      const expected = createHash('sha1').update(key + GUID).digest('base64');
+      const expected = createHash('sha1')
+        .update(key + GUID)
+        .digest('base64');
       if (res.headers['sec-websocket-accept'] !== expected || res.headers['sec-websocket-extensions']) {
         socket.destroy();
         this.fail(new Error('the host answered the WebSocket handshake wrongly'));

@@ -263,4 +263,3 @@ export class ExecSession {
     this.clients.clear();
   }
 }
-

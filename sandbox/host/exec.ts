@@ -81,7 +81,10 @@ export class ExecManager {
     const max = this.limits.EXEC_SESSIONS_PER_SANDBOX;
     const starting = this.starting.get(sandboxId) ?? 0;
     if (this.list(sandboxId).filter((s) => s.running).length + starting >= max) {
-      throw new SandboxError('rate_limited', `sandbox ${sandboxId} already runs ${max} exec sessions (EXEC_SESSIONS_PER_SANDBOX); wait for one to exit or kill one`);
+      throw new SandboxError(
+        'rate_limited',
+        `sandbox ${sandboxId} already runs ${max} exec sessions (EXEC_SESSIONS_PER_SANDBOX); wait for one to exit or kill one`,
+      );
     }
     this.starting.set(sandboxId, starting + 1);
     let child: PipedProcess;
@@ -172,49 +175,64 @@ export class ExecManager {
 
   /** Registers the exec routes on the app. */
   routes(app: express.Express, h: Wrap, parse: Parse): void {
-    app.post('/sandboxes/:id/exec/run', h(async (req, res) => {
-      const { params, body } = parse(z.object({ params: idParams, body: execSchema.extend({ stdin: z.string().optional() }) }), req);
-      res.json(await this.run(params.id, body));
-    }));
-    app.post('/sandboxes/:id/exec', h(async (req, res) => {
-      const { params, body } = parse(z.object({ params: idParams, body: execSchema }), req);
-      res.status(201).json((await this.start(params.id, body)).info());
-    }));
-    app.get('/sandboxes/:id/exec', h(async (req, res) => {
-      const { params } = parse(z.object({ params: idParams }), req);
-      if (!this.provider.get(params.id)) throw new SandboxError('not_found', `sandbox ${params.id} not found`);
-      res.json(this.list(params.id).map((s) => s.info()));
-    }));
-    app.get('/sandboxes/:id/exec/:sid', h(async (req, res) => {
-      const { params } = parse(z.object({ params: sessionParams }), req);
-      res.json(this.get(params.id, params.sid).info());
-    }));
+    app.post(
+      '/sandboxes/:id/exec/run',
+      h(async (req, res) => {
+        const { params, body } = parse(z.object({ params: idParams, body: execSchema.extend({ stdin: z.string().optional() }) }), req);
+        res.json(await this.run(params.id, body));
+      }),
+    );
+    app.post(
+      '/sandboxes/:id/exec',
+      h(async (req, res) => {
+        const { params, body } = parse(z.object({ params: idParams, body: execSchema }), req);
+        res.status(201).json((await this.start(params.id, body)).info());
+      }),
+    );
+    app.get(
+      '/sandboxes/:id/exec',
+      h(async (req, res) => {
+        const { params } = parse(z.object({ params: idParams }), req);
+        if (!this.provider.get(params.id)) throw new SandboxError('not_found', `sandbox ${params.id} not found`);
+        res.json(this.list(params.id).map((s) => s.info()));
+      }),
+    );
+    app.get(
+      '/sandboxes/:id/exec/:sid',
+      h(async (req, res) => {
+        const { params } = parse(z.object({ params: sessionParams }), req);
+        res.json(this.get(params.id, params.sid).info());
+      }),
+    );
     // The result so far: waits up to waitMs (at most 30 s) for the command to exit first.
-    app.get('/sandboxes/:id/exec/:sid/result', h(async (req, res) => {
-      const { params, query } = parse(
-        z.object({ params: sessionParams, query: z.object({ waitMs: z.coerce.number().int().min(0).max(30_000).default(0) }) }),
-        req,
-      );
-      const s = this.get(params.id, params.sid);
-      if (s.running && query.waitMs > 0) {
-        let timer: NodeJS.Timeout | undefined;
-        const gone = new Promise<void>((resolve) => res.on('close', resolve));
-        await Promise.race([s.wait(), gone, new Promise<void>((resolve) => (timer = setTimeout(resolve, query.waitMs)))]);
-        clearTimeout(timer);
-      }
-      res.json({ ...s.info(), timedOut: s.timedOut, ...s.collected() });
-    }));
-    app.post('/sandboxes/:id/exec/:sid/kill', h(async (req, res) => {
-      const { params, body } = parse(
-        z.object({ params: sessionParams, body: z.object({ signal: z.string().optional() }).optional() }),
-        req,
-      );
-      const signal = body?.signal ?? 'SIGKILL';
-      if (!(signal in osConstants.signals)) throw new SandboxError('invalid_request', `unknown signal ${signal}`);
-      const s = this.get(params.id, params.sid);
-      s.kill(signal as NodeJS.Signals);
-      res.json(s.info());
-    }));
+    app.get(
+      '/sandboxes/:id/exec/:sid/result',
+      h(async (req, res) => {
+        const { params, query } = parse(
+          z.object({ params: sessionParams, query: z.object({ waitMs: z.coerce.number().int().min(0).max(30_000).default(0) }) }),
+          req,
+        );
+        const s = this.get(params.id, params.sid);
+        if (s.running && query.waitMs > 0) {
+          let timer: NodeJS.Timeout | undefined;
+          const gone = new Promise<void>((resolve) => res.on('close', resolve));
+          await Promise.race([s.wait(), gone, new Promise<void>((resolve) => (timer = setTimeout(resolve, query.waitMs)))]);
+          clearTimeout(timer);
+        }
+        res.json({ ...s.info(), timedOut: s.timedOut, ...s.collected() });
+      }),
+    );
+    app.post(
+      '/sandboxes/:id/exec/:sid/kill',
+      h(async (req, res) => {
+        const { params, body } = parse(z.object({ params: sessionParams, body: z.object({ signal: z.string().optional() }).optional() }), req);
+        const signal = body?.signal ?? 'SIGKILL';
+        if (!(signal in osConstants.signals)) throw new SandboxError('invalid_request', `unknown signal ${signal}`);
+        const s = this.get(params.id, params.sid);
+        s.kill(signal as NodeJS.Signals);
+        res.json(s.info());
+      }),
+    );
   }
 
   /** Kills and forgets the exec sessions of a sandbox (before it is destroyed). */

@@ -81,87 +81,113 @@ function removeTree(provider: SandboxProvider, id: string, p: string): Promise<v
 
 /** Registers the filesystem routes on the host's app. */
 export function fileRoutes(app: express.Express, provider: SandboxProvider, h: Wrap, parse: Parse): void {
-  app.get('/sandboxes/:id/fs', h(async (req, res) => {
-    const { params, query } = parse(z.object({ params: idParams, query: pathQuery }), req);
-    const { fh, size } = await openSandboxFileForRead(await provider.fileRoot(params.id), query.path);
-    try {
-      res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': size });
-      if (size === 0) {
-        res.end();
-        return;
-      }
-      // The size read at open: a file that grows meanwhile is cut there, one that shrinks ends the
-      // answer short (the client sees a truncated body, never bytes of another file).
-      await pipeline(fh.createReadStream({ start: 0, end: size - 1, autoClose: true, highWaterMark: 256 * 1024 }), res).catch(() => {
-        res.destroy();
-      });
-    } finally {
-      await fh.close().catch(() => undefined);
-    }
-  }));
-
-  app.put('/sandboxes/:id/fs', h(async (req, res) => {
-    const { params, query } = parse(
-      z.object({
-        params: idParams,
-        query: pathQuery.extend({ mode: z.string().regex(/^[0-7]{3,4}$/, 'must be octal, e.g. 644').optional() }),
-      }),
-      req,
-    );
-    const root = await provider.fileRoot(params.id);
-    const fh = await openSandboxFileForWrite(root, query.path, query.mode ? parseInt(query.mode, 8) : 0o644);
-    let size = 0;
-    try {
-      if (root.charge) {
-        // Written by a helper in the sandbox's cgroups: the bytes count against its memory (../charged-write).
-        size = await writeCharged(req, fh, root.charge, query.path).catch((err) => {
-          // Answered before the body's end: the rest of it is read and dropped, so the answer reaches the client.
-          req.resume();
-          throw err;
+  app.get(
+    '/sandboxes/:id/fs',
+    h(async (req, res) => {
+      const { params, query } = parse(z.object({ params: idParams, query: pathQuery }), req);
+      const { fh, size } = await openSandboxFileForRead(await provider.fileRoot(params.id), query.path);
+      try {
+        res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': size });
+        if (size === 0) {
+          res.end();
+          return;
+        }
+        // The size read at open: a file that grows meanwhile is cut there, one that shrinks ends the
+        // answer short (the client sees a truncated body, never bytes of another file).
+        await pipeline(fh.createReadStream({ start: 0, end: size - 1, autoClose: true, highWaterMark: 256 * 1024 }), res).catch(() => {
+          res.destroy();
         });
-      } else {
-        req.on('data', (b: Buffer) => (size += b.length));
-        await pipeline(req, fh.createWriteStream({ autoClose: true, highWaterMark: 256 * 1024 })).catch((err) => {
-          throw diskFull(err) ?? (req.aborted || req.destroyed ? new SandboxError('invalid_request', 'upload interrupted') : fsError(err, query.path));
-        });
+      } finally {
+        await fh.close().catch(() => undefined);
       }
-    } finally {
-      await fh.close().catch(() => undefined);
-    }
-    res.json({ path: query.path, size });
-  }));
+    }),
+  );
 
-  app.get('/sandboxes/:id/fs/list', h(async (req, res) => {
-    const { params, query } = parse(z.object({ params: idParams, query: pathQuery }), req);
-    res.json(await listSandboxDir(await provider.fileRoot(params.id), query.path));
-  }));
+  app.put(
+    '/sandboxes/:id/fs',
+    h(async (req, res) => {
+      const { params, query } = parse(
+        z.object({
+          params: idParams,
+          query: pathQuery.extend({
+            mode: z
+              .string()
+              .regex(/^[0-7]{3,4}$/, 'must be octal, e.g. 644')
+              .optional(),
+          }),
+        }),
+        req,
+      );
+      const root = await provider.fileRoot(params.id);
+      const fh = await openSandboxFileForWrite(root, query.path, query.mode ? parseInt(query.mode, 8) : 0o644);
+      let size = 0;
+      try {
+        if (root.charge) {
+          // Written by a helper in the sandbox's cgroups: the bytes count against its memory (../charged-write).
+          size = await writeCharged(req, fh, root.charge, query.path).catch((err) => {
+            // Answered before the body's end: the rest of it is read and dropped, so the answer reaches the client.
+            req.resume();
+            throw err;
+          });
+        } else {
+          req.on('data', (b: Buffer) => (size += b.length));
+          await pipeline(req, fh.createWriteStream({ autoClose: true, highWaterMark: 256 * 1024 })).catch((err) => {
+            throw diskFull(err) ?? (req.aborted || req.destroyed ? new SandboxError('invalid_request', 'upload interrupted') : fsError(err, query.path));
+          });
+        }
+      } finally {
+        await fh.close().catch(() => undefined);
+      }
+      res.json({ path: query.path, size });
+    }),
+  );
 
-  app.get('/sandboxes/:id/fs/stat', h(async (req, res) => {
-    const { params, query } = parse(z.object({ params: idParams, query: pathQuery.extend({ noFollow: bool.optional() }) }), req);
-    res.json(await statSandboxPath(await provider.fileRoot(params.id), query.path, { noFollow: query.noFollow }));
-  }));
+  app.get(
+    '/sandboxes/:id/fs/list',
+    h(async (req, res) => {
+      const { params, query } = parse(z.object({ params: idParams, query: pathQuery }), req);
+      res.json(await listSandboxDir(await provider.fileRoot(params.id), query.path));
+    }),
+  );
 
-  app.post('/sandboxes/:id/fs/mkdir', h(async (req, res) => {
-    const { params, body } = parse(z.object({ params: idParams, body: z.object({ path: z.string().min(1) }) }), req);
-    const root = await provider.fileRoot(params.id);
-    await makeSandboxDir(root, body.path);
-    res.json(await statSandboxPath(root, body.path));
-  }));
+  app.get(
+    '/sandboxes/:id/fs/stat',
+    h(async (req, res) => {
+      const { params, query } = parse(z.object({ params: idParams, query: pathQuery.extend({ noFollow: bool.optional() }) }), req);
+      res.json(await statSandboxPath(await provider.fileRoot(params.id), query.path, { noFollow: query.noFollow }));
+    }),
+  );
 
-  app.post('/sandboxes/:id/fs/rename', h(async (req, res) => {
-    const { params, body } = parse(z.object({ params: idParams, body: z.object({ from: z.string().min(1), to: z.string().min(1) }) }), req);
-    const root = await provider.fileRoot(params.id);
-    await renameSandboxPath(root, body.from, body.to);
-    res.json(await statSandboxPath(root, body.to, { noFollow: true }));
-  }));
+  app.post(
+    '/sandboxes/:id/fs/mkdir',
+    h(async (req, res) => {
+      const { params, body } = parse(z.object({ params: idParams, body: z.object({ path: z.string().min(1) }) }), req);
+      const root = await provider.fileRoot(params.id);
+      await makeSandboxDir(root, body.path);
+      res.json(await statSandboxPath(root, body.path));
+    }),
+  );
 
-  app.delete('/sandboxes/:id/fs', h(async (req, res) => {
-    const { params, query } = parse(z.object({ params: idParams, query: pathQuery.extend({ recursive: bool.default(true) }) }), req);
-    const outcome = await removeSandboxEntry(await provider.fileRoot(params.id), query.path);
-    if (outcome === 'notEmpty') {
-      if (!query.recursive) throw new SandboxError('conflict', `directory not empty: ${query.path} (remove with recursive=true)`);
-      await removeTree(provider, params.id, query.path);
-    }
-    res.json({ removed: true, path: query.path });
-  }));
+  app.post(
+    '/sandboxes/:id/fs/rename',
+    h(async (req, res) => {
+      const { params, body } = parse(z.object({ params: idParams, body: z.object({ from: z.string().min(1), to: z.string().min(1) }) }), req);
+      const root = await provider.fileRoot(params.id);
+      await renameSandboxPath(root, body.from, body.to);
+      res.json(await statSandboxPath(root, body.to, { noFollow: true }));
+    }),
+  );
+
+  app.delete(
+    '/sandboxes/:id/fs',
+    h(async (req, res) => {
+      const { params, query } = parse(z.object({ params: idParams, query: pathQuery.extend({ recursive: bool.default(true) }) }), req);
+      const outcome = await removeSandboxEntry(await provider.fileRoot(params.id), query.path);
+      if (outcome === 'notEmpty') {
+        if (!query.recursive) throw new SandboxError('conflict', `directory not empty: ${query.path} (remove with recursive=true)`);
+        await removeTree(provider, params.id, query.path);
+      }
+      res.json({ removed: true, path: query.path });
+    }),
+  );
 }

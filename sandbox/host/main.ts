@@ -46,7 +46,15 @@ const envSchema = z.object({
 
 async function main(): Promise<void> {
   // The same redaction as every other process's logger (lib/logger.ts): no token in a line.
-  const logger = pino({ level: process.env.LOG_LEVEL ?? 'info', base: { svc: 'sandbox-host' }, redact: { paths: REDACT_PATHS, censor: '[redacted]' }, hooks: { streamWrite: scrubUrl } }, pino.destination({ dest: 2, sync: false }));
+  const logger = pino(
+    {
+      level: process.env.LOG_LEVEL ?? 'info',
+      base: { svc: 'sandbox-host' },
+      redact: { paths: REDACT_PATHS, censor: '[redacted]' },
+      hooks: { streamWrite: scrubUrl },
+    },
+    pino.destination({ dest: 2, sync: false }),
+  );
   const parsed = envSchema.safeParse(process.env);
   if (!parsed.success) {
     logger.fatal({ issues: parsed.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`) }, 'invalid environment');

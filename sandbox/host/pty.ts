@@ -205,14 +205,20 @@ export class PtyManager {
 
   routes(app: express.Express, h: Wrap, parse: Parse): void {
     const params = z.object({ id: z.string().min(1) });
-    app.post('/sandboxes/:id/pty', h(async (req, res) => {
-      const { params: p, body } = parse(z.object({ params, body: createPtySchema }), req);
-      res.status(201).json(this.create(p.id, body).info());
-    }));
-    app.get('/sandboxes/:id/pty/:sid', h(async (req, res) => {
-      const { params: p } = parse(z.object({ params: params.extend({ sid: z.string().min(1) }) }), req);
-      res.json(this.get(p.id, p.sid).info());
-    }));
+    app.post(
+      '/sandboxes/:id/pty',
+      h(async (req, res) => {
+        const { params: p, body } = parse(z.object({ params, body: createPtySchema }), req);
+        res.status(201).json(this.create(p.id, body).info());
+      }),
+    );
+    app.get(
+      '/sandboxes/:id/pty/:sid',
+      h(async (req, res) => {
+        const { params: p } = parse(z.object({ params: params.extend({ sid: z.string().min(1) }) }), req);
+        res.json(this.get(p.id, p.sid).info());
+      }),
+    );
   }
 
   /** Kills the terminals of a sandbox (it is being destroyed or hibernated). */

@@ -7,7 +7,6 @@ import * as http from 'node:http';
 import * as os from 'node:os';
 import express, { type NextFunction, type Request, type Response } from 'express';
 import pino, { type Logger } from 'pino';
-import { z } from 'zod';
 import { effectiveResources, loadLimits, overMaximum, type SandboxLimits } from '../../config/limits';
 import { loadExecLimits, type ExecLimits } from '../../config/exec-limits';
 import { errorStatus, isSandboxError, SandboxError, type SandboxErrorType } from '../errors';
@@ -24,7 +23,6 @@ import { PortForwarder } from './forward';
 import { fileRoutes } from './files';
 import { PtyManager } from './pty';
 import type { SandboxNetwork } from '../network';
-import { networkSchema } from '../../contract/network';
 
 /** What the app needs. */
 export interface HostDeps {
@@ -69,100 +67,10 @@ export function defaultMaxSandboxes(totalMemoryBytes = os.totalmem()): number {
   return Math.max(16, Math.floor(totalMemoryBytes / (64 * 1024 * 1024)));
 }
 
-
-
 const MAX_WAIT_MS = 30_000;
 const DEFAULT_READ_MAX = 16 * 1024 * 1024;
 
-const stringMap = z.record(z.string(), z.string());
-const idParam = z.object({ id: z.string().min(1) });
-
-const entrypointSchema = z.object({
-  argv: z.array(z.string()).min(1),
-  env: stringMap.optional(),
-  cwd: z.string().startsWith('/').optional(),
-  timeoutSeconds: z.number().positive().optional(),
-});
-
-const schemas = {
-  create: z.object({
-    body: z.object({
-      id: z.string().min(1),
-      orgId: z.string(),
-      owner: z.object({ kind: z.enum(['session', 'instance', 'api', 'snapshot']), id: z.string() }).optional(),
-      layers: z.array(z.string()).optional(),
-      envs: stringMap.optional(),
-      cwd: z.string().startsWith('/').optional(),
-      memoryMB: z.number().int().positive().optional(),
-      // 0: no CFS quota (an equal cpu.shares weight).
-      cpuCount: z.number().min(0).optional(),
-      maxProcesses: z.number().int().positive().optional(),
-      diskMB: z.number().int().positive().optional(),
-      network: networkSchema(z).optional(),
-      files: stringMap.optional(),
-      patches: z.array(z.object({ id: z.string().min(1), script: z.string() })).optional(),
-      entrypoint: entrypointSchema.optional(),
-      metadata: stringMap.optional(),
-      awaitExit: z
-        .object({
-          waitMs: z.number().int().min(0),
-          readFile: z.object({ path: z.string().min(1), maxBytes: z.number().int().positive() }).optional(),
-          readLog: z.object({ maxBytes: z.number().int().positive() }).optional(),
-        })
-        .optional(),
-    }),
-  }),
-  list: z.object({ query: z.object({ owner: z.string().optional() }) }),
-  byId: z.object({ params: idParam }),
-  setNetwork: z.object({ params: idParam, body: networkSchema(z) }),
-  writeFile: z.object({
-    params: idParam,
-    body: z.object({
-      path: z.string().min(1),
-      content: z.string(),
-      encoding: z.enum(['utf8', 'base64']).optional(),
-      mode: z.number().int().min(0).max(0o7777).optional(),
-    }),
-  }),
-  readFile: z.object({
-    params: idParam,
-    query: z.object({ path: z.string().min(1), maxBytes: z.coerce.number().int().positive().optional() }),
-  }),
-  startEntrypoint: z.object({ params: idParam, body: entrypointSchema }),
-  entrypointStatus: z.object({ params: idParam, query: z.object({ waitMs: z.coerce.number().int().min(0).optional() }) }),
-  entrypointLog: z.object({
-    params: idParam,
-    query: z.object({
-      maxBytes: z.coerce.number().int().positive().max(64 * 1024 * 1024).default(1024 * 1024),
-      sinceStdout: z.coerce.number().int().min(0).optional(),
-      sinceStderr: z.coerce.number().int().min(0).optional(),
-    }),
-  }),
-  entrypointOutput: z.object({
-    params: idParam,
-    query: z.object({ stream: z.enum(['stdout', 'stderr']).default('stdout'), maxBytes: z.coerce.number().int().positive().optional() }),
-  }),
-  checkpoint: z.object({ params: idParam, body: z.object({ checkpointId: z.string().min(1) }) }),
-  hibernate: z.object({ params: idParam, body: z.object({ layerId: z.string().min(1) }) }),
-  wake: z.object({ params: idParam, body: z.object({ patches: z.array(z.object({ id: z.string().min(1), script: z.string() })).default([]) }) }),
-  restore: z.object({
-    params: idParam,
-    body: z.object({ layerId: z.string().min(1), patches: z.array(z.object({ id: z.string().min(1), script: z.string() })).default([]) }),
-  }),
-  layer: z.object({ params: z.object({ layerId: z.string().min(1) }) }),
-  fetchLayer: z.object({ params: z.object({ layerId: z.string().min(1) }), body: z.object({ from: z.url({ protocol: /^https?$/ }) }) }),
-  port: z.object({ params: z.object({ id: z.string().min(1), port: z.coerce.number().int().min(1).max(65535) }) }),
-};
-
-/** Parses `{ params, query, body }` of a request with a route schema; throws invalid_request. */
-function parse<S extends z.ZodType>(schema: S, req: Request): z.infer<S> {
-  const r = schema.safeParse({ params: req.params, query: req.query, body: req.body });
-  if (!r.success) {
-    const msg = r.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`).join('; ');
-    throw new SandboxError('invalid_request', msg);
-  }
-  return r.data;
-}
+import { parse, schemas } from './server-schemas';
 
 type Handler = (req: Request, res: Response) => Promise<void>;
 const h = (fn: Handler) => (req: Request, res: Response, next: NextFunction) => fn(req, res).catch(next);
@@ -208,164 +116,227 @@ export function createApp(deps: HostDeps): express.Express {
   });
   app.use(express.json({ limit: '256mb' }));
 
-  app.post('/sandboxes', h(async (req, res) => {
-    const { body } = parse(schemas.create, req);
-    const { awaitExit, ...given } = body;
-    const over = overMaximum(deps.limits, given, 'body.');
-    if (over) throw new SandboxError('invalid_request', over);
-    // A host at its limit takes nothing new (placement should not have sent it; this is the guard).
-    if (!provider.get(given.id) && provider.load().sandboxes >= deps.maxSandboxes) {
-      throw new SandboxError('unavailable', `sandbox host ${deps.hostId} is at its limit of ${deps.maxSandboxes} sandboxes (HOST_MAX_SANDBOXES)`);
-    }
-    // Every sandbox gets limits: the caller's, else this host's defaults.
-    const spec = { ...given, ...effectiveResources(deps.limits, given) };
-    const { info, created } = await provider.create(spec);
-    const answer: CreatedSandbox = info;
-    if (awaitExit && spec.entrypoint) {
+  app.post(
+    '/sandboxes',
+    h(async (req, res) => {
+      const { body } = parse(schemas.create, req);
+      const { awaitExit, ...given } = body;
+      const over = overMaximum(deps.limits, given, 'body.');
+      if (over) throw new SandboxError('invalid_request', over);
+      // A host at its limit takes nothing new (placement should not have sent it; this is the guard).
+      if (!provider.get(given.id) && provider.load().sandboxes >= deps.maxSandboxes) {
+        throw new SandboxError('unavailable', `sandbox host ${deps.hostId} is at its limit of ${deps.maxSandboxes} sandboxes (HOST_MAX_SANDBOXES)`);
+      }
+      // Every sandbox gets limits: the caller's, else this host's defaults.
+      const spec = { ...given, ...effectiveResources(deps.limits, given) };
+      const { info, created } = await provider.create(spec);
+      const answer: CreatedSandbox = info;
+      if (awaitExit && spec.entrypoint) {
+        const ac = new AbortController();
+        res.on('close', () => ac.abort());
+        answer.entrypoint = await provider.waitEntrypoint(info.id, Math.min(awaitExit.waitMs, MAX_WAIT_MS), ac.signal);
+        const want = awaitExit.readFile;
+        if (want && answer.entrypoint.state === 'exited') answer.file = await readIfPossible(provider, info.id, want.path, want.maxBytes);
+        if (awaitExit.readLog && answer.entrypoint.state === 'exited') answer.log = wireLog(await provider.entrypointLog(info.id, awaitExit.readLog.maxBytes));
+      }
+      res.status(created ? 201 : 200).json(answer);
+    }),
+  );
+
+  app.get(
+    '/sandboxes',
+    h(async (req, res) => {
+      const { query } = parse(schemas.list, req);
+      const [ownerKind, ownerId] = (query.owner ?? '').split(':');
+      res.json(provider.list({ ownerKind: ownerKind || undefined, ownerId: ownerId || undefined }));
+    }),
+  );
+
+  app.get(
+    '/sandboxes/:id',
+    h(async (req, res) => {
+      const { params } = parse(schemas.byId, req);
+      const info = provider.get(params.id);
+      if (!info) throw new SandboxError('not_found', `sandbox ${params.id} not found`);
+      res.json(info);
+    }),
+  );
+
+  app.put(
+    '/sandboxes/:id/network',
+    h(async (req, res) => {
+      const { params, body } = parse(schemas.setNetwork, req);
+      res.json(await provider.setNetwork(params.id, body));
+    }),
+  );
+
+  app.delete(
+    '/sandboxes/:id',
+    h(async (req, res) => {
+      const { params } = parse(schemas.byId, req);
+      deps.exec.dropSandbox(params.id);
+      deps.pty?.dropSandbox(params.id);
+      deps.forward?.dropSandbox(params.id);
+      res.json({ destroyed: await provider.destroy(params.id) });
+    }),
+  );
+
+  app.put(
+    '/sandboxes/:id/files',
+    h(async (req, res) => {
+      const { params, body } = parse(schemas.writeFile, req);
+      const content = Buffer.from(body.content, body.encoding === 'base64' ? 'base64' : 'utf8');
+      await provider.writeFile(params.id, body.path, content, body.mode);
+      res.json({ path: body.path, size: content.length });
+    }),
+  );
+
+  app.get(
+    '/sandboxes/:id/files',
+    h(async (req, res) => {
+      const { params, query } = parse(schemas.readFile, req);
+      const buf = await provider.readFile(params.id, query.path, query.maxBytes ?? DEFAULT_READ_MAX);
+      res.json({ content: buf.toString('base64'), size: buf.length });
+    }),
+  );
+
+  app.post(
+    '/sandboxes/:id/entrypoint',
+    h(async (req, res) => {
+      const { params, body } = parse(schemas.startEntrypoint, req);
+      res.status(201).json(await provider.startEntrypoint(params.id, body));
+    }),
+  );
+
+  app.get(
+    '/sandboxes/:id/entrypoint',
+    h(async (req, res) => {
+      const { params, query } = parse(schemas.entrypointStatus, req);
       const ac = new AbortController();
       res.on('close', () => ac.abort());
-      answer.entrypoint = await provider.waitEntrypoint(info.id, Math.min(awaitExit.waitMs, MAX_WAIT_MS), ac.signal);
-      const want = awaitExit.readFile;
-      if (want && answer.entrypoint.state === 'exited') answer.file = await readIfPossible(provider, info.id, want.path, want.maxBytes);
-      if (awaitExit.readLog && answer.entrypoint.state === 'exited') answer.log = wireLog(await provider.entrypointLog(info.id, awaitExit.readLog.maxBytes));
-    }
-    res.status(created ? 201 : 200).json(answer);
-  }));
+      const status = await provider.waitEntrypoint(params.id, Math.min(query.waitMs ?? 0, MAX_WAIT_MS), ac.signal);
+      res.json(status);
+    }),
+  );
 
-  app.get('/sandboxes', h(async (req, res) => {
-    const { query } = parse(schemas.list, req);
-    const [ownerKind, ownerId] = (query.owner ?? '').split(':');
-    res.json(provider.list({ ownerKind: ownerKind || undefined, ownerId: ownerId || undefined }));
-  }));
+  app.get(
+    '/sandboxes/:id/entrypoint/log',
+    h(async (req, res) => {
+      const { params, query } = parse(schemas.entrypointLog, req);
+      res.json(wireLog(await provider.entrypointLog(params.id, query.maxBytes, { stdout: query.sinceStdout, stderr: query.sinceStderr })));
+    }),
+  );
 
-  app.get('/sandboxes/:id', h(async (req, res) => {
-    const { params } = parse(schemas.byId, req);
-    const info = provider.get(params.id);
-    if (!info) throw new SandboxError('not_found', `sandbox ${params.id} not found`);
-    res.json(info);
-  }));
+  app.get(
+    '/sandboxes/:id/entrypoint/output',
+    h(async (req, res) => {
+      const { params, query } = parse(schemas.entrypointOutput, req);
+      const buf = await provider.entrypointOutput(params.id, query.stream, query.maxBytes ?? 1024 * 1024);
+      res.json({ content: buf.toString('base64'), size: buf.length });
+    }),
+  );
 
-  app.put('/sandboxes/:id/network', h(async (req, res) => {
-    const { params, body } = parse(schemas.setNetwork, req);
-    res.json(await provider.setNetwork(params.id, body));
-  }));
-
-  app.delete('/sandboxes/:id', h(async (req, res) => {
-    const { params } = parse(schemas.byId, req);
-    deps.exec.dropSandbox(params.id);
-    deps.pty?.dropSandbox(params.id);
-    deps.forward?.dropSandbox(params.id);
-    res.json({ destroyed: await provider.destroy(params.id) });
-  }));
-
-  app.put('/sandboxes/:id/files', h(async (req, res) => {
-    const { params, body } = parse(schemas.writeFile, req);
-    const content = Buffer.from(body.content, body.encoding === 'base64' ? 'base64' : 'utf8');
-    await provider.writeFile(params.id, body.path, content, body.mode);
-    res.json({ path: body.path, size: content.length });
-  }));
-
-  app.get('/sandboxes/:id/files', h(async (req, res) => {
-    const { params, query } = parse(schemas.readFile, req);
-    const buf = await provider.readFile(params.id, query.path, query.maxBytes ?? DEFAULT_READ_MAX);
-    res.json({ content: buf.toString('base64'), size: buf.length });
-  }));
-
-  app.post('/sandboxes/:id/entrypoint', h(async (req, res) => {
-    const { params, body } = parse(schemas.startEntrypoint, req);
-    res.status(201).json(await provider.startEntrypoint(params.id, body));
-  }));
-
-  app.get('/sandboxes/:id/entrypoint', h(async (req, res) => {
-    const { params, query } = parse(schemas.entrypointStatus, req);
-    const ac = new AbortController();
-    res.on('close', () => ac.abort());
-    const status = await provider.waitEntrypoint(params.id, Math.min(query.waitMs ?? 0, MAX_WAIT_MS), ac.signal);
-    res.json(status);
-  }));
-
-  app.get('/sandboxes/:id/entrypoint/log', h(async (req, res) => {
-    const { params, query } = parse(schemas.entrypointLog, req);
-    res.json(wireLog(await provider.entrypointLog(params.id, query.maxBytes, { stdout: query.sinceStdout, stderr: query.sinceStderr })));
-  }));
-
-  app.get('/sandboxes/:id/entrypoint/output', h(async (req, res) => {
-    const { params, query } = parse(schemas.entrypointOutput, req);
-    const buf = await provider.entrypointOutput(params.id, query.stream, query.maxBytes ?? 1024 * 1024);
-    res.json({ content: buf.toString('base64'), size: buf.length });
-  }));
-
-  app.post('/sandboxes/:id/checkpoints', h(async (req, res) => {
-    const { params, body } = parse(schemas.checkpoint, req);
-    res.status(201).json(await provider.checkpoint(params.id, body.checkpointId));
-  }));
+  app.post(
+    '/sandboxes/:id/checkpoints',
+    h(async (req, res) => {
+      const { params, body } = parse(schemas.checkpoint, req);
+      res.status(201).json(await provider.checkpoint(params.id, body.checkpointId));
+    }),
+  );
 
   // Hibernate and restore end the sandbox's processes: its exec sessions and forwards go first.
-  app.post('/sandboxes/:id/hibernate', h(async (req, res) => {
-    const { params, body } = parse(schemas.hibernate, req);
-    deps.exec.dropSandbox(params.id);
-    deps.pty?.dropSandbox(params.id);
-    deps.forward?.dropSandbox(params.id);
-    res.json(await provider.hibernate(params.id, body.layerId));
-  }));
+  app.post(
+    '/sandboxes/:id/hibernate',
+    h(async (req, res) => {
+      const { params, body } = parse(schemas.hibernate, req);
+      deps.exec.dropSandbox(params.id);
+      deps.pty?.dropSandbox(params.id);
+      deps.forward?.dropSandbox(params.id);
+      res.json(await provider.hibernate(params.id, body.layerId));
+    }),
+  );
 
-  app.post('/sandboxes/:id/wake', h(async (req, res) => {
-    const { params, body } = parse(schemas.wake, req);
-    res.json(await provider.wake(params.id, body.patches));
-  }));
+  app.post(
+    '/sandboxes/:id/wake',
+    h(async (req, res) => {
+      const { params, body } = parse(schemas.wake, req);
+      res.json(await provider.wake(params.id, body.patches));
+    }),
+  );
 
-  app.post('/sandboxes/:id/restore', h(async (req, res) => {
-    const { params, body } = parse(schemas.restore, req);
-    deps.exec.dropSandbox(params.id);
-    deps.pty?.dropSandbox(params.id);
-    deps.forward?.dropSandbox(params.id);
-    res.json(await provider.restore(params.id, body.layerId, body.patches));
-  }));
+  app.post(
+    '/sandboxes/:id/restore',
+    h(async (req, res) => {
+      const { params, body } = parse(schemas.restore, req);
+      deps.exec.dropSandbox(params.id);
+      deps.pty?.dropSandbox(params.id);
+      deps.forward?.dropSandbox(params.id);
+      res.json(await provider.restore(params.id, body.layerId, body.patches));
+    }),
+  );
 
-  app.delete('/layers/:layerId', h(async (req, res) => {
-    const { params } = parse(schemas.layer, req);
-    res.json({ deleted: await provider.deleteLayer(params.layerId) });
-  }));
+  app.delete(
+    '/layers/:layerId',
+    h(async (req, res) => {
+      const { params } = parse(schemas.layer, req);
+      res.json({ deleted: await provider.deleteLayer(params.layerId) });
+    }),
+  );
 
-  app.get('/layers/:layerId/hash', h(async (req, res) => {
-    const { params } = parse(schemas.layer, req);
-    res.json({ layerId: params.layerId, sha256: await provider.layerHash(params.layerId) });
-  }));
+  app.get(
+    '/layers/:layerId/hash',
+    h(async (req, res) => {
+      const { params } = parse(schemas.layer, req);
+      res.json({ layerId: params.layerId, sha256: await provider.layerHash(params.layerId) });
+    }),
+  );
 
   // Layers move between hosts: another host streams this one's archive (x-layer-sha256 = its content hash)…
-  app.get('/layers/:layerId/archive', h(async (req, res) => {
-    const { params } = parse(schemas.layer, req);
-    const { sha256, stream, done } = await provider.exportLayer(params.layerId);
-    res.writeHead(200, { 'content-type': 'application/x-tar', 'x-layer-sha256': sha256 });
-    stream.pipe(res);
-    done.catch((err: Error) => {
-      logger.error({ err, layerId: params.layerId }, 'layer archive failed');
-      res.destroy(err);
-    });
-  }));
+  app.get(
+    '/layers/:layerId/archive',
+    h(async (req, res) => {
+      const { params } = parse(schemas.layer, req);
+      const { sha256, stream, done } = await provider.exportLayer(params.layerId);
+      res.writeHead(200, { 'content-type': 'application/x-tar', 'x-layer-sha256': sha256 });
+      stream.pipe(res);
+      done.catch((err: Error) => {
+        logger.error({ err, layerId: params.layerId }, 'layer archive failed');
+        res.destroy(err);
+      });
+    }),
+  );
 
   // …and fetches a layer it lacks (with its parents) from the host that has it.
-  app.post('/layers/:layerId/fetch', h(async (req, res) => {
-    const { params, body } = parse(schemas.fetchLayer, req);
-    const started = Date.now();
-    const fetched = await fetchLayer(provider, new HostClient({ url: body.from, token: deps.token }), params.layerId, inflight);
-    res.json({ layerId: params.layerId, fetched, ms: Date.now() - started });
-  }));
+  app.post(
+    '/layers/:layerId/fetch',
+    h(async (req, res) => {
+      const { params, body } = parse(schemas.fetchLayer, req);
+      const started = Date.now();
+      const fetched = await fetchLayer(provider, new HostClient({ url: body.from, token: deps.token }), params.layerId, inflight);
+      res.json({ layerId: params.layerId, fetched, ms: Date.now() - started });
+    }),
+  );
 
   // Port forwarding for previews: a Unix socket on this machine that reaches 127.0.0.1:<port> inside.
-  app.post('/sandboxes/:id/ports/:port/forward', h(async (req, res) => {
-    const { params } = parse(schemas.port, req);
-    if (!deps.forward) throw new SandboxError('internal', 'port forwarding is not available on this host');
-    // The machine's name tells a client whether it can use the socket itself (same machine) or must
-    // tunnel through this host (GET …/ports/:port/tunnel with Upgrade: sap-tunnel, see exec.ts).
-    res.json({ socketPath: await deps.forward.open(params.id, params.port), machine: machineName() });
-  }));
+  app.post(
+    '/sandboxes/:id/ports/:port/forward',
+    h(async (req, res) => {
+      const { params } = parse(schemas.port, req);
+      if (!deps.forward) throw new SandboxError('internal', 'port forwarding is not available on this host');
+      // The machine's name tells a client whether it can use the socket itself (same machine) or must
+      // tunnel through this host (GET …/ports/:port/tunnel with Upgrade: sap-tunnel, see exec.ts).
+      res.json({ socketPath: await deps.forward.open(params.id, params.port), machine: machineName() });
+    }),
+  );
 
-  app.delete('/sandboxes/:id/ports/:port/forward', h(async (req, res) => {
-    const { params } = parse(schemas.port, req);
-    await deps.forward?.close(params.id, params.port);
-    res.json({ closed: true });
-  }));
+  app.delete(
+    '/sandboxes/:id/ports/:port/forward',
+    h(async (req, res) => {
+      const { params } = parse(schemas.port, req);
+      await deps.forward?.close(params.id, params.port);
+      res.json({ closed: true });
+    }),
+  );
 
   deps.exec.routes(app, h, parse);
   fileRoutes(app, provider, h, parse);
@@ -431,7 +402,15 @@ export async function startHost(opts: StartHostOptions): Promise<RunningHost> {
   const provider =
     typeof opts.provider === 'object'
       ? opts.provider
-      : createSandboxProvider({ kind: opts.provider ?? 'namespaces', dataDir: opts.dataDir, hostId, logger, scratchDir: opts.scratchDir, auditLog: opts.auditLog, ...(opts.network !== undefined ? { network: opts.network } : {}) });
+      : createSandboxProvider({
+          kind: opts.provider ?? 'namespaces',
+          dataDir: opts.dataDir,
+          hostId,
+          logger,
+          scratchDir: opts.scratchDir,
+          auditLog: opts.auditLog,
+          ...(opts.network !== undefined ? { network: opts.network } : {}),
+        });
   await provider.init();
   const exec = new ExecManager(provider, logger, opts.execLimits ?? loadExecLimits(process.env));
   const pty = new PtyManager(provider, logger);

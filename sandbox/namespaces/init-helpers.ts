@@ -94,7 +94,7 @@ export class InitHelpers {
         resolve();
       });
     });
-    server.on('error', (err) => this.deps.log.warn({ err: err.message }, 'init helpers\' socket failed'));
+    server.on('error', (err) => this.deps.log.warn({ err: err.message }, "init helpers' socket failed"));
     await fsp.chmod(sockPath, 0o600);
     server.unref();
     this.helperServer = server;

@@ -18,7 +18,8 @@ import { isAlive, SandboxCgroups } from '../procs';
 export const execFileP = promisify(execFile);
 
 /** The layer hasher (sandbox/layer-hash.py): beside this module's folder (the source tree), else in the project's sandbox/. */
-const LAYER_HASH = [path.join(__dirname, '..', 'layer-hash.py'), path.join(PROJECT_ROOT, 'sandbox', 'layer-hash.py')].find((f) => existsSync(f)) ?? 'layer-hash.py';
+const LAYER_HASH =
+  [path.join(__dirname, '..', 'layer-hash.py'), path.join(PROJECT_ROOT, 'sandbox', 'layer-hash.py')].find((f) => existsSync(f)) ?? 'layer-hash.py';
 /** Where a layer keeps the set-id bits its regular files had in the sandbox (never on disk: see shiftIdsToSandbox). */
 const SET_ID_FILE = 'setid.json';
 /** Marks a layers directory whose layers of older hosts have had their set-id bits moved to setid.json (migrateSetIds). */
@@ -32,7 +33,13 @@ export async function captureLayer(
 ): Promise<{ layerId: string; parents: string[]; sizeBytes?: number }> {
   const id = state.id;
   const target = path.join(layersDir, layerId);
-  if (await fsp.stat(target).then(() => true, () => false)) throw new SandboxError('conflict', `layer ${layerId} exists`);
+  if (
+    await fsp.stat(target).then(
+      () => true,
+      () => false,
+    )
+  )
+    throw new SandboxError('conflict', `layer ${layerId} exists`);
   const tmp = `${target}.tmp-${process.pid}-${Date.now()}`;
   const cgroups = SandboxCgroups.of(id);
   // Root's alone (0700): the layer's files keep the sandbox's ids, which are host ids too.
@@ -54,11 +61,11 @@ export async function captureLayer(
     const setIds = await shiftIdsToSandbox(tmp, state.idBase);
     if (setIds.length > 0) await fsp.writeFile(path.join(tmp, SET_ID_FILE), JSON.stringify(setIds), { mode: 0o600 });
     const parents = [...state.layers];
-    await fsp.writeFile(
-      path.join(tmp, 'layer.json'),
-      JSON.stringify({ id: layerId, parents, sandboxId: id, createdAt: new Date().toISOString() }),
+    await fsp.writeFile(path.join(tmp, 'layer.json'), JSON.stringify({ id: layerId, parents, sandboxId: id, createdAt: new Date().toISOString() }));
+    const du = await execFileP('du', ['-sb', '--apparent-size', tmp]).then(
+      (r) => Number(r.stdout.split('\t')[0]),
+      () => NaN,
     );
-    const du = await execFileP('du', ['-sb', '--apparent-size', tmp]).then((r) => Number(r.stdout.split('\t')[0]), () => NaN);
     await fsp.rename(tmp, target);
     return { layerId, parents, ...(Number.isFinite(du) ? { sizeBytes: du } : {}) };
   } catch (err) {
@@ -86,11 +93,24 @@ export async function scanLayer(dir: string): Promise<LayerScan> {
  */
 export async function migrateSetIds(layersDir: string, log: Logger): Promise<void> {
   const mark = path.join(layersDir, SET_ID_MIGRATED);
-  if (await fsp.lstat(mark).then(() => true, () => false)) return;
+  if (
+    await fsp.lstat(mark).then(
+      () => true,
+      () => false,
+    )
+  )
+    return;
   for (const name of await fsp.readdir(layersDir)) {
     const dir = path.join(layersDir, name);
     const st = await fsp.lstat(dir);
-    if (!st.isDirectory() || !(await fsp.lstat(path.join(dir, 'layer.json')).then((s) => s.isFile(), () => false))) continue;
+    if (
+      !st.isDirectory() ||
+      !(await fsp.lstat(path.join(dir, 'layer.json')).then(
+        (s) => s.isFile(),
+        () => false,
+      ))
+    )
+      continue;
     const found = await stripSetIds(dir);
     if (found.length > 0) {
       const kept = await readSetIds(dir);
@@ -141,10 +161,12 @@ export async function restoreSetIds(state: SandboxState, layersDir: string, root
 
 /** A layer's set-id records (none when it has no setid.json). */
 async function readSetIds(layerDir: string): Promise<SetIdFile[]> {
-  const text = await fsp.readFile(path.join(layerDir, SET_ID_FILE), { encoding: 'utf8', flag: fsc.O_RDONLY | fsc.O_NOFOLLOW }).catch((err: NodeJS.ErrnoException) => {
-    if (err.code === 'ENOENT') return '[]';
-    throw err;
-  });
+  const text = await fsp
+    .readFile(path.join(layerDir, SET_ID_FILE), { encoding: 'utf8', flag: fsc.O_RDONLY | fsc.O_NOFOLLOW })
+    .catch((err: NodeJS.ErrnoException) => {
+      if (err.code === 'ENOENT') return '[]';
+      throw err;
+    });
   const list = JSON.parse(text) as unknown;
   return Array.isArray(list) ? list.filter((r): r is SetIdFile => Array.isArray(r) && typeof r[0] === 'string' && typeof r[1] === 'number') : [];
 }

@@ -26,7 +26,10 @@ export async function unmountUnder(dir: string, spawner: Spawner): Promise<void>
   if (mounts.length === 0) return;
   let failed = await spawner.umount(mounts);
   if (failed.length === 0) return;
-  failed = await spawner.umount(failed.map((f) => f.path), { lazy: true });
+  failed = await spawner.umount(
+    failed.map((f) => f.path),
+    { lazy: true },
+  );
   if (failed.length > 0) throw new SandboxError('internal', `could not unmount ${failed.map((f) => `${f.path} (${f.error})`).join(', ')}`);
 }
 

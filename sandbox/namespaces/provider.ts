@@ -69,7 +69,12 @@ const BASE_ETC_COPIES = ['pam.d', 'login.defs', 'security', 'default/useradd', '
 
 /** Throws unless `file` exists (and is executable when `exec`): the sandboxes cannot be isolated without it. */
 async function requireFile(file: string, what: string, exec: boolean): Promise<string> {
-  if (!(await fsp.access(file, exec ? fsc.X_OK : fsc.R_OK).then(() => true, () => false))) {
+  if (
+    !(await fsp.access(file, exec ? fsc.X_OK : fsc.R_OK).then(
+      () => true,
+      () => false,
+    ))
+  ) {
     throw new Error(`${what} ${file} is missing: run scripts/toolchain.sh (npm start and npm test do)`);
   }
   return file;
@@ -102,7 +107,13 @@ export class NamespaceProvider extends BaseProvider {
   constructor(opts: ProviderOptions) {
     super(opts);
     this.initHelper = opts.initHelper ?? DEFAULT_INIT_HELPER;
-    this.helpers = new InitHelpers({ dataDir: this.dataDir, log: this.log, spawner: this.spawner, initHelper: this.initHelper, waitGone: (refs) => this.waitGone(refs) });
+    this.helpers = new InitHelpers({
+      dataDir: this.dataDir,
+      log: this.log,
+      spawner: this.spawner,
+      initHelper: this.initHelper,
+      waitGone: (refs) => this.waitGone(refs),
+    });
     this.enterHelper = opts.enterHelper ?? DEFAULT_ENTER_HELPER;
     this.seccompFilter = opts.seccompFilter ?? DEFAULT_SECCOMP;
     this.agentSdkSetting = opts.agentSdkLayer === undefined ? process.env.SANDBOX_AGENT_SDK_LAYER || DEFAULT_AGENT_SDK_LAYER : opts.agentSdkLayer;
@@ -139,7 +150,10 @@ export class NamespaceProvider extends BaseProvider {
     // Optional: without it sandboxes work, and the default agent runner reports that the SDK is missing.
     this.agentSdkLayer = this.agentSdkSetting ? await fsp.realpath(this.agentSdkSetting).catch(() => null) : null;
     if (this.agentSdkSetting && !this.agentSdkLayer) {
-      this.log.warn({ path: this.agentSdkSetting }, 'the Claude Agent SDK layer is missing (scripts/toolchain.sh installs it): agent sessions cannot use the default runner');
+      this.log.warn(
+        { path: this.agentSdkSetting },
+        'the Claude Agent SDK layer is missing (scripts/toolchain.sh installs it): agent sessions cannot use the default runner',
+      );
     }
     this.realDataDir = await fsp.realpath(this.dataDir);
     this.realUsr = await fsp.realpath('/usr');
@@ -149,7 +163,13 @@ export class NamespaceProvider extends BaseProvider {
     await SandboxCgroups.removeGroups((n) => n.startsWith(SPARE_PREFIX) && !signalable(Number(n.slice(SPARE_PREFIX.length).split('-')[0])));
     this.helpers.prepareSpare();
     const base = this.baseDir();
-    if (await fsp.stat(base).then(() => true, () => false)) return;
+    if (
+      await fsp.stat(base).then(
+        () => true,
+        () => false,
+      )
+    )
+      return;
     const tmp = `${base}.tmp-${process.pid}`;
     await fsp.rm(tmp, { recursive: true, force: true });
     for (const d of BASE_DIRS) await fsp.mkdir(path.join(tmp, d), { recursive: true, mode: 0o755 });
@@ -158,10 +178,7 @@ export class NamespaceProvider extends BaseProvider {
     await fsp.chmod(path.join(tmp, 'root'), 0o700);
     for (const [name, target] of BASE_LINKS) await fsp.symlink(target, path.join(tmp, name));
     const etc = path.join(tmp, 'etc');
-    await fsp.writeFile(
-      path.join(etc, 'passwd'),
-      'root:x:0:0:root:/root:/bin/bash\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n',
-    );
+    await fsp.writeFile(path.join(etc, 'passwd'), 'root:x:0:0:root:/root:/bin/bash\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n');
     await fsp.writeFile(path.join(etc, 'group'), 'root:x:0:\nnogroup:x:65534:\n');
     await fsp.writeFile(path.join(etc, 'hosts'), '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n');
     await fsp.writeFile(path.join(etc, 'resolv.conf'), '# no network inside the sandbox\n');
@@ -190,7 +207,13 @@ export class NamespaceProvider extends BaseProvider {
     } catch (err) {
       // Another host process built it first.
       await fsp.rm(tmp, { recursive: true, force: true });
-      if (!(await fsp.stat(base).then(() => true, () => false))) throw err;
+      if (
+        !(await fsp.stat(base).then(
+          () => true,
+          () => false,
+        ))
+      )
+        throw err;
     }
     this.log.info({ base }, 'base filesystem created');
   }
@@ -272,16 +295,21 @@ export class NamespaceProvider extends BaseProvider {
     // Everything the helper does, in order (see tools/sandbox-init); its log comes first, so that any
     // failure is in init.log. Each argument ends with a NUL byte.
     const args = [
-      '-l', sub('init.log'),
-      '-m', sub('m'),
-      '-u', String(state.idBase),
+      '-l',
+      sub('init.log'),
+      '-m',
+      sub('m'),
+      '-u',
+      String(state.idBase),
       // The agent SDK's layer lies lowest: shared read-only by all, and a checkpoint never captures it.
       ...[...layerPart('root'), path.join(realData, BASE_NAME), ...(this.agentSdkLayer ? [this.agentSdkLayer] : [])].flatMap((l) => ['-r', l]),
       ...[...layerPart('usr'), this.realUsr].flatMap((l) => ['-p', l]),
       '-D', // The host's server fills in SANDBOX_DISK_MB; a provider used on its own takes the built-in default.
       String(state.limits.diskMB ?? DEFAULT_MEMORY_MB),
-      '-H', id,
-      '-S', this.seccompFilter,
+      '-H',
+      id,
+      '-S',
+      this.seccompFilter,
       ...(link ? ['-N', link.ifname, '-A', `${link.gateway}/${link.prefix}`, '-B', link.address] : []),
       // Its resolver: the table sends it to the host's resolver for sandboxes (network.ts, dns.ts).
       ...(link ? ['-d', RESOLVER_ADDRESS] : []),
@@ -351,11 +379,15 @@ export class NamespaceProvider extends BaseProvider {
     return [
       this.enterHelper,
       ...how.cgroupProcs.flatMap((f) => ['-c', f]),
-      '-n', String(nsPid),
-      '-S', this.seccompFilter,
-      '-w', cwd,
+      '-n',
+      String(nsPid),
+      '-S',
+      this.seccompFilter,
+      '-w',
+      cwd,
       // Values never in the process list: the helper reads them from its environment (enterEnv).
-      '-E', String(env.length),
+      '-E',
+      String(env.length),
       ...(how.ownGroup ? ['-g'] : []),
       ...(how.timeoutSeconds ? ['-t', String(how.timeoutSeconds), '-k', String(how.killAfterSeconds ?? 0)] : []),
       ...(how.exitFile ? ['-x', how.exitFile] : []),
@@ -405,7 +437,12 @@ export class NamespaceProvider extends BaseProvider {
   override async layerHash(layerId: string): Promise<string> {
     assertId(layerId, 'layer id');
     const dir = path.join(this.layersDir(), layerId);
-    if (!(await fsp.stat(path.join(dir, 'layer.json')).then(() => true, () => false))) {
+    if (
+      !(await fsp.stat(path.join(dir, 'layer.json')).then(
+        () => true,
+        () => false,
+      ))
+    ) {
       throw new SandboxError('not_found', `layer ${layerId} not found`);
     }
     return this.hashOfDir(dir);

@@ -6,7 +6,6 @@ import type { SandboxEntry } from '../host-contract/types';
 import { DIR_FLAGS, type RootMap, closeAll, errCode, keepIfInside, openResolved, walk } from './resolve';
 import { guarded, resolveSandboxPathUnguarded } from './resolve';
 
-
 function entryOf(name: string, sandboxPath: string, st: import('node:fs').Stats, target?: string): SandboxEntry {
   const type = st.isFile() ? 'file' : st.isDirectory() ? 'dir' : st.isSymbolicLink() ? 'symlink' : 'other';
   return {
@@ -153,15 +152,27 @@ export async function makeSandboxDirUnguarded(map: RootMap, sandboxPath: string,
 export async function renameSandboxPathUnguarded(map: RootMap, from: string, to: string): Promise<void> {
   const a = await walk(map, from, { noFollowLast: true });
   try {
-    if (a.name === null) throw new SandboxError(a.parts.length ? 'conflict' : 'invalid_request', `cannot rename ${a.parts.length ? 'a mount point of the sandbox' : '/'}: ${from}`);
+    if (a.name === null)
+      throw new SandboxError(
+        a.parts.length ? 'conflict' : 'invalid_request',
+        `cannot rename ${a.parts.length ? 'a mount point of the sandbox' : '/'}: ${from}`,
+      );
     const b = await walk(map, to, { createDirs: true, noFollowLast: true });
     try {
-      if (b.name === null) throw new SandboxError(b.parts.length ? 'conflict' : 'invalid_request', `cannot rename onto ${b.parts.length ? 'a mount point of the sandbox' : '/'}: ${to}`);
+      if (b.name === null)
+        throw new SandboxError(
+          b.parts.length ? 'conflict' : 'invalid_request',
+          `cannot rename onto ${b.parts.length ? 'a mount point of the sandbox' : '/'}: ${to}`,
+        );
       await fsp.rename(`/proc/self/fd/${a.dirs[a.dirs.length - 1]!.fd}/${a.name}`, `/proc/self/fd/${b.dirs[b.dirs.length - 1]!.fd}/${b.name}`).catch((err) => {
         const code = errCode(err);
         if (code === 'ENOENT') throw new SandboxError('not_found', `no such file or directory: ${from}`);
         if (code === 'ENOTEMPTY' || code === 'EEXIST') throw new SandboxError('conflict', `destination is a directory that is not empty: ${to}`);
-        if (code === 'EISDIR' || code === 'ENOTDIR') throw new SandboxError('conflict', `cannot replace ${code === 'EISDIR' ? 'a directory with a non-directory' : 'a non-directory with a directory'}: ${to}`);
+        if (code === 'EISDIR' || code === 'ENOTDIR')
+          throw new SandboxError(
+            'conflict',
+            `cannot replace ${code === 'EISDIR' ? 'a directory with a non-directory' : 'a non-directory with a directory'}: ${to}`,
+          );
         if (code === 'EXDEV') throw new SandboxError('conflict', `${from} and ${to} are on different mounts of the sandbox; copy instead`);
         if (code === 'EINVAL') throw new SandboxError('invalid_request', `cannot move a directory into itself: ${to}`);
         throw err;

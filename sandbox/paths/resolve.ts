@@ -115,9 +115,10 @@ export function fsError(err: unknown, sandboxPath: string): SandboxError {
 
 /** `fn` whose errors are fsError's of its first argument (a sandbox path). */
 export function guarded<A extends [unknown, string, ...unknown[]], R>(fn: (...args: A) => Promise<R>): (...args: A) => Promise<R> {
-  return (...args: A) => fn(...args).catch((err: unknown) => {
-    throw fsError(err, args[1]);
-  });
+  return (...args: A) =>
+    fn(...args).catch((err: unknown) => {
+      throw fsError(err, args[1]);
+    });
 }
 
 /** The mount of the map whose mount point is exactly `parts`, if any. */
@@ -157,9 +158,7 @@ export async function mountIdOf(fd: number): Promise<number> {
 
 /** Throws invalid_request unless the descriptor lies inside the sandbox (see the module comment). */
 export async function assertFdInside(map: RootMap, fd: number, sandboxPath: string): Promise<void> {
-  const inside = map.mountIds
-    ? map.mountIds.has(await mountIdOf(fd))
-    : isInsideRoot(map, await fsp.readlink(`/proc/self/fd/${fd}`));
+  const inside = map.mountIds ? map.mountIds.has(await mountIdOf(fd)) : isInsideRoot(map, await fsp.readlink(`/proc/self/fd/${fd}`));
   if (!inside) throw new SandboxError('invalid_request', `path escapes the sandbox: ${sandboxPath}`);
 }
 
@@ -283,7 +282,10 @@ export async function walk(map: RootMap, sandboxPath: string, opts: { createDirs
           }
           if (done.length >= pathLimits.maxDepth) {
             await fh.close();
-            throw new SandboxError('invalid_request', `path is deeper than ${pathLimits.maxDepth} directories (SANDBOX_PATH_MAX_DEPTH): ${shownPath(sandboxPath)}`);
+            throw new SandboxError(
+              'invalid_request',
+              `path is deeper than ${pathLimits.maxDepth} directories (SANDBOX_PATH_MAX_DEPTH): ${shownPath(sandboxPath)}`,
+            );
           }
           // The parent is no longer needed (the root stays): O(1) descriptors per walk.
           if (dirs.length > 1) await dirs.pop()!.close();

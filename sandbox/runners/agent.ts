@@ -78,9 +78,7 @@ export function sdkOptions(config: AgentConfig, env: Record<string, string | und
     o.mcpServers = Object.fromEntries(
       Object.entries(config.mcpServers).map(([name, s]) => [
         name,
-        s.url
-          ? { type: s.type ?? 'http', url: s.url, headers: s.headers ?? {} }
-          : { type: 'stdio', command: s.command, args: s.args ?? [], env: s.env ?? {} },
+        s.url ? { type: s.type ?? 'http', url: s.url, headers: s.headers ?? {} } : { type: 'stdio', command: s.command, args: s.args ?? [], env: s.env ?? {} },
       ]),
     );
   }

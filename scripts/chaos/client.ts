@@ -54,9 +54,17 @@ export function once(method: string, url: string, body: string | undefined, head
  * One API call. 503s and connection failures (the API or something behind it is restarting) are
  * retried with backoff up to `giveUpMs`; every other answer is returned.
  */
-export async function call(method: string, p: string, body?: unknown, opts: { headers?: Record<string, string>; giveUpMs?: number; raw?: string } = {}): Promise<Answer> {
+export async function call(
+  method: string,
+  p: string,
+  body?: unknown,
+  opts: { headers?: Record<string, string>; giveUpMs?: number; raw?: string } = {},
+): Promise<Answer> {
   const payload = opts.raw ?? (body === undefined ? undefined : JSON.stringify(body));
-  const headers: Record<string, string> = { ...(payload !== undefined && !opts.headers?.['content-type'] ? { 'content-type': 'application/json' } : {}), ...opts.headers };
+  const headers: Record<string, string> = {
+    ...(payload !== undefined && !opts.headers?.['content-type'] ? { 'content-type': 'application/json' } : {}),
+    ...opts.headers,
+  };
   const deadline = Date.now() + (opts.giveUpMs ?? 300_000);
   const waitS = Number(/[?&]wait=(\d+)/.exec(p)?.[1] ?? 0);
   let delay = 100;
@@ -84,4 +92,3 @@ export async function call(method: string, p: string, body?: unknown, opts: { he
     delay = Math.min(delay * 2, 3000);
   }
 }
-

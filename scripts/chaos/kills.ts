@@ -1,7 +1,19 @@
 /** `npm run chaos`'s kills: SIGKILLs the stack's processes one at a time and waits for each to come back. */
 import net from 'node:net';
 import type { BaseProcName as ProcName } from '../launcher';
-import { STACK_FILE, TASK_QUEUE, KILL_PLAN, SAME_PROCESS_SPACING_MS, RECOVERY_LIMIT_MS, rand, between, sleep, readStack, API, TEMPORAL_ADDRESS } from './config';
+import {
+  STACK_FILE,
+  TASK_QUEUE,
+  KILL_PLAN,
+  SAME_PROCESS_SPACING_MS,
+  RECOVERY_LIMIT_MS,
+  rand,
+  between,
+  sleep,
+  readStack,
+  API,
+  TEMPORAL_ADDRESS,
+} from './config';
 import { once } from './client';
 
 // ---------------------------------------------------------------------------------------------
@@ -35,7 +47,11 @@ export async function workerPolls(pid: number, sinceMs: number): Promise<boolean
   try {
     temporalConnection ??= await Connection.connect({ address: TEMPORAL_ADDRESS, connectTimeout: 2000 });
     const r = await temporalConnection.withDeadline(Date.now() + 3000, () =>
-      temporalConnection!.workflowService.describeTaskQueue({ namespace: process.env.TEMPORAL_NAMESPACE ?? 'default', taskQueue: { name: TASK_QUEUE, kind: 1 }, taskQueueType: 1 }),
+      temporalConnection!.workflowService.describeTaskQueue({
+        namespace: process.env.TEMPORAL_NAMESPACE ?? 'default',
+        taskQueue: { name: TASK_QUEUE, kind: 1 },
+        taskQueueType: 1,
+      }),
     );
     return (r.pollers ?? []).some((p) => {
       const seen = p.lastAccessTime?.seconds ? Number(p.lastAccessTime.seconds) * 1000 + Math.floor((p.lastAccessTime.nanos ?? 0) / 1e6) : 0;

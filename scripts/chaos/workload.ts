@@ -51,7 +51,8 @@ export function judge(task: Task, r: { status: string; data: any; reason: string
       if (r.status !== 'completed') return `expected completed, got ${r.status} (${r.reason}: exit ${r.exit_code})`;
       return echoed ? null : `wrong result ${JSON.stringify(r.data).slice(0, 200)}`;
     case 'fail':
-      if (r.status !== 'failed' || r.reason !== 'exit_code' || r.exit_code !== task.input.code) return `expected failed/exit_code ${task.input.code}, got ${r.status}/${r.reason} ${r.exit_code}`;
+      if (r.status !== 'failed' || r.reason !== 'exit_code' || r.exit_code !== task.input.code)
+        return `expected failed/exit_code ${task.input.code}, got ${r.status}/${r.reason} ${r.exit_code}`;
       return echoed ? null : `wrong result ${JSON.stringify(r.data).slice(0, 200)}`;
     case 'timeout':
       return r.status === 'failed' && r.reason === 'timeout' ? null : `expected failed/timeout, got ${r.status}/${r.reason} ${r.exit_code}`;
@@ -68,7 +69,12 @@ export interface SessionRecord {
 }
 
 export async function runSession(rec: SessionRecord, runId: string): Promise<void> {
-  const created = await call('POST', `/v1/agents/${rec.agentId}/sessions`, { input: rec.task.input }, { headers: { 'idempotency-key': `chaos-${runId}-${rec.n}` } });
+  const created = await call(
+    'POST',
+    `/v1/agents/${rec.agentId}/sessions`,
+    { input: rec.task.input },
+    { headers: { 'idempotency-key': `chaos-${runId}-${rec.n}` } },
+  );
   if (created.status !== 201 && created.status !== 200) {
     rec.lost = `create answered ${created.status}: ${created.text.slice(0, 200)}`;
     return;
@@ -111,8 +117,19 @@ export interface BatchOutcome {
  * writing a results file would: each page is appended to the file, resuming after the last index.
  */
 export async function runBatch(agentId: string, runId: string): Promise<BatchOutcome> {
-  const tasks = Array.from({ length: N_BATCH }, (_, i) => makeTask(i, `b-${runId}`, [['quick', 0.5], ['sleep', 0.3], ['fail', 0.2]]));
-  const created = await call('POST', `/v1/agents/${agentId}/batches`, { items: tasks.map((t) => ({ input: t.input })), concurrency: CONCURRENCY, maxAttempts: 2 }, { headers: { 'idempotency-key': `chaos-${runId}-batch` } });
+  const tasks = Array.from({ length: N_BATCH }, (_, i) =>
+    makeTask(i, `b-${runId}`, [
+      ['quick', 0.5],
+      ['sleep', 0.3],
+      ['fail', 0.2],
+    ]),
+  );
+  const created = await call(
+    'POST',
+    `/v1/agents/${agentId}/batches`,
+    { items: tasks.map((t) => ({ input: t.input })), concurrency: CONCURRENCY, maxAttempts: 2 },
+    { headers: { 'idempotency-key': `chaos-${runId}-batch` } },
+  );
   if (created.status !== 201 && created.status !== 200) throw new Error(`create batch: ${created.status} ${created.text}`);
   const id = created.json.id as string;
   fs.mkdirSync(OUT_DIR, { recursive: true });
@@ -152,7 +169,12 @@ export async function runBatch(agentId: string, runId: string): Promise<BatchOut
       wrong.push({ index: line.index, why: 'no such item' });
       continue;
     }
-    const why = judge(task, { status: line.status, data: line.data, reason: line.error?.reason ?? null, exit_code: line.error?.exit_code ?? (line.status === 'completed' ? 0 : null) });
+    const why = judge(task, {
+      status: line.status,
+      data: line.data,
+      reason: line.error?.reason ?? null,
+      exit_code: line.error?.exit_code ?? (line.status === 'completed' ? 0 : null),
+    });
     const attempts = task.kind === 'fail' ? 2 : 1;
     if (why) wrong.push({ index: line.index, why });
     else if (line.attempts !== attempts) wrong.push({ index: line.index, why: `attempts ${line.attempts}, expected ${attempts}` });
@@ -170,4 +192,3 @@ export async function runBatch(agentId: string, runId: string): Promise<BatchOut
     expectedAttempts: tasks.map((t) => (t.kind === 'fail' ? 2 : 1)),
   };
 }
-

@@ -35,7 +35,11 @@ export interface Res<T = any> {
 }
 
 /** Calls the API with the default test key (or `key`, or none when key is null). */
-export async function api<T = any>(method: string, path: string, opts: { body?: unknown; raw?: string; key?: string | null; headers?: Record<string, string> } = {}): Promise<Res<T>> {
+export async function api<T = any>(
+  method: string,
+  path: string,
+  opts: { body?: unknown; raw?: string; key?: string | null; headers?: Record<string, string> } = {},
+): Promise<Res<T>> {
   const headers: Record<string, string> = { ...opts.headers };
   const key = opts.key === undefined ? T.key() : opts.key;
   if (key !== null) headers['x-api-key'] = key;

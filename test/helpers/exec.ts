@@ -67,7 +67,12 @@ export class Attached {
   }
 
   summary(): unknown {
-    return { stdout: this.text('stdout').slice(-300), stderr: this.text('stderr').slice(-300), kinds: this.frames.map((f) => f.kind).slice(-20), texts: this.texts };
+    return {
+      stdout: this.text('stdout').slice(-300),
+      stderr: this.text('stderr').slice(-300),
+      kinds: this.frames.map((f) => f.kind).slice(-20),
+      texts: this.texts,
+    };
   }
 }
 

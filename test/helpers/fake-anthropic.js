@@ -38,7 +38,11 @@ function args(argv) {
 function textOf(content) {
   const parts = typeof content === 'string' ? [content] : (content || []).filter((b) => b && b.type === 'text').map((b) => b.text);
   return parts
-    .map((t) => String(t).replace(/<system-reminder>[\s\S]*?<\/system-reminder>/g, '').trim())
+    .map((t) =>
+      String(t)
+        .replace(/<system-reminder>[\s\S]*?<\/system-reminder>/g, '')
+        .trim(),
+    )
     .filter(Boolean)
     .join(' ');
 }
@@ -72,7 +76,14 @@ function plan(body) {
     } catch {
       /* an empty input then */
     }
-    return { blocks: [{ type: 'text', text: `Calling ${tool[1]}.` }, { type: 'tool_use', name: tool[1], input }], stop: 'tool_use', delayMs: 0 };
+    return {
+      blocks: [
+        { type: 'text', text: `Calling ${tool[1]}.` },
+        { type: 'tool_use', name: tool[1], input },
+      ],
+      stop: 'tool_use',
+      delayMs: 0,
+    };
   }
   if (text.includes('[slow]')) {
     const words = Array.from({ length: 600 }, (_, i) => `word${i} `);
@@ -115,7 +126,16 @@ async function stream(req, res, body, p) {
     if (!gone) res.write(`event: ${type}\ndata: ${JSON.stringify({ type, ...data })}\n\n`);
   };
   send('message_start', {
-    message: { id: id.msg, type: 'message', role: 'assistant', model: body.model || 'fake', content: [], stop_reason: null, stop_sequence: null, usage: usage(body) },
+    message: {
+      id: id.msg,
+      type: 'message',
+      role: 'assistant',
+      model: body.model || 'fake',
+      content: [],
+      stop_reason: null,
+      stop_sequence: null,
+      usage: usage(body),
+    },
   });
   send('ping', {});
   for (let i = 0; i < p.blocks.length && !gone; i++) {

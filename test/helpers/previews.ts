@@ -66,7 +66,11 @@ export interface ProxyRes {
 }
 
 /** An HTTP request to the API's port with the given Host header (how a browser reaches a preview). */
-export function viaHost(hostname: string, path = '/', opts: { method?: string; headers?: Record<string, string>; body?: string; agent?: http.Agent } = {}): Promise<ProxyRes> {
+export function viaHost(
+  hostname: string,
+  path = '/',
+  opts: { method?: string; headers?: Record<string, string>; body?: string; agent?: http.Agent } = {},
+): Promise<ProxyRes> {
   const url = new URL(T.api());
   return new Promise((resolve, reject) => {
     const req = http.request(

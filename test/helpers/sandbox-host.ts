@@ -35,7 +35,10 @@ export function pidsOfCgroup(id: string, controller = 'pids'): string[] {
 
 /** The host's mount table lines that mention `id` (a sandbox of the init helper has none, ever). */
 export function hostMountsOf(id: string): string[] {
-  return require('node:fs').readFileSync('/proc/self/mountinfo', 'utf8').split('\n').filter((l: string) => l.includes(id));
+  return require('node:fs')
+    .readFileSync('/proc/self/mountinfo', 'utf8')
+    .split('\n')
+    .filter((l: string) => l.includes(id));
 }
 
 /** The sandbox's init (pid 1 of its namespaces) from its state.json. */

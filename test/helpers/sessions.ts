@@ -34,10 +34,14 @@ export async function startSession(agentId: string, body: Record<string, unknown
 
 /** Waits until the session reaches one of `statuses` and returns it. */
 export async function waitForStatus(agentId: string, id: string, statuses: string[], timeoutMs = 60_000) {
-  return eventually(async () => {
-    const r = await api('GET', `/v1/agents/${agentId}/sessions/${id}`);
-    return statuses.includes(r.body.status) ? r.body : undefined;
-  }, timeoutMs, 100);
+  return eventually(
+    async () => {
+      const r = await api('GET', `/v1/agents/${agentId}/sessions/${id}`);
+      return statuses.includes(r.body.status) ? r.body : undefined;
+    },
+    timeoutMs,
+    100,
+  );
 }
 
 /** Starts a session and waits for it to end; returns the session and its result answer. */

@@ -100,4 +100,3 @@ http.server.HTTPServer(("${this.addr}", ${this.port}), H).serve_forever()`;
     }
   }
 }
-

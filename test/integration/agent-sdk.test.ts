@@ -30,7 +30,10 @@ let testHost: TestHost | undefined;
 /** The requests the fake has received (one JSON line each). */
 function fakeLog(): { method: string; path: string; keyOk: boolean; auth: string; body: { stream?: boolean } }[] {
   const text = fs.existsSync(FAKE_LOG) ? fs.readFileSync(FAKE_LOG, 'utf8') : '';
-  return text.split('\n').filter((l) => l.trim()).map((l) => JSON.parse(l));
+  return text
+    .split('\n')
+    .filter((l) => l.trim())
+    .map((l) => JSON.parse(l));
 }
 
 /** The JSON events an agent session has printed so far. */
@@ -164,7 +167,11 @@ describe('the default agent runner on the Claude Agent SDK', () => {
     try {
       // The fake has begun streaming the slow answer (about a minute long) once it logged the turn's
       // request: the one that offers tools (Claude Code's side request for a title offers none).
-      await eventually(async () => fakeLog().some((r) => JSON.stringify(r.body).includes('long story') && JSON.stringify(r.body).includes('"tools":[{')), 90_000, 200);
+      await eventually(
+        async () => fakeLog().some((r) => JSON.stringify(r.body).includes('long story') && JSON.stringify(r.body).includes('"tools":[{')),
+        90_000,
+        200,
+      );
       a.stdin(`${JSON.stringify({ type: 'interrupt' })}\n`);
       await a.until(() => countOf(a, 'turn_complete') >= 1, 30_000);
       const evs = events(a);
@@ -213,7 +220,8 @@ describe('the default agent runner on the Claude Agent SDK', () => {
   }, 240_000);
 
   it('starts through the published client and ends its turn with the answer', async () => {
-    const r = await runSdk(`
+    const r = await runSdk(
+      `
       const sb = await sdk.Sandbox.connect(process.env.SB, opts);
       const events = [];
       const s = await sb.agent.start({ prompt: 'from the client', model: 'claude-sonnet-4-5', onEvent: (e) => {
@@ -222,7 +230,9 @@ describe('the default agent runner on the Claude Agent SDK', () => {
       } });
       const code = await s.done;
       out({ events, code, id: s.sessionId });
-    `, { SB: sb });
+    `,
+      { SB: sb },
+    );
     expect(r.id).toMatch(/^as-/);
     const evs = r.events as Event[];
     expect(evs[0]).toEqual({ type: 'ready' });

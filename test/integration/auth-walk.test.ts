@@ -98,7 +98,11 @@ const BODIES: Record<string, (r: Ids) => unknown> = {
   'POST /api/sandboxes/from-checkpoint/{checkpointId}': () => ({}),
   'POST /api/sandboxes/checkpoints/{checkpointId}/patches': () => ({ script: 'true' }),
   'POST /api/snapshots': () => ({ name: unique('walk-snap'), image: { steps: [] } }),
-  'POST /api/capacity/reservations': () => ({ startsAt: new Date(reservationStart + 8 * Q).toISOString(), endsAt: new Date(reservationStart + 9 * Q).toISOString(), capacityGb: 4 }),
+  'POST /api/capacity/reservations': () => ({
+    startsAt: new Date(reservationStart + 8 * Q).toISOString(),
+    endsAt: new Date(reservationStart + 9 * Q).toISOString(),
+    capacityGb: 4,
+  }),
   'POST /api/sandboxes/{id}/preview': () => ({ port: PORT + 1 }),
   'POST /api/sandboxes/{id}/exec': () => ({ cmd: 'true' }),
   'POST /api/sandboxes/{id}/exec/run': () => ({ cmd: 'true' }),
@@ -230,11 +234,19 @@ describe('every route authenticates and hides other organisations (walked from /
   const toDelete: (() => Promise<unknown>)[] = [];
 
   beforeAll(async () => {
-    const doc = (await api('GET', '/openapi.json', { key: null })).body as { paths: Record<string, Record<string, { parameters?: { name: string; in: string }[]; requestBody?: unknown }>> };
+    const doc = (await api('GET', '/openapi.json', { key: null })).body as {
+      paths: Record<string, Record<string, { parameters?: { name: string; in: string }[]; requestBody?: unknown }>>;
+    };
     for (const [template, methods] of Object.entries(doc.paths)) {
       for (const [method, o] of Object.entries(methods)) {
         const m = method.toUpperCase();
-        ops.push({ method: m, template, params: (o.parameters ?? []).filter((p) => p.in === 'path').map((p) => p.name), hasBody: o.requestBody !== undefined, name: `${m} ${template}` });
+        ops.push({
+          method: m,
+          template,
+          params: (o.parameters ?? []).filter((p) => p.in === 'path').map((p) => p.name),
+          hasBody: o.requestBody !== undefined,
+          name: `${m} ${template}`,
+        });
       }
     }
     // Reads first, then creates, then deletes: a leaking delete must not spoil the other checks.
@@ -272,7 +284,14 @@ describe('every route authenticates and hides other organisations (walked from /
     toDelete.push(() => asA('DELETE', `/api/secret-stores/${a.secretStore}`));
     a.secretName = `WALK_SECRET_${Date.now().toString(36).toUpperCase()}`;
     await must('secret', asA('PUT', `/api/secret-stores/${a.secretStore}/secrets/${a.secretName}`, { value: 'walk-value' }), 200);
-    await must('reservation', asA('POST', '/api/capacity/reservations', { startsAt: new Date(reservationStart).toISOString(), endsAt: new Date(reservationStart + Q).toISOString(), capacityGb: 8 }));
+    await must(
+      'reservation',
+      asA('POST', '/api/capacity/reservations', {
+        startsAt: new Date(reservationStart).toISOString(),
+        endsAt: new Date(reservationStart + Q).toISOString(),
+        capacityGb: 8,
+      }),
+    );
     // The session's result is readable once it ended.
     await must('session end', asA('GET', `/v1/agents/${a.agent}/sessions/${a.session}?wait=60`), 200);
   }, 240_000);
@@ -288,10 +307,22 @@ describe('every route authenticates and hides other organisations (walked from /
 
   it('can fill every path parameter of every operation, and the document has none of the public routes', () => {
     expect(ops.length).toBeGreaterThan(40);
-    const unfillable = ops.filter((op) => !fillable(op)).map((op) => `${op.name} (${paramKeys(op.template).filter((k) => !FILL[k]).join(', ')})`);
+    const unfillable = ops
+      .filter((op) => !fillable(op))
+      .map(
+        (op) =>
+          `${op.name} (${paramKeys(op.template)
+            .filter((k) => !FILL[k])
+            .join(', ')})`,
+      );
     expect(unfillable).toEqual([]);
     // Every parameter the document declares appears in its path, so FILL covers them all.
-    for (const op of ops) expect(op.params.map((p) => `{${p}}`).sort()).toEqual(paramKeys(op.template).map((k) => k.split('/')[1]).sort());
+    for (const op of ops)
+      expect(op.params.map((p) => `{${p}}`).sort()).toEqual(
+        paramKeys(op.template)
+          .map((k) => k.split('/')[1])
+          .sort(),
+      );
     for (const p of Object.keys(PUBLIC)) expect(ops.filter((op) => op.template === p)).toEqual([]);
   });
 
@@ -322,7 +353,7 @@ describe('every route authenticates and hides other organisations (walked from /
     expect(failures).toEqual([]);
   });
 
-  it("shows each organisation its own storage use only (GET /api/usage)", async () => {
+  it('shows each organisation its own storage use only (GET /api/usage)', async () => {
     const [ua, ub] = await Promise.all([api('GET', '/api/usage', { key: keyA }), api('GET', '/api/usage', { key: keyB })]);
     expect([ua.status, ub.status]).toEqual([200, 200]);
     expect(ua.body.storage.checkpoints).toBeGreaterThanOrEqual(1);
@@ -337,7 +368,8 @@ describe('every route authenticates and hides other organisations (walked from /
       const ghost = await call(op, GHOST, keyB);
       const real = await call(op, a, keyB);
       if (real.status !== 404 || real.body?.error?.type !== 'not_found') failures.push(`${op.name}: ${real.status} ${JSON.stringify(real.body)}`);
-      else if (normalised(real, a) !== normalised(ghost, a)) failures.push(`${op.name}: answers differ from a missing id: ${JSON.stringify(real.body)} vs ${JSON.stringify(ghost.body)}`);
+      else if (normalised(real, a) !== normalised(ghost, a))
+        failures.push(`${op.name}: answers differ from a missing id: ${JSON.stringify(real.body)} vs ${JSON.stringify(ghost.body)}`);
     }
     expect(failures).toEqual([]);
   });
@@ -353,14 +385,16 @@ describe('every route authenticates and hides other organisations (walked from /
         for (const s of secrets) if (text.includes(s)) failures.push(`${op.name} shows ${s}`);
       } else if (CROSS_BODIES[op.name]) {
         const r = await call(op, a, keyB, { body: CROSS_BODIES[op.name]!(a) });
-        if (r.status !== 400 || r.body?.error?.type !== 'invalid_request') failures.push(`${op.name} with the other organisation's resource in its body: ${r.status} ${JSON.stringify(r.body)}`);
+        if (r.status !== 400 || r.body?.error?.type !== 'invalid_request')
+          failures.push(`${op.name} with the other organisation's resource in its body: ${r.status} ${JSON.stringify(r.body)}`);
       } else if (!NO_REFERENCE[op.name]) {
         failures.push(`${op.name}: list it in CROSS_BODIES (with a body naming the first organisation's resource) or in NO_REFERENCE (with why)`);
       }
     }
     // The calendar counts only the caller's own reservations.
     const cal = await api('GET', `/api/capacity/calendar${QUERIES['GET /api/capacity/calendar']}`, { key: keyB });
-    if (cal.body?.intervals?.some((i: { reservedGb: number }) => i.reservedGb !== 0)) failures.push(`the calendar shows the other organisation's reservation: ${JSON.stringify(cal.body.intervals)}`);
+    if (cal.body?.intervals?.some((i: { reservedGb: number }) => i.reservedGb !== 0))
+      failures.push(`the calendar shows the other organisation's reservation: ${JSON.stringify(cal.body.intervals)}`);
     const mine = await api('GET', `/api/capacity/calendar${QUERIES['GET /api/capacity/calendar']}`, { key: keyA });
     expect(mine.body.intervals[0].reservedGb).toBe(8);
     expect(failures).toEqual([]);
@@ -410,7 +444,7 @@ describe('every route authenticates and hides other organisations (walked from /
           ['wrong key (header)', path(a), { 'x-api-key': 'sap_not-a-key-of-anyone' }, 'unauthorized'],
           ['wrong key (query)', `${path(a)}?api_key=sap_not-a-key-of-anyone`, {}, 'unauthorized'],
           ['other organisation', path(a), { 'x-api-key': keyB }, 'not_found'],
-          ["other organisation via its own sandbox", path({ ...a, sandbox: sandboxB || GHOST.sandbox }), { 'x-api-key': keyB }, 'not_found'],
+          ['other organisation via its own sandbox', path({ ...a, sandbox: sandboxB || GHOST.sandbox }), { 'x-api-key': keyB }, 'not_found'],
         ];
         for (const [how, p, headers, type] of cases) {
           const o = await wsProbe(p, headers);
@@ -433,7 +467,13 @@ describe('every route authenticates and hides other organisations (walked from /
       // at its end may take (401 first) or none (404).
       const isWs = WS_ROUTES.some((w) => new RegExp(`^${w.replace(/\{\w+\}/g, '[^/]+')}$`).test(p));
       const type = errorType(o);
-      expect([p, o.close, isWs ? type === 'unauthorized' : type === 'unauthorized' || type === 'not_found', o.texts.length, o.binaryFrames]).toEqual([p, 1008, true, 1, 0]);
+      expect([p, o.close, isWs ? type === 'unauthorized' : type === 'unauthorized' || type === 'not_found', o.texts.length, o.binaryFrames]).toEqual([
+        p,
+        1008,
+        true,
+        1,
+        0,
+      ]);
     }
   });
 });

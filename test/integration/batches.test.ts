@@ -22,19 +22,28 @@ async function createBatch(agent: string, body: Record<string, unknown>, headers
 }
 
 async function waitForBatch(agent: string, id: string, statuses = ['completed', 'cancelled'], timeoutMs = 180_000) {
-  return eventually(async () => {
-    const r = await api('GET', `/v1/agents/${agent}/batches/${id}`);
-    return statuses.includes(r.body.status) ? r.body : undefined;
-  }, timeoutMs, 250);
+  return eventually(
+    async () => {
+      const r = await api('GET', `/v1/agents/${agent}/batches/${id}`);
+      return statuses.includes(r.body.status) ? r.body : undefined;
+    },
+    timeoutMs,
+    250,
+  );
 }
 
 /** Reads one page of results: its lines and the headers. */
 async function resultsPage(agent: string, id: string, after = -1, limit?: number) {
-  const res = await fetch(`${T.api()}/v1/agents/${agent}/batches/${id}/results?after=${after}${limit ? `&limit=${limit}` : ''}`, { headers: { 'x-api-key': T.key() } });
+  const res = await fetch(`${T.api()}/v1/agents/${agent}/batches/${id}/results?after=${after}${limit ? `&limit=${limit}` : ''}`, {
+    headers: { 'x-api-key': T.key() },
+  });
   expect(res.status).toBe(200);
   expect(res.headers.get('content-type')).toMatch(/application\/x-ndjson/);
   const text = await res.text();
-  const lines = text.split('\n').filter(Boolean).map((l) => JSON.parse(l) as Line);
+  const lines = text
+    .split('\n')
+    .filter(Boolean)
+    .map((l) => JSON.parse(l) as Line);
   return { lines, nextAfter: Number(res.headers.get('x-next-after')), status: res.headers.get('x-batch-status') };
 }
 
@@ -181,7 +190,9 @@ describe('batches: running', () => {
 
   it('re-runs a failing item up to maxAttempts, each attempt a new session; the outcome is the last attempt', async () => {
     // `flaky` fails on its first attempt only; `bad` always fails.
-    const agent = await bashAgent(`if grep -q bad "$AGENT_INPUT_PATH"; then exit 3; fi; if grep -q flaky "$AGENT_INPUT_PATH"; then case "$SESSION_ID" in *a1) exit 4;; esac; fi; ${COPY}`);
+    const agent = await bashAgent(
+      `if grep -q bad "$AGENT_INPUT_PATH"; then exit 3; fi; if grep -q flaky "$AGENT_INPUT_PATH"; then case "$SESSION_ID" in *a1) exit 4;; esac; fi; ${COPY}`,
+    );
     const b = await createBatch(agent, { items: [{ input: { ok: 1 } }, { input: { flaky: 1 } }, { input: { bad: 1 } }], maxAttempts: 3, concurrency: 3 });
     const done = await waitForBatch(agent, b.id);
     expect(done).toMatchObject({ status: 'completed', max_attempts: 3, counts: { pending: 0, running: 0, completed: 2, failed: 1 } });
@@ -237,7 +248,12 @@ describe('batches: running', () => {
     expect(docs.every((d) => d.status === 'completed' || d.status === 'failed')).toBe(true);
     // No session started after the cancel answered, and none was left prepared but never run.
     expect(docs.every((d) => d.started_at === null || d.started_at.getTime() <= cancelledAt)).toBe(true);
-    const prepared = await withMongo((c) => c.db().collection('sessions').countDocuments({ _id: { $regex: `^sess_${b.id.slice(6)}x` } } as never));
+    const prepared = await withMongo((c) =>
+      c
+        .db()
+        .collection('sessions')
+        .countDocuments({ _id: { $regex: `^sess_${b.id.slice(6)}x` } } as never),
+    );
     expect(prepared).toBe(ran.length);
     for (const l of ran) expect(await hostHasSandbox(sandboxOf(l.session_id!))).toBe(false);
     expect(done.status).toBe('cancelled');
@@ -271,11 +287,15 @@ describe('batches: durability', () => {
     try {
       const client = new Client({ connection });
       const ids: string[] = [];
-      await eventually(async () => {
-        ids.length = 0;
-        for await (const wf of client.workflow.list({ query: `BatchId = "${b.id}" AND WorkflowType = "sessionWorkflow"` })) ids.push(wf.workflowId);
-        return ids.length === n;
-      }, 30_000, 500);
+      await eventually(
+        async () => {
+          ids.length = 0;
+          for await (const wf of client.workflow.list({ query: `BatchId = "${b.id}" AND WorkflowType = "sessionWorkflow"` })) ids.push(wf.workflowId);
+          return ids.length === n;
+        },
+        30_000,
+        500,
+      );
       expect(new Set(ids).size).toBe(n);
       expect(ids.sort()).toEqual(lines.map((l) => l.session_id!).sort());
       const parent = await client.workflow.getHandle(lines[0]!.session_id!).describe();
@@ -283,7 +303,12 @@ describe('batches: durability', () => {
     } finally {
       await connection.close();
     }
-    const count = await withMongo((c) => c.db().collection('sessions').countDocuments({ _id: { $regex: `^sess_${b.id.slice(6)}x` } } as never));
+    const count = await withMongo((c) =>
+      c
+        .db()
+        .collection('sessions')
+        .countDocuments({ _id: { $regex: `^sess_${b.id.slice(6)}x` } } as never),
+    );
     expect(count).toBe(n);
     for (const l of lines) expect(await hostHasSandbox(sandboxOf(l.session_id!))).toBe(false);
   }, 300_000);

@@ -11,14 +11,24 @@ async function newOrg(limitGb?: number): Promise<string> {
   const orgId = unique('cap');
   const key = `sap_${randomBytes(18).toString('base64url')}`;
   await withMongo(async (c) => {
-    await c.db().collection('orgs').insertOne({ _id: orgId as never, name: orgId, createdAt: new Date(), settings: limitGb === undefined ? {} : { reservationLimitGb: limitGb } });
-    await c.db().collection('api_keys').insertOne({ _id: createHash('sha256').update(key).digest('hex') as never, orgId, label: 'test', prefix: 'sap_', createdAt: new Date() });
+    await c
+      .db()
+      .collection('orgs')
+      .insertOne({ _id: orgId as never, name: orgId, createdAt: new Date(), settings: limitGb === undefined ? {} : { reservationLimitGb: limitGb } });
+    await c
+      .db()
+      .collection('api_keys')
+      .insertOne({ _id: createHash('sha256').update(key).digest('hex') as never, orgId, label: 'test', prefix: 'sap_', createdAt: new Date() });
   });
   return key;
 }
 
 const calendar = (key: string, from: number | string, to: number | string) =>
-  api('GET', `/api/capacity/calendar?from=${encodeURIComponent(typeof from === 'number' ? iso(from) : from)}&to=${encodeURIComponent(typeof to === 'number' ? iso(to) : to)}`, { key });
+  api(
+    'GET',
+    `/api/capacity/calendar?from=${encodeURIComponent(typeof from === 'number' ? iso(from) : from)}&to=${encodeURIComponent(typeof to === 'number' ? iso(to) : to)}`,
+    { key },
+  );
 const reserveReq = (key: string, startsAt: number, endsAt: number, capacityGb: number, headers?: Record<string, string>) =>
   api('POST', '/api/capacity/reservations', { key, body: { startsAt: iso(startsAt), endsAt: iso(endsAt), capacityGb }, headers });
 
@@ -83,7 +93,13 @@ describe('capacity reservations', () => {
     const start = futureStart(2);
     const made = await reserveReq(key, start, start + 3600_000, 8);
     expect(made.status).toBe(201);
-    expect(made.body).toEqual({ id: expect.stringMatching(/^rsv-/), startsAt: iso(start), endsAt: iso(start + 3600_000), capacityGb: 8, createdAt: expect.any(String) });
+    expect(made.body).toEqual({
+      id: expect.stringMatching(/^rsv-/),
+      startsAt: iso(start),
+      endsAt: iso(start + 3600_000),
+      capacityGb: 8,
+      createdAt: expect.any(String),
+    });
     const second = await reserveReq(key, start + 3 * Q, start + 5 * Q, 4);
     expect(second.status).toBe(201);
 
@@ -154,7 +170,10 @@ describe('capacity reservations', () => {
     const first = await reserveReq(key, start, start + Q, 8, h);
     expect(first.status).toBe(201);
     const again = await Promise.all([reserveReq(key, start, start + Q, 8, h), reserveReq(key, start, start + Q, 8, h)]);
-    expect(again.map((r) => [r.status, r.body.id])).toEqual([[200, first.body.id], [200, first.body.id]]);
+    expect(again.map((r) => [r.status, r.body.id])).toEqual([
+      [200, first.body.id],
+      [200, first.body.id],
+    ]);
     const other = await reserveReq(key, start, start + 2 * Q, 8, h);
     expect(other.status).toBe(409);
     expect(other.body.error.message).toMatch(/Idempotency-Key/);

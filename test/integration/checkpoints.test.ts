@@ -21,7 +21,9 @@ describe('checkpoints and patches', () => {
     expect(p1.status).toBe(201);
     expect(p1.body.patch).toMatchObject({ checkpointId: cpId, sequence: 1, strategy: 'on_wake', description: 'first', script: 'echo p1 >> /workspace/order' });
     expect(p1.body.patch.id).toMatch(/^pa-/);
-    const p2 = await api('POST', `/api/sandboxes/checkpoints/${cpId}/patches`, { body: { script: 'echo p2 >> /workspace/order; cat /workspace/data/a.txt > /workspace/seen' } });
+    const p2 = await api('POST', `/api/sandboxes/checkpoints/${cpId}/patches`, {
+      body: { script: 'echo p2 >> /workspace/order; cat /workspace/data/a.txt > /workspace/seen' },
+    });
     expect(p2.body.patch).toMatchObject({ sequence: 2, description: '' });
 
     const b = await api('POST', `/api/sandboxes/from-checkpoint/${cpId}`, { body: { metadata: { spawned: 'yes' } } });
@@ -31,7 +33,10 @@ describe('checkpoints and patches', () => {
     expect(await hostSh(bId, 'cat /workspace/data/a.txt /etc/from-checkpoint /workspace/order /workspace/seen')).toBe('one\nkept\np1\np2\none\n');
     expect(await hostSh(bId, 'test -e /workspace/data/later.txt && echo yes || echo no')).toBe('no\n');
     const info = await hostClient().getSandbox(bId);
-    expect(info?.patches.map((p) => [p.id, p.exitCode])).toEqual([[p1.body.patch.id, 0], [p2.body.patch.id, 0]]);
+    expect(info?.patches.map((p) => [p.id, p.exitCode])).toEqual([
+      [p1.body.patch.id, 0],
+      [p2.body.patch.id, 0],
+    ]);
 
     // Writes in the spawned sandbox do not change the checkpoint.
     await hostSh(bId, 'echo two > /workspace/data/a.txt && rm /etc/from-checkpoint');
@@ -56,7 +61,9 @@ describe('checkpoints and patches', () => {
     const a = await newSandbox();
     const cpId = (await api('POST', `/api/sandboxes/${a}/checkpoints`, { body: {} })).body.id as string;
     const made = await Promise.all(
-      Array.from({ length: 50 }, (_, i) => api('POST', `/api/sandboxes/checkpoints/${cpId}/patches`, { body: { script: `echo ${i} >> /workspace/log`, description: `n${i}` } })),
+      Array.from({ length: 50 }, (_, i) =>
+        api('POST', `/api/sandboxes/checkpoints/${cpId}/patches`, { body: { script: `echo ${i} >> /workspace/log`, description: `n${i}` } }),
+      ),
     );
     expect(made.map((r) => r.status)).toEqual(Array(50).fill(201));
     const seqs = made.map((r) => r.body.patch.sequence as number).sort((x, y) => x - y);

@@ -18,7 +18,10 @@ interface Run {
 /** Runs the CLI as a real process; `whileRunning` may interrupt it. */
 function sap(args: string[], opts: { env?: Record<string, string>; whileRunning?: (p: ReturnType<typeof spawn>) => void } = {}): Promise<Run> {
   return new Promise((resolve) => {
-    const p = spawn(process.execPath, [CLI, ...args], { env: { ...process.env, SAP_API_URL: T.api(), SAP_API_KEY: T.key(), ...opts.env }, stdio: ['ignore', 'pipe', 'pipe'] });
+    const p = spawn(process.execPath, [CLI, ...args], {
+      env: { ...process.env, SAP_API_URL: T.api(), SAP_API_KEY: T.key(), ...opts.env },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
     let stdout = '';
     let stderr = '';
     p.stdout.on('data', (c: Buffer) => (stdout += c.toString()));
@@ -80,7 +83,11 @@ describe('sap CLI', () => {
 
   it("prints a session's logs, and lists an agent's failed sessions", async () => {
     const id = unique('clil');
-    await client().agents.create({ id, core: 'bash', entrypoint: ['bash', '-c', 'echo "to stdout"; sleep 1; echo "why: $(cat "$AGENT_INPUT_PATH")" >&2; test -n "$(grep ok "$AGENT_INPUT_PATH")"'] });
+    await client().agents.create({
+      id,
+      core: 'bash',
+      entrypoint: ['bash', '-c', 'echo "to stdout"; sleep 1; echo "why: $(cat "$AGENT_INPUT_PATH")" >&2; test -n "$(grep ok "$AGENT_INPUT_PATH")"'],
+    });
     const failed = JSON.parse((await sap(['sessions', 'run', id, '--input', '{"v":"bad"}'])).stdout) as { session_id: string; status: string };
     const ok = JSON.parse((await sap(['sessions', 'run', id, '--input', '{"v":"ok"}'])).stdout) as { session_id: string; status: string };
     expect([failed.status, ok.status]).toEqual(['failed', 'completed']);
@@ -90,7 +97,10 @@ describe('sap CLI', () => {
     expect((await sap(['sessions', 'logs', id, failed.session_id, '--stream', 'stderr'])).stdout).toBe('why: {"v":"bad"}\n');
     const list = await sap(['sessions', 'list', id, '--status', 'failed']);
     expect(list.code).toBe(0);
-    const rows = list.stdout.trim().split('\n').map((l) => JSON.parse(l) as { id: string; status: string; outcome: { message: string } });
+    const rows = list.stdout
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as { id: string; status: string; outcome: { message: string } });
     expect(rows.map((r) => [r.id, r.status])).toEqual([[failed.session_id, 'failed']]);
     expect(rows[0]!.outcome.message).toContain('why: {"v":"bad"}');
     expect((await sap(['sessions', 'list', id, '--status', 'sideways'])).code).toBe(1);
@@ -120,7 +130,9 @@ describe('sap CLI', () => {
 
     const first = await sap(args, {
       whileRunning: (p) => {
-        void eventually(async () => fs.existsSync(out) && fs.readFileSync(out, 'utf8').split('\n').filter(Boolean).length >= 4, 60_000, 100).then(() => p.kill('SIGINT'));
+        void eventually(async () => fs.existsSync(out) && fs.readFileSync(out, 'utf8').split('\n').filter(Boolean).length >= 4, 60_000, 100).then(() =>
+          p.kill('SIGINT'),
+        );
       },
     });
     expect(first.code).toBe(130);
@@ -137,7 +149,11 @@ describe('sap CLI', () => {
     expect(second.stderr).toContain('attaching to batch_');
     expect(second.code).toBe(0);
     expect(second.stderr).toMatch(/completed: 20 completed, 0 failed/);
-    const lines = fs.readFileSync(out, 'utf8').split('\n').filter(Boolean).map((l) => JSON.parse(l) as { index: number; status: string; data: { i: number } });
+    const lines = fs
+      .readFileSync(out, 'utf8')
+      .split('\n')
+      .filter(Boolean)
+      .map((l) => JSON.parse(l) as { index: number; status: string; data: { i: number } });
     expect(lines.map((l) => l.index)).toEqual(Array.from({ length: n }, (_, i) => i));
     expect(lines.every((l) => l.status === 'completed' && l.data.i === l.index)).toBe(true);
     const marker = JSON.parse(fs.readFileSync(`${out}.batch`, 'utf8')) as { batch_id: string };
@@ -158,7 +174,11 @@ describe('sap CLI', () => {
       id,
       core: 'bash',
       timeoutSeconds: 1,
-      entrypoint: ['bash', '-c', `grep -q slow "$AGENT_INPUT_PATH" && sleep 30; if grep -q bad "$AGENT_INPUT_PATH"; then printf 'bad input\\nsecond line\\n' >&2; exit 3; fi; ${COPY}`],
+      entrypoint: [
+        'bash',
+        '-c',
+        `grep -q slow "$AGENT_INPUT_PATH" && sleep 30; if grep -q bad "$AGENT_INPUT_PATH"; then printf 'bad input\\nsecond line\\n' >&2; exit 3; fi; ${COPY}`,
+      ],
     });
     const itemsFile = path.join(dir, 'items.jsonl');
     const items = [{ k: 'bad' }, { k: 'ok' }, { k: 'bad' }, { k: 'slow' }, { k: 'ok' }];

@@ -91,7 +91,10 @@ async function build(body: { name: string; image: unknown }): Promise<{ status: 
     .split('\n\n')
     .filter((p) => p.includes('data: '))
     .map((p) => ({ event: /^event: (.*)$/m.exec(p)?.[1] ?? '', data: JSON.parse(/^data: (.*)$/m.exec(p)![1]!) }));
-  const log = events.filter((e) => e.event === 'build_log').map((e) => String(e.data.message)).join('\n');
+  const log = events
+    .filter((e) => e.event === 'build_log')
+    .map((e) => String(e.data.message))
+    .join('\n');
   const failed = events.find((e) => e.event === 'error');
   if (failed) return { status: 'failed', error: String(failed.data.error), id: body.name, log };
   const result = events.find((e) => e.event === 'result');
@@ -148,7 +151,7 @@ describe('snapshot steps over the egress', () => {
     expect([js.exitCode, js.stdout.trim()]).toEqual([0, `npm-${MARK}`]);
   });
 
-  it('a pip_install of a package the index does not have fails the build with pip\'s message', async () => {
+  it("a pip_install of a package the index does not have fails the build with pip's message", async () => {
     const base = `http://${host.addr}:${host.port}`;
     const snap = await build({
       name: unique('pkgs-missing'),

@@ -81,11 +81,17 @@ describe('exec limits', () => {
     expect(after.api - before.api).toBeLessThan(128 * MiB);
     expect(after.host - before.host).toBeLessThan(128 * MiB);
     // Output within the bound is whole and not marked.
-    const small = await api('POST', `/api/sandboxes/${sb}/exec/run`, { key, body: { cmd: 'bash', args: ['-c', 'head -c 1048576 /dev/zero | tr "\\0" "\\1"'] } });
+    const small = await api('POST', `/api/sandboxes/${sb}/exec/run`, {
+      key,
+      body: { cmd: 'bash', args: ['-c', 'head -c 1048576 /dev/zero | tr "\\0" "\\1"'] },
+    });
     expect(small.body.stdout.length).toBe(MiB);
     expect(small.body.truncated).toBeUndefined();
     // run-async (the published client's exec.run): the result keeps the last 1 MiB and says so.
-    const h = await api('POST', `/api/sandboxes/${sb}/exec/run-async`, { key, body: { cmd: 'bash', args: ['-c', 'head -c 16777216 /dev/zero | tr "\\0" "\\1"'] } });
+    const h = await api('POST', `/api/sandboxes/${sb}/exec/run-async`, {
+      key,
+      body: { cmd: 'bash', args: ['-c', 'head -c 16777216 /dev/zero | tr "\\0" "\\1"'] },
+    });
     expect(h.status).toBe(201);
     const res = await eventually(async () => {
       const g = await api('GET', `/api/sandboxes/${sb}/exec/${h.body.execId as string}/result`, { key });
@@ -135,7 +141,9 @@ describe('exec limits', () => {
       Array.from({ length: ATTACHES }, async () => {
         const ws = new WebSocket(`${base}/api/sandboxes/${sb}/exec/${sid}?api_key=${encodeURIComponent(key)}`);
         raws.push(ws);
-        const closed = new Promise<{ code: number; reason: string }>((resolve) => ws.on('close', (code, reason) => resolve({ code, reason: reason.toString() })));
+        const closed = new Promise<{ code: number; reason: string }>((resolve) =>
+          ws.on('close', (code, reason) => resolve({ code, reason: reason.toString() })),
+        );
         ws.on('error', () => undefined);
         await new Promise<void>((resolve, reject) => {
           ws.once('open', () => resolve());
@@ -188,7 +196,6 @@ describe('exec limits', () => {
     expect((await start(b, sleep)).status).toBe(201);
     expect((await start(b, sleep)).status).toBe(429);
   }, 180_000);
-
 });
 
 /** The host's own bounds, with small limits, on a host of the process provider started here. */

@@ -52,7 +52,11 @@ afterAll(async () => {
 
 describe('exec sessions over raw HTTP and WebSocket', () => {
   it('keeps stdout and stderr apart, round-trips stdin, reports the exit code and records it', async () => {
-    const es = await startExec(sb, { cmd: 'bash', args: ['-c', 'echo out; echo err >&2; echo "$SANDBOX_GREETING $MINE"; read l; echo "got $l"; exit 3'], envs: { MINE: 'mine' } });
+    const es = await startExec(sb, {
+      cmd: 'bash',
+      args: ['-c', 'echo out; echo err >&2; echo "$SANDBOX_GREETING $MINE"; read l; echo "got $l"; exit 3'],
+      envs: { MINE: 'mine' },
+    });
     expect(es).toMatchObject({ sandboxID: sb, command: 'bash', running: true, exitCode: null, attachedClients: 0 });
     expect(es.sessionID).toMatch(/^es-[a-z0-9]+$/);
     const a = attach(sb, es.sessionID, { header: true });
@@ -70,7 +74,12 @@ describe('exec sessions over raw HTTP and WebSocket', () => {
     expect(after).toMatchObject({ running: false, exitCode: 3, attachedClients: 0 });
     expect(Date.parse(after.exitedAt)).toBeGreaterThanOrEqual(Date.parse(after.startedAt));
     const rec = await eventually(() =>
-      withMongo((c) => c.db().collection('exec_sessions').findOne({ _id: es.sessionID as never, exitCode: 3 })),
+      withMongo((c) =>
+        c
+          .db()
+          .collection('exec_sessions')
+          .findOne({ _id: es.sessionID as never, exitCode: 3 }),
+      ),
     );
     expect(rec).toMatchObject({ sandboxId: sb, command: 'bash', exitCode: 3 });
     expect(rec.exitedAt).toBeInstanceOf(Date);
@@ -259,11 +268,15 @@ describe('exec sessions over raw HTTP and WebSocket', () => {
     const closed = await a.closed;
     expect(closed.code).not.toBe(1000);
     await control('start', 'api');
-    const b = await eventually(async () => {
-      const x = attach(sb, es.sessionID);
-      await x.until(() => x.scrollbackDone, 5000);
-      return x;
-    }, 30_000, 200);
+    const b = await eventually(
+      async () => {
+        const x = attach(sb, es.sessionID);
+        await x.until(() => x.scrollbackDone, 5000);
+        return x;
+      },
+      30_000,
+      200,
+    );
     expect(b.text('stdout')).toBe('before\n');
     expect(await getExec(sb, es.sessionID)).toMatchObject({ running: true, attachedClients: 1 });
     b.stdin('restart\n');
@@ -277,7 +290,8 @@ describe('exec sessions over raw HTTP and WebSocket', () => {
 
 describe('exec sessions with the published OpenComputer client', () => {
   it('start, attach, list, run and kill', async () => {
-    const r = await runSdk(`
+    const r = await runSdk(
+      `
       const sb = await sdk.Sandbox.connect(process.env.SB, opts);
       const dec = new TextDecoder();
       let stdout = '', stderr = '', scroll = 0;
@@ -300,7 +314,9 @@ describe('exec sessions with the published OpenComputer client', () => {
       const afterKill = (await sb.exec.list()).find((x) => x.sessionID === long.sessionId);
       const longCode = await long.done;
       out({ out: stdout, err: stderr, code, scroll, late, lateCode, listed: list.some((x) => x.sessionID === s.sessionId && x.exitCode === 7 && !x.running), ran, afterKill, longCode });
-    `, { SB: sb });
+    `,
+      { SB: sb },
+    );
     expect(r).toMatchObject({ out: 'hi\ngot sdk\n', err: 'oops\n', code: 7, scroll: 1, late: 'hi\ngot sdk\n', lateCode: 7, listed: true });
     expect(r.ran).toEqual({ exitCode: 4, stdout: 'ran\n', stderr: '' });
     expect(r.afterKill).toMatchObject({ running: false, exitCode: 143 });
@@ -311,20 +327,33 @@ describe('exec sessions with the published OpenComputer client', () => {
 describe('sandbox agent sessions', () => {
   it('runs a runner speaking JSON lines; agentSessionID follows what it reports; the client attaches and talks to it', async () => {
     const created = await api('POST', `/api/sandboxes/${sb}/agent`, {
-      body: { prompt: 'first', model: 'test-model', maxTurns: 3, allowedTools: ['Read'], permissionMode: 'acceptEdits', mcpServers: { fs: { command: 'fs-server', args: ['-v'] } }, runner: ['node', '-e', FAKE_RUNNER] },
+      body: {
+        prompt: 'first',
+        model: 'test-model',
+        maxTurns: 3,
+        allowedTools: ['Read'],
+        permissionMode: 'acceptEdits',
+        mcpServers: { fs: { command: 'fs-server', args: ['-v'] } },
+        runner: ['node', '-e', FAKE_RUNNER],
+      },
     });
     expect(created.status).toBe(201);
     expect(created.body).toMatchObject({ sandboxID: sb, running: true, agentSessionID: '' });
     expect(created.body.sessionID).toMatch(/^as-[a-z0-9]+$/);
     expect(Number.isNaN(Date.parse(created.body.startedAt))).toBe(false);
     const id = created.body.sessionID as string;
-    const got = await eventually(async () => {
-      const r = await api('GET', `/api/sandboxes/${sb}/agent/${id}`);
-      return r.body.agentSessionID ? r.body : undefined;
-    }, 15_000, 100);
+    const got = await eventually(
+      async () => {
+        const r = await api('GET', `/api/sandboxes/${sb}/agent/${id}`);
+        return r.body.agentSessionID ? r.body : undefined;
+      },
+      15_000,
+      100,
+    );
     expect(got.agentSessionID).toMatch(/^fake-session-\d+$/);
 
-    const r = await runSdk(`
+    const r = await runSdk(
+      `
       const sb = await sdk.Sandbox.connect(process.env.SB, opts);
       const events = [];
       let turns = 0;
@@ -346,14 +375,32 @@ describe('sandbox agent sessions', () => {
       const code = await done;
       const list = await sb.agent.list();
       out({ events, code, list });
-    `, { SB: sb, AS: id });
+    `,
+      { SB: sb, AS: id },
+    );
     const types = (r.events as { type: string }[]).map((e) => e.type);
     expect(types).toEqual([
-      'ready', 'system', 'assistant', 'result', 'turn_complete',
-      'configured', 'system', 'assistant', 'result', 'turn_complete', 'interrupted',
+      'ready',
+      'system',
+      'assistant',
+      'result',
+      'turn_complete',
+      'configured',
+      'system',
+      'assistant',
+      'result',
+      'turn_complete',
+      'interrupted',
     ]);
     const ready = r.events[0];
-    expect(ready.options).toEqual({ prompt: 'first', model: 'test-model', maxTurns: 3, allowedTools: ['Read'], permissionMode: 'acceptEdits', mcpServers: { fs: { command: 'fs-server', args: ['-v'] } } });
+    expect(ready.options).toEqual({
+      prompt: 'first',
+      model: 'test-model',
+      maxTurns: 3,
+      allowedTools: ['Read'],
+      permissionMode: 'acceptEdits',
+      mcpServers: { fs: { command: 'fs-server', args: ['-v'] } },
+    });
     expect(r.events[2].message.content[0].text).toBe('echo: first');
     expect(r.events[6].model).toBe('other-model');
     expect(r.events[7].message.content[0].text).toBe('echo: second');
@@ -365,10 +412,14 @@ describe('sandbox agent sessions', () => {
   it('passes resume through; kill answers with the stopped session; other organisations cannot see it', async () => {
     const created = await api('POST', `/api/sandboxes/${sb}/agent`, { body: { resume: 'earlier-session', runner: ['node', '-e', FAKE_RUNNER], prompt: 'p' } });
     const id = created.body.sessionID as string;
-    const got = await eventually(async () => {
-      const r = await api('GET', `/api/sandboxes/${sb}/agent/${id}`);
-      return r.body.agentSessionID ? r.body : undefined;
-    }, 15_000, 100);
+    const got = await eventually(
+      async () => {
+        const r = await api('GET', `/api/sandboxes/${sb}/agent/${id}`);
+        return r.body.agentSessionID ? r.body : undefined;
+      },
+      15_000,
+      100,
+    );
     expect(got.agentSessionID).toBe('earlier-session');
     const killed = await api('POST', `/api/sandboxes/${sb}/agent/${id}/kill`, { body: {} });
     expect(killed.body).toMatchObject({ sessionID: id, running: false, agentSessionID: 'earlier-session', exitCode: 137 });

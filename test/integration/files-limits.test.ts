@@ -42,7 +42,9 @@ describe('files API under attack: descriptors, long paths, errno answers', () =>
   it('answers 400 to paths past the depth limit and holds O(1) descriptors for deep paths that are allowed', async () => {
     const host = stackPids().host;
     const tooDeep = '/' + Array.from({ length: 2000 }, () => 'a').join('/');
-    const refused = await peakFdRise(host, () => Promise.all(Array.from({ length: 10 }, () => api('GET', `/api/sandboxes/${sb}/files/stat?path=${q(tooDeep)}`))));
+    const refused = await peakFdRise(host, () =>
+      Promise.all(Array.from({ length: 10 }, () => api('GET', `/api/sandboxes/${sb}/files/stat?path=${q(tooDeep)}`))),
+    );
     for (const r of refused.value) {
       expect(r.status).toBe(400);
       expect(r.body.error.type).toBe('invalid_request');
@@ -54,7 +56,9 @@ describe('files API under attack: descriptors, long paths, errno answers', () =>
     // 250 directories deep (under the limit of 256): walked with the parents closed on the way down.
     const deep = '/workspace/deep/' + Array.from({ length: 248 }, () => 'd').join('/');
     await sh(sb, `mkdir -p ${deep} && echo bottom > ${deep}/f`);
-    const walked = await peakFdRise(host, () => Promise.all(Array.from({ length: 20 }, () => api('GET', `/api/sandboxes/${sb}/files/stat?path=${q(`${deep}/f`)}`))));
+    const walked = await peakFdRise(host, () =>
+      Promise.all(Array.from({ length: 20 }, () => api('GET', `/api/sandboxes/${sb}/files/stat?path=${q(`${deep}/f`)}`))),
+    );
     for (const r of walked.value) expect({ status: r.status, size: r.body.size }).toEqual({ status: 200, size: 7 });
     // 20 walks of 250 directories held 5,000 before; now a few each (and sockets of the requests).
     expect(walked.rise).toBeLessThan(200);
@@ -90,7 +94,8 @@ describe('files API under attack: descriptors, long paths, errno answers', () =>
   });
 
   it('answers every errno the sandbox can provoke with a 4xx that names only the sandbox path', async () => {
-    await sh(sb, 
+    await sh(
+      sb,
       [
         'mkdir -p /workspace/e/dir/sub /workspace/e/full',
         'echo x > /workspace/e/file',
@@ -171,14 +176,16 @@ describe('uploads count against the sandbox', () => {
     expect(oomKills()).toBe(oomBefore);
     // The sandbox holds no more than its limit, the partial file was given back, the sandbox lives on.
     expect(memUsage(small)).toBeLessThanOrEqual(64 * 1024 * 1024);
-    const r = await api('POST', `/api/sandboxes/${small}/exec/run`, { body: { cmd: 'bash', args: ['-c', 'stat -c %s /workspace/huge.bin; stat -c %s /workspace/charged.bin'] } });
+    const r = await api('POST', `/api/sandboxes/${small}/exec/run`, {
+      body: { cmd: 'bash', args: ['-c', 'stat -c %s /workspace/huge.bin; stat -c %s /workspace/charged.bin'] },
+    });
     expect(r.status).toBe(200);
     expect(r.body.stdout).toBe(`0\n${24 * 1024 * 1024}\n`);
     // And the files API still works for it.
     expect((await upload('/workspace/after.bin', 1)).status).toBe(200);
   }, 180_000);
 
-  it('refuses an upload past the sandbox\'s disk (diskMB) with 413 and gives the space back', async () => {
+  it("refuses an upload past the sandbox's disk (diskMB) with 413 and gives the space back", async () => {
     const tiny = await newSandbox({ memoryMB: 256, diskMB: 16 });
     try {
       const r = await fetch(`${T.api()}/api/sandboxes/${tiny}/files?path=${q('/workspace/fill.bin')}`, {

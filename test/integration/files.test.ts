@@ -64,7 +64,10 @@ describe('files over raw HTTP', () => {
     const st = await api('GET', `/api/sandboxes/${sb}/files/stat?path=${q('/workspace/a/b/hello.txt')}`);
     expect(st.body).toMatchObject({ type: 'file', size: 6 });
     await sh(sb, 'ln -s /workspace/a/b/hello.txt /workspace/link');
-    expect((await api('GET', `/api/sandboxes/${sb}/files/stat?path=${q('/workspace/link')}`)).body).toMatchObject({ type: 'file', path: '/workspace/a/b/hello.txt' });
+    expect((await api('GET', `/api/sandboxes/${sb}/files/stat?path=${q('/workspace/link')}`)).body).toMatchObject({
+      type: 'file',
+      path: '/workspace/a/b/hello.txt',
+    });
     expect((await api('GET', `/api/sandboxes/${sb}/files/stat?path=${q('/workspace/link')}&noFollow=true`)).body).toMatchObject({
       type: 'symlink',
       target: '/workspace/a/b/hello.txt',
@@ -146,19 +149,23 @@ describe('files over raw HTTP', () => {
     const want = src.sha256();
     expect((await sh(sb, 'sha256sum /workspace/big.bin')).split(' ')[0]).toBe(want);
 
-    const down = await peakRise(pid, () =>
-      new Promise<{ sha: string; size: number; length: string | undefined }>((resolve, reject) => {
-        http.get(`${T.api()}/api/sandboxes/${sb}/files?path=${q('/workspace/big.bin')}`, { headers: { 'x-api-key': T.key() } }, (res) => {
-          const hash = createHash('sha256');
-          let size = 0;
-          res.on('data', (c: Buffer) => {
-            size += c.length;
-            hash.update(c);
-          });
-          res.on('end', () => resolve({ sha: hash.digest('hex'), size, length: res.headers['content-length'] }));
-          res.on('error', reject);
-        }).on('error', reject);
-      }),
+    const down = await peakRise(
+      pid,
+      () =>
+        new Promise<{ sha: string; size: number; length: string | undefined }>((resolve, reject) => {
+          http
+            .get(`${T.api()}/api/sandboxes/${sb}/files?path=${q('/workspace/big.bin')}`, { headers: { 'x-api-key': T.key() } }, (res) => {
+              const hash = createHash('sha256');
+              let size = 0;
+              res.on('data', (c: Buffer) => {
+                size += c.length;
+                hash.update(c);
+              });
+              res.on('end', () => resolve({ sha: hash.digest('hex'), size, length: res.headers['content-length'] }));
+              res.on('error', reject);
+            })
+            .on('error', reject);
+        }),
     );
     expect(down.value).toEqual({ sha: want, size: 100 * 1024 * 1024, length: String(100 * 1024 * 1024) });
     // Holding the file would add 100 MB or more; streaming adds socket buffers plus chunks already

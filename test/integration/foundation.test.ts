@@ -36,7 +36,7 @@ describe('authentication', () => {
     expect(r.body.error.type).toBe('unauthorized');
   });
 
-  it('hides one organisation\'s agents from another (404), with a key from the admin command', async () => {
+  it("hides one organisation's agents from another (404), with a key from the admin command", async () => {
     const env = { ...process.env, MONGO_URL: T.mongo() };
     const { stdout } = await run(process.execPath, [path.join(ROOT, 'dist/scripts/keys.js'), 'create', '--org', 'acme'], { env });
     const { key } = JSON.parse(stdout) as { key: string };
@@ -87,7 +87,10 @@ describe('the error body for each kind of bad input', () => {
   });
 
   it('oversized body: 413', async () => {
-    const r = await api('POST', '/v1/agents', { raw: JSON.stringify({ core: 'bash', entrypoint: ['x'], config: { pad: 'x'.repeat(9 * 1024 * 1024) } }), headers: { 'content-type': 'application/json' } });
+    const r = await api('POST', '/v1/agents', {
+      raw: JSON.stringify({ core: 'bash', entrypoint: ['x'], config: { pad: 'x'.repeat(9 * 1024 * 1024) } }),
+      headers: { 'content-type': 'application/json' },
+    });
     expect(r.status).toBe(413);
     expect(r.body.error.type).toBe('payload_too_large');
   });

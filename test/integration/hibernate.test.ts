@@ -32,7 +32,9 @@ describe('hibernate and wake', () => {
     const origin = await sandbox();
     await hostSh(origin, 'echo from-checkpoint > /workspace/base.txt');
     const cp = await checkpoint(origin);
-    const patch = await api('POST', `/api/sandboxes/checkpoints/${cp.id}/patches`, { body: { script: 'echo wake >> /workspace/wakes.log', description: 'count wakes' } });
+    const patch = await api('POST', `/api/sandboxes/checkpoints/${cp.id}/patches`, {
+      body: { script: 'echo wake >> /workspace/wakes.log', description: 'count wakes' },
+    });
     expect(patch.status).toBe(201);
     const spawned = await api('POST', `/api/sandboxes/from-checkpoint/${cp.id}`, { body: { envs: { GREETING: 'hi there' }, metadata: { team: 'blue' } } });
     expect(spawned.status).toBe(201);
@@ -69,7 +71,9 @@ describe('hibernate and wake', () => {
     const w = await api('POST', `/api/sandboxes/${id}/wake`, { body: { timeout: 0 } });
     expect(w.status).toBe(200);
     expect(w.body).toMatchObject({ sandboxID: id, status: 'running', hibernatedAt: null, metadata: { team: 'blue' } });
-    expect(await hostSh(id, 'cat /workspace/base.txt /root/mine.txt; echo "$GREETING"; wc -l < /workspace/wakes.log')).toBe('from-checkpoint\nmine\nhi there\n2\n');
+    expect(await hostSh(id, 'cat /workspace/base.txt /root/mine.txt; echo "$GREETING"; wc -l < /workspace/wakes.log')).toBe(
+      'from-checkpoint\nmine\nhi there\n2\n',
+    );
     // Processes did not survive: the preview's server is started again, and the same preview URL serves it.
     await startServer(id, 47411);
     const served = await eventually(async () => {
@@ -98,10 +102,13 @@ describe('hibernate and wake', () => {
     expect((await api('GET', `/api/sandboxes/${id}`)).body.status).toBe('running');
     // Through the client, whose Filesystem sends the header and retries the 503s.
     expect((await api('POST', `/api/sandboxes/${id}/hibernate`)).status).toBe(200);
-    const r = await runSdk(`
+    const r = await runSdk(
+      `
       const sb = await sdk.Sandbox.connect(process.env.SB, opts);
       out({ before: sb.status, text: await sb.files.read('/workspace/f') });
-    `, { SB: id });
+    `,
+      { SB: id },
+    );
     expect(r).toEqual({ before: 'hibernated', text: 'still-here\n' });
   }, 60_000);
 
@@ -142,16 +149,26 @@ describe('hibernate and wake', () => {
     expect((await api('DELETE', `/api/sandboxes/${id}`)).body.status).toBe('stopped');
     expect(saved()).toEqual([]);
     expect((await api('POST', `/api/sandboxes/${id}/wake`, { body: {} })).status).toBe(409);
-    expect((await hostClient().wake(id).catch((e: { status: number }) => e)).status).toBe(404);
+    expect(
+      (
+        await hostClient()
+          .wake(id)
+          .catch((e: { status: number }) => e)
+      ).status,
+    ).toBe(404);
   });
 
   it('hibernates instead of killing after the idle timeout when created with onTimeout: hibernate', async () => {
     const id = await sandbox({ timeout: 1, onTimeout: 'hibernate' });
     await hostSh(id, 'echo kept > /workspace/kept');
-    const after = await eventually(async () => {
-      const r = await api('GET', `/api/sandboxes/${id}`);
-      return r.body.status === 'hibernated' ? r.body : null;
-    }, 45_000, 500);
+    const after = await eventually(
+      async () => {
+        const r = await api('GET', `/api/sandboxes/${id}`);
+        return r.body.status === 'hibernated' ? r.body : null;
+      },
+      45_000,
+      500,
+    );
     expect(after).toMatchObject({ onTimeout: 'hibernate', timeout: 1 });
     const w = await api('POST', `/api/sandboxes/${id}/wake`, { body: { timeout: 0 } });
     expect(w.body).toMatchObject({ status: 'running', timeout: 0 });
@@ -177,7 +194,9 @@ describe('restore and the checkpoint lifecycle', () => {
     const r = await api('POST', `/api/sandboxes/${id}/checkpoints/${cp.id}/restore`);
     expect(r.status).toBe(200);
     expect(r.body).toMatchObject({ sandboxID: id, status: 'running', fromCheckpoint: cp.id });
-    expect(await hostSh(id, 'cat /workspace/f; test -e /workspace/g || echo no-g; echo "$KEEP"; pgrep -x sleep || echo no-sleep')).toBe('one\nno-g\nenv kept\nno-sleep\n');
+    expect(await hostSh(id, 'cat /workspace/f; test -e /workspace/g || echo no-g; echo "$KEEP"; pgrep -x sleep || echo no-sleep')).toBe(
+      'one\nno-g\nenv kept\nno-sleep\n',
+    );
     expect((await api('DELETE', `/api/sandboxes/${id}/checkpoints/${cp.id}`)).status).toBe(409);
     expect((await api('POST', `/api/sandboxes/${id}/checkpoints/cp-0000000000000000/restore`)).status).toBe(404);
   }, 60_000);

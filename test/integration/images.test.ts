@@ -33,7 +33,14 @@ const run = async (id: string, cmd: string) => (await api('POST', `/api/sandboxe
 describe('sandboxes created with an image', () => {
   it('builds the image once; a second create with the same manifest takes no build', async () => {
     const marker = unique('img');
-    const image = { base: 'base', steps: [{ type: 'run', args: { commands: [`echo ${marker} > /opt/marker; date +%s%N > /opt/built-at`] } }, { type: 'env', args: { vars: { FROM_IMAGE: marker } } }, { type: 'workdir', args: { path: '/opt' } }] };
+    const image = {
+      base: 'base',
+      steps: [
+        { type: 'run', args: { commands: [`echo ${marker} > /opt/marker; date +%s%N > /opt/built-at`] } },
+        { type: 'env', args: { vars: { FROM_IMAGE: marker } } },
+        { type: 'workdir', args: { path: '/opt' } },
+      ],
+    };
     const first = await createStreamed({ image });
     const result = first.find((e) => e.event === 'result');
     expect(result?.data.status).toBe('running');
@@ -50,10 +57,17 @@ describe('sandboxes created with an image', () => {
     expect(third.status).toBe(201);
     made.push(third.body.sandboxID);
 
-    const outs = await Promise.all([result!.data.sandboxID, r2.sandboxID, third.body.sandboxID].map((id) => run(id, 'cat /opt/marker /opt/built-at; echo "$FROM_IMAGE"; pwd')));
+    const outs = await Promise.all(
+      [result!.data.sandboxID, r2.sandboxID, third.body.sandboxID].map((id) => run(id, 'cat /opt/marker /opt/built-at; echo "$FROM_IMAGE"; pwd')),
+    );
     expect(new Set(outs.map((o) => o.stdout)).size).toBe(1); // one build: the same built-at in all three
     expect(outs[0].stdout).toMatch(new RegExp(`^${marker}\\n\\d+\\n${marker}\\n/opt\\n$`));
-    const snaps = await withMongo((c) => c.db().collection('snapshots').countDocuments({ manifest: JSON.stringify(image) }));
+    const snaps = await withMongo((c) =>
+      c
+        .db()
+        .collection('snapshots')
+        .countDocuments({ manifest: JSON.stringify(image) }),
+    );
     expect(snaps).toBe(1);
   }, 180_000);
 

@@ -6,10 +6,14 @@ import { otherOrgKey } from '../helpers/checkpoints';
 jest.setTimeout(180_000);
 
 async function waitInstance(agentId: string, id: string, statuses: string[], timeoutMs = 60_000) {
-  return eventually(async () => {
-    const r = await api('GET', `/v1/agents/${agentId}/instances/${id}`);
-    return statuses.includes(r.body.status) ? r.body : undefined;
-  }, timeoutMs, 200);
+  return eventually(
+    async () => {
+      const r = await api('GET', `/v1/agents/${agentId}/instances/${id}`);
+      return statuses.includes(r.body.status) ? r.body : undefined;
+    },
+    timeoutMs,
+    200,
+  );
 }
 
 /** Builds a snapshot (JSON answer, then polls until ready) and returns it. */
@@ -17,11 +21,15 @@ async function buildSnapshot(steps: unknown[]): Promise<{ id: string; name: stri
   const name = unique('isnap');
   const r = await api('POST', '/api/snapshots', { body: { name, image: { steps } } });
   expect(r.status).toBe(202);
-  return eventually(async () => {
-    const g = await api('GET', `/api/snapshots/${name}`);
-    if (g.body.status === 'failed') throw new Error(g.body.error);
-    return g.body.status === 'ready' ? g.body : undefined;
-  }, 60_000, 200);
+  return eventually(
+    async () => {
+      const g = await api('GET', `/api/snapshots/${name}`);
+      if (g.body.status === 'failed') throw new Error(g.body.error);
+      return g.body.status === 'ready' ? g.body : undefined;
+    },
+    60_000,
+    200,
+  );
 }
 
 const hostHas = async (id: string) => (await hostClient().getSandbox(id)) !== null;
@@ -68,7 +76,10 @@ describe('instances', () => {
       { type: 'workdir', args: { path: '/opt/tool' } },
     ]);
     await api('POST', `/api/sandboxes/checkpoints/${snap.checkpointId}/patches`, { body: { script: 'echo patch-1 > /opt/tool/patched' } });
-    const agentId = await bashAgent('cat version patched > out.txt; printf \'{"v":"%s","p":"%s","home":"%s","cwd":"%s"}\' "$(cat version)" "$(cat patched)" "$TOOL_HOME" "$(pwd)" > /tmp/agent_result.json', { snapshot: snap.name });
+    const agentId = await bashAgent(
+      'cat version patched > out.txt; printf \'{"v":"%s","p":"%s","home":"%s","cwd":"%s"}\' "$(cat version)" "$(cat patched)" "$TOOL_HOME" "$(pwd)" > /tmp/agent_result.json',
+      { snapshot: snap.name },
+    );
 
     const c = await api('POST', `/v1/agents/${agentId}/instances`, { body: {} });
     expect(c.status).toBe(201);
@@ -108,7 +119,7 @@ describe('instances', () => {
     expect([s.status, s.body.error.message]).toEqual([400, expect.stringContaining('no-such-snapshot')]);
   });
 
-  it("keeps running through a worker restart, then is destroyed by the new worker", async () => {
+  it('keeps running through a worker restart, then is destroyed by the new worker', async () => {
     const agentId = await bashAgent('true');
     const c = await api('POST', `/v1/agents/${agentId}/instances`, { body: { metadata: { k: 'restart' } } });
     const inst = await waitInstance(agentId, c.body.id, ['running']);

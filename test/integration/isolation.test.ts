@@ -6,14 +6,7 @@ import path from 'node:path';
 import { api, eventually, T, unique } from '../helpers/env';
 import { hostClient, newSandbox as createSandbox, run, sh } from '../helpers/sandboxes';
 import { CONNECT_PROBE } from '../helpers/connect-probe';
-import {
-  createProbeAgent,
-  freeBytes,
-  probeApiSandbox,
-  PROBES,
-  ProbeResults,
-  sessionResult,
-} from '../helpers/probes';
+import { createProbeAgent, freeBytes, probeApiSandbox, PROBES, ProbeResults, sessionResult } from '../helpers/probes';
 
 /*
  * The escape suite of the sandbox isolation issue: table-driven probes run in an /api sandbox and
@@ -79,7 +72,10 @@ async function py(sandboxId: string, code: string, timeout = 60) {
 /** The host id sandbox id 0 maps to, from /proc/self/uid_map. */
 async function hostUidOfRoot(sandboxId: string): Promise<{ map: string; host: number }> {
   const map = (await sh(sandboxId, 'cat /proc/self/uid_map')).trim();
-  const root = map.split('\n').map((l) => l.trim().split(/\s+/).map(Number)).find((f) => f[0] === 0);
+  const root = map
+    .split('\n')
+    .map((l) => l.trim().split(/\s+/).map(Number))
+    .find((f) => f[0] === 0);
   return { map, host: root ? root[1]! : NaN };
 }
 
@@ -90,10 +86,7 @@ async function healthz(): Promise<number> {
 // ---------------------------------------------------------------- the probe table, in both kinds of sandbox
 
 const where: [string, () => Promise<ProbeResults>][] = [
-  [
-    'an /api sandbox',
-    async () => probeApiSandbox(await newSandbox()),
-  ],
+  ['an /api sandbox', async () => probeApiSandbox(await newSandbox())],
   [
     "a session's sandbox",
     async () => {
@@ -103,7 +96,8 @@ const where: [string, () => Promise<ProbeResults>][] = [
       if (s.status !== 201) throw new Error(`create session: ${s.status} ${JSON.stringify(s.body)}`);
       opened.session(agentId, s.body.id);
       const result = await sessionResult(agentId, s.body.id);
-      if (result.status !== 'completed' || !result.data) throw new Error(`probe session ended ${result.status} (${result.reason}: ${result.message}); data ${JSON.stringify(result.data)}`);
+      if (result.status !== 'completed' || !result.data)
+        throw new Error(`probe session ended ${result.status} (${result.reason}: ${result.message}); data ${JSON.stringify(result.data)}`);
       return result.data as ProbeResults;
     },
   ],
@@ -156,7 +150,10 @@ describe('isolation between sandboxes and of the host', () => {
 
   it('lets root chown inside; the owner survives checkpoint → spawn', async () => {
     const a = await newSandbox();
-    const made = await run(a, 'mkdir -p /workspace/own && echo x > /workspace/own/f && chown 1000:1000 /workspace/own/f && chown 1001:1002 /workspace/own && stat -c %u:%g /workspace/own/f /workspace/own');
+    const made = await run(
+      a,
+      'mkdir -p /workspace/own && echo x > /workspace/own/f && chown 1000:1000 /workspace/own/f && chown 1001:1002 /workspace/own && stat -c %u:%g /workspace/own/f /workspace/own',
+    );
     if (made.exitCode !== 0) throw new Error(`chown inside the sandbox failed (exit ${made.exitCode}): ${made.stderr}`);
     expect(made.stdout).toBe('1000:1000\n1001:1002\n');
     const cp = await api('POST', `/api/sandboxes/${a}/checkpoints`, { body: { name: unique('owned') } });
@@ -167,18 +164,31 @@ describe('isolation between sandboxes and of the host', () => {
     const b = opened.sandbox(spawned.body.sandboxID);
     expect(await sh(b, 'stat -c %u:%g /workspace/own/f /workspace/own')).toBe('1000:1000\n1001:1002\n');
     // The user it now belongs to can write it; root can give it back.
-    expect(await sh(b, "python3 -c \"import os; os.setgid(1000); os.setuid(1000); open('/workspace/own/f','a').write('y'); print(os.getuid())\" && chown 0:0 /workspace/own/f && stat -c %u:%g /workspace/own/f")).toBe('1000\n0:0\n');
+    expect(
+      await sh(
+        b,
+        "python3 -c \"import os; os.setgid(1000); os.setuid(1000); open('/workspace/own/f','a').write('y'); print(os.getuid())\" && chown 0:0 /workspace/own/f && stat -c %u:%g /workspace/own/f",
+      ),
+    ).toBe('1000\n0:0\n');
   });
 
   it('keeps the owner of a file chowned by a snapshot step in sandboxes created from the snapshot', async () => {
     const name = unique('owned-snap');
     const r = await api('POST', '/api/snapshots', {
-      body: { name, image: { base: 'base', steps: [{ type: 'run', args: { commands: ['mkdir -p /opt/owned', 'echo x > /opt/owned/f', 'chown 1000:1000 /opt/owned/f', 'chown 1001:1002 /opt/owned'] } }] } },
+      body: {
+        name,
+        image: {
+          base: 'base',
+          steps: [
+            { type: 'run', args: { commands: ['mkdir -p /opt/owned', 'echo x > /opt/owned/f', 'chown 1000:1000 /opt/owned/f', 'chown 1001:1002 /opt/owned'] } },
+          ],
+        },
+      },
     });
     if (r.status !== 202 && r.status !== 201) throw new Error(`create snapshot: ${r.status} ${JSON.stringify(r.body)}`);
     opened.snapshot(name);
     let snap = r.body;
-    for (const deadline = Date.now() + 60_000; snap.status === 'building' && Date.now() < deadline; ) {
+    for (const deadline = Date.now() + 60_000; snap.status === 'building' && Date.now() < deadline;) {
       await new Promise((res) => setTimeout(res, 250));
       snap = (await api('GET', `/api/snapshots/${name}`)).body;
     }
@@ -219,7 +229,10 @@ describe('what one sandbox can reach of another and of the host', () => {
     expect(await sh(a, `grep -l '${own}' /proc/[0-9]*/cmdline 2>/dev/null | wc -l`)).not.toBe('0\n');
 
     // From b: none of it.
-    const found = await run(b, `find / \\( -path /proc -o -path /sys \\) -prune -o -name '${mark}*' -print 2>/dev/null; grep -rl ${mark} /workspace /tmp /root /dev/shm 2>/dev/null; true`);
+    const found = await run(
+      b,
+      `find / \\( -path /proc -o -path /sys \\) -prune -o -name '${mark}*' -print 2>/dev/null; grep -rl ${mark} /workspace /tmp /root /dev/shm 2>/dev/null; true`,
+    );
     expect(found.stdout).toBe('');
     expect(await sh(b, `grep -l '${own}' /proc/[0-9]*/cmdline 2>/dev/null | wc -l`)).toBe('0\n');
     // b sees its own processes only: pid 1 and this exec's few.
@@ -227,7 +240,8 @@ describe('what one sandbox can reach of another and of the host', () => {
     expect(Number(pids)).toBeLessThan(10);
     const conn = await connectFrom(b, ['127.0.0.1:8123', ...hostAddresses().map((h) => `${h}:8123`)]);
     for (const [target, outcome] of Object.entries(conn)) {
-      if (outcome === 'connected' || outcome === 'timeout') throw new Error(`from another sandbox, ${target} answered "${outcome}" (want refused or unreachable)`);
+      if (outcome === 'connected' || outcome === 'timeout')
+        throw new Error(`from another sandbox, ${target} answered "${outcome}" (want refused or unreachable)`);
     }
   });
 
@@ -261,9 +275,7 @@ describe('what one sandbox can reach of another and of the host', () => {
     const r = await run(sb, `echo x > /${mark} && echo x > /usr/${mark} && echo x > /workspace/../../../${mark}-up && echo written`);
     expect(r.stdout).toBe('written\n');
     for (const p of [`/${mark}`, `/usr/${mark}`, `/${mark}-up`]) expect(fs.existsSync(p)).toBe(false);
-    const onHostDisk = await new Promise<string>((resolve) =>
-      execFile('find', [T.dataDir(), '-name', `${mark}*`], (_err, out) => resolve(out)),
-    );
+    const onHostDisk = await new Promise<string>((resolve) => execFile('find', [T.dataDir(), '-name', `${mark}*`], (_err, out) => resolve(out)));
     expect(onHostDisk).toBe('');
   });
 });
@@ -333,7 +345,8 @@ print(json.dumps({'count': len(kids), 'error': error}))
     if (!/No space left on device/.test(r.stdout)) throw new Error(`no ENOSPC writing 200 MB into a sandbox with diskMB 64: ${what}`);
     expect(r.stdout).toMatch(/dd exit [1-9]/);
     if (!(filled >= 32 * 2 ** 20 && filled <= 72 * 2 ** 20)) throw new Error(`the filler stopped at ${filled} bytes, not about 64 MB: ${what}`);
-    if (Math.abs(before.data - after.data) > 100 * 2 ** 20 || Math.abs(before.shm - after.shm) > 100 * 2 ** 20) throw new Error(`host free space moved: ${what}`);
+    if (Math.abs(before.data - after.data) > 100 * 2 ** 20 || Math.abs(before.shm - after.shm) > 100 * 2 ** 20)
+      throw new Error(`host free space moved: ${what}`);
     expect(await sh(sb, 'rm /workspace/fill && echo freed')).toBe('freed\n');
   });
 });
@@ -343,7 +356,9 @@ describe('a plain sandbox still works', () => {
     const sb = await newSandbox();
     // A file written through the files API belongs to the sandbox's root, who can change it.
     await hostClient().writeFile(sb, '/workspace/in.txt', 'from the host\n');
-    expect(await sh(sb, 'stat -c %u:%g /workspace/in.txt && cat /workspace/in.txt && echo appended >> /workspace/in.txt && echo $((6 * 7))')).toBe('0:0\nfrom the host\n42\n');
+    expect(await sh(sb, 'stat -c %u:%g /workspace/in.txt && cat /workspace/in.txt && echo appended >> /workspace/in.txt && echo $((6 * 7))')).toBe(
+      '0:0\nfrom the host\n42\n',
+    );
     expect((await hostClient().readFile(sb, '/workspace/in.txt'))?.toString()).toBe('from the host\nappended\n');
     await sh(sb, 'echo kept > /workspace/kept');
     const cp = await api('POST', `/api/sandboxes/${sb}/checkpoints`, { body: {} });

@@ -44,7 +44,11 @@ describe('sandbox limits', () => {
     const d = await api('POST', '/api/sandboxes', { body: {} });
     expect(d.status).toBe(201);
     expect(d.body).toMatchObject({ memoryMB: limits.memoryMB, diskMB: limits.diskMB, cpuCount: limits.cpuCount });
-    expect((await api('GET', `/api/sandboxes/${d.body.sandboxID}`)).body).toMatchObject({ memoryMB: limits.memoryMB, diskMB: limits.diskMB, cpuCount: limits.cpuCount });
+    expect((await api('GET', `/api/sandboxes/${d.body.sandboxID}`)).body).toMatchObject({
+      memoryMB: limits.memoryMB,
+      diskMB: limits.diskMB,
+      cpuCount: limits.cpuCount,
+    });
 
     const own = await api('POST', '/api/sandboxes', { body: { memoryMB: 256, diskMB: 128, cpuCount: 1 } });
     expect(own.status).toBe(201);
@@ -88,7 +92,7 @@ describe('sandbox limits', () => {
     await api('DELETE', `/api/sandboxes/${src}/checkpoints/${cp.body.id}`);
   });
 
-  it("the host refuses values over its maxima (400, nothing created) and takes cpuCount 0 (no quota)", async () => {
+  it('the host refuses values over its maxima (400, nothing created) and takes cpuCount 0 (no quota)', async () => {
     const id = `sb-lim${Date.now().toString(36)}`;
     for (const { body, field, max } of overMax()) {
       const r = await hostFetch('POST', '/sandboxes', { id, orgId: 'o', ...body });
@@ -125,11 +129,15 @@ describe('sandbox limits', () => {
 
     const inst = await api('POST', `/v1/agents/${agentId}/instances`, { body: {} });
     expect(inst.status).toBe(201);
-    const running = await eventually(async () => {
-      const r = await api('GET', `/v1/agents/${agentId}/instances/${inst.body.id}`);
-      if (r.body.status === 'failed') throw new Error(`instance failed: ${r.body.error}`);
-      return r.body.status === 'running' ? r.body : undefined;
-    }, 60_000, 200);
+    const running = await eventually(
+      async () => {
+        const r = await api('GET', `/v1/agents/${agentId}/instances/${inst.body.id}`);
+        if (r.body.status === 'failed') throw new Error(`instance failed: ${r.body.error}`);
+        return r.body.status === 'running' ? r.body : undefined;
+      },
+      60_000,
+      200,
+    );
     expect((await api('GET', `/api/sandboxes/${running.sandbox_id}`)).body).toMatchObject({ memoryMB: 256, cpuCount: 1, diskMB: 300 });
     await api('DELETE', `/v1/agents/${agentId}/instances/${inst.body.id}`);
 
@@ -148,7 +156,9 @@ describe('sandbox limits', () => {
     // Only the sandbox was hit: the API answers and another sandbox works.
     const sb = await api('POST', '/api/sandboxes', { body: {} });
     expect(sb.status).toBe(201);
-    expect((await api('POST', `/api/sandboxes/${sb.body.sandboxID}/exec/run`, { body: { cmd: 'sh', args: ['-c', 'echo alive'] } })).body.stdout).toBe('alive\n');
+    expect((await api('POST', `/api/sandboxes/${sb.body.sandboxID}/exec/run`, { body: { cmd: 'sh', args: ['-c', 'echo alive'] } })).body.stdout).toBe(
+      'alive\n',
+    );
     await api('DELETE', `/api/sandboxes/${sb.body.sandboxID}`);
   });
 });

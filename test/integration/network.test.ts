@@ -58,7 +58,7 @@ async function sandboxAddress(sandboxId: string): Promise<{ address: string; gat
 }
 
 describe('egress per sandbox', () => {
-  it('reaches a test host over HTTP by default, with an address of its own and the host\'s name servers', async () => {
+  it("reaches a test host over HTTP by default, with an address of its own and the host's name servers", async () => {
     const target = await testHost('198.18').serve();
     const sb = await newSandbox();
     const got = await probe(sb, [`${target.addr}:${target.port}`]);
@@ -98,13 +98,11 @@ describe('egress per sandbox', () => {
     const ports = [new URL(T.api()).port, new URL(T.mongo()).port, T.temporal().split(':')[1]!, new URL(T.hostUrl()).port];
     const hostAddrs = Object.values(os.networkInterfaces())
       .flat()
-      .filter((a): a is os.NetworkInterfaceInfo => !!a && a.family === 'IPv4' && !a.internal && !a.address.startsWith('198.18.') && !a.address.startsWith('169.254.'))
+      .filter(
+        (a): a is os.NetworkInterfaceInfo => !!a && a.family === 'IPv4' && !a.internal && !a.address.startsWith('198.18.') && !a.address.startsWith('169.254.'),
+      )
       .map((a) => a.address);
-    const targets = [
-      ...ports.flatMap((p) => [gateway, ...hostAddrs].map((h) => `${h}:${p}`)),
-      `${otherAddress}:8123`,
-      `${linkLocal.addr}:${linkLocal.port}`,
-    ];
+    const targets = [...ports.flatMap((p) => [gateway, ...hostAddrs].map((h) => `${h}:${p}`)), `${otherAddress}:8123`, `${linkLocal.addr}:${linkLocal.port}`];
     expectRefused(await probe(sb, [...new Set(targets)]));
   });
 
@@ -175,7 +173,7 @@ function hostFds(): () => number {
   return () => fs.readdirSync(`/proc/${pid}/fd`).length;
 }
 
-describe('names: the sandboxes\' resolver, allow lists of names, live changes', () => {
+describe("names: the sandboxes' resolver, allow lists of names, live changes", () => {
   const dns = new FakeDns();
   beforeAll(async () => {
     await dns.listen();
@@ -203,7 +201,11 @@ describe('names: the sandboxes\' resolver, allow lists of names, live changes', 
       await testHost('198.18').serve(),
       await testHost('169.254').serve(),
     ];
-    dns.set('a.allowed.sap-net.test', a.addr).set('exact.sap-net.test', c.addr).set('b.other.sap-net.test', b.addr).set('meta.allowed.sap-net.test', linkLocal.addr);
+    dns
+      .set('a.allowed.sap-net.test', a.addr)
+      .set('exact.sap-net.test', c.addr)
+      .set('b.other.sap-net.test', b.addr)
+      .set('meta.allowed.sap-net.test', linkLocal.addr);
     const sb = await newSandbox({ network: { egress: { allow: ['*.Allowed.sap-net.test', 'exact.sap-net.test'] } } });
     const asked = dns.asked.length;
     const got = await probe(sb, [
@@ -280,7 +282,10 @@ describe('names: the sandboxes\' resolver, allow lists of names, live changes', 
     }
     expect((await api('PUT', `/api/sandboxes/sb-doesnotexist/network`, { body: { egress: 'none' } })).status).toBe(404);
     const keyB = await otherOrgKey();
-    for (const [method, path, body] of [['PUT', `/api/sandboxes/${sb}/network`, { egress: 'none' }], ['GET', `/api/sandboxes/${sb}/allowed-hosts`, undefined]] as const) {
+    for (const [method, path, body] of [
+      ['PUT', `/api/sandboxes/${sb}/network`, { egress: 'none' }],
+      ['GET', `/api/sandboxes/${sb}/allowed-hosts`, undefined],
+    ] as const) {
       const r = await api(method, path, { key: keyB, body });
       expect([method, r.status, r.body?.error?.type]).toEqual([method, 404, 'not_found']);
     }

@@ -84,7 +84,10 @@ describe('logs', () => {
     expect((await api('GET', `/v1/agents?api_key=${secret}`, { key: null, headers: { 'x-request-id': `${reqId}-q` } })).status).toBe(401);
     const file = path.join(T.logDir(), 'api.log');
     const lines = await eventually(async () => {
-      const found = fs.readFileSync(file, 'utf8').split('\n').filter((l) => l.includes(reqId));
+      const found = fs
+        .readFileSync(file, 'utf8')
+        .split('\n')
+        .filter((l) => l.includes(reqId));
       return found.length >= 3 ? found : undefined;
     }, 10_000);
     const ok = JSON.parse(lines.find((l) => l.includes(`"id":"${reqId}"`))!) as Record<string, any>;

@@ -110,7 +110,12 @@ describe('preview URLs through the proxy', () => {
     // Returned once: the list shows the type only, and only a hash is stored.
     const listed = await api('GET', `/api/sandboxes/${sb}/preview`);
     expect(listed.body.find((p: any) => p.port === 8002).authConfig).toEqual({ type: 'bearer' });
-    const stored = await withMongo((c) => c.db().collection('previews').findOne({ _id: hostname as never }));
+    const stored = await withMongo((c) =>
+      c
+        .db()
+        .collection('previews')
+        .findOne({ _id: hostname as never }),
+    );
     expect(JSON.stringify(stored)).not.toContain(token);
 
     await ready(hostname, { authorization: `Bearer ${token}` });
@@ -143,9 +148,16 @@ describe('preview URLs through the proxy', () => {
 
     // A caller's own token, on a custom domain.
     const own = 'my-own-token-0123456789';
-    const custom = await api('POST', `/api/sandboxes/${sb}/preview`, { body: { port: 8002, domain: 'Apps.Example.com', authConfig: { type: 'bearer', token: own } } });
+    const custom = await api('POST', `/api/sandboxes/${sb}/preview`, {
+      body: { port: 8002, domain: 'Apps.Example.com', authConfig: { type: 'bearer', token: own } },
+    });
     expect(custom.status).toBe(201);
-    expect(custom.body).toMatchObject({ hostname: `${sb}-p8002.apps.example.com`, customHostname: `${sb}-p8002.apps.example.com`, sslStatus: 'none', authConfig: { type: 'bearer', token: own } });
+    expect(custom.body).toMatchObject({
+      hostname: `${sb}-p8002.apps.example.com`,
+      customHostname: `${sb}-p8002.apps.example.com`,
+      sslStatus: 'none',
+      authConfig: { type: 'bearer', token: own },
+    });
     expect((await viaHost(custom.body.hostname, '/', { headers: { authorization: `Bearer ${own}` } })).status).toBe(200);
     expect((await viaHost(custom.body.hostname, '/', { headers: { authorization: `Bearer ${token}` } })).status).toBe(401);
   });
@@ -203,8 +215,14 @@ describe('preview URLs through the proxy', () => {
     const key = `sap_${randomBytes(18).toString('base64url')}`;
     const orgId = unique('pv-org');
     await withMongo(async (c) => {
-      await c.db().collection('orgs').insertOne({ _id: orgId as never, name: orgId, createdAt: new Date(), settings: {} });
-      await c.db().collection('api_keys').insertOne({ _id: createHash('sha256').update(key).digest('hex') as never, orgId, label: 't', prefix: 'sap_', createdAt: new Date() });
+      await c
+        .db()
+        .collection('orgs')
+        .insertOne({ _id: orgId as never, name: orgId, createdAt: new Date(), settings: {} });
+      await c
+        .db()
+        .collection('api_keys')
+        .insertOne({ _id: createHash('sha256').update(key).digest('hex') as never, orgId, label: 't', prefix: 'sap_', createdAt: new Date() });
     });
     expect((await api('POST', `/api/sandboxes/${sb}/preview`, { key, body: { port: 8000 } })).status).toBe(404);
     expect((await api('GET', `/api/sandboxes/${sb}/preview`, { key })).status).toBe(404);

@@ -45,7 +45,7 @@ describe('terminals', () => {
     const id = await createPty({ cols: 100, rows: 30 });
     const a = attach(id);
     await new Promise((r) => a.ws.once('open', r));
-    a.ws.send("trap 'echo GOT-WINCH' WINCH; tty; stty size; echo \"TERM=$TERM\"\n");
+    a.ws.send('trap \'echo GOT-WINCH\' WINCH; tty; stty size; echo "TERM=$TERM"\n');
     await eventually(async () => /30 100/.test(a.text()) && /TERM=xterm-256color/.test(a.text()));
     expect(a.text()).toMatch(/\/dev\/pts\/\d+/);
     a.ws.send(JSON.stringify({ type: 'resize', cols: 132, rows: 43 }));

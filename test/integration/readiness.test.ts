@@ -28,10 +28,15 @@ async function probe(url: string): Promise<Probe> {
 const DEADLINE_MS = 120_000;
 
 /** Waits until `get` answers `status`, and returns that answer. */
-const until = (get: () => Promise<Probe>, status: number): Promise<Probe> => eventually(async () => {
-  const r = await get();
-  return r.status === status ? r : null;
-}, DEADLINE_MS, 500);
+const until = (get: () => Promise<Probe>, status: number): Promise<Probe> =>
+  eventually(
+    async () => {
+      const r = await get();
+      return r.status === status ? r : null;
+    },
+    DEADLINE_MS,
+    500,
+  );
 
 const timings: Record<string, number> = {};
 
@@ -69,44 +74,56 @@ describe('API /readyz', () => {
     expect(h).toEqual({ status: 200, body: { status: 'ok' } });
   });
 
-  it('is 503 naming the worker after the worker is killed (SIGKILL), and 200 once it is back', async () => {
-    await whileStopped('worker', 'SIGKILL', async (stoppedAt) => {
-      const r = await until(apiReadyz, 503);
-      timings.workerSigkill = Date.now() - stoppedAt;
-      expect(r.body).toEqual({ error: { type: 'unavailable', message: expect.stringMatching(/worker: no worker is polling task queue \S+/) } });
-      expect(r.body.error.message).not.toMatch(/host:|mongo:|temporal:/);
-      // /healthz does not care.
-      expect((await probe(`${T.api()}/healthz`)).status).toBe(200);
-    });
-    const back = await apiReadyz();
-    expect(back.status).toBe(200);
-    expect(back.body.worker).toBe('ok');
-  }, 3 * DEADLINE_MS);
+  it(
+    'is 503 naming the worker after the worker is killed (SIGKILL), and 200 once it is back',
+    async () => {
+      await whileStopped('worker', 'SIGKILL', async (stoppedAt) => {
+        const r = await until(apiReadyz, 503);
+        timings.workerSigkill = Date.now() - stoppedAt;
+        expect(r.body).toEqual({ error: { type: 'unavailable', message: expect.stringMatching(/worker: no worker is polling task queue \S+/) } });
+        expect(r.body.error.message).not.toMatch(/host:|mongo:|temporal:/);
+        // /healthz does not care.
+        expect((await probe(`${T.api()}/healthz`)).status).toBe(200);
+      });
+      const back = await apiReadyz();
+      expect(back.status).toBe(200);
+      expect(back.body.worker).toBe('ok');
+    },
+    3 * DEADLINE_MS,
+  );
 
-  it('is 503 naming the worker after the worker is stopped (SIGTERM), and 200 once it is back', async () => {
-    await whileStopped('worker', 'SIGTERM', async (stoppedAt) => {
-      const r = await until(apiReadyz, 503);
-      timings.workerSigterm = Date.now() - stoppedAt;
-      expect(r.body).toEqual({ error: { type: 'unavailable', message: expect.stringMatching(/worker: no worker is polling task queue/) } });
-    });
-    expect((await apiReadyz()).status).toBe(200);
-  }, 3 * DEADLINE_MS);
+  it(
+    'is 503 naming the worker after the worker is stopped (SIGTERM), and 200 once it is back',
+    async () => {
+      await whileStopped('worker', 'SIGTERM', async (stoppedAt) => {
+        const r = await until(apiReadyz, 503);
+        timings.workerSigterm = Date.now() - stoppedAt;
+        expect(r.body).toEqual({ error: { type: 'unavailable', message: expect.stringMatching(/worker: no worker is polling task queue/) } });
+      });
+      expect((await apiReadyz()).status).toBe(200);
+    },
+    3 * DEADLINE_MS,
+  );
 
-  it('is 503 naming the sandbox host while the host is stopped; so is the worker’s own /readyz', async () => {
-    await whileStopped('host', 'SIGTERM', async (stoppedAt) => {
-      const r = await until(apiReadyz, 503);
-      timings.hostApi = Date.now() - stoppedAt;
-      expect(r.body).toEqual({ error: { type: 'unavailable', message: expect.stringMatching(/host: sandbox host does not answer: \S+ \(/) } });
-      expect(r.body.error.message).not.toMatch(/worker:/);
-      const w = await until(workerReadyz, 503);
-      timings.hostWorker = Date.now() - stoppedAt;
-      expect(w.body).toEqual({ error: { type: 'unavailable', message: expect.stringMatching(/sandbox host does not answer/) } });
-      expect(w.body.error.message).not.toMatch(/Temporal worker/);
-      expect((await probe(workerUrl('/healthz'))).status).toBe(200);
-    });
-    expect((await apiReadyz()).status).toBe(200);
-    expect((await workerReadyz()).status).toBe(200);
-  }, 3 * DEADLINE_MS);
+  it(
+    'is 503 naming the sandbox host while the host is stopped; so is the worker’s own /readyz',
+    async () => {
+      await whileStopped('host', 'SIGTERM', async (stoppedAt) => {
+        const r = await until(apiReadyz, 503);
+        timings.hostApi = Date.now() - stoppedAt;
+        expect(r.body).toEqual({ error: { type: 'unavailable', message: expect.stringMatching(/host: sandbox host does not answer: \S+ \(/) } });
+        expect(r.body.error.message).not.toMatch(/worker:/);
+        const w = await until(workerReadyz, 503);
+        timings.hostWorker = Date.now() - stoppedAt;
+        expect(w.body).toEqual({ error: { type: 'unavailable', message: expect.stringMatching(/sandbox host does not answer/) } });
+        expect(w.body.error.message).not.toMatch(/Temporal worker/);
+        expect((await probe(workerUrl('/healthz'))).status).toBe(200);
+      });
+      expect((await apiReadyz()).status).toBe(200);
+      expect((await workerReadyz()).status).toBe(200);
+    },
+    3 * DEADLINE_MS,
+  );
 });
 
 describe('worker /readyz (metrics port)', () => {

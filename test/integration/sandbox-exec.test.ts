@@ -24,8 +24,7 @@ function collect(ws: WebSocket): Promise<ExecFrame[]> {
   });
 }
 const opened = (ws: WebSocket) => new Promise<void>((resolve, reject) => (ws.on('open', () => resolve()), ws.on('error', reject)));
-const text = (frames: ExecFrame[], kind: 'stdout' | 'stderr') =>
-  Buffer.concat(frames.flatMap((f) => (f.kind === kind ? [f.data] : []))).toString();
+const text = (frames: ExecFrame[], kind: 'stdout' | 'stderr') => Buffer.concat(frames.flatMap((f) => (f.kind === kind ? [f.data] : []))).toString();
 
 describe('exec sessions and checkpoints (namespaces)', () => {
   let dataDir: string;
@@ -142,7 +141,10 @@ describe('exec sessions and checkpoints (namespaces)', () => {
     await client.createSandbox({ id: src, orgId: 'o' });
     const prep = await client.execRun(src, {
       cmd: 'bash',
-      args: ['-c', 'set -e; echo v1 > /workspace/app.txt; head -c 20000000 /dev/zero > /opt/blob; rm /etc/hosts; mkdir -p /usr/share/sap-x; echo x > /usr/share/sap-x/f; rm -rf /usr/share/doc; mkdir /usr/share/doc; echo only > /usr/share/doc/mine'],
+      args: [
+        '-c',
+        'set -e; echo v1 > /workspace/app.txt; head -c 20000000 /dev/zero > /opt/blob; rm /etc/hosts; mkdir -p /usr/share/sap-x; echo x > /usr/share/sap-x/f; rm -rf /usr/share/doc; mkdir /usr/share/doc; echo only > /usr/share/doc/mine',
+      ],
     });
     expect(prep).toMatchObject({ exitCode: 0 });
     await client.createCheckpoint(src, 'cp-1');

@@ -78,7 +78,7 @@ describe.each([['sap-sandbox-enter', undefined, 'sap-sandbox-ent']] as const)('e
     await host.provider.destroy(id);
   });
 
-  it('gives exactly the environment asked for, a container root\'s capabilities, seccomp, and the sandbox\'s pid namespace and cgroups', async () => {
+  it("gives exactly the environment asked for, a container root's capabilities, seccomp, and the sandbox's pid namespace and cgroups", async () => {
     const a = newId();
     const b = newId();
     process.env.SAP_HOST_ONLY = 'leak';
@@ -99,7 +99,12 @@ describe.each([['sap-sandbox-enter', undefined, 'sap-sandbox-ent']] as const)('e
     );
     const caps = await providerRun(host.provider, a, ['grep', 'Cap', '/proc/self/status']);
     // Inheritable, permitted, effective, bounding: a container root's set; ambient: none. Seccomp on, no_new_privs.
-    expect(caps.stdout.trim().split('\n').map((l) => l.split(':\t')[1])).toEqual([...Array(4).fill(DEFAULT_CAPS), '0000000000000000']);
+    expect(
+      caps.stdout
+        .trim()
+        .split('\n')
+        .map((l) => l.split(':\t')[1]),
+    ).toEqual([...Array(4).fill(DEFAULT_CAPS), '0000000000000000']);
     const status = (await providerRun(host.provider, a, ['cat', '/proc/self/status'])).stdout;
     expect(status).toMatch(/^NoNewPrivs:\t1$/m);
     expect(status).toMatch(/^Seccomp:\t2$/m);
@@ -151,7 +156,7 @@ describe.each([['sap-sandbox-enter', undefined, 'sap-sandbox-ent']] as const)('e
     expect(await client.entrypointStatus(quick, { waitMs: 5000 })).toMatchObject({ state: 'exited', timedOut: false, exitCode: 143, signal: 'SIGTERM' });
   }, 30_000);
 
-  it('records the entrypoint\'s exit in its file while the host is down', async () => {
+  it("records the entrypoint's exit in its file while the host is down", async () => {
     const id = newId();
     await client.createSandbox({ id, orgId: 'o', envs: { X: 'x' }, entrypoint: { argv: ['bash', '-c', 'sleep 1; echo "$X $(pwd)"; exit 5'], cwd: '/tmp' } });
     await host.close();
@@ -163,7 +168,7 @@ describe.each([['sap-sandbox-enter', undefined, 'sap-sandbox-ent']] as const)('e
   });
 
   if (enterHelper === undefined) {
-    it('forwards SIGTERM sent to the entrypoint\'s helper to the entrypoint', async () => {
+    it("forwards SIGTERM sent to the entrypoint's helper to the entrypoint", async () => {
       const id = newId();
       await client.createSandbox({ id, orgId: 'o', entrypoint: { argv: ['bash', '-c', 'trap "echo got-term; exit 3" TERM; echo ready; sleep 30 & wait'] } });
       const st = await client.entrypointStatus(id);

@@ -176,7 +176,14 @@ describe('sandbox host (namespaces): isolation and limits', () => {
 
     const bad = newId();
     const err = await client
-      .createSandbox({ id: bad, orgId: 'o', patches: [{ id: 'pa-ok', script: 'true' }, { id: 'pa-bad', script: 'echo broken; exit 3' }] })
+      .createSandbox({
+        id: bad,
+        orgId: 'o',
+        patches: [
+          { id: 'pa-ok', script: 'true' },
+          { id: 'pa-bad', script: 'echo broken; exit 3' },
+        ],
+      })
       .catch((e: unknown) => e);
     expect(err).toBeInstanceOf(HostError);
     expect(err).toMatchObject({ type: 'patch_failed' });
@@ -186,7 +193,7 @@ describe('sandbox host (namespaces): isolation and limits', () => {
     expect(existsSync(path.join(dataDir, 'sandboxes', bad))).toBe(false);
   });
 
-  it('starts the next init ahead: its cgroups become the new sandbox\'s, with its limits', async () => {
+  it("starts the next init ahead: its cgroups become the new sandbox's, with its limits", async () => {
     const [spare] = await eventually(async () => (readySpares().length === 1 ? readySpares() : null), 10_000, 20);
     const [helper] = pidsOfCgroup(spare!);
     // Started by the spawner (posix_spawn), not forked by the host; it reached the host over init.sock.

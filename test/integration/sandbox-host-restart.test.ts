@@ -32,11 +32,18 @@ describe('sandbox host (namespaces): scratch, restarts, reboots', () => {
     if (scratch) await fsp.rm(scratch, { recursive: true, force: true });
   });
 
-  it('keeps a session\'s sandbox files on the scratch tmpfs, linked from DATA_DIR, and removes both; cleans up after a reboot', async () => {
+  it("keeps a session's sandbox files on the scratch tmpfs, linked from DATA_DIR, and removes both; cleans up after a reboot", async () => {
     const scratch = (host.provider as unknown as { scratchDir: string | null }).scratchDir;
     expect(scratch).toMatch(/^\/dev\/shm\/sap-sandboxes-[0-9a-f]{12}$/);
     const id = newId();
-    await client.createSandbox({ id, orgId: 'o', owner: { kind: 'session', id: 'sess_x' }, files: { '/tmp/in.json': '{"a":1}' }, entrypoint: { argv: ['bash', '-c', 'cp /tmp/in.json /tmp/out.json'] }, awaitExit: { waitMs: 10_000, readFile: { path: '/tmp/out.json', maxBytes: 100 } } });
+    await client.createSandbox({
+      id,
+      orgId: 'o',
+      owner: { kind: 'session', id: 'sess_x' },
+      files: { '/tmp/in.json': '{"a":1}' },
+      entrypoint: { argv: ['bash', '-c', 'cp /tmp/in.json /tmp/out.json'] },
+      awaitExit: { waitMs: 10_000, readFile: { path: '/tmp/out.json', maxBytes: 100 } },
+    });
     const link = path.join(dataDir, 'sandboxes', id);
     expect(await fsp.readlink(link)).toBe(path.join(scratch!, id));
     expect((await fsp.statfs(path.join(scratch!, id))).type).toBe(0x01021994);
@@ -157,13 +164,11 @@ describe('sandbox host (namespaces): scratch, restarts, reboots', () => {
       await client.destroySandbox(id2);
       if (i === 0) console.log(`destroy took ${(performance.now() - t2).toFixed(1)} ms`);
     }
-    console.log(
-      `sandbox create p50 ${p50(create).toFixed(1)} ms; create + entrypoint 'true' + wait p50 ${p50(withEntrypoint).toFixed(1)} ms`,
-    );
+    console.log(`sandbox create p50 ${p50(create).toFixed(1)} ms; create + entrypoint 'true' + wait p50 ${p50(withEntrypoint).toFixed(1)} ms`);
   });
 });
 
-describe('sandbox host (namespaces), data directory too long for the helpers\' socket there', () => {
+describe("sandbox host (namespaces), data directory too long for the helpers' socket there", () => {
   let dataDir: string;
   let host: RunningHost;
   let client: HostClient;
@@ -181,7 +186,7 @@ describe('sandbox host (namespaces), data directory too long for the helpers\' s
     await fsp.rm(path.dirname(dataDir), { recursive: true, force: true });
   });
 
-  it('listens for its init helpers in a private directory of the system\'s temporary directory instead, and starts sandboxes the same way', async () => {
+  it("listens for its init helpers in a private directory of the system's temporary directory instead, and starts sandboxes the same way", async () => {
     expect(existsSync(path.join(dataDir, 'init.sock'))).toBe(false);
     const [spare] = await eventually(async () => (readySpares().length === 1 ? readySpares() : null), 10_000, 20);
     const [helper] = pidsOfCgroup(spare!);

@@ -63,7 +63,7 @@ describe('sandbox host (namespaces)', () => {
     expect(await client.getSandbox(id)).toMatchObject({ id });
   });
 
-  it('records every entrypoint run once, fsync\'d once its helper claimed it, in the audit log (not a create that finds the sandbox)', async () => {
+  it("records every entrypoint run once, fsync'd once its helper claimed it, in the audit log (not a create that finds the sandbox)", async () => {
     const log = path.join(dataDir, 'audit', 'entrypoints.ndjson');
     const linesOf = async (sessionId: string) =>
       (await fsp.readFile(log, 'utf8').catch(() => ''))
@@ -79,7 +79,17 @@ describe('sandbox host (namespaces)', () => {
     await expect(client.startEntrypoint(id, { argv: ['true'] })).rejects.toMatchObject({ type: 'conflict' });
     const st = await client.entrypointStatus(id, { waitMs: 10000 });
     const lines = await linesOf(sessionId);
-    expect(lines).toEqual([{ at: expect.any(String), event: 'entrypoint_start', sandboxId: id, orgId: 'org1', hostId: 'test-host', owner: { kind: 'session', id: sessionId }, run: expect.stringMatching(/^[0-9a-f]{16}$/) }]);
+    expect(lines).toEqual([
+      {
+        at: expect.any(String),
+        event: 'entrypoint_start',
+        sandboxId: id,
+        orgId: 'org1',
+        hostId: 'test-host',
+        owner: { kind: 'session', id: sessionId },
+        run: expect.stringMatching(/^[0-9a-f]{16}$/),
+      },
+    ]);
     expect(st.state).toBe('exited');
     // The line records the helper's claim, which comes after the host's decision to start.
     if (st.state !== 'none') expect(Date.parse(lines[0].at)).toBeGreaterThanOrEqual(Date.parse(st.startedAt));
@@ -117,7 +127,10 @@ describe('sandbox host (namespaces)', () => {
       await fsp.writeFile(stateFile(id), JSON.stringify({ ...st, entrypoint: { ...st.entrypoint, wrapper: { pid: 0, start: -1 }, starting: true } }));
     }
     const st = JSON.parse(await fsp.readFile(stateFile(never.id), 'utf8'));
-    await fsp.writeFile(stateFile(never.id), JSON.stringify({ ...st, entrypoint: { wrapper: { pid: 0, start: -1 }, startedAt: new Date().toISOString(), starting: true } }));
+    await fsp.writeFile(
+      stateFile(never.id),
+      JSON.stringify({ ...st, entrypoint: { wrapper: { pid: 0, start: -1 }, startedAt: new Date().toISOString(), starting: true } }),
+    );
     host = await startHost({ dataDir, token: TOKEN, listen: '127.0.0.1:0', network: null, hostId: 'test-host' });
     client = new HostClient({ url: host.url, token: TOKEN });
     try {
@@ -178,8 +191,13 @@ describe('sandbox host (namespaces)', () => {
     expect(slow.file).toBeUndefined();
     // Bad awaitExit values are refused before anything is created.
     const bad = newId();
-    await expect(client.createSandbox({ id: bad, orgId: 'o', entrypoint: { argv: ['true'] }, awaitExit: { waitMs: -1 } })).rejects.toMatchObject({ type: 'invalid_request', status: 400 });
-    await expect(client.createSandbox({ id: bad, orgId: 'o', entrypoint: { argv: ['true'] }, awaitExit: { waitMs: 10, readFile: { path: '', maxBytes: 0 } } })).rejects.toMatchObject({ type: 'invalid_request', status: 400 });
+    await expect(client.createSandbox({ id: bad, orgId: 'o', entrypoint: { argv: ['true'] }, awaitExit: { waitMs: -1 } })).rejects.toMatchObject({
+      type: 'invalid_request',
+      status: 400,
+    });
+    await expect(
+      client.createSandbox({ id: bad, orgId: 'o', entrypoint: { argv: ['true'] }, awaitExit: { waitMs: 10, readFile: { path: '', maxBytes: 0 } } }),
+    ).rejects.toMatchObject({ type: 'invalid_request', status: 400 });
     expect(await client.getSandbox(bad)).toBeNull();
     // Without awaitExit, a create answers at once, as before.
     expect((await client.createSandbox({ id: newId(), orgId: 'o', entrypoint: { argv: ['sleep', '30'] } })).entrypoint).toBeUndefined();
@@ -241,7 +259,9 @@ describe('sandbox host (namespaces)', () => {
     expect(existsSync('/usr/local/sap-files-marker')).toBe(false);
     // The sandbox swaps a directory for a symlink to the host directory as fast as it can, while the
     // host reads and writes through it: the host's file is never read or written.
-    expect((await providerSh(host.provider, id, `mkdir -p /workspace/race/d && echo sandbox > /workspace/race/d/secret && ln -s ${hostDir} /workspace/race/l`)).code).toBe(0);
+    expect(
+      (await providerSh(host.provider, id, `mkdir -p /workspace/race/d && echo sandbox > /workspace/race/d/secret && ln -s ${hostDir} /workspace/race/l`)).code,
+    ).toBe(0);
     // Through the real directory, before the race: the read path works.
     expect((await client.readFile(id, '/workspace/race/d/secret'))?.toString()).toBe('sandbox\n');
     const swapper = host.provider.spawn(id, {
@@ -251,7 +271,10 @@ describe('sandbox host (namespaces)', () => {
     try {
       const seen = new Set<string>();
       for (let i = 0; i < 300; i++) {
-        const got = await client.readFile(id, '/workspace/race/d/secret').then((b) => b?.toString() ?? 'missing', (e: HostError) => `${e.type}: ${e.message}`);
+        const got = await client.readFile(id, '/workspace/race/d/secret').then(
+          (b) => b?.toString() ?? 'missing',
+          (e: HostError) => `${e.type}: ${e.message}`,
+        );
         seen.add(got);
         await client.writeFile(id, '/workspace/race/d/w' + (i % 5), 'w').catch(() => undefined);
       }

@@ -86,13 +86,21 @@ async function sandboxesByHost(): Promise<string[][]> {
 function auditLines(i: number): { sandboxId?: string; sessionId?: string; owner?: { id: string } }[] {
   const file = path.join(stack.hostList[i]!.dataDir, 'audit', 'entrypoints.ndjson');
   if (!fs.existsSync(file)) return [];
-  return fs.readFileSync(file, 'utf8').split('\n').filter(Boolean).map((l) => JSON.parse(l));
+  return fs
+    .readFileSync(file, 'utf8')
+    .split('\n')
+    .filter(Boolean)
+    .map((l) => JSON.parse(l));
 }
 
 /** The workflow's history as the Temporal CLI shows it (for a failure's message). */
 function history(workflowId: string): string {
   try {
-    const cli = (args: string[]) => execFileSync(path.join(PROJECT_ROOT, '.tools', 'bin', 'temporal'), [...args, '-w', workflowId, '--address', stack.temporalAddress], { encoding: 'utf8', timeout: 10_000 });
+    const cli = (args: string[]) =>
+      execFileSync(path.join(PROJECT_ROOT, '.tools', 'bin', 'temporal'), [...args, '-w', workflowId, '--address', stack.temporalAddress], {
+        encoding: 'utf8',
+        timeout: 10_000,
+      });
     return `${cli(['workflow', 'show'])}\n${cli(['workflow', 'describe'])}`;
   } catch (err) {
     return String(err);
@@ -138,7 +146,14 @@ describe('two sandbox hosts', () => {
     expect(stack.hostList.map((h) => h.hostId)).toEqual([expect.stringMatching(/-1$/), expect.stringMatching(/-2$/)]);
     for (const h of stack.hostList) {
       const health = (await (await fetch(`${h.url}/healthz`)).json()) as Record<string, unknown>;
-      expect(health).toMatchObject({ ok: true, hostId: h.hostId, sandboxes: expect.any(Number), maxSandboxes: expect.any(Number), reservedMB: expect.any(Number), memoryMB: expect.any(Number) });
+      expect(health).toMatchObject({
+        ok: true,
+        hostId: h.hostId,
+        sandboxes: expect.any(Number),
+        maxSandboxes: expect.any(Number),
+        reservedMB: expect.any(Number),
+        memoryMB: expect.any(Number),
+      });
     }
     const agent = await call('POST', '/v1/agents', { id: 'spread', core: 'bash', entrypoint: ['bash', '-c', 'cp "$AGENT_INPUT_PATH" /tmp/agent_result.json'] });
     expect(agent.status).toBe(201);
@@ -163,7 +178,11 @@ describe('two sandbox hosts', () => {
 
   it('spawns a checkpoint taken on one host on the other, with its files and patches', async () => {
     const origin = await sandboxOnHost(0, () => newSandbox({}, { via }));
-    await sh(origin, 'echo from-host-1 > /workspace/made.txt && head -c 300000 /dev/urandom > /workspace/blob && sha256sum /workspace/blob > /workspace/blob.sum', { via });
+    await sh(
+      origin,
+      'echo from-host-1 > /workspace/made.txt && head -c 300000 /dev/urandom > /workspace/blob && sha256sum /workspace/blob > /workspace/blob.sum',
+      { via },
+    );
     const cp = await call('POST', `/api/sandboxes/${origin}/checkpoints`, { name: 'moving' });
     expect(cp.status).toBe(201);
     const cpId = cp.body.id as string;
@@ -173,7 +192,9 @@ describe('two sandbox hosts', () => {
       if (r.status !== 201) throw new Error(`spawn: ${r.status} ${JSON.stringify(r.body)}`);
       return r.body.sandboxID as string;
     });
-    expect(await sh(spawned, 'cat /workspace/made.txt /workspace/patch.log && sha256sum -c /workspace/blob.sum', { via })).toBe('from-host-1\npatched\n/workspace/blob: OK\n');
+    expect(await sh(spawned, 'cat /workspace/made.txt /workspace/patch.log && sha256sum -c /workspace/blob.sum', { via })).toBe(
+      'from-host-1\npatched\n/workspace/blob: OK\n',
+    );
     // The layer is now cached on the second host, beside the first host's own copy.
     for (const h of stack.hostList) expect(fs.existsSync(path.join(h.dataDir, 'layers', cpId, 'layer.json'))).toBe(true);
     // Restore in place on the second host of the same checkpoint: no copy needed, same files.
@@ -182,14 +203,23 @@ describe('two sandbox hosts', () => {
     expect(await sh(spawned, 'cat /workspace/made.txt', { via })).toBe('from-host-1\n');
   });
 
-  it("runs sessions of an agent whose snapshot was made on one host on both hosts (the layer follows)", async () => {
+  it('runs sessions of an agent whose snapshot was made on one host on both hosts (the layer follows)', async () => {
     const origin = await sandboxOnHost(0, () => newSandbox({}, { via }));
     await sh(origin, 'echo baked-in > /opt/tool.txt', { via });
     const cp = await call('POST', `/api/sandboxes/${origin}/checkpoints`, { name: 'for-snapshot' });
     expect(cp.status).toBe(201);
     const snap = await call('POST', '/api/snapshots', { name: 'made-on-host-1', checkpointId: cp.body.id });
     expect(snap.status).toBe(201);
-    expect((await call('POST', '/v1/agents', { id: 'snapped', core: 'bash', snapshot: 'made-on-host-1', entrypoint: ['bash', '-c', 'printf \'{"tool": "%s"}\' "$(cat /opt/tool.txt)" > /tmp/agent_result.json'] })).status).toBe(201);
+    expect(
+      (
+        await call('POST', '/v1/agents', {
+          id: 'snapped',
+          core: 'bash',
+          snapshot: 'made-on-host-1',
+          entrypoint: ['bash', '-c', 'printf \'{"tool": "%s"}\' "$(cat /opt/tool.txt)" > /tmp/agent_result.json'],
+        })
+      ).status,
+    ).toBe(201);
     const before = auditLines(1).length;
     // A session runs on the host whose worker took it (unless that host is clearly fuller), and
     // which worker takes a task is Temporal's choice: 12 sessions all went to the first host once
@@ -304,10 +334,17 @@ describe('two sandbox hosts', () => {
     expect(gone.body.error).toMatchObject({ type: 'gone', message: expect.stringContaining(second.hostId) });
 
     // New sessions all go to the first host meanwhile.
-    expect((await call('POST', '/v1/agents', { id: 'meanwhile', core: 'bash', entrypoint: ['bash', '-c', 'cp "$AGENT_INPUT_PATH" /tmp/agent_result.json'] })).status).toBe(201);
+    expect(
+      (await call('POST', '/v1/agents', { id: 'meanwhile', core: 'bash', entrypoint: ['bash', '-c', 'cp "$AGENT_INPUT_PATH" /tmp/agent_result.json'] })).status,
+    ).toBe(201);
     const before = auditLines(0).length;
     const quick = await Promise.all([0, 1, 2, 3].map(async (i) => (await call('POST', '/v1/agents/meanwhile/sessions', { input: { i } })).body.id as string));
-    expect((await Promise.all(quick.map((id) => waitSession('meanwhile', id)))).map((s) => s.status)).toEqual(['completed', 'completed', 'completed', 'completed']);
+    expect((await Promise.all(quick.map((id) => waitSession('meanwhile', id)))).map((s) => s.status)).toEqual([
+      'completed',
+      'completed',
+      'completed',
+      'completed',
+    ]);
     expect(auditLines(0).length).toBe(before + 4);
 
     // Back: the written-off sandboxes are destroyed, and the host takes work again.

@@ -18,7 +18,9 @@ const sha256 = (s: string): string => createHash('sha256').update(s).digest('hex
 const answers: string[] = [];
 async function api(method: string, p: string, opts: Parameters<typeof rawApi>[2] = {}): Promise<Res> {
   const r = await rawApi(method, p, opts);
-  answers.push(`${method} ${p} ${r.status} ${[...r.headers].map(([k, v]) => `${k}: ${v}`).join('\n')} ${typeof r.body === 'string' ? r.body : JSON.stringify(r.body)}`);
+  answers.push(
+    `${method} ${p} ${r.status} ${[...r.headers].map(([k, v]) => `${k}: ${v}`).join('\n')} ${typeof r.body === 'string' ? r.body : JSON.stringify(r.body)}`,
+  );
   return r;
 }
 
@@ -115,12 +117,18 @@ describe('secret stores', () => {
     expectError(await put('OK_NAME', { value: `${VALUE}\u0000` }), 400, 'invalid_request');
     expectError(await put('OK_NAME', { value: VALUE, allowedHosts: ['api.example.com'] }), 400, 'invalid_request');
     // Malformed JSON around a value: Node's parse error quotes the body; the answer must not.
-    const bad = await api('PUT', `/api/secret-stores/${store.id}/secrets/OK_NAME`, { raw: `{"value": ${VALUE}}`, headers: { 'content-type': 'application/json' } });
+    const bad = await api('PUT', `/api/secret-stores/${store.id}/secrets/OK_NAME`, {
+      raw: `{"value": ${VALUE}}`,
+      headers: { 'content-type': 'application/json' },
+    });
     expectError(bad, 400, 'invalid_request');
     expect(bad.body.error.message).toMatch(/malformed JSON/);
     // Node quotes about ten characters around the error: none of the value's may come back.
     expect(bad.body.error.message).not.toContain(VALUE.slice(0, 6));
-    const cut = await api('PUT', `/api/secret-stores/${store.id}/secrets/OK_NAME`, { raw: `{"value": "${VALUE}" x}`, headers: { 'content-type': 'application/json' } });
+    const cut = await api('PUT', `/api/secret-stores/${store.id}/secrets/OK_NAME`, {
+      raw: `{"value": "${VALUE}" x}`,
+      headers: { 'content-type': 'application/json' },
+    });
     expectError(cut, 400, 'invalid_request');
     expect(cut.body.error.message).not.toMatch(new RegExp(VALUE.slice(-6)));
     // None of these stored anything.
@@ -128,7 +136,11 @@ describe('secret stores', () => {
   });
 
   it('refuses an agent naming a missing store (400) and a store delete while an agent names it (409)', async () => {
-    expectError(await api('POST', '/v1/agents', { body: { id: unique('sec-agent'), core: 'bash', entrypoint: ['true'], secret_store: unique('nope') } }), 400, 'invalid_request');
+    expectError(
+      await api('POST', '/v1/agents', { body: { id: unique('sec-agent'), core: 'bash', entrypoint: ['true'], secret_store: unique('nope') } }),
+      400,
+      'invalid_request',
+    );
     const store = await newStore();
     const agent = await newAgent({ entrypoint: ['true'] });
     expectError(await api('PATCH', `/v1/agents/${agent}`, { body: { secret_store: unique('nope') } }), 400, 'invalid_request');
@@ -205,7 +217,10 @@ describe('secret stores', () => {
     expect(cp.status).toBe(201);
     cleanup.push(() => api('DELETE', `/api/sandboxes/${sb.body.sandboxID}/checkpoints/${cp.body.id}`));
     const envCheck = { cmd: 'bash', args: ['-c', 'printf %s "${API_TOKEN-unset}" | sha256sum | cut -d" " -f1'] };
-    for (const [body, expected] of [[{ secretStore: store.name }, sha256(VALUE)], [{}, sha256('unset')]] as const) {
+    for (const [body, expected] of [
+      [{ secretStore: store.name }, sha256(VALUE)],
+      [{}, sha256('unset')],
+    ] as const) {
       const fork = await api('POST', `/api/sandboxes/from-checkpoint/${cp.body.id}`, { body });
       expect(fork.status).toBe(201);
       cleanup.push(() => api('DELETE', `/api/sandboxes/${fork.body.sandboxID}`));
@@ -218,7 +233,9 @@ describe('secret stores', () => {
     const later = await api('POST', '/api/sandboxes', { body: { secretStore: store.name } });
     expect(later.status).toBe(201);
     cleanup.push(() => api('DELETE', `/api/sandboxes/${later.body.sandboxID}`));
-    const laterRun = await api('POST', `/api/sandboxes/${later.body.sandboxID}/exec/run`, { body: { cmd: 'bash', args: ['-c', 'echo "[${API_TOKEN-unset}]"'] } });
+    const laterRun = await api('POST', `/api/sandboxes/${later.body.sandboxID}/exec/run`, {
+      body: { cmd: 'bash', args: ['-c', 'echo "[${API_TOKEN-unset}]"'] },
+    });
     expect(laterRun.body.stdout).toBe('[unset]\n');
     const oldRun = await api('POST', `/api/sandboxes/${sb.body.sandboxID}/exec/run`, { body: hashCmd });
     expect(oldRun.body.stdout).toBe(`${sha256(VALUE)}\nfrom-envs\n`);
@@ -241,7 +258,11 @@ describe('secret stores', () => {
     }
     const listB = await api('GET', '/api/secret-stores', { key: keyB });
     expect([listB.status, JSON.stringify(listB.body).includes(store.id), JSON.stringify(listB.body).includes(store.name)]).toEqual([200, false, false]);
-    expectError(await api('POST', '/v1/agents', { key: keyB, body: { id: unique('sec-agent'), core: 'bash', entrypoint: ['true'], secret_store: store.name } }), 400, 'invalid_request');
+    expectError(
+      await api('POST', '/v1/agents', { key: keyB, body: { id: unique('sec-agent'), core: 'bash', entrypoint: ['true'], secret_store: store.name } }),
+      400,
+      'invalid_request',
+    );
     expectError(await api('POST', '/api/sandboxes', { key: keyB, body: { secretStore: store.name } }), 400, 'invalid_request');
     // B may have a store of the same name: names are per organisation.
     const same = await api('POST', '/api/secret-stores', { key: keyB, body: { name: store.name } });
@@ -260,7 +281,10 @@ describe('secret stores', () => {
       const now = new Date();
       // Sealed with another key, in the right context: as if SECRETS_KEY had changed since.
       const value = new SecretBox(randomBytes(32)).seal(OTHER_VALUE, `${doc!.orgId}/${store.id}/BROKEN`);
-      await client.db().collection<SecretEntryDoc>('secret_entries').insertOne({ _id: `${store.id}/BROKEN`, orgId: doc!.orgId, storeId: store.id, name: 'BROKEN', value, createdAt: now, updatedAt: now });
+      await client
+        .db()
+        .collection<SecretEntryDoc>('secret_entries')
+        .insertOne({ _id: `${store.id}/BROKEN`, orgId: doc!.orgId, storeId: store.id, name: 'BROKEN', value, createdAt: now, updatedAt: now });
     } finally {
       await client.close();
     }

@@ -111,11 +111,15 @@ describe('secret values at rest', () => {
       const inst = await api('POST', `/v1/agents/${agentId}/instances`, { body: {} });
       expect(inst.status).toBe(201);
       instances.push(inst.body.id);
-      const running = await eventually(async () => {
-        const r = await api('GET', `/v1/agents/${agentId}/instances/${inst.body.id}`);
-        if (r.body.status === 'failed') throw new Error(`instance failed: ${JSON.stringify(r.body)}`);
-        return r.body.status === 'running' ? r.body : undefined;
-      }, 90_000, 200);
+      const running = await eventually(
+        async () => {
+          const r = await api('GET', `/v1/agents/${agentId}/instances/${inst.body.id}`);
+          if (r.body.status === 'failed') throw new Error(`instance failed: ${JSON.stringify(r.body)}`);
+          return r.body.status === 'running' ? r.body : undefined;
+        },
+        90_000,
+        200,
+      );
       expect(await hostSh(running.sandbox_id, 'printf %s "$CANARY_VAL" | sha256sum | cut -d" " -f1')).toBe(`${sha256(created)}\n`);
 
       expect((await api('PATCH', `/v1/agents/${agentId}`, { body: { env: { CANARY_VAL: patched } } })).status).toBe(200);

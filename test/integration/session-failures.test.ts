@@ -36,7 +36,7 @@ async function workflowFailure(sessionId: string): Promise<{ status: string; cau
 }
 
 describe('failed sessions in Temporal', () => {
-  it('a non-zero exit fails the workflow with type exit_code and the outcome\'s message; ?wait answers at once', async () => {
+  it("a non-zero exit fails the workflow with type exit_code and the outcome's message; ?wait answers at once", async () => {
     const id = await agent('echo oops >&2; exit 3');
     const s = await startSession(id, { input: { task: 'fail please' } });
     const waited = await api('GET', `/v1/agents/${id}/sessions/${s.id}?wait=60`);
@@ -79,10 +79,14 @@ describe('failed sessions in Temporal', () => {
     const del = await api('DELETE', `/v1/agents/${id}/sessions/${s.id}`);
     expect(del.status).toBe(200);
     expect(del.body).toMatchObject({ status: 'failed', outcome: { reason: 'cancelled' } });
-    const status = await eventually(async () => {
-      const d = await client.workflow.getHandle(s.id).describe();
-      return d.status.name === 'RUNNING' ? undefined : d.status.name;
-    }, 30_000, 200);
+    const status = await eventually(
+      async () => {
+        const d = await client.workflow.getHandle(s.id).describe();
+        return d.status.name === 'RUNNING' ? undefined : d.status.name;
+      },
+      30_000,
+      200,
+    );
     expect(status).toBe('CANCELLED');
   });
 
@@ -90,11 +94,15 @@ describe('failed sessions in Temporal', () => {
     const id = await agent('exit 7');
     const s = await startSession(id);
     await waitForStatus(id, s.id, ['failed']);
-    const ids = await eventually(async () => {
-      const found: string[] = [];
-      for await (const wf of client.workflow.list({ query: `AgentId = "${id}" AND ExecutionStatus = "Failed"` })) found.push(wf.workflowId);
-      return found.length ? found : undefined;
-    }, 30_000, 500);
+    const ids = await eventually(
+      async () => {
+        const found: string[] = [];
+        for await (const wf of client.workflow.list({ query: `AgentId = "${id}" AND ExecutionStatus = "Failed"` })) found.push(wf.workflowId);
+        return found.length ? found : undefined;
+      },
+      30_000,
+      500,
+    );
     expect(ids).toEqual([s.id]);
   });
 });

@@ -35,7 +35,10 @@ describe('session logs', () => {
     expect((await logs(id, session.id, '?stream=stderr')).text).toBe('err-1\nerr-2\n');
     const nd = await logs(id, session.id, '', 'application/x-ndjson');
     expect(nd.headers.get('content-type')).toMatch(/^application\/x-ndjson/);
-    const lines = nd.text.trim().split('\n').map((l) => JSON.parse(l) as { stream: string; time: string; line: string });
+    const lines = nd.text
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as { stream: string; time: string; line: string });
     expect(lines.map((l) => [l.stream, l.line])).toEqual([
       ['stdout', 'out-1'],
       ['stderr', 'err-1'],
@@ -61,7 +64,11 @@ describe('session logs', () => {
     const { session } = await runSession(id);
     expect(session.status).toBe('completed');
     const r = await logs(id, session.id, '?stream=stdout');
-    expect([r.headers.get('x-sap-log-truncated'), r.headers.get('x-sap-log-bytes'), r.text.length]).toEqual(['stdout', 'stdout=3000001,stderr=11', 1024 * 1024]);
+    expect([r.headers.get('x-sap-log-truncated'), r.headers.get('x-sap-log-bytes'), r.text.length]).toEqual([
+      'stdout',
+      'stdout=3000001,stderr=11',
+      1024 * 1024,
+    ]);
     expect(r.headers.get('x-sap-log-bytes')).toBe('stdout=3000001,stderr=11');
     expect(r.text.length).toBe(1024 * 1024);
     expect(r.text.endsWith('aaa\n')).toBe(true);
@@ -73,7 +80,12 @@ describe('session logs', () => {
     const { session } = await runSession(id);
     const r = await logs(id, session.id);
     expect([r.status, r.text]).toEqual([200, '']);
-    const stored = await withMongo((c) => c.db().collection('session_logs').findOne({ _id: session.id } as never));
+    const stored = await withMongo((c) =>
+      c
+        .db()
+        .collection('session_logs')
+        .findOne({ _id: session.id } as never),
+    );
     expect(stored).toBeNull();
   });
 
@@ -110,7 +122,12 @@ describe('session logs', () => {
     expect((await logs(id, s.id)).text).toBe(text);
     // NDJSON follow of an ended session: its stored log, then the end.
     const nd = await logs(id, s.id, '?follow=true&stream=stderr', 'application/x-ndjson');
-    expect(nd.text.trim().split('\n').map((l) => JSON.parse(l).line)).toEqual(['err-end']);
+    expect(
+      nd.text
+        .trim()
+        .split('\n')
+        .map((l) => JSON.parse(l).line),
+    ).toEqual(['err-end']);
   });
 
   it('answers bad queries with 400, and another organisation with 404', async () => {

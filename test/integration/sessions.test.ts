@@ -60,13 +60,25 @@ describe('session lifecycle on real sandboxes', () => {
   it('completes with the result the agent wrote, and destroys the sandbox', async () => {
     const agent = await bashAgent(COPY);
     const created = await startSession(agent, { input: { hello: 'world', n: 1 }, metadata: { user: 'u1' } });
-    expect(created).toMatchObject({ status: 'creating', input: { hello: 'world', n: 1 }, metadata: { user: 'u1' }, result: null, preview_url: null, agent_id: agent });
+    expect(created).toMatchObject({
+      status: 'creating',
+      input: { hello: 'world', n: 1 },
+      metadata: { user: 'u1' },
+      result: null,
+      preview_url: null,
+      agent_id: agent,
+    });
     expect(created.id).toMatch(/^sess_[a-z0-9]+$/);
     const done = await waitForStatus(agent, created.id, ['completed', 'failed']);
     expect({ status: done.status, outcome: done.outcome }).toEqual({ status: 'completed', outcome: { reason: null, exit_code: 0, message: null } });
     expect(done.result).toEqual({ hello: 'world', n: 1 });
     // A quick session goes from creating to completed: its ending records where and when it ran.
-    const ending = await withMongo((c) => c.db().collection('session_results').findOne({ _id: created.id } as never));
+    const ending = await withMongo((c) =>
+      c
+        .db()
+        .collection('session_results')
+        .findOne({ _id: created.id } as never),
+    );
     expect(ending!.sandbox_id).toBe(sandboxOf(created.id));
     expect(ending!.started_at.getTime()).toBeGreaterThanOrEqual(Date.parse(done.created_at));
     expect(ending!.started_at.getTime()).toBeLessThanOrEqual(ending!.completed_at.getTime());
@@ -84,14 +96,19 @@ describe('session lifecycle on real sandboxes', () => {
     const running = await waitForStatus(agent, s.id, ['running', 'completed', 'failed']);
     expect(running.status).toBe('running');
     expect(Date.parse(running.updated_at)).toBeGreaterThan(Date.parse(running.created_at));
-    const progress = await withMongo((c) => c.db().collection('session_progress').findOne({ _id: s.id } as never));
+    const progress = await withMongo((c) =>
+      c
+        .db()
+        .collection('session_progress')
+        .findOne({ _id: s.id } as never),
+    );
     expect(progress!.sandbox_id).toBe(sandboxOf(s.id));
     const done = await waitForStatus(agent, s.id, ['completed', 'failed']);
     expect({ status: done.status, result: done.result }).toEqual({ status: 'completed', result: { slow: true } });
     expect(Date.parse(done.updated_at)).toBeGreaterThan(Date.parse(running.updated_at));
   });
 
-  it('starts sessions with an agent\'s new definition right after it is updated', async () => {
+  it("starts sessions with an agent's new definition right after it is updated", async () => {
     const agent = await bashAgent('echo \'{"v":1}\' > /tmp/agent_result.json');
     expect((await runSession(agent)).result.data).toEqual({ v: 1 });
     const patched = await api('PATCH', `/v1/agents/${agent}`, { body: { entrypoint: ['bash', '-c', 'echo \'{"v":2}\' > /tmp/agent_result.json'] } });
@@ -136,14 +153,30 @@ describe('session lifecycle on real sandboxes', () => {
   });
 
   it('runs node and python cores', async () => {
-    const node = await createAgent(['node', '-e', 'const fs=require("fs");const i=JSON.parse(fs.readFileSync(process.env.AGENT_INPUT_PATH));fs.writeFileSync("/tmp/agent_result.json",JSON.stringify({sum:i.a+i.b}))'], { core: 'node' });
+    const node = await createAgent(
+      [
+        'node',
+        '-e',
+        'const fs=require("fs");const i=JSON.parse(fs.readFileSync(process.env.AGENT_INPUT_PATH));fs.writeFileSync("/tmp/agent_result.json",JSON.stringify({sum:i.a+i.b}))',
+      ],
+      { core: 'node' },
+    );
     expect((await runSession(node, { a: 2, b: 3 })).result.data).toEqual({ sum: 5 });
-    const py = await createAgent(['python3', '-c', 'import json,os; i=json.load(open(os.environ["AGENT_INPUT_PATH"])); json.dump({"upper": i["s"].upper()}, open("/tmp/agent_result.json","w"))'], { core: 'python' });
+    const py = await createAgent(
+      [
+        'python3',
+        '-c',
+        'import json,os; i=json.load(open(os.environ["AGENT_INPUT_PATH"])); json.dump({"upper": i["s"].upper()}, open("/tmp/agent_result.json","w"))',
+      ],
+      { core: 'python' },
+    );
     expect((await runSession(py, { s: 'abc' })).result.data).toEqual({ upper: 'ABC' });
   });
 
-  it('writes the agent\'s files before the entrypoint starts', async () => {
-    const agent = await createAgent(['bash', '/workspace/run.sh'], { files: { '/workspace/run.sh': 'echo "{\\"from\\":\\"file\\"}" > /tmp/agent_result.json\n' } });
+  it("writes the agent's files before the entrypoint starts", async () => {
+    const agent = await createAgent(['bash', '/workspace/run.sh'], {
+      files: { '/workspace/run.sh': 'echo "{\\"from\\":\\"file\\"}" > /tmp/agent_result.json\n' },
+    });
     expect((await runSession(agent)).result.data).toEqual({ from: 'file' });
   });
 
@@ -240,7 +273,7 @@ describe('session lifecycle on real sandboxes', () => {
 });
 
 describe('isolation', () => {
-  it('a sandbox cannot read host files or see another sandbox\'s processes', async () => {
+  it("a sandbox cannot read host files or see another sandbox's processes", async () => {
     const secret = `/tmp/sap-host-secret-${Date.now()}`;
     fs.writeFileSync(secret, 'host-only');
     try {
@@ -278,7 +311,12 @@ describe('durability', () => {
     expect(done.status).toBe('completed');
     expect(done.result).toEqual({ survived: true });
     await eventually(async () => !(await hostHasSandbox(sandboxOf(s.id))), 10_000);
-    const docs = await withMongo((c) => c.db().collection('sessions').countDocuments({ _id: s.id } as never));
+    const docs = await withMongo((c) =>
+      c
+        .db()
+        .collection('sessions')
+        .countDocuments({ _id: s.id } as never),
+    );
     expect(docs).toBe(1);
   }, 120_000);
 });

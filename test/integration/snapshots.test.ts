@@ -13,7 +13,16 @@ const manifest = (tag: string) => ({
   steps: [
     { type: 'run', args: { commands: ['mkdir -p /opt/app', `echo ${tag} > /opt/app/tag`] } },
     { type: 'add_file', args: { path: '/opt/app/config.json', content: b64('{"k":1}'), encoding: 'base64' } },
-    { type: 'add_dir', args: { path: '/opt/app/lib', files: [{ relativePath: 'a/one.txt', content: b64('one') }, { relativePath: 'two.txt', content: b64('two') }] } },
+    {
+      type: 'add_dir',
+      args: {
+        path: '/opt/app/lib',
+        files: [
+          { relativePath: 'a/one.txt', content: b64('one') },
+          { relativePath: 'two.txt', content: b64('two') },
+        ],
+      },
+    },
     { type: 'env', args: { vars: { APP_MODE: 'snap', APP_TAG: tag } } },
     { type: 'workdir', args: { path: '/opt/app' } },
     { type: 'run', args: { commands: ['echo "$APP_MODE in $(pwd)" > built.txt'] } },
@@ -75,7 +84,10 @@ describe('snapshots', () => {
     const sb = await api('POST', '/api/sandboxes', { body: { snapshot: name, envs: { APP_TAG: 'override' } } });
     expect(sb.status).toBe(201);
     expect(sb.body.snapshot).toBe(snap.id);
-    const out = await hostSh(sb.body.sandboxID, 'pwd; cat tag built.txt config.json lib/a/one.txt lib/two.txt; echo; echo $APP_MODE $APP_TAG; grep APP_MODE /etc/environment');
+    const out = await hostSh(
+      sb.body.sandboxID,
+      'pwd; cat tag built.txt config.json lib/a/one.txt lib/two.txt; echo; echo $APP_MODE $APP_TAG; grep APP_MODE /etc/environment',
+    );
     expect(out).toBe('/opt/app\nv1\nsnap in /opt/app\n{"k":1}onetwo\nsnap override\nAPP_MODE="snap"\n');
     const used = (await api('GET', `/api/snapshots/${snap.id}`)).body;
     expect(Date.parse(used.lastUsedAt)).toBeGreaterThan(Date.parse(snap.lastUsedAt));
@@ -94,7 +106,15 @@ describe('snapshots', () => {
   });
 
   it('fails a step with a clear error naming it (and apt_install without a reachable mirror)', async () => {
-    const failing = await buildSse({ name: unique('bad'), image: { steps: [{ type: 'run', args: { commands: ['true'] } }, { type: 'run', args: { commands: ['echo oops >&2; exit 4'] } }] } });
+    const failing = await buildSse({
+      name: unique('bad'),
+      image: {
+        steps: [
+          { type: 'run', args: { commands: ['true'] } },
+          { type: 'run', args: { commands: ['echo oops >&2; exit 4'] } },
+        ],
+      },
+    });
     const err = failing.events.pop()!;
     expect(err.event).toBe('error');
     expect(err.data.error).toMatch(/^step 2 \(run\) failed: command "echo oops >&2; exit 4" exited with code 4: oops/);
@@ -112,10 +132,14 @@ describe('snapshots', () => {
     const r = await api('POST', '/api/snapshots', { body: { name, image: { steps: [{ type: 'run', args: { commands: ['sleep 1; echo done > /done'] } }] } } });
     expect(r.status).toBe(202);
     expect(r.body).toMatchObject({ name, status: 'building', contentHash: null });
-    const ready = await eventually(async () => {
-      const g = await api('GET', `/api/snapshots/${name}`);
-      return g.body.status === 'ready' ? g.body : undefined;
-    }, 60_000, 200);
+    const ready = await eventually(
+      async () => {
+        const g = await api('GET', `/api/snapshots/${name}`);
+        return g.body.status === 'ready' ? g.body : undefined;
+      },
+      60_000,
+      200,
+    );
     expect(ready.contentHash).toMatch(/^sha256:/);
 
     const a = await newSandbox();

@@ -19,7 +19,12 @@ const checkpoints: Array<[string, string]> = [];
 beforeAll(async () => {
   org = unique('quota');
   key = await otherOrgKey(org);
-  await withMongo((c) => c.db().collection('orgs').updateOne({ _id: org as never }, { $set: { 'settings.storageQuotaMB': 1 } }));
+  await withMongo((c) =>
+    c
+      .db()
+      .collection('orgs')
+      .updateOne({ _id: org as never }, { $set: { 'settings.storageQuotaMB': 1 } }),
+  );
 });
 
 afterAll(async () => {
@@ -50,13 +55,21 @@ describe('storage quota', () => {
     // Over the quota now: each way of writing more is refused, and leaves nothing behind.
     const attempts: Array<[string, () => Promise<{ status: number; body: any }>]> = [
       ['checkpoint', () => api('POST', `/api/sandboxes/${sb}/checkpoints`, { key, body: { name: 'second' } })],
-      ['snapshot from an image', () => api('POST', '/api/snapshots', { key, body: { name: unique('q-img'), image: { base: 'base', steps: [{ type: 'run', args: { commands: ['true'] } }] } } })],
+      [
+        'snapshot from an image',
+        () =>
+          api('POST', '/api/snapshots', {
+            key,
+            body: { name: unique('q-img'), image: { base: 'base', steps: [{ type: 'run', args: { commands: ['true'] } }] } },
+          }),
+      ],
       ['snapshot of a checkpoint', () => api('POST', '/api/snapshots', { key, body: { name: unique('q-cp'), checkpointId: first.body.id } })],
     ];
     const passed: string[] = [];
     for (const [what, call] of attempts) {
       const r = await call();
-      if (r.status !== 507 || r.body?.error?.type !== 'insufficient_storage' || !/storage quota/.test(r.body.error.message)) passed.push(`${what}: ${r.status} ${JSON.stringify(r.body)}`);
+      if (r.status !== 507 || r.body?.error?.type !== 'insufficient_storage' || !/storage quota/.test(r.body.error.message))
+        passed.push(`${what}: ${r.status} ${JSON.stringify(r.body)}`);
       if (r.status === 201 && what === 'checkpoint') checkpoints.push([sb, r.body.id]);
     }
     expect(passed).toEqual([]);

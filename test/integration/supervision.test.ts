@@ -35,7 +35,11 @@ function crash(name: Proc): number {
 async function restarted(name: Proc, pid: number): Promise<number> {
   await eventually(async () => supervisorLog().includes(`${name} (pid ${pid}) exited unexpectedly with signal SIGKILL; restart #`), 30_000);
   const line = new RegExp(`^\\S+ ${name} restarted \\(pid (\\d+), restart #\\d+\\)$`, 'gm');
-  const next = await eventually(async () => [...supervisorLog().matchAll(line)].map((m) => Number(m[1])).find((p) => p !== pid && p === stackFile().pids[name]), 90_000, 200);
+  const next = await eventually(
+    async () => [...supervisorLog().matchAll(line)].map((m) => Number(m[1])).find((p) => p !== pid && p === stackFile().pids[name]),
+    90_000,
+    200,
+  );
   expect(() => process.kill(next, 0)).not.toThrow();
   return next;
 }
@@ -105,12 +109,18 @@ describe('supervised stack', () => {
         const sig = ps.map((l) => {
           const pid = l.trim().split(/\s+/)[0];
           try {
-            return `${pid}: ${fs.readFileSync(`/proc/${pid}/status`, 'utf8').split('\n').filter((x) => /^(Sig|Shd|PPid)/.test(x)).join(' ')}`;
+            return `${pid}: ${fs
+              .readFileSync(`/proc/${pid}/status`, 'utf8')
+              .split('\n')
+              .filter((x) => /^(Sig|Shd|PPid)/.test(x))
+              .join(' ')}`;
           } catch {
             return `${pid}: gone`;
           }
         });
-        throw new Error(`the exec session's command still runs in its sandbox after the host restart (${await leftover()} processes)\n${ps.join('\n')}\n${sig.join('\n')}`);
+        throw new Error(
+          `the exec session's command still runs in its sandbox after the host restart (${await leftover()} processes)\n${ps.join('\n')}\n${sig.join('\n')}`,
+        );
       });
       const again = attach(sb, es.sessionID);
       expect((await again.closed).code).toBe(1011);

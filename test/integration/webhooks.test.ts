@@ -106,7 +106,11 @@ describe('webhooks', () => {
     expect(verify(d, 'another-secret')).toBe(false);
     expect(d.headers['x-sap-event']).toBe('session.ended');
     expect(d.headers['x-sap-delivery']).toBe(`${session.id}-webhook`);
-    expect(d.json).toMatchObject({ event: 'session.ended', delivery_id: `${session.id}-webhook`, data: { id: session.id, status: 'completed', result: { ok: true }, input: { n: 1 } } });
+    expect(d.json).toMatchObject({
+      event: 'session.ended',
+      delivery_id: `${session.id}-webhook`,
+      data: { id: session.id, status: 'completed', result: { ok: true }, input: { n: 1 } },
+    });
     expect(d.json.data.outcome).toEqual({ reason: null, exit_code: 0, message: null });
     // The secret is in no log line of the API or the worker.
     for (const f of ['api.log', 'worker.log']) expect(fs.readFileSync(path.join(T.logDir(), f), 'utf8')).not.toContain(secret);
@@ -154,7 +158,9 @@ describe('webhooks', () => {
   it("a batch's webhook is called once when it completes, with its counts", async () => {
     const r = await receiver();
     const id = await agent('cat "$AGENT_INPUT_PATH" > /tmp/agent_result.json');
-    const b = await api('POST', `/v1/agents/${id}/batches`, { body: { items: [{ input: { i: 1 } }, { input: { i: 2 } }, { input: { i: 3 } }], webhook: { url: r.url, secret: 'batch-secret-1' } } });
+    const b = await api('POST', `/v1/agents/${id}/batches`, {
+      body: { items: [{ input: { i: 1 } }, { input: { i: 2 } }, { input: { i: 3 } }], webhook: { url: r.url, secret: 'batch-secret-1' } },
+    });
     expect(b.status).toBe(201);
     expect(b.body.webhook).toEqual({ url: r.url, has_secret: true });
     await eventually(async () => r.got.length >= 1, 60_000, 200);
@@ -228,7 +234,8 @@ describe('webhooks', () => {
     for (const [what, call] of attempts) {
       const r = await call();
       if (r.status === 201 && what.startsWith('create')) agents.push(r.body.id as string);
-      if (r.status !== 400 || r.body?.error?.type !== 'invalid_request' || !/body\.webhook\.url: .*(address|resolves)/.test(r.body.error.message)) passed.push(`${what} → ${r.status} ${JSON.stringify(r.body)}`);
+      if (r.status !== 400 || r.body?.error?.type !== 'invalid_request' || !/body\.webhook\.url: .*(address|resolves)/.test(r.body.error.message))
+        passed.push(`${what} → ${r.status} ${JSON.stringify(r.body)}`);
     }
     expect(passed).toEqual([]);
     // The agent kept no webhook; the address the operator opened is accepted.
@@ -245,7 +252,8 @@ describe('webhooks', () => {
     await eventually(() => handle.describe().then(() => true), 60_000, 200);
     return handle.result().catch((err: unknown) => {
       // WorkflowFailedError → ActivityFailure → the activity's ApplicationFailure.
-      for (let e: unknown = err instanceof WorkflowFailedError ? err.cause : undefined; e; e = (e as Error).cause) if (e instanceof ApplicationFailure) return e;
+      for (let e: unknown = err instanceof WorkflowFailedError ? err.cause : undefined; e; e = (e as Error).cause)
+        if (e instanceof ApplicationFailure) return e;
       throw err;
     });
   }
@@ -254,7 +262,12 @@ describe('webhooks', () => {
     const internal = await receiver(() => 200, undefined, '127.0.0.1');
     const id = await agent('true');
     // As if the name given at create time resolved to a public address then and to 127.0.0.1 now.
-    await withMongo((c) => c.db().collection('agents').updateOne({ id }, { $set: { webhook: { url: `http://localhost:${internal.port}/hook` } } }));
+    await withMongo((c) =>
+      c
+        .db()
+        .collection('agents')
+        .updateOne({ id }, { $set: { webhook: { url: `http://localhost:${internal.port}/hook` } } }),
+    );
     const { session } = await runSession(id);
     const out = await delivery(session.id);
     expect(out).toBeInstanceOf(ApplicationFailure);

@@ -55,7 +55,10 @@ describe('the Claude Agent SDK runner', () => {
   });
 
   it('opts in to skipping permissions only with bypassPermissions', () => {
-    expect(sdkOptions({ permissionMode: 'bypassPermissions' }, {})).toMatchObject({ permissionMode: 'bypassPermissions', allowDangerouslySkipPermissions: true });
+    expect(sdkOptions({ permissionMode: 'bypassPermissions' }, {})).toMatchObject({
+      permissionMode: 'bypassPermissions',
+      allowDangerouslySkipPermissions: true,
+    });
     expect(sdkOptions({ permissionMode: 'plan' }, {})).not.toHaveProperty('allowDangerouslySkipPermissions');
   });
 

@@ -12,7 +12,14 @@ describe('entrypoint audit log', () => {
     await fsp.rm(dir, { recursive: true, force: true });
   });
 
-  const entry = (i: number) => ({ at: new Date().toISOString(), event: 'entrypoint_start' as const, sandboxId: `sb-${i}`, orgId: 'o', hostId: 'h', owner: { kind: 'session', id: `sess_${i}` } });
+  const entry = (i: number) => ({
+    at: new Date().toISOString(),
+    event: 'entrypoint_start' as const,
+    sandboxId: `sb-${i}`,
+    orgId: 'o',
+    hostId: 'h',
+    owner: { kind: 'session', id: `sess_${i}` },
+  });
 
   it('writes one whole line per record, also for records made at once, and resolves each after it is written', async () => {
     const file = path.join(dir, 'audit', 'entrypoints.ndjson');

@@ -111,7 +111,7 @@ async function answeredFor(address: string, name: string): Promise<dnsPacket.Pac
   return answer;
 }
 
-describe('the sandboxes\' resolver: bounds per sandbox and on the host', () => {
+describe("the sandboxes' resolver: bounds per sandbox and on the host", () => {
   it('reads its limits from SANDBOX_DNS_* and refuses values that are not whole numbers from 1', () => {
     expect(resolverLimitsFromEnv({ SANDBOX_DNS_MAX_INFLIGHT: '7', SANDBOX_DNS_TCP_PIPELINE: ' 2 ' })).toEqual({ inflightPerSource: 7, tcpPipeline: 2 });
     for (const bad of ['0', '-1', '1.5', 'many', '70000']) expect(() => resolverLimitsFromEnv({ SANDBOX_DNS_RATE: bad })).toThrow(/SANDBOX_DNS_RATE/);

@@ -24,7 +24,11 @@ function helper(claimed: string): Promise<{ code: number | null; stderr: string;
   });
 }
 
-const exists = (f: string) => fsp.access(f).then(() => true, () => false);
+const exists = (f: string) =>
+  fsp.access(f).then(
+    () => true,
+    () => false,
+  );
 
 describe('entrypoint runs: claim or cancel', () => {
   let dir: string;
@@ -35,7 +39,7 @@ describe('entrypoint runs: claim or cancel', () => {
     await fsp.rm(dir, { recursive: true, force: true });
   });
 
-  it('a run its helper claimed is found started, with the helper\'s pid; it cannot be cancelled any more', async () => {
+  it("a run its helper claimed is found started, with the helper's pid; it cannot be cancelled any more", async () => {
     const f = runFiles(dir, 'r1');
     await fsp.writeFile(f.pending, '');
     const h = await helper(f.claimed);
@@ -98,7 +102,16 @@ describe('entrypoint runs: claim or cancel', () => {
 
 describe('countRuns', () => {
   const line = (owner: string, run?: string, extra: Record<string, unknown> = {}) =>
-    JSON.stringify({ at: 't', event: 'entrypoint_start', sandboxId: 's', orgId: 'o', hostId: 'h', owner: { kind: 'session', id: owner }, ...(run ? { run } : {}), ...extra });
+    JSON.stringify({
+      at: 't',
+      event: 'entrypoint_start',
+      sandboxId: 's',
+      orgId: 'o',
+      hostId: 'h',
+      owner: { kind: 'session', id: owner },
+      ...(run ? { run } : {}),
+      ...extra,
+    });
 
   it('counts the distinct runs of each session: a run recorded again by the next host counts once', () => {
     const text = [

@@ -10,7 +10,16 @@ import type { AddressInfo } from 'node:net';
 import pino from 'pino';
 import { ApplicationFailure } from '@temporalio/common';
 import { loadLimits } from '../../config/limits';
-import { ERRORS, HOST_ERROR_STATUS, API_ERROR_STATUS, nonRetryableFailureTypes, provisioningOutcome, relayedFromHost, type ErrorCode, type HostErrorType } from '../../contract/errors';
+import {
+  ERRORS,
+  HOST_ERROR_STATUS,
+  API_ERROR_STATUS,
+  nonRetryableFailureTypes,
+  provisioningOutcome,
+  relayedFromHost,
+  type ErrorCode,
+  type HostErrorType,
+} from '../../contract/errors';
 import { ERROR_STATUS, ApiError } from '../../lib/errors';
 import { errorStatus, SandboxError } from '../../sandbox/errors';
 import { HostClient, HostError } from '../../sandbox';
@@ -39,9 +48,21 @@ describe('the error registry', () => {
     expect(ERROR_STATUS).toBe(API_ERROR_STATUS);
     for (const [type, status] of Object.entries(ERROR_STATUS)) expect(ERRORS[type as ErrorCode].status).toBe(status);
     expect(ERROR_STATUS).toEqual({
-      invalid_request: 400, unauthorized: 401, forbidden: 403, not_found: 404, method_not_allowed: 405, conflict: 409, gone: 410,
-      payload_too_large: 413, unsupported_media_type: 415, rate_limited: 429, internal: 500, not_implemented: 501, bad_gateway: 502,
-      unavailable: 503, insufficient_storage: 507,
+      invalid_request: 400,
+      unauthorized: 401,
+      forbidden: 403,
+      not_found: 404,
+      method_not_allowed: 405,
+      conflict: 409,
+      gone: 410,
+      payload_too_large: 413,
+      unsupported_media_type: 415,
+      rate_limited: 429,
+      internal: 500,
+      not_implemented: 501,
+      bad_gateway: 502,
+      unavailable: 503,
+      insufficient_storage: 507,
     });
     expect(new ApiError('gone', 'x').status).toBe(410);
   });
@@ -50,8 +71,15 @@ describe('the error registry', () => {
     expect(errorStatus).toBe(HOST_ERROR_STATUS);
     for (const [type, status] of Object.entries(errorStatus)) expect(ERRORS[type as ErrorCode].status).toBe(status);
     expect(errorStatus).toEqual({
-      invalid_request: 400, unauthorized: 401, not_found: 404, conflict: 409, payload_too_large: 413, patch_failed: 422, rate_limited: 429,
-      internal: 500, unavailable: 503,
+      invalid_request: 400,
+      unauthorized: 401,
+      not_found: 404,
+      conflict: 409,
+      payload_too_large: 413,
+      patch_failed: 422,
+      rate_limited: 429,
+      internal: 500,
+      unavailable: 503,
     });
     expect(new SandboxError('patch_failed', 'x').status).toBe(422);
   });
@@ -60,12 +88,24 @@ describe('the error registry', () => {
     const types = codes.map((c) => (ERRORS[c] as { failure?: string }).failure).filter(Boolean);
     expect(new Set(types).size).toBe(types.length);
     expect(new Set(types)).toEqual(
-      new Set(['PatchFailed', 'SnapshotNotFound', 'InvalidAgent', 'SandboxLost', 'HostLost', 'NotFound', 'WebhookTargetRefused', 'WebhookUnreachable', 'WebhookRefused']),
+      new Set([
+        'PatchFailed',
+        'SnapshotNotFound',
+        'InvalidAgent',
+        'SandboxLost',
+        'HostLost',
+        'NotFound',
+        'WebhookTargetRefused',
+        'WebhookUnreachable',
+        'WebhookRefused',
+      ]),
     );
   });
 
-  it('derives the non-retryable failure types, and a failed provisioning\'s outcome reason', () => {
-    expect(new Set(nonRetryableFailureTypes())).toEqual(new Set(['PatchFailed', 'SnapshotNotFound', 'InvalidAgent', 'SandboxLost', 'HostLost', 'NotFound', 'WebhookTargetRefused']));
+  it("derives the non-retryable failure types, and a failed provisioning's outcome reason", () => {
+    expect(new Set(nonRetryableFailureTypes())).toEqual(
+      new Set(['PatchFailed', 'SnapshotNotFound', 'InvalidAgent', 'SandboxLost', 'HostLost', 'NotFound', 'WebhookTargetRefused']),
+    );
     expect(provisioningOutcome('PatchFailed')).toBe('provisioning_failed');
     expect(provisioningOutcome('InvalidAgent')).toBe('provisioning_failed');
     expect(provisioningOutcome(undefined)).toBe('provisioning_failed');
@@ -81,8 +121,10 @@ describe('the error registry', () => {
 describe('activities and workflows use the registry', () => {
   it('throws ApplicationFailures only through the registry helper, with registry codes', () => {
     for (const { file, text } of sources('activities')) {
-      if (file !== 'activities/failures.ts') expect(`${file}: ${/ApplicationFailure\.(create|nonRetryable|retryable)|new ApplicationFailure/.test(text)}`).toBe(`${file}: false`);
-      for (const m of text.matchAll(/\bfailure\('([a-z_]+)'/g)) expect((ERRORS as Record<string, { failure?: string }>)[m[1]!]?.failure).toEqual(expect.any(String));
+      if (file !== 'activities/failures.ts')
+        expect(`${file}: ${/ApplicationFailure\.(create|nonRetryable|retryable)|new ApplicationFailure/.test(text)}`).toBe(`${file}: false`);
+      for (const m of text.matchAll(/\bfailure\('([a-z_]+)'/g))
+        expect((ERRORS as Record<string, { failure?: string }>)[m[1]!]?.failure).toEqual(expect.any(String));
     }
   });
 
@@ -93,7 +135,7 @@ describe('activities and workflows use the registry', () => {
     expect(failure('webhook_refused', 'answered 500').nonRetryable).toBe(false);
   });
 
-  it('gives every workflow retry policy the registry\'s non-retryable failure types', () => {
+  it("gives every workflow retry policy the registry's non-retryable failure types", () => {
     const lists = sources('workflows').flatMap(({ text }) => [...text.matchAll(/nonRetryableErrorTypes:\s*([^,}\n]+)/g)].map((m) => m[1]!.trim()));
     expect(lists.length).toBeGreaterThanOrEqual(3);
     for (const l of lists) expect(l).toBe('nonRetryableFailureTypes()');

@@ -29,7 +29,19 @@ beforeAll(async () => {
     load: () => ({ sandboxes: live, reservedMB: live * 1024 }),
     create: async (spec: CreateSandboxRequest) => {
       created.push(spec);
-      return { info: { id: spec.id, orgId: spec.orgId, hostId: 'h', status: 'running', createdAt: new Date().toISOString(), metadata: {}, patches: [], provider: 'fake' }, created: true };
+      return {
+        info: {
+          id: spec.id,
+          orgId: spec.orgId,
+          hostId: 'h',
+          status: 'running',
+          createdAt: new Date().toISOString(),
+          metadata: {},
+          patches: [],
+          provider: 'fake',
+        },
+        created: true,
+      };
     },
   } as unknown as SandboxProvider;
   const app = createApp({ provider, token: TOKEN, logger, hostId: 'h', exec: new ExecManager(provider, logger), limits, maxSandboxes: 3 });
@@ -64,7 +76,14 @@ describe('host create limits', () => {
 
   it('reports its load on /healthz', async () => {
     live = 2;
-    expect(await (await fetch(`${url}/healthz`)).json()).toMatchObject({ ok: true, hostId: 'h', sandboxes: 2, maxSandboxes: 3, reservedMB: 2048, memoryMB: expect.any(Number) });
+    expect(await (await fetch(`${url}/healthz`)).json()).toMatchObject({
+      ok: true,
+      hostId: 'h',
+      sandboxes: 2,
+      maxSandboxes: 3,
+      reservedMB: 2048,
+      memoryMB: expect.any(Number),
+    });
   });
 
   it('fills absent limits with its defaults', async () => {

@@ -109,11 +109,13 @@ describe('a session OOM-killed', () => {
       outcome: { reason: 'oom', exit_code: 137, message: 'entrypoint was killed: the sandbox reached its memory limit (2048 MB)' },
     });
     // A killed child made the entrypoint fail; the memory limit is the reason, not the result file it could not write.
-    expect(decideEnd({ exitCode: 1, timedOut: false, signal: null, oomKilled: true }, false, { data: null, error: 'not JSON' }, undefined, 64).outcome).toEqual({
-      reason: 'oom',
-      exit_code: 1,
-      message: 'entrypoint exited with code 1 after a process was killed: the sandbox reached its memory limit (64 MB)',
-    });
+    expect(decideEnd({ exitCode: 1, timedOut: false, signal: null, oomKilled: true }, false, { data: null, error: 'not JSON' }, undefined, 64).outcome).toEqual(
+      {
+        reason: 'oom',
+        exit_code: 1,
+        message: 'entrypoint exited with code 1 after a process was killed: the sandbox reached its memory limit (64 MB)',
+      },
+    );
   });
 
   it('stays cancelled or timed out when it was', () => {
@@ -135,6 +137,10 @@ describe('a session OOM-killed', () => {
       exit_code: 137,
       message: 'entrypoint was killed by SIGKILL',
     });
-    expect(decideEnd({ exitCode: 0, timedOut: false, signal: null, oomKilled: false }, false, { data: {} }).outcome).toEqual({ reason: null, exit_code: 0, message: null });
+    expect(decideEnd({ exitCode: 0, timedOut: false, signal: null, oomKilled: false }, false, { data: {} }).outcome).toEqual({
+      reason: null,
+      exit_code: 0,
+      message: null,
+    });
   });
 });

@@ -69,7 +69,10 @@ describe('provisionSandbox', () => {
   });
 
   it('removes the record when the host fails, and maps the host error', async () => {
-    const { deps, collection } = fakes({ insert: async () => ({}), create: async () => Promise.reject(new HostError('patch_failed', 409, 'patch pa-1 failed')) });
+    const { deps, collection } = fakes({
+      insert: async () => ({}),
+      create: async () => Promise.reject(new HostError('patch_failed', 409, 'patch pa-1 failed')),
+    });
     const err = await provisionSandbox(deps, 'org1', body).catch((e: unknown) => e);
     expect(err).toBeInstanceOf(ApiError);
     expect(err).toMatchObject({ type: 'conflict', message: 'patch pa-1 failed' });

@@ -33,7 +33,10 @@ describe('judgeWorkers', () => {
 
   it('does not count a worker whose newest heartbeat says it is shutting down, even with a recent poll', () => {
     const r = judgeWorkers({
-      pollers: [{ identity: 'w1', lastAccessMs: NOW - 1_000 }, { identity: 'w2', lastAccessMs: NOW - 60_000 }],
+      pollers: [
+        { identity: 'w1', lastAccessMs: NOW - 1_000 },
+        { identity: 'w2', lastAccessMs: NOW - 60_000 },
+      ],
       heartbeats: [
         { identity: 'w1', running: true, atMs: NOW - 6_000 },
         { identity: 'w1', running: false, atMs: NOW - 500 },
@@ -74,12 +77,24 @@ describe('workerReadiness', () => {
   };
 
   it('is ready when every Temporal worker runs and the host answers', async () => {
-    const r = await workerReadiness({ workers: () => [{ name: 'q', worker: worker('RUNNING') }, { name: 'q@h', worker: worker('RUNNING') }], host: hostUp })();
+    const r = await workerReadiness({
+      workers: () => [
+        { name: 'q', worker: worker('RUNNING') },
+        { name: 'q@h', worker: worker('RUNNING') },
+      ],
+      host: hostUp,
+    })();
     expect(r).toEqual({ ok: true, message: 'ok', workers: { q: 'RUNNING', 'q@h': 'RUNNING' }, host: 'ok' });
   });
 
   it('names a Temporal worker that is not running', async () => {
-    const r = await workerReadiness({ workers: () => [{ name: 'q', worker: worker('RUNNING') }, { name: 'q@h', worker: worker('DRAINING') }], host: hostUp })();
+    const r = await workerReadiness({
+      workers: () => [
+        { name: 'q', worker: worker('RUNNING') },
+        { name: 'q@h', worker: worker('DRAINING') },
+      ],
+      host: hostUp,
+    })();
     expect(r.ok).toBe(false);
     expect(r.message).toMatch(/Temporal worker q@h is DRAINING/);
   });

@@ -41,7 +41,12 @@ describe('sandbox path resolution', () => {
     await fsp.symlink(outside, path.join(root, 'host-outside'));
     await fsp.symlink('loop2', path.join(root, 'loop1'));
     await fsp.symlink('loop1', path.join(root, 'loop2'));
-    map = { mounts: [{ at: '/', dir: root }, { at: '/usr', dir: usr }] };
+    map = {
+      mounts: [
+        { at: '/', dir: root },
+        { at: '/usr', dir: usr },
+      ],
+    };
   });
 
   afterAll(async () => {
@@ -82,7 +87,7 @@ describe('sandbox path resolution', () => {
   });
 });
 
-describe('sandbox path resolution with a mount-id guard (the namespaces provider\'s kind of map)', () => {
+describe("sandbox path resolution with a mount-id guard (the namespaces provider's kind of map)", () => {
   // The map's root is one mount; a tmpfs mounted inside it stands for the sandbox's /proc or /dev.
   let tmp: string;
   let root: string;
@@ -225,7 +230,10 @@ describe('sandbox path walks: descriptors, limits and errors', () => {
   });
 
   it('answers a component over 255 bytes in a link target with invalid_request, naming no host path', async () => {
-    const err = await statSandboxPath(map, '/long-link/x').then(() => null, (e: Error) => e);
+    const err = await statSandboxPath(map, '/long-link/x').then(
+      () => null,
+      (e: Error) => e,
+    );
     expect(err).toMatchObject({ name: 'SandboxError', type: 'invalid_request' });
     expect(err!.message).not.toMatch(/\/proc\/self|sap-paths/);
     expect(err!.message).toContain('/long-link/x');

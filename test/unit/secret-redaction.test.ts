@@ -54,7 +54,11 @@ describe('scrubUrl', () => {
   });
 
   it('scrubs a whole JSON log line, wherever the URL sits in it', () => {
-    const line = JSON.stringify({ msg: `GET /api/files/${token} failed`, req: { url: `/api/files/${token}` }, err: { message: `fetch http://h/api/files/${token}?token=qtok-secret-1` } });
+    const line = JSON.stringify({
+      msg: `GET /api/files/${token} failed`,
+      req: { url: `/api/files/${token}` },
+      err: { message: `fetch http://h/api/files/${token}?token=qtok-secret-1` },
+    });
     const out = scrubUrl(line);
     expect(out).not.toContain(token.split('.')[1]);
     expect(out).not.toContain('qtok-secret-1');

@@ -57,7 +57,11 @@ describe.each([
   it('unmounts without an exec, and reports what it could not unmount', async () => {
     const target = fs.mkdtempSync(path.join(dir, 'mnt-'));
     execFileSync('mount', ['-t', 'tmpfs', 'sap-test', target]);
-    const mounted = () => fs.readFileSync('/proc/self/mountinfo', 'utf8').split('\n').some((l) => l.split(' ')[4] === target);
+    const mounted = () =>
+      fs
+        .readFileSync('/proc/self/mountinfo', 'utf8')
+        .split('\n')
+        .some((l) => l.split(' ')[4] === target);
     expect(mounted()).toBe(true);
     expect(await spawner.umount([target])).toEqual([]);
     expect(mounted()).toBe(false);
@@ -76,7 +80,10 @@ describe('Spawner.exec (commands with pipes, started by the helper)', () => {
   afterAll(() => spawner.close());
 
   /** Runs a command to its 'close', with stdin, and answers its output and status. */
-  async function run(argv: string[], stdin = ''): Promise<{ pid: number; out: string; err: string; code: number | null; signal: string | null; events: string[] }> {
+  async function run(
+    argv: string[],
+    stdin = '',
+  ): Promise<{ pid: number; out: string; err: string; code: number | null; signal: string | null; events: string[] }> {
     const helperPid = spawner.helperPid();
     expect(helperPid).toEqual(expect.any(Number));
     const child = await spawner.exec(argv, { PATH: '/usr/bin:/bin' }, helperPid!);

@@ -51,23 +51,33 @@ describe('webhook target policy', () => {
   });
 
   it('lets public addresses through', () => {
-    for (const a of ['8.8.8.8', '1.1.1.1', '93.184.216.34', '2606:4700:4700::1111', '::ffff:8.8.8.8', '172.32.0.1', '100.128.0.1']) expect([a, refusedAddress(DEFAULT, a)]).toEqual([a, null]);
+    for (const a of ['8.8.8.8', '1.1.1.1', '93.184.216.34', '2606:4700:4700::1111', '::ffff:8.8.8.8', '172.32.0.1', '100.128.0.1'])
+      expect([a, refusedAddress(DEFAULT, a)]).toEqual([a, null]);
   });
 
   it('opens only the ranges of the allow list (WEBHOOK_ALLOWED_CIDRS), whatever the spelling', () => {
     const p = targetPolicy('127.0.0.2/32, 10.1.2.0/24 fd00:1::/64');
-    for (const u of ['http://127.0.0.2/', 'http://0x7f000002/', 'http://[::ffff:127.0.0.2]/', 'http://10.1.2.200/', 'http://[fd00:1::5]/']) expect([u, refusedAddress(p, urlHost(u))]).toEqual([u, null]);
-    for (const u of ['http://127.0.0.1/', 'http://127.0.0.3/', 'http://[::1]/', 'http://10.1.3.1/', 'http://169.254.169.254/', 'http://[fd00:2::5]/']) expect(refusedAddress(p, urlHost(u))).not.toBeNull();
+    for (const u of ['http://127.0.0.2/', 'http://0x7f000002/', 'http://[::ffff:127.0.0.2]/', 'http://10.1.2.200/', 'http://[fd00:1::5]/'])
+      expect([u, refusedAddress(p, urlHost(u))]).toEqual([u, null]);
+    for (const u of ['http://127.0.0.1/', 'http://127.0.0.3/', 'http://[::1]/', 'http://10.1.3.1/', 'http://169.254.169.254/', 'http://[fd00:2::5]/'])
+      expect(refusedAddress(p, urlHost(u))).not.toBeNull();
   });
 
   it('has the documented defaults: nothing allowed, 10 s per exchange, 4 KiB of answer, a 10 GiB storage quota', () => {
     const c = loadConfig({});
-    expect([c.WEBHOOK_ALLOWED_CIDRS, c.WEBHOOK_TIMEOUT_MS, c.WEBHOOK_ANSWER_MAX_BYTES, c.WEBHOOK_RESOLVE_TIMEOUT_MS, c.ORG_STORAGE_QUOTA_MB]).toEqual(['', 10_000, 4096, 2_000, 10_240]);
+    expect([c.WEBHOOK_ALLOWED_CIDRS, c.WEBHOOK_TIMEOUT_MS, c.WEBHOOK_ANSWER_MAX_BYTES, c.WEBHOOK_RESOLVE_TIMEOUT_MS, c.ORG_STORAGE_QUOTA_MB]).toEqual([
+      '',
+      10_000,
+      4096,
+      2_000,
+      10_240,
+    ]);
     expect(() => loadConfig({ ORG_STORAGE_QUOTA_MB: '-1' })).toThrow(/ORG_STORAGE_QUOTA_MB/);
   });
 
   it('refuses a bad allow list at start, naming the variable', () => {
-    for (const bad of ['10.0.0.0/33', 'localhost/8', '10.0.0.0', 'fd00::/129']) expect(() => loadConfig({ WEBHOOK_ALLOWED_CIDRS: bad })).toThrow(/WEBHOOK_ALLOWED_CIDRS/);
+    for (const bad of ['10.0.0.0/33', 'localhost/8', '10.0.0.0', 'fd00::/129'])
+      expect(() => loadConfig({ WEBHOOK_ALLOWED_CIDRS: bad })).toThrow(/WEBHOOK_ALLOWED_CIDRS/);
     expect(loadConfig({ WEBHOOK_ALLOWED_CIDRS: '10.0.0.0/8,fd00::/8' }).WEBHOOK_ALLOWED_CIDRS).toBe('10.0.0.0/8,fd00::/8');
   });
 
@@ -79,8 +89,15 @@ describe('webhook target policy', () => {
         if (!a) throw Object.assign(new Error(`getaddrinfo ENOTFOUND ${host}`), { code: 'ENOTFOUND' });
         return a.map((address) => ({ address, family: address.includes(':') ? 6 : 4 }));
       };
-    const dns = lookup({ 'meta.example': ['169.254.169.254'], 'mixed.example': ['93.184.216.34', '10.0.0.7'], 'six.example': ['::1'], 'ok.example': ['93.184.216.34'] });
-    expect(await refusedUrl(DEFAULT, 'http://meta.example/', 1000, dns)).toMatch(/meta\.example resolves to an address that is a loopback, private, link-local/);
+    const dns = lookup({
+      'meta.example': ['169.254.169.254'],
+      'mixed.example': ['93.184.216.34', '10.0.0.7'],
+      'six.example': ['::1'],
+      'ok.example': ['93.184.216.34'],
+    });
+    expect(await refusedUrl(DEFAULT, 'http://meta.example/', 1000, dns)).toMatch(
+      /meta\.example resolves to an address that is a loopback, private, link-local/,
+    );
     expect(await refusedUrl(DEFAULT, 'http://mixed.example/', 1000, dns)).toMatch(/^mixed\.example resolves to an address that/);
     expect(await refusedUrl(DEFAULT, 'https://six.example/', 1000, dns)).toMatch(/^six\.example resolves/);
     // What the name resolves to is not told.
@@ -93,7 +110,9 @@ describe('webhook target policy', () => {
 
 describe('webhook delivery (postChecked)', () => {
   /** A receiver on 127.0.0.3 that records each request and answers with `answer`. */
-  async function receiver(answer: (req: http.IncomingMessage, res: http.ServerResponse) => void): Promise<{ url: (host: string) => string; hits: () => number; close: () => Promise<void> }> {
+  async function receiver(
+    answer: (req: http.IncomingMessage, res: http.ServerResponse) => void,
+  ): Promise<{ url: (host: string) => string; hits: () => number; close: () => Promise<void> }> {
     let hits = 0;
     const server = http.createServer((req, res) => {
       hits++;
@@ -138,7 +157,10 @@ describe('webhook delivery (postChecked)', () => {
     const r = await receiver((_req, res) => res.writeHead(200).end());
     try {
       await expect(postChecked(DEFAULT, r.url('127.0.0.3'), opts)).rejects.toBeInstanceOf(WebhookTargetRefused);
-      const toLoopback: LookupAll = async () => [{ address: '93.184.216.34', family: 4 }, { address: '127.0.0.3', family: 4 }];
+      const toLoopback: LookupAll = async () => [
+        { address: '93.184.216.34', family: 4 },
+        { address: '127.0.0.3', family: 4 },
+      ];
       await expect(postChecked(DEFAULT, r.url('hook.invalid'), { ...opts, lookup: toLoopback })).rejects.toBeInstanceOf(WebhookTargetRefused);
       expect(r.hits()).toBe(0);
     } finally {

@@ -134,7 +134,11 @@ describe('ExecStream', () => {
       expect(stdin).toHaveLength(1);
       expect(stdin[0]!.equals(Buffer.concat([Buffer.from([0x00]), Buffer.alloc(100_000, 'z')]))).toBe(true);
       expect(frames).toHaveLength(1);
-      expect(Buffer.concat(frames[0]!.raw).subarray(-100_001).equals(Buffer.concat([Buffer.from([0x01]), Buffer.alloc(100_000, 'z')]))).toBe(true);
+      expect(
+        Buffer.concat(frames[0]!.raw)
+          .subarray(-100_001)
+          .equals(Buffer.concat([Buffer.from([0x01]), Buffer.alloc(100_000, 'z')])),
+      ).toBe(true);
       expect(closedWith).toEqual([1000, 'client left']);
     } finally {
       await srv.close();
@@ -187,7 +191,10 @@ describe('ExecStream', () => {
   });
 
   it('builds valid masked control frames', () => {
-    for (const [op, p] of [[OP_PING, Buffer.from('hi')], [OP_CLOSE, Buffer.from([3, 232])]] as const) {
+    for (const [op, p] of [
+      [OP_PING, Buffer.from('hi')],
+      [OP_CLOSE, Buffer.from([3, 232])],
+    ] as const) {
       const f = maskedFrame(op, p);
       expect(f[0]).toBe(0x80 | op);
       expect(f[1]).toBe(0x80 | p.length);
