@@ -1,7 +1,7 @@
 import { parseArgs } from 'node:util';
 import { loadConfigOrExit } from '../config';
 import { connectStore } from '../store';
-import { createApiKey, ensureOrg, revokeApiKey } from '../store/orgs';
+import { createApiKey, ensureOrg, listApiKeys, revokeApiKey } from '../store/orgs';
 
 const USAGE = `usage:
   npm run keys -- create --org <orgId> [--label <text>]   create an organisation (if new) and a key for it
@@ -27,7 +27,7 @@ async function main(): Promise<void> {
       process.stdout.write(`${JSON.stringify({ revoked: ok })}\n`);
       if (!ok) process.exitCode = 1;
     } else if (cmd === 'list' && values.org) {
-      const keys = await store.apiKeys.find({ orgId: values.org }).toArray();
+      const keys = await listApiKeys(store, values.org);
       for (const k of keys) process.stdout.write(`${JSON.stringify({ prefix: `${k.prefix}…`, label: k.label, createdAt: k.createdAt })}\n`);
     } else {
       process.stderr.write(`${USAGE}\n`);

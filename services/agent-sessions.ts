@@ -15,7 +15,7 @@ import type { ExecSessionInfo } from '../sandbox';
 import { AgentSessionDoc, findAgentSession, insertAgentSession, listSandboxAgentSessions, updateSession } from '../store/exec';
 import { type ExecLive, killAndWait, liveExec, liveFields, signalName } from './exec-live';
 import { fromHostError } from './host-errors';
-import type { SandboxDeps } from './sandbox-deps';
+import type { SandboxDeps } from './deps';
 
 const RUNNER_PATH = '/opt/sap/agent.cjs';
 const STATE_DIR = '/opt/sap/state';

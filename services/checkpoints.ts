@@ -22,7 +22,7 @@ import {
   updateCheckpoint,
 } from '../store/checkpoints';
 import { findSandboxOnCheckpoint, SandboxDoc, updateSandbox } from '../store/sandboxes';
-import type { SandboxDeps } from './sandbox-deps';
+import type { SandboxDeps } from './deps';
 import type { SandboxCreateRequest, SandboxService } from './sandboxes';
 import { assertRoomAfterCapture, assertStorageRoom } from './storage-quota';
 

@@ -16,3 +16,6 @@ export interface ServiceDeps {
   /** Seals and opens secret-store values (SECRETS_KEY). */
   secrets: SecretBox;
 }
+
+/** What the sandbox-side services need (sandboxes, checkpoints, snapshots, exec, files, terminals, previews, storage quota): no Temporal client. */
+export type SandboxDeps = Omit<ServiceDeps, 'temporal'>;

@@ -11,7 +11,7 @@ import type { ExecSessionInfo } from '../sandbox';
 import { findAgentSession, findExec, updateSession, type SessionKind } from '../store/exec';
 import { findOrgSandbox } from '../store/sandboxes';
 import { fromHostError } from './host-errors';
-import type { SandboxDeps } from './sandbox-deps';
+import type { SandboxDeps } from './deps';
 import type { SandboxService } from './sandboxes';
 
 /** What a session's record holds of its end. */

@@ -11,7 +11,7 @@ import type { ExecSessionInfo } from '../sandbox';
 import { countOpenExecs, ensureExecIndexes, ExecDoc, findExec, insertExec, listOpenExecs, listSandboxExecs } from '../store/exec';
 import { type ExecLive, killAndWait, liveExec, liveExecsOf, liveFields, type LiveFields, signalName } from './exec-live';
 import { fromHostError } from './host-errors';
-import type { SandboxDeps } from './sandbox-deps';
+import type { SandboxDeps } from './deps';
 
 /** What a start asks for (the parsed body). */
 export interface ExecStartRequest {

@@ -10,7 +10,7 @@ import type { HostClient } from '../sandbox';
 import { findOrgSandbox } from '../store/sandboxes';
 import type { ExecLive } from './exec-live';
 import { fromHostError } from './host-errors';
-import type { SandboxDeps } from './sandbox-deps';
+import type { SandboxDeps } from './deps';
 import type { SandboxService } from './sandboxes';
 
 /** What a signed file URL carries (signed with the secrets key, purpose `file-url`). */

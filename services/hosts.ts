@@ -1,6 +1,6 @@
 import { HostClient } from '../sandbox';
 import type { Store } from '../store';
-import { chooseHost, hostAlive, hostsOf, HostView, type HostDoc } from '../store/hosts';
+import { chooseHost, findHost, hostAlive, HostView, type HostDoc } from '../store/hosts';
 import { ApiError } from '../lib/errors';
 
 /** How long a direct probe of a host whose heartbeat is late may take, and how long its answer is kept. */
@@ -37,7 +37,7 @@ export class HostDirectory {
   private async docOf(hostId: string): Promise<HostDoc | null> {
     const doc = (await this.view.all()).find((d) => d._id === hostId);
     // Registered after the view was read: ask for it alone.
-    return doc ?? (await hostsOf(this.store).findOne({ _id: hostId }));
+    return doc ?? (await findHost(this.store, hostId));
   }
 
   /** True when the host answers /healthz (asked at most every PROBE_KEEP_MS). */

@@ -18,7 +18,7 @@ import type { HostClient } from '../sandbox';
 import { isDuplicateKey } from '../store';
 import { deletePreview, findPreview, insertPreview, listSandboxPreviews, type PreviewDoc } from '../store/previews';
 import type { SandboxDoc } from '../store/sandboxes';
-import type { SandboxDeps } from './sandbox-deps';
+import type { SandboxDeps } from './deps';
 
 export type { PreviewDoc };
 

@@ -8,7 +8,7 @@ import type { HostClient } from '../sandbox';
 import { findPty, insertPty } from '../store/pty';
 import type { ExecLive } from './exec-live';
 import { fromHostError } from './host-errors';
-import type { SandboxDeps } from './sandbox-deps';
+import type { SandboxDeps } from './deps';
 
 /** The terminal operations of the API. */
 export function createPtyService(deps: SandboxDeps, live: ExecLive) {

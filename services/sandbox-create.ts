@@ -4,7 +4,7 @@ import type { SandboxDoc } from '../store/sandboxes';
 import type { BuildLog } from './snapshot-builder';
 import { refuseUnsupported, type SandboxCreateRequest, type SandboxService } from './sandboxes';
 import { assertBuilderMemory, type SnapshotService } from './snapshots';
-import type { SandboxDeps } from './sandbox-deps';
+import type { SandboxDeps } from './deps';
 
 /** A create of POST /api/sandboxes: from the base image, a snapshot, or an image manifest. */
 export type SandboxCreate = SandboxCreateRequest & { snapshot?: string; image?: ImageManifest };

@@ -10,7 +10,7 @@ import { createExecLive } from './exec-live';
 import { createFileService } from './files';
 import { PreviewService } from './previews';
 import { createPtyService } from './pty';
-import type { SandboxDeps } from './sandbox-deps';
+import type { SandboxDeps } from './deps';
 import { createSandboxCreator } from './sandbox-create';
 import { createSandboxService } from './sandboxes';
 import { createSnapshotService } from './snapshots';

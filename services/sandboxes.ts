@@ -13,7 +13,7 @@ import { findSecretStore, secretEnvOf, SecretStoreMissing, SecretUnreadable } fr
 import { assertStoreUnused, removeSecretStore } from './secret-stores';
 import { hibernateSandbox } from './hibernation';
 import type { PreviewService } from './previews';
-import type { SandboxDeps } from './sandbox-deps';
+import type { SandboxDeps } from './deps';
 
 export type { SandboxDoc };
 

@@ -8,7 +8,7 @@
  */
 import { createHash } from 'node:crypto';
 import path from 'node:path';
-import type { SandboxDeps } from './sandbox-deps';
+import type { SandboxDeps } from './deps';
 import { randomId } from '../lib/ids';
 import { decodeExecFrame, encodeStdinFrame, type HostClient } from '../sandbox';
 import type { ExecRequest } from '../sandbox';

@@ -20,7 +20,7 @@ import {
 } from '../store/checkpoints';
 import { findRunningSandboxOfSnapshot } from '../store/sandboxes';
 import { checkpointInUse, deleteCheckpoint, getOrgCheckpoint, readyCheckpoint } from './checkpoints';
-import type { SandboxDeps } from './sandbox-deps';
+import type { SandboxDeps } from './deps';
 import { buildSnapshot, chainHash, reapStaleBuild, type BuildLog } from './snapshot-builder';
 import { assertStorageRoom } from './storage-quota';
 

@@ -1,6 +1,6 @@
 import { ApiError } from '../lib/errors';
 import { orgStorageQuotaMB, storageUsage, type StorageUsage } from '../store/usage';
-import type { SandboxDeps } from './sandbox-deps';
+import type { SandboxDeps } from './deps';
 
 const MIB = 1024 * 1024;
 

@@ -37,3 +37,8 @@ export async function orgOfKeyHash(store: Store, keyHash: string): Promise<strin
   const doc = await store.apiKeys.findOne({ _id: keyHash });
   return doc ? doc.orgId : null;
 }
+
+/** The API keys of an organisation (their records: hash, prefix, label, creation time). */
+export function listApiKeys(store: Store, orgId: string) {
+  return store.apiKeys.find({ orgId }).toArray();
+}
