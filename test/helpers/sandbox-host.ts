@@ -3,7 +3,10 @@
  * sandbox straight through the provider, and look at the host's cgroups, mounts and processes.
  */
 import { promises as fsp, existsSync } from 'node:fs';
+import * as os from 'node:os';
 import * as path from 'node:path';
+import { HostClient } from '../../sandbox/host-contract/client';
+import { startHost, type RunningHost } from '../../sandbox/host/server';
 import type { SandboxProvider } from '../../sandbox/driver';
 
 /** CapEff of sandbox root: Docker's default set (CHOWN … SETFCAP), inside the sandbox's user namespace. */
@@ -99,3 +102,26 @@ export function providerRun(
 
 /** The helper every process entering a sandbox goes through. */
 export const ENTER_HELPER = path.join(__dirname, '..', '..', '.tools', 'bin', 'sap-sandbox-enter');
+
+/** A sandbox host of a test file's own (network off) on a temporary data directory, and its client. */
+export interface TestHost {
+  dataDir: string;
+  host: RunningHost;
+  client: HostClient;
+}
+
+export async function startTestHost(): Promise<TestHost> {
+  const dataDir = await fsp.mkdtemp(path.join(os.tmpdir(), 'sap-host-'));
+  const host = await startHost({ dataDir, token: TOKEN, listen: '127.0.0.1:0', network: null, hostId: 'test-host' });
+  return { dataDir, host, client: new HostClient({ url: host.url, token: TOKEN }) };
+}
+
+/** Destroys the host's sandboxes, closes it, and removes its data directory and scratch. */
+export async function stopTestHost(t: TestHost | undefined): Promise<void> {
+  if (!t) return;
+  for (const sb of await t.client.listSandboxes()) await t.client.destroySandbox(sb.id);
+  const scratch = (t.host.provider as unknown as { scratchDir: string | null }).scratchDir;
+  await t.host.close();
+  await fsp.rm(t.dataDir, { recursive: true, force: true });
+  if (scratch) await fsp.rm(scratch, { recursive: true, force: true });
+}

@@ -4,12 +4,21 @@
  * Needs root, overlayfs and cgroup v1 (the machine described in TOOLCHAIN.md).
  */
 import { promises as fsp, existsSync } from 'node:fs';
-import * as os from 'node:os';
 import * as path from 'node:path';
 import { HostClient, HostError } from '../../sandbox/host-contract/client';
-import { startHost, type RunningHost } from '../../sandbox/host/server';
+import type { RunningHost } from '../../sandbox/host/server';
 import { eventually } from '../helpers/env';
-import { DEFAULT_CAPS, TOKEN, hostMountsOf, isRunning, pidsOfCgroup, providerSh, readySpares } from '../helpers/sandbox-host';
+import {
+  DEFAULT_CAPS,
+  hostMountsOf,
+  isRunning,
+  pidsOfCgroup,
+  providerSh,
+  readySpares,
+  startTestHost,
+  stopTestHost,
+  type TestHost,
+} from '../helpers/sandbox-host';
 
 describe('sandbox host (namespaces): isolation and limits', () => {
   let dataDir: string;
@@ -18,19 +27,12 @@ describe('sandbox host (namespaces): isolation and limits', () => {
   let n = 0;
   const newId = () => `sb-ti${process.pid}-${++n}`;
 
+  let t: TestHost | undefined;
   beforeAll(async () => {
-    dataDir = await fsp.mkdtemp(path.join(os.tmpdir(), 'sap-host-'));
-    host = await startHost({ dataDir, token: TOKEN, listen: '127.0.0.1:0', network: null, hostId: 'test-host' });
-    client = new HostClient({ url: host.url, token: TOKEN });
+    t = await startTestHost();
+    ({ dataDir, host, client } = t);
   });
-
-  afterAll(async () => {
-    for (const sb of await client.listSandboxes()) await client.destroySandbox(sb.id);
-    const scratch = (host.provider as unknown as { scratchDir: string | null }).scratchDir;
-    await host.close();
-    await fsp.rm(dataDir, { recursive: true, force: true });
-    if (scratch) await fsp.rm(scratch, { recursive: true, force: true });
-  });
+  afterAll(() => stopTestHost(t));
 
   it('gives bash, node and python3 a small machine of their own, with no host files in sight', async () => {
     const id = newId();

@@ -9,7 +9,19 @@ import * as path from 'node:path';
 import { HostClient } from '../../sandbox/host-contract/client';
 import { startHost, type RunningHost } from '../../sandbox/host/server';
 import { eventually } from '../helpers/env';
-import { TOKEN, hostMountsOf, isRunning, killAllOf, p50, pidsOfCgroup, providerSh, readySpares } from '../helpers/sandbox-host';
+import {
+  TOKEN,
+  hostMountsOf,
+  isRunning,
+  killAllOf,
+  p50,
+  pidsOfCgroup,
+  providerSh,
+  readySpares,
+  startTestHost,
+  stopTestHost,
+  type TestHost,
+} from '../helpers/sandbox-host';
 
 describe('sandbox host (namespaces): scratch, restarts, reboots', () => {
   let dataDir: string;
@@ -18,19 +30,12 @@ describe('sandbox host (namespaces): scratch, restarts, reboots', () => {
   let n = 0;
   const newId = () => `sb-tr${process.pid}-${++n}`;
 
+  let t: TestHost | undefined;
   beforeAll(async () => {
-    dataDir = await fsp.mkdtemp(path.join(os.tmpdir(), 'sap-host-'));
-    host = await startHost({ dataDir, token: TOKEN, listen: '127.0.0.1:0', network: null, hostId: 'test-host' });
-    client = new HostClient({ url: host.url, token: TOKEN });
+    t = await startTestHost();
+    ({ dataDir, host, client } = t);
   });
-
-  afterAll(async () => {
-    for (const sb of await client.listSandboxes()) await client.destroySandbox(sb.id);
-    const scratch = (host.provider as unknown as { scratchDir: string | null }).scratchDir;
-    await host.close();
-    await fsp.rm(dataDir, { recursive: true, force: true });
-    if (scratch) await fsp.rm(scratch, { recursive: true, force: true });
-  });
+  afterAll(() => stopTestHost(t));
 
   it("keeps a session's sandbox files on the scratch tmpfs, linked from DATA_DIR, and removes both; cleans up after a reboot", async () => {
     const scratch = (host.provider as unknown as { scratchDir: string | null }).scratchDir;

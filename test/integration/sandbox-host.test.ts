@@ -11,7 +11,7 @@ import * as path from 'node:path';
 import { HostClient, HostError } from '../../sandbox/host-contract/client';
 import { startHost, type RunningHost } from '../../sandbox/host/server';
 import { eventually } from '../helpers/env';
-import { TOKEN, hostMountsOf, initPid, providerSh } from '../helpers/sandbox-host';
+import { TOKEN, hostMountsOf, initPid, providerSh, startTestHost, stopTestHost, type TestHost } from '../helpers/sandbox-host';
 
 describe('sandbox host (namespaces)', () => {
   let dataDir: string;
@@ -20,19 +20,12 @@ describe('sandbox host (namespaces)', () => {
   let n = 0;
   const newId = () => `sb-t${process.pid}-${++n}`;
 
+  let t: TestHost | undefined;
   beforeAll(async () => {
-    dataDir = await fsp.mkdtemp(path.join(os.tmpdir(), 'sap-host-'));
-    host = await startHost({ dataDir, token: TOKEN, listen: '127.0.0.1:0', network: null, hostId: 'test-host' });
-    client = new HostClient({ url: host.url, token: TOKEN });
+    t = await startTestHost();
+    ({ dataDir, host, client } = t);
   });
-
-  afterAll(async () => {
-    for (const sb of await client.listSandboxes()) await client.destroySandbox(sb.id);
-    const scratch = (host.provider as unknown as { scratchDir: string | null }).scratchDir;
-    await host.close();
-    await fsp.rm(dataDir, { recursive: true, force: true });
-    if (scratch) await fsp.rm(scratch, { recursive: true, force: true });
-  });
+  afterAll(() => stopTestHost(t));
 
   it('refuses requests without the token', async () => {
     const bad = new HostClient({ url: host.url, token: 'wrong' });
