@@ -8,6 +8,13 @@ import { AllowedHostsView, CreateSandboxBody, SandboxParams, sandboxView, Sandbo
 import { sseIfAsked } from '../sse';
 import { sandboxServicesOf } from '../../services/sandbox-services';
 
+/** An idle timeout in seconds (0 = none), at most 30 days. */
+const IdleTimeoutSeconds = z
+  .number()
+  .int()
+  .min(0)
+  .max(30 * 24 * 3600);
+
 /** /api/sandboxes: create, list, read, kill (the OpenComputer API's shapes). */
 export function registerSandboxRoutes(t: RouteTable, deps: ApiDeps): void {
   const svc = sandboxServicesOf(deps).sandboxes;
@@ -117,13 +124,7 @@ export function registerSandboxRoutes(t: RouteTable, deps: ApiDeps): void {
     params: SandboxParams,
     body: z
       .object({
-        timeout: z
-          .number()
-          .int()
-          .min(0)
-          .max(30 * 24 * 3600)
-          .optional()
-          .describe('A new idle timeout in seconds (0 = none)'),
+        timeout: IdleTimeoutSeconds.optional().describe('A new idle timeout in seconds (0 = none)'),
       })
       .passthrough(),
     responses: { 200: { description: 'The running sandbox', schema: SandboxView } },
@@ -159,11 +160,7 @@ export function registerSandboxRoutes(t: RouteTable, deps: ApiDeps): void {
     params: SandboxParams,
     body: z
       .object({
-        timeout: z
-          .number()
-          .int()
-          .min(0)
-          .max(30 * 24 * 3600),
+        timeout: IdleTimeoutSeconds,
       })
       .strict(),
     responses: { 200: { description: 'The sandbox', schema: SandboxView } },
