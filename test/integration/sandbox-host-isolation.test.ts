@@ -8,17 +8,7 @@ import * as path from 'node:path';
 import { HostClient, HostError } from '../../sandbox/host-contract/client';
 import type { RunningHost } from '../../sandbox/host/server';
 import { eventually } from '../helpers/env';
-import {
-  DEFAULT_CAPS,
-  hostMountsOf,
-  isRunning,
-  pidsOfCgroup,
-  providerSh,
-  readySpares,
-  startTestHost,
-  stopTestHost,
-  type TestHost,
-} from '../helpers/sandbox-host';
+import { DEFAULT_CAPS, hostMountsOf, isRunning, pidsOfCgroup, providerSh, readySpares, startTestHost, stopTestHost } from '../helpers/sandbox-host';
 
 describe('sandbox host (namespaces): isolation and limits', () => {
   let dataDir: string;
@@ -27,12 +17,11 @@ describe('sandbox host (namespaces): isolation and limits', () => {
   let n = 0;
   const newId = () => `sb-ti${process.pid}-${++n}`;
 
-  let t: TestHost | undefined;
   beforeAll(async () => {
-    t = await startTestHost();
-    ({ dataDir, host, client } = t);
+    ({ dataDir, host, client } = await startTestHost());
   });
-  afterAll(() => stopTestHost(t));
+  // The host as it is at the end (a test may have restarted it).
+  afterAll(() => stopTestHost(host && { dataDir, host, client }));
 
   it('gives bash, node and python3 a small machine of their own, with no host files in sight', async () => {
     const id = newId();

@@ -9,19 +9,7 @@ import * as path from 'node:path';
 import { HostClient } from '../../sandbox/host-contract/client';
 import { startHost, type RunningHost } from '../../sandbox/host/server';
 import { eventually } from '../helpers/env';
-import {
-  TOKEN,
-  hostMountsOf,
-  isRunning,
-  killAllOf,
-  p50,
-  pidsOfCgroup,
-  providerSh,
-  readySpares,
-  startTestHost,
-  stopTestHost,
-  type TestHost,
-} from '../helpers/sandbox-host';
+import { TOKEN, hostMountsOf, isRunning, killAllOf, p50, pidsOfCgroup, providerSh, readySpares, startTestHost, stopTestHost } from '../helpers/sandbox-host';
 
 describe('sandbox host (namespaces): scratch, restarts, reboots', () => {
   let dataDir: string;
@@ -30,12 +18,11 @@ describe('sandbox host (namespaces): scratch, restarts, reboots', () => {
   let n = 0;
   const newId = () => `sb-tr${process.pid}-${++n}`;
 
-  let t: TestHost | undefined;
   beforeAll(async () => {
-    t = await startTestHost();
-    ({ dataDir, host, client } = t);
+    ({ dataDir, host, client } = await startTestHost());
   });
-  afterAll(() => stopTestHost(t));
+  // The host as it is at the end (a test may have restarted it).
+  afterAll(() => stopTestHost(host && { dataDir, host, client }));
 
   it("keeps a session's sandbox files on the scratch tmpfs, linked from DATA_DIR, and removes both; cleans up after a reboot", async () => {
     const scratch = (host.provider as unknown as { scratchDir: string | null }).scratchDir;

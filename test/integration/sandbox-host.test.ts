@@ -11,7 +11,7 @@ import * as path from 'node:path';
 import { HostClient, HostError } from '../../sandbox/host-contract/client';
 import { startHost, type RunningHost } from '../../sandbox/host/server';
 import { eventually } from '../helpers/env';
-import { TOKEN, hostMountsOf, initPid, providerSh, startTestHost, stopTestHost, type TestHost } from '../helpers/sandbox-host';
+import { TOKEN, hostMountsOf, initPid, providerSh, startTestHost, stopTestHost } from '../helpers/sandbox-host';
 
 describe('sandbox host (namespaces)', () => {
   let dataDir: string;
@@ -20,12 +20,11 @@ describe('sandbox host (namespaces)', () => {
   let n = 0;
   const newId = () => `sb-t${process.pid}-${++n}`;
 
-  let t: TestHost | undefined;
   beforeAll(async () => {
-    t = await startTestHost();
-    ({ dataDir, host, client } = t);
+    ({ dataDir, host, client } = await startTestHost());
   });
-  afterAll(() => stopTestHost(t));
+  // The host as it is at the end (a test may have restarted it).
+  afterAll(() => stopTestHost(host && { dataDir, host, client }));
 
   it('refuses requests without the token', async () => {
     const bad = new HostClient({ url: host.url, token: 'wrong' });
