@@ -69,7 +69,11 @@ export const CreateSandboxBody = z
 export const SandboxView = z
   .object({
     sandboxID: z.string(),
-    status: z.enum(['running', 'hibernated', 'stopped', 'error']),
+    status: z
+      .enum(['running', 'hibernated', 'stopped', 'error', 'lost'])
+      .describe(
+        'lost (listings only): its sandbox host is lost (HOST_DEAD_AFTER); GET of it answers 410 gone until the host rejoins. error: its host came back without it',
+      ),
     templateID: z.string(),
     metadata: z.record(z.string(), z.string()),
     timeout: z.number().int(),
@@ -100,10 +104,10 @@ export const AllowedHostsView = z
 export const SandboxParams = z.object({ id: z.string().regex(/^sb-[a-z0-9-]{1,64}$/, 'must be a sandbox id (sb-…)') });
 
 /** The public form of a sandbox (OpenComputer's shape: `sandboxID`, camelCase fields). */
-export function sandboxView(deps: ApiDeps, s: SandboxDoc): z.infer<typeof SandboxView> {
+export function sandboxView(deps: ApiDeps, s: SandboxDoc & { hostLost?: boolean }): z.infer<typeof SandboxView> {
   return {
     sandboxID: s._id,
-    status: s.status,
+    status: s.hostLost ? 'lost' : s.status,
     templateID: s.templateID,
     metadata: (JSON.parse(s.metadata) as Record<string, string> | null) ?? {},
     timeout: s.timeout,

@@ -52,16 +52,30 @@ export class HostDirectory {
     return alive;
   }
 
-  /** The client of host `hostId`; 503 when the host is unknown, 410 when it is lost. */
+  /**
+   * Why host `hostId` is lost, or null while it is not (or is not registered): marked lost by a
+   * worker's host watch and not rejoined yet, or silent for HOST_DEAD_AFTER without answering a
+   * probe. Costs the cached host view (read at most once a second) and, for a silent host only, a
+   * probe kept PROBE_KEEP_MS: what a sandbox's view asks on every read.
+   */
+  async lostReason(hostId: string): Promise<string | null> {
+    const doc = await this.docOf(hostId);
+    return doc ? this.lostReasonOf(doc) : null;
+  }
+
+  private async lostReasonOf(doc: HostDoc): Promise<string | null> {
+    if (doc.lostAt)
+      return `sandbox host ${doc._id} is lost (since ${new Date(doc.lostAt).toISOString()}, not rejoined yet): its sandboxes are gone while it is`;
+    if (hostAlive(doc, this.deadAfterMs) || (await this.probe(doc))) return null;
+    return `sandbox host ${doc._id} is lost (not heard of for ${Math.round((Date.now() - new Date(doc.updatedAt).getTime()) / 1000)} s): its sandboxes are gone while it is`;
+  }
+
+  /** The client of host `hostId`; 503 when the host is unknown, 410 when it is lost (see lostReason). */
   async get(hostId: string): Promise<HostClient> {
     const doc = await this.docOf(hostId);
     if (!doc) throw new ApiError('unavailable', `sandbox host ${hostId} is not registered`);
-    if (!hostAlive(doc, this.deadAfterMs) && !(await this.probe(doc))) {
-      throw new ApiError(
-        'gone',
-        `sandbox host ${hostId} is lost (not heard of for ${Math.round((Date.now() - new Date(doc.updatedAt).getTime()) / 1000)} s): its sandboxes are gone`,
-      );
-    }
+    const lost = await this.lostReasonOf(doc);
+    if (lost) throw new ApiError('gone', lost);
     return this.clientOf(doc);
   }
 

@@ -54,6 +54,31 @@ export async function getOrgSandbox(deps: Pick<SandboxDeps, 'store'>, orgId: str
   return doc;
 }
 
+/** A sandbox as its record says, plus `hostLost` when it is running or hibernated on a host that is lost now. */
+export type SandboxState = SandboxDoc & { hostLost?: boolean };
+
+/** True for a record whose sandbox lives on its host (running, or hibernated: its files are there). */
+const onItsHost = (doc: SandboxDoc): boolean => doc.status === 'running' || doc.status === 'hibernated';
+
+/**
+ * The organisation's sandbox, or 404; 410 `gone` while it is running or hibernated on a lost host
+ * (its host's liveness, cached: see HostDirectory.lostReason). Killed sandboxes answer as recorded.
+ */
+export async function getLiveOrgSandbox(deps: Pick<SandboxDeps, 'store' | 'hosts'>, orgId: string, id: string): Promise<SandboxDoc> {
+  const doc = await getOrgSandbox(deps, orgId, id);
+  const lost = onItsHost(doc) ? await deps.hosts.lostReason(doc.hostId) : null;
+  if (lost) throw new ApiError('gone', `sandbox ${id} is unreachable: ${lost}`);
+  return doc;
+}
+
+/** The organisation's running and hibernated sandboxes, newest first, each marked `hostLost` when its host is lost (one liveness lookup per host). */
+export async function listOrgSandboxStates(deps: Pick<SandboxDeps, 'store' | 'hosts'>, orgId: string): Promise<SandboxState[]> {
+  const docs = await listLiveOrgSandboxes(deps.store, orgId);
+  const hostIds = [...new Set(docs.map((d) => d.hostId))];
+  const lost = new Set((await Promise.all(hostIds.map(async (h) => ((await deps.hosts.lostReason(h)) ? h : null)))).filter((h) => h !== null));
+  return lost.size ? docs.map((d) => (lost.has(d.hostId) ? { ...d, hostLost: true } : d)) : docs;
+}
+
 /** Where a sandbox started from a snapshot comes from (its layer, patches, env, workdir and host). 400 for an unusable snapshot. */
 export async function snapshotOrigin(deps: Pick<SandboxDeps, 'store'>, orgId: string, ref: string): Promise<SandboxOrigin> {
   try {
@@ -220,11 +245,14 @@ export function createSandboxService(deps: SandboxDeps, previews: PreviewService
     }
   }
 
-  /** Destroys a sandbox on its host, removes its previews and marks its record stopped. Idempotent. */
+  /**
+   * Destroys a sandbox on its host, removes its previews and marks its record stopped. Idempotent.
+   * On a lost host the record alone is marked: the host destroys the sandbox when it rejoins.
+   */
   async function destroy(doc: SandboxDoc): Promise<SandboxDoc> {
     if (doc.status === 'stopped') return doc;
-    const host = await deps.hosts.get(doc.hostId);
-    await host.destroySandbox(doc._id);
+    const lost = onItsHost(doc) ? await deps.hosts.lostReason(doc.hostId) : null;
+    if (!lost) await (await deps.hosts.get(doc.hostId)).destroySandbox(doc._id);
     await previews.removeAll(doc._id);
     const now = new Date();
     await updateSandbox(deps.store, doc._id, { status: 'stopped', updatedAt: now });
@@ -232,9 +260,10 @@ export function createSandboxService(deps: SandboxDeps, previews: PreviewService
   }
 
   return {
-    get: (orgId: string, id: string) => getOrgSandbox(deps, orgId, id),
-    /** The organisation's running and hibernated sandboxes, newest first. */
-    list: (orgId: string) => listLiveOrgSandboxes(deps.store, orgId),
+    /** The organisation's sandbox (404); 410 while it lives on a lost host. */
+    get: (orgId: string, id: string) => getLiveOrgSandbox(deps, orgId, id),
+    /** The organisation's running and hibernated sandboxes, newest first; those on a lost host marked `hostLost`. */
+    list: (orgId: string) => listOrgSandboxStates(deps, orgId),
     provision: (orgId: string, body: SandboxCreateRequest, origin?: SandboxOrigin) => provisionSandbox(deps, orgId, body, origin),
     /** Provisions a sandbox from a snapshot (id or name); 400 for an unusable snapshot. */
     provisionFromSnapshot: async (orgId: string, body: SandboxCreateRequest, ref: string) =>
@@ -278,7 +307,7 @@ export function createSandboxService(deps: SandboxDeps, previews: PreviewService
 
     /** Hibernates a sandbox (a hibernated one is answered as it is); 409 when it is not running. */
     async hibernate(orgId: string, id: string): Promise<SandboxDoc> {
-      const doc = await getOrgSandbox(deps, orgId, id);
+      const doc = await getLiveOrgSandbox(deps, orgId, id);
       if (doc.status === 'hibernated') return doc;
       return hibernateRunning(doc);
     },
@@ -301,7 +330,7 @@ export function createSandboxService(deps: SandboxDeps, previews: PreviewService
 
     /** Sets the idle timeout (0 = none), counted from now; 409 for a killed sandbox. */
     async setIdleTimeout(orgId: string, id: string, timeout: number): Promise<SandboxDoc> {
-      const doc = await getOrgSandbox(deps, orgId, id);
+      const doc = await getLiveOrgSandbox(deps, orgId, id);
       if (doc.status === 'stopped') throw new ApiError('conflict', `sandbox ${doc._id} was killed`);
       const now = new Date();
       const set = { timeout, lastActiveAt: now, updatedAt: now };

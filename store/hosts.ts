@@ -22,14 +22,21 @@ export interface HostDoc {
 
 export const hostsOf = (store: Store) => store.db.collection<HostDoc>('hosts');
 
-/** Records (or refreshes) where a host is reachable, which task queue serves it, and its load. */
-export async function registerHost(store: Store, host: { id: string; url: string; taskQueue: string; capacity?: HostCapacity }): Promise<void> {
+/**
+ * Records (or refreshes) where a host is reachable, which task queue serves it, and its load.
+ * Answers whether the host is marked lost (a host back from a freeze learns it here, and rejoins).
+ */
+export async function registerHost(
+  store: Store,
+  host: { id: string; url: string; taskQueue: string; capacity?: HostCapacity },
+): Promise<{ lostAt: Date | null }> {
   const set: Partial<HostDoc> = { url: host.url, taskQueue: host.taskQueue, updatedAt: new Date() };
   if (host.capacity) set.capacity = host.capacity;
-  await hostsOf(store).updateOne({ _id: host.id }, { $set: set }, { upsert: true });
+  const doc = await hostsOf(store).findOneAndUpdate({ _id: host.id }, { $set: set }, { upsert: true, returnDocument: 'after', projection: { lostAt: 1 } });
+  return { lostAt: doc?.lostAt ?? null };
 }
 
-/** True while the host's heartbeat is younger than `deadAfterMs`. */
+/** True while the host's heartbeat is younger than `deadAfterMs` (a host marked lost may be heard of again before it rejoins: see `lostAt`). */
 export const hostAlive = (doc: Pick<HostDoc, 'updatedAt'>, deadAfterMs: number, now = Date.now()): boolean =>
   now - new Date(doc.updatedAt).getTime() < deadAfterMs;
 
@@ -49,11 +56,11 @@ export function placementWeight(c: HostCapacity | undefined): number {
 /**
  * Picks a host for a new sandbox among the live ones, at random in proportion to placementWeight:
  * callers that see the same (seconds-old) loads still spread their sandboxes instead of all going
- * to the emptiest host. null: no live host has room.
+ * to the emptiest host. A host marked lost gets nothing until it has rejoined. null: no live host has room.
  */
 export function chooseHost<T extends HostDoc>(docs: T[], deadAfterMs: number, random = Math.random, now = Date.now()): T | null {
   const candidates = docs
-    .filter((d) => hostAlive(d, deadAfterMs, now))
+    .filter((d) => hostAlive(d, deadAfterMs, now) && !d.lostAt)
     .map((d) => ({ d, w: placementWeight(d.capacity) }))
     .filter((x) => x.w > 0);
   const total = candidates.reduce((sum, x) => sum + x.w, 0);
@@ -145,7 +152,7 @@ export async function markHostWrittenOff(store: Store, hostId: string): Promise<
   await hostsOf(store).updateOne({ _id: hostId }, { $set: { writtenOff: true } });
 }
 
-/** A lost host is back: clears its lost and written-off marks. */
-export async function markHostRejoined(store: Store, hostId: string): Promise<void> {
-  await hostsOf(store).updateOne({ _id: hostId }, { $set: { lostAt: null, writtenOff: false, updatedAt: new Date() } });
+/** A lost host is back: clears its lost and written-off marks (those of the loss at `lostAt` only, when given: a newer loss stays). */
+export async function markHostRejoined(store: Store, hostId: string, lostAt?: Date): Promise<void> {
+  await hostsOf(store).updateOne(lostAt ? { _id: hostId, lostAt } : { _id: hostId }, { $set: { lostAt: null, writtenOff: false, updatedAt: new Date() } });
 }

@@ -116,3 +116,25 @@ export async function instancesOnHost(store: Store, hostId: string): Promise<str
     .toArray();
   return docs.flatMap((d) => (d.instanceId ? [d.instanceId] : []));
 }
+
+/** The records of sandboxes `ids` (their status, owner instance and creation time only). */
+export function findSandboxStates(store: Store, ids: string[]): Promise<Pick<SandboxDoc, '_id' | 'status' | 'instanceId' | 'createdAt'>[]> {
+  if (ids.length === 0) return Promise.resolve([]);
+  return sandboxesOf(store)
+    .find({ _id: { $in: ids } }, { projection: { _id: 1, status: 1, instanceId: 1, createdAt: 1 } })
+    .toArray();
+}
+
+/** The ids of the sandboxes recorded running on host `hostId` and created before `before`. */
+export async function runningSandboxIdsOnHost(store: Store, hostId: string, before: Date): Promise<string[]> {
+  const docs = await sandboxesOf(store)
+    .find({ hostId, status: 'running', createdAt: { $lt: before } }, { projection: { _id: 1 } })
+    .toArray();
+  return docs.map((d) => d._id);
+}
+
+/** Records sandboxes `ids` as `status` (those still recorded running only: a kill or hibernate recorded meanwhile stays). */
+export async function markRunningSandboxes(store: Store, ids: string[], status: 'stopped' | 'error', at = new Date()): Promise<void> {
+  if (ids.length === 0) return;
+  await sandboxesOf(store).updateMany({ _id: { $in: ids }, status: 'running' }, { $set: { status, updatedAt: at } });
+}

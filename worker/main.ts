@@ -39,10 +39,17 @@ async function main(): Promise<void> {
   await registerHost(store, { ...hostEntry, capacity });
   // The heartbeat: the host's liveness and load, as long as the host answers (a host that stops
   // answering stops being heard of, and is dead HOST_DEAD_AFTER later).
+  // A host written off while it was frozen or cut off hears of it here, at its first heartbeat back, and rejoins.
+  let rejoining = false;
   const heartbeat = setInterval(() => {
     host
       .health({ signal: AbortSignal.timeout(cfg.HOST_HEARTBEAT_MS) })
-      .then(({ hostId: _id, ok: _o, provider: _p, ...load }) => registerHost(store, { ...hostEntry, capacity: load }))
+      .then(async ({ hostId: _id, ok: _o, provider: _p, ...load }) => {
+        const { lostAt } = await registerHost(store, { ...hostEntry, capacity: load });
+        if (!lostAt || rejoining) return;
+        rejoining = true;
+        await rejoinIfLost(store, client, host, hostId, logger).finally(() => (rejoining = false));
+      })
       .catch((err: Error) => logger.warn({ err: err.message }, 'host heartbeat failed'));
   }, cfg.HOST_HEARTBEAT_MS);
   const hosts = new HostView(store, cfg.HOST_HEARTBEAT_MS / 2);

@@ -41,4 +41,11 @@ describe('placement', () => {
     expect(chooseHost([doc('full', 0, 10), doc('dead', 60_000, 0)], 15_000, Math.random, now)).toBeNull();
     expect(chooseHost([], 15_000, Math.random, now)).toBeNull();
   });
+
+  it('places nothing on a host marked lost until it rejoins, even once it is heard of again', () => {
+    const back = { ...doc('back', 0, 0), lostAt: new Date(now - 5_000) };
+    expect(chooseHost([back], 15_000, Math.random, now)).toBeNull();
+    expect(chooseHost([back, doc('other', 0, 9)], 15_000, () => 0, now)!._id).toBe('other');
+    expect(chooseHost([{ ...back, lostAt: null }], 15_000, Math.random, now)!._id).toBe('back');
+  });
 });
