@@ -32,7 +32,7 @@ export async function registerHost(
 ): Promise<{ lostAt: Date | null }> {
   const set: Partial<HostDoc> = { url: host.url, taskQueue: host.taskQueue, updatedAt: new Date() };
   if (host.capacity) set.capacity = host.capacity;
-  const doc = await hostsOf(store).findOneAndUpdate({ _id: host.id }, { $set: set }, { upsert: true, returnDocument: 'after', projection: { lostAt: 1 } });
+  const doc = await hostsOf(store).findOneAndUpdate({ _id: host.id }, { $set: set }, { upsert: true, returnDocument: 'after' });
   return { lostAt: doc?.lostAt ?? null };
 }
 
