@@ -314,7 +314,7 @@ export function createSandboxService(deps: SandboxDeps, previews: PreviewService
 
     /** Wakes a hibernated sandbox (its checkpoint's patches first), optionally with a new idle timeout; 409 otherwise. */
     async wake(orgId: string, id: string, timeout?: number): Promise<SandboxDoc> {
-      const doc = await getOrgSandbox(deps, orgId, id);
+      const doc = await getLiveOrgSandbox(deps, orgId, id);
       if (doc.status !== 'hibernated') {
         const why = doc.status === 'running' ? 'is running' : doc.status === 'stopped' ? 'was killed' : `is ${doc.status}`;
         throw new ApiError('conflict', `sandbox ${doc._id} ${why}; only a hibernated sandbox can be woken`);

@@ -15,7 +15,8 @@ import { PROJECT_ROOT } from '../../config';
  * served by the API through the host's HTTP port (PREVIEW_TRANSPORT=tcp: the path an API on another
  * machine takes); and the second host killed with its worker is written off: its sessions end
  * host_lost (or run again on the first with retryOnHostLoss), its sandboxes answer 410, and when it
- * comes back it destroys them and takes new work again.
+ * comes back it destroys those of its sessions and instances, keeps its API sandboxes running, and
+ * takes new work again (a frozen host: lost-host.test.ts).
  */
 jest.setTimeout(300_000);
 
@@ -256,7 +257,7 @@ describe('two sandbox hosts', () => {
     expect(refused.status).toBe(502);
   });
 
-  it('writes off a host killed with its worker: host_lost, 410s, retryOnHostLoss reruns elsewhere, and the host rejoins clean', async () => {
+  it('writes off a host killed with its worker: host_lost, 410s, retryOnHostLoss reruns elsewhere, and the host rejoins with its API sandbox', async () => {
     const second = stack.hostList[1]!;
     const sleeper = await call('POST', '/v1/agents', { id: 'sleeper', core: 'bash', entrypoint: ['bash', '-c', 'sleep 600'] });
     expect(sleeper.status).toBe(201);
@@ -347,10 +348,20 @@ describe('two sandbox hosts', () => {
     ]);
     expect(auditLines(0).length).toBe(before + 4);
 
-    // Back: the written-off sandboxes are destroyed, and the host takes work again.
+    // Back: the sessions' and the instance's sandboxes are destroyed; the API sandbox, adopted by the
+    // restarted host, is running again with its files; and the host takes work again.
     await stack.start(second.proc);
     await stack.start(second.worker);
-    expect((await sandboxesByHost())[1]).toEqual([]);
+    const kept = (await sandboxesByHost())[1]!;
+    expect(kept).toContain(apiSandbox);
+    expect(kept).not.toContain(inst.sandbox_id);
+    const sessionsThere = await fetch(`${second.url}/sandboxes?owner=session`, { headers: { authorization: `Bearer ${TOKEN}` } });
+    expect(await sessionsThere.json()).toEqual([]);
+    // Every sandbox it kept is an API sandbox of the earlier tests, shown running.
+    for (const id of kept) expect((await call('GET', `/api/sandboxes/${id}`)).body.status).toBe('running');
+    expect((await call('GET', `/api/sandboxes/${apiSandbox}`)).body.status).toBe('running');
+    expect(await sh(apiSandbox, 'cat /workspace/f', { via })).toBe('only-here\n');
+    expect((await call('GET', `/api/sandboxes/${inst.sandbox_id}`)).body.status).toBe('stopped');
     const fresh = await sandboxOnHost(1, () => newSandbox({}, { via }));
     expect(await sh(fresh, 'echo back', { via })).toBe('back\n');
   });
