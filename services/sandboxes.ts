@@ -251,8 +251,7 @@ export function createSandboxService(deps: SandboxDeps, previews: PreviewService
    */
   async function destroy(doc: SandboxDoc): Promise<SandboxDoc> {
     if (doc.status === 'stopped') return doc;
-    const lost = onItsHost(doc) ? await deps.hosts.lostReason(doc.hostId) : null;
-    if (!lost) await (await deps.hosts.get(doc.hostId)).destroySandbox(doc._id);
+    if (!(await deps.hosts.lostReason(doc.hostId))) await (await deps.hosts.get(doc.hostId)).destroySandbox(doc._id);
     await previews.removeAll(doc._id);
     const now = new Date();
     await updateSandbox(deps.store, doc._id, { status: 'stopped', updatedAt: now });
