@@ -3,6 +3,7 @@ import type { ApiDeps } from './deps';
 import { MIN_MEMORY_MB } from '../config/limits';
 import { networkSchema } from '../contract/network';
 import type { SandboxDoc } from '../services/sandboxes';
+import { patchFields } from '../services/patch-state';
 import { ImageManifestSchema } from '../contract/image-schema';
 import './http';
 
@@ -66,6 +67,12 @@ export const CreateSandboxBody = z
   })
   .openapi('CreateSandbox');
 
+const PatchRefView = z.object({ id: z.string(), sequence: z.number().int() });
+const PatchesView = z.object({
+  applied: z.array(PatchRefView),
+  failed: PatchRefView.extend({ exitCode: z.number().int(), outputTail: z.string() }).nullable(),
+});
+
 export const SandboxView = z
   .object({
     sandboxID: z.string(),
@@ -87,6 +94,8 @@ export const SandboxView = z
     sandboxDomain: z.string(),
     network: z.object({ egress: EgressView }).describe('Its egress policy now (PUT /api/sandboxes/{id}/network changes it)'),
     createdAt: z.string(),
+    patchError: z.string().optional().describe("Set while a checkpoint patch failed (OpenComputer's field): which, its exit code and output, what to do"),
+    patches: PatchesView.optional().describe('For a sandbox from a checkpoint: the patches it has, in order, and the one that stopped the chain (null: none)'),
   })
   .openapi('Sandbox');
 
@@ -121,6 +130,7 @@ export function sandboxView(deps: ApiDeps, s: SandboxDoc & { hostLost?: boolean 
     sandboxDomain: deps.cfg.PREVIEW_DOMAIN,
     network: s.network ?? { egress: 'internet' },
     createdAt: s.createdAt.toISOString(),
+    ...patchFields(s),
   };
 }
 

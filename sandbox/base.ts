@@ -79,6 +79,13 @@ export abstract class BaseProvider implements SandboxProvider {
       () => this.layersDir(),
       (dir) => this.scanLayerDir(dir),
       (layerId) => this.layerHash(layerId),
+      {
+        log: this.log,
+        states: this.states,
+        sandboxesDir: () => this.sandboxesDir(),
+        respawnDir: () => this.respawnDir(),
+        readPlain: (id) => this.stateFile.readPlain(id),
+      },
     );
     this.stateFile = new StateFile(this.dataDir, this.log, (id) => this.dirOf(id));
     // What the parts below call back: the provider's hooks and state, late-bound (subclasses override them).
@@ -218,12 +225,14 @@ export abstract class BaseProvider implements SandboxProvider {
     return this.hibernation.hibernate(id, layerId);
   }
 
-  async wake(id: string, patches: { id: string; script: string }[] = []): Promise<SandboxInfo> {
-    return this.hibernation.wake(id, patches);
+  async wake(id: string, patches: { id: string; script: string }[] = [], opts: { keepOnPatchFailure?: boolean } = {}): Promise<SandboxInfo> {
+    return this.hibernation.wake(id, patches, opts.keepOnPatchFailure === true);
   }
 
   async restore(id: string, layerId: string, patches: { id: string; script: string }[] = []): Promise<SandboxInfo> {
-    return this.hibernation.restore(id, layerId, patches);
+    const info = await this.hibernation.restore(id, layerId, patches);
+    await this.layers.gc.collect();
+    return info;
   }
 
   async init(): Promise<SandboxInfo[]> {
@@ -236,6 +245,7 @@ export abstract class BaseProvider implements SandboxProvider {
     this.scratchDir = await resolveScratchDir(this.scratchOption, this.dataDir);
     await this.prepare();
     await adoptSandboxes(this.adoption);
+    await this.layers.gc.collect();
     const all = [...this.states.values()].map((s) => this.info(s));
     this.log.info({ count: all.length, scratchDir: this.scratchDir }, 'sandboxes adopted');
     return all;
@@ -274,7 +284,7 @@ export abstract class BaseProvider implements SandboxProvider {
         hostId: this.hostId,
         provider: this.kind,
         ...(req.owner ? { owner: req.owner } : {}),
-        layers: await this.expandLayers(req.layers ?? []),
+        layers: await this.layers.expandFor(req.id, req.layers ?? []),
         envs: req.envs ?? {},
         ...(req.cwd ? { cwd: req.cwd } : {}),
         ...(req.network ? { network: req.network } : {}),
@@ -301,6 +311,8 @@ export abstract class BaseProvider implements SandboxProvider {
           const outcome = await this.processes.runPatch(state, patch);
           state.patches.push(outcome);
           if (outcome.exitCode !== 0) {
+            // Kept: the sandbox runs with the patches before it (its outcome, last in `patches`, says which failed).
+            if (req.keepOnPatchFailure) break;
             throw new SandboxError('patch_failed', `patch ${patch.id} failed with exit code ${outcome.exitCode}: ${outcome.outputTail.slice(-500)}`);
           }
         }
@@ -344,6 +356,7 @@ export abstract class BaseProvider implements SandboxProvider {
       const wasHibernated = this.hibernated.has(id) || (await this.hibernation.readRespawn(id)) !== null;
       if (wasHibernated) await this.hibernation.dropRespawn(id);
       await this.hibernation.dropHibernationLayers(id);
+      await this.layers.gc.collect();
       return live || wasHibernated;
     });
   }
@@ -367,6 +380,7 @@ export abstract class BaseProvider implements SandboxProvider {
     if (scratch) await fsp.rm(scratch, { recursive: true, force: true });
     await fsp.rm(dir, { recursive: true, force: true });
     this.states.delete(id);
+    this.layers.gc.drop(id);
     this.log.info({ sandboxId: id }, 'sandbox destroyed');
     return true;
   }
@@ -445,21 +459,11 @@ export abstract class BaseProvider implements SandboxProvider {
     return this.layers.expandLayers(layers);
   }
 
-  async deleteLayer(layerId: string): Promise<boolean> {
-    return this.layers.deleteLayer(layerId);
-  }
-
-  async hasLayer(layerId: string): Promise<boolean> {
-    return this.layers.hasLayer(layerId);
-  }
-
-  async exportLayer(layerId: string): Promise<{ sha256: string; stream: NodeJS.ReadableStream; done: Promise<void> }> {
-    return this.layers.exportLayer(layerId);
-  }
-
-  async importLayer(layerId: string, stream: NodeJS.ReadableStream, sha256: string): Promise<{ parents: string[] }> {
-    return this.layers.importLayer(layerId, stream, sha256);
-  }
+  // Layers kept on this host (see ./base/layers); a deleted one in use stays until its last user goes (./base/layer-gc).
+  readonly deleteLayer = (layerId: string): Promise<boolean> => this.layers.deleteLayer(layerId);
+  readonly hasLayer = (layerId: string): Promise<boolean> => this.layers.hasLayer(layerId);
+  readonly exportLayer = (layerId: string): ReturnType<Layers['exportLayer']> => this.layers.exportLayer(layerId);
+  readonly importLayer = (layerId: string, stream: NodeJS.ReadableStream, sha256: string) => this.layers.importLayer(layerId, stream, sha256);
 
   async layerHash(layerId: string): Promise<string> {
     void layerId;

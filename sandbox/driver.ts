@@ -92,7 +92,7 @@ export interface SandboxProvider {
   hibernate(id: string, layerId: string): Promise<{ layerId: string; parents: string[] }>;
 
   /** See BaseProvider.wake: the hibernated sandbox made again (same id), `patches` run first. */
-  wake(id: string, patches?: { id: string; script: string }[]): Promise<SandboxInfo>;
+  wake(id: string, patches?: { id: string; script: string }[], opts?: { keepOnPatchFailure?: boolean }): Promise<SandboxInfo>;
 
   /** See BaseProvider.restore: the running sandbox made again over checkpoint layer `layerId`. */
   restore(id: string, layerId: string, patches?: { id: string; script: string }[]): Promise<SandboxInfo>;
@@ -140,7 +140,7 @@ export interface SandboxProvider {
   /** Replaces a running sandbox's egress policy at once (409 when it has no network or is stopped). */
   setNetwork(id: string, network: { egress: 'internet' | 'none' | { allow: string[] } }): Promise<SandboxInfo>;
 
-  /** Deletes a layer; false when it did not exist. */
+  /** Deletes a layer, at once or (while a sandbox or another layer on this host uses it) once its last user is gone; false when it did not exist. */
   deleteLayer(layerId: string): Promise<boolean>;
 
   /** sha256 over the layer's own files (paths, types, modes, content), sorted and deterministic. */

@@ -2,6 +2,7 @@
  * Checkpoints (a copy of a sandbox's writable layer), spawning and restoring from them, and their
  * on_wake patches.
  */
+import type { HostClient } from '../sandbox';
 import { ApiError, conflict, notFound } from '../lib/errors';
 import { randomId } from '../lib/ids';
 import {
@@ -25,6 +26,7 @@ import { findSandboxOnCheckpoint, SandboxDoc, updateSandbox } from '../store/san
 import type { SandboxDeps } from './deps';
 import type { SandboxCreateRequest, SandboxService } from './sandboxes';
 import { assertRoomAfterCapture, assertStorageRoom } from './storage-quota';
+import { patchRecord, patchRefs } from './patch-state';
 
 export { checkpointStatus, type CheckpointDoc, type PatchDoc };
 
@@ -72,11 +74,25 @@ export async function checkpointInUse(deps: Pick<SandboxDeps, 'store'>, cp: Chec
   return null;
 }
 
-/** Removes a checkpoint's record, patches and layer (the caller has checked it is unused). */
+/**
+ * Removes a checkpoint's record and patches, and releases its layer on every live host (the one that
+ * took it and those that copied it): a host removes it at once where nothing uses it, else once the
+ * last sandbox or layer standing on it there is gone (sandbox/base/layer-gc.ts).
+ */
 export async function deleteCheckpoint(deps: Pick<SandboxDeps, 'store' | 'hosts' | 'logger'>, cp: CheckpointDoc): Promise<void> {
   await deleteCheckpointRecords(deps.store, cp._id);
-  const host = await deps.hosts.get(cp.hostId).catch(() => null);
-  await host?.deleteLayer(cp.layerId).catch((err) => deps.logger.warn({ err: String(err), layerId: cp.layerId }, 'could not delete a layer'));
+  const hosts: { hostId: string; client: HostClient }[] = await deps.hosts.liveHosts().catch(() => []);
+  if (!hosts.some((h) => h.hostId === cp.hostId)) {
+    const own = await deps.hosts.get(cp.hostId).catch(() => null);
+    if (own) hosts.push({ hostId: cp.hostId, client: own });
+  }
+  await Promise.all(
+    hosts.map((h) =>
+      h.client
+        .deleteLayer(cp.layerId)
+        .catch((err) => deps.logger.warn({ err: String(err), layerId: cp.layerId, hostId: h.hostId }, 'could not delete a layer')),
+    ),
+  );
 }
 
 /** The checkpoint operations of the API, over the sandbox service (spawning provisions a sandbox). */
@@ -143,12 +159,16 @@ export function createCheckpointService(deps: SandboxDeps, sandboxes: SandboxSer
       return docs.filter((d) => d.orgId === orgId);
     },
 
-    /** Deletes a checkpoint, its layer and its patches; 409 while it is processing or in use. */
+    /**
+     * Deletes a checkpoint and its patches at once; its layer stays on a host while sandboxes spawned
+     * from it (running or hibernated) or checkpoints taken over it use it there. 409 while it is
+     * processing, or while a snapshot is made of it (delete the snapshot).
+     */
     async remove(orgId: string, sandboxId: string, id: string): Promise<CheckpointDoc> {
       const cp = await ofSandbox(orgId, sandboxId, id);
       if (checkpointStatus(cp).status === 'processing') throw conflict(`checkpoint ${cp._id} is still processing`);
-      const why = await checkpointInUse(deps, cp);
-      if (why) throw conflict(`checkpoint ${cp._id} is in use: ${why}`);
+      const snap = await findSnapshotOfCheckpoint(deps.store, cp.orgId, cp._id);
+      if (snap) throw conflict(`checkpoint ${cp._id} is in use: snapshot ${snap._id} uses it`);
       await deleteCheckpoint(deps, cp);
       return cp;
     },
@@ -160,10 +180,15 @@ export function createCheckpointService(deps: SandboxDeps, sandboxes: SandboxSer
       const cp = await readyCheckpoint(deps, await getOrgCheckpoint(deps, orgId, id));
       // Taken on another host: its layer (and parents) are copied to the sandbox's host first.
       if (cp.hostId !== sb.hostId) await deps.hosts.bringLayers(sb.hostId, cp.hostId, [cp.layerId]);
-      const patches = (await listPatches(deps.store, cp)).map((p) => ({ id: p._id, script: p.script }));
+      const patches = patchRefs(await listPatches(deps.store, cp));
       const host = await deps.hosts.get(sb.hostId);
+      let info;
       try {
-        await host.restore(sb._id, cp.layerId, patches);
+        info = await host.restore(
+          sb._id,
+          cp.layerId,
+          patches.map((p) => ({ id: p.id, script: p.script })),
+        );
       } catch (err) {
         const e = err as { type?: string; message?: string };
         if (e.type === 'patch_failed') {
@@ -173,6 +198,9 @@ export function createCheckpointService(deps: SandboxDeps, sandboxes: SandboxSer
             status: 'hibernated',
             hibernation: { layerId: cp.layerId, at: now },
             fromCheckpoint: cp._id,
+            // Made again over the checkpoint's layer: none of its patches is in it; the wake runs them all.
+            patchesApplied: [],
+            patchFailed: null,
             updatedAt: now,
           });
           throw conflict(`sandbox ${sb._id} was restored but a patch failed, so it is hibernated (wake retries): ${e.message}`);
@@ -180,20 +208,25 @@ export function createCheckpointService(deps: SandboxDeps, sandboxes: SandboxSer
         if (e.type === 'conflict' || e.type === 'not_found') throw conflict(`sandbox ${sb._id} cannot be restored: ${e.message}`);
         throw new ApiError('unavailable', `could not restore the sandbox: ${e.message ?? String(err)}`);
       }
-      // It now stands on the checkpoint: that checkpoint cannot be deleted under it, and its patches run at each wake.
+      // It now stands on the checkpoint (its layer is kept on the host while it does) and has all its patches.
       const now = new Date();
-      const set = { fromCheckpoint: cp._id, lastActiveAt: now, updatedAt: now };
+      const set = { fromCheckpoint: cp._id, ...patchRecord([], patches, info.patches ?? []), lastActiveAt: now, updatedAt: now };
       await updateSandbox(deps.store, sb._id, set);
       return { ...sb, ...set };
     },
 
-    /** Spawns a sandbox from a checkpoint (copy-on-write over its layer; its patches run first). */
+    /**
+     * Spawns a sandbox from a checkpoint (copy-on-write over its layer; its patches run first, in order).
+     * A failing patch stops the chain: the sandbox is created with the patches before it, and its view
+     * says which failed (patchError, patches.failed); the next wake after it is deleted applies the rest.
+     */
     async spawn(orgId: string, id: string, body: SandboxCreateRequest): Promise<SandboxDoc> {
       const cp = await readyCheckpoint(deps, await getOrgCheckpoint(deps, orgId, id));
       const patches = await listPatches(deps.store, cp);
       return sandboxes.provision(orgId, body, {
         layers: [cp.layerId],
-        patches: patches.map((p) => ({ id: p._id, script: p.script })),
+        patches: patchRefs(patches),
+        keepOnPatchFailure: true,
         fromCheckpoint: cp._id,
         hostId: cp.hostId,
       });

@@ -116,6 +116,12 @@ export class HostDirectory {
     }
   }
 
+  /** The clients of the registered hosts whose heartbeat is fresh (for what every host is told, e.g. a released layer). */
+  async liveHosts(): Promise<{ hostId: string; client: HostClient }[]> {
+    const docs = await this.view.all();
+    return docs.filter((d) => hostAlive(d, this.deadAfterMs)).map((d) => ({ hostId: d._id, client: this.clientOf(d) }));
+  }
+
   /**
    * A host to place a new sandbox on: a live one, at random in proportion to its free capacity
    * (store/hosts.ts chooseHost). 503 when none is registered or none has room.

@@ -14,6 +14,7 @@ import { assertStoreUnused, removeSecretStore } from './secret-stores';
 import { hibernateSandbox } from './hibernation';
 import type { PreviewService } from './previews';
 import type { SandboxDeps } from './deps';
+import { patchRecord, patchRefs, pendingPatches, type PatchRef } from './patch-state';
 
 export type { SandboxDoc };
 
@@ -36,7 +37,13 @@ export interface SandboxCreateRequest {
 /** What a new sandbox is made from, besides the base image. */
 export interface SandboxOrigin {
   layers?: string[];
-  patches?: { id: string; script: string }[];
+  /** The checkpoint's patches, in sequence order (`sequence` kept: the record says which it has). */
+  patches?: PatchRef[];
+  /**
+   * A failing patch stops the chain and the sandbox is created with the patches before it (its record
+   * and view say which failed; a wake applies the rest once it is deleted). Otherwise the create fails.
+   */
+  keepOnPatchFailure?: boolean;
   fromCheckpoint?: string | null;
   snapshot?: string | null;
   instanceId?: string | null;
@@ -88,6 +95,7 @@ export async function snapshotOrigin(deps: Pick<SandboxDeps, 'store'>, orgId: st
       patches: img.patches,
       snapshot: img.snapshotId,
       fromCheckpoint: img.checkpointId,
+      keepOnPatchFailure: true,
       hostId: img.hostId,
       envs: img.env,
       cwd: img.workdir,
@@ -158,6 +166,7 @@ export async function provisionSandbox(
     instanceId: origin.instanceId ?? null,
     network: body.network ? { egress: normaliseEgress(body.network.egress) } : null,
     secretStore: body.secretStore ?? null,
+    ...(origin.patches ? { patchesApplied: [], patchFailed: null } : {}),
     createdAt: now,
     updatedAt: now,
   };
@@ -174,7 +183,8 @@ export async function provisionSandbox(
       cpuCount: limits.cpuCount,
       diskMB: limits.diskMB,
       layers: origin.layers,
-      patches: origin.patches,
+      patches: origin.patches?.map((p) => ({ id: p.id, script: p.script })),
+      ...(origin.keepOnPatchFailure ? { keepOnPatchFailure: true } : {}),
       ...(body.network ? { network: body.network } : {}),
       metadata: body.metadata,
     }),
@@ -194,6 +204,11 @@ export async function provisionSandbox(
     if (e.type === 'invalid_request' || e.type === 'not_found') throw new ApiError('invalid_request', e.message ?? 'invalid sandbox request');
     throw new ApiError('unavailable', `could not create the sandbox: ${e.message ?? String(created.reason)}`);
   }
+  if (origin.patches?.length) {
+    const set = patchRecord([], origin.patches, created.value.patches ?? []);
+    await updateSandbox(deps.store, doc._id, set);
+    Object.assign(doc, set);
+  }
   return doc;
 }
 
@@ -207,11 +222,21 @@ export function createSandboxService(deps: SandboxDeps, previews: PreviewService
   /** When each sandbox's last-active time was last written (by this process). */
   const touched = new Map<string, number>();
 
-  /** Wakes a hibernated sandbox on its host (running `patches` first) and records it running; answers the fields it set. */
-  async function wakeOnHost(doc: SandboxDoc, patches: { id: string; script: string }[], timeout?: number): Promise<Partial<SandboxDoc>> {
+  /**
+   * Wakes a hibernated sandbox on its host and records it running; answers the fields it set. `patches`
+   * (the ones it lacks) run first and the record says which it has now; a failing one stops the chain
+   * and the sandbox wakes with those before it. null: none run and the record's patches stay as they are.
+   */
+  async function wakeOnHost(doc: SandboxDoc, patches: PatchRef[] | null, timeout?: number): Promise<Partial<SandboxDoc>> {
     const host = await deps.hosts.get(doc.hostId);
+    let ran: Partial<SandboxDoc> = {};
     try {
-      await host.wake(doc._id, patches);
+      const info = await host.wake(
+        doc._id,
+        (patches ?? []).map((p) => ({ id: p.id, script: p.script })),
+        { keepOnPatchFailure: true },
+      );
+      if (patches) ran = patchRecord(doc.patchesApplied, patches, info.patches ?? []);
     } catch (err) {
       const e = err as { type?: string; message?: string };
       if (e.type === 'patch_failed') throw new ApiError('conflict', `sandbox ${doc._id} stays hibernated: ${e.message}`);
@@ -219,16 +244,16 @@ export function createSandboxService(deps: SandboxDeps, previews: PreviewService
       if (e.type !== 'conflict') throw new ApiError('unavailable', `could not wake the sandbox: ${e.message ?? String(err)}`);
     }
     const now = new Date();
-    const set = { status: 'running' as const, hibernation: null, lastActiveAt: now, updatedAt: now, ...(timeout !== undefined ? { timeout } : {}) };
+    const set = { status: 'running' as const, hibernation: null, lastActiveAt: now, updatedAt: now, ...(timeout !== undefined ? { timeout } : {}), ...ran };
     await updateSandbox(deps.store, doc._id, set);
     return set;
   }
 
-  /** Wakes a hibernated sandbox with the on_wake patches of the checkpoint it stands on; answers the fields it set. */
+  /** Wakes a hibernated sandbox with the on_wake patches of its checkpoint that it does not have yet; answers the fields it set. */
   async function wakeWithPatches(doc: SandboxDoc, timeout?: number): Promise<Partial<SandboxDoc>> {
     const cp = doc.fromCheckpoint ? await findOrgCheckpoint(deps.store, doc.orgId, doc.fromCheckpoint) : null;
-    const patches = cp ? (await listPatches(deps.store, cp)).map((p) => ({ id: p._id, script: p.script })) : [];
-    return wakeOnHost(doc, patches, timeout);
+    const all = cp ? patchRefs(await listPatches(deps.store, cp)) : [];
+    return wakeOnHost(doc, pendingPatches(doc, all), timeout);
   }
 
   /** Hibernates a running sandbox (its record too); 409 when it is not running. */
@@ -324,7 +349,7 @@ export function createSandboxService(deps: SandboxDeps, previews: PreviewService
     /** Reboots a running sandbox: a hibernate and a wake, without patches. */
     async restart(orgId: string, id: string): Promise<SandboxDoc> {
       const doc = await hibernateRunning(await getOrgSandbox(deps, orgId, id));
-      return { ...doc, ...(await wakeOnHost(doc, [])) };
+      return { ...doc, ...(await wakeOnHost(doc, null)) };
     },
 
     /** Sets the idle timeout (0 = none), counted from now; 409 for a killed sandbox. */

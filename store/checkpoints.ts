@@ -205,7 +205,7 @@ export interface ResolvedImage {
   checkpointId: string;
   hostId: string;
   layers: string[];
-  patches: { id: string; script: string }[];
+  patches: { id: string; sequence: number; script: string }[];
   env: Record<string, string>;
   workdir: string | null;
 }
@@ -239,7 +239,7 @@ export async function resolveImage(store: Store, orgId: string, ref: string): Pr
     checkpointId: cp._id,
     hostId: cp.hostId,
     layers: [cp.layerId],
-    patches: patches.map((p) => ({ id: p._id, script: p.script })),
+    patches: patches.map((p) => ({ id: p._id, sequence: p.sequence, script: p.script })),
     env: Object.fromEntries(snap.env.map((e) => [e.name, e.value])),
     workdir: snap.workdir,
   };

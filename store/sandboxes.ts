@@ -20,6 +20,10 @@ export interface SandboxDoc {
   /** Where it came from, when not the base image. */
   fromCheckpoint: string | null;
   snapshot: string | null;
+  /** The patches of its checkpoint it has, in the order applied (absent in records from before: every patch runs at each wake). */
+  patchesApplied?: { id: string; sequence: number }[];
+  /** The patch that stopped the chain (it and those after it are not applied; the next wake retries it), or null. */
+  patchFailed?: { id: string; sequence: number; exitCode: number; outputTail: string; at: Date } | null;
   /** Idle timeout in seconds, 0 = none. */
   timeout: number;
   /** Effective limits (defaults filled in); null in records written before limits were recorded. */

@@ -3,7 +3,6 @@
  * made again from them under the same id; and the hibernation layers dropped with the sandbox.
  */
 import { promises as fsp } from 'node:fs';
-import * as path from 'node:path';
 import type { Logger } from 'pino';
 import type { CreateResult } from '../driver';
 import { SandboxError } from '../errors';
@@ -67,7 +66,7 @@ export class Hibernation {
   }
 
   /** Creates the sandbox a respawn record describes (idempotent: create is), then forgets the record. */
-  async respawn(r: Respawn, patches: { id: string; script: string }[]): Promise<SandboxInfo> {
+  async respawn(r: Respawn, patches: { id: string; script: string }[], keepOnPatchFailure = false): Promise<SandboxInfo> {
     const { info } = await this.deps.create({
       id: r.id,
       orgId: r.orgId,
@@ -82,6 +81,7 @@ export class Hibernation {
       diskMB: r.limits.diskMB,
       metadata: r.metadata,
       patches,
+      ...(keepOnPatchFailure ? { keepOnPatchFailure } : {}),
     });
     await this.dropRespawn(r.id);
     return info;
@@ -113,16 +113,17 @@ export class Hibernation {
 
   /**
    * Wakes a hibernated sandbox: the same id, env, limits, network policy and metadata, its files from
-   * the hibernation layer; `patches` run first, in order (a failed one leaves it hibernated and throws
-   * patch_failed). Throws not_found when it is not hibernated here, conflict when it is running.
+   * the hibernation layer; `patches` run first, in order. A failed one leaves it hibernated and throws
+   * patch_failed, or with `keepOnPatchFailure` stops the chain and wakes it (its outcome is the last
+   * of the answer's `patches`). Throws not_found when it is not hibernated here, conflict when it is running.
    */
-  async wake(id: string, patches: { id: string; script: string }[] = []): Promise<SandboxInfo> {
+  async wake(id: string, patches: { id: string; script: string }[] = [], keepOnPatchFailure = false): Promise<SandboxInfo> {
     assertId(id);
     const live = this.deps.states.get(id);
     if (live) throw new SandboxError('conflict', `sandbox ${id} is ${live.status === 'running' ? 'running' : live.status}, not hibernated`);
     const r = await this.readRespawn(id);
     if (!r) throw new SandboxError('not_found', `no hibernated sandbox ${id}`);
-    const info = await this.respawn(r, patches);
+    const info = await this.respawn(r, patches, keepOnPatchFailure);
     this.deps.log.info({ sandboxId: id }, 'sandbox woken');
     return info;
   }
@@ -149,21 +150,10 @@ export class Hibernation {
     return info;
   }
 
-  /** Removes the hibernation layers of a sandbox that is gone, except those a layer (a checkpoint) stands on. */
+  /** Releases the hibernation layers of a sandbox that is gone (one a layer stands on stays until that layer goes: see ./layer-gc). */
   async dropHibernationLayers(id: string): Promise<void> {
     const names = await fsp.readdir(this.deps.layersDir()).catch(() => [] as string[]);
-    const mine = names.filter((n) => n.startsWith(`${id}${HIBERNATION_LAYER_MARK}`) && !n.includes('.tmp-'));
-    if (mine.length === 0) return;
-    const used = new Set<string>();
-    for (const n of names) {
-      if (mine.includes(n) || n.includes('.tmp-')) continue;
-      const m = await fsp.readFile(path.join(this.deps.layersDir(), n, 'layer.json'), 'utf8').then(
-        (t) => JSON.parse(t) as { parents?: string[] },
-        () => ({ parents: [] }),
-      );
-      for (const p of m.parents ?? []) used.add(p);
-    }
-    for (const n of mine)
-      if (!used.has(n)) await this.deps.deleteLayer(n).catch((err) => this.deps.log.warn({ err, layerId: n }, 'could not delete a hibernation layer'));
+    for (const n of names.filter((x) => x.startsWith(`${id}${HIBERNATION_LAYER_MARK}`) && !x.includes('.tmp-')))
+      await this.deps.deleteLayer(n).catch((err) => this.deps.log.warn({ err, layerId: n }, 'could not delete a hibernation layer'));
   }
 }

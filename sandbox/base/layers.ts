@@ -11,6 +11,7 @@ import * as path from 'node:path';
 import { pipeline } from 'node:stream/promises';
 import { SandboxError } from '../errors';
 import { assertId } from './common';
+import { LayerGc, type LayerGcDeps } from './layer-gc';
 
 /** A layer directory's content hash, and its regular files that carry set-id bits (path in the layer, mode). */
 export interface LayerScan {
@@ -20,11 +21,28 @@ export interface LayerScan {
 
 /** A host's layer directory; hashing and scanning a layer are the provider's (`scan`, `hash`). */
 export class Layers {
+  /** Released layers, removed with their last user (see ./layer-gc). */
+  readonly gc: LayerGc;
+
   constructor(
     private readonly layersDir: () => string,
     private readonly scanLayerDir: (dir: string) => Promise<LayerScan>,
     private readonly layerHash: (layerId: string) => Promise<string>,
-  ) {}
+    gcDeps: Omit<LayerGcDeps, 'layersDir'>,
+  ) {
+    this.gc = new LayerGc({ ...gcDeps, layersDir });
+  }
+
+  /** expandLayers for the create of sandbox `id`: the layers are kept from collection until it runs or is destroyed. */
+  async expandFor(id: string, layers: string[]): Promise<string[]> {
+    this.gc.hold(id, layers);
+    try {
+      return await this.expandLayers(layers);
+    } catch (err) {
+      this.gc.drop(id);
+      throw err;
+    }
+  }
 
   /** Expands checkpoint layers with the layers they were taken over; throws not_found for a missing one. */
   async expandLayers(layers: string[]): Promise<string[]> {
@@ -45,16 +63,9 @@ export class Layers {
     return out;
   }
 
+  /** See SandboxProvider.deleteLayer: removed now when nothing on this host uses it, else when its last user goes. */
   async deleteLayer(layerId: string): Promise<boolean> {
-    assertId(layerId, 'layer id');
-    const dir = path.join(this.layersDir(), layerId);
-    const exists = await fsp.stat(dir).then(
-      () => true,
-      () => false,
-    );
-    if (!exists) return false;
-    await fsp.rm(dir, { recursive: true, force: true });
-    return true;
+    return (await this.gc.release(layerId)) !== 'absent';
   }
 
   /** See SandboxProvider.hasLayer. */

@@ -76,9 +76,24 @@ export class SandboxProcesses {
     return { state, cgroupProcs: SandboxCgroups.of(id).procsFiles() };
   }
 
+  /**
+   * Runs one patch; its outcome carries the last PATCH_TAIL_BYTES of its output. One that runs longer
+   * than SANDBOX_PATCH_TIMEOUT_S (default 300 s, read at each patch) has its process group killed and
+   * exits 124 (as timeout(1) reports).
+   */
   runPatch(state: SandboxState, patch: { id: string; script: string }): Promise<PatchOutcome> {
+    const limitS = Number(process.env.SANDBOX_PATCH_TIMEOUT_S) > 0 ? Number(process.env.SANDBOX_PATCH_TIMEOUT_S) : 300;
     return new Promise((resolve, reject) => {
       const child = this.deps.spawn(state.id, { argv: ['/bin/bash', '-c', patch.script] });
+      let timedOut = false;
+      const timer = setTimeout(() => {
+        timedOut = true;
+        try {
+          process.kill(-child.pid!, 'SIGKILL');
+        } catch {
+          child.kill('SIGKILL');
+        }
+      }, limitS * 1000);
       let tail = Buffer.alloc(0);
       const add = (b: Buffer) => {
         tail = Buffer.concat([tail, b]);
@@ -89,8 +104,10 @@ export class SandboxProcesses {
       child.stderr?.on('data', add);
       child.on('error', reject);
       child.on('close', (code, signal) => {
+        clearTimeout(timer);
+        if (timedOut) add(Buffer.from(`\n[patch killed: it ran longer than ${limitS} s (SANDBOX_PATCH_TIMEOUT_S)]\n`));
         const outputTail = tail.subarray(Math.max(0, tail.length - PATCH_TAIL_BYTES)).toString('utf8');
-        resolve({ id: patch.id, exitCode: code ?? (signal ? 128 : -1), outputTail });
+        resolve({ id: patch.id, exitCode: timedOut ? 124 : (code ?? (signal ? 128 : -1)), outputTail });
       });
     });
   }

@@ -389,9 +389,12 @@ export class HostClient {
     return this.call('POST', `/sandboxes/${encodeURIComponent(id)}/hibernate`, { body: { layerId } });
   }
 
-  /** Wakes a hibernated sandbox, running `patches` first. Throws HostError not_found, conflict, patch_failed. */
-  wake(id: string, patches: { id: string; script: string }[] = []): Promise<SandboxInfo> {
-    return this.call('POST', `/sandboxes/${encodeURIComponent(id)}/wake`, { body: { patches } });
+  /**
+   * Wakes a hibernated sandbox, running `patches` first. Throws HostError not_found, conflict,
+   * patch_failed (not with `keepOnPatchFailure`: the chain stops and the answer's `patches` say where).
+   */
+  wake(id: string, patches: { id: string; script: string }[] = [], opts: { keepOnPatchFailure?: boolean } = {}): Promise<SandboxInfo> {
+    return this.call('POST', `/sandboxes/${encodeURIComponent(id)}/wake`, { body: { patches, ...opts } });
   }
 
   /** Puts a running sandbox back to checkpoint layer `layerId` in place (its processes end), then runs `patches`. */
@@ -399,7 +402,7 @@ export class HostClient {
     return this.call('POST', `/sandboxes/${encodeURIComponent(id)}/restore`, { body: { layerId, patches } });
   }
 
-  /** Deletes a layer; false when it did not exist. */
+  /** Deletes a layer (kept until its last user on the host is gone); false when it did not exist. */
   async deleteLayer(layerId: string): Promise<boolean> {
     const r = await this.call<{ deleted: boolean }>('DELETE', `/layers/${encodeURIComponent(layerId)}`);
     return r.deleted;

@@ -37,6 +37,12 @@ export interface CreateSandboxRequest {
   files?: Record<string, string>;
   /** Scripts run with bash, in order, before anything else (checkpoint patches). */
   patches?: { id: string; script: string }[];
+  /**
+   * A patch that exits non-zero: by default the create fails with patch_failed (nothing is left);
+   * with true the chain stops there and the sandbox is kept with the patches before it (the failed
+   * one's outcome is the last of the answer's `patches`; the ones after it did not run).
+   */
+  keepOnPatchFailure?: boolean;
   /** Started right after creation, detached: the sandbox's main process (a session's entrypoint). */
   entrypoint?: EntrypointSpec;
   /** Free-form labels kept with the sandbox. */

@@ -31,6 +31,7 @@ export const schemas = {
       network: networkSchema(z).optional(),
       files: stringMap.optional(),
       patches: z.array(z.object({ id: z.string().min(1), script: z.string() })).optional(),
+      keepOnPatchFailure: z.boolean().optional(),
       entrypoint: entrypointSchema.optional(),
       metadata: stringMap.optional(),
       awaitExit: z
@@ -79,7 +80,10 @@ export const schemas = {
   }),
   checkpoint: z.object({ params: idParam, body: z.object({ checkpointId: z.string().min(1) }) }),
   hibernate: z.object({ params: idParam, body: z.object({ layerId: z.string().min(1) }) }),
-  wake: z.object({ params: idParam, body: z.object({ patches: z.array(z.object({ id: z.string().min(1), script: z.string() })).default([]) }) }),
+  wake: z.object({
+    params: idParam,
+    body: z.object({ patches: z.array(z.object({ id: z.string().min(1), script: z.string() })).default([]), keepOnPatchFailure: z.boolean().default(false) }),
+  }),
   restore: z.object({
     params: idParam,
     body: z.object({ layerId: z.string().min(1), patches: z.array(z.object({ id: z.string().min(1), script: z.string() })).default([]) }),

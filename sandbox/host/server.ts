@@ -260,7 +260,7 @@ export function createApp(deps: HostDeps): express.Express {
     '/sandboxes/:id/wake',
     h(async (req, res) => {
       const { params, body } = parse(schemas.wake, req);
-      res.json(await provider.wake(params.id, body.patches));
+      res.json(await provider.wake(params.id, body.patches, { keepOnPatchFailure: body.keepOnPatchFailure }));
     }),
   );
 

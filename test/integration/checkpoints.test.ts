@@ -46,14 +46,15 @@ describe('checkpoints and patches', () => {
     const list = await api('GET', `/api/sandboxes/${a}/checkpoints`);
     expect(list.body.map((x: { id: string }) => x.id)).toEqual([cpId]);
 
-    // In use by running sandboxes: 409; once they are gone it can be deleted.
-    expect((await api('DELETE', `/api/sandboxes/${a}/checkpoints/${cpId}`)).status).toBe(409);
-    for (const id of [a, bId, c]) await api('DELETE', `/api/sandboxes/${id}`);
+    // Deleted while spawned sandboxes run from it: gone from the API at once; its layer stays until they are gone.
     const del = await api('DELETE', `/api/sandboxes/${a}/checkpoints/${cpId}`);
     expect(del.status).toBe(200);
     expect((await api('GET', `/api/sandboxes/${a}/checkpoints`)).body).toEqual([]);
     expect((await api('GET', `/api/sandboxes/checkpoints/${cpId}/patches`)).status).toBe(404);
     expect((await api('POST', `/api/sandboxes/from-checkpoint/${cpId}`, { body: {} })).status).toBe(404);
+    expect(await hostClient().layerHash(cpId)).toMatch(/^[0-9a-f]{64}$/);
+    expect(await hostSh(c, 'cat /workspace/data/a.txt')).toBe('one\n');
+    for (const id of [a, bId, c]) await api('DELETE', `/api/sandboxes/${id}`);
     await expect(hostClient().layerHash(cpId)).rejects.toMatchObject({ type: 'not_found' });
   });
 
@@ -87,20 +88,67 @@ describe('checkpoints and patches', () => {
     for (const id of [a, b]) await api('DELETE', `/api/sandboxes/${id}`);
   });
 
-  it('stops a spawn at a failing patch, naming it', async () => {
+  it('stops the chain at a failing patch: the sandbox runs with the patches before it, says which failed, and a wake after its deletion applies the rest once', async () => {
     const a = await newSandbox();
     const cpId = (await api('POST', `/api/sandboxes/${a}/checkpoints`, { body: {} })).body.id as string;
-    await api('POST', `/api/sandboxes/checkpoints/${cpId}/patches`, { body: { script: 'true' } });
-    const bad = (await api('POST', `/api/sandboxes/checkpoints/${cpId}/patches`, { body: { script: 'echo broken >&2; exit 3' } })).body.patch;
-    const before = (await api('GET', '/api/sandboxes')).body.length;
+    const add = async (script: string) => (await api('POST', `/api/sandboxes/checkpoints/${cpId}/patches`, { body: { script } })).body.patch;
+    const p1 = await add('echo p1 >> /workspace/order');
+    // Its output is larger than what is kept: only the tail is reported.
+    const bad = await add("head -c 200000 /dev/zero | tr '\\0' x; echo; echo broken >&2; exit 3");
+    const p3 = await add('echo p3 >> /workspace/order');
     const r = await api('POST', `/api/sandboxes/from-checkpoint/${cpId}`, { body: {} });
-    expect(r.status).toBe(409);
-    expect(r.body.error.message).toContain(bad.id);
-    expect(r.body.error.message).toMatch(/exit code 3/);
-    expect(r.body.error.message).toContain('broken');
-    expect((await api('GET', '/api/sandboxes')).body.length).toBe(before);
-    await api('DELETE', `/api/sandboxes/${a}`);
-  });
+    expect(r.status).toBe(201);
+    const b = r.body.sandboxID as string;
+    try {
+      expect(r.body).toMatchObject({ status: 'running', fromCheckpoint: cpId });
+      expect(r.body.patchError).toContain(bad.id);
+      expect(r.body.patchError).toMatch(/exit code 3/);
+      expect(r.body.patchError).toContain('broken');
+      expect(r.body.patches).toMatchObject({
+        applied: [{ id: p1.id, sequence: 1 }],
+        failed: { id: bad.id, sequence: 2, exitCode: 3, outputTail: expect.stringContaining('broken') },
+      });
+      expect(r.body.patches.failed.outputTail.length).toBeLessThanOrEqual(4096);
+      expect(await hostSh(b, 'cat /workspace/order')).toBe('p1\n');
+      expect((await api('GET', `/api/sandboxes/${b}`)).body.patches.failed.id).toBe(bad.id);
+
+      const cycle = async () => {
+        expect((await api('POST', `/api/sandboxes/${b}/hibernate`)).status).toBe(200);
+        const w = await api('POST', `/api/sandboxes/${b}/wake`, { body: {} });
+        expect([w.status, w.body.status]).toEqual([200, 'running']);
+        return w.body;
+      };
+      // Still there: a wake tries it again (it fails again), and p1 does not run twice.
+      const again = await cycle();
+      expect(again.patches).toMatchObject({ applied: [{ id: p1.id }], failed: { id: bad.id, exitCode: 3 } });
+      expect(await hostSh(b, 'cat /workspace/order')).toBe('p1\n');
+
+      expect((await api('DELETE', `/api/sandboxes/checkpoints/${cpId}/patches/${bad.id}`)).status).toBe(200);
+      const fixed = await cycle();
+      expect(fixed.patchError).toBeUndefined();
+      expect(fixed.patches).toEqual({
+        applied: [
+          { id: p1.id, sequence: 1 },
+          { id: p3.id, sequence: 3 },
+        ],
+        failed: null,
+      });
+      expect(await hostSh(b, 'cat /workspace/order')).toBe('p1\np3\n');
+      // Once each: another wake runs nothing again; a patch added later runs at the next wake.
+      await cycle();
+      expect(await hostSh(b, 'cat /workspace/order')).toBe('p1\np3\n');
+      const p4 = await add('echo p4 >> /workspace/order');
+      expect((await cycle()).patches.applied.map((p: { id: string }) => p.id)).toEqual([p1.id, p3.id, p4.id]);
+      expect(await hostSh(b, 'cat /workspace/order')).toBe('p1\np3\np4\n');
+      // A new spawn gets the chain as it is now.
+      const c = (await api('POST', `/api/sandboxes/from-checkpoint/${cpId}`, { body: {} })).body;
+      expect(c.patchError).toBeUndefined();
+      expect(await hostSh(c.sandboxID, 'cat /workspace/order')).toBe('p1\np3\np4\n');
+      await api('DELETE', `/api/sandboxes/${c.sandboxID}`);
+    } finally {
+      for (const id of [a, b]) await api('DELETE', `/api/sandboxes/${id}`);
+    }
+  }, 240_000);
 
   it("answers 404 for another organisation's checkpoints and 400 for bad input", async () => {
     const a = await newSandbox();
@@ -149,17 +197,19 @@ describe('checkpoints and patches', () => {
       const afterDelete = await sdk.Sandbox.listCheckpointPatches(cp.id, opts);
       const child = await sdk.Sandbox.createFromCheckpoint(cp.id, opts);
       const running = await child.isRunning();
-      let inUse = '';
-      try { await sb.deleteCheckpoint(cp.id); } catch (e) { inUse = e.message; }
       const spare = await sb.createCheckpoint('spare');
       await sb.deleteCheckpoint(spare.id);
       const left = (await sb.listCheckpoints()).map((c) => c.name);
+      // In use by the spawned sandbox: deleted all the same (the child keeps running on its layer).
+      await sb.deleteCheckpoint(cp.id);
+      const leftAfter = (await sb.listCheckpoints()).map((c) => c.name);
+      const childStill = (await child.exec.run('cat /workspace/p.txt')).stdout;
       await sb.kill();
-      out({ cp, listed: listed.map((c) => c.id), p1: p1.patch, before: before.map((p) => p.sequence), afterDelete: afterDelete.map((p) => p.id), child: child.sandboxId, running, inUse, left });
+      out({ cp, listed: listed.map((c) => c.id), p1: p1.patch, before: before.map((p) => p.sequence), afterDelete: afterDelete.map((p) => p.id), child: child.sandboxId, running, left, leftAfter, childStill });
     `);
-    // In use by the spawned sandbox: the client's error carries the 409; an unused one goes.
-    expect(r.inUse).toBe('Failed to delete checkpoint: 409');
     expect(r.left).toEqual(['sdk-cp']);
+    expect(r.leftAfter).toEqual([]);
+    expect(r.childStill).toBe('from-patch\n');
     expect(r.cp.sizeBytes).toEqual(expect.any(Number));
     expect(r.cp).toMatchObject({ name: 'sdk-cp', status: 'ready' });
     expect(r.listed).toEqual([r.cp.id]);

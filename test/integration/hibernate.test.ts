@@ -27,8 +27,8 @@ async function checkpoint(id: string, name?: string): Promise<{ id: string; stat
 }
 
 describe('hibernate and wake', () => {
-  it('keeps id, files, env, metadata and previews, releases the cgroup, and runs on_wake patches once per wake', async () => {
-    // A sandbox spawned from a checkpoint with a patch: the patch runs at the spawn and at every wake.
+  it('keeps id, files, env, metadata and previews, releases the cgroup, and applies each on_wake patch once', async () => {
+    // A sandbox spawned from a checkpoint with a patch: the patch runs at the spawn; one added later runs at the next wake.
     const origin = await sandbox();
     await hostSh(origin, 'echo from-checkpoint > /workspace/base.txt');
     const cp = await checkpoint(origin);
@@ -65,14 +65,14 @@ describe('hibernate and wake', () => {
     expect([asleep.status, asleep.json?.error?.message]).toEqual([503, expect.stringMatching(/hibernated/)]);
     expect((await api('POST', `/api/sandboxes/${id}/hibernate`)).body.status).toBe('hibernated');
     expect((await api('DELETE', `/api/sandboxes/${cp.id.replace(/^cp-/, 'sb-')}/checkpoints/${cp.id}`)).status).toBe(404);
-    const del = await api('DELETE', `/api/sandboxes/${origin}/checkpoints/${cp.id}`);
-    expect(del.status).toBe(409); // the hibernated sandbox stands on it
+    const later = await api('POST', `/api/sandboxes/checkpoints/${cp.id}/patches`, { body: { script: 'echo later >> /workspace/wakes.log' } });
+    expect(later.status).toBe(201);
 
     const w = await api('POST', `/api/sandboxes/${id}/wake`, { body: { timeout: 0 } });
     expect(w.status).toBe(200);
     expect(w.body).toMatchObject({ sandboxID: id, status: 'running', hibernatedAt: null, metadata: { team: 'blue' } });
-    expect(await hostSh(id, 'cat /workspace/base.txt /root/mine.txt; echo "$GREETING"; wc -l < /workspace/wakes.log')).toBe(
-      'from-checkpoint\nmine\nhi there\n2\n',
+    expect(await hostSh(id, 'cat /workspace/base.txt /root/mine.txt; echo "$GREETING"; cat /workspace/wakes.log')).toBe(
+      'from-checkpoint\nmine\nhi there\nwake\nlater\n',
     );
     // Processes did not survive: the preview's server is started again, and the same preview URL serves it.
     await startServer(id, 47411);
@@ -84,7 +84,12 @@ describe('hibernate and wake', () => {
 
     await api('POST', `/api/sandboxes/${id}/hibernate`);
     expect((await api('POST', `/api/sandboxes/${id}/wake`, { body: {} })).status).toBe(200);
-    expect(await hostSh(id, 'wc -l < /workspace/wakes.log; cat /root/mine.txt')).toBe('3\nmine\n');
+    expect(await hostSh(id, 'wc -l < /workspace/wakes.log; cat /root/mine.txt')).toBe('2\nmine\n');
+    // Its checkpoint can be deleted under it: it keeps its files and wakes again.
+    expect((await api('DELETE', `/api/sandboxes/${origin}/checkpoints/${cp.id}`)).status).toBe(200);
+    await api('POST', `/api/sandboxes/${id}/hibernate`);
+    expect((await api('POST', `/api/sandboxes/${id}/wake`, { body: {} })).status).toBe(200);
+    expect(await hostSh(id, 'cat /workspace/base.txt; wc -l < /workspace/wakes.log')).toBe('from-checkpoint\n2\n');
   }, 120_000);
 
   it("wakes a hibernated sandbox for the client's async wake (X-OSB-Async-Wake: 1): 503 { waking } until it is up", async () => {
@@ -197,8 +202,14 @@ describe('restore and the checkpoint lifecycle', () => {
     expect(await hostSh(id, 'cat /workspace/f; test -e /workspace/g || echo no-g; echo "$KEEP"; pgrep -x sleep || echo no-sleep')).toBe(
       'one\nno-g\nenv kept\nno-sleep\n',
     );
-    expect((await api('DELETE', `/api/sandboxes/${id}/checkpoints/${cp.id}`)).status).toBe(409);
+    expect(r.body.patches).toEqual({ applied: [], failed: null });
+    // It stands on the checkpoint: deleting that leaves its layer on the host until the sandbox is gone.
+    expect((await api('DELETE', `/api/sandboxes/${id}/checkpoints/${cp.id}`)).status).toBe(200);
+    expect(fs.existsSync(path.join(T.dataDir(), 'layers', cp.id))).toBe(true);
+    expect(await hostSh(id, 'cat /workspace/f')).toBe('one\n');
     expect((await api('POST', `/api/sandboxes/${id}/checkpoints/cp-0000000000000000/restore`)).status).toBe(404);
+    expect((await api('DELETE', `/api/sandboxes/${id}`)).status).toBe(200);
+    expect(fs.existsSync(path.join(T.dataDir(), 'layers', cp.id))).toBe(false);
   }, 60_000);
 });
 

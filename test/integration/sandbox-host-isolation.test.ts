@@ -182,6 +182,45 @@ describe('sandbox host (namespaces): isolation and limits', () => {
     expect((err as Error).message).toContain('broken');
     expect(await client.getSandbox(bad)).toBeNull();
     expect(existsSync(path.join(dataDir, 'sandboxes', bad))).toBe(false);
+
+    // keepOnPatchFailure: the chain stops at the failing patch; the sandbox runs with the patches before it.
+    const kept = newId();
+    const k = await client.createSandbox({
+      id: kept,
+      orgId: 'o',
+      keepOnPatchFailure: true,
+      patches: [
+        { id: 'pa-ok', script: 'echo ok >> /workspace/order' },
+        { id: 'pa-bad', script: 'echo broken; exit 3' },
+        { id: 'pa-after', script: 'echo after >> /workspace/order' },
+      ],
+    });
+    expect(k.patches).toEqual([
+      { id: 'pa-ok', exitCode: 0, outputTail: '' },
+      { id: 'pa-bad', exitCode: 3, outputTail: 'broken\n' },
+    ]);
+    expect((await client.readFile(kept, '/workspace/order'))?.toString()).toBe('ok\n');
+    await client.destroySandbox(kept);
+
+    // A patch that never ends is killed after SANDBOX_PATCH_TIMEOUT_S: exit 124, and the chain stops there.
+    const slow = newId();
+    process.env.SANDBOX_PATCH_TIMEOUT_S = '1';
+    try {
+      const sl = await client.createSandbox({
+        id: slow,
+        orgId: 'o',
+        keepOnPatchFailure: true,
+        patches: [
+          { id: 'pa-hang', script: 'echo start; sleep 600 & sleep 600' },
+          { id: 'pa-never', script: 'echo never > /workspace/never' },
+        ],
+      });
+      expect(sl.patches).toEqual([{ id: 'pa-hang', exitCode: 124, outputTail: expect.stringMatching(/^start\n[\s\S]*longer than 1 s/) }]);
+      expect(await client.readFile(slow, '/workspace/never').catch(() => null)).toBeNull();
+    } finally {
+      delete process.env.SANDBOX_PATCH_TIMEOUT_S;
+      await client.destroySandbox(slow);
+    }
   });
 
   it("starts the next init ahead: its cgroups become the new sandbox's, with its limits", async () => {

@@ -1,0 +1,120 @@
+/**
+ * Released layers (sandbox/base/layer-gc.ts) on a temporary DATA_DIR: a layer in use stays until its
+ * last user (running sandbox, create under way, respawn record, sandbox directory, layer over it) goes,
+ * and a host that starts again removes the released layers nothing uses.
+ */
+import { promises as fsp } from 'node:fs';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import pino from 'pino';
+import { LayerGc, RELEASED_DIR } from '../../sandbox/base/layer-gc';
+import type { SandboxState } from '../../sandbox/base/state-file';
+
+let dir: string;
+const layers = () => path.join(dir, 'layers');
+const sandboxes = () => path.join(dir, 'sandboxes');
+const respawn = () => path.join(dir, 'hibernated');
+const exists = (p: string) =>
+  fsp.stat(p).then(
+    () => true,
+    () => false,
+  );
+const has = (id: string) => exists(path.join(layers(), id, 'layer.json'));
+
+async function layer(id: string, parents: string[] = []): Promise<void> {
+  await fsp.mkdir(path.join(layers(), id, 'root'), { recursive: true });
+  await fsp.writeFile(path.join(layers(), id, 'layer.json'), JSON.stringify({ parents }));
+}
+
+function gcWith(states = new Map<string, SandboxState>()): LayerGc {
+  return new LayerGc({
+    log: pino({ level: 'silent' }),
+    layersDir: layers,
+    sandboxesDir: sandboxes,
+    respawnDir: respawn,
+    states,
+    readPlain: async (id) =>
+      fsp
+        .readFile(path.join(sandboxes(), id, 'state.json'), 'utf8')
+        .then((t) => JSON.parse(t) as SandboxState)
+        .catch(() => undefined),
+  });
+}
+
+const running = (id: string, ls: string[]) => [id, { id, layers: ls } as unknown as SandboxState] as const;
+
+beforeEach(async () => {
+  dir = await fsp.mkdtemp(path.join(os.tmpdir(), 'layer-gc-'));
+  for (const d of [layers(), sandboxes(), respawn()]) await fsp.mkdir(d, { recursive: true });
+});
+afterEach(async () => {
+  await fsp.rm(dir, { recursive: true, force: true });
+});
+
+describe('released layers', () => {
+  it('removes an unused layer at once and answers absent for one that is not there', async () => {
+    await layer('cp-a');
+    const gc = gcWith();
+    expect(await gc.release('cp-a')).toBe('deleted');
+    expect(await has('cp-a')).toBe(false);
+    expect(await gc.release('cp-a')).toBe('absent');
+    expect(await fsp.readdir(layers())).toEqual([RELEASED_DIR]);
+    expect(await fsp.readdir(path.join(layers(), RELEASED_DIR))).toEqual([]);
+    await expect(gc.release('../etc')).rejects.toThrow();
+  });
+
+  it('keeps a layer while a running sandbox stands on it, and removes it after the sandbox goes', async () => {
+    await layer('cp-a');
+    const states = new Map([running('sb-1', ['cp-a'])]);
+    const gc = gcWith(states);
+    expect(await gc.release('cp-a')).toBe('released');
+    expect(await has('cp-a')).toBe(true);
+    expect(await gc.isReleased('cp-a')).toBe(true);
+    states.delete('sb-1');
+    expect(await gc.collect()).toEqual(['cp-a']);
+    expect(await has('cp-a')).toBe(false);
+    expect(await gc.isReleased('cp-a')).toBe(false);
+  });
+
+  it('keeps a layer that another layer names as parent, a hibernated sandbox stands on, or a create holds', async () => {
+    await layer('cp-base');
+    await layer('cp-child', ['cp-base']);
+    await layer('sb-2.h1', ['cp-base']);
+    await fsp.writeFile(path.join(respawn(), 'sb-2.json'), JSON.stringify({ id: 'sb-2', layer: 'sb-2.h1' }));
+    const gc = gcWith();
+    expect(await gc.release('cp-base')).toBe('released');
+    // The hibernated sandbox goes (its respawn record and hibernation layer): the child checkpoint still names it.
+    await fsp.rm(path.join(respawn(), 'sb-2.json'));
+    expect(await gc.release('sb-2.h1')).toBe('deleted');
+    expect(await has('cp-base')).toBe(true);
+    // A create over the child holds it (and so its parent) until it runs or fails.
+    gc.hold('sb-3', ['cp-child']);
+    expect(await gc.release('cp-child')).toBe('released');
+    expect(await has('cp-base')).toBe(true);
+    gc.drop('sb-3');
+    expect((await gc.collect()).sort()).toEqual(['cp-base', 'cp-child']);
+    expect(await fsp.readdir(layers())).toEqual([RELEASED_DIR]);
+  });
+
+  it('counts a sandbox directory that was not adopted, and at a new start removes what nothing uses', async () => {
+    await layer('cp-a');
+    await layer('cp-b');
+    await fsp.mkdir(path.join(sandboxes(), 'sb-4'), { recursive: true });
+    await fsp.writeFile(path.join(sandboxes(), 'sb-4', 'state.json'), JSON.stringify({ id: 'sb-4', layers: ['cp-a'] }));
+    // A host that released both and died: the marks are on disk.
+    const gc = gcWith(new Map([running('sb-5', ['cp-b'])]));
+    expect(await gc.release('cp-a')).toBe('released');
+    expect(await gc.release('cp-b')).toBe('released');
+    // The next host's start: sb-5 did not come back; sb-4's directory is still there.
+    const next = gcWith();
+    expect(await next.collect()).toEqual(['cp-b']);
+    await fsp.rm(path.join(sandboxes(), 'sb-4'), { recursive: true });
+    expect(await next.collect()).toEqual(['cp-a']);
+    // A mark whose layer is gone is dropped; nothing else is touched.
+    await layer('cp-c');
+    await fsp.writeFile(path.join(layers(), RELEASED_DIR, 'cp-gone'), '');
+    expect(await next.collect()).toEqual([]);
+    expect(await fsp.readdir(path.join(layers(), RELEASED_DIR))).toEqual([]);
+    expect(await has('cp-c')).toBe(true);
+  });
+});
