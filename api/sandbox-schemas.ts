@@ -169,7 +169,6 @@ export const ScaleBody = z
       .describe('The new memory limit (at most SANDBOX_MAX_MEMORY_MB)'),
     cpuCount: z.number().min(0).max(4096).optional().describe('The new CPU quota (at most SANDBOX_MAX_CPU_COUNT); 0: no quota'),
   })
-  .refine((b) => b.memoryMB !== undefined || b.cpuCount !== undefined, 'give memoryMB, cpuCount or both')
   .openapi('ScaleSandbox');
 
 export const ScaleView = z

@@ -67,9 +67,11 @@ export function createResourceService(deps: Pick<SandboxDeps, 'cfg' | 'store' | 
      * 409 when the memory it uses cannot be reclaimed below a lower limit (nothing changes) or it does not run.
      */
     async scale(orgId: string, id: string, body: { memoryMB?: number; cpuCount?: number }): Promise<ScaleView> {
+      // The sandbox first: another organisation's is a 404 whatever the body.
+      const doc = await getOrgSandbox(deps, orgId, id);
+      if (body.memoryMB === undefined && body.cpuCount === undefined) throw invalid('body: give memoryMB, cpuCount or both');
       const over = overMaximum(deps.cfg.limits, body, 'body.');
       if (over) throw invalid(over);
-      const doc = await getOrgSandbox(deps, orgId, id);
       assertRunning(doc);
       const host = await deps.hosts.get(doc.hostId);
       let r;
