@@ -143,3 +143,53 @@ export const KillBody = z
       .describe('Name (SIGTERM) or number; default SIGKILL'),
   })
   .default({});
+
+const count = z.number().nullable();
+
+/** `GET /api/sandboxes/{id}/metrics`: the sandbox's resource use now, and E2B's flat fields (`getMetrics`). */
+export const SandboxMetricsView = z
+  .object({
+    sandboxID: z.string(),
+    timestamp: z.string(),
+    cpu: z.object({
+      count: z.number().describe('CPUs of quota; 0: no quota'),
+      usageSeconds: count.describe('CPU time of all its processes since it started'),
+      percent: count.describe('Use over windowMs before the reading, in percent of one CPU (since the previous reading of this sandbox, else 100 ms sampled)'),
+      windowMs: count,
+      throttledSeconds: count.describe('Time its processes waited for the quota'),
+    }),
+    memory: z.object({ usedBytes: count, limitBytes: count, peakBytes: count, cacheBytes: count, oomKills: z.number() }),
+    disk: z.object({ usedBytes: count, limitBytes: count }).describe('The writable layer: bytes written there and its size'),
+    network: z.object({ rxBytes: count, txBytes: count, rxPackets: count, txPackets: count }).describe('rx: into the sandbox; tx: out of it; null: no link'),
+    processes: z.object({ current: count, limit: count }),
+    cpuCount: z.number(),
+    cpuUsedPct: count,
+    memUsed: count,
+    memTotal: count,
+    diskUsed: count,
+    diskTotal: count,
+  })
+  .openapi('SandboxMetrics');
+
+/** `POST /api/sandboxes/{id}/scale`: OpenComputer's `Sandbox.scale` body, with `cpuCount` too. */
+export const ScaleBody = z
+  .object({
+    memoryMB: z
+      .number()
+      .int()
+      .min(MIN_MEMORY_MB)
+      .max(1024 * 1024 * 1024)
+      .optional()
+      .describe('The new memory limit (at most SANDBOX_MAX_MEMORY_MB)'),
+    cpuCount: z.number().min(0).max(4096).optional().describe('The new CPU quota (at most SANDBOX_MAX_CPU_COUNT); 0: no quota'),
+  })
+  .openapi('ScaleSandbox');
+
+export const ScaleView = z
+  .object({
+    sandboxID: z.string(),
+    memoryMB: z.number().nullable(),
+    cpuCount: z.number(),
+    cpuPercent: z.number().describe('100 per CPU of quota; 0: no quota'),
+  })
+  .openapi('ScaleResult');

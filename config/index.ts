@@ -138,6 +138,8 @@ export const configSchema = z.object({
     .default(8 * 1024 * 1024),
   /** The worker's Prometheus endpoint (GET /metrics); the Temporal SDK's exporter takes the next port. 0: off. */
   WORKER_METRICS_PORT: z.coerce.number().int().min(0).max(65534).default(9464),
+  /** At most this many running sandboxes per host get sap_sandbox_* gauges (the largest memory users); 0: none. */
+  SANDBOX_METRICS_MAX: z.coerce.number().int().min(0).max(1000).default(50),
   /**
    * /readyz counts a worker as gone once Temporal has seen neither a poll nor a heartbeat from it for
    * this long; workers heartbeat every third of it (1-60 s).

@@ -24,6 +24,7 @@ import { infoOf, StateFile, type SandboxState } from './base/state-file';
 import { Hibernation } from './base/hibernation';
 import { adoptSandboxes, type AdoptionDeps } from './base/adoption';
 import { SandboxProcesses } from './base/processes';
+import { SandboxResourceControl, type ResourceProbe } from './base/resources';
 
 // The parts' names, for the providers and the tests that import them from here.
 export { defaultScratchDir };
@@ -67,6 +68,8 @@ export abstract class BaseProvider implements SandboxProvider {
   private readonly adoption: AdoptionDeps;
   /** The entrypoints' lifecycle (see ./base/entrypoint). */
   private readonly entrypoints: Entrypoints;
+  /** Metrics and live resizes of running sandboxes (see ./base/resources). */
+  readonly resources: SandboxResourceControl;
 
   constructor(opts: ProviderOptions) {
     this.dataDir = path.resolve(opts.dataDir);
@@ -122,6 +125,7 @@ export abstract class BaseProvider implements SandboxProvider {
       testPauseFile: process.env.SANDBOX_TEST_PAUSE_FILE || null,
       has: (id) => this.states.has(id),
     });
+    this.resources = new SandboxResourceControl({ ...hooks, lock: this.lock, probe: (state) => this.resourceProbe(state) });
     this.adoption = {
       ...hooks,
       scratchDir: () => this.scratchDir,
@@ -203,6 +207,11 @@ export abstract class BaseProvider implements SandboxProvider {
       await this.saveState(state);
       return this.info(state);
     });
+  }
+
+  /** Where the sandbox's writable layer and link are, for its metrics (providers with them override it). */
+  protected resourceProbe(_state: SandboxState): ResourceProbe {
+    return { upperDir: null, ifname: null };
   }
 
   /** Puts a new policy into effect for a running sandbox with a link (providers with a network). */
@@ -381,6 +390,7 @@ export abstract class BaseProvider implements SandboxProvider {
     await fsp.rm(dir, { recursive: true, force: true });
     this.states.delete(id);
     this.layers.gc.drop(id);
+    this.resources.drop(id);
     this.log.info({ sandboxId: id }, 'sandbox destroyed');
     return true;
   }
@@ -448,9 +458,7 @@ export abstract class BaseProvider implements SandboxProvider {
     return this.entrypoints.entrypointOutput(id, stream, maxBytes);
   }
 
-  async checkpoint(id: string, layerId: string): Promise<{ layerId: string; parents: string[]; sizeBytes?: number }> {
-    void id;
-    void layerId;
+  async checkpoint(_id: string, _layerId: string): Promise<{ layerId: string; parents: string[]; sizeBytes?: number }> {
     throw new SandboxError('invalid_request', `checkpoints are not supported by the ${this.kind} provider`);
   }
 
@@ -465,8 +473,7 @@ export abstract class BaseProvider implements SandboxProvider {
   readonly exportLayer = (layerId: string): ReturnType<Layers['exportLayer']> => this.layers.exportLayer(layerId);
   readonly importLayer = (layerId: string, stream: NodeJS.ReadableStream, sha256: string) => this.layers.importLayer(layerId, stream, sha256);
 
-  async layerHash(layerId: string): Promise<string> {
-    void layerId;
+  async layerHash(_layerId: string): Promise<string> {
     throw new SandboxError('invalid_request', `layers are not supported by the ${this.kind} provider`);
   }
 
@@ -476,8 +483,7 @@ export abstract class BaseProvider implements SandboxProvider {
   }
 
   /** layerHash of a directory that is not (yet) a layer; providers with layers implement it. */
-  protected async hashOfDir(dir: string): Promise<string> {
-    void dir;
+  protected async hashOfDir(_dir: string): Promise<string> {
     throw new SandboxError('invalid_request', `layers are not supported by the ${this.kind} provider`);
   }
 

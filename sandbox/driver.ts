@@ -6,7 +6,7 @@
  */
 import type { ChildProcess } from 'node:child_process';
 import type { Logger } from 'pino';
-import type { CreateSandboxRequest, EntrypointSpec, EntrypointStatus, SandboxInfo } from './host-contract/types';
+import type { CreateSandboxRequest, EntrypointSpec, EntrypointStatus, SandboxInfo, SandboxMetrics, ScaleRequest, ScaleResult } from './host-contract/types';
 
 /** Which provider a host runs. */
 export type ProviderKind = 'namespaces' | 'process';
@@ -139,6 +139,12 @@ export interface SandboxProvider {
 
   /** Replaces a running sandbox's egress policy at once (409 when it has no network or is stopped). */
   setNetwork(id: string, network: { egress: 'internet' | 'none' | { allow: string[] } }): Promise<SandboxInfo>;
+
+  /**
+   * A running sandbox's metrics and live resizes of its memory and CPU limits (see base/resources.ts);
+   * not_found, or conflict when it is not running.
+   */
+  readonly resources: { metrics(id: string, opts?: { sample?: boolean }): Promise<SandboxMetrics>; scale(id: string, req: ScaleRequest): Promise<ScaleResult> };
 
   /** Deletes a layer, at once or (while a sandbox or another layer on this host uses it) once its last user is gone; false when it did not exist. */
   deleteLayer(layerId: string): Promise<boolean>;

@@ -56,7 +56,8 @@ export function signalRef(ref: ProcRef | undefined | null, signal: NodeJS.Signal
 }
 
 const CGROUP_ROOT = '/sys/fs/cgroup';
-const CONTROLLERS = ['memory', 'pids', 'cpu', 'freezer'] as const;
+// cpuacct is a hierarchy of its own here (cgroup v1): it counts the sandbox's CPU time (metrics).
+const CONTROLLERS = ['memory', 'pids', 'cpu', 'cpuacct', 'freezer'] as const;
 type Controller = (typeof CONTROLLERS)[number];
 
 /** Resource limits of a sandbox, applied where the controllers exist. */
@@ -161,6 +162,35 @@ export class SandboxCgroups {
     } catch {
       return 0;
     }
+  }
+
+  /**
+   * What the sandbox's groups count now (see ./resources for the reading); a missing controller
+   * or file reads as null.
+   */
+  readCounter(c: Controller, file: string): string | null {
+    const dir = this.dirs[c];
+    if (!dir) return null;
+    try {
+      return readFileSync(path.join(dir, file), 'utf8');
+    } catch {
+      return null;
+    }
+  }
+
+  /**
+   * Sets the memory limit of a running sandbox. Below what it uses, the kernel reclaims (page cache,
+   * tmpfs to swap if any) and, when it cannot, refuses the write (EBUSY): that error is thrown.
+   */
+  async setMemory(memoryMB: number): Promise<void> {
+    if (this.dirs.memory) await writeLimits('memory', this.dirs.memory, { memoryMB, maxProcesses: 0 });
+  }
+
+  /** Sets the CFS quota of a running sandbox (0: no quota). */
+  async setCpu(cpuCount: number): Promise<void> {
+    if (!this.dirs.cpu) return;
+    if (cpuCount > 0) await writeLimits('cpu', this.dirs.cpu, { cpuCount, maxProcesses: 0 });
+    else await fsp.writeFile(path.join(this.dirs.cpu, 'cpu.cfs_quota_us'), '-1');
   }
 
   private async freeze(state: 'FROZEN' | 'THAWED'): Promise<void> {

@@ -7,6 +7,7 @@ import { benchExec } from './bench-exec';
 import { benchSpawn, parseSpawnParts } from './bench-spawn';
 import { benchEgress } from './bench-egress';
 import { benchLayers } from './bench-hosts';
+import { benchMetrics } from './bench-metrics';
 
 /**
  * `npm run bench -- <name> [--n N] [--c C] [--rounds R (batch)] [--burst B] [--only PARTS (spawn)]` against a running stack (npm start).
@@ -251,6 +252,9 @@ async function main(): Promise<void> {
     case 'layers':
       out = await benchLayers({ n: Number(values.n ?? 10), sizesMB: (values.mb ?? '1,100').split(',').map(Number) });
       break;
+    case 'metrics':
+      out = await benchMetrics({ n: Number(values.n ?? 200), call });
+      break;
     case 'egress':
       out = await benchEgress({ mb: Number(values.mb ?? 1024), runs: Number(values.runs ?? 3), call });
       break;
@@ -260,6 +264,7 @@ async function main(): Promise<void> {
       process.stderr.write('       npm run bench -- layers [--n 10] [--mb 1,100]  (a stack with SANDBOX_HOSTS=2; DATA_DIR names it)\n');
       process.stderr.write('       npm run bench -- egress [--mb 1024] [--runs 3]  (as root: a test host in a network namespace of its own)\n');
       process.stderr.write('       npm run bench -- exec [--n 100] [--mb 512] [--runs 3]\n');
+      process.stderr.write('       npm run bench -- metrics [--n 200]  (GET …/metrics and POST …/scale of one sandbox)\n');
       process.stderr.write('       npm run bench -- preview [--n 2000] [--c 10]  (SAP_HOST_URL, SAP_HOST_TOKEN: add the forwarder-only leg)\n');
       process.exit(2);
   }

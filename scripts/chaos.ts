@@ -46,7 +46,7 @@ async function leftovers(sandboxIds: Set<string>, deadHostPids: number[]): Promi
   const a = await once('GET', `${HOST_URL}/sandboxes`, undefined, { authorization: `Bearer ${hostToken()}` }, 10_000).catch(() => null);
   if (a?.status === 200) out.hostList = (a.json as { id: string }[]).map((s) => s.id).filter((id) => sandboxIds.has(id));
   else out.hostList = [`(host list unavailable: ${a?.status ?? 'no answer'})`];
-  for (const c of ['memory', 'pids', 'cpu', 'freezer']) {
+  for (const c of ['memory', 'pids', 'cpu', 'cpuacct', 'freezer']) {
     const dir = path.join('/sys/fs/cgroup', c, 'sap');
     for (const name of fs.existsSync(dir) ? fs.readdirSync(dir) : []) {
       if (sandboxIds.has(name) || deadHostPids.some((p) => name.startsWith(`spare-${p}-`))) out.cgroups.push(`${c}/sap/${name}`);

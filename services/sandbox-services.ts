@@ -14,6 +14,7 @@ import type { SandboxDeps } from './deps';
 import { createSandboxCreator } from './sandbox-create';
 import { createSandboxService } from './sandboxes';
 import { createSnapshotService } from './snapshots';
+import { createResourceService } from './metrics';
 
 /** Builds the sandbox-side services over `deps`. */
 export function createSandboxServices(deps: SandboxDeps) {
@@ -31,6 +32,7 @@ export function createSandboxServices(deps: SandboxDeps) {
     agents: createAgentSessionService(deps, live),
     files: createFileService(deps, live, sandboxes),
     pty: createPtyService(deps, live),
+    resources: createResourceService(deps),
   };
 }
 

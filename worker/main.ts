@@ -88,7 +88,7 @@ async function main(): Promise<void> {
     prometheusPort: cfg.WORKER_METRICS_PORT ? cfg.WORKER_METRICS_PORT + 1 : 0,
     heartbeatMs: workerHeartbeatMs(cfg),
   });
-  const metrics = createWorkerMetrics({ host });
+  const metrics = createWorkerMetrics({ host, sandboxMetricsMax: cfg.SANDBOX_METRICS_MAX });
   // Filled once the Temporal workers exist; until then /readyz says they are not created yet.
   const temporalWorkers: { name: string; worker: Worker }[] = [];
   const ready = workerReadiness({ workers: () => temporalWorkers, host });

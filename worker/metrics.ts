@@ -6,6 +6,7 @@ import type { Logger } from '../lib/logger';
 import type { HostClient } from '../sandbox';
 import type { SessionEnd } from '../store/sessions';
 import type { WorkerReadiness } from './readiness';
+import { registerSandboxGauges } from './sandbox-gauges';
 
 /** The worker's Prometheus metrics and the activity interceptor that feeds them. */
 export interface WorkerMetrics {
@@ -21,10 +22,11 @@ const MAX_TRACKED = 100_000;
  * Sessions started (sandbox provisioned) and finished by status and reason, session duration
  * (provisioned → ended, for sessions provisioned by this worker process), activity latency and
  * failures by activity type, live sandboxes and running exec sessions on this worker's host
- * (read from the host at scrape time), and the process's default metrics.
+ * (read from the host at scrape time), per-sandbox resource gauges (./sandbox-gauges), and the process's default metrics.
  */
-export function createWorkerMetrics(deps: { host: HostClient }): WorkerMetrics {
+export function createWorkerMetrics(deps: { host: HostClient; sandboxMetricsMax?: number }): WorkerMetrics {
   const registry = new client.Registry();
+  registerSandboxGauges(registry, deps.host, deps.sandboxMetricsMax ?? 50);
   client.collectDefaultMetrics({ register: registry, prefix: 'sap_worker_' });
   const started = new client.Counter({
     name: 'sap_sessions_started_total',

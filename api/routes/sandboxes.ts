@@ -4,7 +4,7 @@ import type { RouteTable } from '../http';
 import '../http';
 import { ApiError } from '../../lib/errors';
 import { networkSchema } from '../../contract/network';
-import { AllowedHostsView, CreateSandboxBody, SandboxParams, sandboxView, SandboxView } from '../sandbox-schemas';
+import { AllowedHostsView, CreateSandboxBody, SandboxMetricsView, SandboxParams, sandboxView, SandboxView, ScaleBody, ScaleView } from '../sandbox-schemas';
 import { sseIfAsked } from '../sse';
 import { sandboxServicesOf } from '../../services/sandbox-services';
 
@@ -79,6 +79,34 @@ export function registerSandboxRoutes(t: RouteTable, deps: ApiDeps): void {
     errors: [409, 503],
     handler: async ({ params, body, org, res }) => {
       res.json(sandboxView(deps, await svc.setNetwork(org.id, params.id, body)));
+    },
+  });
+
+  const resources = sandboxServicesOf(deps).resources;
+  t.add({
+    method: 'get',
+    path: '/api/sandboxes/:id/metrics',
+    tag: 'sandboxes',
+    summary: "A running sandbox's resource use now: CPU, memory, disk, network, processes (E2B's getMetrics fields too)",
+    params: SandboxParams,
+    responses: { 200: { description: 'Its metrics', schema: SandboxMetricsView } },
+    errors: [409, 503],
+    handler: async ({ params, org, res }) => {
+      res.json(await resources.metrics(org.id, params.id));
+    },
+  });
+
+  t.add({
+    method: 'post',
+    path: '/api/sandboxes/:id/scale',
+    tag: 'sandboxes',
+    summary: "Resize a running sandbox's memory and CPU limits at once (OpenComputer's Sandbox.scale), within the operator's maxima and its host's room",
+    params: SandboxParams,
+    body: ScaleBody,
+    responses: { 200: { description: 'The limits in force', schema: ScaleView } },
+    errors: [409, 503],
+    handler: async ({ params, body, org, res }) => {
+      res.json(await resources.scale(org.id, params.id, body));
     },
   });
 

@@ -13,7 +13,6 @@ import { SandboxParams } from '../sandbox-schemas';
  * The README lists them, with why.
  */
 export const UNIMPLEMENTED: { method: 'get' | 'post' | 'put' | 'delete'; path: string; call: string; why: string }[] = [
-  { method: 'post', path: '/api/sandboxes/:id/scale', call: 'Sandbox.scale', why: 'memory limits are set at create (memoryMB)' },
   { method: 'put', path: '/api/sandboxes/:id/autoscale', call: 'Sandbox.setAutoscale', why: 'no autoscaling of a running sandbox' },
   { method: 'get', path: '/api/sandboxes/:id/autoscale', call: 'Sandbox.getAutoscale', why: 'no autoscaling of a running sandbox' },
   { method: 'put', path: '/api/sandboxes/:id/scaling-lock', call: 'Sandbox.setScalingLock', why: 'no autoscaling of a running sandbox' },

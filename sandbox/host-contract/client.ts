@@ -19,6 +19,10 @@ import type {
   ExecRunResult,
   ExecSessionInfo,
   SandboxInfo,
+  SandboxMetrics,
+  SandboxMetricsEntry,
+  ScaleRequest,
+  ScaleResult,
   WireEntrypointLog,
 } from './types';
 
@@ -191,6 +195,13 @@ export class HostClient {
   async setNetwork(id: string, network: { egress: 'internet' | 'none' | { allow: string[] } }): Promise<SandboxInfo> {
     return this.call<SandboxInfo>('PUT', `/sandboxes/${encodeURIComponent(id)}/network`, { body: network });
   }
+
+  /** A running sandbox's metrics (see SandboxMetrics); 409 when it is not running. */
+  sandboxMetrics = (id: string) => this.call<SandboxMetrics>('GET', `/sandboxes/${encodeURIComponent(id)}/metrics`);
+  /** Resizes a running sandbox's memory and CPU limits at once; answers the limits in force. */
+  scaleSandbox = (id: string, req: ScaleRequest) => this.call<ScaleResult>('POST', `/sandboxes/${encodeURIComponent(id)}/scale`, { body: req });
+  /** The metrics of at most `limit` running sandboxes of the host, the largest memory users first, and how many run. */
+  busiestSandboxes = (limit: number) => this.call<{ total: number; sandboxes: SandboxMetricsEntry[] }>('GET', '/metrics/sandboxes', { query: { limit } });
 
   /** Kills everything in the sandbox and removes it; false when it did not exist. */
   async destroySandbox(id: string): Promise<boolean> {

@@ -184,3 +184,49 @@ export interface SandboxEntry {
   /** The link's target (symlinks only). */
   target?: string;
 }
+
+/**
+ * A running sandbox's resource use (GET /sandboxes/:id/metrics), read from its cgroups, its writable
+ * layer's filesystem and its link's counters. A reading the provider has no source for is null.
+ */
+export interface SandboxMetrics {
+  /** When it was read (ISO 8601). */
+  timestamp: string;
+  cpu: {
+    /** CPUs of CFS quota (0: no quota). */
+    count: number;
+    /** CPU time used by every process of the sandbox since it started (cpuacct.usage). */
+    usageSeconds: number | null;
+    /** Average use over `windowMs` before the reading, in percent of one CPU (200: two CPUs busy). */
+    percent: number | null;
+    windowMs: number | null;
+    /** Time its processes waited because the quota was used up (cpu.stat throttled_time). */
+    throttledSeconds: number | null;
+  };
+  memory: { usedBytes: number | null; limitBytes: number | null; peakBytes: number | null; cacheBytes: number | null; oomKills: number };
+  /** The writable layer: what is written there and its size (statfs). */
+  disk: { usedBytes: number | null; limitBytes: number | null };
+  /** Bytes through its link: `rxBytes` into the sandbox, `txBytes` out of it (null: no link). */
+  network: { rxBytes: number | null; txBytes: number | null; rxPackets: number | null; txPackets: number | null };
+  processes: { current: number | null; limit: number | null };
+}
+
+/** A live resize (POST /sandboxes/:id/scale): the fields given change, the others stay. */
+export interface ScaleRequest {
+  memoryMB?: number;
+  cpuCount?: number;
+}
+
+/** The limits in force after a resize. */
+export interface ScaleResult {
+  memoryMB: number | null;
+  cpuCount: number;
+}
+
+/** One sandbox in GET /metrics/sandboxes (owner: its owner's kind). */
+export interface SandboxMetricsEntry {
+  id: string;
+  orgId: string;
+  owner: string;
+  metrics: SandboxMetrics;
+}

@@ -3,6 +3,7 @@ import type { Request } from 'express';
 import { z } from 'zod';
 import { networkSchema } from '../../contract/network';
 import { SandboxError } from '../errors';
+import { MIN_MEMORY_MB } from '../../contract/limits';
 
 const stringMap = z.record(z.string(), z.string());
 const idParam = z.object({ id: z.string().min(1) });
@@ -46,6 +47,14 @@ export const schemas = {
   list: z.object({ query: z.object({ owner: z.string().optional() }) }),
   byId: z.object({ params: idParam }),
   setNetwork: z.object({ params: idParam, body: networkSchema(z) }),
+  scale: z.object({
+    params: idParam,
+    body: z
+      .object({ memoryMB: z.number().int().min(MIN_MEMORY_MB).optional(), cpuCount: z.number().min(0).max(4096).optional() })
+      .strict()
+      .refine((b) => b.memoryMB !== undefined || b.cpuCount !== undefined, 'give memoryMB, cpuCount or both'),
+  }),
+  sandboxMetrics: z.object({ query: z.object({ limit: z.coerce.number().int().min(0).max(1000).default(100) }) }),
   writeFile: z.object({
     params: idParam,
     body: z.object({

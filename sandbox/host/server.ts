@@ -21,6 +21,7 @@ import { scrubUrl } from '../../lib/logger';
 import { attachExec, ExecManager } from './exec';
 import { PortForwarder } from './forward';
 import { fileRoutes } from './files';
+import { resourceRoutes } from './resources';
 import { PtyManager } from './pty';
 import type { SandboxNetwork } from '../network';
 
@@ -340,6 +341,7 @@ export function createApp(deps: HostDeps): express.Express {
 
   deps.exec.routes(app, h, parse);
   fileRoutes(app, provider, h, parse);
+  resourceRoutes(app, provider, deps.limits, h, parse);
   deps.pty?.routes(app, h, parse);
 
   app.use((_req: Request, res: Response) => sendError(res, 'not_found', 'no such route'));

@@ -32,6 +32,7 @@ import * as path from 'node:path';
 import { PROJECT_ROOT } from '../../config';
 import { DEFAULT_MEMORY_MB } from '../../config/limits';
 import { BaseProvider, DEFAULT_ENV, assertId, envPairs, type EnterOptions, type LayerScan, type SandboxState } from '../base';
+import type { ResourceProbe } from '../base/resources';
 import { SandboxError } from '../errors';
 import type { RootMap } from '../paths';
 import { isAlive, procRef, SandboxCgroups, signalRef } from '../procs';
@@ -264,6 +265,15 @@ export class NamespaceProvider extends BaseProvider {
     await this.helpers.close();
     await this.network?.close();
     await super.close();
+  }
+
+  /** The writable layer as the init helper's namespace holds it (see captureLayer), and the link's host end. */
+  protected override resourceProbe(state: SandboxState): ResourceProbe {
+    const outer = state.init?.outer;
+    return {
+      upperDir: outer && isAlive(outer) ? path.join(`/proc/${outer.pid}/root`, this.dirOf(state.id), 'm', 'w') : null,
+      ifname: state.link?.ifname ?? null,
+    };
   }
 
   protected override async applyNetwork(state: SandboxState, egress: Egress): Promise<void> {

@@ -56,7 +56,7 @@ describe('calls of the client that are not implemented', () => {
       `
       const sb = await sdk.Sandbox.connect(process.env.SB, opts);
       const msgs = [];
-      for (const f of [() => sb.scale({ memoryMB: 1024 }), () => sb.getAutoscale(), () => sb.mounts.list()]) {
+      for (const f of [() => sb.setAutoscale({ enabled: true }), () => sb.getAutoscale(), () => sb.mounts.list()]) {
         try { await f(); msgs.push('ok'); } catch (e) { msgs.push(String(e.message)); }
       }
       out(msgs);
