@@ -78,7 +78,7 @@ export class SandboxProcesses {
 
   runPatch(state: SandboxState, patch: { id: string; script: string }): Promise<PatchOutcome> {
     return new Promise((resolve, reject) => {
-      const child = this.deps.spawn(state.id, { argv: ['/bin/bash', '-c', patch.script] });
+      const child = this.deps.spawn(state.id, { argv: ['/bin/bash', '-c', patch.script], user: 'root' });
       let tail = Buffer.alloc(0);
       const add = (b: Buffer) => {
         tail = Buffer.concat([tail, b]);
