@@ -56,6 +56,12 @@ export const CreateSandboxBody = z
       .min(1)
       .optional()
       .describe('Size of the writable layer in MB (writes past it get ENOSPC); default SANDBOX_DISK_MB (2048), at most SANDBOX_MAX_DISK_MB (20480)'),
+    user: z
+      .enum(['root', 'sandbox'])
+      .optional()
+      .describe(
+        "Who its commands run as: sandbox (uid 1000, HOME=/home/sandbox, /workspace its own, passwordless sudo to sandbox root) or root; default SANDBOX_USER, else sandbox (OpenComputer's convention)",
+      ),
     previewAuth: z.unknown().optional().describe('Not implemented (501): protect previews per URL with authConfig at POST /preview'),
     webhooks: z.unknown().optional().describe('Not implemented (501): sandbox lifecycle webhooks'),
     network: networkSchema(z)
@@ -82,6 +88,7 @@ export const SandboxView = z
     snapshot: z.string().nullable(),
     sandboxDomain: z.string(),
     network: z.object({ egress: EgressView }).describe('Its egress policy now (PUT /api/sandboxes/{id}/network changes it)'),
+    user: z.enum(['root', 'sandbox']).describe('Who its commands run as'),
     createdAt: z.string(),
   })
   .openapi('Sandbox');
@@ -116,6 +123,7 @@ export function sandboxView(deps: ApiDeps, s: SandboxDoc): z.infer<typeof Sandbo
     snapshot: s.snapshot,
     sandboxDomain: deps.cfg.PREVIEW_DOMAIN,
     network: s.network ?? { egress: 'internet' },
+    user: s.user ?? 'root',
     createdAt: s.createdAt.toISOString(),
   };
 }

@@ -128,9 +128,8 @@ describe('sandbox host (namespaces): the sandbox user', () => {
       patches: [{ id: 'p1', script: 'id -u > /tmp/patch-uid' }],
       entrypoint: { argv: ['/bin/bash', '-c', 'echo "$(id -u) $HOME $(pwd)" > /tmp/ep'] },
     });
-    await eventually(async () => {
-      expect((await client.readFile(id, '/tmp/ep'))?.toString()).toBe('1000 /home/sandbox /workspace\n');
-    });
+    const ep = await eventually(async () => (await client.readFile(id, '/tmp/ep'))?.toString());
+    expect(ep).toBe('1000 /home/sandbox /workspace\n');
     expect((await client.readFile(id, '/tmp/patch-uid'))?.toString()).toBe('0\n');
   });
 
