@@ -44,9 +44,7 @@ const agentFields = {
   webhook: WebhookInput.describe('POSTed to (signed with the secret) when each of its sessions ends'),
   user: z
     .enum(['root', 'sandbox'])
-    .describe(
-      "Who its sandboxes' processes run as: root, or sandbox (uid 1000, HOME=/home/sandbox, passwordless sudo); default SANDBOX_USER, else root",
-    ),
+    .describe("Who its sandboxes' processes run as: root, or sandbox (uid 1000, HOME=/home/sandbox, passwordless sudo); default SANDBOX_USER, else root"),
   retryOnHostLoss: z
     .boolean()
     .describe(

@@ -55,7 +55,10 @@ export interface AgentRunSpec {
  * Caller-supplied JSON (config) and file paths are stored as JSON text / arrays, since keys with
  * `.` or a leading `$` are not storable on every MongoDB-wire server.
  */
-export interface AgentDoc extends Omit<AgentRunSpec, 'files' | 'memoryMB' | 'cpuCount' | 'diskMB' | 'secretStore' | 'network' | 'webhook' | 'retryOnHostLoss' | 'user'> {
+export interface AgentDoc extends Omit<
+  AgentRunSpec,
+  'files' | 'memoryMB' | 'cpuCount' | 'diskMB' | 'secretStore' | 'network' | 'webhook' | 'retryOnHostLoss' | 'user'
+> {
   _id: string;
   orgId: string;
   id: string;

@@ -94,7 +94,17 @@ describe('sandbox host (namespaces): the sandbox user', () => {
         'sudo -n cp /usr/bin/id /usr/local/bin/suid-id && sudo -n chmod 4755 /usr/local/bin/suid-id && /usr/local/bin/suid-id -u',
       ].join('; '),
     );
-    expect(r.stdout.trim().split('\n')).toEqual(['sudo-ok', '0', `CapEff: ${DEFAULT_CAPS}`, 'Seccomp: 2', 'no-mount', 'no-userns', 'no-host-file', 'made', '0']);
+    expect(r.stdout.trim().split('\n')).toEqual([
+      'sudo-ok',
+      '0',
+      `CapEff: ${DEFAULT_CAPS}`,
+      'Seccomp: 2',
+      'no-mount',
+      'no-userns',
+      'no-host-file',
+      'made',
+      '0',
+    ]);
     // On the host, what sudo made is the sandbox's root's: its own unprivileged id, never host root.
     const base = await idBaseOf(id);
     expect(base).toBeGreaterThan(65535);
