@@ -41,7 +41,7 @@ import type { ProviderOptions, SpawnOptions } from '../driver';
 import { captureLayer, execFileP, migrateSetIds, restoreSetIds, scanLayer } from './layers';
 import { sandboxMountIds, unmountUnder } from './mounts';
 import { InitHelpers, SPARE_PREFIX } from './init-helpers';
-import { ownerOf, SANDBOX_HOME, SANDBOX_UID, writeSandboxUser } from './sandbox-user';
+import { ownerOf, SANDBOX_HOME, SANDBOX_UID, writeHostsFile, writeSandboxUser } from './sandbox-user';
 
 export { sandboxMountIds };
 
@@ -363,6 +363,7 @@ export class NamespaceProvider extends BaseProvider {
     if (!outer || !ns) throw new SandboxError('internal', `sandbox ${id} init exited right after start`);
     state.init = { outer, ns };
     await restoreSetIds(state, this.layersDir(), () => this.rootMap(state), this.log);
+    if (state.user === 'sandbox') await writeHostsFile(await this.rootMap(state), state.idBase, id);
   }
 
   /** The init to enter, the working directory, the user and the environment of a process to run in the sandbox. */

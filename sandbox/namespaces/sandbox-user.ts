@@ -6,6 +6,7 @@
 import { promises as fsp } from 'node:fs';
 import * as path from 'node:path';
 import type { SandboxState } from '../base';
+import { writeSandboxFile, type RootMap } from '../paths';
 import { execFileP } from './layers';
 
 /** The sandbox user's uid and gid inside the sandbox, and its home. */
@@ -31,4 +32,13 @@ export async function writeSandboxUser(dir: string): Promise<void> {
   await fsp.writeFile(path.join(dir, 'etc/sudoers'), 'Defaults env_reset\nroot ALL=(ALL:ALL) ALL\n@includedir /etc/sudoers.d\n', { mode: 0o440 });
   await fsp.mkdir(path.join(dir, 'etc/sudoers.d'), { mode: 0o755 });
   await fsp.writeFile(path.join(dir, 'etc/sudoers.d/sandbox'), 'sandbox ALL=(ALL:ALL) NOPASSWD: ALL\n', { mode: 0o440 });
+}
+
+/**
+ * /etc/hosts naming the sandbox's own host name (root's file): sudo resolves it at every call, and
+ * without it waits for the DNS and warns "unable to resolve host" on stderr.
+ */
+export async function writeHostsFile(map: RootMap, idBase: number, hostname: string): Promise<void> {
+  const text = `127.0.0.1\tlocalhost\n127.0.1.1\t${hostname}\n::1\tlocalhost ip6-localhost ip6-loopback\n`;
+  await writeSandboxFile({ ...map, owner: ownerOf(idBase, 'root') }, '/etc/hosts', Buffer.from(text), 0o644);
 }

@@ -90,10 +90,12 @@ describe('sandbox host (namespaces): the sandbox user', () => {
         'sudo -n unshare -U -r true 2>/dev/null && echo userns || echo no-userns',
         `sudo -n cat ${dataDir}/host-secret 2>/dev/null || echo no-host-file`,
         'sudo -n touch /workspace/by-sudo /usr/local/by-sudo && echo made',
-        // A setuid-root copy of bash in /usr (its only set-id mount) gives the user sandbox root, as sudo does.
+        // A setuid-root copy of id in /usr (its only set-id mount) gives the user sandbox root, as sudo does.
         'sudo -n cp /usr/bin/id /usr/local/bin/suid-id && sudo -n chmod 4755 /usr/local/bin/suid-id && /usr/local/bin/suid-id -u',
       ].join('; '),
     );
+    // Quiet: its host name resolves from /etc/hosts (no DNS wait, no "unable to resolve host").
+    expect(r.stderr).toBe('');
     expect(r.stdout.trim().split('\n')).toEqual([
       'sudo-ok',
       '0',
