@@ -145,6 +145,16 @@ describe('sandbox host (namespaces): the sandbox user', () => {
     expect((await client.readFile(id, '/tmp/patch-uid'))?.toString()).toBe('0\n');
   });
 
+  it('keeps the user through hibernate and wake (the respawn record holds it)', async () => {
+    const id = newId();
+    await client.createSandbox({ id, orgId: 'o', user: 'sandbox' });
+    await providerSh(host.provider, id, 'echo kept > ~/kept');
+    await client.hibernate(id, `hib-${id}`);
+    await client.wake(id);
+    const r = await providerSh(host.provider, id, 'whoami; cat ~/kept; sudo -n id -u');
+    expect(r.stdout).toBe('sandbox\nkept\n0\n');
+  });
+
   it('leaves a root sandbox as it was: root, the default capabilities, no_new_privs (setuid bits inert)', async () => {
     const id = newId();
     await client.createSandbox({ id, orgId: 'o' });
