@@ -13,7 +13,7 @@
  * same way) and handed the rest of its arguments over `${dataDir}/init.sock`. In a mount namespace
  * of its own it maps a user namespace whose ids 0..65535 are the host ids of the sandbox's slot
  * (`state.idBase`, see idSlots), clones every read-only layer as an idmapped mount (the base skeleton
- * `${dataDir}/base-v2`, the checkpoint layers `${dataDir}/layers/<id>/{root,usr}`, the host's /usr),
+ * `${dataDir}/base-v3`, the checkpoint layers `${dataDir}/layers/<id>/{root,usr}`, the host's /usr),
  * puts the writable layer on a tmpfs of `diskMB` and mounts the overlays of `/` and `/usr`; then its
  * child, root of that user namespace, unshares the mount, pid, net, ipc, uts and cgroup namespaces
  * and becomes the sandbox's pid 1: proc with the OCI runtime spec's read-only and masked paths, a
