@@ -21,6 +21,8 @@ export interface ActivityDeps {
   logMaxBytes: number;
   /** The sandbox limits' defaults and maxima (the same SANDBOX_* variables as the host beside it). */
   limits: SandboxLimits;
+  /** SANDBOX_USER: who agents' sandboxes run as when the agent does not say (absent: root). */
+  sandboxUser?: 'root' | 'sandbox';
   /** Webhook deliveries: the allow list (WEBHOOK_ALLOWED_CIDRS), the attempt's time limit and how much of the answer is read. Absent: the defaults. */
   webhooks?: { allowedCidrs: string; timeoutMs: number; answerMaxBytes: number };
   /** Opens secret-store values (the same SECRETS_KEY as the API's). */

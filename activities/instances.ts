@@ -3,7 +3,7 @@ import type { AgentRunSpec } from '../store';
 import { markInstanceRunning, markInstanceStoppedAt, recordInstanceStatus, sandboxIdForInstance } from '../store/instances';
 import { deleteSandboxRecord, insertSandboxOnce, markSandboxStopped, type SandboxDoc } from '../store/sandboxes';
 import type { ActivityDeps } from './deps';
-import { agentEnvOrFail, createOrExplain, imageOrFail, secretEnvOrFail } from './sessions';
+import { agentEnvOrFail, createOrExplain, imageOrFail, secretEnvOrFail, userOf } from './sessions';
 import { effectiveResources } from '../config/limits';
 
 /** The id of the host beside this worker (asked once). */
@@ -71,6 +71,7 @@ export const createInstanceActivities = (deps: ActivityDeps) => ({
         cpuCount,
         diskMB,
         ...(args.run.network ? { network: args.run.network } : {}),
+        ...userOf(deps, args.run),
         metadata: { instanceId: args.instanceId, agentId: args.agentId },
       });
     } catch (err) {

@@ -84,6 +84,7 @@ export const createSessionActivities = (deps: ActivityDeps) => ({
       cpuCount,
       diskMB,
       ...(args.run.network ? { network: args.run.network } : {}),
+      ...userOf(deps, args.run),
       entrypoint: { argv: args.run.entrypoint, timeoutSeconds: args.run.timeoutSeconds, cwd: image?.workdir ?? '/workspace' },
       // A short entrypoint is over when the host answers, with its result file read: one call.
       awaitExit: {
@@ -315,6 +316,12 @@ export async function secretEnvOrFail(deps: ActivityDeps, orgId: string, name: s
 }
 
 /** The agent's env opened (it travels sealed in the run spec); a value that does not open fails the run for good. */
+/** Who the agent's sandbox runs as: the agent's `user`, else SANDBOX_USER; absent: the host's default, root. */
+export function userOf(deps: Pick<ActivityDeps, 'sandboxUser'>, run: AgentRunSpec): { user?: 'root' | 'sandbox' } {
+  const user = run.user ?? deps.sandboxUser;
+  return user ? { user } : {};
+}
+
 export function agentEnvOrFail(deps: ActivityDeps, orgId: string, agentId: string, run: AgentRunSpec): Record<string, string> {
   try {
     return openAgentEnv(deps.secrets, orgId, agentId, run.env, run.envSealed);

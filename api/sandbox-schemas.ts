@@ -57,6 +57,12 @@ export const CreateSandboxBody = z
       .min(1)
       .optional()
       .describe('Size of the writable layer in MB (writes past it get ENOSPC); default SANDBOX_DISK_MB (2048), at most SANDBOX_MAX_DISK_MB (20480)'),
+    user: z
+      .enum(['root', 'sandbox'])
+      .optional()
+      .describe(
+        "Who its commands run as: sandbox (uid 1000, HOME=/home/sandbox, /workspace its own, passwordless sudo to sandbox root) or root; default SANDBOX_USER, else sandbox (OpenComputer's convention)",
+      ),
     previewAuth: z.unknown().optional().describe('Not implemented (501): protect previews per URL with authConfig at POST /preview'),
     webhooks: z.unknown().optional().describe('Not implemented (501): sandbox lifecycle webhooks'),
     network: networkSchema(z)
@@ -93,6 +99,7 @@ export const SandboxView = z
     snapshot: z.string().nullable(),
     sandboxDomain: z.string(),
     network: z.object({ egress: EgressView }).describe('Its egress policy now (PUT /api/sandboxes/{id}/network changes it)'),
+    user: z.enum(['root', 'sandbox']).describe('Who its commands run as'),
     createdAt: z.string(),
     patchError: z.string().optional().describe("Set while a checkpoint patch failed (OpenComputer's field): which, its exit code and output, what to do"),
     patches: PatchesView.optional().describe('For a sandbox from a checkpoint: the patches it has, in order, and the one that stopped the chain (null: none)'),
@@ -129,6 +136,7 @@ export function sandboxView(deps: ApiDeps, s: SandboxDoc & { hostLost?: boolean 
     snapshot: s.snapshot,
     sandboxDomain: deps.cfg.PREVIEW_DOMAIN,
     network: s.network ?? { egress: 'internet' },
+    user: s.user ?? 'root',
     createdAt: s.createdAt.toISOString(),
     ...patchFields(s),
   };

@@ -68,6 +68,12 @@ export const configSchema = z.object({
   SANDBOX_PROVIDER: sandboxProviderSetting,
   /** npm start: how many sandbox hosts (each with its worker) to run on this machine. */
   SANDBOX_HOSTS: z.coerce.number().int().min(1).max(16).default(1),
+  /**
+   * Who sandboxes' processes run as when a create does not say (`user`): root, or sandbox (uid 1000,
+   * passwordless sudo; docs/isolation.md). Unset: sandbox for POST /api/sandboxes (OpenComputer's
+   * convention), root for agents' sandboxes (sessions, instances).
+   */
+  SANDBOX_USER: z.enum(['root', 'sandbox']).optional(),
   HOST_ID: nonEmpty.regex(/^[\w.-]+$/, 'letters, digits, _ . - only').optional(),
   HOST_LISTEN: z
     .string()

@@ -42,6 +42,9 @@ const agentFields = {
   diskMB: z.number().int().min(1).describe("Size of its sandboxes' writable layer in MB; default SANDBOX_DISK_MB, at most SANDBOX_MAX_DISK_MB"),
   network: networkSchema(z).describe("What its sandboxes may reach: egress 'internet' (default), 'none', or { allow: [IPv4 CIDR…] }"),
   webhook: WebhookInput.describe('POSTed to (signed with the secret) when each of its sessions ends'),
+  user: z
+    .enum(['root', 'sandbox'])
+    .describe("Who its sandboxes' processes run as: root, or sandbox (uid 1000, HOME=/home/sandbox, passwordless sudo); default SANDBOX_USER, else root"),
   retryOnHostLoss: z
     .boolean()
     .describe(
@@ -67,6 +70,7 @@ export const CreateAgentBody = z
     cpuCount: agentFields.cpuCount.optional(),
     diskMB: agentFields.diskMB.optional(),
     network: agentFields.network.optional(),
+    user: agentFields.user.optional(),
     webhook: agentFields.webhook.optional(),
     retryOnHostLoss: agentFields.retryOnHostLoss.default(false),
   })
@@ -91,6 +95,7 @@ export const UpdateAgentBody = z
     cpuCount: agentFields.cpuCount.nullable(),
     diskMB: agentFields.diskMB.nullable(),
     network: agentFields.network.nullable(),
+    user: agentFields.user.nullable(),
     webhook: agentFields.webhook.nullable(),
     retryOnHostLoss: agentFields.retryOnHostLoss,
   })
@@ -119,6 +124,7 @@ export const Agent = z
       .object({ egress: z.union([z.enum(['internet', 'none']), z.object({ allow: z.array(z.string()) })]) })
       .nullable()
       .describe('null: the default (egress internet)'),
+    user: z.enum(['root', 'sandbox']).nullable().describe("null: the operator's default (SANDBOX_USER, else root)"),
     webhook: WebhookView.describe('null: none; the secret is never shown'),
     retryOnHostLoss: z.boolean(),
     created_at: z.string(),

@@ -296,6 +296,7 @@ export abstract class BaseProvider implements SandboxProvider {
         layers: await this.layers.expandFor(req.id, req.layers ?? []),
         envs: req.envs ?? {},
         ...(req.cwd ? { cwd: req.cwd } : {}),
+        ...(req.user && req.user !== 'root' ? { user: req.user } : {}),
         ...(req.network ? { network: req.network } : {}),
         limits: { memoryMB: req.memoryMB, cpuCount: req.cpuCount, maxProcesses: req.maxProcesses ?? 512, diskMB: req.diskMB },
         createdAt: new Date().toISOString(),

@@ -35,6 +35,8 @@ export interface SpawnOptions {
   env?: Record<string, string>;
   /** Working directory inside the sandbox; default /workspace. */
   cwd?: string;
+  /** Run as this user instead of the sandbox's own (CreateSandboxRequest.user); patches run as root. */
+  user?: import('./host-contract/types').SandboxUser;
   /**
    * Run on a pseudo-terminal of the sandbox (stdin/stdout are the terminal; stderr is the helper's
    * own messages); the child's fd 3 (stdio[3]) takes window sizes as "ROWS COLS\n" lines.

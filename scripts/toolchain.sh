@@ -32,6 +32,8 @@ command -v go >/dev/null 2>&1 || [ -x /usr/local/go/bin/go ] || missing+=(golang
 [ -f /usr/include/seccomp.h ] || dpkg -s libseccomp-dev >/dev/null 2>&1 || missing+=(libseccomp-dev)
 # Sandboxes see the host's /usr: its python3 needs pip for snapshots' pip_install steps.
 [ -x /usr/bin/python3 ] && ! /usr/bin/python3 -m pip --version >/dev/null 2>&1 && missing+=(python3-pip)
+# The sandbox user's `sudo` (sandboxes see the host's /usr; see docs/isolation.md, "The sandbox user").
+[ -x /usr/bin/sudo ] || missing+=(sudo)
 # The sandboxes' network table (sandbox/network.ts; SANDBOX_NETWORK=off does without).
 command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || missing+=(nftables)
 if [ ${#missing[@]} -gt 0 ]; then
@@ -171,4 +173,18 @@ if [ ! -f "$alayer/.complete" ]; then
 fi
 ln -sfn "$alayer/layer" "$root/.tools/agent-sdk"
 
-say "ready: $("$root/.tools/bin/temporal" --version | head -1); ferretdb; sandbox helpers; seccomp filter; agent SDK"
+# --- OpenComputer's Python client (the integration tests run it against the stack) -----------
+# opencomputer-sdk from PyPI, pinned, in a venv of its own; test/integration/python-client.test.ts
+# finds it at .tools/opencomputer-py/bin/python.
+ocpy_version="1.1.0"
+ocdir="$cache/opencomputer-sdk-$ocpy_version"
+if [ ! -f "$ocdir/.complete" ]; then
+  say "installing OpenComputer's Python client (opencomputer-sdk $ocpy_version)"
+  rm -rf "$ocdir"
+  python3 -m venv "$ocdir"
+  "$ocdir/bin/pip" install -q --disable-pip-version-check "opencomputer-sdk==$ocpy_version"
+  touch "$ocdir/.complete"
+fi
+ln -sfn "$ocdir" "$root/.tools/opencomputer-py"
+
+say "ready: $("$root/.tools/bin/temporal" --version | head -1); ferretdb; sandbox helpers; seccomp filter; agent SDK; opencomputer-sdk"

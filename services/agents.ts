@@ -105,6 +105,7 @@ export function createAgentService(deps: ServiceDeps, secretStores: Pick<SecretS
         ...(body.cpuCount !== undefined ? { cpuCount: body.cpuCount } : {}),
         ...(body.diskMB !== undefined ? { diskMB: body.diskMB } : {}),
         ...(body.network !== undefined ? { network: body.network } : {}),
+        ...(body.user !== undefined ? { user: body.user } : {}),
         ...(body.retryOnHostLoss ? { retryOnHostLoss: true } : {}),
         ...(body.webhook !== undefined ? { webhook: sealWebhook(deps.secrets, orgId, body.webhook) } : {}),
         created_at: now,

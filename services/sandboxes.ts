@@ -32,6 +32,8 @@ export interface SandboxCreateRequest {
   previewAuth?: unknown;
   webhooks?: unknown;
   network?: { egress: Egress };
+  /** Who its processes run as; absent: SANDBOX_USER, else sandbox (OpenComputer's convention). */
+  user?: 'root' | 'sandbox';
 }
 
 /** What a new sandbox is made from, besides the base image. */
@@ -149,6 +151,7 @@ export async function provisionSandbox(
   const { hostId, client } = await deps.hosts.pick();
   if (origin.hostId && origin.layers?.length && origin.hostId !== hostId) await deps.hosts.bringLayers(hostId, origin.hostId, origin.layers);
   const now = new Date();
+  const user = body.user ?? deps.cfg.SANDBOX_USER ?? 'sandbox';
   const doc: SandboxDoc = {
     _id: `sb-${randomId()}`,
     orgId,
@@ -167,6 +170,7 @@ export async function provisionSandbox(
     network: body.network ? { egress: normaliseEgress(body.network.egress) } : null,
     secretStore: body.secretStore ?? null,
     ...(origin.patches ? { patchesApplied: [], patchFailed: null } : {}),
+    user,
     createdAt: now,
     updatedAt: now,
   };
@@ -179,6 +183,7 @@ export async function provisionSandbox(
       // Image env, then the store's secrets, then the caller's envs (the most specific wins).
       envs: { ...origin.envs, ...secretEnv, ...body.envs },
       ...(origin.cwd ? { cwd: origin.cwd } : {}),
+      user,
       memoryMB: limits.memoryMB,
       cpuCount: limits.cpuCount,
       diskMB: limits.diskMB,

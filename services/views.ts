@@ -72,6 +72,7 @@ export function agentView(a: AgentDoc): z.infer<typeof Agent> {
     cpuCount: a.cpuCount ?? null,
     diskMB: a.diskMB ?? null,
     network: a.network ?? null,
+    user: a.user ?? null,
     webhook: webhookView(a.webhook),
     retryOnHostLoss: a.retryOnHostLoss ?? false,
     created_at: a.created_at.toISOString(),

@@ -46,6 +46,8 @@ export interface AgentRunSpec {
   webhook?: WebhookSpec;
   /** Run again from the start on another host when the sandbox's host is lost (else: failed, host_lost). */
   retryOnHostLoss?: boolean;
+  /** Who its sandboxes' processes run as; absent: the operator's default (SANDBOX_USER, else root). */
+  user?: 'root' | 'sandbox';
 }
 
 /**
@@ -53,7 +55,10 @@ export interface AgentRunSpec {
  * Caller-supplied JSON (config) and file paths are stored as JSON text / arrays, since keys with
  * `.` or a leading `$` are not storable on every MongoDB-wire server.
  */
-export interface AgentDoc extends Omit<AgentRunSpec, 'files' | 'memoryMB' | 'cpuCount' | 'diskMB' | 'secretStore' | 'network' | 'webhook' | 'retryOnHostLoss'> {
+export interface AgentDoc extends Omit<
+  AgentRunSpec,
+  'files' | 'memoryMB' | 'cpuCount' | 'diskMB' | 'secretStore' | 'network' | 'webhook' | 'retryOnHostLoss' | 'user'
+> {
   _id: string;
   orgId: string;
   id: string;
@@ -74,6 +79,8 @@ export interface AgentDoc extends Omit<AgentRunSpec, 'files' | 'memoryMB' | 'cpu
   webhook?: StoredWebhook | null;
   /** See AgentRunSpec.retryOnHostLoss; absent: false. */
   retryOnHostLoss?: boolean;
+  /** See AgentRunSpec.user; absent or null: the operator's default. */
+  user?: 'root' | 'sandbox' | null;
   created_at: Date;
   updated_at: Date;
 }
@@ -181,6 +188,7 @@ export function runSpecOf(a: AgentDoc, box: SecretBox): AgentRunSpec {
     ...(a.diskMB != null ? { diskMB: a.diskMB } : {}),
     ...(a.network != null ? { network: a.network } : {}),
     ...(a.retryOnHostLoss ? { retryOnHostLoss: true } : {}),
+    ...(a.user != null ? { user: a.user } : {}),
   };
 }
 

@@ -38,6 +38,8 @@ export interface SandboxDoc {
   network?: { egress: 'internet' | 'none' | { allow: string[] } } | null;
   /** The secret store it was created with, if any. */
   secretStore?: string | null;
+  /** Who its processes run as; absent: root (a sandbox recorded before the option existed). */
+  user?: 'root' | 'sandbox';
   /** Last time a caller used it (exec, files, previews); the idle timeout counts from here. */
   lastActiveAt?: Date;
   createdAt: Date;

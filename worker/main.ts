@@ -73,6 +73,7 @@ async function main(): Promise<void> {
     resultMaxBytes: cfg.RESULT_MAX_BYTES,
     logMaxBytes: cfg.SESSION_LOG_MAX_BYTES,
     limits: cfg.limits,
+    ...(cfg.SANDBOX_USER ? { sandboxUser: cfg.SANDBOX_USER } : {}),
     webhooks: { allowedCidrs: cfg.WEBHOOK_ALLOWED_CIDRS, timeoutMs: cfg.WEBHOOK_TIMEOUT_MS, answerMaxBytes: cfg.WEBHOOK_ANSWER_MAX_BYTES },
     secrets: resolveSecretBox(cfg),
     placeElsewhere,

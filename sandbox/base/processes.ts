@@ -84,7 +84,7 @@ export class SandboxProcesses {
   runPatch(state: SandboxState, patch: { id: string; script: string }): Promise<PatchOutcome> {
     const limitS = Number(process.env.SANDBOX_PATCH_TIMEOUT_S) > 0 ? Number(process.env.SANDBOX_PATCH_TIMEOUT_S) : 300;
     return new Promise((resolve, reject) => {
-      const child = this.deps.spawn(state.id, { argv: ['/bin/bash', '-c', patch.script] });
+      const child = this.deps.spawn(state.id, { argv: ['/bin/bash', '-c', patch.script], user: 'root' });
       let timedOut = false;
       const timer = setTimeout(() => {
         timedOut = true;

@@ -25,6 +25,8 @@ export interface SandboxState {
   envs: Record<string, string>;
   /** Default working directory of processes (CreateSandboxRequest.cwd). */
   cwd?: string;
+  /** Who its processes run as (CreateSandboxRequest.user); absent: root. */
+  user?: CreateSandboxRequest['user'];
   limits: Limits;
   createdAt: string;
   metadata: Record<string, string>;
@@ -63,6 +65,7 @@ export interface Respawn {
   layer: string;
   envs: Record<string, string>;
   cwd?: string;
+  user?: SandboxState['user'];
   network?: SandboxState['network'];
   limits: Limits;
   metadata: Record<string, string>;

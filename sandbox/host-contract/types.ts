@@ -4,6 +4,9 @@
  * The host serves it as JSON over HTTP (see sandbox/host/server.ts); HostClient speaks it.
  */
 
+/** Who a sandbox's processes run as (see CreateSandboxRequest.user). */
+export type SandboxUser = 'root' | 'sandbox';
+
 /** What to create. Everything but `id` is optional. */
 export interface CreateSandboxRequest {
   /** `sb-<id>`; chosen by the caller so that a retried create is idempotent. */
@@ -18,6 +21,12 @@ export interface CreateSandboxRequest {
   envs?: Record<string, string>;
   /** Default working directory (absolute) of every process started in the sandbox; default /workspace. */
   cwd?: string;
+  /**
+   * Who its processes run as (patches excepted: they run as root): `root` (default) or `sandbox`
+   * (uid 1000, HOME=/home/sandbox, no capabilities, passwordless sudo to sandbox root; docs/isolation.md).
+   * Files the host writes for it (the files API, `files`) are then owned by that user.
+   */
+  user?: SandboxUser;
   /**
    * Resource limits (cgroups and the writable layer's size). Absent: the host's defaults
    * (SANDBOX_MEMORY_MB, SANDBOX_DISK_MB, …); the host clamps nothing: callers check the operator's maxima.

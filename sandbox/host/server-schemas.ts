@@ -24,6 +24,7 @@ export const schemas = {
       layers: z.array(z.string()).optional(),
       envs: stringMap.optional(),
       cwd: z.string().startsWith('/').optional(),
+      user: z.enum(['root', 'sandbox']).optional(),
       memoryMB: z.number().int().positive().optional(),
       // 0: no CFS quota (an equal cpu.shares weight).
       cpuCount: z.number().min(0).optional(),

@@ -13,7 +13,7 @@
  * same way) and handed the rest of its arguments over `${dataDir}/init.sock`. In a mount namespace
  * of its own it maps a user namespace whose ids 0..65535 are the host ids of the sandbox's slot
  * (`state.idBase`, see idSlots), clones every read-only layer as an idmapped mount (the base skeleton
- * `${dataDir}/base-v2`, the checkpoint layers `${dataDir}/layers/<id>/{root,usr}`, the host's /usr),
+ * `${dataDir}/base-v3`, the checkpoint layers `${dataDir}/layers/<id>/{root,usr}`, the host's /usr),
  * puts the writable layer on a tmpfs of `diskMB` and mounts the overlays of `/` and `/usr`; then its
  * child, root of that user namespace, unshares the mount, pid, net, ipc, uts and cgroup namespaces
  * and becomes the sandbox's pid 1: proc with the OCI runtime spec's read-only and masked paths, a
@@ -42,6 +42,7 @@ import type { ProviderOptions, SpawnOptions } from '../driver';
 import { captureLayer, execFileP, migrateSetIds, restoreSetIds, scanLayer } from './layers';
 import { sandboxMountIds, unmountUnder } from './mounts';
 import { InitHelpers, SPARE_PREFIX } from './init-helpers';
+import { ownerOf, SANDBOX_HOME, SANDBOX_UID, writeHostsFile, writeSandboxUser } from './sandbox-user';
 
 export { sandboxMountIds };
 
@@ -64,7 +65,8 @@ const DEFAULT_SECCOMP = path.join(PROJECT_ROOT, '.tools', 'lib', 'sap-seccomp.bp
 const DEFAULT_AGENT_SDK_LAYER = path.join(PROJECT_ROOT, '.tools', 'agent-sdk');
 
 /** Version of the base skeleton's contents: a new one is made next to an older one (sandboxes may still use it). */
-const BASE_NAME = 'base-v2';
+const BASE_NAME = 'base-v3';
+
 /** Files of the host's /etc copied into the base skeleton, so that su, useradd and PAM work as root inside. */
 const BASE_ETC_COPIES = ['pam.d', 'login.defs', 'security', 'default/useradd', 'skel'];
 
@@ -179,13 +181,17 @@ export class NamespaceProvider extends BaseProvider {
     await fsp.chmod(path.join(tmp, 'root'), 0o700);
     for (const [name, target] of BASE_LINKS) await fsp.symlink(target, path.join(tmp, name));
     const etc = path.join(tmp, 'etc');
-    await fsp.writeFile(path.join(etc, 'passwd'), 'root:x:0:0:root:/root:/bin/bash\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n');
-    await fsp.writeFile(path.join(etc, 'group'), 'root:x:0:\nnogroup:x:65534:\n');
+    await fsp.writeFile(
+      path.join(etc, 'passwd'),
+      `root:x:0:0:root:/root:/bin/bash\nsandbox:x:${SANDBOX_UID}:${SANDBOX_UID}:sandbox:${SANDBOX_HOME}:/bin/bash\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n`,
+    );
+    await fsp.writeFile(path.join(etc, 'group'), `root:x:0:\nsudo:x:27:sandbox\nsandbox:x:${SANDBOX_UID}:\nnogroup:x:65534:\n`);
     await fsp.writeFile(path.join(etc, 'hosts'), '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n');
     await fsp.writeFile(path.join(etc, 'resolv.conf'), '# no network inside the sandbox\n');
     await fsp.writeFile(path.join(etc, 'nsswitch.conf'), 'passwd: files\ngroup: files\nshadow: files\nhosts: files dns\n');
-    await fsp.writeFile(path.join(etc, 'shadow'), 'root:*:19000:0:99999:7:::\nnobody:*:19000:0:99999:7:::\n', { mode: 0o640 });
-    await fsp.writeFile(path.join(etc, 'gshadow'), 'root:*::\nnogroup:*::\n', { mode: 0o640 });
+    await fsp.writeFile(path.join(etc, 'shadow'), 'root:*:19000:0:99999:7:::\nsandbox:*:19000:0:99999:7:::\nnobody:*:19000:0:99999:7:::\n', { mode: 0o640 });
+    await fsp.writeFile(path.join(etc, 'gshadow'), 'root:*::\nsudo:*::sandbox\nsandbox:*::\nnogroup:*::\n', { mode: 0o640 });
+    await writeSandboxUser(tmp);
     for (const name of BASE_ETC_COPIES) {
       await fsp.mkdir(path.dirname(path.join(etc, name)), { recursive: true });
       await execFileP('cp', ['-a', path.join('/etc', name), path.join(etc, name)]).catch(() => undefined);
@@ -242,7 +248,8 @@ export class NamespaceProvider extends BaseProvider {
     return {
       mounts: [{ at: '/', dir: `/proc/${ns.pid}/root` }],
       mountIds: cached.ids,
-      ...(state.idBase !== undefined ? { owner: { uid: state.idBase, gid: state.idBase } } : {}),
+      // Created as the sandbox's user: root, or the sandbox user (who can then edit what it was given).
+      ...(state.idBase !== undefined ? { owner: ownerOf(state.idBase, state.user) } : {}),
       // What the host writes into the sandbox's files is charged to the sandbox's cgroups (memory above all).
       charge: {
         procsFiles: SandboxCgroups.of(state.id).procsFiles(),
@@ -366,16 +373,19 @@ export class NamespaceProvider extends BaseProvider {
     if (!outer || !ns) throw new SandboxError('internal', `sandbox ${id} init exited right after start`);
     state.init = { outer, ns };
     await restoreSetIds(state, this.layersDir(), () => this.rootMap(state), this.log);
+    if (state.user === 'sandbox') await writeHostsFile(await this.rootMap(state), state.idBase, id);
   }
 
-  /** The init to enter, the working directory and the environment of a process to run in the sandbox. */
-  private target(state: SandboxState, opts: SpawnOptions): { nsPid: number; cwd: string; env: string[] } {
+  /** The init to enter, the working directory, the user and the environment of a process to run in the sandbox. */
+  private target(state: SandboxState, opts: SpawnOptions): { nsPid: number; cwd: string; uid: number; env: string[] } {
     const ns = state.init?.ns;
     if (!ns || !isAlive(ns)) throw new SandboxError('conflict', `sandbox ${state.id} is not running`);
     if (!opts.argv.length) throw new SandboxError('invalid_request', 'argv must not be empty');
     const cwd = opts.cwd ?? state.cwd ?? '/workspace';
     if (!cwd.startsWith('/')) throw new SandboxError('invalid_request', `cwd must be absolute: ${cwd}`);
-    return { nsPid: ns.pid, cwd, env: envPairs(DEFAULT_ENV, { HOSTNAME: state.id }, state.envs, opts.env) };
+    const asUser = (opts.user ?? state.user ?? 'root') === 'sandbox';
+    const who: Record<string, string> = asUser ? { HOME: SANDBOX_HOME, USER: 'sandbox', LOGNAME: 'sandbox' } : { USER: 'root', LOGNAME: 'root' };
+    return { nsPid: ns.pid, cwd, uid: asUser ? SANDBOX_UID : 0, env: envPairs(DEFAULT_ENV, who, { HOSTNAME: state.id }, state.envs, opts.env) };
   }
 
   /** The entry helper without cgroups (every process enters through it). */
@@ -385,7 +395,7 @@ export class NamespaceProvider extends BaseProvider {
 
   /** `sap-sandbox-enter`: cgroups, namespaces, root, capabilities, seccomp, environment, timeout and exit file in one exec. */
   protected override enterArgv(state: SandboxState, opts: SpawnOptions, how: EnterOptions): string[] {
-    const { nsPid, cwd, env } = this.target(state, opts);
+    const { nsPid, cwd, uid, env } = this.target(state, opts);
     return [
       this.enterHelper,
       ...how.cgroupProcs.flatMap((f) => ['-c', f]),
@@ -405,6 +415,7 @@ export class NamespaceProvider extends BaseProvider {
       ...(how.pty ? ['-T', `${how.pty.rows}x${how.pty.cols}`] : []),
       ...(how.hangUpWithCaller ? ['-P', String(how.hangUpWithCaller)] : []),
       ...(how.runFile ? ['-R', how.runFile] : []),
+      ...(uid ? ['-u', String(uid)] : []),
       '--',
       ...opts.argv,
     ];

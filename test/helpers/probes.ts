@@ -96,9 +96,11 @@ export function parseProbeOutput(stdout: string, stderr = ''): ProbeResults {
   }
 }
 
-/** Runs the probe script in an /api sandbox through POST /api/sandboxes/{id}/exec/run. */
-export async function probeApiSandbox(sandboxId: string): Promise<ProbeResults> {
-  const r = await api('POST', `/api/sandboxes/${sandboxId}/exec/run`, { body: { cmd: 'python3', args: ['-c', PROBE_SCRIPT, probeConfig()], timeout: 60 } });
+/** Runs the probe script in an /api sandbox through POST /api/sandboxes/{id}/exec/run (`sudo`: through `sudo -n`, from the sandbox user). */
+export async function probeApiSandbox(sandboxId: string, opts: { sudo?: boolean } = {}): Promise<ProbeResults> {
+  const argv = ['python3', '-c', PROBE_SCRIPT, probeConfig()];
+  const [cmd, ...args] = opts.sudo ? ['sudo', '-n', ...argv] : argv;
+  const r = await api('POST', `/api/sandboxes/${sandboxId}/exec/run`, { body: { cmd, args, timeout: 60 } });
   if (r.status !== 200) throw new Error(`exec/run of the probe script: ${r.status} ${JSON.stringify(r.body)}`);
   if (r.body.exitCode !== 0) throw new Error(`probe script exited ${r.body.exitCode}: ${String(r.body.stderr).slice(-1000)}`);
   return parseProbeOutput(r.body.stdout, r.body.stderr);

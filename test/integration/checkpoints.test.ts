@@ -7,7 +7,7 @@ jest.setTimeout(120_000);
 
 describe('checkpoints and patches', () => {
   it('spawns copy-on-write from a checkpoint: its files plus the patches in order; writes never reach the checkpoint', async () => {
-    const a = await newSandbox();
+    const a = await newSandbox({ user: 'root' });
     await hostSh(a, 'mkdir -p /workspace/data && echo one > /workspace/data/a.txt && echo kept > /etc/from-checkpoint');
     const cp = await api('POST', `/api/sandboxes/${a}/checkpoints`, { body: { name: 'first' } });
     expect(cp.status).toBe(201);
@@ -26,7 +26,7 @@ describe('checkpoints and patches', () => {
     });
     expect(p2.body.patch).toMatchObject({ sequence: 2, description: '' });
 
-    const b = await api('POST', `/api/sandboxes/from-checkpoint/${cpId}`, { body: { metadata: { spawned: 'yes' } } });
+    const b = await api('POST', `/api/sandboxes/from-checkpoint/${cpId}`, { body: { metadata: { spawned: 'yes' }, user: 'root' } });
     expect(b.status).toBe(201);
     expect(b.body).toMatchObject({ status: 'running', fromCheckpoint: cpId, metadata: { spawned: 'yes' } });
     const bId = b.body.sandboxID as string;
@@ -59,7 +59,7 @@ describe('checkpoints and patches', () => {
   });
 
   it('numbers 50 concurrent patches 1..50 without gaps or repeats, lists them in order, and deletes one', async () => {
-    const a = await newSandbox();
+    const a = await newSandbox({ user: 'root' });
     const cpId = (await api('POST', `/api/sandboxes/${a}/checkpoints`, { body: {} })).body.id as string;
     const made = await Promise.all(
       Array.from({ length: 50 }, (_, i) =>
@@ -89,7 +89,7 @@ describe('checkpoints and patches', () => {
   });
 
   it('stops the chain at a failing patch: the sandbox runs with the patches before it, says which failed, and a wake after its deletion applies the rest once', async () => {
-    const a = await newSandbox();
+    const a = await newSandbox({ user: 'root' });
     const cpId = (await api('POST', `/api/sandboxes/${a}/checkpoints`, { body: {} })).body.id as string;
     const add = async (script: string) => (await api('POST', `/api/sandboxes/checkpoints/${cpId}/patches`, { body: { script } })).body.patch;
     const p1 = await add('echo p1 >> /workspace/order');
@@ -151,7 +151,7 @@ describe('checkpoints and patches', () => {
   }, 240_000);
 
   it("answers 404 for another organisation's checkpoints and 400 for bad input", async () => {
-    const a = await newSandbox();
+    const a = await newSandbox({ user: 'root' });
     const cpId = (await api('POST', `/api/sandboxes/${a}/checkpoints`, { body: {} })).body.id as string;
     const patch = (await api('POST', `/api/sandboxes/checkpoints/${cpId}/patches`, { body: { script: 'true' } })).body.patch;
     const key = await otherOrgKey();

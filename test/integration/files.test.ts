@@ -43,7 +43,8 @@ describe('files over raw HTTP', () => {
     expect(json.bytes.toString()).toBe('{"not":"parsed"');
     expect(json.headers.get('content-length')).toBe('15');
     expect((await get('/workspace/a/empty')).bytes.length).toBe(0);
-    expect(await sh(sb, 'cat /workspace/a/b/hello.txt; stat -c "%U %a" /workspace/a/b/hello.txt /workspace/a/b')).toBe('hello\nroot 644\nroot 755\n');
+    // Owned by the sandbox's user (sandbox, the default of /api sandboxes), who can then edit them.
+    expect(await sh(sb, 'cat /workspace/a/b/hello.txt; stat -c "%U %a" /workspace/a/b/hello.txt /workspace/a/b')).toBe('hello\nsandbox 644\nsandbox 755\n');
 
     const list = await api('GET', `/api/sandboxes/${sb}/files/list?path=${q('/workspace/a')}`);
     expect(list.status).toBe(200);

@@ -15,7 +15,7 @@ afterAll(async () => {
 });
 
 async function sandbox(body: Record<string, unknown> = {}): Promise<string> {
-  const id = await newSandbox(body);
+  const id = await newSandbox({ user: 'root', ...body });
   made.push(id);
   return id;
 }
@@ -36,7 +36,9 @@ describe('hibernate and wake', () => {
       body: { script: 'echo wake >> /workspace/wakes.log', description: 'count wakes' },
     });
     expect(patch.status).toBe(201);
-    const spawned = await api('POST', `/api/sandboxes/from-checkpoint/${cp.id}`, { body: { envs: { GREETING: 'hi there' }, metadata: { team: 'blue' } } });
+    const spawned = await api('POST', `/api/sandboxes/from-checkpoint/${cp.id}`, {
+      body: { envs: { GREETING: 'hi there' }, metadata: { team: 'blue' }, user: 'root' },
+    });
     expect(spawned.status).toBe(201);
     const id = spawned.body.sandboxID as string;
     made.push(id);

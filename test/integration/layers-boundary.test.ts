@@ -48,7 +48,7 @@ afterEach(async () => {
 });
 
 async function sandbox(): Promise<string> {
-  const id = await newSandbox();
+  const id = await newSandbox({ user: 'root' });
   sandboxes.push(id);
   return id;
 }
@@ -61,7 +61,7 @@ async function checkpoint(sandboxId: string): Promise<string> {
 }
 
 async function spawnFrom(cpId: string): Promise<string> {
-  const r = await api('POST', `/api/sandboxes/from-checkpoint/${cpId}`, { body: {} });
+  const r = await api('POST', `/api/sandboxes/from-checkpoint/${cpId}`, { body: { user: 'root' } });
   if (r.status !== 201) throw new Error(`spawn from ${cpId}: ${r.status} ${JSON.stringify(r.body)}`);
   sandboxes.push(r.body.sandboxID as string);
   return r.body.sandboxID as string;

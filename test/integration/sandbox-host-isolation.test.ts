@@ -39,7 +39,7 @@ describe('sandbox host (namespaces): isolation and limits', () => {
         'ls /work 2>/dev/null || echo no-work',
         'head -c 5 /etc/shadow 2>/dev/null; grep -c . /etc/shadow',
         'ls -A /root | wc -l',
-        'ls -A /home | wc -l',
+        'ls -A /home',
         'ip -o link 2>/dev/null | wc -l || cat /proc/net/dev | tail -n +3 | wc -l',
       ].join('; '),
     );
@@ -49,8 +49,8 @@ describe('sandbox host (namespaces): isolation and limits', () => {
     expect(lines[1]).toMatch(/^node v\d+/);
     expect(lines[2]).toBe('python 3');
     expect(lines[3]).toBe(id);
-    // /etc/shadow is the base skeleton's (root and nobody, no passwords), not the host's.
-    expect(lines.slice(4, 9)).toEqual(['no-datadir', 'no-work', 'root:2', '0', '0']);
+    // /etc/shadow is the base skeleton's (root, sandbox and nobody, no passwords), not the host's; /home holds the sandbox user's only.
+    expect(lines.slice(4, 9)).toEqual(['no-datadir', 'no-work', 'root:3', '0', 'sandbox']);
     expect(lines[9]).toBe('1'); // loopback only (this file's hosts run with the network off: the stack's host owns the machine's sandbox network)
   });
 

@@ -178,7 +178,7 @@ describe('two sandbox hosts', () => {
   });
 
   it('spawns a checkpoint taken on one host on the other, with its files and patches', async () => {
-    const origin = await sandboxOnHost(0, () => newSandbox({}, { via }));
+    const origin = await sandboxOnHost(0, () => newSandbox({ user: 'root' }, { via }));
     await sh(
       origin,
       'echo from-host-1 > /workspace/made.txt && head -c 300000 /dev/urandom > /workspace/blob && sha256sum /workspace/blob > /workspace/blob.sum',
@@ -205,7 +205,7 @@ describe('two sandbox hosts', () => {
   });
 
   it('runs sessions of an agent whose snapshot was made on one host on both hosts (the layer follows)', async () => {
-    const origin = await sandboxOnHost(0, () => newSandbox({}, { via }));
+    const origin = await sandboxOnHost(0, () => newSandbox({ user: 'root' }, { via }));
     await sh(origin, 'echo baked-in > /opt/tool.txt', { via });
     const cp = await call('POST', `/api/sandboxes/${origin}/checkpoints`, { name: 'for-snapshot' });
     expect(cp.status).toBe(201);

@@ -4,7 +4,7 @@
  *
  *   sap-sandbox-enter [-c CGROUP_PROCS]... -n PID -S SECCOMP_FILE [-w DIR] [-e NAME=VALUE]... [-E COUNT] [-g]
  *                     [-t SECONDS [-k SECONDS]] [-x EXIT_FILE] [-L INDEX_FILE | -T ROWSxCOLS] [-P CALLER_PID]
- *                     [-R RUN_FILE] -- PROGRAM [ARG]...
+ *                     [-R RUN_FILE] [-u UID] -- PROGRAM [ARG]...
  *
  *   -c FILE   join this cgroup: writes the helper's pid into FILE (a `cgroup.procs`); a controller
  *             that is missing or refuses is skipped, as the shell's `2>/dev/null` did.
@@ -48,6 +48,12 @@
  *             sandbox is gone), nothing is started and nothing is written (exit 125, no message:
  *             stderr may be the log of another run). So the caller and the helper decide who wins
  *             with one rename each, and a cancelled run can never start later.
+ *   -u UID    run the command as this user of the sandbox (uid and gid UID, supplementary group UID),
+ *             with no capabilities, and without no_new_privs: the seccomp filter is installed while
+ *             still root of the sandbox's user namespace (which may install one without no_new_privs),
+ *             then the ids change. So a setuid-root program of the sandbox (sudo) can make it sandbox
+ *             root again, with the capabilities and the filter a root command has: nothing more. The
+ *             working directory (-w) is entered as the user. Default: sandbox root.
  *   -T ROWSxCOLS  run the command on a pseudo-terminal of the sandbox's own devpts (its /dev/pts/ptmx,
  *             opened after entering its namespaces, so the terminal is one of the sandbox's): the
  *             command gets a new session with the terminal's slave as controlling terminal and as
@@ -128,6 +134,7 @@ struct options {
   double timeout, kill_after;
   int own_group;
   long caller; /* -P: 0 when not given */
+  long run_uid; /* -u: 0 (root) when not given */
   unsigned short rows, cols; /* -T: 0 when not given */
   char **argv;
 };
@@ -141,7 +148,7 @@ static int usage(const char *arg) {
           "sap-sandbox-enter: bad argument %s\n"
           "usage: sap-sandbox-enter [-c CGROUP_PROCS]... -n PID -S SECCOMP_FILE [-w DIR] [-e NAME=VALUE]... [-E COUNT] [-g]\n"
           "                         [-t SECONDS [-k SECONDS]] [-x EXIT_FILE] [-L INDEX_FILE | -T ROWSxCOLS] [-P CALLER_PID]\n"
-          "                         [-R RUN_FILE] -- PROGRAM [ARG]...\n",
+          "                         [-R RUN_FILE] [-u UID] -- PROGRAM [ARG]...\n",
           arg);
   return EXIT_SETUP;
 }
@@ -228,6 +235,7 @@ static int parse_args(int argc, char **argv, struct options *o) {
       case 't': if (parse_seconds(v, &o->timeout)) return usage(v); break;
       case 'k': if (parse_seconds(v, &o->kill_after)) return usage(v); break;
       case 'P': if (parse_pid(v, &o->caller)) return usage(v); break;
+      case 'u': if (parse_pid(v, &o->run_uid) || o->run_uid >= SAP_ID_COUNT) return usage(v); break;
       case 'T': {
         unsigned r, c;
         char x;
@@ -310,6 +318,42 @@ static long long now_ns(void) {
   return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+/*
+ * -u: the command's last steps as a user of the sandbox. The filter first, while root of the user
+ * namespace (CAP_SYS_ADMIN there lets a task install one without no_new_privs); then the root's
+ * capability set (the bounding set is what a setuid-root program gets back); then the ids, which
+ * empty the permitted and effective sets; then the inheritable set emptied too. The ids change
+ * clears the parent-death signal: it is set again, and the command does not start if the helper
+ * (its parent, outside the sandbox's pid namespace) has gone meanwhile.
+ */
+static int lock_down_as_user(const struct sock_fprog *seccomp, const char *seccomp_file, uid_t uid, char *err, size_t errlen) {
+  pid_t parent = getppid();
+#ifdef SYS_seccomp
+  if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, seccomp) != 0) {
+#else
+  if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, seccomp, 0, 0) != 0) {
+#endif
+    snprintf(err, errlen, "install the seccomp filter %s for user %u: %s", seccomp_file, (unsigned)uid, strerror(errno));
+    return -1;
+  }
+  if (sap_drop_capabilities(err, errlen) != 0) return -1;
+  gid_t groups[1] = {(gid_t)uid};
+  if (setgroups(1, groups) != 0 || setresgid((gid_t)uid, (gid_t)uid, (gid_t)uid) != 0 || setresuid(uid, uid, uid) != 0) {
+    snprintf(err, errlen, "become user %u of the sandbox: %s", (unsigned)uid, strerror(errno));
+    return -1;
+  }
+  struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+  struct __user_cap_data_struct none[2];
+  memset(none, 0, sizeof none);
+  if (syscall(SYS_capset, &hdr, none) != 0) {
+    snprintf(err, errlen, "clear the capabilities of user %u: %s", (unsigned)uid, strerror(errno));
+    return -1;
+  }
+  prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+  if (getppid() != parent) _exit(EXIT_SETUP);
+  return 0;
+}
+
 /* The command's side of the fork: never returns. */
 static void run_child(const struct options *o, int root_fd, int alive_fd, int tty_fd) {
   if (tty_fd >= 0) {
@@ -338,12 +382,18 @@ static void run_child(const struct options *o, int root_fd, int alive_fd, int tt
   }
   close(root_fd);
   if (!o->cwd && chdir("/") != 0) _exit(EXIT_SETUP);
-  if (o->cwd && chdir(o->cwd) != 0) {
+  /* As root, the working directory first; as a user (-u), after the ids change, with the user's rights. */
+  if (o->cwd && !o->run_uid && chdir(o->cwd) != 0) {
     warn_errno("cannot change directory to", o->cwd);
     _exit(EXIT_SETUP);
   }
-  if (sap_lock_down(&o->seccomp, o->seccomp_file, err, sizeof err) != 0) {
+  if (o->run_uid ? lock_down_as_user(&o->seccomp, o->seccomp_file, (uid_t)o->run_uid, err, sizeof err) != 0
+                 : sap_lock_down(&o->seccomp, o->seccomp_file, err, sizeof err) != 0) {
     fprintf(stderr, "sap-sandbox-enter: %s\n", err);
+    _exit(EXIT_SETUP);
+  }
+  if (o->cwd && o->run_uid && chdir(o->cwd) != 0) {
+    warn_errno("cannot change directory to", o->cwd);
     _exit(EXIT_SETUP);
   }
   /* Nothing of the helper's signal handling reaches the command. */

@@ -408,7 +408,12 @@ static void mount_layers(const struct setup *o, int userns) {
   layer_list(opts, sizeof opts, "p", o->nusr);
   snprintf(opts + strlen(opts), sizeof opts - strlen(opts), ",upperdir=w/usr,workdir=w/work-usr");
   if (mkdir("root/usr", 0755) != 0 && errno != EEXIST) die("mkdir /usr");
-  if (mount(o->hostname, "root/usr", "overlay", MS_NOSUID | MS_NODEV, opts) != 0) die("overlay of /usr (%s)", opts);
+  /*
+   * /usr alone honours setuid bits, for the sandbox user's sudo (docs/isolation.md): every id a setuid
+   * program there can take is one of the sandbox's own (its user namespace), and root's commands run
+   * with no_new_privs, which makes the bits inert for them.
+   */
+  if (mount(o->hostname, "root/usr", "overlay", MS_NODEV, opts) != 0) die("overlay of /usr (%s)", opts);
 }
 
 /* Reports a failure of pid 1's setup to the helper (one line on `report`) and exits. */
