@@ -193,7 +193,7 @@ export interface ProviderOptions {
   idBase?: number;
   /**
    * namespaces provider: how many spare init helpers (cgroups joined, waiting for a create's arguments)
-   * to keep ready; refilled in the background while no create runs. Default: SANDBOX_POOL_SIZE, else 8; 0: none.
+   * to keep ready; refilled in the background while no create runs. Default: SANDBOX_POOL_SIZE, else 32; 0: none.
    */
   poolSize?: number;
   /** namespaces provider: sandboxes' network (see network.ts). Default: from SANDBOX_NETWORK and friends; null: loopback only. */

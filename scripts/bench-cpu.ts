@@ -16,7 +16,9 @@ function processTable(): Map<number, { ppid: number; comm: string; ticks: number
     try {
       const stat = readFileSync(`/proc/${name}/stat`, 'latin1');
       const close = stat.lastIndexOf(')');
-      const comm = stat.slice(stat.indexOf('(') + 1, close);
+      let comm = stat.slice(stat.indexOf('(') + 1, close);
+      // node processes by their script (api, worker, host …), not all as "node".
+      if (comm === 'node') comm = `node ${(readFileSync(`/proc/${name}/cmdline`, 'latin1').split('\0')[1] ?? '').split('/').slice(-2).join('/')}`;
       // After ") ": state(3) ppid(4) … utime(14) stime(15) cutime(16) cstime(17).
       const f = stat.slice(close + 2).split(' ');
       const ticks = Number(f[11]) + Number(f[12]) + Number(f[13]) + Number(f[14]);

@@ -61,7 +61,7 @@ export interface InitHelperDeps {
 const SPARE_LIMITS = { maxProcesses: 8, memoryMB: 16 };
 
 /** SANDBOX_POOL_SIZE's default: see docs/operations/configuration.md. */
-export const DEFAULT_POOL_SIZE = 8;
+export const DEFAULT_POOL_SIZE = 32;
 /** The largest pool a host keeps. */
 export const MAX_POOL_SIZE = 256;
 
