@@ -235,7 +235,9 @@ export class InitHelpers {
       const cgroups = await SandboxCgroups.create(name, SPARE_LIMITS);
       pending.cgroups = cgroups;
       if (!this.pool.includes(pending)) return void this.discardSpare(pending).finally(settle);
-      // MERGE: disk image made ahead here
+      // MERGE: disk image made ahead here (makeDiskImage(file, diskMB) of sandbox/namespaces/disk.ts at the
+      // default SANDBOX_DISK_MB, kept on the Spare and removed by discardSpare; a claim whose diskMB differs
+      // makes its own; the file is the claimed sandbox's alone, like the helper).
       pending.key = `${name}.${randomBytes(8).toString('hex')}`;
       const connected = (sock: net.Socket) => {
         if (pending.discarded || done) return void sock.destroy();
