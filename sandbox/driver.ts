@@ -199,6 +199,11 @@ export interface ProviderOptions {
    * reused once its sandbox is gone) maps its ids 0..65535 to base + n × 65536 + 0..65535.
    */
   idBase?: number;
+  /**
+   * namespaces provider: how many spare init helpers (cgroups joined, waiting for a create's arguments)
+   * to keep ready; refilled in the background while no create runs. Default: SANDBOX_POOL_SIZE, else 32; 0: none.
+   */
+  poolSize?: number;
   /** namespaces provider: sandboxes' network (see network.ts). Default: from SANDBOX_NETWORK and friends; null: loopback only. */
   network?: import('./network').SandboxNetwork | null;
   /**

@@ -1,10 +1,11 @@
 import os from 'node:os';
+import { findStackRoot, poolMemory, stackCpuMs } from './bench-cpu';
 
 /** One JSON request to the API: bench.ts's node:http client (kept-alive connections). */
 export type BenchCall = (method: string, path: string, body?: unknown) => Promise<{ status: number; body: any }>;
 
 /** The parts of `npm run bench -- spawn`, for `--only`. */
-export const SPAWN_PARTS = ['create', 'node', 'burst', 'exec-burst', 'checkpoint'] as const;
+export const SPAWN_PARTS = ['create', 'node', 'burst', 'exec-burst', 'checkpoint', 'cpu'] as const;
 export type SpawnPart = (typeof SPAWN_PARTS)[number];
 
 /** Parses `--only a,b` (default: every part); throws on an unknown part. */
@@ -39,10 +40,23 @@ const NODE_V = { cmd: 'node', args: ['-v'] };
  *    per_exec_ms as above. What a burst would take if sandboxes were ready ahead (a pool).
  *  - `checkpoint` (spawn_{empty,1mb,100mb}_ms): POST /api/sandboxes/from-checkpoint/{id} from an
  *    empty, a 1 MB and a 100 MB checkpoint (made by snapshot builds that write random bytes).
+ *  - `cpu` (cpu_per_lifecycle_ms): the CPU of the whole stack (every process below `npm start`'s
+ *    root, sandboxes included; see bench-cpu.ts) over n lifecycles in sequence (create → `node -v`
+ *    → delete, after two warm-ups), divided by n; `idle_ms_per_s` is the stack's CPU with nothing to
+ *    do, measured for 3 s before (heartbeats, Temporal's timers), and `net` subtracts it. Then, after
+ *    3 s for the pool to refill, `pool`: the idle spares and their memory (see poolMemory). Needs
+ *    /proc of the stack (same machine; --stack-pid, or the one scripts/stack.js on the API's port).
  * The sequential parts are latency, not throughput: one sandbox exists at a time, and the first
  * two rounds of each are warm-up (connections and caches), not counted.
  */
-export async function benchSpawn(opts: { n: number; burst: number; parts: Set<SpawnPart>; call: BenchCall }): Promise<Record<string, unknown>> {
+export async function benchSpawn(opts: {
+  n: number;
+  burst: number;
+  parts: Set<SpawnPart>;
+  call: BenchCall;
+  apiUrl?: string;
+  stackPid?: number;
+}): Promise<Record<string, unknown>> {
   const { call } = opts;
   if (!Number.isInteger(opts.n) || opts.n < 1) throw new Error(`--n: must be a positive integer (got ${opts.n})`);
   if (!Number.isInteger(opts.burst) || opts.burst < 0) throw new Error(`--burst: must be an integer >= 0 (got ${opts.burst})`);
@@ -188,6 +202,41 @@ export async function benchSpawn(opts: { n: number; burst: number; parts: Set<Sp
       return performance.now() - s0;
     });
     result.exec_burst = burstSummary(run, { per_exec_ms: stats(latencies) }, await destroyAll(ids));
+  }
+
+  if (opts.parts.has('cpu')) {
+    const root = findStackRoot(opts.apiUrl ?? 'http://127.0.0.1:8080', opts.stackPid);
+    const lifecycle = async () => {
+      const id = await create();
+      await nodeV(id);
+      await destroy(id);
+    };
+    for (let i = 0; i < 2; i++) await lifecycle();
+    await new Promise((res) => setTimeout(res, 2000)); // the pool refills, the warm-ups' work settles
+    const idle0 = stackCpuMs(root);
+    const i0 = performance.now();
+    await new Promise((res) => setTimeout(res, 3000));
+    const idlePerMs = (stackCpuMs(root).total - idle0.total) / (performance.now() - i0);
+    const before = stackCpuMs(root);
+    const t0 = performance.now();
+    for (let i = 0; i < opts.n; i++) await lifecycle();
+    await new Promise((res) => setTimeout(res, 1000)); // the last refill and deletes' work end inside the window
+    const after = stackCpuMs(root);
+    const elapsed = performance.now() - t0;
+    const raw = (after.total - before.total) / opts.n;
+    const byName = Object.entries(after.byName)
+      .map(([name, ms]) => [name, Math.round(((ms - (before.byName[name] ?? 0)) / opts.n) * 10) / 10] as const)
+      .filter(([, ms]) => ms >= 0.5)
+      .sort((a, b) => b[1] - a[1]);
+    await new Promise((res) => setTimeout(res, 2000));
+    result.cpu_per_lifecycle_ms = {
+      n: opts.n,
+      raw: Math.round(raw * 10) / 10,
+      idle_ms_per_s: Math.round(idlePerMs * 1000 * 10) / 10,
+      net: Math.round((raw - (idlePerMs * elapsed) / opts.n) * 10) / 10,
+      by_process: Object.fromEntries(byName),
+    };
+    result.pool = poolMemory(root);
   }
 
   if (opts.parts.has('checkpoint')) {

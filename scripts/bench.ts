@@ -25,6 +25,7 @@ const { positionals, values } = parseArgs({
     only: { type: 'string' },
     url: { type: 'string' },
     key: { type: 'string' },
+    'stack-pid': { type: 'string' },
   },
 });
 const URL_ = values.url ?? process.env.SAP_API_URL ?? 'http://127.0.0.1:8080';
@@ -247,7 +248,14 @@ async function main(): Promise<void> {
       out = await benchExec({ url: URL_, key: KEY, n: Number(values.n ?? 100), mb: Number(values.mb ?? 512), runs: Number(values.runs ?? 3) });
       break;
     case 'spawn':
-      out = await benchSpawn({ n: Number(values.n ?? 50), burst: Number(values.burst ?? 100), parts: parseSpawnParts(values.only), call });
+      out = await benchSpawn({
+        n: Number(values.n ?? 50),
+        burst: Number(values.burst ?? 100),
+        parts: parseSpawnParts(values.only),
+        call,
+        apiUrl: URL_,
+        ...(values['stack-pid'] ? { stackPid: Number(values['stack-pid']) } : {}),
+      });
       break;
     case 'layers':
       out = await benchLayers({ n: Number(values.n ?? 10), sizesMB: (values.mb ?? '1,100').split(',').map(Number) });
@@ -260,7 +268,7 @@ async function main(): Promise<void> {
       break;
     default:
       process.stderr.write('usage: npm run bench -- sessions|batch [--n 1000] [--c 50]\n');
-      process.stderr.write('       npm run bench -- spawn [--n 50] [--burst 100] [--only create,node,burst,exec-burst,checkpoint]\n');
+      process.stderr.write('       npm run bench -- spawn [--n 50] [--burst 100] [--only create,node,burst,exec-burst,checkpoint,cpu] [--stack-pid PID]\n');
       process.stderr.write('       npm run bench -- layers [--n 10] [--mb 1,100]  (a stack with SANDBOX_HOSTS=2; DATA_DIR names it)\n');
       process.stderr.write('       npm run bench -- egress [--mb 1024] [--runs 3]  (as root: a test host in a network namespace of its own)\n');
       process.stderr.write('       npm run bench -- exec [--n 100] [--mb 512] [--runs 3]\n');

@@ -118,6 +118,11 @@ export function createExecLive(deps: SandboxDeps, sandboxes: SandboxService) {
   const owners = new Map<string, { orgId: string; hostId: string }>();
   const targets = new Map<string, AttachTarget>();
   const recordedExits = new Set<string>();
+  // Known from the create: a sandbox's first exec needs no lookup of its record.
+  sandboxes.onCreated((doc) => {
+    if (owners.size > 10_000) owners.clear();
+    owners.set(doc._id, { orgId: doc.orgId, hostId: doc.hostId });
+  });
   const recordedOom = new Set<string>();
 
   /**

@@ -224,6 +224,17 @@ export async function provisionSandbox(
 export function createSandboxService(deps: SandboxDeps, previews: PreviewService) {
   /** Wakes in flight, by sandbox: concurrent requests that wake one sandbox share one wake. */
   const waking = new Map<string, Promise<unknown>>();
+  const createdListeners: ((doc: SandboxDoc) => void)[] = [];
+  /**
+   * A sandbox just created: its record's createdAt is its last activity (the reaper reads
+   * `lastActiveAt ?? createdAt`), so its first minute's touches write nothing (one write less per create).
+   */
+  const created = (doc: SandboxDoc): SandboxDoc => {
+    if (touched.size > 10_000) touched.clear();
+    touched.set(doc._id, doc.createdAt.getTime());
+    for (const fn of createdListeners) fn(doc);
+    return doc;
+  };
   /** When each sandbox's last-active time was last written (by this process). */
   const touched = new Map<string, number>();
 
@@ -293,10 +304,14 @@ export function createSandboxService(deps: SandboxDeps, previews: PreviewService
     get: (orgId: string, id: string) => getLiveOrgSandbox(deps, orgId, id),
     /** The organisation's running and hibernated sandboxes, newest first; those on a lost host marked `hostLost`. */
     list: (orgId: string) => listOrgSandboxStates(deps, orgId),
-    provision: (orgId: string, body: SandboxCreateRequest, origin?: SandboxOrigin) => provisionSandbox(deps, orgId, body, origin),
+    provision: async (orgId: string, body: SandboxCreateRequest, origin?: SandboxOrigin) => created(await provisionSandbox(deps, orgId, body, origin)),
     /** Provisions a sandbox from a snapshot (id or name); 400 for an unusable snapshot. */
     provisionFromSnapshot: async (orgId: string, body: SandboxCreateRequest, ref: string) =>
-      provisionSandbox(deps, orgId, body, await snapshotOrigin(deps, orgId, ref)),
+      created(await provisionSandbox(deps, orgId, body, await snapshotOrigin(deps, orgId, ref))),
+    /** Calls `fn` with each sandbox this process creates (exec-live caches its owner: no lookup at its first exec). */
+    onCreated(fn: (doc: SandboxDoc) => void): void {
+      createdListeners.push(fn);
+    },
     destroy,
     wakeWithPatches,
 

@@ -1,7 +1,7 @@
 /**
  * The namespaces provider's init helpers (`sap-sandbox-init -w`): started through the spawner in
- * cgroups of their own, each connecting back on the host's socket once it has joined them; one spare
- * kept ready ahead of the next create, and one of its own for a create that finds none.
+ * cgroups of their own, each connecting back on the host's socket once it has joined them; a pool of
+ * spares kept ready ahead of creates (SANDBOX_POOL_SIZE), and one of its own for a create that finds none.
  */
 import { createHash, randomBytes } from 'node:crypto';
 import { promises as fsp } from 'node:fs';
@@ -51,12 +51,40 @@ export interface InitHelperDeps {
   initHelper: string;
   /** Waits until none of the given processes is alive (bounded). */
   waitGone(refs: (ProcRef | undefined)[]): Promise<void>;
+  /** Spares kept ready (SANDBOX_POOL_SIZE; default DEFAULT_POOL_SIZE; 0: none). */
+  poolSize?: number;
+  /** At most this many spares start at once (default 2). */
+  refillsInFlight?: number;
+}
+
+/** Limits of an idle spare's cgroups: one process waiting on a socket (a claim sets the sandbox's). */
+const SPARE_LIMITS = { maxProcesses: 8, memoryMB: 16 };
+
+/** SANDBOX_POOL_SIZE's default: see docs/operations/configuration.md. */
+export const DEFAULT_POOL_SIZE = 32;
+/** The largest pool a host keeps. */
+export const MAX_POOL_SIZE = 256;
+
+/** SANDBOX_POOL_SIZE (an integer 0..MAX_POOL_SIZE; unset or empty: DEFAULT_POOL_SIZE); throws on anything else. */
+export function poolSizeFromEnv(env: NodeJS.ProcessEnv): number {
+  const text = env.SANDBOX_POOL_SIZE?.trim();
+  if (!text) return DEFAULT_POOL_SIZE;
+  const n = Number(text);
+  if (!/^\d+$/.test(text) || n > MAX_POOL_SIZE) throw new Error(`SANDBOX_POOL_SIZE: must be an integer from 0 to ${MAX_POOL_SIZE} (got ${text})`);
+  return n;
 }
 
 /** The init helpers of one provider; see the module comment. */
 export class InitHelpers {
-  /** The spare init helper started ahead of the next create (see prepareSpare). */
-  private spare: Spare | null = null;
+  /** The pool: spare init helpers ready or starting, oldest first (see refill). */
+  private pool: Spare[] = [];
+  /** Spares starting (not yet ready nor failed), at most refillsInFlight. */
+  private refilling = 0;
+  /** Creates running: the pool does not refill while there are any. */
+  private creates = 0;
+  private readonly poolSize: number;
+  private readonly startingTasks = new Set<Promise<void>>();
+  private readonly refillsInFlight: number;
   private spareSeq = 0;
   /** Distinguishes this provider's spares from another's in the same process (a host restarted in place). */
   private readonly spareTag = randomBytes(3).toString('hex');
@@ -70,7 +98,10 @@ export class InitHelpers {
   private helperSocket: string | null = null;
   private readonly helperWaiters = new Map<string, (sock: net.Socket) => void>();
 
-  constructor(private readonly deps: InitHelperDeps) {}
+  constructor(private readonly deps: InitHelperDeps) {
+    this.poolSize = deps.poolSize ?? poolSizeFromEnv(process.env);
+    this.refillsInFlight = Math.max(1, deps.refillsInFlight ?? 2);
+  }
 
   /**
    * Listens on `${dataDir}/init.sock` (or, when that path is too long for a unix socket, on a socket
@@ -146,30 +177,67 @@ export class InitHelpers {
   }
 
   /**
-   * Starts a spare init helper (`sap-sandbox-init -w`) in cgroups of its own, unless one is there or
-   * starting. Joining cgroups waits for a kernel RCU grace period (5–15 ms), so it is done ahead of
-   * the next create, which renames the groups to its sandbox's and hands the helper the rest of its
-   * arguments. Gives up after three failures in a row (creates then start a helper each time).
+   * Fills the pool: starts spare init helpers (`sap-sandbox-init -w`, each in cgroups of its own)
+   * until `poolSize` are ready or starting, at most `refillsInFlight` at a time, and none while a
+   * create is running (creates come first: the pool refills once the last one has ended, see
+   * createStarted). Joining cgroups waits for a kernel RCU grace period (5–15 ms), so it is done
+   * ahead of a create, which renames the groups to its sandbox's and hands the helper the rest of
+   * its arguments. Gives up after three failures in a row (creates then start a helper each time).
    */
-  prepareSpare(): void {
-    if (!this.helperSocket || this.spare || this.closed || this.spareFailures >= 3) return;
+  refill(): void {
+    if (!this.helperSocket || this.closed || this.spareFailures >= 3 || this.creates > 0) return;
+    while (this.pool.length < this.poolSize && this.refilling < this.refillsInFlight) this.startSpare();
+  }
+
+  /** A create begins: the pool's refills wait until no create is running. */
+  createStarted(): void {
+    this.creates++;
+  }
+
+  /** A create has ended (either way): the pool refills once none is running. */
+  createEnded(): void {
+    this.creates = Math.max(0, this.creates - 1);
+    this.refill();
+  }
+
+  /** How many spares are ready to be claimed, and how many are starting. */
+  poolState(): { ready: number; starting: number; size: number } {
+    const ready = this.pool.filter((s) => s.ready).length;
+    return { ready, starting: this.pool.length - ready, size: this.poolSize };
+  }
+
+  /** Starts one spare into the pool (see refill). */
+  private startSpare(): void {
     const name = `${SPARE_PREFIX}${process.pid}-${this.spareTag}${++this.spareSeq}`;
     const pending: Spare = { name, proc: null, key: null, sock: null, cgroups: null, ready: false, claimed: false, discarded: false };
-    this.spare = pending;
+    this.pool.push(pending);
+    this.refilling++;
     let done = false;
+    let settled = false;
+    /** Counted once, when the spare is ready or has failed: the next refill may start. */
+    const settle = () => {
+      if (settled) return;
+      settled = true;
+      this.refilling--;
+      this.refill();
+    };
     const failed = (why: string) => {
       if (done || pending.discarded || pending.claimed) return;
       done = true;
-      if (this.spare === pending) this.spare = null;
+      this.pool = this.pool.filter((s) => s !== pending);
       this.spareFailures++;
       this.deps.log.warn({ why, failures: this.spareFailures }, 'spare sandbox init failed');
-      void this.discardSpare(pending);
+      void this.discardSpare(pending).finally(settle);
     };
     pending.failed = failed;
-    void (async () => {
-      const cgroups = await SandboxCgroups.create(name, { maxProcesses: 512 });
+    const task = (async () => {
+      // Bounded while idle: a spare is one waiting process; a claim sets the sandbox's own limits.
+      const cgroups = await SandboxCgroups.create(name, SPARE_LIMITS);
       pending.cgroups = cgroups;
-      if (this.spare !== pending) return void this.discardSpare(pending);
+      if (!this.pool.includes(pending)) return void this.discardSpare(pending).finally(settle);
+      // MERGE: disk image made ahead here (makeDiskImage(file, diskMB) of sandbox/namespaces/disk.ts at the
+      // default SANDBOX_DISK_MB, kept on the Spare and removed by discardSpare; a claim whose diskMB differs
+      // makes its own; the file is the claimed sandbox's alone, like the helper).
       pending.key = `${name}.${randomBytes(8).toString('hex')}`;
       const connected = (sock: net.Socket) => {
         if (pending.discarded || done) return void sock.destroy();
@@ -177,35 +245,51 @@ export class InitHelpers {
         sock.on('close', () => failed('the init helper closed its connection'));
         pending.ready = true;
         this.spareFailures = 0;
+        settle();
       };
       pending.proc = await this.startLinkedHelper(pending.key, cgroups, connected);
+      // Closed (or dropped) while it was being started: discardSpare ran before there was a process to kill.
+      if (pending.discarded) return void this.discardSpare(pending).finally(settle);
       // One timer, not a poll: a helper that has not connected by then is taken as failed.
       setTimeout(() => {
         if (!pending.ready) failed('no connection from the init helper within 10 s');
       }, 10_000).unref();
     })().catch((err: Error) => failed(err.message));
+    // close() waits for spares still starting, so that a stopped host leaves no process or cgroup behind.
+    this.startingTasks.add(task);
+    void task.finally(() => this.startingTasks.delete(task));
   }
 
   /**
-   * The ready spare helper, now in sandbox `id`'s cgroups (renamed) with its limits, or null when
-   * there is none (the caller starts a helper of its own). The next spare is started by provision.
+   * A ready spare helper, now in sandbox `id`'s cgroups (renamed) with its limits, or null when
+   * there is none (the caller starts a helper of its own). Every spare serves one sandbox only: it
+   * has never run anything, and it gets its arguments (ids, layers, network) from this create alone.
    */
   async claimSpare(id: string, limits: SandboxState['limits']): Promise<Starting | null> {
-    const spare = this.spare;
-    if (!spare?.ready || !spare.cgroups || !spare.sock || spare.sock.destroyed || !spare.proc) return null;
-    this.spare = null;
-    spare.claimed = true;
-    spare.sock.removeAllListeners('close');
-    try {
-      const cgroups = await spare.cgroups.renameTo(id);
-      await cgroups.applyLimits(limits);
-    } catch (err) {
-      this.deps.log.warn({ sandboxId: id, err: (err as Error).message }, 'could not use the spare sandbox init');
-      await this.discardSpare(spare, id);
-      return null;
+    for (;;) {
+      const at = this.pool.findIndex((s) => s.ready);
+      if (at < 0) return null;
+      const spare = this.pool[at]!;
+      this.pool.splice(at, 1);
+      if (!spare.cgroups || !spare.sock || spare.sock.destroyed || !spare.proc) {
+        void this.discardSpare(spare);
+        continue;
+      }
+      spare.claimed = true;
+      spare.sock.removeAllListeners('close');
+      try {
+        const cgroups = await spare.cgroups.renameTo(id);
+        await cgroups.applyLimits(limits);
+        // The idle cap on memory goes unless the sandbox has a limit of its own.
+        if (!limits.memoryMB && cgroups.dirs.memory) await fsp.writeFile(path.join(cgroups.dirs.memory, 'memory.limit_in_bytes'), '-1');
+      } catch (err) {
+        this.deps.log.warn({ sandboxId: id, err: (err as Error).message }, 'could not use the spare sandbox init');
+        await this.discardSpare(spare, id);
+        return null;
+      }
+      spare.sock.ref();
+      return { pid: spare.proc.pid, sock: spare.sock };
     }
-    spare.sock.ref();
-    return { pid: spare.proc.pid, sock: spare.sock };
   }
 
   /**
@@ -248,12 +332,13 @@ export class InitHelpers {
     if (renamedTo) await SandboxCgroups.of(renamedTo).remove();
   }
 
-  /** Stops the spare helper and the helpers' socket. */
+  /** Stops every spare of the pool (their processes and cgroups) and the helpers' socket. */
   async close(): Promise<void> {
     this.closed = true;
-    const spare = this.spare;
-    this.spare = null;
-    if (spare) await this.discardSpare(spare);
+    const spares = this.pool;
+    this.pool = [];
+    await Promise.all(spares.map((s) => this.discardSpare(s)));
+    await Promise.all([...this.startingTasks]);
     const server = this.helperServer;
     this.helperServer = null;
     if (server) {

@@ -9,7 +9,7 @@
  *   entrypoint.{out,err,exit}
  *
  * Every sandbox starts one way: `sap-sandbox-init` (tools/sandbox-init), started ahead of the create
- * through the spawner in cgroups of its own (a spare, see prepareSpare; a burst starts one more the
+ * through the spawner in cgroups of its own (a spare from the pool, see InitHelpers.refill; a burst past the pool starts one the
  * same way) and handed the rest of its arguments over `${dataDir}/init.sock`. In a mount namespace
  * of its own it maps a user namespace whose ids 0..65535 are the host ids of the sandbox's slot
  * (`state.idBase`, see idSlots), clones every read-only layer as an idmapped mount (the base skeleton
@@ -92,7 +92,7 @@ export class NamespaceProvider extends BaseProvider {
   /** The agent SDK's layer as configured, and as found by prepare() (its real path, or null when absent). */
   private readonly agentSdkSetting: string | null;
   private agentSdkLayer: string | null = null;
-  /** The init helpers, their socket and the spare (see ./init-helpers). */
+  /** The init helpers, their socket and the pool of spares (see ./init-helpers). */
   private readonly helpers: InitHelpers;
   /** Which host id ranges are taken (one slot of 65536 ids per sandbox). */
   private readonly idSlots: IdSlots;
@@ -116,6 +116,7 @@ export class NamespaceProvider extends BaseProvider {
       spawner: this.spawner,
       initHelper: this.initHelper,
       waitGone: (refs) => this.waitGone(refs),
+      ...(opts.poolSize !== undefined ? { poolSize: opts.poolSize } : {}),
     });
     this.enterHelper = opts.enterHelper ?? DEFAULT_ENTER_HELPER;
     this.seccompFilter = opts.seccompFilter ?? DEFAULT_SECCOMP;
@@ -164,7 +165,7 @@ export class NamespaceProvider extends BaseProvider {
     if (!this.helpers.closed) await this.helpers.listen();
     // Cgroups of spare helpers whose host process is gone (a live host's spare is in use and stays).
     await SandboxCgroups.removeGroups((n) => n.startsWith(SPARE_PREFIX) && !signalable(Number(n.slice(SPARE_PREFIX.length).split('-')[0])));
-    this.helpers.prepareSpare();
+    this.helpers.refill();
     const base = this.baseDir();
     if (
       await fsp.stat(base).then(
@@ -267,7 +268,7 @@ export class NamespaceProvider extends BaseProvider {
     return isAlive(state.init?.ns);
   }
 
-  /** Stops the spare helper and the helpers' socket; sandboxes keep running. */
+  /** Stops the pool's spares and the helpers' socket; sandboxes keep running. */
   override async close(): Promise<void> {
     await this.helpers.close();
     await this.network?.close();
@@ -289,6 +290,21 @@ export class NamespaceProvider extends BaseProvider {
   }
 
   protected async provision(state: SandboxState): Promise<void> {
+    // The pool refills once no create is running (see InitHelpers.refill).
+    this.helpers.createStarted();
+    try {
+      await this.provisionNow(state);
+    } finally {
+      this.helpers.createEnded();
+    }
+  }
+
+  /** The pool's state (spares ready and starting): for tests and the host's metrics. */
+  poolState(): { ready: number; starting: number; size: number } {
+    return this.helpers.poolState();
+  }
+
+  private async provisionNow(state: SandboxState): Promise<void> {
     const id = state.id;
     const dir = this.dirOf(id);
     const sub = (p: string) => path.join(dir, p);
@@ -336,7 +352,6 @@ export class NamespaceProvider extends BaseProvider {
       return new SandboxError('internal', `sandbox ${id} failed to start (${why}): ${logText.trim().slice(-1000)}`);
     };
     const starting = (await this.helpers.claimSpare(id, state.limits)) ?? (await this.helpers.startHelperFor(id, state.limits, failure));
-    this.helpers.prepareSpare();
     // Shuts down the host's side: the helper reads its arguments to the end. It answers with the
     // sandbox's pid 1 once the sandbox is ready, or closes the connection when a step failed.
     const sock = starting.sock;

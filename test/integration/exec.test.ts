@@ -95,6 +95,31 @@ describe('exec sessions over raw HTTP and WebSocket', () => {
     expect(t.body.exitCode).toBe(137);
   });
 
+  it("writes nothing to a new sandbox's record for its first exec/run (its creation is its last activity)", async () => {
+    const fresh = await newSandbox();
+    const record = () =>
+      withMongo((c) =>
+        c
+          .db()
+          .collection('sandboxes')
+          .findOne({ _id: fresh as never }),
+      );
+    const before = await record();
+    expect(before).toMatchObject({ _id: fresh, status: 'running' });
+    expect(before!.lastActiveAt).toBeUndefined();
+    for (let i = 0; i < 3; i++) expect((await api('POST', `/api/sandboxes/${fresh}/exec/run`, { body: { cmd: 'true' } })).body.exitCode).toBe(0);
+    // Give a fire-and-forget write the time to land, had one been made.
+    await new Promise((r) => setTimeout(r, 300));
+    expect(await record()).toEqual(before);
+    // Another organisation still gets 404, although the owner is known without a lookup.
+    const { stdout } = await run(process.execPath, [path.join(ROOT, 'dist/scripts/keys.js'), 'create', '--org', `other-${Date.now()}`], {
+      env: { ...process.env, MONGO_URL: T.mongo() },
+    });
+    const other = (JSON.parse(stdout) as { key: string }).key;
+    expect((await api('POST', `/api/sandboxes/${fresh}/exec/run`, { body: { cmd: 'true' }, key: other })).status).toBe(404);
+    expect((await api('DELETE', `/api/sandboxes/${fresh}`)).status).toBe(200);
+  });
+
   it('serves two clients at once, counts them exactly, replays scrollback to late and returning clients', async () => {
     const es = await startExec(sb, { cmd: 'bash', args: ['-c', 'echo early; while read l; do echo "echo $l"; done; exit 5'] });
     const a = await attachReady(sb, es.sessionID);

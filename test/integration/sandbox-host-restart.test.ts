@@ -180,11 +180,11 @@ describe("sandbox host (namespaces), data directory too long for the helpers' so
 
   it("listens for its init helpers in a private directory of the system's temporary directory instead, and starts sandboxes the same way", async () => {
     expect(existsSync(path.join(dataDir, 'init.sock'))).toBe(false);
-    const [spare] = await eventually(async () => (readySpares().length === 1 ? readySpares() : null), 10_000, 20);
+    const [spare] = await eventually(async () => (readySpares().length >= 1 ? readySpares() : null), 10_000, 20);
     const [helper] = pidsOfCgroup(spare!);
     // Started by the spawner, not forked by the host.
     expect(Number(/^PPid:\s+(\d+)/m.exec(require('node:fs').readFileSync(`/proc/${helper}/status`, 'utf8'))![1])).not.toBe(process.pid);
-    // One from the spare, the others without one (a burst).
+    // From the pool's spares (a burst past a pool starts its own: sandbox-pool.test.ts).
     const ids = [1, 2, 3].map((i) => `sb-long${process.pid}-${i}`);
     await Promise.all(ids.map((id) => client.createSandbox({ id, orgId: 'o', files: { '/workspace/f': id } })));
     for (const id of ids) {

@@ -34,7 +34,7 @@ function fakeApi(failIn: Set<number> = new Set()) {
 
 describe('parseSpawnParts', () => {
   it('defaults to every part and accepts exec-burst', () => {
-    expect([...parseSpawnParts(undefined)]).toEqual(['create', 'node', 'burst', 'exec-burst', 'checkpoint']);
+    expect([...parseSpawnParts(undefined)]).toEqual(['create', 'node', 'burst', 'exec-burst', 'checkpoint', 'cpu']);
     expect([...parseSpawnParts('burst, exec-burst')]).toEqual(['burst', 'exec-burst']);
   });
 
