@@ -10,7 +10,10 @@
  *   -u BASE     host uid and gid of sandbox root: sandbox ids 0..65535 are host ids BASE..BASE+65535
  *   -r DIR      a read-only layer of `/`, topmost first (repeat; the last is the base skeleton)
  *   -p DIR      a read-only layer of `/usr`, topmost first (repeat; the last is the host's /usr)
- *   -D MB       size of the writable layer (a tmpfs of its own: writes past it get ENOSPC)
+ *   -D MB       size of the writable layer (writes past it get ENOSPC)
+ *   -I FILE     the writable layer's filesystem image (optional; an ext4 image the host made, root's
+ *               alone): attached to a free loop device that goes away with its last mount and mounted
+ *               nosuid,nodev; without -I the writable layer is a tmpfs of -D MB (RAM)
  *   -H NAME     hostname, also the name of the overlay mounts
  *   -S FILE     the seccomp filter (a classic BPF program, see tools/sandbox-seccomp)
  *   -N HOSTIF   a way out (optional; without it the sandbox has loopback only): a veth pair, HOSTIF on
@@ -34,7 +37,7 @@
  *                 idmapped mount (on disk ids 0..65535 are the sandbox's ids, so layers stay portable
  *                 between sandboxes and hosts), opened one component at a time without following a
  *                 symlink, every directory above it root's alone (see open_layer); the writable layer
- *                 on a tmpfs of -D MB; the overlays of `/` and `/usr`
+ *                 (the image of -I on a loop device, or a tmpfs of -D MB); the overlays of `/` and `/usr`
  *   pid 1         a child joins the user namespace as its root and unshares the mount, pid, net, ipc,
  *                 uts and cgroup namespaces (all owned by the sandbox's user namespace); its child is
  *                 the sandbox's pid 1
@@ -70,6 +73,7 @@
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <linux/loop.h>
 #include <linux/mount.h>
 
 #include "../sandbox-common/isolation.h"
@@ -87,7 +91,7 @@
 struct setup {
   char *cgroups[64];
   int ncgroups;
-  const char *log, *staging, *hostname, *seccomp;
+  const char *log, *staging, *hostname, *seccomp, *image;
   long base;
   long disk_mb;
   struct sock_fprog filter;
@@ -120,7 +124,7 @@ static void die(const char *fmt, ...) {
 
 static int usage(const char *arg) {
   fprintf(stderr, "sap-sandbox-init: bad argument %s\n"
-                  "usage: sap-sandbox-init [-w -s SOCKET KEY] [-c FILE]... -l LOG -m DIR -u BASE -r DIR... -p DIR... -D MB -H NAME -S FILE [-N HOSTIF -A ADDR/LEN -B ADDR] [-d ADDR]...\n",
+                  "usage: sap-sandbox-init [-w -s SOCKET KEY] [-c FILE]... -l LOG -m DIR -u BASE -r DIR... -p DIR... -D MB [-I FILE] -H NAME -S FILE [-N HOSTIF -A ADDR/LEN -B ADDR] [-d ADDR]...\n",
           arg);
   return 2;
 }
@@ -155,6 +159,7 @@ static int parse(char **args, int n, struct setup *o, int need_setup) {
       case 'm': o->staging = v; break;
       case 'H': o->hostname = v; break;
       case 'S': o->seccomp = v; break;
+      case 'I': o->image = v; break;
       case 'u':
         if ((o->base = parse_long(v, 1, 4294967295L - SAP_ID_COUNT)) < 0) return usage(v);
         break;
@@ -368,6 +373,60 @@ static void layer_list(char *buf, size_t size, const char *prefix, int n) {
 }
 
 /*
+ * The writable layer on real storage: `image` (made by the host with mkfs.ext4, a regular file of
+ * root's that no one else may read or write, so never bytes a sandbox wrote raw) attached to a free loop
+ * device and mounted on "w". LO_FLAGS_AUTOCLEAR: the device is detached when its last user goes, that
+ * is when this mount namespace ends with the helper; the sandbox never sees the device nor the image.
+ * Direct I/O to the image: the data is cached once (by the ext4 above, charged to the sandbox).
+ */
+static void mount_image(const char *image) {
+  int img = open(image, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NOCTTY);
+  struct stat st;
+  if (img < 0 || fstat(img, &st) != 0) die("open image %s", image);
+  errno = 0;
+  if (!S_ISREG(st.st_mode) || st.st_uid != 0 || (st.st_mode & 077) != 0) die("image %s is not a regular file of root's alone", image);
+  int ctl = open("/dev/loop-control", O_RDWR | O_CLOEXEC);
+  if (ctl < 0) die("open /dev/loop-control");
+  int dev = -1, flags = LO_FLAGS_AUTOCLEAR | LO_FLAGS_DIRECT_IO;
+  char name[32];
+  /* Sandboxes starting at once race for the same free device: the loser gets EBUSY and asks again. */
+  for (int tries = 0; dev < 0; tries++) {
+    int n = ioctl(ctl, LOOP_CTL_GET_FREE);
+    if (n < 0) die("free loop device");
+    snprintf(name, sizeof name, "/dev/loop%d", n);
+    dev = open(name, O_RDWR | O_CLOEXEC);
+    if (dev < 0) {
+      if ((errno == ENOENT || errno == ENXIO) && tries < 100) continue;
+      die("open %s", name);
+    }
+    struct loop_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.fd = (unsigned)img;
+    cfg.info.lo_flags = (unsigned)flags;
+    if (ioctl(dev, LOOP_CONFIGURE, &cfg) != 0) {
+      int e = errno;
+      close(dev);
+      dev = -1;
+      if (e == EBUSY && tries < 100) continue;
+      /* A file system under DATA_DIR without direct I/O: buffered. */
+      if (e == EINVAL && (flags & LO_FLAGS_DIRECT_IO) && tries < 100) {
+        flags &= ~LO_FLAGS_DIRECT_IO;
+        continue;
+      }
+      errno = e;
+      die("attach %s to %s", image, name);
+    }
+  }
+  close(ctl);
+  close(img);
+  /* noinit_itable: no kernel thread zeroing inode tables behind the sandbox's back (mkfs left them lazy);
+   * discard: a file deleted inside gives its blocks back to the host (holes punched in the image). */
+  if (mount(name, "w", "ext4", MS_NOSUID | MS_NODEV | MS_NOATIME, "noinit_itable,discard,errors=remount-ro") != 0) die("mount %s (writable layer)", name);
+  close(dev);
+  if (chmod("w", 0755) != 0) die("chmod w");
+}
+
+/*
  * The mounts, in the helper's own namespace, under the staging directory (the working directory from
  * here on): l<i> and p<i> the idmapped layers of / and /usr, w the writable layer (w/root, w/usr and
  * their work directories), root the overlay of / with the overlay of /usr on root/usr.
@@ -388,12 +447,16 @@ static void mount_layers(const struct setup *o, int userns) {
     snprintf(at, sizeof at, "p%d", i);
     idmapped_layer(o->usr_layers[i], at, userns);
   }
-  /* The writable layer: about one inode per 4 KiB, so that empty files cannot exhaust the host's memory either. */
   if (mkdir("w", 0755) != 0) die("mkdir w");
   char opts[4096];
-  long inodes = o->disk_mb * 256 < 16384 ? 16384 : o->disk_mb * 256;
-  snprintf(opts, sizeof opts, "size=%ldm,nr_inodes=%ld,mode=0755", o->disk_mb, inodes);
-  if (mount("sap-upper", "w", "tmpfs", MS_NOSUID | MS_NODEV, opts) != 0) die("writable layer tmpfs (%s)", opts);
+  if (o->image) {
+    mount_image(o->image);
+  } else {
+    /* A tmpfs: about one inode per 4 KiB, so that empty files cannot exhaust the host's memory either. */
+    long inodes = o->disk_mb * 256 < 16384 ? 16384 : o->disk_mb * 256;
+    snprintf(opts, sizeof opts, "size=%ldm,nr_inodes=%ld,mode=0755", o->disk_mb, inodes);
+    if (mount("sap-upper", "w", "tmpfs", MS_NOSUID | MS_NODEV, opts) != 0) die("writable layer tmpfs (%s)", opts);
+  }
   const char *dirs[] = {"w/root", "w/usr", "w/work-root", "w/work-usr", "root"};
   for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
     if (mkdir(dirs[i], 0755) != 0) die("mkdir %s", dirs[i]);
