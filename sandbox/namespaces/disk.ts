@@ -5,8 +5,10 @@
  * write past it gets ENOSPC; the file costs what is written (a fresh image is about 230 KB on disk).
  * See docs/disk.md for why this and not a tmpfs, project quotas or btrfs.
  *
- * Images are made ahead (spares of the default size, `spare-<n>.img`, renamed into place at a create),
- * since mkfs takes ~10 ms; an image of another size is made at its create.
+ * Images are made ahead (`pool-<n>.img` of the size asked for last, renamed into place), since mkfs
+ * takes ~10 ms; the spare init helper mounts one ahead too (`spare-….img`, see ./init-helpers), since
+ * attaching a loop device and mounting waits for the kernel (3-30 ms on a busy machine). An image of
+ * another size is made at its create.
  */
 import { execFile } from 'node:child_process';
 import { promises as fsp, constants as fsc } from 'node:fs';
@@ -92,6 +94,11 @@ export class DiskImages {
     private readonly log: Logger,
   ) {}
 
+  /** The size spares are made of: the one asked for last. */
+  get spareSize(): number {
+    return this.spareMB;
+  }
+
   /** The image of sandbox `id`. */
   fileOf(id: string): string {
     return path.join(this.dir, `${id}.img`);
@@ -106,7 +113,7 @@ export class DiskImages {
     await fsp.chmod(this.dir, 0o700);
     for (const name of await fsp.readdir(this.dir)) {
       const id = name.endsWith('.img') ? name.slice(0, -'.img'.length) : null;
-      if (id && !id.startsWith('spare-') && keep(id)) continue;
+      if (id && !id.startsWith('spare-') && !id.startsWith('pool-') && keep(id)) continue;
       await fsp.rm(path.join(this.dir, name), { force: true, recursive: true });
     }
     this.refill();
@@ -136,6 +143,20 @@ export class DiskImages {
     return file;
   }
 
+  /**
+   * Makes `file` (a spare helper's image, mounted ahead) sandbox `id`'s when it has `diskMB`; answers
+   * false (and removes it) otherwise: the caller then gives the sandbox an image of its own (take).
+   */
+  async adopt(id: string, file: string, diskMB: number): Promise<boolean> {
+    const st = await fsp.stat(file).catch(() => null);
+    if (st?.size !== Math.max(diskMB, MIN_DISK_MB) * 1024 * 1024) {
+      await fsp.rm(file, { force: true });
+      return false;
+    }
+    await fsp.rename(file, this.fileOf(id));
+    return true;
+  }
+
   /** Removes sandbox `id`'s image (its blocks go back to the host's storage). */
   async remove(id: string): Promise<void> {
     await fsp.rm(this.fileOf(id), { force: true });
@@ -152,7 +173,7 @@ export class DiskImages {
   private refill(): void {
     if (this.closed || this.making > 0 || this.spares.length >= this.spareCount) return;
     this.making++;
-    const file = path.join(this.dir, `spare-${process.pid}-${this.seq++}.img`);
+    const file = path.join(this.dir, `pool-${process.pid}-${this.seq++}.img`);
     const size = this.spareMB;
     makeDiskImage(file, size, this.mkfs)
       .then(

@@ -34,12 +34,16 @@ interface Spare {
   discarded: boolean;
   /** Reports the spare as failed (before it is claimed). */
   failed?: (why: string) => void;
+  /** The disk image it mounted ahead (see InitHelperDeps.spareDisk), or null. */
+  disk?: string | null;
 }
 
 /** An init helper handed its arguments: its pid, and its connection (the sandbox's info arrives there). */
 export interface Starting {
   pid: number;
   sock: net.Socket;
+  /** A spare's disk image, mounted ahead: used unless the arguments name another (-I). */
+  disk?: string;
 }
 
 /** What InitHelpers needs of its provider. */
@@ -51,6 +55,8 @@ export interface InitHelperDeps {
   initHelper: string;
   /** Waits until none of the given processes is alive (bounded). */
   waitGone(refs: (ProcRef | undefined)[]): Promise<void>;
+  /** A disk image for spare `name` to mount ahead (-I, see ./disk), or null for none. */
+  spareDisk?(name: string): Promise<string | null>;
 }
 
 /** The init helpers of one provider; see the module comment. */
@@ -131,11 +137,11 @@ export class InitHelpers {
    * Starts `sap-sandbox-init -w -s SOCKET KEY` in the given cgroups through the spawner (no fork of
    * the host); `connected` is called with its connection once it is in them.
    */
-  private async startLinkedHelper(key: string, cgroups: SandboxCgroups, connected: (sock: net.Socket) => void): Promise<ProcRef> {
+  private async startLinkedHelper(key: string, cgroups: SandboxCgroups, connected: (sock: net.Socket) => void, extra: string[] = []): Promise<ProcRef> {
     this.helperWaiters.set(key, connected);
     try {
       const pid = await this.deps.spawner.spawn({
-        argv: [this.deps.initHelper, '-w', '-s', this.helperSocket!, key, ...cgroups.procsFiles().flatMap((f) => ['-c', f])],
+        argv: [this.deps.initHelper, '-w', '-s', this.helperSocket!, key, ...cgroups.procsFiles().flatMap((f) => ['-c', f]), ...extra],
         env: { PATH: DEFAULT_ENV.PATH },
       });
       return procRef(pid) ?? { pid, start: -1 };
@@ -170,6 +176,8 @@ export class InitHelpers {
       const cgroups = await SandboxCgroups.create(name, { maxProcesses: 512 });
       pending.cgroups = cgroups;
       if (this.spare !== pending) return void this.discardSpare(pending);
+      pending.disk = (await this.deps.spareDisk?.(name)) ?? null;
+      if (this.spare !== pending) return void this.discardSpare(pending);
       pending.key = `${name}.${randomBytes(8).toString('hex')}`;
       const connected = (sock: net.Socket) => {
         if (pending.discarded || done) return void sock.destroy();
@@ -178,7 +186,7 @@ export class InitHelpers {
         pending.ready = true;
         this.spareFailures = 0;
       };
-      pending.proc = await this.startLinkedHelper(pending.key, cgroups, connected);
+      pending.proc = await this.startLinkedHelper(pending.key, cgroups, connected, pending.disk ? ['-I', pending.disk] : []);
       // One timer, not a poll: a helper that has not connected by then is taken as failed.
       setTimeout(() => {
         if (!pending.ready) failed('no connection from the init helper within 10 s');
@@ -205,7 +213,7 @@ export class InitHelpers {
       return null;
     }
     spare.sock.ref();
-    return { pid: spare.proc.pid, sock: spare.sock };
+    return { pid: spare.proc.pid, sock: spare.sock, ...(spare.disk ? { disk: spare.disk } : {}) };
   }
 
   /**
@@ -246,6 +254,7 @@ export class InitHelpers {
     }
     await SandboxCgroups.of(spare.name).remove();
     if (renamedTo) await SandboxCgroups.of(renamedTo).remove();
+    if (spare.disk) await fsp.rm(spare.disk, { force: true });
   }
 
   /** Stops the spare helper and the helpers' socket. */

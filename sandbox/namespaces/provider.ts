@@ -116,6 +116,7 @@ export class NamespaceProvider extends BaseProvider {
       spawner: this.spawner,
       initHelper: this.initHelper,
       waitGone: (refs) => this.waitGone(refs),
+      spareDisk: async (name) => (this.disks ? this.disks.take(name, this.disks.spareSize) : null),
     });
     this.enterHelper = opts.enterHelper ?? DEFAULT_ENTER_HELPER;
     this.seccompFilter = opts.seccompFilter ?? DEFAULT_SECCOMP;
@@ -301,8 +302,16 @@ export class NamespaceProvider extends BaseProvider {
       await this.network!.apply(link.address, egress);
       state.link = link;
     }
+    const failure = async (why: string) => {
+      const logText = await fsp.readFile(sub('init.log'), 'utf8').catch(() => '');
+      return new SandboxError('internal', `sandbox ${id} failed to start (${why}): ${logText.trim().slice(-1000)}`);
+    };
+    const starting = (await this.helpers.claimSpare(id, state.limits)) ?? (await this.helpers.startHelperFor(id, state.limits, failure));
+    this.helpers.prepareSpare();
+    // The spare's disk, mounted ahead, when it has the size asked for; else an image of its own (-I).
     const diskMB = state.limits.diskMB ?? DEFAULT_DISK_MB;
-    const image = this.disks ? await this.disks.take(id, diskMB) : null;
+    const premounted = this.disks && starting.disk ? await this.disks.adopt(id, starting.disk, diskMB) : false;
+    const image = this.disks && !premounted ? await this.disks.take(id, diskMB) : null;
     // Everything the helper does, in order (see tools/sandbox-init); its log comes first, so that any
     // failure is in init.log. Each argument ends with a NUL byte.
     const args = [
@@ -326,12 +335,6 @@ export class NamespaceProvider extends BaseProvider {
       // Its resolver: the table sends it to the host's resolver for sandboxes (network.ts, dns.ts).
       ...(link ? ['-d', RESOLVER_ADDRESS] : []),
     ];
-    const failure = async (why: string) => {
-      const logText = await fsp.readFile(sub('init.log'), 'utf8').catch(() => '');
-      return new SandboxError('internal', `sandbox ${id} failed to start (${why}): ${logText.trim().slice(-1000)}`);
-    };
-    const starting = (await this.helpers.claimSpare(id, state.limits)) ?? (await this.helpers.startHelperFor(id, state.limits, failure));
-    this.helpers.prepareSpare();
     // Shuts down the host's side: the helper reads its arguments to the end. It answers with the
     // sandbox's pid 1 once the sandbox is ready, or closes the connection when a step failed.
     const sock = starting.sock;

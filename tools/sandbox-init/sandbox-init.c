@@ -13,7 +13,8 @@
  *   -D MB       size of the writable layer (writes past it get ENOSPC)
  *   -I FILE     the writable layer's filesystem image (optional; an ext4 image the host made, root's
  *               alone): attached to a free loop device that goes away with its last mount and mounted
- *               nosuid,nodev; without -I the writable layer is a tmpfs of -D MB (RAM)
+ *               nosuid,nodev; without -I the writable layer is a tmpfs of -D MB (RAM). A spare given
+ *               -I among its first arguments mounts it ahead, and uses it unless SETUP names another
  *   -H NAME     hostname, also the name of the overlay mounts
  *   -S FILE     the seccomp filter (a classic BPF program, see tools/sandbox-seccomp)
  *   -N HOSTIF   a way out (optional; without it the sandbox has loopback only): a veth pair, HOSTIF on
@@ -92,6 +93,8 @@ struct setup {
   char *cgroups[64];
   int ncgroups;
   const char *log, *staging, *hostname, *seccomp, *image;
+  /* The writable layer mounted ahead (a spare given -I before its request), or -1. */
+  int upper;
   long base;
   long disk_mb;
   struct sock_fprog filter;
@@ -379,7 +382,7 @@ static void layer_list(char *buf, size_t size, const char *prefix, int n) {
  * is when this mount namespace ends with the helper; the sandbox never sees the device nor the image.
  * Direct I/O to the image: the data is cached once (by the ext4 above, charged to the sandbox).
  */
-static void mount_image(const char *image) {
+static int open_image(const char *image) {
   int img = open(image, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NOCTTY);
   struct stat st;
   if (img < 0 || fstat(img, &st) != 0) die("open image %s", image);
@@ -419,11 +422,20 @@ static void mount_image(const char *image) {
   }
   close(ctl);
   close(img);
-  /* noinit_itable: no kernel thread zeroing inode tables behind the sandbox's back (mkfs left them lazy);
+  /* A detached mount (new mount API), so that a spare can make it before it knows where it goes.
+   * noinit_itable: no kernel thread zeroing inode tables behind the sandbox's back (mkfs left them lazy);
    * discard: a file deleted inside gives its blocks back to the host (holes punched in the image). */
-  if (mount(name, "w", "ext4", MS_NOSUID | MS_NODEV | MS_NOATIME, "noinit_itable,discard,errors=remount-ro") != 0) die("mount %s (writable layer)", name);
+  int fs = (int)syscall(SYS_fsopen, "ext4", FSOPEN_CLOEXEC);
+  if (fs < 0) die("fsopen ext4");
+  if (syscall(SYS_fsconfig, fs, FSCONFIG_SET_STRING, "source", name, 0) != 0 || syscall(SYS_fsconfig, fs, FSCONFIG_SET_FLAG, "noinit_itable", NULL, 0) != 0 ||
+      syscall(SYS_fsconfig, fs, FSCONFIG_SET_FLAG, "discard", NULL, 0) != 0 || syscall(SYS_fsconfig, fs, FSCONFIG_SET_STRING, "errors", "remount-ro", 0) != 0 ||
+      syscall(SYS_fsconfig, fs, FSCONFIG_CMD_CREATE, NULL, NULL, 0) != 0)
+    die("mount %s (writable layer)", name);
+  int mnt = (int)syscall(SYS_fsmount, fs, FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOATIME);
+  if (mnt < 0) die("fsmount %s", name);
+  close(fs);
   close(dev);
-  if (chmod("w", 0755) != 0) die("chmod w");
+  return mnt;
 }
 
 /*
@@ -449,8 +461,15 @@ static void mount_layers(const struct setup *o, int userns) {
   }
   if (mkdir("w", 0755) != 0) die("mkdir w");
   char opts[4096];
-  if (o->image) {
-    mount_image(o->image);
+  if (o->image || o->upper >= 0) {
+    int mnt = o->upper;
+    if (o->image) {
+      if (mnt >= 0) close(mnt);
+      mnt = open_image(o->image);
+    }
+    if (syscall(SYS_move_mount, mnt, "", AT_FDCWD, "w", MOVE_MOUNT_F_EMPTY_PATH) != 0) die("attach the writable layer");
+    close(mnt);
+    if (chmod("w", 0755) != 0) die("chmod w");
   } else {
     /* A tmpfs: about one inode per 4 KiB, so that empty files cannot exhaust the host's memory either. */
     long inodes = o->disk_mb * 256 < 16384 ? 16384 : o->disk_mb * 256;
@@ -725,12 +744,21 @@ static int run(struct setup *o) {
 int main(int argc, char **argv) {
   struct setup o;
   memset(&o, 0, sizeof o);
+  o.upper = -1;
   if (argc > 1 && strcmp(argv[1], "-w") == 0) {
     if (argc < 5 || strcmp(argv[2], "-s") != 0) return usage(argv[1]);
     const char *sock_path = argv[3], *key = argv[4];
     int code = parse(argv + 5, argc - 5, &o, 0);
     if (code) return code;
     join_cgroups(&o);
+    if (o.image) {
+      step = "disk";
+      int mnt = open_image(o.image);
+      /* Above the descriptors the helper puts in place (3: the socket; 0-2). */
+      if ((o.upper = fcntl(mnt, F_DUPFD_CLOEXEC, 10)) < 0) die("dup the writable layer");
+      close(mnt);
+      o.image = NULL;
+    }
     step = "connect";
     int sock = connect_to(sock_path);
     if (sock < 0) die("connect to %s", sock_path);
