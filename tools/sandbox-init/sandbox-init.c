@@ -478,7 +478,7 @@ static void mount_layers(const struct setup *o, int userns) {
   }
   const char *dirs[] = {"w/root", "w/usr", "w/work-root", "w/work-usr", "root"};
   for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
-    if (mkdir(dirs[i], 0755) != 0) die("mkdir %s", dirs[i]);
+    if (mkdir(dirs[i], 0755) != 0 && !(errno == EEXIST && o->upper >= 0 && !o->image && i < 4)) die("mkdir %s", dirs[i]);
   }
   /* The overlay's own root directories take their owner from the upper ones: sandbox root's. */
   if (chown("w/root", (uid_t)o->base, (gid_t)o->base) != 0 || chown("w/usr", (uid_t)o->base, (gid_t)o->base) != 0) die("chown the writable layer");
@@ -757,6 +757,12 @@ int main(int argc, char **argv) {
       /* Above the descriptors the helper puts in place (3: the socket; 0-2). */
       if ((o.upper = fcntl(mnt, F_DUPFD_CLOEXEC, 10)) < 0) die("dup the writable layer");
       close(mnt);
+      /* Its directories made ahead too: the filesystem's first metadata reads (each a round trip
+       * through the loop device's worker) are then off the create path. */
+      const char *ahead[] = {"root", "usr", "work-root", "work-usr"};
+      for (size_t i = 0; i < sizeof ahead / sizeof ahead[0]; i++) {
+        if (mkdirat(o.upper, ahead[i], 0755) != 0) die("mkdir %s on the writable layer", ahead[i]);
+      }
       o.image = NULL;
     }
     step = "connect";
