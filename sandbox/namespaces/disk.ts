@@ -79,6 +79,8 @@ export async function makeDiskImage(file: string, diskMB: number, mkfs = '/usr/s
 export class DiskImages {
   private spares: string[] = [];
   private making = 0;
+  /** The spare being made, if any (close waits for it). */
+  private inFlight: Promise<unknown> | null = null;
   private seq = 0;
   private closed = false;
 
@@ -109,14 +111,21 @@ export class DiskImages {
    * died, spares of an earlier run whose size may differ), then starts making spares.
    */
   async start(keep: (id: string) => boolean): Promise<void> {
-    await fsp.mkdir(this.dir, { recursive: true, mode: 0o700 });
-    await fsp.chmod(this.dir, 0o700);
+    await this.makeDir();
     for (const name of await fsp.readdir(this.dir)) {
       const id = name.endsWith('.img') ? name.slice(0, -'.img'.length) : null;
+      // This process's spare helpers' images are in use (a spare may start before adoption ends).
+      if (id?.startsWith(`spare-${process.pid}-`)) continue;
       if (id && !id.startsWith('spare-') && !id.startsWith('pool-') && keep(id)) continue;
       await fsp.rm(path.join(this.dir, name), { force: true, recursive: true });
     }
     this.refill();
+  }
+
+  /** Makes the directory (root's alone). */
+  async makeDir(): Promise<void> {
+    await fsp.mkdir(this.dir, { recursive: true, mode: 0o700 });
+    await fsp.chmod(this.dir, 0o700);
   }
 
   /** Gives sandbox `id` a fresh image of `diskMB` (a spare when one of that size is ready); answers its file. */
@@ -165,6 +174,7 @@ export class DiskImages {
   /** Stops making spares and removes those made. */
   async close(): Promise<void> {
     this.closed = true;
+    await this.inFlight;
     const spares = this.spares.splice(0);
     await Promise.all(spares.map((f) => fsp.rm(f, { force: true })));
   }
@@ -175,7 +185,7 @@ export class DiskImages {
     this.making++;
     const file = path.join(this.dir, `pool-${process.pid}-${this.seq++}.img`);
     const size = this.spareMB;
-    makeDiskImage(file, size, this.mkfs)
+    this.inFlight = makeDiskImage(file, size, this.mkfs)
       .then(
         async () => {
           this.making--;

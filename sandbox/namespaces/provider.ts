@@ -164,7 +164,7 @@ export class NamespaceProvider extends BaseProvider {
     this.realDataDir = await fsp.realpath(this.dataDir);
     this.realUsr = await fsp.realpath('/usr');
     const mkfs = process.env.SANDBOX_DISK_IMAGES === 'off' ? null : await diskImagesSupported();
-    if (mkfs) this.disks = new DiskImages(path.join(this.realDataDir, 'disks'), mkfs, DEFAULT_DISK_MB, 2, this.log);
+    if (mkfs) await (this.disks = new DiskImages(path.join(this.realDataDir, 'disks'), mkfs, DEFAULT_DISK_MB, 2, this.log)).makeDir();
     else this.log.warn('no loop devices or mkfs.ext4 (or SANDBOX_DISK_IMAGES=off): writable layers are tmpfs, charged to memory');
     await migrateSetIds(this.layersDir(), this.log);
     if (!this.helpers.closed) await this.helpers.listen();
