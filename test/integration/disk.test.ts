@@ -8,6 +8,7 @@ import { promises as fsp } from 'node:fs';
 import * as path from 'node:path';
 import { loadLimits } from '../../config/limits';
 import { api, T } from '../helpers/env';
+import { bashAgent, runSession } from '../helpers/sessions';
 
 jest.setTimeout(900_000);
 
@@ -109,6 +110,19 @@ describe('a disk that is disk', () => {
     expect(again.stdout.trim().split('\n').pop()).toBe(String(3072 * 1024 * 1024));
     // The sandbox still works.
     expect((await sh(id, 'echo alive')).stdout).toBe('alive\n');
+  });
+
+  it("a session's sandbox has its disk on DATA_DIR too, not in memory: 256 MB of memory write 768 MiB, df / shows diskMB", async () => {
+    const agentId = await bashAgent(
+      'dd if=/dev/zero of=/workspace/big bs=1M count=768 2>/dev/null && size=$(stat -c %s /workspace/big) && df=$(df -m / | tail -1 | tr -s " " | cut -d" " -f2) && echo "{\\"size\\":$size,\\"df\\":$df}" > /tmp/agent_result.json',
+      { memoryMB: 256, diskMB: 2048 },
+    );
+    const { session, result } = await runSession(agentId);
+    expect(session.status).toBe('completed');
+    expect(result).toMatchObject({ exit_code: 0, data: { size: 768 * 1024 * 1024 } });
+    expect(result.data.df).toBeGreaterThan(2048 * 0.97);
+    expect(result.data.df).toBeLessThanOrEqual(2048);
+    await api('DELETE', `/v1/agents/${agentId}`);
   });
 
   it('keeps the image and loop device out of reach: no loop device, no host path, no device nodes on the disk', async () => {
