@@ -6,15 +6,15 @@
  * | variable               | default                                   |
  * |------------------------|-------------------------------------------|
  * | SANDBOX_MEMORY_MB      | 2048 (at most SANDBOX_MAX_MEMORY_MB)       |
- * | SANDBOX_DISK_MB        | SANDBOX_MEMORY_MB (at most SANDBOX_MAX_DISK_MB) |
+ * | SANDBOX_DISK_MB        | 10240 (at most SANDBOX_MAX_DISK_MB)        |
  * | SANDBOX_CPU_COUNT      | 0: no CFS quota, an equal cpu.shares weight |
  * | SANDBOX_MAX_PROCESSES  | 512                                       |
  * | SANDBOX_MAX_MEMORY_MB  | the machine's total memory, in MB         |
  * | SANDBOX_MAX_DISK_MB    | 20480                                     |
  * | SANDBOX_MAX_CPU_COUNT  | the number of cores                       |
  *
- * The writable layer is a per-sandbox tmpfs whose pages count against the sandbox's memory, so the
- * disk default follows the memory default.
+ * The writable layer is an ext4 image per sandbox on the host's storage (sparse: it costs what is
+ * written; see docs/disk.md), so the disk default no longer follows the memory default.
  */
 import * as os from 'node:os';
 import { z } from 'zod';
@@ -23,6 +23,7 @@ import { MIN_MEMORY_MB } from '../contract/limits';
 export const DEFAULT_MEMORY_MB = 2048;
 export const DEFAULT_MAX_PROCESSES = 512;
 export const DEFAULT_MAX_DISK_MB = 20480;
+export const DEFAULT_DISK_MB = 10240;
 export { MIN_MEMORY_MB };
 
 /** The effective limits of one sandbox (what its host applies). */
@@ -99,7 +100,7 @@ export function resolveLimits(env: LimitsEnv, machine: Machine = thisMachine()):
     return given;
   };
   const memoryMB = pick('SANDBOX_MEMORY_MB', env.SANDBOX_MEMORY_MB, DEFAULT_MEMORY_MB, maxMemoryMB, 'SANDBOX_MAX_MEMORY_MB', ' MB');
-  const diskMB = pick('SANDBOX_DISK_MB', env.SANDBOX_DISK_MB, memoryMB, maxDiskMB, 'SANDBOX_MAX_DISK_MB', ' MB');
+  const diskMB = pick('SANDBOX_DISK_MB', env.SANDBOX_DISK_MB, DEFAULT_DISK_MB, maxDiskMB, 'SANDBOX_MAX_DISK_MB', ' MB');
   const cpuCount = pick('SANDBOX_CPU_COUNT', env.SANDBOX_CPU_COUNT, 0, maxCpuCount, 'SANDBOX_MAX_CPU_COUNT', '');
   const maxProcesses = env.SANDBOX_MAX_PROCESSES ?? DEFAULT_MAX_PROCESSES;
   return { limits: { memoryMB, diskMB, cpuCount, maxProcesses, maxMemoryMB, maxDiskMB, maxCpuCount }, issues };

@@ -34,12 +34,16 @@ interface Spare {
   discarded: boolean;
   /** Reports the spare as failed (before it is claimed). */
   failed?: (why: string) => void;
+  /** The disk image it mounted ahead (see InitHelperDeps.spareDisk), or null. */
+  disk?: string | null;
 }
 
 /** An init helper handed its arguments: its pid, and its connection (the sandbox's info arrives there). */
 export interface Starting {
   pid: number;
   sock: net.Socket;
+  /** A spare's disk image, mounted ahead: used unless the arguments name another (-I). */
+  disk?: string;
 }
 
 /** What InitHelpers needs of its provider. */
@@ -55,13 +59,15 @@ export interface InitHelperDeps {
   poolSize?: number;
   /** At most this many spares start at once (default 2). */
   refillsInFlight?: number;
+  /** A disk image for spare `name` to mount ahead (-I, see ./disk), or null for none. */
+  spareDisk?(name: string): Promise<string | null>;
 }
 
 /** Limits of an idle spare's cgroups: one process waiting on a socket (a claim sets the sandbox's). */
 const SPARE_LIMITS = { maxProcesses: 8, memoryMB: 16 };
 
 /** SANDBOX_POOL_SIZE's default: see docs/operations/configuration.md. */
-export const DEFAULT_POOL_SIZE = 32;
+export const DEFAULT_POOL_SIZE = 8;
 /** The largest pool a host keeps. */
 export const MAX_POOL_SIZE = 256;
 
@@ -162,11 +168,11 @@ export class InitHelpers {
    * Starts `sap-sandbox-init -w -s SOCKET KEY` in the given cgroups through the spawner (no fork of
    * the host); `connected` is called with its connection once it is in them.
    */
-  private async startLinkedHelper(key: string, cgroups: SandboxCgroups, connected: (sock: net.Socket) => void): Promise<ProcRef> {
+  private async startLinkedHelper(key: string, cgroups: SandboxCgroups, connected: (sock: net.Socket) => void, extra: string[] = []): Promise<ProcRef> {
     this.helperWaiters.set(key, connected);
     try {
       const pid = await this.deps.spawner.spawn({
-        argv: [this.deps.initHelper, '-w', '-s', this.helperSocket!, key, ...cgroups.procsFiles().flatMap((f) => ['-c', f])],
+        argv: [this.deps.initHelper, '-w', '-s', this.helperSocket!, key, ...cgroups.procsFiles().flatMap((f) => ['-c', f]), ...extra],
         env: { PATH: DEFAULT_ENV.PATH },
       });
       return procRef(pid) ?? { pid, start: -1 };
@@ -235,9 +241,9 @@ export class InitHelpers {
       const cgroups = await SandboxCgroups.create(name, SPARE_LIMITS);
       pending.cgroups = cgroups;
       if (!this.pool.includes(pending)) return void this.discardSpare(pending).finally(settle);
-      // MERGE: disk image made ahead here (makeDiskImage(file, diskMB) of sandbox/namespaces/disk.ts at the
-      // default SANDBOX_DISK_MB, kept on the Spare and removed by discardSpare; a claim whose diskMB differs
-      // makes its own; the file is the claimed sandbox's alone, like the helper).
+      // Its disk image, made and mounted ahead by the helper (-I, see ./disk); a claim of another size makes its own.
+      pending.disk = (await this.deps.spareDisk?.(name)) ?? null;
+      if (!this.pool.includes(pending)) return void this.discardSpare(pending).finally(settle);
       pending.key = `${name}.${randomBytes(8).toString('hex')}`;
       const connected = (sock: net.Socket) => {
         if (pending.discarded || done) return void sock.destroy();
@@ -247,7 +253,7 @@ export class InitHelpers {
         this.spareFailures = 0;
         settle();
       };
-      pending.proc = await this.startLinkedHelper(pending.key, cgroups, connected);
+      pending.proc = await this.startLinkedHelper(pending.key, cgroups, connected, pending.disk ? ['-I', pending.disk] : []);
       // Closed (or dropped) while it was being started: discardSpare ran before there was a process to kill.
       if (pending.discarded) return void this.discardSpare(pending).finally(settle);
       // One timer, not a poll: a helper that has not connected by then is taken as failed.
@@ -288,7 +294,7 @@ export class InitHelpers {
         return null;
       }
       spare.sock.ref();
-      return { pid: spare.proc.pid, sock: spare.sock };
+      return { pid: spare.proc.pid, sock: spare.sock, ...(spare.disk ? { disk: spare.disk } : {}) };
     }
   }
 
@@ -330,6 +336,7 @@ export class InitHelpers {
     }
     await SandboxCgroups.of(spare.name).remove();
     if (renamedTo) await SandboxCgroups.of(renamedTo).remove();
+    if (spare.disk) await fsp.rm(spare.disk, { force: true });
   }
 
   /** Stops every spare of the pool (their processes and cgroups) and the helpers' socket. */

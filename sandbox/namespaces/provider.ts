@@ -14,7 +14,7 @@
  * of its own it maps a user namespace whose ids 0..65535 are the host ids of the sandbox's slot
  * (`state.idBase`, see idSlots), clones every read-only layer as an idmapped mount (the base skeleton
  * `${dataDir}/base-v3`, the checkpoint layers `${dataDir}/layers/<id>/{root,usr}`, the host's /usr),
- * puts the writable layer on a tmpfs of `diskMB` and mounts the overlays of `/` and `/usr`; then its
+ * puts the writable layer on an ext4 image of `diskMB` (`${dataDir}/disks/<id>.img`, see ./disk) and mounts the overlays of `/` and `/usr`; then its
  * child, root of that user namespace, unshares the mount, pid, net, ipc, uts and cgroup namespaces
  * and becomes the sandbox's pid 1: proc with the OCI runtime spec's read-only and masked paths, a
  * private /dev, pivot_root, Docker's default capabilities, no_new_privs, seccomp. None of these mounts
@@ -30,7 +30,7 @@
 import { promises as fsp, constants as fsc } from 'node:fs';
 import * as path from 'node:path';
 import { PROJECT_ROOT } from '../../config';
-import { DEFAULT_MEMORY_MB } from '../../config/limits';
+import { DEFAULT_DISK_MB } from '../../config/limits';
 import { BaseProvider, DEFAULT_ENV, assertId, envPairs, type EnterOptions, type LayerScan, type SandboxState } from '../base';
 import type { ResourceProbe } from '../base/resources';
 import { SandboxError } from '../errors';
@@ -43,6 +43,7 @@ import { captureLayer, execFileP, migrateSetIds, restoreSetIds, scanLayer } from
 import { sandboxMountIds, unmountUnder } from './mounts';
 import { InitHelpers, SPARE_PREFIX } from './init-helpers';
 import { ownerOf, SANDBOX_HOME, SANDBOX_UID, writeHostsFile, writeSandboxUser } from './sandbox-user';
+import { DiskImages, diskImagesSupported } from './disk';
 
 export { sandboxMountIds };
 
@@ -106,6 +107,8 @@ export class NamespaceProvider extends BaseProvider {
    */
   private realDataDir: string | null = null;
   private realUsr = '/usr';
+  /** Sandboxes' disk images (null: no loop devices or mkfs.ext4 here, or SANDBOX_DISK_IMAGES=off: a tmpfs). */
+  private disks: DiskImages | null = null;
 
   constructor(opts: ProviderOptions) {
     super(opts);
@@ -117,6 +120,7 @@ export class NamespaceProvider extends BaseProvider {
       initHelper: this.initHelper,
       waitGone: (refs) => this.waitGone(refs),
       ...(opts.poolSize !== undefined ? { poolSize: opts.poolSize } : {}),
+      spareDisk: async (name) => (this.disks ? this.disks.take(name, this.disks.spareSize) : null),
     });
     this.enterHelper = opts.enterHelper ?? DEFAULT_ENTER_HELPER;
     this.seccompFilter = opts.seccompFilter ?? DEFAULT_SECCOMP;
@@ -131,6 +135,8 @@ export class NamespaceProvider extends BaseProvider {
    */
   override async init(): ReturnType<BaseProvider['init']> {
     const all = await super.init();
+    // Images no adopted sandbox owns are leftovers of a host that died; spares are made again.
+    await this.disks?.start((id) => this.states.has(id));
     if (this.network) {
       const live = new Map<string, Egress>();
       for (const s of this.states.values()) if (s.link && this.isLive(s)) live.set(s.link.address, s.network?.egress ?? 'internet');
@@ -161,6 +167,9 @@ export class NamespaceProvider extends BaseProvider {
     }
     this.realDataDir = await fsp.realpath(this.dataDir);
     this.realUsr = await fsp.realpath('/usr');
+    const mkfs = process.env.SANDBOX_DISK_IMAGES === 'off' ? null : await diskImagesSupported();
+    if (mkfs) await (this.disks = new DiskImages(path.join(this.realDataDir, 'disks'), mkfs, DEFAULT_DISK_MB, 2, this.log)).makeDir();
+    else this.log.warn('no loop devices or mkfs.ext4 (or SANDBOX_DISK_IMAGES=off): writable layers are tmpfs, charged to memory');
     await migrateSetIds(this.layersDir(), this.log);
     if (!this.helpers.closed) await this.helpers.listen();
     // Cgroups of spare helpers whose host process is gone (a live host's spare is in use and stays).
@@ -271,6 +280,7 @@ export class NamespaceProvider extends BaseProvider {
   /** Stops the pool's spares and the helpers' socket; sandboxes keep running. */
   override async close(): Promise<void> {
     await this.helpers.close();
+    await this.disks?.close();
     await this.network?.close();
     await super.close();
   }
@@ -325,6 +335,15 @@ export class NamespaceProvider extends BaseProvider {
       await this.network!.apply(link.address, egress);
       state.link = link;
     }
+    const failure = async (why: string) => {
+      const logText = await fsp.readFile(sub('init.log'), 'utf8').catch(() => '');
+      return new SandboxError('internal', `sandbox ${id} failed to start (${why}): ${logText.trim().slice(-1000)}`);
+    };
+    const starting = (await this.helpers.claimSpare(id, state.limits)) ?? (await this.helpers.startHelperFor(id, state.limits, failure));
+    // The spare's disk, mounted ahead, when it has the size asked for; else an image of its own (-I).
+    const diskMB = state.limits.diskMB ?? DEFAULT_DISK_MB;
+    const premounted = this.disks && starting.disk ? await this.disks.adopt(id, starting.disk, diskMB) : false;
+    const image = this.disks && !premounted ? await this.disks.take(id, diskMB) : null;
     // Everything the helper does, in order (see tools/sandbox-init); its log comes first, so that any
     // failure is in init.log. Each argument ends with a NUL byte.
     const args = [
@@ -338,7 +357,8 @@ export class NamespaceProvider extends BaseProvider {
       ...[...layerPart('root'), path.join(realData, BASE_NAME), ...(this.agentSdkLayer ? [this.agentSdkLayer] : [])].flatMap((l) => ['-r', l]),
       ...[...layerPart('usr'), this.realUsr].flatMap((l) => ['-p', l]),
       '-D', // The host's server fills in SANDBOX_DISK_MB; a provider used on its own takes the built-in default.
-      String(state.limits.diskMB ?? DEFAULT_MEMORY_MB),
+      String(diskMB),
+      ...(image ? ['-I', image] : []),
       '-H',
       id,
       '-S',
@@ -347,11 +367,6 @@ export class NamespaceProvider extends BaseProvider {
       // Its resolver: the table sends it to the host's resolver for sandboxes (network.ts, dns.ts).
       ...(link ? ['-d', RESOLVER_ADDRESS] : []),
     ];
-    const failure = async (why: string) => {
-      const logText = await fsp.readFile(sub('init.log'), 'utf8').catch(() => '');
-      return new SandboxError('internal', `sandbox ${id} failed to start (${why}): ${logText.trim().slice(-1000)}`);
-    };
-    const starting = (await this.helpers.claimSpare(id, state.limits)) ?? (await this.helpers.startHelperFor(id, state.limits, failure));
     // Shuts down the host's side: the helper reads its arguments to the end. It answers with the
     // sandbox's pid 1 once the sandbox is ready, or closes the connection when a step failed.
     const sock = starting.sock;
@@ -462,6 +477,7 @@ export class NamespaceProvider extends BaseProvider {
     // The veth went with the sandbox's network namespace; its policy goes from the table.
     if (state?.link) await this.network?.release(state.link.address);
     if (state?.idBase !== undefined) this.idSlots.release(state.idBase);
+    await this.disks?.remove(id);
   }
 
   /** See captureLayer (./layers): the sandbox's writable layer copied into read-only layer `layerId`. */

@@ -79,7 +79,7 @@ describe('sandbox host (namespaces): isolation and limits', () => {
     const w = await providerSh(host.provider, a, `echo mine > /usr/bin/${marker} && cat /usr/bin/${marker} && rm /usr/bin/env.not-there 2>/dev/null; echo ok`);
     expect(w.stdout).toBe('mine\nok\n');
     expect(existsSync(`/usr/bin/${marker}`)).toBe(false);
-    // The writable layer is a tmpfs in the mount namespace of the sandbox's init helper.
+    // The writable layer (an ext4 image on a loop device) is mounted in the mount namespace of the sandbox's init helper.
     const outer = JSON.parse(await fsp.readFile(path.join(dataDir, 'sandboxes', a, 'state.json'), 'utf8')).init.outer.pid;
     expect(existsSync(path.join(`/proc/${outer}/root`, dataDir, 'sandboxes', a, 'm', 'w', 'usr', 'bin', marker))).toBe(true);
     expect((await providerSh(host.provider, b, `test -e /usr/bin/${marker}; echo $?`)).stdout).toBe('1\n');

@@ -12,7 +12,7 @@ describe('sandbox limits', () => {
   it('has documented defaults, the maxima from the machine', () => {
     expect(loadLimits({}, machine)).toEqual({
       memoryMB: 2048,
-      diskMB: 2048,
+      diskMB: 10240,
       cpuCount: 0,
       maxProcesses: 512,
       maxMemoryMB: 8000,
@@ -42,12 +42,12 @@ describe('sandbox limits', () => {
     });
   });
 
-  it('gives the disk the memory default when only the memory is set', () => {
-    expect(loadLimits({ SANDBOX_MEMORY_MB: '512' }, machine)).toMatchObject({ memoryMB: 512, diskMB: 512 });
+  it('keeps the disk default (a sparse image, not memory) when only the memory is set', () => {
+    expect(loadLimits({ SANDBOX_MEMORY_MB: '512' }, machine)).toMatchObject({ memoryMB: 512, diskMB: 10240 });
   });
 
   it('lowers an implicit default to a smaller maximum', () => {
-    expect(loadLimits({}, { totalMemoryMB: 1500, cores: 1 })).toMatchObject({ memoryMB: 1500, diskMB: 1500, maxMemoryMB: 1500, maxCpuCount: 1 });
+    expect(loadLimits({}, { totalMemoryMB: 1500, cores: 1 })).toMatchObject({ memoryMB: 1500, diskMB: 10240, maxMemoryMB: 1500, maxCpuCount: 1 });
     expect(loadLimits({ SANDBOX_MAX_DISK_MB: '1000' }, machine)).toMatchObject({ memoryMB: 2048, diskMB: 1000 });
   });
 
@@ -78,7 +78,7 @@ describe('sandbox limits', () => {
 
   it('is part of the API configuration', () => {
     const cfg = loadConfig({ SANDBOX_MEMORY_MB: '1024', SANDBOX_MAX_DISK_MB: '5000' });
-    expect(cfg.limits).toMatchObject({ memoryMB: 1024, diskMB: 1024, cpuCount: 0, maxProcesses: 512, maxDiskMB: 5000 });
+    expect(cfg.limits).toMatchObject({ memoryMB: 1024, diskMB: 5000, cpuCount: 0, maxProcesses: 512, maxDiskMB: 5000 });
     expect(() => loadConfig({ SANDBOX_DISK_MB: '6000', SANDBOX_MAX_DISK_MB: '5000' })).toThrow(/SANDBOX_DISK_MB: 6000 is above SANDBOX_MAX_DISK_MB/);
   });
 
@@ -94,8 +94,8 @@ describe('sandbox limits', () => {
 
   it('fills absent values with the defaults', () => {
     const limits = loadLimits({}, machine);
-    expect(effectiveResources(limits)).toEqual({ memoryMB: 2048, diskMB: 2048, cpuCount: 0, maxProcesses: 512 });
-    expect(effectiveResources(limits, { memoryMB: 64, cpuCount: 1 })).toEqual({ memoryMB: 64, diskMB: 2048, cpuCount: 1, maxProcesses: 512 });
+    expect(effectiveResources(limits)).toEqual({ memoryMB: 2048, diskMB: 10240, cpuCount: 0, maxProcesses: 512 });
+    expect(effectiveResources(limits, { memoryMB: 64, cpuCount: 1 })).toEqual({ memoryMB: 64, diskMB: 10240, cpuCount: 1, maxProcesses: 512 });
   });
 });
 

@@ -10,7 +10,11 @@
  *   -u BASE     host uid and gid of sandbox root: sandbox ids 0..65535 are host ids BASE..BASE+65535
  *   -r DIR      a read-only layer of `/`, topmost first (repeat; the last is the base skeleton)
  *   -p DIR      a read-only layer of `/usr`, topmost first (repeat; the last is the host's /usr)
- *   -D MB       size of the writable layer (a tmpfs of its own: writes past it get ENOSPC)
+ *   -D MB       size of the writable layer (writes past it get ENOSPC)
+ *   -I FILE     the writable layer's filesystem image (optional; an ext4 image the host made, root's
+ *               alone): attached to a free loop device that goes away with its last mount and mounted
+ *               nosuid,nodev; without -I the writable layer is a tmpfs of -D MB (RAM). A spare given
+ *               -I among its first arguments mounts it ahead, and uses it unless SETUP names another
  *   -H NAME     hostname, also the name of the overlay mounts
  *   -S FILE     the seccomp filter (a classic BPF program, see tools/sandbox-seccomp)
  *   -N HOSTIF   a way out (optional; without it the sandbox has loopback only): a veth pair, HOSTIF on
@@ -34,7 +38,7 @@
  *                 idmapped mount (on disk ids 0..65535 are the sandbox's ids, so layers stay portable
  *                 between sandboxes and hosts), opened one component at a time without following a
  *                 symlink, every directory above it root's alone (see open_layer); the writable layer
- *                 on a tmpfs of -D MB; the overlays of `/` and `/usr`
+ *                 (the image of -I on a loop device, or a tmpfs of -D MB); the overlays of `/` and `/usr`
  *   pid 1         a child joins the user namespace as its root and unshares the mount, pid, net, ipc,
  *                 uts and cgroup namespaces (all owned by the sandbox's user namespace); its child is
  *                 the sandbox's pid 1
@@ -70,6 +74,7 @@
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <linux/loop.h>
 #include <linux/mount.h>
 
 #include "../sandbox-common/isolation.h"
@@ -87,7 +92,9 @@
 struct setup {
   char *cgroups[64];
   int ncgroups;
-  const char *log, *staging, *hostname, *seccomp;
+  const char *log, *staging, *hostname, *seccomp, *image;
+  /* The writable layer mounted ahead (a spare given -I before its request), or -1. */
+  int upper;
   long base;
   long disk_mb;
   struct sock_fprog filter;
@@ -120,7 +127,7 @@ static void die(const char *fmt, ...) {
 
 static int usage(const char *arg) {
   fprintf(stderr, "sap-sandbox-init: bad argument %s\n"
-                  "usage: sap-sandbox-init [-w -s SOCKET KEY] [-c FILE]... -l LOG -m DIR -u BASE -r DIR... -p DIR... -D MB -H NAME -S FILE [-N HOSTIF -A ADDR/LEN -B ADDR] [-d ADDR]...\n",
+                  "usage: sap-sandbox-init [-w -s SOCKET KEY] [-c FILE]... -l LOG -m DIR -u BASE -r DIR... -p DIR... -D MB [-I FILE] -H NAME -S FILE [-N HOSTIF -A ADDR/LEN -B ADDR] [-d ADDR]...\n",
           arg);
   return 2;
 }
@@ -155,6 +162,7 @@ static int parse(char **args, int n, struct setup *o, int need_setup) {
       case 'm': o->staging = v; break;
       case 'H': o->hostname = v; break;
       case 'S': o->seccomp = v; break;
+      case 'I': o->image = v; break;
       case 'u':
         if ((o->base = parse_long(v, 1, 4294967295L - SAP_ID_COUNT)) < 0) return usage(v);
         break;
@@ -368,6 +376,69 @@ static void layer_list(char *buf, size_t size, const char *prefix, int n) {
 }
 
 /*
+ * The writable layer on real storage: `image` (made by the host with mkfs.ext4, a regular file of
+ * root's that no one else may read or write, so never bytes a sandbox wrote raw) attached to a free loop
+ * device and mounted on "w". LO_FLAGS_AUTOCLEAR: the device is detached when its last user goes, that
+ * is when this mount namespace ends with the helper; the sandbox never sees the device nor the image.
+ * Direct I/O to the image: the data is cached once (by the ext4 above, charged to the sandbox).
+ */
+static int open_image(const char *image) {
+  int img = open(image, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NOCTTY);
+  struct stat st;
+  if (img < 0 || fstat(img, &st) != 0) die("open image %s", image);
+  errno = 0;
+  if (!S_ISREG(st.st_mode) || st.st_uid != 0 || (st.st_mode & 077) != 0) die("image %s is not a regular file of root's alone", image);
+  int ctl = open("/dev/loop-control", O_RDWR | O_CLOEXEC);
+  if (ctl < 0) die("open /dev/loop-control");
+  int dev = -1, flags = LO_FLAGS_AUTOCLEAR | LO_FLAGS_DIRECT_IO;
+  char name[32];
+  /* Sandboxes starting at once race for the same free device: the loser gets EBUSY and asks again. */
+  for (int tries = 0; dev < 0; tries++) {
+    int n = ioctl(ctl, LOOP_CTL_GET_FREE);
+    if (n < 0) die("free loop device");
+    snprintf(name, sizeof name, "/dev/loop%d", n);
+    dev = open(name, O_RDWR | O_CLOEXEC);
+    if (dev < 0) {
+      if ((errno == ENOENT || errno == ENXIO) && tries < 100) continue;
+      die("open %s", name);
+    }
+    struct loop_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.fd = (unsigned)img;
+    cfg.info.lo_flags = (unsigned)flags;
+    if (ioctl(dev, LOOP_CONFIGURE, &cfg) != 0) {
+      int e = errno;
+      close(dev);
+      dev = -1;
+      if (e == EBUSY && tries < 100) continue;
+      /* A file system under DATA_DIR without direct I/O: buffered. */
+      if (e == EINVAL && (flags & LO_FLAGS_DIRECT_IO) && tries < 100) {
+        flags &= ~LO_FLAGS_DIRECT_IO;
+        continue;
+      }
+      errno = e;
+      die("attach %s to %s", image, name);
+    }
+  }
+  close(ctl);
+  close(img);
+  /* A detached mount (new mount API), so that a spare can make it before it knows where it goes.
+   * noinit_itable: no kernel thread zeroing inode tables behind the sandbox's back (mkfs left them lazy);
+   * discard: a file deleted inside gives its blocks back to the host (holes punched in the image). */
+  int fs = (int)syscall(SYS_fsopen, "ext4", FSOPEN_CLOEXEC);
+  if (fs < 0) die("fsopen ext4");
+  if (syscall(SYS_fsconfig, fs, FSCONFIG_SET_STRING, "source", name, 0) != 0 || syscall(SYS_fsconfig, fs, FSCONFIG_SET_FLAG, "noinit_itable", NULL, 0) != 0 ||
+      syscall(SYS_fsconfig, fs, FSCONFIG_SET_FLAG, "discard", NULL, 0) != 0 || syscall(SYS_fsconfig, fs, FSCONFIG_SET_STRING, "errors", "remount-ro", 0) != 0 ||
+      syscall(SYS_fsconfig, fs, FSCONFIG_CMD_CREATE, NULL, NULL, 0) != 0)
+    die("mount %s (writable layer)", name);
+  int mnt = (int)syscall(SYS_fsmount, fs, FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOATIME);
+  if (mnt < 0) die("fsmount %s", name);
+  close(fs);
+  close(dev);
+  return mnt;
+}
+
+/*
  * The mounts, in the helper's own namespace, under the staging directory (the working directory from
  * here on): l<i> and p<i> the idmapped layers of / and /usr, w the writable layer (w/root, w/usr and
  * their work directories), root the overlay of / with the overlay of /usr on root/usr.
@@ -388,15 +459,26 @@ static void mount_layers(const struct setup *o, int userns) {
     snprintf(at, sizeof at, "p%d", i);
     idmapped_layer(o->usr_layers[i], at, userns);
   }
-  /* The writable layer: about one inode per 4 KiB, so that empty files cannot exhaust the host's memory either. */
   if (mkdir("w", 0755) != 0) die("mkdir w");
   char opts[4096];
-  long inodes = o->disk_mb * 256 < 16384 ? 16384 : o->disk_mb * 256;
-  snprintf(opts, sizeof opts, "size=%ldm,nr_inodes=%ld,mode=0755", o->disk_mb, inodes);
-  if (mount("sap-upper", "w", "tmpfs", MS_NOSUID | MS_NODEV, opts) != 0) die("writable layer tmpfs (%s)", opts);
+  if (o->image || o->upper >= 0) {
+    int mnt = o->upper;
+    if (o->image) {
+      if (mnt >= 0) close(mnt);
+      mnt = open_image(o->image);
+    }
+    if (syscall(SYS_move_mount, mnt, "", AT_FDCWD, "w", MOVE_MOUNT_F_EMPTY_PATH) != 0) die("attach the writable layer");
+    close(mnt);
+    if (chmod("w", 0755) != 0) die("chmod w");
+  } else {
+    /* A tmpfs: about one inode per 4 KiB, so that empty files cannot exhaust the host's memory either. */
+    long inodes = o->disk_mb * 256 < 16384 ? 16384 : o->disk_mb * 256;
+    snprintf(opts, sizeof opts, "size=%ldm,nr_inodes=%ld,mode=0755", o->disk_mb, inodes);
+    if (mount("sap-upper", "w", "tmpfs", MS_NOSUID | MS_NODEV, opts) != 0) die("writable layer tmpfs (%s)", opts);
+  }
   const char *dirs[] = {"w/root", "w/usr", "w/work-root", "w/work-usr", "root"};
   for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
-    if (mkdir(dirs[i], 0755) != 0) die("mkdir %s", dirs[i]);
+    if (mkdir(dirs[i], 0755) != 0 && !(errno == EEXIST && o->upper >= 0 && !o->image && i < 4)) die("mkdir %s", dirs[i]);
   }
   /* The overlay's own root directories take their owner from the upper ones: sandbox root's. */
   if (chown("w/root", (uid_t)o->base, (gid_t)o->base) != 0 || chown("w/usr", (uid_t)o->base, (gid_t)o->base) != 0) die("chown the writable layer");
@@ -667,12 +749,27 @@ static int run(struct setup *o) {
 int main(int argc, char **argv) {
   struct setup o;
   memset(&o, 0, sizeof o);
+  o.upper = -1;
   if (argc > 1 && strcmp(argv[1], "-w") == 0) {
     if (argc < 5 || strcmp(argv[2], "-s") != 0) return usage(argv[1]);
     const char *sock_path = argv[3], *key = argv[4];
     int code = parse(argv + 5, argc - 5, &o, 0);
     if (code) return code;
     join_cgroups(&o);
+    if (o.image) {
+      step = "disk";
+      int mnt = open_image(o.image);
+      /* Above the descriptors the helper puts in place (3: the socket; 0-2). */
+      if ((o.upper = fcntl(mnt, F_DUPFD_CLOEXEC, 10)) < 0) die("dup the writable layer");
+      close(mnt);
+      /* Its directories made ahead too: the filesystem's first metadata reads (each a round trip
+       * through the loop device's worker) are then off the create path. */
+      const char *ahead[] = {"root", "usr", "work-root", "work-usr"};
+      for (size_t i = 0; i < sizeof ahead / sizeof ahead[0]; i++) {
+        if (mkdirat(o.upper, ahead[i], 0755) != 0) die("mkdir %s on the writable layer", ahead[i]);
+      }
+      o.image = NULL;
+    }
     step = "connect";
     int sock = connect_to(sock_path);
     if (sock < 0) die("connect to %s", sock_path);

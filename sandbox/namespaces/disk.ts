@@ -1,0 +1,204 @@
+/**
+ * A sandbox's disk: its writable layer is an ext4 filesystem of `diskMB` in a sparse image file on the
+ * host's storage (DATA_DIR/disks/<id>.img), attached to a loop device and mounted by the init helper in
+ * the sandbox's own mount namespace (tools/sandbox-init, -I). The filesystem's size is the quota: a
+ * write past it gets ENOSPC; the file costs what is written (a fresh image is about 230 KB on disk).
+ * See docs/disk.md for why this and not a tmpfs, project quotas or btrfs.
+ *
+ * Images are made ahead (`pool-<n>.img` of the size asked for last, renamed into place), since mkfs
+ * takes ~10 ms; the spare init helper mounts one ahead too (`spare-….img`, see ./init-helpers), since
+ * attaching a loop device and mounting waits for the kernel (3-30 ms on a busy machine). An image of
+ * another size is made at its create.
+ */
+import { execFile } from 'node:child_process';
+import { promises as fsp, constants as fsc } from 'node:fs';
+import * as path from 'node:path';
+import { promisify } from 'node:util';
+import type { Logger } from 'pino';
+
+const execFileP = promisify(execFile);
+
+/**
+ * mkfs.ext4 options: no journal (a sandbox's layer does not outlive a machine's crash: running
+ * sandboxes die with it), no blocks reserved for root or for growth, inode tables left for the kernel
+ * to treat as unused (lazy_itable_init; the helper mounts with noinit_itable so nothing zeroes them),
+ * no discard of a file that is all holes anyway.
+ */
+const MKFS_ARGS = ['-q', '-F', '-O', '^has_journal,^resize_inode', '-E', 'lazy_itable_init=1,nodiscard', '-m', '0', '-L', 'sandbox'];
+
+/** Where mkfs.ext4 is looked for (the host runs as root; sbin may be missing from PATH). */
+const MKFS_CANDIDATES = ['/usr/sbin/mkfs.ext4', '/sbin/mkfs.ext4', '/usr/bin/mkfs.ext4'];
+
+/** The smallest image mkfs.ext4 makes a usable filesystem of. */
+const MIN_DISK_MB = 16;
+
+/** The mkfs.ext4 of this machine, or null (then the writable layer stays a tmpfs). */
+export async function findMkfs(): Promise<string | null> {
+  for (const c of MKFS_CANDIDATES) {
+    if (
+      await fsp.access(c, fsc.X_OK).then(
+        () => true,
+        () => false,
+      )
+    )
+      return c;
+  }
+  return null;
+}
+
+/** Whether this machine can give sandboxes disk images: mkfs.ext4 and the loop devices' control file. */
+export async function diskImagesSupported(): Promise<string | null> {
+  const mkfs = await findMkfs();
+  if (!mkfs) return null;
+  const loop = await fsp.stat('/dev/loop-control').catch(() => null);
+  return loop?.isCharacterDevice() ? mkfs : null;
+}
+
+/**
+ * Makes `file`: a sparse ext4 image of `diskMB` MB, root's alone (0600), made under a temporary name
+ * and renamed, so that `file` is always a whole image.
+ */
+export async function makeDiskImage(file: string, diskMB: number, mkfs = '/usr/sbin/mkfs.ext4'): Promise<void> {
+  const tmp = `${file}.tmp-${process.pid}-${Math.random().toString(36).slice(2, 8)}`;
+  try {
+    const h = await fsp.open(tmp, fsc.O_CREAT | fsc.O_EXCL | fsc.O_WRONLY | fsc.O_NOFOLLOW, 0o600);
+    try {
+      await h.truncate(Math.max(diskMB, MIN_DISK_MB) * 1024 * 1024);
+    } finally {
+      await h.close();
+    }
+    await execFileP(mkfs, [...MKFS_ARGS, tmp], { timeout: 30000 });
+    await fsp.rename(tmp, file);
+  } catch (err) {
+    await fsp.rm(tmp, { force: true });
+    throw err;
+  }
+}
+
+/** The images of one host: DATA_DIR/disks, with spares of the default size made ahead. */
+export class DiskImages {
+  private spares: string[] = [];
+  private making = 0;
+  /** The spare being made, if any (close waits for it). */
+  private inFlight: Promise<unknown> | null = null;
+  private seq = 0;
+  private closed = false;
+
+  /**
+   * `dir`: where images live (on real storage: never a tmpfs); `mkfs`: see diskImagesSupported;
+   * `spareMB`: the size spares are made of; `spareCount`: how many are kept ready (0: none).
+   */
+  constructor(
+    readonly dir: string,
+    private readonly mkfs: string,
+    private spareMB: number,
+    private readonly spareCount: number,
+    private readonly log: Logger,
+  ) {}
+
+  /** The size spares are made of: the one asked for last. */
+  get spareSize(): number {
+    return this.spareMB;
+  }
+
+  /** The image of sandbox `id`. */
+  fileOf(id: string): string {
+    return path.join(this.dir, `${id}.img`);
+  }
+
+  /**
+   * Makes the directory, and removes every image no sandbox in `keep` owns (leftovers of a host that
+   * died, spares of an earlier run whose size may differ), then starts making spares.
+   */
+  async start(keep: (id: string) => boolean): Promise<void> {
+    await this.makeDir();
+    for (const name of await fsp.readdir(this.dir)) {
+      const id = name.endsWith('.img') ? name.slice(0, -'.img'.length) : null;
+      // This process's spare helpers' images are in use (a spare may start before adoption ends).
+      if (id?.startsWith(`spare-${process.pid}-`)) continue;
+      if (id && !id.startsWith('spare-') && !id.startsWith('pool-') && keep(id)) continue;
+      await fsp.rm(path.join(this.dir, name), { force: true, recursive: true });
+    }
+    this.refill();
+  }
+
+  /** Makes the directory (root's alone). */
+  async makeDir(): Promise<void> {
+    await fsp.mkdir(this.dir, { recursive: true, mode: 0o700 });
+    await fsp.chmod(this.dir, 0o700);
+  }
+
+  /** Gives sandbox `id` a fresh image of `diskMB` (a spare when one of that size is ready); answers its file. */
+  async take(id: string, diskMB: number): Promise<string> {
+    const file = this.fileOf(id);
+    await fsp.rm(file, { force: true });
+    // Spares follow the size asked for last (the operator's default, in practice).
+    if (diskMB !== this.spareMB) {
+      this.spareMB = diskMB;
+      for (const f of this.spares.splice(0)) await fsp.rm(f, { force: true });
+    }
+    const spare = this.spares.shift();
+    if (spare) {
+      try {
+        await fsp.rename(spare, file);
+        this.refill();
+        return file;
+      } catch (err) {
+        this.log.warn({ err }, 'a spare disk image was gone');
+      }
+    }
+    await makeDiskImage(file, diskMB, this.mkfs);
+    this.refill();
+    return file;
+  }
+
+  /**
+   * Makes `file` (a spare helper's image, mounted ahead) sandbox `id`'s when it has `diskMB`; answers
+   * false (and removes it) otherwise: the caller then gives the sandbox an image of its own (take).
+   */
+  async adopt(id: string, file: string, diskMB: number): Promise<boolean> {
+    const st = await fsp.stat(file).catch(() => null);
+    if (st?.size !== Math.max(diskMB, MIN_DISK_MB) * 1024 * 1024) {
+      await fsp.rm(file, { force: true });
+      return false;
+    }
+    await fsp.rename(file, this.fileOf(id));
+    return true;
+  }
+
+  /** Removes sandbox `id`'s image (its blocks go back to the host's storage). */
+  async remove(id: string): Promise<void> {
+    await fsp.rm(this.fileOf(id), { force: true });
+  }
+
+  /** Stops making spares and removes those made. */
+  async close(): Promise<void> {
+    this.closed = true;
+    await this.inFlight;
+    const spares = this.spares.splice(0);
+    await Promise.all(spares.map((f) => fsp.rm(f, { force: true })));
+  }
+
+  /** Makes spares, one at a time in the background, until `spareCount` are ready. */
+  private refill(): void {
+    if (this.closed || this.making > 0 || this.spares.length >= this.spareCount) return;
+    this.making++;
+    const file = path.join(this.dir, `pool-${process.pid}-${this.seq++}.img`);
+    const size = this.spareMB;
+    this.inFlight = makeDiskImage(file, size, this.mkfs)
+      .then(
+        async () => {
+          this.making--;
+          if (this.closed || size !== this.spareMB) return fsp.rm(file, { force: true });
+          this.spares.push(file);
+          this.refill();
+        },
+        (err) => {
+          // Not retried here: the next create tries again.
+          this.making--;
+          this.log.warn({ err }, 'could not make a spare disk image');
+        },
+      )
+      .catch((err) => this.log.warn({ err }, 'could not remove a disk image'));
+  }
+}

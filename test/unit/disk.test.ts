@@ -1,0 +1,79 @@
+/**
+ * Disk images (sandbox/namespaces/disk.ts): a sparse ext4 image of diskMB, root's alone, made whole
+ * or not at all; spares made ahead and handed out by size; leftovers swept at a host's start.
+ */
+import { promises as fsp } from 'node:fs';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import pino from 'pino';
+import { DiskImages, findMkfs, makeDiskImage } from '../../sandbox/namespaces/disk';
+
+const log = pino({ level: 'silent' });
+let dir: string;
+let mkfs: string | null;
+
+beforeAll(async () => {
+  mkfs = await findMkfs();
+});
+beforeEach(async () => {
+  dir = await fsp.mkdtemp(path.join(os.tmpdir(), 'sap-disk-'));
+});
+afterEach(async () => {
+  await fsp.rm(dir, { recursive: true, force: true });
+});
+
+/** Waits until `check` holds (the spares are made in the background). */
+async function until(check: () => Promise<boolean>): Promise<void> {
+  for (let i = 0; i < 200 && !(await check()); i++) await new Promise((r) => setTimeout(r, 25));
+  expect(await check()).toBe(true);
+}
+
+describe('disk images', () => {
+  it('makes a sparse ext4 image of diskMB, 0600, with the ext4 magic in its superblock', async () => {
+    expect(mkfs).not.toBeNull();
+    const file = path.join(dir, 'a.img');
+    await makeDiskImage(file, 1024, mkfs!);
+    const st = await fsp.stat(file);
+    expect(st.size).toBe(1024 * 1024 * 1024);
+    expect(st.mode & 0o777).toBe(0o600);
+    expect(st.blocks * 512).toBeLessThan(8 * 1024 * 1024);
+    const sb = Buffer.alloc(2);
+    const h = await fsp.open(file, 'r');
+    await h.read(sb, 0, 2, 1024 + 0x38);
+    await h.close();
+    expect(sb.readUInt16LE(0)).toBe(0xef53);
+    expect(await fsp.readdir(dir)).toEqual(['a.img']);
+  });
+
+  it('leaves nothing behind when mkfs fails', async () => {
+    await expect(makeDiskImage(path.join(dir, 'b.img'), 64, '/bin/false')).rejects.toThrow();
+    expect(await fsp.readdir(dir)).toEqual([]);
+  });
+
+  it('hands out spares of the size asked for, adopts a spare helper’s image only of the right size, removes images, sweeps leftovers', async () => {
+    const disks = new DiskImages(path.join(dir, 'disks'), mkfs!, 64, 2, log);
+    await fsp.mkdir(disks.dir, { recursive: true });
+    for (const name of ['kept.img', 'gone.img', 'spare-1-a.img', 'pool-1-0.img', 'x.img.tmp-1']) await fsp.writeFile(path.join(disks.dir, name), '');
+    await disks.start((id) => id === 'kept');
+    expect((await fsp.stat(disks.dir)).mode & 0o777).toBe(0o700);
+    const pool = async () => (await fsp.readdir(disks.dir)).filter((n) => n.startsWith('pool-') && n.endsWith('.img'));
+    await until(async () => (await pool()).length === 2);
+    expect((await fsp.readdir(disks.dir)).filter((n) => !n.startsWith('pool-'))).toEqual(['kept.img']);
+    const file = await disks.take('sb-1', 64);
+    expect(file).toBe(path.join(disks.dir, 'sb-1.img'));
+    expect((await fsp.stat(file)).size).toBe(64 * 1024 * 1024);
+    // Another size: made on the spot; spares follow it.
+    expect((await fsp.stat(await disks.take('sb-2', 32))).size).toBe(32 * 1024 * 1024);
+    expect(disks.spareSize).toBe(32);
+    const helperImage = await disks.take('spare-9-x', disks.spareSize);
+    expect(await disks.adopt('sb-3', helperImage, 64)).toBe(false);
+    await expect(fsp.stat(helperImage)).rejects.toThrow();
+    const helperImage2 = await disks.take('spare-9-y', disks.spareSize);
+    expect(await disks.adopt('sb-4', helperImage2, 32)).toBe(true);
+    expect((await fsp.stat(disks.fileOf('sb-4'))).size).toBe(32 * 1024 * 1024);
+    await disks.remove('sb-1');
+    await expect(fsp.stat(file)).rejects.toThrow();
+    await disks.close();
+    expect(await pool()).toEqual([]);
+  });
+});
