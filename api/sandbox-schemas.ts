@@ -2,6 +2,7 @@ import { z } from 'zod';
 import type { ApiDeps } from './deps';
 import { MIN_MEMORY_MB } from '../config/limits';
 import { networkSchema } from '../contract/network';
+import { TEMPLATE_NAMES } from '../contract/templates';
 import type { SandboxDoc } from '../services/sandboxes';
 import { patchFields } from '../services/patch-state';
 import { ImageManifestSchema } from '../contract/image-schema';
@@ -18,7 +19,12 @@ const EnvName = z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'must be a valid en
 /** The create body of the OpenComputer client (`Sandbox.create`); fields we do not use are ignored. */
 export const CreateSandboxBody = z
   .object({
-    templateID: z.string().min(1).max(200).default('base'),
+    templateID: z
+      .string()
+      .min(1)
+      .max(200)
+      .default('base')
+      .describe(`The template: ${TEMPLATE_NAMES.join(', ')}; all are the base image, which has every runtime. The sandbox's templateID is the name given`),
     snapshot: z.string().min(1).max(200).optional(),
     image: ImageManifestSchema.optional().describe(
       "An image manifest (the client's Image): built once per manifest and cached as the snapshot image-<hash>, then the sandbox starts from it. " +

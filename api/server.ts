@@ -1,5 +1,6 @@
 import http from 'node:http';
 import { createApp } from './app';
+import { answerClientErrors } from './client-errors';
 import type { ApiDeps } from './deps';
 import { previewProxyOf } from './preview-proxy';
 
@@ -33,6 +34,7 @@ export function createApiServer(deps: ApiDeps): { server: http.Server; previewSe
     } else for (const l of appUpgrades) l.call(server, req, socket, head);
   });
   server.keepAliveTimeout = 65_000;
+  answerClientErrors(server);
   server.on('close', () => proxy.close());
 
   let previewServer: http.Server | undefined;
@@ -43,6 +45,7 @@ export function createApiServer(deps: ApiDeps): { server: http.Server; previewSe
       (req: http.IncomingMessage, socket, head: Buffer) => void proxy.handleUpgrade(req, socket, head, proxy.match(req.headers.host) ?? ''),
     );
     previewServer.keepAliveTimeout = 65_000;
+    answerClientErrors(previewServer);
   }
   return { server, previewServer, openapi };
 }

@@ -47,6 +47,10 @@ export const ERRORS = {
   gone: { status: 410, retryable: false, on: api },
   payload_too_large: { status: 413, retryable: false, on: both, relayed: true },
   unsupported_media_type: { status: 415, retryable: false, on: api },
+  /** The request line and headers (a URL, a cookie) are longer than the HTTP server reads (Node's max header size). */
+  request_header_fields_too_large: { status: 431, retryable: false, on: api },
+  /** The request's headers or body did not arrive within the HTTP server's time limits. */
+  request_timeout: { status: 408, retryable: true, on: api },
   /** A patch of a snapshot failed while the host built a sandbox: the agent's snapshot is broken. */
   patch_failed: { status: 422, retryable: false, on: host, failure: 'PatchFailed', outcome: 'provisioning_failed' },
   rate_limited: { status: 429, retryable: true, on: both, relayed: true },

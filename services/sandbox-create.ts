@@ -1,3 +1,4 @@
+import { isTemplate, TEMPLATE_NAMES } from '../contract/templates';
 import { ApiError } from '../lib/errors';
 import type { ImageManifest } from '../store/checkpoints';
 import type { SandboxDoc } from '../store/sandboxes';
@@ -14,7 +15,12 @@ export function createSandboxCreator(deps: Pick<SandboxDeps, 'cfg'>, sandboxes: 
   return {
     /** What is refused before anything starts (400, 501): checked before an answer begins to stream. */
     check(body: SandboxCreate): void {
-      if (body.templateID !== 'base') throw new ApiError('invalid_request', `body.templateID: unknown template ${body.templateID}; only "base" exists`);
+      if (!isTemplate(body.templateID)) {
+        throw new ApiError(
+          'invalid_request',
+          `body.templateID: unknown template ${JSON.stringify(body.templateID)}; the templates are ${TEMPLATE_NAMES.join(', ')} (all the base image, which has every runtime)`,
+        );
+      }
       if (body.image && body.snapshot) throw new ApiError('invalid_request', 'body: give at most one of image and snapshot');
       refuseUnsupported(body);
       if (body.image) assertBuilderMemory(deps, body.image);

@@ -36,13 +36,56 @@ const RELAY_HIGH = 2 * 1024 * 1024;
 type EarlyFrame = [string | Buffer | ArrayBuffer | Buffer[], boolean | undefined];
 
 /**
- * The first output frames wait until the client's connection is this old. The published
- * OpenComputer client sets its message handler only once its `open` event has been handled (it
- * awaits it), so frames that reach it in the same read as the 101 answer are dispatched before the
- * handler exists and lost: the scrollback, its end marker, or a finished session's exit. Holding
- * them briefly puts them in a later read. Costs at most this much on an attach.
+ * How long the first output frames wait, at most, for a client that answers no ping (see ReadGate),
+ * counted from when the relay starts reading the client.
  */
-const FIRST_FRAME_HOLD_MS = 50;
+const FIRST_FRAME_HOLD_MAX_MS = 500;
+
+/**
+ * Opens once the client has shown that it handles what it reads: the API pings it as soon as the
+ * connection is upgraded, and the gate opens on its pong (or on any frame it sends first).
+ *
+ * Why: the published OpenComputer client sets its message handler only after awaiting its `open`
+ * event. Frames that reach it in the same read as the 101 answer are dispatched before that (its
+ * WebSocket parses the rest of that read on the next tick, ahead of the awaiting code) and lost:
+ * the scrollback, its end marker, a finished session's exit. A client answers a ping while it
+ * parses the read that carried it, which comes after its `open` handlers and the microtasks
+ * they queued have run; whatever is sent after its pong arrives in a later read, when its handler
+ * is set. A client that listens at once loses nothing: its pong comes back within a round trip,
+ * while the API is still checking the key and opening the host's stream. A client that answers no
+ * ping gets its frames FIRST_FRAME_HOLD_MAX_MS after the relay starts reading it.
+ */
+class ReadGate {
+  open = false;
+  private waiting: (() => void)[] = [];
+  private timer: NodeJS.Timeout | undefined;
+
+  constructor(private readonly ws: WebSocket) {
+    ws.once('pong', this.release);
+    ws.once('message', this.release);
+    ws.once('close', this.release);
+    if (ws.readyState === WebSocket.OPEN) ws.ping(undefined, undefined, () => undefined);
+    else this.release();
+  }
+  /** Starts the fallback timer: reading the client has begun, so its pong can arrive. */
+  arm(): void {
+    if (!this.open && !this.timer) this.timer = setTimeout(this.release, FIRST_FRAME_HOLD_MAX_MS);
+  }
+  /** Runs `fn` once the gate is open (now, if it is). */
+  whenOpen(fn: () => void): void {
+    if (this.open) fn();
+    else this.waiting.push(fn);
+  }
+  readonly release = (): void => {
+    if (this.open) return;
+    this.open = true;
+    clearTimeout(this.timer);
+    this.ws.off('pong', this.release);
+    this.ws.off('message', this.release);
+    this.ws.off('close', this.release);
+    for (const fn of this.waiting.splice(0)) fn();
+  };
+}
 
 /**
  * Relays a public client and the host's exec stream for the same session, with backpressure both
@@ -71,7 +114,7 @@ function relay(
   early: EarlyFrame[],
   log: Logger,
   touch: () => void,
-  openedAt: number,
+  gate: ReadGate,
 ): void {
   const pending: Buffer[] = [];
   const held: Parameters<typeof writeRawFrame>[1][] = [];
@@ -129,9 +172,8 @@ function relay(
       if (client.readyState !== WebSocket.OPEN) return;
       touch();
       if (f.first === 0x03 && f.payload && f.payload.length >= 5) void live.recordExit(kind, sessionID, f.payload.readInt32BE(1), new Date());
-      // Held until the client's connection is FIRST_FRAME_HOLD_MS old (see there), in order.
-      const wait = openedAt + FIRST_FRAME_HOLD_MS - Date.now();
-      if (held.length || wait > 0) {
+      // Held until the client reads (see ReadGate), in order.
+      if (held.length || !gate.open) {
         held.push(f.raw);
         heldBytes += f.length;
         // Do not read the host faster than frames can be held.
@@ -140,21 +182,18 @@ function relay(
           upstream.pause();
         }
         if (held.length === 1) {
-          setTimeout(
-            () => {
-              for (const raw of held.splice(0)) if (client.readyState === WebSocket.OPEN) writeRawFrame(clientSocket, raw);
-              heldBytes = 0;
-              if (upstreamPausedByUs && !dropped) {
-                upstreamPausedByUs = false;
-                if (clientSocket.writableLength > RELAY_HIGH) pauseUpstreamFor();
-                else upstream.resume();
-              }
-              // A close that came while frames were held goes after them.
-              afterHeld?.();
-              afterHeld = undefined;
-            },
-            Math.max(0, wait),
-          );
+          gate.whenOpen(() => {
+            for (const raw of held.splice(0)) if (client.readyState === WebSocket.OPEN) writeRawFrame(clientSocket, raw);
+            heldBytes = 0;
+            if (upstreamPausedByUs && !dropped) {
+              upstreamPausedByUs = false;
+              if (clientSocket.writableLength > RELAY_HIGH) pauseUpstreamFor();
+              else upstream.resume();
+            }
+            // A close that came while frames were held goes after them.
+            afterHeld?.();
+            afterHeld = undefined;
+          });
         }
         return;
       }
@@ -247,7 +286,7 @@ export function registerExecSocket(app: express.Express, deps: ApiDeps, auth: Au
   wsApp.ws('/api/sandboxes/:id/exec/:sessionID', (ws, req) => {
     // Keep what the client sends while we check (stdin may follow the open at once), and stop
     // reading more until the relay is set up.
-    const openedAt = Date.now();
+    const gate = new ReadGate(ws);
     const early: EarlyFrame[] = [];
     const keep = (data: EarlyFrame[0], flag?: boolean) => early.push([data, flag]);
     ws.on('message', keep);
@@ -263,8 +302,9 @@ export function registerExecSocket(app: express.Express, deps: ApiDeps, auth: Au
         ws.off('message', keep);
         // Streaming counts as use of the sandbox (written at most once a minute).
         const touch = () => live.touch(params.id);
-        relay(deps, live, ws, req.socket, host, { sandboxId: params.id, execId: target.execId }, params.sessionID, target.kind, early, log, touch, openedAt);
+        relay(deps, live, ws, req.socket, host, { sandboxId: params.id, execId: target.execId }, params.sessionID, target.kind, early, log, touch, gate);
         resumeSocket(ws);
+        gate.arm();
       } catch (err) {
         const e = err instanceof ApiError ? err : fromHostError(err, 'exec session');
         closeWith(ws, e.status >= 500 ? 1011 : 1008, e.type, e.message);

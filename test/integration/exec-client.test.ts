@@ -74,6 +74,38 @@ describe('exec through the OpenComputer client', () => {
     expect(r.code).toBe(3);
   });
 
+  it('attaching to finished commands, one by one and many at once, gets their output and exit code every time', async () => {
+    // The whole answer of a finished command (scrollback, its end, the exit) is ready at once: the
+    // client, which sets its message handler only after awaiting `open`, must still see all of it.
+    const r = await runSdk(
+      `
+      const sb = await sdk.Sandbox.connect(process.env.SB, opts);
+      const dec = new TextDecoder();
+      const ids = [];
+      for (let i = 0; i < 4; i++) {
+        const s = await sb.exec.start('sh', { args: ['-c', 'echo out' + i + '; exit ' + (10 + i)] });
+        await s.done;
+        ids.push(s.sessionId);
+      }
+      const one = async (i) => {
+        let o = '';
+        let ends = 0;
+        const a = await sb.exec.attach(ids[i], { onStdout: (d) => { o += dec.decode(d); }, onScrollbackEnd: () => { ends++; } });
+        const code = await a.done;
+        return o === 'out' + i + '\\n' && ends === 1 && code === 10 + i ? 'ok' : JSON.stringify({ i, o, ends, code });
+      };
+      const seq = [];
+      for (let k = 0; k < 12; k++) seq.push(await one(k % 4));
+      const par = [];
+      for (let round = 0; round < 2; round++) par.push(...(await Promise.all(Array.from({ length: 24 }, (_, k) => one(k % 4)))));
+      out({ seq, par });
+    `,
+      { SB: sb },
+    );
+    expect(r.seq).toEqual(Array(12).fill('ok'));
+    expect(r.par).toEqual(Array(48).fill('ok'));
+  });
+
   it('keeps state in a shell across runs', async () => {
     const r = await runSdk(
       `
