@@ -443,21 +443,14 @@ export abstract class BaseProvider implements SandboxProvider {
     });
   }
 
-  async entrypointStatus(id: string): Promise<EntrypointStatus> {
-    return this.entrypoints.entrypointStatus(id);
-  }
-
-  async waitEntrypoint(id: string, waitMs: number, signal?: AbortSignal): Promise<EntrypointStatus> {
-    return this.entrypoints.waitEntrypoint(id, waitMs, signal);
-  }
-
-  async entrypointLog(id: string, maxBytes: number, since: { stdout?: number; stderr?: number } = {}): Promise<EntrypointLog> {
-    return this.entrypoints.entrypointLog(id, maxBytes, since);
-  }
-
-  async entrypointOutput(id: string, stream: 'stdout' | 'stderr', maxBytes: number): Promise<Buffer> {
-    return this.entrypoints.entrypointOutput(id, stream, maxBytes);
-  }
+  // The entrypoint's state, exit and output (see ./base/entrypoint).
+  readonly entrypointStatus = (id: string): Promise<EntrypointStatus> => this.entrypoints.entrypointStatus(id);
+  readonly waitEntrypoint = (id: string, waitMs: number, signal?: AbortSignal): Promise<EntrypointStatus> =>
+    this.entrypoints.waitEntrypoint(id, waitMs, signal);
+  readonly entrypointLog = (id: string, maxBytes: number, since: { stdout?: number; stderr?: number } = {}): Promise<EntrypointLog> =>
+    this.entrypoints.entrypointLog(id, maxBytes, since);
+  readonly entrypointOutput = (id: string, stream: 'stdout' | 'stderr', maxBytes: number): Promise<Buffer> =>
+    this.entrypoints.entrypointOutput(id, stream, maxBytes);
 
   async checkpoint(_id: string, _layerId: string): Promise<{ layerId: string; parents: string[]; sizeBytes?: number }> {
     throw new SandboxError('invalid_request', `checkpoints are not supported by the ${this.kind} provider`);

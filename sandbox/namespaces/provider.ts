@@ -39,21 +39,14 @@ import { isAlive, procRef, SandboxCgroups, signalRef } from '../procs';
 import { ID_COUNT, IdSlots } from '../id-slots';
 import { normaliseEgress, RESOLVER_ADDRESS, SandboxNetwork, type Egress } from '../network';
 import type { ProviderOptions, SpawnOptions } from '../driver';
-import { captureLayer, execFileP, migrateSetIds, restoreSetIds, scanLayer } from './layers';
+import { captureLayer, migrateSetIds, restoreSetIds, scanLayer } from './layers';
 import { sandboxMountIds, unmountUnder } from './mounts';
 import { InitHelpers, SPARE_PREFIX } from './init-helpers';
-import { ownerOf, SANDBOX_HOME, SANDBOX_UID, writeHostsFile, writeSandboxUser } from './sandbox-user';
+import { ensureBaseSkeleton } from './base-skeleton';
+import { ownerOf, SANDBOX_HOME, SANDBOX_UID, writeHostsFile } from './sandbox-user';
 import { DiskImages, diskImagesSupported } from './disk';
 
 export { sandboxMountIds };
-
-const BASE_DIRS = ['root', 'tmp', 'workspace', 'home', 'proc', 'dev', 'usr', 'opt', 'var', 'var/tmp', 'run', 'mnt', 'srv', 'etc'];
-const BASE_LINKS: [string, string][] = [
-  ['bin', 'usr/bin'],
-  ['lib', 'usr/lib'],
-  ['lib64', 'usr/lib64'],
-  ['sbin', 'usr/sbin'],
-];
 
 /** Where scripts/toolchain.sh puts the init helper (tools/sandbox-init). */
 const DEFAULT_INIT_HELPER = path.join(PROJECT_ROOT, '.tools', 'bin', 'sap-sandbox-init');
@@ -67,9 +60,6 @@ const DEFAULT_AGENT_SDK_LAYER = path.join(PROJECT_ROOT, '.tools', 'agent-sdk');
 
 /** Version of the base skeleton's contents: a new one is made next to an older one (sandboxes may still use it). */
 const BASE_NAME = 'base-v3';
-
-/** Files of the host's /etc copied into the base skeleton, so that su, useradd and PAM work as root inside. */
-const BASE_ETC_COPIES = ['pam.d', 'login.defs', 'security', 'default/useradd', 'skel'];
 
 /** Throws unless `file` exists (and is executable when `exec`): the sandboxes cannot be isolated without it. */
 async function requireFile(file: string, what: string, exec: boolean): Promise<string> {
@@ -175,64 +165,7 @@ export class NamespaceProvider extends BaseProvider {
     // Cgroups of spare helpers whose host process is gone (a live host's spare is in use and stays).
     await SandboxCgroups.removeGroups((n) => n.startsWith(SPARE_PREFIX) && !signalable(Number(n.slice(SPARE_PREFIX.length).split('-')[0])));
     this.helpers.refill();
-    const base = this.baseDir();
-    if (
-      await fsp.stat(base).then(
-        () => true,
-        () => false,
-      )
-    )
-      return;
-    const tmp = `${base}.tmp-${process.pid}`;
-    await fsp.rm(tmp, { recursive: true, force: true });
-    for (const d of BASE_DIRS) await fsp.mkdir(path.join(tmp, d), { recursive: true, mode: 0o755 });
-    await fsp.chmod(path.join(tmp, 'tmp'), 0o1777);
-    await fsp.chmod(path.join(tmp, 'var/tmp'), 0o1777);
-    await fsp.chmod(path.join(tmp, 'root'), 0o700);
-    for (const [name, target] of BASE_LINKS) await fsp.symlink(target, path.join(tmp, name));
-    const etc = path.join(tmp, 'etc');
-    await fsp.writeFile(
-      path.join(etc, 'passwd'),
-      `root:x:0:0:root:/root:/bin/bash\nsandbox:x:${SANDBOX_UID}:${SANDBOX_UID}:sandbox:${SANDBOX_HOME}:/bin/bash\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n`,
-    );
-    await fsp.writeFile(path.join(etc, 'group'), `root:x:0:\nsudo:x:27:sandbox\nsandbox:x:${SANDBOX_UID}:\nnogroup:x:65534:\n`);
-    await fsp.writeFile(path.join(etc, 'hosts'), '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n');
-    await fsp.writeFile(path.join(etc, 'resolv.conf'), '# no network inside the sandbox\n');
-    await fsp.writeFile(path.join(etc, 'nsswitch.conf'), 'passwd: files\ngroup: files\nshadow: files\nhosts: files dns\n');
-    await fsp.writeFile(path.join(etc, 'shadow'), 'root:*:19000:0:99999:7:::\nsandbox:*:19000:0:99999:7:::\nnobody:*:19000:0:99999:7:::\n', { mode: 0o640 });
-    await fsp.writeFile(path.join(etc, 'gshadow'), 'root:*::\nsudo:*::sandbox\nsandbox:*::\nnogroup:*::\n', { mode: 0o640 });
-    await writeSandboxUser(tmp);
-    for (const name of BASE_ETC_COPIES) {
-      await fsp.mkdir(path.dirname(path.join(etc, name)), { recursive: true });
-      await execFileP('cp', ['-a', path.join('/etc', name), path.join(etc, name)]).catch(() => undefined);
-    }
-    await fsp.symlink('../usr/lib/os-release', path.join(etc, 'os-release'));
-    await fsp.copyFile('/etc/ld.so.cache', path.join(etc, 'ld.so.cache')).catch(() => undefined);
-    // The alternatives system's symlinks (e.g. /usr/bin/awk → /etc/alternatives/awk → /usr/bin/mawk).
-    try {
-      await fsp.mkdir(path.join(etc, 'alternatives'));
-      for (const name of await fsp.readdir('/etc/alternatives')) {
-        const src = path.join('/etc/alternatives', name);
-        const st = await fsp.lstat(src);
-        if (st.isSymbolicLink()) await fsp.symlink(await fsp.readlink(src), path.join(etc, 'alternatives', name));
-      }
-    } catch {
-      /* no alternatives on this machine */
-    }
-    try {
-      await fsp.rename(tmp, base);
-    } catch (err) {
-      // Another host process built it first.
-      await fsp.rm(tmp, { recursive: true, force: true });
-      if (
-        !(await fsp.stat(base).then(
-          () => true,
-          () => false,
-        ))
-      )
-        throw err;
-    }
-    this.log.info({ base }, 'base filesystem created');
+    await ensureBaseSkeleton(this.baseDir(), this.log);
   }
 
   /**
