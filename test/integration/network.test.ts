@@ -27,7 +27,8 @@ const testHost = (prefix: '198.18' | '169.254'): TestHost => {
   return h;
 };
 /** A sandbox deleted after the file's tests. */
-const newSandbox = (body: Record<string, unknown> = {}) => createSandbox(body, { created: sandboxes });
+// Root inside (raw sockets, its own routes): the strongest attacker a sandbox can hold.
+const newSandbox = (body: Record<string, unknown> = {}) => createSandbox({ user: 'root', ...body }, { created: sandboxes });
 afterAll(async () => {
   await Promise.all(sandboxes.map((id) => api('DELETE', `/api/sandboxes/${id}`).catch(() => undefined)));
   await Promise.all(agents.map((id) => api('DELETE', `/v1/agents/${id}`).catch(() => undefined)));

@@ -92,6 +92,9 @@ describe.each([['sap-sandbox-enter', undefined, 'sap-sandbox-ent']] as const)('e
         `HOSTNAME=${a}`,
         'HOME=/root',
         'LANG=C',
+        // Who it runs as (a sandbox-user sandbox gets sandbox and its HOME: sandbox-host-user.test.ts).
+        'LOGNAME=root',
+        'USER=root',
         'MINE=a=b c',
         'PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin',
         'TERM=xterm',
