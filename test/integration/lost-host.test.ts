@@ -3,7 +3,8 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
-import { freePort, startStack, type Stack } from '../../scripts/launcher';
+import type { Stack } from '../../scripts/launcher';
+import { startTwoHostStack } from '../helpers/two-hosts';
 import { HostClient } from '../../sandbox/host-contract/client';
 import { newSandbox, sh, type ApiCall } from '../helpers/sandboxes';
 import { PROJECT_ROOT } from '../../config';
@@ -30,27 +31,7 @@ let dataDir: string;
 const frozen = new Set<number>();
 
 beforeAll(async () => {
-  dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'sap-lost-'));
-  stack = await startStack({
-    dataDir,
-    apiPort: await freePort(),
-    temporalPort: await freePort(),
-    mongoPort: await freePort(),
-    hostPort: 0,
-    hostPorts: [await freePort(), await freePort()],
-    hosts: 2,
-    apiKey: KEY,
-    hostToken: TOKEN,
-    env: {
-      NODE_ENV: 'test',
-      LOG_LEVEL: 'info',
-      WORKER_METRICS_PORT: '0',
-      SANDBOX_DNS_PORT: String(await freePort()),
-      SANDBOX_DNS: '127.0.0.1:9',
-      HOST_DEAD_AFTER: String(DEAD_AFTER_S),
-      HOST_HEARTBEAT_MS: '500',
-    },
-  });
+  ({ stack, dataDir } = await startTwoHostStack({ prefix: 'sap-lost-', apiKey: KEY, hostToken: TOKEN, deadAfterS: DEAD_AFTER_S }));
 }, 180_000);
 
 afterAll(async () => {

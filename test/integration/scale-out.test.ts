@@ -3,7 +3,8 @@ import fs from 'node:fs';
 import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
-import { freePort, startStack, type Stack } from '../../scripts/launcher';
+import type { Stack } from '../../scripts/launcher';
+import { startTwoHostStack } from '../helpers/two-hosts';
 import { SERVER_JS } from '../helpers/previews';
 import { newSandbox, sh, type ApiCall } from '../helpers/sandboxes';
 import { PROJECT_ROOT } from '../../config';
@@ -29,29 +30,13 @@ let stack: Stack;
 let dataDir: string;
 
 beforeAll(async () => {
-  dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'sap-scale-'));
-  const dns = await freePort();
-  stack = await startStack({
-    dataDir,
-    apiPort: await freePort(),
-    temporalPort: await freePort(),
-    mongoPort: await freePort(),
-    hostPort: 0,
-    hostPorts: [await freePort(), await freePort()],
-    hosts: 2,
+  ({ stack, dataDir } = await startTwoHostStack({
+    prefix: 'sap-scale-',
     apiKey: KEY,
     hostToken: TOKEN,
-    env: {
-      NODE_ENV: 'test',
-      LOG_LEVEL: 'info',
-      WORKER_METRICS_PORT: '0',
-      SANDBOX_DNS_PORT: String(dns),
-      SANDBOX_DNS: '127.0.0.1:9',
-      HOST_DEAD_AFTER: String(DEAD_AFTER_S),
-      HOST_HEARTBEAT_MS: '500',
-      PREVIEW_TRANSPORT: 'tcp',
-    },
-  });
+    deadAfterS: DEAD_AFTER_S,
+    env: { PREVIEW_TRANSPORT: 'tcp' },
+  }));
 }, 180_000);
 
 afterAll(async () => {
