@@ -121,7 +121,8 @@ export function createFileService(deps: SandboxDeps, live: ExecLive, sandboxes: 
     async signUrl(orgId: string, id: string, path: string, method: 'GET' | 'PUT', expiresIn: number): Promise<{ token: string; expiresAt: Date }> {
       const doc = await findOrgSandbox(deps.store, orgId, id);
       if (!doc) throw notFound(`sandbox ${id}`);
-      const e = Math.floor(Date.now() / 1000) + expiresIn;
+      // Rounded up: a URL never expires before `expiresIn` seconds have passed (rounding down cut up to a second off).
+      const e = Math.ceil(Date.now() / 1000) + expiresIn;
       return { token: signGrant({ o: orgId, s: id, p: path, m: method, e }), expiresAt: new Date(e * 1000) };
     },
 
