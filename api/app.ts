@@ -173,6 +173,11 @@ export function createApp(
       res.end();
       return;
     }
+    // An error answered before the request's body was read to its end (an upload refused part way,
+    // say): the rest of the body is still on the connection, so it cannot carry another request.
+    // Say so, and Node closes it after this answer, instead of the client reusing a connection the
+    // server then drops (ECONNRESET on the client's next call).
+    if (!req.complete) res.setHeader('connection', 'close');
     res.status(e.status).json(e.toBody());
   });
   return { app, auth, openapi, metrics };

@@ -185,6 +185,9 @@ describe('uploads count against the sandbox', () => {
       expect({ status: r.status, type: body.error.type }).toEqual({ status: 413, type: 'payload_too_large' });
       expect(body.error.message).toMatch(/disk/);
       expect(namesHostPath(body.error.message)).toBe(false);
+      // The rest of the refused body is still on that connection: the answer closes it, so the
+      // client's next call does not reuse a connection the server drops.
+      expect(r.headers.get('connection')).toBe('close');
       const after = await api('PUT', `/api/sandboxes/${tiny}/files?path=${q('/workspace/small.txt')}`, { raw: 'still room' });
       expect(after.status).toBe(200);
     } finally {
