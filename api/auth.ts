@@ -72,9 +72,12 @@ function keyOfSubprotocol(req: Request): string | undefined {
   return key || undefined;
 }
 
-/** Picks `sap-console` when offered (the console's socket); otherwise the first protocol offered, as ws does by default. */
-export function pickSubprotocol(protocols: Set<string>): string | false {
-  if (protocols.has(CONSOLE_SUBPROTOCOL)) return CONSOLE_SUBPROTOCOL;
-  const first = protocols.values().next();
-  return first.done ? false : first.value;
+/**
+ * Picks `sap-console` when offered (the console's socket); otherwise the first protocol offered, as ws
+ * does by default. express-ws's ws 7 passes an array, ws 8 a Set.
+ */
+export function pickSubprotocol(protocols: Iterable<string>): string | false {
+  const offered = [...protocols];
+  if (offered.includes(CONSOLE_SUBPROTOCOL)) return CONSOLE_SUBPROTOCOL;
+  return offered[0] ?? false;
 }

@@ -42,8 +42,9 @@ export function registerConsole(app: express.Express): void {
   const immutable = { index: false, fallthrough: true, maxAge: '365d', immutable: true, redirect: false } as const;
 
   app.get('/', (_req, res) => res.redirect(302, '/console/'));
-  app.get('/console', (_req, res) => res.redirect(301, '/console/'));
-  app.get('/console/', secure, page(path.join(root, 'index.html')));
+  // Express matches /console and /console/ alike: the page at /console/ (its assets are relative to it).
+  const index = page(path.join(root, 'index.html'));
+  app.get('/console', secure, (req, res, next) => (req.path.endsWith('/') ? index(req, res, next) : res.redirect(301, '/console/')));
   app.use('/console/assets', secure, express.static(path.join(root, 'assets'), immutable));
   app.get('/docs', secure, page(path.join(root, 'docs-page', 'index.html')));
   app.get('/docs/init.js', secure, page(path.join(root, 'docs-page', 'init.js')));
