@@ -1,14 +1,9 @@
 import fs from 'node:fs';
 import path from 'node:path';
-import { chromium, type Browser, type Page } from 'playwright-core';
+import type { Page } from 'playwright-core';
 import { T } from './env';
 
-/** Debian's Chromium (scripts/toolchain.sh installs it); playwright-core's own downloads are not used. */
-export const CHROMIUM = process.env.SAP_CHROMIUM ?? '/usr/bin/chromium';
-
-export function launchChromium(): Promise<Browser> {
-  return chromium.launch({ executablePath: CHROMIUM, args: ['--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage'], headless: true });
-}
+export { launchChromium } from '../../scripts/console-browser';
 
 /**
  * Runs one step of a browser test; when it throws, a screenshot of the page is saved in the test
