@@ -30,7 +30,8 @@ async function firstRender(page: Page, url: string, ready: string): Promise<numb
   await page.goto('about:blank');
   await page.goto(url);
   await page.waitForSelector(ready);
-  await page.waitForFunction("!document.querySelector('.loading')", undefined, { polling: 'raf' });
+  // A function, not a string: the console's CSP refuses eval.
+  await page.waitForFunction(() => !(globalThis as any).document.querySelector('.loading'), undefined, { polling: 'raf' });
   return (await page.evaluate('performance.now()')) as number;
 }
 
