@@ -6,7 +6,7 @@
  */
 import WebSocket from 'ws';
 import type { Browser, BrowserContext, Page } from 'playwright-core';
-import { api, eventually, T } from '../helpers/env';
+import { api, control, eventually, T } from '../helpers/env';
 import { bashAgentsDeletedAfterAll } from '../helpers/sessions';
 import { newSandbox } from '../helpers/sandboxes';
 import { launchChromium, withScreenshot } from '../helpers/browser';
@@ -158,6 +158,17 @@ describe('web console', () => {
       expect(sockets.length).toBeGreaterThan(0);
       for (const url of sockets) expect(url).not.toContain(T.key());
     });
+    await step('terminal-resize', async () => {
+      // A narrower window resizes the terminal, and the shell sees its new width.
+      const rows = async () => (await page.textContent('.terminal .xterm-rows')) ?? '';
+      await page.keyboard.type('echo wide=$(stty size | cut -d" " -f2)x\n');
+      const wide = Number((await eventually(async () => /wide=(\d+)x/.exec(await rows()), 20_000))[1]);
+      await page.setViewportSize({ width: 800, height: 900 });
+      await page.keyboard.type('echo narrow=$(stty size | cut -d" " -f2)x\n');
+      const narrow = Number((await eventually(async () => /narrow=(\d+)x/.exec(await rows()), 20_000))[1]);
+      expect(narrow).toBeLessThan(wide);
+      await page.setViewportSize({ width: 1280, height: 900 });
+    });
     await step('files', async () => {
       const content = `uploaded through the console ${Date.now()}\n`;
       await page.setInputFiles('input[name=upload]', { name: 'hello.txt', mimeType: 'text/plain', buffer: Buffer.from(content) });
@@ -209,5 +220,30 @@ describe('web console', () => {
       for (const u of requests) expect(new URL(u).origin).toBe(new URL(T.api()).origin);
     });
     expect(pageErrors).toEqual([]);
+  });
+
+  // Last: it restarts the API.
+  it('reconnects a terminal after the API restarts, to the same shell with its scrollback', async () => {
+    const sb = sandboxes[0] ?? (await newSandbox({}, { created: sandboxes }));
+    const rows = async () => (await page.textContent('.terminal .xterm-rows')) ?? '';
+    await step('terminal-reconnect', async () => {
+      await page.goto(consoleUrl(`/sandboxes/${sb}`));
+      await page.click('button:has-text("Open terminal")');
+      await page.waitForSelector('.term-status:has-text("Connected")');
+      await page.click('.terminal');
+      await page.keyboard.type('KEPT=in-this-shell; echo before-$((2+3))\n');
+      await eventually(async () => (await rows()).includes('before-5'), 20_000);
+      await control('kill', 'api');
+      await page.waitForSelector('.term-status:has-text("Disconnected")');
+      await control('start', 'api');
+      await eventually(async () => (await fetch(`${T.api()}/healthz`)).ok, 60_000, 200);
+      await page.click('button:has-text("Reconnect")');
+      await page.waitForSelector('.term-status:has-text("Connected")');
+      // The scrollback came back, and it is the same shell (its variable is still set).
+      await eventually(async () => (await rows()).includes('before-5'), 20_000);
+      await page.click('.terminal');
+      await page.keyboard.type('echo after-$KEPT\n');
+      await eventually(async () => (await rows()).includes('after-in-this-shell'), 20_000);
+    });
   });
 });
