@@ -10,6 +10,7 @@ import { api, control, eventually, T } from '../helpers/env';
 import { bashAgentsDeletedAfterAll } from '../helpers/sessions';
 import { newSandbox } from '../helpers/sandboxes';
 import { launchChromium, withScreenshot } from '../helpers/browser';
+import { otherOrgKey } from '../helpers/checkpoints';
 
 jest.setTimeout(90_000);
 
@@ -182,6 +183,28 @@ describe('web console', () => {
       for await (const c of (await download.createReadStream())!) chunks.push(c as Buffer);
       expect(Buffer.concat(chunks).toString()).toBe(content);
     });
+  });
+
+  it("shows another organisation nothing of this one's: agents and sandboxes lists, a sandbox by id", async () => {
+    const sb = sandboxes[0] ?? (await newSandbox({}, { created: sandboxes }));
+    const other = await browser!.newContext();
+    try {
+      const p = await other.newPage();
+      await withScreenshot(p, 'other-org', async () => {
+        await p.goto(consoleUrl('/signin'));
+        await p.fill('input[name=apiKey]', await otherOrgKey());
+        await p.click('form.signin button[type=submit]');
+        await p.waitForSelector('h1:has-text("Agents")');
+        await p.waitForSelector('p.muted:has-text("No agents yet")');
+        await p.goto(consoleUrl(`/sandboxes/${sb}`));
+        await p.waitForSelector('.error:has-text("404 not_found")');
+        expect(await p.$('button:has-text("Open terminal")')).toBeNull();
+        await p.goto(consoleUrl('/sandboxes'));
+        await p.waitForSelector('p.muted:has-text("No sandboxes.")');
+      });
+    } finally {
+      await other.close();
+    }
   });
 
   it('refuses a terminal socket whose subprotocol carries a wrong key', async () => {
