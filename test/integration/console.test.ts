@@ -95,13 +95,13 @@ describe('web console', () => {
   });
 
   it('starts a session that prints and fails: its logs follow live, then its failure shows (reason, exit code, stderr)', async () => {
-    const id = await agent('for i in 1 2 3; do echo line-$i; sleep 1; done; echo boom-on-stderr >&2; exit 3');
+    const id = await agent('for i in 1 2 3; do echo line-$i; sleep 2; done; echo boom-on-stderr >&2; exit 3');
     await step('session', async () => {
       await page.goto(consoleUrl(`/agents/${id}/sessions`));
       await page.click('details.new summary');
       await page.fill('textarea[name=input]', '{"task":"fail"}');
       await page.click('details.new button[type=submit]');
-      await page.waitForSelector('pre.logs .line:has-text("line-1")');
+      await page.waitForSelector('pre.logs .line:has-text("line-1")', { timeout: 45_000 });
       // The first line came while the session still ran: the log follows, it is not read at the end.
       const sessionId = /sessions\/(sess_[a-z0-9_]+)/.exec(page.url())?.[1];
       expect(sessionId).toBeDefined();
@@ -150,7 +150,7 @@ describe('web console', () => {
     page.on('websocket', (ws) => sockets.push(ws.url()));
     await step('terminal', async () => {
       await page.goto(consoleUrl(`/sandboxes/${sb}`));
-      await page.waitForSelector('.sandbox-status:has-text("running")');
+      await page.waitForSelector('.sandbox-status:has-text("running")', { timeout: 45_000 });
       await page.click('button:has-text("Open terminal")');
       await page.waitForSelector('.term-status:has-text("Connected")');
       await page.click('.terminal');
@@ -238,7 +238,7 @@ describe('web console', () => {
       const requests: string[] = [];
       page.on('request', (r) => requests.push(r.url()));
       await page.goto(`${T.api()}/docs`);
-      await page.waitForSelector('.swagger-ui .info .title:has-text("Sandbox Agent Platform")');
+      await page.waitForSelector('.swagger-ui .info .title:has-text("Sandbox Agent Platform")', { timeout: 45_000 });
       await page.waitForSelector('.opblock-summary-path:has-text("/v1/agents")');
       for (const u of requests) expect(new URL(u).origin).toBe(new URL(T.api()).origin);
     });
