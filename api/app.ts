@@ -6,7 +6,7 @@ import { randomUUID } from 'node:crypto';
 import pinoHttp from 'pino-http';
 import { ApiError, unreachableService } from '../lib/errors';
 import { scrubUrl } from '../lib/logger';
-import { createAuthenticator, Authenticator } from './auth';
+import { createAuthenticator, Authenticator, pickSubprotocol } from './auth';
 import type { ApiDeps } from './deps';
 import { RouteTable } from './http';
 import { ApiMetrics, createApiMetrics } from './metrics';
@@ -28,6 +28,8 @@ import { registerSecretStoreRoutes } from './routes/secret-stores';
 import { registerFileRoutes } from './routes/files';
 import { registerUnimplementedRoutes } from './routes/unimplemented';
 import { registerPtyRoutes, registerPtySocket } from './routes/pty';
+import { registerConsoleRoutes } from './routes/console';
+import { registerConsole } from './console';
 import { notReadyMessage, Readiness } from './readiness';
 import { createAgentService } from '../services/agents';
 import { createSessionService } from '../services/sessions';
@@ -36,6 +38,7 @@ import { createInstanceService } from '../services/instances';
 import { createSecretStoreService } from '../services/secret-stores';
 import { createCapacityService } from '../services/capacity';
 import { createUsageService } from '../services/usage';
+import { createConsoleService } from '../services/console';
 
 /** Body types the API reads; anything else on a request with a body is 415. */
 const JSON_TYPES = ['application/json', 'application/*+json'];
@@ -50,7 +53,7 @@ export function createApp(
 ): { app: express.Express; auth: Authenticator; openapi: object; metrics: ApiMetrics } {
   const app = express();
   // WebSocket routes (router.ws) need the HTTP server; without one (unit tests) they are absent.
-  if (opts.server) expressWs(app, opts.server);
+  if (opts.server) expressWs(app, opts.server, { wsOptions: { handleProtocols: pickSubprotocol } });
   app.disable('x-powered-by');
   app.set('etag', false);
   app.set('query parser', 'simple');
@@ -141,6 +144,7 @@ export function createApp(
   registerFileRoutes(table, deps);
   registerUnimplementedRoutes(table, deps);
   registerPtyRoutes(table, deps);
+  registerConsoleRoutes(table, createConsoleService(deps));
   registerExecSocket(app, deps, auth);
   registerPtySocket(app, deps, auth);
 
@@ -152,6 +156,8 @@ export function createApp(
     res.json(openapi);
   });
 
+  // The console's and the reference's static pages: no key (the API calls they make send one).
+  registerConsole(app);
   app.use(router);
 
   app.use((req, _res, next) => {

@@ -39,7 +39,8 @@ export function createAuthenticator(store: Store): Authenticator {
     resolve,
     async authenticate(req) {
       const header = req.headers['x-api-key'];
-      const key = (Array.isArray(header) ? header[0] : header) ?? (typeof req.query.api_key === 'string' ? req.query.api_key : undefined);
+      const key =
+        (Array.isArray(header) ? header[0] : header) ?? keyOfSubprotocol(req) ?? (typeof req.query.api_key === 'string' ? req.query.api_key : undefined);
       if (!key) throw new ApiError('unauthorized', 'missing API key: send it in the X-API-Key header');
       const org = await resolve(key);
       if (!org) throw new ApiError('unauthorized', 'invalid API key');
@@ -49,4 +50,34 @@ export function createAuthenticator(store: Store): Authenticator {
       return org;
     },
   };
+}
+
+/** The WebSocket subprotocol the web console offers beside its key (a browser cannot set X-API-Key on a WebSocket). */
+export const CONSOLE_SUBPROTOCOL = 'sap-console';
+const KEY_PROTOCOL = 'sap-key.';
+
+/**
+ * The key a browser sends in `Sec-WebSocket-Protocol` as `sap-key.<base64url of the key>` (offered with
+ * `sap-console`, the one the server picks), so that it is in no URL.
+ */
+function keyOfSubprotocol(req: Request): string | undefined {
+  const header = req.headers['sec-websocket-protocol'];
+  if (typeof header !== 'string') return undefined;
+  const entry = header
+    .split(',')
+    .map((p) => p.trim())
+    .find((p) => p.startsWith(KEY_PROTOCOL));
+  if (!entry) return undefined;
+  const key = Buffer.from(entry.slice(KEY_PROTOCOL.length), 'base64url').toString('utf8');
+  return key || undefined;
+}
+
+/**
+ * Picks `sap-console` when offered (the console's socket); otherwise the first protocol offered, as ws
+ * does by default. express-ws's ws 7 passes an array, ws 8 a Set.
+ */
+export function pickSubprotocol(protocols: Iterable<string>): string | false {
+  const offered = [...protocols];
+  if (offered.includes(CONSOLE_SUBPROTOCOL)) return CONSOLE_SUBPROTOCOL;
+  return offered[0] ?? false;
 }

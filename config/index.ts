@@ -100,6 +100,8 @@ export const configSchema = z.object({
    * URLs it hands out. Unset: taken from each request (X-Forwarded-Proto/-Host when a proxy sets them, else Host).
    */
   PUBLIC_API_URL: z.url({ protocol: /^https?$/ }).optional(),
+  /** The Temporal Web UI's address (e.g. http://127.0.0.1:8233), for the console's links to a session's workflow; unset: no link. */
+  TEMPORAL_UI_URL: z.url({ protocol: /^https?$/ }).optional(),
   RESULT_MAX_BYTES: z.coerce
     .number()
     .int()

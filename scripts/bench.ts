@@ -8,6 +8,7 @@ import { benchSpawn, parseSpawnParts } from './bench-spawn';
 import { benchEgress } from './bench-egress';
 import { benchLayers } from './bench-hosts';
 import { benchMetrics } from './bench-metrics';
+import { benchConsole } from './bench-console';
 
 /**
  * `npm run bench -- <name> [--n N] [--c C] [--rounds R (batch)] [--burst B] [--only PARTS (spawn)]` against a running stack (npm start).
@@ -263,6 +264,9 @@ async function main(): Promise<void> {
     case 'metrics':
       out = await benchMetrics({ n: Number(values.n ?? 200), call });
       break;
+    case 'console':
+      out = await benchConsole({ url: URL_, key: KEY, runs: Number(values.runs ?? 5), n: Number(values.n ?? 10_000), call });
+      break;
     case 'egress':
       out = await benchEgress({ mb: Number(values.mb ?? 1024), runs: Number(values.runs ?? 3), call });
       break;
@@ -272,6 +276,9 @@ async function main(): Promise<void> {
       process.stderr.write('       npm run bench -- layers [--n 10] [--mb 1,100]  (a stack with SANDBOX_HOSTS=2; DATA_DIR names it)\n');
       process.stderr.write('       npm run bench -- egress [--mb 1024] [--runs 3]  (as root: a test host in a network namespace of its own)\n');
       process.stderr.write('       npm run bench -- exec [--n 100] [--mb 512] [--runs 3]\n');
+      process.stderr.write(
+        '       npm run bench -- console [--runs 5] [--n 10000]  (assets, first renders, a list of n sessions, keystroke echo; MONGO_URL)\n',
+      );
       process.stderr.write('       npm run bench -- metrics [--n 200]  (GET …/metrics and POST …/scale of one sandbox)\n');
       process.stderr.write('       npm run bench -- preview [--n 2000] [--c 10]  (SAP_HOST_URL, SAP_HOST_TOKEN: add the forwarder-only leg)\n');
       process.exit(2);

@@ -176,6 +176,8 @@ export async function startStack(o: StackOptions): Promise<Stack> {
     HOST_LISTEN: `127.0.0.1:${o.hostPort}`,
     HOST_TOKEN: o.hostToken,
     SANDBOX_PROVIDER: o.sandboxProvider ?? 'namespaces',
+    // The console links a session to its workflow in the Temporal UI the stack serves.
+    ...(o.uiPort && !process.env.TEMPORAL_UI_URL ? { TEMPORAL_UI_URL: `http://127.0.0.1:${o.uiPort}` } : {}),
     ...o.env,
   };
   const hostCount = o.hosts ?? 1;

@@ -36,6 +36,8 @@ command -v go >/dev/null 2>&1 || [ -x /usr/local/go/bin/go ] || missing+=(golang
 [ -x /usr/bin/sudo ] || missing+=(sudo)
 # The sandboxes' network table (sandbox/network.ts; SANDBOX_NETWORK=off does without).
 command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || missing+=(nftables)
+# The console's browser tests (test/integration/console.test.ts) drive Debian's Chromium through playwright-core.
+[ -x /usr/bin/chromium ] || missing+=(chromium)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then need_root "${missing[*]}" "${missing[*]}"; fi
   say "apt-get install ${missing[*]}"

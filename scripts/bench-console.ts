@@ -1,0 +1,160 @@
+import fs from 'node:fs';
+import path from 'node:path';
+import zlib from 'node:zlib';
+import type { Page } from 'playwright-core';
+import { connectStore, type SessionDoc } from '../store';
+import { deleteUnstartedSessions, insertSessionsOnce } from '../store/sessions';
+import { orgOfKeyHash } from '../store/orgs';
+import { hashSecret } from '../lib/ids';
+import { launchChromium, median, signedInContext } from './console-browser';
+
+type Call = (method: string, path: string, body?: unknown) => Promise<{ status: number; body: any }>;
+
+/** Gzipped bytes of the files of a directory (recursively) whose names match. */
+function gzipped(dir: string, match: RegExp): { files: number; bytes: number; gzipBytes: number } {
+  let files = 0;
+  let bytes = 0;
+  let gzipBytes = 0;
+  for (const e of fs.readdirSync(dir, { withFileTypes: true, recursive: true })) {
+    if (!e.isFile() || !match.test(e.name)) continue;
+    const data = fs.readFileSync(path.join(e.parentPath, e.name));
+    files++;
+    bytes += data.length;
+    gzipBytes += zlib.gzipSync(data, { level: 9 }).length;
+  }
+  return { files, bytes, gzipBytes };
+}
+
+/** Milliseconds from the navigation's start until the page shows its content (no "Loading…" left), as the page's clock reads it. */
+async function firstRender(page: Page, url: string, ready: string): Promise<number> {
+  await page.goto('about:blank');
+  await page.goto(url);
+  await page.waitForSelector(ready);
+  // A function, not a string: the console's CSP refuses eval.
+  await page.waitForFunction(() => !(globalThis as any).document.querySelector('.loading'), undefined, { polling: 'raf' });
+  return (await page.evaluate('performance.now()')) as number;
+}
+
+/**
+ * `npm run bench -- console [--runs 5] [--n 10000]` against a running stack: the console's shipped
+ * assets gzipped (and Swagger UI's apart), each page's first render (median of `runs`), the session
+ * list of an agent with `n` sessions (seeded straight into MongoDB: MONGO_URL) to its first page, and a
+ * terminal's keystroke echo (keydown → the echoed character in the DOM, p50 of 50 keys).
+ */
+export async function benchConsole(o: { url: string; key: string; runs: number; n: number; call: Call }): Promise<Record<string, unknown>> {
+  const dist = path.join(__dirname, '..', 'console');
+  const swagger = path.dirname(require.resolve('swagger-ui-dist/package.json'));
+  const out: Record<string, unknown> = {
+    console_assets: gzipped(dist, /\.(js|css|html)$/),
+    docs_renderer_assets: gzipped(swagger, /^(swagger-ui-bundle\.js|swagger-ui\.css)$/),
+  };
+
+  // Fixtures: an agent with n sessions (seeded), a sandbox.
+  const agentId = `bench-console-${Date.now().toString(36)}`;
+  const a = await o.call('POST', '/v1/agents', { id: agentId, core: 'bash', entrypoint: ['bash', '-c', 'exit 0'] });
+  if (a.status !== 201) throw new Error(`create agent: ${JSON.stringify(a.body)}`);
+  const store = await connectStore(process.env.MONGO_URL ?? 'mongodb://127.0.0.1:27017/sap');
+  let sandboxId: string | undefined;
+  const seeded: string[] = [];
+  const browser = await launchChromium();
+  try {
+    const orgId = await orgOfKeyHash(store, hashSecret(o.key));
+    if (!orgId) throw new Error('the key is unknown to this stack');
+    const t0 = Date.now();
+    for (let i = 0; i < o.n; i += 1000) {
+      const docs: SessionDoc[] = [];
+      for (let j = i; j < Math.min(o.n, i + 1000); j++) {
+        const at = new Date(t0 - (o.n - j) * 1000);
+        docs.push({
+          _id: `sess_bench${t0.toString(36)}${j.toString(36).padStart(4, '0')}`,
+          orgId,
+          agent_id: agentId,
+          status: 'creating',
+          input: JSON.stringify({ n: j }),
+          metadata: JSON.stringify({ seeded: 'bench' }),
+          result: null,
+          preview_url: null,
+          outcome: null,
+          sandbox_id: null,
+          idempotency_key: null,
+          created_at: at,
+          updated_at: at,
+          started_at: null,
+          completed_at: null,
+        });
+      }
+      await insertSessionsOnce(store, docs);
+      seeded.push(...docs.map((d) => d._id));
+    }
+    // The API's share of the session list: its first page of 50, alone.
+    const apiMs: number[] = [];
+    for (let r = 0; r < o.runs; r++) {
+      const t = process.hrtime.bigint();
+      const page = await o.call('GET', `/v1/agents/${agentId}/sessions?limit=50`);
+      apiMs.push(Number(process.hrtime.bigint() - t) / 1e6);
+      if (page.status !== 200 || page.body.sessions.length !== Math.min(50, o.n))
+        throw new Error(`list: ${page.status} ${JSON.stringify(page.body).slice(0, 200)}`);
+    }
+    out[`api_sessions_first_page_of_${o.n}_ms_p50`] = median(apiMs);
+    const sb = await o.call('POST', '/api/sandboxes', {});
+    if (sb.status !== 201) throw new Error(`create sandbox: ${JSON.stringify(sb.body)}`);
+    sandboxId = sb.body.sandboxID as string;
+
+    const context = await signedInContext(browser, o.key);
+    const page = await context.newPage();
+    const pages: Record<string, [string, string]> = {
+      agents: ['/agents', 'table'],
+      [`sessions_${o.n}`]: [`/agents/${agentId}/sessions`, 'tbody tr'],
+      batches: [`/agents/${agentId}/batches`, 'h1'],
+      sandboxes: ['/sandboxes', 'tbody tr'],
+      sandbox: [`/sandboxes/${sandboxId}`, '.sandbox-status'],
+      hosts: ['/hosts', 'tbody tr'],
+    };
+    const render: Record<string, number> = {};
+    for (const [name, [route, ready]] of Object.entries(pages)) {
+      const ms: number[] = [];
+      for (let r = 0; r < o.runs; r++) ms.push(await firstRender(page, `${o.url}/console/#${route}`, ready));
+      render[name] = median(ms);
+    }
+    const docsMs: number[] = [];
+    for (let r = 0; r < o.runs; r++) docsMs.push(await firstRender(page, `${o.url}/docs`, '.swagger-ui .info .title'));
+    render.docs = median(docsMs);
+    out.first_render_ms_p50 = render;
+
+    // Keystroke echo: keydown in the page → the echoed character in the terminal's DOM.
+    await page.goto(`${o.url}/console/#/sandboxes/${sandboxId}`);
+    await page.click('button:has-text("Open terminal")');
+    await page.waitForSelector('.term-status:has-text("Connected")');
+    await page.click('.terminal');
+    await page.waitForTimeout(500);
+    // Armed before each key (awaited, so the key cannot arrive first): keydown's time, then the first change of the rows' text.
+    await page.evaluate(`window.__armEcho = () => {
+      const rows = document.querySelector('.xterm-rows');
+      const before = rows.textContent;
+      let t0 = 0;
+      window.__echo = new Promise((resolve) => {
+        document.addEventListener('keydown', () => { t0 = performance.now(); }, { capture: true, once: true });
+        const mo = new MutationObserver(() => {
+          if (t0 && rows.textContent !== before) { mo.disconnect(); resolve(performance.now() - t0); }
+        });
+        mo.observe(rows, { childList: true, subtree: true, characterData: true });
+      });
+    }`);
+    const echo: number[] = [];
+    for (let i = 0; i < 50; i++) {
+      await page.evaluate('window.__armEcho()');
+      await page.keyboard.press('x');
+      echo.push((await page.evaluate('Promise.race([window.__echo, new Promise((r) => setTimeout(() => r(-1), 5000))])')) as number);
+      if (echo[echo.length - 1]! < 0) throw new Error('no echo within 5 s');
+    }
+    out.keystroke_echo_ms = { p50: median(echo), p95: [...echo].sort((x, y) => x - y)[Math.floor(echo.length * 0.95)] };
+    await context.close();
+  } finally {
+    await browser.close();
+    if (sandboxId) await o.call('DELETE', `/api/sandboxes/${sandboxId}`).catch(() => undefined);
+    for (let i = 0; i < seeded.length; i += 1000) await deleteUnstartedSessions(store, seeded.slice(i, i + 1000)).catch(() => undefined);
+    await o.call('DELETE', `/v1/agents/${agentId}`).catch(() => undefined);
+    await store.close();
+  }
+  return out;
+}

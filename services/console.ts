@@ -1,0 +1,42 @@
+import { hostAlive, listRecentHosts } from '../store/hosts';
+import type { ServiceDeps } from './deps';
+
+/** One sandbox host as the console shows it: its load against its capacity, and whether it is lost. No address, no token. */
+export interface HostSummary {
+  hostId: string;
+  status: 'live' | 'lost';
+  heartbeatAt: string;
+  lostAt: string | null;
+  sandboxes: number | null;
+  maxSandboxes: number | null;
+  reservedMB: number | null;
+  memoryMB: number | null;
+}
+
+/** What the web console reads besides the resources: the Temporal UI's address, and the hosts' load. */
+export interface ConsoleService {
+  config(): { temporalUiUrl: string | null; temporalNamespace: string };
+  hosts(): Promise<HostSummary[]>;
+}
+
+const MAX_HOSTS = 1_000;
+
+export function createConsoleService(deps: ServiceDeps): ConsoleService {
+  const deadAfterMs = deps.cfg.HOST_DEAD_AFTER * 1000;
+  return {
+    config: () => ({ temporalUiUrl: deps.cfg.TEMPORAL_UI_URL?.replace(/\/+$/, '') ?? null, temporalNamespace: deps.cfg.TEMPORAL_NAMESPACE }),
+    async hosts() {
+      const docs = await listRecentHosts(deps.store, MAX_HOSTS);
+      return docs.map((d) => ({
+        hostId: d._id,
+        status: d.lostAt || !hostAlive(d, deadAfterMs) ? 'lost' : 'live',
+        heartbeatAt: new Date(d.updatedAt).toISOString(),
+        lostAt: d.lostAt ? new Date(d.lostAt).toISOString() : null,
+        sandboxes: d.capacity?.sandboxes ?? null,
+        maxSandboxes: d.capacity?.maxSandboxes ?? null,
+        reservedMB: d.capacity?.reservedMB ?? null,
+        memoryMB: d.capacity?.memoryMB ?? null,
+      }));
+    },
+  };
+}

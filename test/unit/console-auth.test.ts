@@ -1,0 +1,34 @@
+import type { Request } from 'express';
+import { createAuthenticator, pickSubprotocol } from '../../api/auth';
+import { hashSecret } from '../../lib/ids';
+import type { Store } from '../../store';
+
+/** A store whose api_keys hold one key of organisation `org-a` (all orgOfKeyHash reads). */
+function storeWithKey(key: string): Store {
+  const keys = new Map([[hashSecret(key), { _id: hashSecret(key), orgId: 'org-a' }]]);
+  const apiKeys = { findOne: async (q: { _id: string }) => keys.get(q._id) ?? null };
+  return { apiKeys, db: { collection: () => apiKeys } } as unknown as Store;
+}
+
+const req = (headers: Record<string, string>, query: Record<string, string> = {}) => ({ headers, query }) as unknown as Request;
+const b64 = (s: string) => Buffer.from(s).toString('base64url');
+
+describe('the console WebSocket key (Sec-WebSocket-Protocol)', () => {
+  it('picks sap-console when offered, else the first protocol (ws 7 passes an array, ws 8 a Set)', () => {
+    expect(pickSubprotocol(['sap-console', `sap-key.${b64('k')}`])).toBe('sap-console');
+    expect(pickSubprotocol(new Set([`sap-key.${b64('k')}`, 'sap-console']))).toBe('sap-console');
+    expect(pickSubprotocol(['other', 'more'])).toBe('other');
+    expect(pickSubprotocol([])).toBe(false);
+  });
+
+  it('authenticates the key carried as sap-key.<base64url>, and refuses a wrong or empty one', async () => {
+    const auth = createAuthenticator(storeWithKey('the-right-key'));
+    await expect(auth.authenticate(req({ 'sec-websocket-protocol': `sap-console, sap-key.${b64('the-right-key')}` }))).resolves.toEqual({ id: 'org-a' });
+    await expect(auth.authenticate(req({ 'sec-websocket-protocol': `sap-console, sap-key.${b64('wrong')}` }))).rejects.toMatchObject({ type: 'unauthorized' });
+    await expect(auth.authenticate(req({ 'sec-websocket-protocol': 'sap-console, sap-key.' }))).rejects.toMatchObject({ type: 'unauthorized' });
+    // The header wins over the subprotocol.
+    await expect(
+      auth.authenticate(req({ 'x-api-key': 'wrong', 'sec-websocket-protocol': `sap-console, sap-key.${b64('the-right-key')}` })),
+    ).rejects.toMatchObject({ type: 'unauthorized' });
+  });
+});
