@@ -60,7 +60,8 @@ async function main(): Promise<void> {
     [
       '',
       'Sandbox Agent Platform is up.',
-      `  API          ${stack.apiUrl}   (OpenAPI: ${stack.apiUrl}/openapi.json)`,
+      `  API          ${stack.apiUrl}   (OpenAPI: ${stack.apiUrl}/openapi.json, reference: ${stack.apiUrl}/docs)`,
+      `  Console      ${stack.apiUrl}/console`,
       `  Temporal UI  ${stack.uiUrl}`,
       `  Temporal     ${stack.temporalAddress}`,
       `  MongoDB      ${stack.mongoUrl}`,
