@@ -30,7 +30,7 @@ export async function main(): Promise<void> {
   prod = await startProductionStack({
     dataDir,
     apiKey,
-    hostToken: resolveHostToken(cfg),
+    hostToken: resolveHostToken({ ...cfg, DATA_DIR: dataDir }),
     apiPorts: [cfg.PORT, Number(env.API2_PORT ?? cfg.PORT + 1)],
     temporalPort: port(cfg.TEMPORAL_ADDRESS),
     mongoPort: port(cfg.MONGO_URL) || 27017,

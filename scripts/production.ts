@@ -255,9 +255,14 @@ export async function startProductionStack(o: ProductionOptions): Promise<Produc
     child.once('exit', () => fs.closeSync(out));
     return child;
   };
+  let stopped: Promise<void> | undefined;
   const sup = new Supervisor({
     restart: o.supervise ?? false,
     log: (line) => o.log?.(line),
+    // <dataDir>/production.json: this file's servers' pids, beside startStack's stack.json (npm run chaos -- --profile production).
+    onChange: () => {
+      if (!stopped) fs.writeFileSync(path.join(dataDir, 'production.json'), JSON.stringify({ pids: sup.pids() }) + '\n', { mode: 0o600 });
+    },
     onGiveUp: (name, message) => o.log?.(`gave up on ${name}: ${message}`),
   });
   let stack: Stack | undefined;
@@ -312,7 +317,6 @@ export async function startProductionStack(o: ProductionOptions): Promise<Produc
   };
   const startServer = (name: ServerName) => sup.start(name, specs[name]());
   const isServer = (name: string): name is ServerName => (SERVERS as string[]).includes(name);
-  let stopped: Promise<void> | undefined;
   const prod: ProductionStack = {
     get stack() {
       return stack!;
