@@ -92,6 +92,23 @@ async function waitFor(what: string, check: () => Promise<boolean>, timeoutMs: n
   }
 }
 
+/**
+ * A free port below 32768 (and not in `taken`): Temporal keeps its services' membership ports in a
+ * PostgreSQL smallint, so the kernel's ephemeral ports (32768 and up) make the server exit at start.
+ */
+async function freeLowPort(taken: number[]): Promise<number> {
+  for (;;) {
+    const port = 20_000 + Math.floor(Math.random() * 12_000);
+    if (taken.includes(port)) continue;
+    const free = await new Promise<boolean>((resolve) => {
+      const srv = net.createServer();
+      srv.once('error', () => resolve(false));
+      srv.listen(port, '127.0.0.1', () => srv.close(() => resolve(true)));
+    });
+    if (free) return port;
+  }
+}
+
 /** The user id of Debian's postgres user. */
 function osUser(name: string): { uid: number; gid: number } {
   const line = fs
@@ -194,7 +211,7 @@ export async function startProductionStack(o: ProductionOptions): Promise<Produc
   const mongoPort = o.mongoPort ?? (await freePort());
   const apiPorts = o.apiPorts ?? [await freePort(), await freePort()];
   const internalPorts = [temporalPort];
-  for (let i = 0; i < 8; i++) internalPorts.push(await freePort());
+  for (let i = 0; i < 8; i++) internalPorts.push(await freeLowPort(internalPorts));
   const temporalAddress = `127.0.0.1:${temporalPort}`;
   const tctl = (args: string[]) => run(path.join(TOOLS, 'bin', 'temporal'), [...args, '--address', temporalAddress], {}, 30_000);
   const pgEnv = { PGPASSWORD: password, PGHOST: '127.0.0.1', PGPORT: String(pgPort), PGUSER: PG_USER, PGCONNECT_TIMEOUT: '5' };
@@ -414,6 +431,6 @@ async function registerNamespace(tctl: (args: string[]) => Promise<string>): Pro
   for (const flag of SEARCH_ATTRIBUTE_FLAGS) {
     const [name, type] = flag.split('=');
     if (!new RegExp(`\\b${name}\\b`).test(have))
-      await tctl(['operator', 'search-attribute', 'create', '-n', 'default', '--name', name!, '--type', type!, '--yes']);
+      await tctl(['operator', 'search-attribute', 'create', '-n', 'default', '--name', name!, '--type', type!]);
   }
 }
