@@ -430,7 +430,6 @@ async function registerNamespace(tctl: (args: string[]) => Promise<string>): Pro
   const have = await tctl(['operator', 'search-attribute', 'list', '-n', 'default']);
   for (const flag of SEARCH_ATTRIBUTE_FLAGS) {
     const [name, type] = flag.split('=');
-    if (!new RegExp(`\\b${name}\\b`).test(have))
-      await tctl(['operator', 'search-attribute', 'create', '-n', 'default', '--name', name!, '--type', type!]);
+    if (!new RegExp(`\\b${name}\\b`).test(have)) await tctl(['operator', 'search-attribute', 'create', '-n', 'default', '--name', name!, '--type', type!]);
   }
 }
