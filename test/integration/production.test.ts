@@ -5,6 +5,7 @@ import path from 'node:path';
 import { freePort } from '../../scripts/launcher';
 import { startProductionStack, type ProductionStack } from '../../scripts/production';
 import { countRuns } from '../../sandbox/audit-log';
+import { connectStore } from '../../store';
 import { SERVER_JS } from '../helpers/previews';
 import { newSandbox, sh, type ApiCall } from '../helpers/sandboxes';
 
@@ -116,6 +117,22 @@ describe('the production profile', () => {
     expect(fs.existsSync(path.join(prod.postgres.dataDir, 'PG_VERSION'))).toBe(true);
     expect(fs.readFileSync(path.join(dataDir, 'temporal', 'production.yaml'), 'utf8')).toMatch(/pluginName: postgres12/);
     expect(fs.statSync(path.join(dataDir, 'postgres.password')).mode & 0o077).toBe(0);
+  });
+
+  it('keeps the store working with the driver options a MongoDB replica set takes (docs/operations/production.md)', async () => {
+    // What can be checked here: the store connects, writes and reads with these options in MONGO_URL,
+    // and makes its indexes. FerretDB accepts and ignores write and read concerns (it has no replicas).
+    const store = await connectStore(`${prod.mongoUrl}?w=majority&journal=true&readConcernLevel=majority&retryWrites=true&wtimeoutMS=5000`);
+    try {
+      const c = store.db.collection<{ _id: string; n: number }>('replica_options_check');
+      await c.insertOne({ _id: 'a', n: 1 });
+      await c.updateOne({ _id: 'a' }, { $inc: { n: 1 } });
+      expect(await c.findOne({ _id: 'a' })).toEqual({ _id: 'a', n: 2 });
+      await expect(c.insertOne({ _id: 'a', n: 3 })).rejects.toMatchObject({ code: 11000 });
+      expect((await store.sessions.indexes()).map((i) => i.name)).toEqual(expect.arrayContaining(['orgId_1_agent_id_1_created_at_-1']));
+    } finally {
+      await store.close();
+    }
   });
 
   it('serves sessions, a batch, exec and a preview through both APIs', async () => {
