@@ -110,3 +110,13 @@ export function poolMemory(root: number): { spares: number; cgroup_kib: number; 
   }
   return { spares, cgroup_kib: Math.round(charged), pss_kib: pss };
 }
+
+/** CPU per session (ms) of each process name between two stackCpuMs readings, and of the whole stack; names under 0.1 ms left out. */
+export function cpuPerSession(a: ReturnType<typeof stackCpuMs>, b: ReturnType<typeof stackCpuMs>, n: number): Record<string, number> {
+  const out: Record<string, number> = { total: Math.round(((b.total - a.total) / n) * 10) / 10 };
+  for (const [name, ms] of Object.entries(b.byName)) {
+    const per = Math.round(((ms - (a.byName[name] ?? 0)) / n) * 10) / 10;
+    if (per >= 0.1) out[name] = per;
+  }
+  return out;
+}

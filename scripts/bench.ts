@@ -9,6 +9,7 @@ import { benchEgress } from './bench-egress';
 import { benchLayers } from './bench-hosts';
 import { benchMetrics } from './bench-metrics';
 import { benchConsole } from './bench-console';
+import { cpuPerSession, findStackRoot, stackCpuMs } from './bench-cpu';
 
 /**
  * `npm run bench -- <name> [--n N] [--c C] [--rounds R (batch)] [--burst B] [--only PARTS (spawn)]` against a running stack (npm start).
@@ -27,6 +28,7 @@ const { positionals, values } = parseArgs({
     url: { type: 'string' },
     key: { type: 'string' },
     'stack-pid': { type: 'string' },
+    cpu: { type: 'boolean' },
   },
 });
 const URL_ = values.url ?? process.env.SAP_API_URL ?? 'http://127.0.0.1:8080';
@@ -237,7 +239,13 @@ async function main(): Promise<void> {
   let out: Record<string, unknown>;
   switch (name) {
     case 'sessions':
-      out = await benchSessions(n, c);
+      {
+        // --cpu: CPU per session of each process of the stack (by name, from /proc; see bench-cpu.ts).
+        const root = values.cpu ? findStackRoot(URL_, values['stack-pid'] ? Number(values['stack-pid']) : undefined) : 0;
+        const before = root ? stackCpuMs(root) : null;
+        out = await benchSessions(n, c);
+        if (before) out.cpu_ms_per_session = cpuPerSession(before, stackCpuMs(root), n);
+      }
       break;
     case 'batch':
       out = await benchBatchVsSessions(Number(values.n ?? 1000), Number(values.c ?? 50), Number(values.rounds ?? 2));
@@ -271,7 +279,7 @@ async function main(): Promise<void> {
       out = await benchEgress({ mb: Number(values.mb ?? 1024), runs: Number(values.runs ?? 3), call });
       break;
     default:
-      process.stderr.write('usage: npm run bench -- sessions|batch [--n 1000] [--c 50]\n');
+      process.stderr.write('usage: npm run bench -- sessions|batch [--n 1000] [--c 50] [--cpu [--stack-pid PID]]\n');
       process.stderr.write('       npm run bench -- spawn [--n 50] [--burst 100] [--only create,node,burst,exec-burst,checkpoint,cpu] [--stack-pid PID]\n');
       process.stderr.write('       npm run bench -- layers [--n 10] [--mb 1,100]  (a stack with SANDBOX_HOSTS=2; DATA_DIR names it)\n');
       process.stderr.write('       npm run bench -- egress [--mb 1024] [--runs 3]  (as root: a test host in a network namespace of its own)\n');

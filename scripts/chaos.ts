@@ -6,7 +6,8 @@ import { sandboxIdForSession } from '../lib/naming';
 import { countRuns, defaultAuditLogPath } from '../sandbox';
 import { defaultScratchDir } from '../sandbox';
 import type { BaseProcName as ProcName } from './launcher';
-import { DATA_DIR, STACK_FILE, N_SESSIONS, N_BATCH, CONCURRENCY, SEED, KILL_PLAN, sleep, initialStack, HOST_URL, hostToken } from './chaos/config';
+import { STACK_FILE, N_SESSIONS, N_BATCH, CONCURRENCY, SEED, KILL_PLAN, sleep, initialStack, HOST_URL, hostToken, readStack } from './chaos/config';
+import { hostDirs, PRODUCTION } from './chaos/config';
 import { httpStats, agent, once, call } from './chaos/client';
 import { AGENT_SCRIPT, SHORT_TIMEOUT_S, makeTask, runSession, runBatch, type Kind, type SessionRecord } from './chaos/workload';
 import { closeTemporal, killLoop, type KillRecord } from './chaos/kills';
@@ -17,6 +18,7 @@ import { closeTemporal, killLoop, type KillRecord } from './chaos/kills';
  * line; exits 1 when a check fails. Not part of `npm test`.
  *
  *   DATA_DIR=… npm run chaos -- [--sessions 300] [--batch 300] [--c 30] [--kills worker=5,host=2,api=2,mongo=1,temporal=1] [--seed N]
+ *   DATA_DIR=.data/production npm run chaos -- --profile production …   (against npm run start:production)
  *
  * It reads `<DATA_DIR>/stack.json` (written by npm start's supervisor) for the processes' pids and
  * addresses, and `<DATA_DIR>/audit/entrypoints.ndjson` (the sandbox host's entrypoint audit log)
@@ -28,8 +30,13 @@ import { closeTemporal, killLoop, type KillRecord } from './chaos/kills';
 
 /** Entrypoint runs per session id, from the sandbox host's audit log: distinct runs its helpers claimed (see countRuns). */
 function runsPerSession(): Map<string, number> {
-  const file = process.env.SANDBOX_AUDIT_LOG ?? defaultAuditLogPath(DATA_DIR);
-  return countRuns(fs.readFileSync(file, 'utf8'));
+  const files = process.env.SANDBOX_AUDIT_LOG ? [process.env.SANDBOX_AUDIT_LOG] : hostDirs().map((d) => defaultAuditLogPath(d));
+  return countRuns(
+    files
+      .filter((f) => !PRODUCTION || fs.existsSync(f))
+      .map((f) => fs.readFileSync(f, 'utf8'))
+      .join('\n'),
+  );
 }
 
 interface Leftovers {
@@ -43,23 +50,26 @@ interface Leftovers {
 /** What is left of the given sandboxes (and of killed hosts' spare inits) on this machine. */
 async function leftovers(sandboxIds: Set<string>, deadHostPids: number[]): Promise<Leftovers> {
   const out: Leftovers = { hostList: [], cgroups: [], mounts: [], dirs: [], scratch: [] };
-  const a = await once('GET', `${HOST_URL}/sandboxes`, undefined, { authorization: `Bearer ${hostToken()}` }, 10_000).catch(() => null);
-  if (a?.status === 200) out.hostList = (a.json as { id: string }[]).map((s) => s.id).filter((id) => sandboxIds.has(id));
-  else out.hostList = [`(host list unavailable: ${a?.status ?? 'no answer'})`];
+  for (const url of PRODUCTION ? (readStack()?.hostUrls ?? [HOST_URL]) : [HOST_URL]) {
+    const a = await once('GET', `${url}/sandboxes`, undefined, { authorization: `Bearer ${hostToken()}` }, 10_000).catch(() => null);
+    if (a?.status === 200) out.hostList.push(...(a.json as { id: string }[]).map((s) => s.id).filter((id) => sandboxIds.has(id)));
+    else out.hostList.push(`(host list of ${url} unavailable: ${a?.status ?? 'no answer'})`);
+  }
   for (const c of ['memory', 'pids', 'cpu', 'cpuacct', 'freezer']) {
     const dir = path.join('/sys/fs/cgroup', c, 'sap');
     for (const name of fs.existsSync(dir) ? fs.readdirSync(dir) : []) {
       if (sandboxIds.has(name) || deadHostPids.some((p) => name.startsWith(`spare-${p}-`))) out.cgroups.push(`${c}/sap/${name}`);
     }
   }
-  const scratch =
-    process.env.SANDBOX_SCRATCH_DIR && process.env.SANDBOX_SCRATCH_DIR !== 'off' ? path.resolve(process.env.SANDBOX_SCRATCH_DIR) : defaultScratchDir(DATA_DIR);
-  for (const l of fs.readFileSync('/proc/self/mountinfo', 'utf8').split('\n')) {
-    if (l.includes(path.join(DATA_DIR, 'sandboxes')) || l.includes(scratch)) out.mounts.push(l);
+  const mountinfo = fs.readFileSync('/proc/self/mountinfo', 'utf8').split('\n');
+  for (const dir of hostDirs()) {
+    const scratch =
+      process.env.SANDBOX_SCRATCH_DIR && process.env.SANDBOX_SCRATCH_DIR !== 'off' ? path.resolve(process.env.SANDBOX_SCRATCH_DIR) : defaultScratchDir(dir);
+    for (const l of mountinfo) if (l.includes(path.join(dir, 'sandboxes')) || l.includes(scratch)) out.mounts.push(l);
+    const sbDir = path.join(dir, 'sandboxes');
+    for (const name of fs.existsSync(sbDir) ? fs.readdirSync(sbDir) : []) if (sandboxIds.has(name)) out.dirs.push(name);
+    for (const name of fs.existsSync(scratch) ? fs.readdirSync(scratch) : []) if (sandboxIds.has(name)) out.scratch.push(name);
   }
-  const sbDir = path.join(DATA_DIR, 'sandboxes');
-  for (const name of fs.existsSync(sbDir) ? fs.readdirSync(sbDir) : []) if (sandboxIds.has(name)) out.dirs.push(name);
-  for (const name of fs.existsSync(scratch) ? fs.readdirSync(scratch) : []) if (sandboxIds.has(name)) out.scratch.push(name);
   return out;
 }
 

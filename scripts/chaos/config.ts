@@ -15,11 +15,24 @@ export const { values } = parseArgs({
     url: { type: 'string' },
     key: { type: 'string' },
     out: { type: 'string' },
+    profile: { type: 'string' },
   },
 });
 
 export const DATA_DIR = path.resolve(values['data-dir'] ?? process.env.DATA_DIR ?? '.data');
 export const STACK_FILE = path.join(DATA_DIR, 'stack.json');
+/**
+ * `--profile production`: against `npm run start:production` (DATA_DIR is then <DATA_DIR>/production):
+ * its servers' pids (temporal, mongo, postgres, api2) come from production.json beside stack.json,
+ * and each of its two hosts keeps its sandboxes and audit log under hosts/<hostId>.
+ */
+export const PRODUCTION = values.profile === 'production';
+if (values.profile && !PRODUCTION) throw new Error(`--profile: production or nothing, not ${values.profile}`);
+/** The state directories of the stack's hosts (DATA_DIR itself for one host). */
+export function hostDirs(): string[] {
+  const dir = path.join(DATA_DIR, 'hosts');
+  return PRODUCTION && fs.existsSync(dir) ? fs.readdirSync(dir).map((h) => path.join(dir, h)) : [DATA_DIR];
+}
 export const KEY = values.key ?? process.env.SAP_API_KEY ?? process.env.API_KEY ?? 'dev-key';
 export const N_SESSIONS = Number(values.sessions ?? 300);
 export const N_BATCH = Number(values.batch ?? 300);
@@ -64,7 +77,9 @@ export const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 export function readStack(): StackFile | null {
   try {
-    return JSON.parse(fs.readFileSync(STACK_FILE, 'utf8')) as StackFile;
+    const st = JSON.parse(fs.readFileSync(STACK_FILE, 'utf8')) as StackFile;
+    if (PRODUCTION) Object.assign(st.pids, (JSON.parse(fs.readFileSync(path.join(DATA_DIR, 'production.json'), 'utf8')) as Pick<StackFile, 'pids'>).pids);
+    return st;
   } catch {
     return null;
   }
