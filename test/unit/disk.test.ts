@@ -6,7 +6,11 @@ import { promises as fsp } from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import pino from 'pino';
-import { DiskImages, findMkfs, makeDiskImage } from '../../sandbox/namespaces/disk';
+import { execFile } from 'node:child_process';
+import { promisify } from 'node:util';
+import { DiskImages, findMkfs, makeDiskImage, makeDiskTemplate, writeFromTemplate } from '../../sandbox/namespaces/disk';
+
+const execFileP = promisify(execFile);
 
 const log = pino({ level: 'silent' });
 let dir: string;
@@ -75,5 +79,49 @@ describe('disk images', () => {
     await expect(fsp.stat(file)).rejects.toThrow();
     await disks.close();
     expect(await pool()).toEqual([]);
+  });
+});
+
+describe('disk image templates', () => {
+  it('copies of a template are sparse, whole ext4 images identical to it, made without mkfs', async () => {
+    const t = await makeDiskTemplate(dir, 1024, mkfs!);
+    expect(t.bytes).toBe(1024 * 1024 * 1024);
+    // The template file itself is gone: only its extents are kept, in memory.
+    expect(await fsp.readdir(dir)).toEqual([]);
+    const file = path.join(dir, 'c.img');
+    await writeFromTemplate(file, t);
+    const st = await fsp.stat(file);
+    expect(st.size).toBe(t.bytes);
+    expect(st.mode & 0o777).toBe(0o600);
+    expect(st.blocks * 512).toBeLessThan(8 * 1024 * 1024);
+    const h = await fsp.open(file, 'r');
+    for (const e of t.extents) {
+      const b = Buffer.alloc(e.data.length);
+      await h.read(b, 0, b.length, e.offset);
+      expect(b.equals(e.data)).toBe(true);
+    }
+    const sb = Buffer.alloc(2);
+    await h.read(sb, 0, 2, 1024 + 0x38);
+    await h.close();
+    expect(sb.readUInt16LE(0)).toBe(0xef53);
+    // The filesystem checks clean (e2fsck -n reads only).
+    const fsck = path.join(path.dirname(mkfs!), 'e2fsck');
+    await expect(execFileP(fsck, ['-n', '-f', file])).resolves.toBeDefined();
+    // A name taken is never overwritten halfway: the copy lands whole, by rename.
+    await writeFromTemplate(file, t);
+    expect((await fsp.readdir(dir)).sort()).toEqual(['c.img']);
+  });
+
+  it('an image is made from the template of its size by DiskImages.make', async () => {
+    const disks = new DiskImages(path.join(dir, 'disks'), '/bin/false', 64, 0, log);
+    await disks.makeDir();
+    // No working mkfs: neither a template nor an image can be made, and nothing is left behind.
+    await expect(disks.make(path.join(disks.dir, 'x.img'), 64)).rejects.toThrow();
+    expect(await fsp.readdir(disks.dir)).toEqual([]);
+    const good = new DiskImages(path.join(dir, 'disks'), mkfs!, 64, 0, log);
+    await good.make(path.join(good.dir, 'y.img'), 64);
+    await good.make(path.join(good.dir, 'z.img'), 64);
+    expect((await fsp.readdir(good.dir)).sort()).toEqual(['y.img', 'z.img']);
+    expect((await fsp.stat(path.join(good.dir, 'z.img'))).size).toBe(64 * 1024 * 1024);
   });
 });
