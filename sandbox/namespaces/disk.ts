@@ -33,6 +33,46 @@ const MKFS_CANDIDATES = ['/usr/sbin/mkfs.ext4', '/sbin/mkfs.ext4', '/usr/bin/mkf
 /** The smallest image mkfs.ext4 makes a usable filesystem of. */
 const MIN_DISK_MB = 16;
 
+/** SANDBOX_DISK_OVERCOMMIT's default: see diskOvercommitFromEnv. */
+export const DEFAULT_DISK_OVERCOMMIT = 20;
+
+/**
+ * SANDBOX_DISK_OVERCOMMIT: how many times DATA_DIR's free space the disks of a host's running
+ * sandboxes may add up to (their images are sparse: each costs what is written); `0` turns the check
+ * off. A number from 0 to 1000 (fractions allowed); throws on anything else.
+ */
+export function diskOvercommitFromEnv(env: NodeJS.ProcessEnv): number {
+  const text = env.SANDBOX_DISK_OVERCOMMIT?.trim();
+  if (!text) return DEFAULT_DISK_OVERCOMMIT;
+  const n = Number(text);
+  if (!/^\d+(\.\d+)?$/.test(text) || n > 1000) throw new Error(`SANDBOX_DISK_OVERCOMMIT: must be a number from 0 to 1000 (got ${text})`);
+  return n;
+}
+
+/**
+ * Why a new disk of `askMB` does not fit (null when it does): the disks of the running sandboxes
+ * (`liveMB`, their sizes summed) and it may add up to at most `ratio` × the free space of DATA_DIR
+ * (`freeMB`); and the free space must at least hold the new disk's floor (MIN_DISK_MB), whatever the ratio.
+ */
+export function diskRoomProblem(o: { askMB: number; liveMB: number; freeMB: number; ratio: number }): string | null {
+  if (o.ratio === 0) return null;
+  if (o.freeMB < MIN_DISK_MB) return `DATA_DIR has ${Math.floor(o.freeMB)} MB free`;
+  const budget = Math.floor(o.ratio * o.freeMB);
+  if (o.liveMB + o.askMB > budget) {
+    return (
+      `its running sandboxes' disks (${o.liveMB} MB) and this one (${o.askMB} MB) would exceed ${o.ratio} × the ` +
+      `${Math.floor(o.freeMB)} MB free in DATA_DIR (SANDBOX_DISK_OVERCOMMIT)`
+    );
+  }
+  return null;
+}
+
+/** Free space of the filesystem holding `dir`, in MB (what an unprivileged writer could use is not the point: root writes the images). */
+export async function freeMBOf(dir: string): Promise<number> {
+  const st = await fsp.statfs(dir);
+  return (st.bavail * st.bsize) / (1024 * 1024);
+}
+
 /** The mkfs.ext4 of this machine, or null (then the writable layer stays a tmpfs). */
 export async function findMkfs(): Promise<string | null> {
   for (const c of MKFS_CANDIDATES) {

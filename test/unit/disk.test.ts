@@ -8,7 +8,17 @@ import * as path from 'node:path';
 import pino from 'pino';
 import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
-import { DiskImages, findMkfs, makeDiskImage, makeDiskTemplate, writeFromTemplate } from '../../sandbox/namespaces/disk';
+import {
+  DEFAULT_DISK_OVERCOMMIT,
+  DiskImages,
+  diskOvercommitFromEnv,
+  diskRoomProblem,
+  findMkfs,
+  freeMBOf,
+  makeDiskImage,
+  makeDiskTemplate,
+  writeFromTemplate,
+} from '../../sandbox/namespaces/disk';
 
 const execFileP = promisify(execFile);
 
@@ -123,5 +133,32 @@ describe('disk image templates', () => {
     await good.make(path.join(good.dir, 'z.img'), 64);
     expect((await fsp.readdir(good.dir)).sort()).toEqual(['y.img', 'z.img']);
     expect((await fsp.stat(path.join(good.dir, 'z.img'))).size).toBe(64 * 1024 * 1024);
+  });
+});
+
+describe('disk overcommit (SANDBOX_DISK_OVERCOMMIT)', () => {
+  it('reads the setting: default, 0 (off), fractions; refuses anything else', () => {
+    expect(diskOvercommitFromEnv({})).toBe(DEFAULT_DISK_OVERCOMMIT);
+    expect(diskOvercommitFromEnv({ SANDBOX_DISK_OVERCOMMIT: '0' })).toBe(0);
+    expect(diskOvercommitFromEnv({ SANDBOX_DISK_OVERCOMMIT: '1.5' })).toBe(1.5);
+    for (const bad of ['-1', 'x', '1e3', '1001', '0x10']) {
+      expect(() => diskOvercommitFromEnv({ SANDBOX_DISK_OVERCOMMIT: bad })).toThrow(/SANDBOX_DISK_OVERCOMMIT/);
+    }
+  });
+
+  it('fits a disk while the running ones and it stay within ratio × the free space', () => {
+    expect(diskRoomProblem({ askMB: 1024, liveMB: 0, freeMB: 2048, ratio: 1 })).toBeNull();
+    expect(diskRoomProblem({ askMB: 1024, liveMB: 1024, freeMB: 2048, ratio: 1 })).toBeNull();
+    expect(diskRoomProblem({ askMB: 1024, liveMB: 1025, freeMB: 2048, ratio: 1 })).toMatch(/SANDBOX_DISK_OVERCOMMIT/);
+    expect(diskRoomProblem({ askMB: 10240, liveMB: 30720, freeMB: 2048, ratio: 20 })).toBeNull();
+    expect(diskRoomProblem({ askMB: 10240, liveMB: 40960, freeMB: 2048, ratio: 20 })).toMatch(/40960 MB/);
+    // Off: nothing is checked; a full disk is refused whatever the ratio.
+    expect(diskRoomProblem({ askMB: 10240, liveMB: 1e9, freeMB: 0, ratio: 0 })).toBeNull();
+    expect(diskRoomProblem({ askMB: 16, liveMB: 0, freeMB: 8, ratio: 1000 })).toMatch(/8 MB free/);
+  });
+
+  it('measures the free space of a directory', async () => {
+    const free = await freeMBOf(dir);
+    expect(free).toBeGreaterThan(0);
   });
 });
