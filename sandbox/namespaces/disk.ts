@@ -182,6 +182,9 @@ export async function writeFromTemplate(file: string, template: DiskTemplate): P
     try {
       await h.truncate(template.bytes);
       for (const e of template.extents) await h.write(e.data, 0, e.data.length, e.offset);
+      // Written back now, while the image is made ahead: attaching a loop device with direct I/O
+      // flushes a file's dirty pages first, and that wait (4–75 ms measured here) would be the create's.
+      await h.datasync();
     } finally {
       await h.close();
     }
