@@ -26,6 +26,13 @@ export interface ExecStartRequest {
 /** The public form of an exec session. */
 export type ExecSessionState = { sessionID: string; sandboxID: string; command: string; args: string[]; startedAt: string } & LiveFields;
 
+/**
+ * How long an organisation's count of running exec sessions is used without a new query, while it is
+ * below half of EXEC_SESSIONS_PER_ORG (see createExecService's counts). Within one API process the
+ * limit stays exact; across API processes it was and stays approximate (a count and a start race).
+ */
+const COUNT_FRESH_MS = 2000;
+
 /** How long GET …/result waits for a running command before answering `running: true` (the client polls again). */
 export const RESULT_WAIT_MS = 1000;
 
@@ -47,6 +54,46 @@ export function createExecService(deps: SandboxDeps, live: ExecLive) {
    * store counts them): counted with the recorded ones against EXEC_SESSIONS_PER_ORG.
    */
   const startingByOrg = new Map<string, Set<{ recorded: boolean }>>();
+
+  /**
+   * Per organisation, its last count of running exec sessions (runningExecsOfOrg), when it was read,
+   * and how many sessions this process has started since: while that count is recent and far below the
+   * limit, a start does not wait for a new one (a query of ~3–8 ms on the exec's first byte), it
+   * refreshes it in the background. Near the limit every start counts first.
+   */
+  const counts = new Map<string, { n: number; at: number; since: number; refreshing: boolean }>();
+
+  /** Counts the organisation's running sessions and remembers the figure (see counts). */
+  async function countNow(orgId: string, max: number): Promise<number> {
+    const entry = counts.get(orgId);
+    const before = entry?.since ?? 0;
+    const n = await runningExecsOfOrg(orgId, max);
+    if (counts.size >= 10_000 && !counts.has(orgId)) counts.clear();
+    const now = counts.get(orgId);
+    // Starts this process made while counting are not all in the figure: they stay counted locally.
+    counts.set(orgId, { n, at: Date.now(), since: Math.max(0, (now?.since ?? 0) - before), refreshing: false });
+    return n;
+  }
+
+  /** The running sessions to check a start against: a recent figure when far below `max`, else a fresh count. */
+  async function runningForStart(orgId: string, max: number, unrecorded: () => number): Promise<number> {
+    const c = counts.get(orgId);
+    if (c && Date.now() - c.at < COUNT_FRESH_MS && c.n + c.since + unrecorded() < max / 2) {
+      c.since++;
+      if (!c.refreshing) {
+        c.refreshing = true;
+        countNow(orgId, max).catch((err: unknown) => {
+          c.refreshing = false;
+          c.at = 0;
+          deps.logger.warn({ err }, 'exec sessions not counted');
+        });
+      }
+      return c.n + c.since - 1;
+    }
+    const n = await countNow(orgId, max);
+    counts.get(orgId)!.since++;
+    return n;
+  }
 
   async function orgExec(orgId: string, sandboxId: string, id: string): Promise<ExecDoc> {
     const doc = await findExec(deps.store, id);
@@ -123,10 +170,11 @@ export function createExecService(deps: SandboxDeps, live: ExecLive) {
   async function startRecorded(orgId: string, sandboxId: string, body: ExecStartRequest): Promise<{ doc: ExecDoc; info: ExecSessionInfo }> {
     const host = await live.sandboxHost(orgId, sandboxId);
     const max = deps.cfg.EXEC_SESSIONS_PER_ORG;
-    const recorded = await runningExecsOfOrg(orgId, max);
+    const unrecordedNow = () => [...(startingByOrg.get(orgId) ?? [])].filter((s) => !s.recorded).length;
+    const recorded = await runningForStart(orgId, max, unrecordedNow);
     // Read after the count (no await between this and the add): a start whose record the count may
     // include is marked recorded, so it is not counted twice.
-    const unrecorded = [...(startingByOrg.get(orgId) ?? [])].filter((s) => !s.recorded).length;
+    const unrecorded = unrecordedNow();
     if (recorded + unrecorded >= max) {
       throw new ApiError('rate_limited', `the organisation already runs ${max} exec sessions (EXEC_SESSIONS_PER_ORG); wait for one to exit or kill one`);
     }

@@ -44,7 +44,7 @@ import { sandboxMountIds, unmountUnder } from './mounts';
 import { InitHelpers, SPARE_PREFIX } from './init-helpers';
 import { ensureBaseSkeleton } from './base-skeleton';
 import { ownerOf, SANDBOX_HOME, SANDBOX_UID, writeHostsFile } from './sandbox-user';
-import { DiskImages, diskImagesSupported } from './disk';
+import { DiskImages, diskImagesSupported, diskOvercommitFromEnv, diskRoomProblem, freeMBOf } from './disk';
 
 export { sandboxMountIds };
 
@@ -99,6 +99,10 @@ export class NamespaceProvider extends BaseProvider {
   private realUsr = '/usr';
   /** Sandboxes' disk images (null: no loop devices or mkfs.ext4 here, or SANDBOX_DISK_IMAGES=off: a tmpfs). */
   private disks: DiskImages | null = null;
+  /** SANDBOX_DISK_OVERCOMMIT (see ./disk): checked at each create that gets a disk image. */
+  private readonly diskOvercommit: number;
+  /** The disks of creates under way (see checkDiskRoom). */
+  private creatingDiskMB = 0;
 
   constructor(opts: ProviderOptions) {
     super(opts);
@@ -116,6 +120,7 @@ export class NamespaceProvider extends BaseProvider {
     this.seccompFilter = opts.seccompFilter ?? DEFAULT_SECCOMP;
     this.agentSdkSetting = opts.agentSdkLayer === undefined ? process.env.SANDBOX_AGENT_SDK_LAYER || DEFAULT_AGENT_SDK_LAYER : opts.agentSdkLayer;
     this.network = opts.network === undefined ? SandboxNetwork.fromEnv(process.env, this.log) : opts.network;
+    this.diskOvercommit = diskOvercommitFromEnv(process.env);
     this.idSlots = new IdSlots(opts.idBase ?? (process.env.SANDBOX_ID_BASE ? Number(process.env.SANDBOX_ID_BASE) : undefined), this.network?.capacity);
   }
 
@@ -233,13 +238,31 @@ export class NamespaceProvider extends BaseProvider {
   }
 
   protected async provision(state: SandboxState): Promise<void> {
+    const diskMB = await this.checkDiskRoom(state);
+    this.creatingDiskMB += diskMB;
     // The pool refills once no create is running (see InitHelpers.refill).
     this.helpers.createStarted();
     try {
       await this.provisionNow(state);
     } finally {
+      this.creatingDiskMB -= diskMB;
       this.helpers.createEnded();
     }
+  }
+
+  /**
+   * Refuses (503 unavailable) a create whose disk would overcommit DATA_DIR past SANDBOX_DISK_OVERCOMMIT
+   * (see diskRoomProblem), before anything is made for it.
+   */
+  private async checkDiskRoom(state: SandboxState): Promise<number> {
+    if (!this.disks || this.diskOvercommit === 0) return 0;
+    const sizeOf = (s: SandboxState) => s.limits.diskMB ?? DEFAULT_DISK_MB;
+    // Creates under way are not in `states` yet: counted apart.
+    let liveMB = this.creatingDiskMB;
+    for (const s of this.states.values()) if (s.id !== state.id && this.isLive(s)) liveMB += sizeOf(s);
+    const problem = diskRoomProblem({ askMB: sizeOf(state), liveMB, freeMB: await freeMBOf(this.disks.dir), ratio: this.diskOvercommit });
+    if (problem) throw new SandboxError('unavailable', `sandbox host has no room for a disk of ${sizeOf(state)} MB: ${problem}`);
+    return sizeOf(state);
   }
 
   /** The pool's state (spares ready and starting): for tests and the host's metrics. */

@@ -6,7 +6,21 @@ import { promises as fsp } from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import pino from 'pino';
-import { DiskImages, findMkfs, makeDiskImage } from '../../sandbox/namespaces/disk';
+import { execFile } from 'node:child_process';
+import { promisify } from 'node:util';
+import {
+  DEFAULT_DISK_OVERCOMMIT,
+  DiskImages,
+  diskOvercommitFromEnv,
+  diskRoomProblem,
+  findMkfs,
+  freeMBOf,
+  makeDiskImage,
+  makeDiskTemplate,
+  writeFromTemplate,
+} from '../../sandbox/namespaces/disk';
+
+const execFileP = promisify(execFile);
 
 const log = pino({ level: 'silent' });
 let dir: string;
@@ -75,5 +89,76 @@ describe('disk images', () => {
     await expect(fsp.stat(file)).rejects.toThrow();
     await disks.close();
     expect(await pool()).toEqual([]);
+  });
+});
+
+describe('disk image templates', () => {
+  it('copies of a template are sparse, whole ext4 images identical to it, made without mkfs', async () => {
+    const t = await makeDiskTemplate(dir, 1024, mkfs!);
+    expect(t.bytes).toBe(1024 * 1024 * 1024);
+    // The template file itself is gone: only its extents are kept, in memory.
+    expect(await fsp.readdir(dir)).toEqual([]);
+    const file = path.join(dir, 'c.img');
+    await writeFromTemplate(file, t);
+    const st = await fsp.stat(file);
+    expect(st.size).toBe(t.bytes);
+    expect(st.mode & 0o777).toBe(0o600);
+    expect(st.blocks * 512).toBeLessThan(8 * 1024 * 1024);
+    const h = await fsp.open(file, 'r');
+    for (const e of t.extents) {
+      const b = Buffer.alloc(e.data.length);
+      await h.read(b, 0, b.length, e.offset);
+      expect(b.equals(e.data)).toBe(true);
+    }
+    const sb = Buffer.alloc(2);
+    await h.read(sb, 0, 2, 1024 + 0x38);
+    await h.close();
+    expect(sb.readUInt16LE(0)).toBe(0xef53);
+    // The filesystem checks clean (e2fsck -n reads only).
+    const fsck = path.join(path.dirname(mkfs!), 'e2fsck');
+    await expect(execFileP(fsck, ['-n', '-f', file])).resolves.toBeDefined();
+    // A name taken is never overwritten halfway: the copy lands whole, by rename.
+    await writeFromTemplate(file, t);
+    expect((await fsp.readdir(dir)).sort()).toEqual(['c.img']);
+  });
+
+  it('an image is made from the template of its size by DiskImages.make', async () => {
+    const disks = new DiskImages(path.join(dir, 'disks'), '/bin/false', 64, 0, log);
+    await disks.makeDir();
+    // No working mkfs: neither a template nor an image can be made, and nothing is left behind.
+    await expect(disks.make(path.join(disks.dir, 'x.img'), 64)).rejects.toThrow();
+    expect(await fsp.readdir(disks.dir)).toEqual([]);
+    const good = new DiskImages(path.join(dir, 'disks'), mkfs!, 64, 0, log);
+    await good.make(path.join(good.dir, 'y.img'), 64);
+    await good.make(path.join(good.dir, 'z.img'), 64);
+    expect((await fsp.readdir(good.dir)).sort()).toEqual(['y.img', 'z.img']);
+    expect((await fsp.stat(path.join(good.dir, 'z.img'))).size).toBe(64 * 1024 * 1024);
+  });
+});
+
+describe('disk overcommit (SANDBOX_DISK_OVERCOMMIT)', () => {
+  it('reads the setting: default, 0 (off), fractions; refuses anything else', () => {
+    expect(diskOvercommitFromEnv({})).toBe(DEFAULT_DISK_OVERCOMMIT);
+    expect(diskOvercommitFromEnv({ SANDBOX_DISK_OVERCOMMIT: '0' })).toBe(0);
+    expect(diskOvercommitFromEnv({ SANDBOX_DISK_OVERCOMMIT: '1.5' })).toBe(1.5);
+    for (const bad of ['-1', 'x', '1e3', '1001', '0x10']) {
+      expect(() => diskOvercommitFromEnv({ SANDBOX_DISK_OVERCOMMIT: bad })).toThrow(/SANDBOX_DISK_OVERCOMMIT/);
+    }
+  });
+
+  it('fits a disk while the running ones and it stay within ratio × the free space', () => {
+    expect(diskRoomProblem({ askMB: 1024, liveMB: 0, freeMB: 2048, ratio: 1 })).toBeNull();
+    expect(diskRoomProblem({ askMB: 1024, liveMB: 1024, freeMB: 2048, ratio: 1 })).toBeNull();
+    expect(diskRoomProblem({ askMB: 1024, liveMB: 1025, freeMB: 2048, ratio: 1 })).toMatch(/SANDBOX_DISK_OVERCOMMIT/);
+    expect(diskRoomProblem({ askMB: 10240, liveMB: 30720, freeMB: 2048, ratio: 20 })).toBeNull();
+    expect(diskRoomProblem({ askMB: 10240, liveMB: 40960, freeMB: 2048, ratio: 20 })).toMatch(/40960 MB/);
+    // Off: nothing is checked; a full disk is refused whatever the ratio.
+    expect(diskRoomProblem({ askMB: 10240, liveMB: 1e9, freeMB: 0, ratio: 0 })).toBeNull();
+    expect(diskRoomProblem({ askMB: 16, liveMB: 0, freeMB: 8, ratio: 1000 })).toMatch(/8 MB free/);
+  });
+
+  it('measures the free space of a directory', async () => {
+    const free = await freeMBOf(dir);
+    expect(free).toBeGreaterThan(0);
   });
 });
