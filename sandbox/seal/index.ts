@@ -48,10 +48,15 @@ export function sealSecrets(
   return { entries, env };
 }
 
-/** A create's sealed secrets: a respawn's as they were kept, else new placeholders for `sealedSecrets` (its env gets them, the host the values). */
-export function sealedOf(req: CreateSandboxRequest, box: SecretBox): { entries: SealedEntry[]; env: Record<string, string> } {
-  if (req.restoredSealed?.length) return { entries: req.restoredSealed, env: {} };
-  return sealSecrets(req.id, req.sealedSecrets ?? [], req.envs ?? {}, box);
+/**
+ * A create's env and sealed secrets (state fields): a respawn's as they were kept, else new
+ * placeholders for `sealedSecrets` (the env gets them, the host keeps the values).
+ */
+export function sealedOf(req: CreateSandboxRequest, box: SecretBox): { envs: Record<string, string>; sealed?: SealedEntry[] } {
+  const { entries, env } = req.restoredSealed?.length
+    ? { entries: req.restoredSealed, env: {} }
+    : sealSecrets(req.id, req.sealedSecrets ?? [], req.envs ?? {}, box);
+  return { envs: { ...req.envs, ...env }, ...(entries.length ? { sealed: entries } : {}) };
 }
 
 /** Makes (or reads) the host's CA, puts it into the sandboxes' base `/etc/ssl`, starts the proxy and puts it into the network's path. */
