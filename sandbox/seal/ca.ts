@@ -35,6 +35,7 @@ function openssl(args: string[], input?: string): Promise<string> {
     const child = execFile('openssl', args, { maxBuffer: 1 << 20 }, (err, out, stderr) =>
       err ? reject(new Error(`openssl ${args[0]}: ${stderr.trim() || err.message}`)) : resolve(out),
     );
+    child.stdin!.on('error', () => undefined); // openssl may exit without reading it
     child.stdin!.end(input ?? '');
   });
 }
@@ -143,8 +144,12 @@ export class SealCa {
   private async issue(name: string): Promise<tls.SecureContext> {
     if (!/^[a-z0-9.-]{1,253}$/.test(name)) throw new Error(`not a host name: ${name.slice(0, 80)}`);
     const ext = `subjectAltName=DNS:${name}\nbasicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n`;
-    const leaf = await openssl(
-      [
+    // The extensions go through a file: openssl cannot read /dev/stdin when it is a socket (Node's pipes).
+    const extFile = path.join(this.dir, `ext-${randomBytes(6).toString('hex')}`);
+    await fsp.writeFile(extFile, ext, { mode: 0o600 });
+    let leaf: string;
+    try {
+      leaf = await openssl([
         'x509',
         '-req',
         '-in',
@@ -159,10 +164,11 @@ export class SealCa {
         String(LEAF_DAYS),
         '-sha256',
         '-extfile',
-        '/dev/stdin',
-      ],
-      ext,
-    );
+        extFile,
+      ]);
+    } finally {
+      await fsp.rm(extFile, { force: true });
+    }
     const ctx = tls.createSecureContext({ key: this.leafKey, cert: leaf + this.caPem });
     if (this.leaves.size >= MAX_LEAVES) this.leaves.delete(this.leaves.keys().next().value!);
     this.leaves.set(name, { ctx, until: Date.now() + LEAF_DAYS * 86_400_000 });
