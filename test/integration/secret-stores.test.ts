@@ -107,7 +107,8 @@ describe('secret stores', () => {
       expectError(await api('POST', '/api/secret-stores', { body: { name } }), 400, 'invalid_request');
     }
     expectError(await api('POST', '/api/secret-stores', { body: {} }), 400, 'invalid_request');
-    expectError(await api('POST', '/api/secret-stores', { body: { name: unique('store'), egressAllowlist: ['api.example.com'] } }), 400, 'invalid_request');
+    // Sealing lists (docs/sealed-secrets.md) hold host names and *.wildcards only.
+    expectError(await api('POST', '/api/secret-stores', { body: { name: unique('store'), egressAllowlist: ['10.0.0.1'] } }), 400, 'invalid_request');
     const store = await newStore();
     const put = (n: string, body: unknown) => api('PUT', `/api/secret-stores/${store.id}/secrets/${n}`, { body });
     for (const n of ['1LEADING_DIGIT', 'HAS-DASH']) expectError(await put(n, { value: VALUE }), 400, 'invalid_request');
@@ -115,7 +116,7 @@ describe('secret stores', () => {
     expectError(await put('OK_NAME', { value: '' }), 400, 'invalid_request');
     expectError(await put('OK_NAME', { value: 42 }), 400, 'invalid_request');
     expectError(await put('OK_NAME', { value: `${VALUE}\u0000` }), 400, 'invalid_request');
-    expectError(await put('OK_NAME', { value: VALUE, allowedHosts: ['api.example.com'] }), 400, 'invalid_request');
+    expectError(await put('OK_NAME', { value: VALUE, allowedHosts: ['*'] }), 400, 'invalid_request');
     // Malformed JSON around a value: Node's parse error quotes the body; the answer must not.
     const bad = await api('PUT', `/api/secret-stores/${store.id}/secrets/OK_NAME`, {
       raw: `{"value": ${VALUE}}`,
