@@ -8,7 +8,8 @@ import { randomBytes } from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { api, eventually, unique } from '../helpers/env';
+import { execFileSync } from 'node:child_process';
+import { api, control, eventually, unique } from '../helpers/env';
 import { FakeDns } from '../helpers/fake-dns';
 import { newSandbox, run } from '../helpers/sandboxes';
 import { attachReady } from '../helpers/exec';
@@ -211,6 +212,32 @@ describe('sealed secrets', () => {
     expect(await leaks(sdkSb, KEY)).toBe('');
   }, 240_000);
 
+  it('survives a restart of the sandbox host (adoption); no file of the stack holds the value in plain text', async () => {
+    expect(sb).toMatch(/^sb-/);
+    await control('kill', 'host', 'SIGKILL');
+    await control('start', 'host');
+    await eventually(async () => (await api('POST', `/api/sandboxes/${sb}/exec/run`, { body: { cmd: 'true' } })).status === 200, 60_000, 250);
+    const before = logOf(LOG_API).length;
+    expect((await run(sb, postFrom(API_HOST, 'ANTHROPIC_API_KEY'), { timeout: 60 })).stdout).toMatch(/^200 /);
+    expect((await run(sb, postFrom(OTHER_HOST, 'ANTHROPIC_API_KEY'), { timeout: 60 })).stdout).toMatch(/^403 /);
+    expect(
+      logOf(LOG_API)
+        .slice(before)
+        .map((r) => r.keyOk),
+    ).toEqual([true]);
+    // The data dir (host state, sealed-secret records, FerretDB's and Temporal's files, logs) holds no plain value.
+    const dataDir = process.env.SAP_TEST_DATA_DIR!;
+    const found = (() => {
+      try {
+        return execFileSync('grep', ['-rlsF', '--exclude=*.img', KEY, dataDir, process.env.SAP_TEST_LOG_DIR ?? dataDir], { encoding: 'utf8' });
+      } catch (err) {
+        if ((err as { status?: number }).status === 1) return ''; // nothing found
+        throw err;
+      }
+    })();
+    expect(found).toBe('');
+  }, 180_000);
+
   it('a /v1 session of an agent with the store: the entrypoint holds a placeholder that works toward its host only', async () => {
     const agent = await newAgent(
       `printf '{"key":"%s","api":"%s","other":"%s"}' "$ANTHROPIC_API_KEY" "$(${postFrom(API_HOST, 'ANTHROPIC_API_KEY')} | cut -c1-3)" "$(${postFrom(OTHER_HOST, 'ANTHROPIC_API_KEY')} | cut -c1-3)" > /tmp/agent_result.json`,
@@ -226,6 +253,5 @@ describe('sealed secrets', () => {
     expect(JSON.stringify(out)).toContain('"api":"200"');
     expect(JSON.stringify(out)).toContain('"other":"403"');
     expect(JSON.stringify((await api('GET', `/v1/agents/${agent}/sessions/${s.id}`)).body)).not.toContain(KEY);
-    await eventually(async () => true);
   }, 180_000);
 });

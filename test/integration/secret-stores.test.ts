@@ -62,7 +62,8 @@ describe('secret stores', () => {
     const name = unique('store');
     const created = await api('POST', '/api/secret-stores', { body: { name } });
     expect(created.status).toBe(201);
-    expect(Object.keys(created.body).sort()).toEqual(['createdAt', 'id', 'name', 'updatedAt']);
+    expect(Object.keys(created.body).sort()).toEqual(['createdAt', 'egressAllowlist', 'id', 'name', 'updatedAt']);
+    expect(created.body.egressAllowlist).toEqual([]);
     expect(created.body.id).toMatch(/^ss-[a-z0-9]{16}$/);
     expect(created.body.name).toBe(name);
     cleanup.push(() => api('DELETE', `/api/secret-stores/${created.body.id}`));
@@ -86,8 +87,8 @@ describe('secret stores', () => {
     const secrets = await api('GET', `/api/secret-stores/${created.body.id}/secrets`);
     expect(secrets.status).toBe(200);
     expect(secrets.body.map((s: Record<string, unknown>) => [s.name, Object.keys(s).sort()])).toEqual([
-      ['API_TOKEN', ['createdAt', 'name', 'storeId', 'updatedAt']],
-      ['SECOND', ['createdAt', 'name', 'storeId', 'updatedAt']],
+      ['API_TOKEN', ['allowedHosts', 'createdAt', 'name', 'storeId', 'updatedAt']],
+      ['SECOND', ['allowedHosts', 'createdAt', 'name', 'storeId', 'updatedAt']],
     ]);
 
     const del = await api('DELETE', `/api/secret-stores/${created.body.id}/secrets/SECOND`);
