@@ -72,7 +72,7 @@ describe('secret stores', () => {
 
     const set = await api('PUT', `/api/secret-stores/${created.body.id}/secrets/API_TOKEN`, { body: { value: VALUE } });
     expect(set.status).toBe(200);
-    expect(set.body).toEqual({ storeId: created.body.id, name: 'API_TOKEN', createdAt: expect.any(String), updatedAt: expect.any(String) });
+    expect(set.body).toEqual({ storeId: created.body.id, name: 'API_TOKEN', allowedHosts: [], createdAt: expect.any(String), updatedAt: expect.any(String) });
     // Replacing keeps the secret's creation time. By name as well as by id.
     const again = await api('PUT', `/api/secret-stores/${name}/secrets/API_TOKEN`, { body: { value: OTHER_VALUE } });
     expect([again.status, again.body.createdAt]).toEqual([200, set.body.createdAt]);
