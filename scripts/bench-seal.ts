@@ -14,8 +14,8 @@ import type { BenchCall } from './bench-spawn';
  *    of its own on 127.x:443), alternating blocks of 100; p50 of each and the added p50. Then a
  *    chunked stream of --mb MB through each (64 KiB chunks, as SSE would come), Mbit/s per run.
  *    The redirect of the table is not in this path (one nft rule: netfilter's cost, not the proxy's).
- *  - create: create → `node -v` through the API with a store holding a sealed secret and without a
- *    store, --runs × 10 alternating; medians.
+ *  - create: create → `node -v` through the API with a store holding the secret sealed, the same
+ *    secret plain, and no store, --runs × 10 rounds in alternating orders; medians.
  */
 export async function benchSeal(opts: { n: number; mb: number; runs: number; call: BenchCall }): Promise<Record<string, unknown>> {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'sap-bench-seal-'));
@@ -144,13 +144,16 @@ async function benchCreate(call: BenchCall, n: number): Promise<Record<string, n
     return r;
   };
   ok(await call('POST', '/api/secret-stores', { name: store }), 'create store');
+  ok(await call('POST', '/api/secret-stores', { name: `${store}-plain` }), 'create store');
   ok(await call('PUT', `/api/secret-stores/${store}/secrets/ANTHROPIC_API_KEY`, { value: 'sk-bench', allowedHosts: ['api.anthropic.com'] }), 'set secret');
-  const times = { sealed: [] as number[], plain: [] as number[] };
+  ok(await call('PUT', `/api/secret-stores/${store}-plain/secrets/ANTHROPIC_API_KEY`, { value: 'sk-bench' }), 'set secret');
+  const times = { sealed: [] as number[], plain: [] as number[], none: [] as number[] };
   try {
     for (let i = 0; i < n; i++) {
-      for (const kind of i % 2 ? (['sealed', 'plain'] as const) : (['plain', 'sealed'] as const)) {
+      for (const kind of i % 2 ? (['sealed', 'plain', 'none'] as const) : (['none', 'plain', 'sealed'] as const)) {
         const t0 = Date.now();
-        const r = ok(await call('POST', '/api/sandboxes', kind === 'sealed' ? { secretStore: store } : {}), 'create');
+        const body = kind === 'sealed' ? { secretStore: store } : kind === 'plain' ? { secretStore: `${store}-plain` } : {};
+        const r = ok(await call('POST', '/api/sandboxes', body), 'create');
         const id = r.body.sandboxID as string;
         const x = ok(await call('POST', `/api/sandboxes/${id}/exec/run`, { cmd: 'node', args: ['-v'] }), 'node -v');
         times[kind].push(Date.now() - t0);
@@ -160,7 +163,9 @@ async function benchCreate(call: BenchCall, n: number): Promise<Record<string, n
     }
   } finally {
     await call('DELETE', `/api/secret-stores/${store}`);
+    await call('DELETE', `/api/secret-stores/${store}-plain`);
   }
   const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor((xs.length - 1) / 2)]!;
-  return { sealed_p50: median(times.sealed), plain_p50: median(times.plain), n };
+  // sealed: a store whose secret has allowedHosts; plain: the same secret without; none: no store at all.
+  return { sealed_store_p50: median(times.sealed), plain_store_p50: median(times.plain), no_store_p50: median(times.none), n };
 }

@@ -238,7 +238,8 @@ export class SealProxy {
         if (!HOP_BY_HOP.has(upRes.rawHeaders[i]!.toLowerCase())) out.push(upRes.rawHeaders[i]!, upRes.rawHeaders[i + 1]!);
       }
       res.writeHead(upRes.statusCode ?? 502, upRes.statusMessage, out);
-      res.flushHeaders();
+      // An event stream's headers go at once (its first event may take a while); others go with the first chunk.
+      if (/event-stream/i.test(String(upRes.headers['content-type'] ?? ''))) res.flushHeaders();
       upRes.pipe(res);
       upRes.on('error', () => res.destroy());
     });
