@@ -17,7 +17,7 @@ import * as https from 'node:https';
 import * as net from 'node:net';
 import * as tls from 'node:tls';
 import type { Logger } from 'pino';
-import { hostAllowed, PLACEHOLDER_LIKE } from '../../contract/sealed';
+import { hostAllowed, PLACEHOLDER_LIKE, PLACEHOLDER_PREFIX } from '../../contract/sealed';
 import type { SealCa } from './ca';
 
 /** A sealed secret as the host keeps it: the value sealed with the host's key, opened per request. */
@@ -211,7 +211,14 @@ export class SealProxy {
     for (let i = 0; i < raw.length; i += 2) {
       const key = raw[i]!;
       if (HOP_BY_HOP.has(key.toLowerCase())) continue;
-      const swapped = swapPlaceholders(raw[i + 1]!, name, (p) => sb.byPlaceholder.get(p), sb.open);
+      const value = raw[i + 1]!;
+      // A value never goes out in clear: over plain HTTP any placeholder refuses the request.
+      if (!meta.tls && value.includes(PLACEHOLDER_PREFIX)) {
+        const secret = [...value.matchAll(PLACEHOLDER_LIKE)].map((m) => sb.byPlaceholder.get(m[0])?.name).find(Boolean) ?? null;
+        this.logRefusal(sb, name, secret);
+        return this.refuse(res, 403, `a sealed secret's placeholder${secret ? ` (${secret})` : ''} is only sent over HTTPS: use https://${name}`);
+      }
+      const swapped = swapPlaceholders(value, name, (p) => sb.byPlaceholder.get(p), sb.open);
       if ('refused' in swapped) {
         this.logRefusal(sb, name, swapped.refused);
         return this.refuse(

@@ -75,8 +75,8 @@ async function fakeApi(name: string, key: string, log: string): Promise<TestHost
 }
 
 /** A node script in the sandbox: POST /v1/messages to `host` with x-api-key from `$envName`; prints status and body. */
-const postFrom = (host: string, envName: string) =>
-  `node -e 'fetch("https://${host}/v1/messages",{method:"POST",headers:{"x-api-key":process.env.${envName},"content-type":"application/json","anthropic-version":"2023-06-01"},body:JSON.stringify({model:"m",max_tokens:5,messages:[{role:"user",content:"hi"}]})}).then(async r=>console.log(r.status, await r.text())).catch(e=>{console.log("ERR", e.cause?.code ?? e.message)})'`;
+const postFrom = (host: string, envName: string, scheme = 'https') =>
+  `node -e 'fetch("${scheme}://${host}/v1/messages",{method:"POST",headers:{"x-api-key":process.env.${envName},"content-type":"application/json","anthropic-version":"2023-06-01"},body:JSON.stringify({model:"m",max_tokens:5,messages:[{role:"user",content:"hi"}]})}).then(async r=>console.log(r.status, await r.text())).catch(e=>{console.log("ERR", e.cause?.code ?? e.message)})'`;
 
 /** Whether anything the sandbox can read holds `secret`: every process's environ, and its files outside /usr, /opt, /proc, /sys, /dev. */
 async function leaks(sb: string, secret: string, key?: string): Promise<string> {
@@ -149,6 +149,8 @@ describe('sealed secrets', () => {
     const refused = await run(sb, postFrom(OTHER_HOST, 'ANTHROPIC_API_KEY'), { timeout: 60 });
     expect(refused.stdout).toMatch(/^403 .*sealed_secret_refused.*ANTHROPIC_API_KEY/);
     expect(logOf(LOG_OTHER).length).toBe(before);
+    // Never in clear: over plain HTTP to its own host, refused before anything is sent.
+    expect((await run(sb, postFrom(API_HOST, 'ANTHROPIC_API_KEY', 'http'), { timeout: 60 })).stdout).toMatch(/^403 .*only sent over HTTPS/);
     // The wildcard secret may go to both.
     expect((await run(sb, postFrom(OTHER_HOST, 'OTHER_TOKEN'), { timeout: 60 })).stdout).toMatch(/^200 /);
     expect(
