@@ -5,6 +5,9 @@ import { deleteSandboxRecord, insertSandboxOnce, markSandboxStopped, type Sandbo
 import type { ActivityDeps } from './deps';
 import { agentEnvOrFail, createOrExplain, imageOrFail, secretEnvOrFail, userOf } from './sessions';
 import { effectiveResources } from '../config/limits';
+import { withoutOverridden, type SealedSecretSpec } from '../contract/sealed';
+
+const sealedField = (s: SealedSecretSpec[]) => (s.length ? { sealedSecrets: s } : {});
 
 /** The id of the host beside this worker (asked once). */
 const hostIds = new WeakMap<object, Promise<string>>();
@@ -34,7 +37,7 @@ export const createInstanceActivities = (deps: ActivityDeps) => ({
     Context.current().heartbeat();
     const sandboxId = sandboxIdForInstance(args.instanceId);
     const image = args.run.snapshot ? await imageOrFail(deps, args.orgId, args.run.snapshotRef?.snapshotId ?? args.run.snapshot) : null;
-    const secretEnv = await secretEnvOrFail(deps, args.orgId, args.run.secretStore);
+    const { env: secretEnv, sealed } = await secretEnvOrFail(deps, args.orgId, args.run.secretStore);
     const agentEnv = agentEnvOrFail(deps, args.orgId, args.agentId, args.run);
     const hostId = await hostIdOf(deps);
     // The agent's limits, else the defaults: recorded as the sandbox's effective limits and sent to the host.
@@ -65,6 +68,7 @@ export const createInstanceActivities = (deps: ActivityDeps) => ({
         owner: { kind: 'instance', id: args.instanceId },
         // As for sessions: the agent's env wins over its store's secrets, the platform's variables over both.
         envs: { ...image?.env, ...secretEnv, ...agentEnv, INSTANCE_ID: args.instanceId, AGENT_ID: args.agentId },
+        ...sealedField(withoutOverridden(sealed, agentEnv, { INSTANCE_ID: '', AGENT_ID: '' })),
         files: args.run.files,
         ...(image ? { layers: image.layers, patches: image.patches, ...(image.workdir ? { cwd: image.workdir } : {}) } : {}),
         memoryMB,

@@ -9,7 +9,8 @@ import type { SessionEnd } from '../store/sessions';
 import { sandboxIdForSession } from '../lib/naming';
 import { ImageError, resolveImage, type ResolvedImage } from '../store/checkpoints';
 import { effectiveResources } from '../config/limits';
-import { secretEnvOf, SecretStoreMissing, SecretUnreadable } from '../store/secrets';
+import { storeSecretsOf, SecretStoreMissing, SecretUnreadable } from '../store/secrets';
+import { withoutOverridden, type SealedSecretSpec } from '../contract/sealed';
 import { AgentEnvUnreadable, openAgentEnv } from '../store/agent-env';
 
 import type { ActivityDeps } from './deps';
@@ -70,14 +71,18 @@ export const createSessionActivities = (deps: ActivityDeps) => ({
     // The agent's limits, else the defaults (the same variables as the host's), sent explicitly so
     // that an OOM's message names the limit that was applied.
     const { memoryMB, cpuCount, diskMB } = effectiveResources(deps.limits, args.run);
-    const secretEnv = await secretEnvOrFail(deps, args.orgId, args.run.secretStore);
+    const { env: secretEnv, sealed } = await secretEnvOrFail(deps, args.orgId, args.run.secretStore);
     const agentEnv = agentEnvOrFail(deps, args.orgId, args.agentId, args.run);
+    const platformEnv = { AGENT_INPUT_PATH, AGENT_RESULT_PATH, SESSION_ID: args.sessionId, AGENT_ID: args.agentId };
+    const sealedSecrets = withoutOverridden(sealed, agentEnv, platformEnv);
     const created = await createOrExplain(deps, {
       id: sandboxId,
       orgId: args.orgId,
       owner: { kind: 'session', id: args.sessionId },
       // The agent's own env wins over its store's secrets; the platform's variables win over both.
-      envs: { ...image?.env, ...secretEnv, ...agentEnv, AGENT_INPUT_PATH, AGENT_RESULT_PATH, SESSION_ID: args.sessionId, AGENT_ID: args.agentId },
+      // Sealed secrets reach the host only (it gives the sandbox placeholders): never this activity's result.
+      envs: { ...image?.env, ...secretEnv, ...agentEnv, ...platformEnv },
+      ...(sealedSecrets.length ? { sealedSecrets } : {}),
       files: { ...args.run.files, [AGENT_INPUT_PATH]: input },
       ...(image ? { layers: image.layers, patches: image.patches, ...(image.workdir ? { cwd: image.workdir } : {}) } : {}),
       memoryMB,
@@ -304,9 +309,13 @@ async function bringLayersHere(deps: ActivityDeps, image: ResolvedImage): Promis
  * The environment from the agent's secret store, opened here (never carried in workflow arguments).
  * A store deleted since the agent named it fails the session for good, saying which.
  */
-export async function secretEnvOrFail(deps: ActivityDeps, orgId: string, name: string | undefined): Promise<Record<string, string>> {
+export async function secretEnvOrFail(
+  deps: ActivityDeps,
+  orgId: string,
+  name: string | undefined,
+): Promise<{ env: Record<string, string>; sealed: SealedSecretSpec[] }> {
   try {
-    return await secretEnvOf(deps.store, deps.secrets, orgId, name);
+    return await storeSecretsOf(deps.store, deps.secrets, orgId, name);
   } catch (err) {
     if (err instanceof SecretStoreMissing) throw failure('invalid_agent', `the agent's ${err.message}`);
     // A retry cannot help: the key is what it is until the operator acts.

@@ -118,7 +118,9 @@ export const AllowedHostsView = z
     sandboxID: z.string(),
     secretStore: z.string().optional(),
     egressAllowlist: z.array(z.string()).describe('The allow list of its policy (names, wildcards and CIDRs); empty under internet and none: see network'),
-    perSecretAllowedHosts: z.record(z.string(), z.array(z.string())).describe('Always empty: secrets are not sealed (see the README)'),
+    perSecretAllowedHosts: z
+      .record(z.string(), z.array(z.string()))
+      .describe("Each sealed secret of the sandbox's store and the hosts it may be sent to (docs/sealed-secrets.md)"),
     network: z.object({ egress: EgressView }),
   })
   .openapi('AllowedHosts');

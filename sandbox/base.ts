@@ -3,6 +3,7 @@
  * the create sequence (provision → files → patches → entrypoint), the durable entrypoint wrapper, and
  * adoption of existing sandboxes after a restart. Providers supply isolation through a few hooks.
  */
+import { sealedOf } from './seal';
 import type { ChildProcess } from 'node:child_process';
 import { type PipedProcess, Spawner } from './spawner';
 import { promises as fsp } from 'node:fs';
@@ -285,6 +286,7 @@ export abstract class BaseProvider implements SandboxProvider {
         return { info: this.info(existing), created: false };
       }
       envPairs(req.envs, req.entrypoint?.env);
+      const sealed = sealedOf(req, this.stateFile.envSealer());
       const t0 = Date.now();
       const state: SandboxState = {
         version: 1,
@@ -294,7 +296,7 @@ export abstract class BaseProvider implements SandboxProvider {
         provider: this.kind,
         ...(req.owner ? { owner: req.owner } : {}),
         layers: await this.layers.expandFor(req.id, req.layers ?? []),
-        envs: req.envs ?? {},
+        ...sealed,
         ...(req.cwd ? { cwd: req.cwd } : {}),
         ...(req.user && req.user !== 'root' ? { user: req.user } : {}),
         ...(req.network ? { network: req.network } : {}),

@@ -81,6 +81,11 @@ export interface ResolverOptions {
   decide: (source: string) => Decision;
   /** Lets `source` reach `addresses` for `ttlSeconds` (called before the answer goes out). */
   admit: (source: string, addresses: string[], ttlSeconds: number) => Promise<void>;
+  /** Sealed secrets (seal/proxy.ts): whether `name`'s answers for `source` go to the egress proxy, and steering them there. */
+  sealed?: {
+    wants: (source: string, name: string) => boolean;
+    admit: (source: string, name: string, addresses: string[], ttlSeconds: number) => Promise<void>;
+  };
   /** Default: DEFAULT_RESOLVER_LIMITS. */
   limits?: ResolverLimits;
   /** How long an upstream has to answer (default 2 s). */
@@ -312,7 +317,8 @@ export class SandboxResolver {
     }
     const upstreamReply = await this.forward(query, question, overTcp);
     if (!upstreamReply) return reply(packet, SERVFAIL);
-    if (restricted) {
+    const sealing = this.o.sealed?.wants(source, question.name) === true;
+    if (restricted || sealing) {
       let decoded: dnsPacket.Packet;
       try {
         decoded = dnsPacket.decode(upstreamReply);
@@ -323,7 +329,8 @@ export class SandboxResolver {
       if (a.length) {
         const ttl = Math.min(...a.map((r) => r.ttl ?? 0));
         try {
-          await this.o.admit(source, [...new Set(a.map((r) => r.data))], ttl);
+          if (restricted) await this.o.admit(source, [...new Set(a.map((r) => r.data))], ttl);
+          if (sealing) await this.o.sealed!.admit(source, question.name, [...new Set(a.map((r) => r.data))], ttl);
         } catch (err) {
           this.o.log.warn({ sandbox: source, name: question.name, err: (err as Error).message }, 'sandbox resolver: could not admit addresses');
           return reply(packet, SERVFAIL);

@@ -19,6 +19,7 @@ import { promises as fsp } from 'node:fs';
 import { isIP } from 'node:net';
 import type { Logger } from 'pino';
 import { intToIp, normaliseAllowEntry, normaliseEgress, parseCidr, splitAllow, type Egress, type NetworkPolicy } from '../contract/network';
+import type { SealProxy } from './seal/proxy';
 import { DEFAULT_RESOLVER_LIMITS, parseUpstream, resolverLimitsFromEnv, SandboxResolver, type Decision, type ResolverLimits, type Upstream } from './dns';
 
 /** A sandbox's link: host interface, host end (the gateway) and sandbox end, each a /31. */
@@ -48,6 +49,8 @@ const ALWAYS_REFUSED = [
   '192.168.0.0/16',
   '224.0.0.0/3',
 ];
+
+const ipToIntLocal = (ip: string): number => ip.split('.').reduce((a, o) => a * 256 + Number(o), 0);
 
 /** IPv4 name servers of the host's resolver configuration (the sandboxes' resolver forwards to them). */
 export async function hostNameservers(): Promise<string[]> {
@@ -117,6 +120,9 @@ export class SandboxNetwork {
   /** The nftables table (`inet <table>`) and the links' name pattern. */
   private readonly table: string;
   private readonly ifPrefix: string;
+  /** Sealed secrets' egress proxy (seal/proxy.ts) and its port, when the host runs one; what it was steered per sandbox. */
+  private seal: { proxy: SealProxy; port: number } | null = null;
+  private readonly steered = new Map<string, Map<string, number>>();
 
   constructor(opts: NetworkOptions) {
     const name = opts.name ?? DEFAULT_NET_NAME;
@@ -157,6 +163,45 @@ export class SandboxNetwork {
     });
   }
 
+  /** Puts the sealed-secrets proxy in the path (before load). */
+  attachSeal(proxy: SealProxy, port: number): void {
+    this.seal = { proxy, port };
+  }
+
+  /** True for an address no sandbox may reach whatever its policy (what the table refuses), unless the operator allows it. */
+  refusedAddress(ip: string): boolean {
+    const n = ipToIntLocal(ip);
+    const inside = (c: string) => {
+      const { base, bits } = parseCidr(c, 'address');
+      return n >= base && n < base + 2 ** (32 - bits);
+    };
+    if (this.allowCidrs.some(inside)) return false;
+    return [...ALWAYS_REFUSED, this.pool.text].some(inside);
+  }
+
+  /** Sends the sandbox's TCP 80/443 to `addresses` to the sealed-secrets proxy for `seconds` (one nft call). */
+  async steer(addr: string, addresses: string[], seconds: number): Promise<void> {
+    const now = Date.now();
+    const mine = this.steered.get(addr) ?? new Map<string, number>();
+    const fresh = addresses.filter((a) => (mine.get(a) ?? 0) < now + (seconds * 1000) / 2);
+    if (!fresh.length) return;
+    await run('nft', ['-f', '-'], `add element inet ${this.table} seal4 { ${fresh.map((a) => `${addr} . ${a} timeout ${seconds}s`).join(', ')} }\n`);
+    for (const a of fresh) mine.set(a, now + seconds * 1000);
+    this.steered.set(addr, mine);
+  }
+
+  /** Stops steering a sandbox that is gone (its slot's next sandbox starts on the routed path). */
+  private async unsteer(addr: string): Promise<void> {
+    this.seal?.proxy.release(addr);
+    const mine = this.steered.get(addr);
+    this.steered.delete(addr);
+    const live = [...(mine ?? [])].filter(([, exp]) => exp > Date.now() + 1000).map(([a]) => `${addr} . ${a}`);
+    if (!live.length) return;
+    await run('nft', ['-f', '-'], `delete element inet ${this.table} seal4 { ${live.join(', ')} }\n`).catch(async () => {
+      for (const el of live) await run('nft', ['delete', 'element', 'inet', this.table, 'seal4', `{ ${el} }`]).catch(() => undefined);
+    });
+  }
+
   /** The sandbox's policy as the host holds it (undefined: not a live sandbox of this host). */
   policyOf(addr: string): Egress | undefined {
     return this.policies.get(addr);
@@ -185,6 +230,7 @@ export class SandboxNetwork {
     await fsp.writeFile('/proc/sys/net/ipv4/ip_forward', '1\n');
     this.policies.clear();
     this.admitted.clear();
+    this.steered.clear();
     const elements = { none: [] as string[], listed: [] as string[], allow: [] as string[] };
     for (const [addr, egress] of live) {
       this.policies.set(addr, egress);
@@ -203,6 +249,9 @@ export class SandboxNetwork {
         admit: (source, addresses, ttl) => this.admit(source, addresses, ttl),
         limits: this.dnsLimits,
         log: this.log,
+        ...(this.seal
+          ? { sealed: { wants: (src: string, n: string) => this.seal!.proxy.wants(src, n), admit: this.seal.proxy.admit.bind(this.seal.proxy) } }
+          : {}),
       });
       await resolver.start();
       this.resolver = resolver;
@@ -220,6 +269,8 @@ table inet ${this.table} {
   set operator4 { type ipv4_addr; flags interval;${els(this.allowCidrs)} }
   set refused4 { type ipv4_addr; flags interval; auto-merge;${els([...ALWAYS_REFUSED, pool])} }
   # Sources of UDP queries to the resolver, each with its rate (SANDBOX_DNS_RATE); forgotten after a minute unseen.
+  # Sealed secrets: (sandbox . address) pairs its resolver answered for a sealed secret's host; TCP 80/443 to them goes to the proxy.
+  set seal4 { type ipv4_addr . ipv4_addr; flags timeout; }
   set dnsrate4 { type ipv4_addr; flags dynamic, timeout; timeout 60s; size 65536; }
   chain refuse {
     counter
@@ -233,15 +284,19 @@ table inet ${this.table} {
   }
   chain prerouting {
     type nat hook prerouting priority dstnat; policy accept;
-    iifname ${sb} ip saddr != @none4 ip daddr ${RESOLVER_ADDRESS} meta l4proto { tcp, udp } th dport 53 redirect to :${this.dnsPort}
+    iifname ${sb} ip saddr != @none4 ip daddr ${RESOLVER_ADDRESS} meta l4proto { tcp, udp } th dport 53 redirect to :${this.dnsPort}${
+      this.seal ? `\n    iifname ${sb} ip saddr . ip daddr @seal4 tcp dport { 80, 443 } redirect to :${this.seal.port}` : ''
+    }
   }
   chain input {
     type filter hook input priority -10; policy accept;
     iifname ${sb} udp dport ${this.dnsPort} update @dnsrate4 { ip saddr limit rate over ${this.dnsLimits.ratePerSecond}/second burst ${this.dnsLimits.ratePerSecond} packets } drop
     iifname ${sb} ip saddr @none4 meta l4proto { tcp, udp } th dport ${this.dnsPort} goto refuse
     iifname ${sb} ct state established,related accept
-    iifname ${sb} ip saddr != @none4 meta l4proto { tcp, udp } th dport ${this.dnsPort} ct status dnat accept
-    iifname ${sb} goto refuse
+    iifname ${sb} ip saddr != @none4 meta l4proto { tcp, udp } th dport ${this.dnsPort} ct status dnat accept${
+      this.seal ? `\n    iifname ${sb} tcp dport ${this.seal.port} ct status dnat accept` : ''
+    }
+    iifname ${sb} goto refuse${this.seal ? `\n    tcp dport ${this.seal.port} iifname != "lo" goto refuse` : ''}
     meta l4proto { tcp, udp } th dport ${this.dnsPort} iifname != "lo" goto refuse
   }
   chain from_sandbox {
@@ -342,6 +397,7 @@ table inet ${this.table} {
     if (cmds.length) await run('nft', ['-f', '-'], cmds.join('\n') + '\n');
     this.policies.delete(addr);
     await this.forget(addr);
+    await this.unsteer(addr);
   }
 
   private removal(addr: string): string[] {

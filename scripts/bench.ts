@@ -6,6 +6,7 @@ import { benchPreview } from './bench-preview';
 import { benchExec } from './bench-exec';
 import { benchSpawn, parseSpawnParts } from './bench-spawn';
 import { benchEgress } from './bench-egress';
+import { benchSeal } from './bench-seal';
 import { benchLayers } from './bench-hosts';
 import { benchMetrics } from './bench-metrics';
 import { benchConsole } from './bench-console';
@@ -278,11 +279,17 @@ async function main(): Promise<void> {
     case 'egress':
       out = await benchEgress({ mb: Number(values.mb ?? 1024), runs: Number(values.runs ?? 3), call });
       break;
+    case 'seal':
+      out = await benchSeal({ n: Number(values.n ?? 2000), mb: Number(values.mb ?? 512), runs: Number(values.runs ?? 3), call });
+      break;
     default:
       process.stderr.write('usage: npm run bench -- sessions|batch [--n 1000] [--c 50] [--cpu [--stack-pid PID]]\n');
       process.stderr.write('       npm run bench -- spawn [--n 50] [--burst 100] [--only create,node,burst,exec-burst,checkpoint,cpu] [--stack-pid PID]\n');
       process.stderr.write('       npm run bench -- layers [--n 10] [--mb 1,100]  (a stack with SANDBOX_HOSTS=2; DATA_DIR names it)\n');
       process.stderr.write('       npm run bench -- egress [--mb 1024] [--runs 3]  (as root: a test host in a network namespace of its own)\n');
+      process.stderr.write(
+        '       npm run bench -- seal [--n 2000] [--mb 512] [--runs 3]  (as root: the sealed-secrets proxy vs direct; create with a sealed store)\n',
+      );
       process.stderr.write('       npm run bench -- exec [--n 100] [--mb 512] [--runs 3]\n');
       process.stderr.write(
         '       npm run bench -- console [--runs 5] [--n 10000]  (assets, first renders, a list of n sessions, keystroke echo; MONGO_URL)\n',

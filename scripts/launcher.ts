@@ -412,6 +412,7 @@ export function hostEnvironment(dataDir: string, env: Record<string, string>, i:
     SANDBOX_NET_CIDR: `100.${64 + (hash[2]! % 62)}.${(i - 1) * 16}.0/20`,
     SANDBOX_ID_BASE: String(2 ** 31 + (i - 1) * 2048 * 65536),
     SANDBOX_DNS_PORT: String(Number(env.SANDBOX_DNS_PORT || 10053) + i - 1),
+    SANDBOX_SEAL_PORT: String(Number(env.SANDBOX_SEAL_PORT || 10080) + i - 1),
   };
   const metrics = Number(env.WORKER_METRICS_PORT ?? 9464);
   if (metrics) out.WORKER_METRICS_PORT = String(metrics + 2 * (i - 1));

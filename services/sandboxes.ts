@@ -9,7 +9,8 @@ import { randomId } from '../lib/ids';
 import { normaliseEgress, type Egress } from '../contract/network';
 import { findOrgCheckpoint, ImageError, listPatches, resolveImage } from '../store/checkpoints';
 import { deleteSandboxRecord, findOrgSandbox, insertSandbox, listLiveOrgSandboxes, SandboxDoc, updateSandbox } from '../store/sandboxes';
-import { findSecretStore, secretEnvOf, SecretStoreMissing, SecretUnreadable } from '../store/secrets';
+import { findSecretStore, storeSecretsOf, SecretStoreMissing, SecretUnreadable } from '../store/secrets';
+import { withoutOverridden, type SealedSecretSpec } from '../contract/sealed';
 import { assertStoreUnused, removeSecretStore } from './secret-stores';
 import { hibernateSandbox } from './hibernation';
 import type { PreviewService } from './previews';
@@ -141,8 +142,10 @@ export async function provisionSandbox(
   if (over) throw invalid(over);
   const limits = effectiveResources(deps.cfg.limits, body);
   let secretEnv: Record<string, string>;
+  let sealed: SealedSecretSpec[];
   try {
-    secretEnv = await secretEnvOf(deps.store, deps.secrets, orgId, body.secretStore);
+    ({ env: secretEnv, sealed } = await storeSecretsOf(deps.store, deps.secrets, orgId, body.secretStore));
+    sealed = withoutOverridden(sealed, body.envs);
   } catch (err) {
     if (err instanceof SecretStoreMissing) throw invalid(`body.secretStore: no secret store named ${err.storeName}`);
     if (err instanceof SecretUnreadable) throw new ApiError('internal', err.message);
@@ -182,6 +185,8 @@ export async function provisionSandbox(
       owner: origin.instanceId ? { kind: 'instance', id: origin.instanceId } : { kind: 'api', id: doc._id },
       // Image env, then the store's secrets, then the caller's envs (the most specific wins).
       envs: { ...origin.envs, ...secretEnv, ...body.envs },
+      // Sealed secrets: the host keeps the values and gives the sandbox placeholders (docs/sealed-secrets.md).
+      ...(sealed.length ? { sealedSecrets: sealed } : {}),
       ...(origin.cwd ? { cwd: origin.cwd } : {}),
       user,
       memoryMB: limits.memoryMB,

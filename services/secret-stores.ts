@@ -14,6 +14,7 @@ import {
   sealContext,
   secretStoreExists,
   secretStoreKey,
+  sealedHostsOf,
   type SecretEntryDoc,
   type SecretStoreDoc,
 } from '../store/secrets';
@@ -34,10 +35,15 @@ export async function removeSecretStore(deps: Pick<ServiceDeps, 'store'>, doc: S
   await deleteSecretStore(deps.store, doc);
 }
 
+/** The allowed hosts of each sealed secret of the organisation's store `name`, never values (a sandbox's allowed-hosts view). */
+export function sealedHostsOfStore(deps: Pick<ServiceDeps, 'store'>, orgId: string, name: string | null | undefined) {
+  return sealedHostsOf(deps.store, orgId, name);
+}
+
 /** Named stores of write-only secrets, per organisation. */
 export interface SecretStoreService {
   /** Creates a store; 409 when its name is taken. */
-  create(orgId: string, name: string): Promise<SecretStoreDoc>;
+  create(orgId: string, name: string, egressAllowlist?: string[]): Promise<SecretStoreDoc>;
   list(orgId: string): Promise<SecretStoreDoc[]>;
   /** The store by id (`ss-…`) or name, or throws 404. */
   get(orgId: string, idOrName: string): Promise<SecretStoreDoc>;
@@ -46,7 +52,7 @@ export interface SecretStoreService {
   /** A store's secrets, without values. */
   listEntries(orgId: string, idOrName: string): Promise<SecretEntryDoc[]>;
   /** Sets a secret (sealed before it is stored) and returns it without its value. */
-  setEntry(orgId: string, idOrName: string, name: string, value: string): Promise<SecretEntryDoc>;
+  setEntry(orgId: string, idOrName: string, name: string, value: string, allowedHosts?: string[]): Promise<SecretEntryDoc>;
   /** Deletes a secret and returns it without its value; 404 when there is none. */
   deleteEntry(orgId: string, idOrName: string, name: string): Promise<SecretEntryDoc>;
   /**
@@ -63,9 +69,17 @@ export function createSecretStoreService(deps: ServiceDeps): SecretStoreService 
     return doc;
   };
   return {
-    async create(orgId, name) {
+    async create(orgId, name, egressAllowlist = []) {
       const now = new Date();
-      const doc: SecretStoreDoc = { _id: secretStoreKey(orgId, name), orgId, id: `ss-${randomId()}`, name, createdAt: now, updatedAt: now };
+      const doc: SecretStoreDoc = {
+        _id: secretStoreKey(orgId, name),
+        orgId,
+        id: `ss-${randomId()}`,
+        name,
+        ...(egressAllowlist.length ? { egressAllowlist } : {}),
+        createdAt: now,
+        updatedAt: now,
+      };
       try {
         await insertSecretStore(deps.store, doc);
       } catch (err) {
@@ -85,10 +99,10 @@ export function createSecretStoreService(deps: ServiceDeps): SecretStoreService 
     async listEntries(orgId, idOrName) {
       return listSecretEntries(deps.store, (await get(orgId, idOrName)).id);
     },
-    async setEntry(orgId, idOrName, name, value) {
+    async setEntry(orgId, idOrName, name, value, allowedHosts = []) {
       const doc = await get(orgId, idOrName);
       const sealed = deps.secrets.seal(value, sealContext(orgId, doc.id, name));
-      const entry = await putSecretEntry(deps.store, doc, name, sealed, new Date());
+      const entry = await putSecretEntry(deps.store, doc, name, sealed, new Date(), allowedHosts);
       if (!entry) throw notFound(`secret ${name} in store ${idOrName}`); // deleted at the same moment
       return entry;
     },

@@ -99,6 +99,7 @@ export function instanceView(i: InstanceDoc) {
 export const secretStoreView = (d: SecretStoreDoc) => ({
   id: d.id,
   name: d.name,
+  egressAllowlist: d.egressAllowlist ?? [],
   createdAt: d.createdAt.toISOString(),
   updatedAt: d.updatedAt.toISOString(),
 });
@@ -107,6 +108,7 @@ export const secretStoreView = (d: SecretStoreDoc) => ({
 export const secretEntryView = (e: SecretEntryDoc) => ({
   storeId: e.storeId,
   name: e.name,
+  allowedHosts: e.allowedHosts ?? [],
   createdAt: e.createdAt.toISOString(),
   updatedAt: e.updatedAt.toISOString(),
 });

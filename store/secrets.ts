@@ -1,5 +1,6 @@
 import type { Store } from './index';
 import type { SecretBox } from '../lib/secret-box';
+import type { SealedSecretSpec } from '../contract/sealed';
 
 /**
  * A named secret store of an organisation. `_id` is `<orgId>/<name>` so a name is unique per
@@ -11,6 +12,8 @@ export interface SecretStoreDoc {
   orgId: string;
   id: string;
   name: string;
+  /** Hosts its secrets without their own `allowedHosts` may be sent to (sealed secrets, docs/sealed-secrets.md); absent or empty: none. */
+  egressAllowlist?: string[];
   createdAt: Date;
   updatedAt: Date;
 }
@@ -25,6 +28,8 @@ export interface SecretEntryDoc {
   storeId: string;
   name: string;
   value: string;
+  /** Hosts the value may be sent to: the secret is sealed (a placeholder in the sandbox). Absent or empty: plain. */
+  allowedHosts?: string[];
   createdAt: Date;
   updatedAt: Date;
 }
@@ -67,28 +72,59 @@ export class SecretUnreadable extends Error {
 export const needsNoStore = (name: string | undefined | null): boolean => !name || name === DEFAULT_SECRET_STORE;
 
 /**
- * The environment a sandbox gets from the store `name`: each secret's name and opened value.
+ * What a sandbox gets from the store `name`: `env`, each plain secret's name and opened value, and
+ * `sealed`, each secret with allowed hosts (its own, else the store's `egressAllowlist`) with its
+ * opened value, which the host keeps and the sandbox sees as a placeholder (docs/sealed-secrets.md).
  * Read when the sandbox is created, so a secret set or deleted later reaches new sandboxes only.
  * No name (or the default store, absent) gives none; another absent store throws SecretStoreMissing.
  */
-export async function secretEnvOf(store: Store, box: SecretBox, orgId: string, name: string | undefined | null): Promise<Record<string, string>> {
-  if (!name) return {};
+export async function storeSecretsOf(
+  store: Store,
+  box: SecretBox,
+  orgId: string,
+  name: string | undefined | null,
+): Promise<{ env: Record<string, string>; sealed: SealedSecretSpec[] }> {
+  const env: Record<string, string> = {};
+  const sealed: SealedSecretSpec[] = [];
+  if (!name) return { env, sealed };
   const doc = await secretStoresOf(store).findOne({ _id: secretStoreKey(orgId, name) });
   if (!doc) {
-    if (name === DEFAULT_SECRET_STORE) return {};
+    if (name === DEFAULT_SECRET_STORE) return { env, sealed };
     throw new SecretStoreMissing(name);
   }
   const entries = await secretEntriesOf(store).find({ storeId: doc.id }).toArray();
-  const env: Record<string, string> = {};
   for (const e of entries) {
     if (e.orgId !== orgId) continue;
+    let value: string;
     try {
-      env[e.name] = box.open(e.value, sealContext(orgId, doc.id, e.name));
+      value = box.open(e.value, sealContext(orgId, doc.id, e.name));
     } catch {
       throw new SecretUnreadable(name, e.name);
     }
+    const hosts = e.allowedHosts?.length ? e.allowedHosts : (doc.egressAllowlist ?? []);
+    if (hosts.length) sealed.push({ name: e.name, value, allowedHosts: hosts });
+    else env[e.name] = value;
   }
-  return env;
+  return { env, sealed };
+}
+
+/** The allowed hosts of each sealed secret of the store `name` (no values): for a sandbox's allowed-hosts view. */
+export async function sealedHostsOf(
+  store: Store,
+  orgId: string,
+  name: string | null | undefined,
+): Promise<{ egressAllowlist: string[]; perSecret: Record<string, string[]> }> {
+  const doc = name ? await secretStoresOf(store).findOne({ _id: secretStoreKey(orgId, name) }) : null;
+  if (!doc) return { egressAllowlist: [], perSecret: {} };
+  const entries = await secretEntriesOf(store)
+    .find({ storeId: doc.id }, { projection: { value: 0 } })
+    .toArray();
+  const perSecret: Record<string, string[]> = {};
+  for (const e of entries) {
+    const hosts = e.allowedHosts?.length ? e.allowedHosts : (doc.egressAllowlist ?? []);
+    if (e.orgId === orgId && hosts.length) perSecret[e.name] = hosts;
+  }
+  return { egressAllowlist: doc.egressAllowlist ?? [], perSecret };
 }
 
 /** Whether the organisation has a store named `name`. */
@@ -121,11 +157,18 @@ export function listSecretEntries(store: Store, storeId: string): Promise<Secret
 }
 
 /** Creates or replaces a secret (its value sealed already) and returns it without its value; null if deleted meanwhile. */
-export async function putSecretEntry(store: Store, doc: SecretStoreDoc, name: string, sealed: string, now: Date): Promise<SecretEntryDoc | null> {
+export async function putSecretEntry(
+  store: Store,
+  doc: SecretStoreDoc,
+  name: string,
+  sealed: string,
+  now: Date,
+  allowedHosts: string[] = [],
+): Promise<SecretEntryDoc | null> {
   const _id = `${doc.id}/${name}`;
   await secretEntriesOf(store).updateOne(
     { _id },
-    { $set: { value: sealed, updatedAt: now }, $setOnInsert: { orgId: doc.orgId, storeId: doc.id, name, createdAt: now } },
+    { $set: { value: sealed, allowedHosts, updatedAt: now }, $setOnInsert: { orgId: doc.orgId, storeId: doc.id, name, createdAt: now } },
     { upsert: true },
   );
   await secretStoresOf(store).updateOne({ _id: doc._id }, { $set: { updatedAt: now } });

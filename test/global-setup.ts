@@ -2,7 +2,38 @@ import fs from 'node:fs';
 import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
+import { execFileSync } from 'node:child_process';
 import { freePort, ProcName, startStack, Stack } from '../scripts/launcher';
+
+/** A CA for test hosts' TLS certificates (test/helpers/test-ca.ts issues them), in `dir`. */
+function makeTestCa(dir: string): void {
+  fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
+  execFileSync(
+    'openssl',
+    [
+      'req',
+      '-x509',
+      '-newkey',
+      'ec',
+      '-pkeyopt',
+      'ec_paramgen_curve:prime256v1',
+      '-nodes',
+      '-keyout',
+      path.join(dir, 'ca.key'),
+      '-out',
+      path.join(dir, 'ca.pem'),
+      '-days',
+      '2',
+      '-subj',
+      '/CN=sap test CA',
+      '-addext',
+      'basicConstraints=critical,CA:TRUE',
+      '-addext',
+      'keyUsage=critical,keyCertSign',
+    ],
+    { stdio: 'ignore' },
+  );
+}
 
 /**
  * Starts one real stack (Temporal dev server, FerretDB, sandbox host, worker, API) on free ports
@@ -18,6 +49,9 @@ export default async function globalSetup(): Promise<void> {
   // serve themselves (test/helpers/fake-dns.ts) on SAP_TEST_DNS_UPSTREAM: nothing asks a real resolver.
   const dnsPort = await freePort();
   const dnsUpstreamPort = await freePort();
+  // Sealed secrets: a test CA the sandbox host trusts for upstream TLS (its test hosts' certificates).
+  const testCa = path.join(dataDir, 'test-ca');
+  makeTestCa(testCa);
   const stack: Stack = await startStack({
     dataDir,
     apiPort: await freePort(),
@@ -32,6 +66,8 @@ export default async function globalSetup(): Promise<void> {
       WORKER_METRICS_PORT: String(workerMetricsPort),
       SANDBOX_DNS_PORT: String(dnsPort),
       SANDBOX_DNS: `127.0.0.1:${dnsUpstreamPort}`,
+      SANDBOX_SEAL_PORT: String(await freePort()),
+      SANDBOX_SEAL_TRUST_FILE: path.join(testCa, 'ca.pem'),
       // Webhook retries a test can wait for (the defaults start at 10 s and grow to an hour).
       WEBHOOK_RETRY_INITIAL_MS: '200',
       WEBHOOK_RETRY_MAX_INTERVAL_MS: '1000',
@@ -74,6 +110,7 @@ export default async function globalSetup(): Promise<void> {
     SAP_TEST_CONTROL_URL: controlUrl,
     SAP_TEST_LOG_DIR: stack.logDir,
     SAP_TEST_DNS_UPSTREAM: `127.0.0.1:${dnsUpstreamPort}`,
+    SAP_TEST_CA_DIR: testCa,
     SAP_TEST_WORKER_METRICS_URL: `http://127.0.0.1:${workerMetricsPort}/metrics`,
   });
   (globalThis as { __SAP_STACK__?: unknown }).__SAP_STACK__ = { stack, control, dataDir };

@@ -7,6 +7,7 @@ import { networkSchema } from '../../contract/network';
 import { AllowedHostsView, CreateSandboxBody, SandboxMetricsView, SandboxParams, sandboxView, SandboxView, ScaleBody, ScaleView } from '../sandbox-schemas';
 import { sseIfAsked } from '../sse';
 import { sandboxServicesOf } from '../../services/sandbox-services';
+import { sealedHostsOfStore } from '../../services/secret-stores';
 
 /** An idle timeout in seconds (0 = none), at most 30 days. */
 const IdleTimeoutSeconds = z
@@ -120,11 +121,13 @@ export function registerSandboxRoutes(t: RouteTable, deps: ApiDeps): void {
     handler: async ({ params, org, res }) => {
       const doc = await svc.get(org.id, params.id);
       const network = doc.network ?? { egress: 'internet' as const };
+      // The store's sealed secrets as they are now (a sandbox keeps the hosts it was created with).
+      const sealed = await sealedHostsOfStore(deps, org.id, doc.secretStore);
       res.json({
         sandboxID: doc._id,
         ...(doc.secretStore ? { secretStore: doc.secretStore } : {}),
         egressAllowlist: typeof network.egress === 'object' ? network.egress.allow : [],
-        perSecretAllowedHosts: {},
+        perSecretAllowedHosts: sealed.perSecret,
         network,
       });
     },

@@ -1,6 +1,7 @@
 import { z } from 'zod';
 import type { RouteTable } from '../http';
 import '../http';
+import { MAX_ALLOWED_HOSTS, MAX_HOST_LENGTH, normaliseAllowedHost } from '../../contract/sealed';
 import type { SecretStoreService } from '../../services/secret-stores';
 import { secretEntryView as entryView, secretStoreView as storeView } from '../../services/views';
 
@@ -16,10 +17,32 @@ const SecretName = z
   .max(200)
   .regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'must be a valid environment variable name');
 
-/** Egress is not enforced per secret or store yet: a list given anyway is refused, not silently ignored. */
-const NotYet = (field: string) => z.array(z.string()).max(0, `${field} is not supported yet: egress rules do not depend on secret stores`).optional();
+/** Hosts a sealed secret may be sent to (docs/sealed-secrets.md): names and `*.wildcards`, normalised; never widens a sandbox's egress policy. */
+const AllowedHosts = (what: string) =>
+  z
+    .array(z.string().max(MAX_HOST_LENGTH))
+    .max(MAX_ALLOWED_HOSTS)
+    .transform((hosts, ctx) => {
+      const out: string[] = [];
+      for (const h of hosts) {
+        try {
+          out.push(normaliseAllowedHost(h));
+        } catch (err) {
+          ctx.addIssue({ code: 'custom', message: (err as Error).message });
+          return z.NEVER;
+        }
+      }
+      return [...new Set(out)];
+    })
+    .optional()
+    .describe(what);
 
-const CreateSecretStoreBody = z.object({ name: SecretStoreName, egressAllowlist: NotYet('egressAllowlist') }).openapi('CreateSecretStore');
+const CreateSecretStoreBody = z
+  .object({
+    name: SecretStoreName,
+    egressAllowlist: AllowedHosts("Hosts the store's secrets without allowedHosts of their own may be sent to: they are sealed too"),
+  })
+  .openapi('CreateSecretStore');
 const SetSecretBody = z
   .object({
     value: z
@@ -28,13 +51,15 @@ const SetSecretBody = z
       .max(32768)
       .refine((v) => !v.includes('\0'), 'must not contain NUL characters')
       .describe('Write-only: never returned, never logged'),
-    allowedHosts: NotYet('allowedHosts'),
+    allowedHosts: AllowedHosts('Seals the secret: sandboxes get a placeholder, and the egress proxy sends the value to these hosts only'),
   })
   .openapi('SetSecret');
 
-export const SecretStoreView = z.object({ id: z.string(), name: z.string(), createdAt: z.string(), updatedAt: z.string() }).openapi('SecretStore');
+export const SecretStoreView = z
+  .object({ id: z.string(), name: z.string(), egressAllowlist: z.array(z.string()), createdAt: z.string(), updatedAt: z.string() })
+  .openapi('SecretStore');
 const SecretEntryView = z
-  .object({ storeId: z.string(), name: z.string(), createdAt: z.string(), updatedAt: z.string() })
+  .object({ storeId: z.string(), name: z.string(), allowedHosts: z.array(z.string()), createdAt: z.string(), updatedAt: z.string() })
   .describe('A secret without its value (values are never returned)')
   .openapi('SecretEntry');
 
@@ -54,7 +79,7 @@ export function registerSecretStoreRoutes(t: RouteTable, stores: SecretStoreServ
     responses: { 201: { description: 'The store', schema: SecretStoreView } },
     errors: [409],
     handler: async ({ body, org, res }) => {
-      const doc = await stores.create(org.id, body.name);
+      const doc = await stores.create(org.id, body.name, body.egressAllowlist ?? []);
       res.status(201).json(storeView(doc));
     },
   });
@@ -119,7 +144,7 @@ export function registerSecretStoreRoutes(t: RouteTable, stores: SecretStoreServ
     body: SetSecretBody,
     responses: { 200: { description: 'The secret, without its value', schema: SecretEntryView } },
     handler: async ({ params, body, org, res }) => {
-      const entry = await stores.setEntry(org.id, params.id, params.name, body.value);
+      const entry = await stores.setEntry(org.id, params.id, params.name, body.value, body.allowedHosts ?? []);
       res.json(entryView(entry));
     },
   });

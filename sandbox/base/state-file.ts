@@ -3,6 +3,7 @@
  * sandbox) and the respawn records of hibernated sandboxes (`${dataDir}/hibernated/<id>.json`), both
  * mode 0600 with the sandbox's environment sealed (see envSealer).
  */
+import type { SealedEntry } from '../seal/proxy';
 import { promises as fsp, readFileSync, writeFileSync, mkdirSync } from 'node:fs';
 import { randomBytes } from 'node:crypto';
 import * as path from 'node:path';
@@ -23,6 +24,8 @@ export interface SandboxState {
   /** Read-only layers under the writable one, topmost first, parents expanded. */
   layers: string[];
   envs: Record<string, string>;
+  /** Sealed secrets (../seal): placeholder, name, hosts, and the value sealed with the env key; its env holds the placeholders. */
+  sealed?: SealedEntry[];
   /** Default working directory of processes (CreateSandboxRequest.cwd). */
   cwd?: string;
   /** Who its processes run as (CreateSandboxRequest.user); absent: root. */
@@ -64,6 +67,7 @@ export interface Respawn {
   /** The layer to stack (its parents follow from its layer.json). */
   layer: string;
   envs: Record<string, string>;
+  sealed?: SealedEntry[];
   cwd?: string;
   user?: SandboxState['user'];
   network?: SandboxState['network'];

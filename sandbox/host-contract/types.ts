@@ -19,6 +19,14 @@ export interface CreateSandboxRequest {
   layers?: string[];
   /** Environment of every process started in the sandbox. */
   envs?: Record<string, string>;
+  /**
+   * Sealed secrets (docs/sealed-secrets.md): each becomes the env variable `name` holding a
+   * placeholder made by the host; the host's egress proxy keeps the value (sealed with its own key)
+   * and puts it into requests to `allowedHosts` only. Never echoed in any answer.
+   */
+  sealedSecrets?: { name: string; value: string; allowedHosts: string[] }[];
+  /** Host-internal (a hibernated sandbox made again; never accepted over HTTP): its sealed secrets as they were kept. */
+  restoredSealed?: { placeholder: string; name: string; hosts: string[]; box: string }[];
   /** Default working directory (absolute) of every process started in the sandbox; default /workspace. */
   cwd?: string;
   /**

@@ -23,6 +23,10 @@ export const schemas = {
       owner: z.object({ kind: z.enum(['session', 'instance', 'api', 'snapshot']), id: z.string() }).optional(),
       layers: z.array(z.string()).optional(),
       envs: stringMap.optional(),
+      sealedSecrets: z
+        .array(z.object({ name: z.string().min(1).max(200), value: z.string().min(1).max(32768), allowedHosts: z.array(z.string().max(253)).min(1).max(32) }))
+        .max(256)
+        .optional(),
       cwd: z.string().startsWith('/').optional(),
       user: z.enum(['root', 'sandbox']).optional(),
       memoryMB: z.number().int().positive().optional(),

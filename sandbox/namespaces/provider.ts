@@ -43,6 +43,7 @@ import { captureLayer, migrateSetIds, restoreSetIds, scanLayer } from './layers'
 import { sandboxMountIds, unmountUnder } from './mounts';
 import { InitHelpers, SPARE_PREFIX } from './init-helpers';
 import { ensureBaseSkeleton } from './base-skeleton';
+import { sealedContext, startSealing, type SealProxy } from '../seal';
 import { ownerOf, SANDBOX_HOME, SANDBOX_UID, writeHostsFile } from './sandbox-user';
 import { DiskImages, diskImagesSupported, diskOvercommitFromEnv, diskRoomProblem, freeMBOf } from './disk';
 
@@ -91,6 +92,8 @@ export class NamespaceProvider extends BaseProvider {
   private readonly mountIds = new Map<string, { key: string; ids: ReadonlySet<number> }>();
   /** Sandboxes' links out and their policies (null: SANDBOX_NETWORK=off, loopback only). */
   private readonly network: SandboxNetwork | null;
+  /** Sealed secrets' egress proxy (../seal), with the network. */
+  private seal: SealProxy | null = null;
   /**
    * DATA_DIR and /usr without symlinks (found by prepare): the init helper opens every layer path
    * refusing a symlink at any component (tools/sandbox-init), so it is handed real paths only.
@@ -135,9 +138,24 @@ export class NamespaceProvider extends BaseProvider {
     if (this.network) {
       const live = new Map<string, Egress>();
       for (const s of this.states.values()) if (s.link && this.isLive(s)) live.set(s.link.address, s.network?.egress ?? 'internet');
+      this.seal ??= await startSealing(this.network, {
+        dataDir: this.dataDir,
+        baseDir: this.baseDir(),
+        hostLabel: this.hostId,
+        env: process.env,
+        log: this.log,
+      });
       await this.network.load(live);
+      // Adopted sandboxes' sealed secrets (kept sealed in state.json) go back into the proxy.
+      for (const s of this.states.values()) if (s.link && s.sealed?.length && this.isLive(s)) this.registerSealed(s);
     }
     return all;
+  }
+
+  /** Hands the sandbox's sealed secrets to the proxy, keyed by its link address; values are opened per request only. */
+  private registerSealed(state: SandboxState): void {
+    const id = state.id;
+    this.seal?.register(state.link!.address, id, state.sealed!, (e) => this.stateFile.envSealer().open(e.box, sealedContext(id, e.placeholder)));
   }
 
   private baseDir(): string {
@@ -220,6 +238,7 @@ export class NamespaceProvider extends BaseProvider {
     await this.helpers.close();
     await this.disks?.close();
     await this.network?.close();
+    await this.seal?.close();
     await super.close();
   }
 
@@ -290,6 +309,7 @@ export class NamespaceProvider extends BaseProvider {
     if (link) {
       await this.network!.apply(link.address, egress);
       state.link = link;
+      if (state.sealed?.length) this.registerSealed(state);
     }
     const failure = async (why: string) => {
       const logText = await fsp.readFile(sub('init.log'), 'utf8').catch(() => '');

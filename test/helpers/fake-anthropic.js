@@ -5,7 +5,9 @@
  * message_stop), or with one JSON message when the request does not ask for a stream. Node's own
  * modules only, so that it runs anywhere a `node` is: on a test host, or inside a sandbox.
  *
- *   node fake-anthropic.js [--port N] [--host ADDR] [--log FILE] [--key KEY]
+ *   node fake-anthropic.js [--port N] [--host ADDR] [--log FILE] [--key KEY] [--cert PEM --cert-key PEM]
+ *
+ * With --cert and --cert-key it speaks HTTPS with that certificate (sealed secrets' test: a test CA's leaf).
  *
  * With --key, a request to /v1/… whose x-api-key header is not KEY gets 401 (authentication_error), as the
  * real API answers a wrong key; the log then records `keyOk: false`.
@@ -24,12 +26,14 @@ const http = require('node:http');
 const fs = require('node:fs');
 
 function args(argv) {
-  const o = { port: 0, host: '127.0.0.1', log: undefined, key: undefined };
+  const o = { port: 0, host: '127.0.0.1', log: undefined, key: undefined, cert: undefined, certKey: undefined };
   for (let i = 0; i < argv.length; i++) {
     if (argv[i] === '--port') o.port = Number(argv[++i]);
     else if (argv[i] === '--host') o.host = argv[++i];
     else if (argv[i] === '--log') o.log = argv[++i];
     else if (argv[i] === '--key') o.key = argv[++i];
+    else if (argv[i] === '--cert') o.cert = argv[++i];
+    else if (argv[i] === '--cert-key') o.certKey = argv[++i];
   }
   return o;
 }
@@ -165,7 +169,8 @@ function fail(res, status, type, message) {
 
 function main() {
   const o = args(process.argv.slice(2));
-  const server = http.createServer((req, res) => {
+  const tlsOpts = o.cert ? { cert: fs.readFileSync(o.cert), key: fs.readFileSync(o.certKey) } : null;
+  const server = (tlsOpts ? (h) => require('node:https').createServer(tlsOpts, h) : (h) => http.createServer(h))((req, res) => {
     const chunks = [];
     req.on('data', (c) => chunks.push(c));
     req.on('end', () => {
@@ -179,7 +184,8 @@ function main() {
       // The key is checked on the API's routes (/v1/…); Claude Code's connectivity probe (HEAD /api/hello) carries none.
       const keyOk = !o.key || !url.pathname.startsWith('/v1/') || req.headers['x-api-key'] === o.key;
       const auth = req.headers['x-api-key'] ? 'x-api-key' : req.headers.authorization ? 'authorization' : 'none';
-      if (o.log) fs.appendFileSync(o.log, `${JSON.stringify({ method: req.method, path: url.pathname, keyOk, auth, body })}\n`);
+      const host = req.headers.host;
+      if (o.log) fs.appendFileSync(o.log, `${JSON.stringify({ method: req.method, path: url.pathname, keyOk, auth, host, headers: req.headers, body })}\n`);
       if (!keyOk) return fail(res, 401, 'authentication_error', 'invalid x-api-key');
       if (req.method === 'POST' && url.pathname === '/v1/messages/count_tokens') {
         res.writeHead(200, { 'content-type': 'application/json' });

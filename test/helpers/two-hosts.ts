@@ -31,6 +31,7 @@ export async function startTwoHostStack(opts: {
       LOG_LEVEL: 'info',
       WORKER_METRICS_PORT: '0',
       SANDBOX_DNS_PORT: String(await freePort()),
+      SANDBOX_SEAL_PORT: String(await freePort()),
       SANDBOX_DNS: '127.0.0.1:9',
       HOST_DEAD_AFTER: String(opts.deadAfterS),
       HOST_HEARTBEAT_MS: '500',

@@ -62,7 +62,8 @@ describe('secret stores', () => {
     const name = unique('store');
     const created = await api('POST', '/api/secret-stores', { body: { name } });
     expect(created.status).toBe(201);
-    expect(Object.keys(created.body).sort()).toEqual(['createdAt', 'id', 'name', 'updatedAt']);
+    expect(Object.keys(created.body).sort()).toEqual(['createdAt', 'egressAllowlist', 'id', 'name', 'updatedAt']);
+    expect(created.body.egressAllowlist).toEqual([]);
     expect(created.body.id).toMatch(/^ss-[a-z0-9]{16}$/);
     expect(created.body.name).toBe(name);
     cleanup.push(() => api('DELETE', `/api/secret-stores/${created.body.id}`));
@@ -71,7 +72,7 @@ describe('secret stores', () => {
 
     const set = await api('PUT', `/api/secret-stores/${created.body.id}/secrets/API_TOKEN`, { body: { value: VALUE } });
     expect(set.status).toBe(200);
-    expect(set.body).toEqual({ storeId: created.body.id, name: 'API_TOKEN', createdAt: expect.any(String), updatedAt: expect.any(String) });
+    expect(set.body).toEqual({ storeId: created.body.id, name: 'API_TOKEN', allowedHosts: [], createdAt: expect.any(String), updatedAt: expect.any(String) });
     // Replacing keeps the secret's creation time. By name as well as by id.
     const again = await api('PUT', `/api/secret-stores/${name}/secrets/API_TOKEN`, { body: { value: OTHER_VALUE } });
     expect([again.status, again.body.createdAt]).toEqual([200, set.body.createdAt]);
@@ -86,8 +87,8 @@ describe('secret stores', () => {
     const secrets = await api('GET', `/api/secret-stores/${created.body.id}/secrets`);
     expect(secrets.status).toBe(200);
     expect(secrets.body.map((s: Record<string, unknown>) => [s.name, Object.keys(s).sort()])).toEqual([
-      ['API_TOKEN', ['createdAt', 'name', 'storeId', 'updatedAt']],
-      ['SECOND', ['createdAt', 'name', 'storeId', 'updatedAt']],
+      ['API_TOKEN', ['allowedHosts', 'createdAt', 'name', 'storeId', 'updatedAt']],
+      ['SECOND', ['allowedHosts', 'createdAt', 'name', 'storeId', 'updatedAt']],
     ]);
 
     const del = await api('DELETE', `/api/secret-stores/${created.body.id}/secrets/SECOND`);
@@ -107,7 +108,8 @@ describe('secret stores', () => {
       expectError(await api('POST', '/api/secret-stores', { body: { name } }), 400, 'invalid_request');
     }
     expectError(await api('POST', '/api/secret-stores', { body: {} }), 400, 'invalid_request');
-    expectError(await api('POST', '/api/secret-stores', { body: { name: unique('store'), egressAllowlist: ['api.example.com'] } }), 400, 'invalid_request');
+    // Sealing lists (docs/sealed-secrets.md) hold host names and *.wildcards only.
+    expectError(await api('POST', '/api/secret-stores', { body: { name: unique('store'), egressAllowlist: ['10.0.0.1'] } }), 400, 'invalid_request');
     const store = await newStore();
     const put = (n: string, body: unknown) => api('PUT', `/api/secret-stores/${store.id}/secrets/${n}`, { body });
     for (const n of ['1LEADING_DIGIT', 'HAS-DASH']) expectError(await put(n, { value: VALUE }), 400, 'invalid_request');
@@ -115,7 +117,7 @@ describe('secret stores', () => {
     expectError(await put('OK_NAME', { value: '' }), 400, 'invalid_request');
     expectError(await put('OK_NAME', { value: 42 }), 400, 'invalid_request');
     expectError(await put('OK_NAME', { value: `${VALUE}\u0000` }), 400, 'invalid_request');
-    expectError(await put('OK_NAME', { value: VALUE, allowedHosts: ['api.example.com'] }), 400, 'invalid_request');
+    expectError(await put('OK_NAME', { value: VALUE, allowedHosts: ['*'] }), 400, 'invalid_request');
     // Malformed JSON around a value: Node's parse error quotes the body; the answer must not.
     const bad = await api('PUT', `/api/secret-stores/${store.id}/secrets/OK_NAME`, {
       raw: `{"value": ${VALUE}}`,

@@ -1,0 +1,259 @@
+/**
+ * The sealed-secrets egress proxy (docs/sealed-secrets.md). It runs in the sandbox host's process and
+ * sees only connections the table redirected to it: TCP 80/443 from a sandbox with sealed secrets to
+ * an address its resolver answered for a name one of those secrets is for (network.ts, dns.ts).
+ * The destination is known by name: the TLS SNI (or the Host header on port 80), which must be a
+ * name the sandbox resolved through its resolver (that answer is the address the proxy connects to,
+ * so the proxy reaches only what the sandbox's policy let it resolve; refused ranges stay refused).
+ * TLS is terminated with a leaf of the host's CA (ca.ts); request headers are searched for
+ * placeholders: one that belongs to the sandbox and whose secret allows the host is replaced by the
+ * value, opened for that request only; any other (another secret's, another sandbox's, a mangled
+ * one) refuses the request with 403, logged (rate-limited) with the sandbox, host and secret name.
+ * Upstream TLS is verified against the host's roots (plus SANDBOX_SEAL_TRUST_FILE); answers are
+ * piped chunk by chunk (server-sent events are never held back); both sides keep connections alive.
+ */
+import * as http from 'node:http';
+import * as https from 'node:https';
+import * as net from 'node:net';
+import * as tls from 'node:tls';
+import type { Logger } from 'pino';
+import { hostAllowed, PLACEHOLDER_LIKE, PLACEHOLDER_PREFIX } from '../../contract/sealed';
+import type { SealCa } from './ca';
+
+/** A sealed secret as the host keeps it: the value sealed with the host's key, opened per request. */
+export interface SealedEntry {
+  placeholder: string;
+  name: string;
+  hosts: string[];
+  /** The value sealed with the host's env key (context: sealedContext). */
+  box: string;
+}
+
+export const sealedContext = (sandboxId: string, placeholder: string) => `sealed:${sandboxId}:${placeholder}`;
+
+interface Sealed {
+  id: string;
+  byPlaceholder: Map<string, SealedEntry>;
+  /** Every host pattern of the sandbox's secrets: what its resolver steers to the proxy. */
+  hosts: string[];
+  open: (e: SealedEntry) => string;
+  conns: number;
+  logged: { at: number; n: number };
+}
+
+export interface SealProxyOptions {
+  port: number;
+  ca: SealCa;
+  /** Extra roots for upstream TLS (PEM texts), on top of the host's: SANDBOX_SEAL_TRUST_FILE. */
+  extraTrust: string[];
+  /** Addresses the sandboxes may never reach (the table's refused ranges, minus the operator's allowed ones). */
+  refused: (ip: string) => boolean;
+  /** Steers the sandbox's connections to `addresses` to the proxy for `ttlSeconds`. */
+  steer: (source: string, addresses: string[], ttlSeconds: number) => Promise<void>;
+  log: Logger;
+  /** Connections one sandbox may hold open through the proxy. */
+  maxConnsPerSandbox?: number;
+}
+
+const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'proxy-authorization', 'te', 'trailer', 'transfer-encoding', 'upgrade']);
+const MIN_ROUTE_SECONDS = 300;
+const MAX_NAMES_PER_SANDBOX = 1024;
+
+/** Replaces the placeholders in `text`: the value when the secret allows `host`, else the refusal. */
+export function swapPlaceholders(
+  text: string,
+  host: string,
+  lookup: (placeholder: string) => SealedEntry | undefined,
+  open: (e: SealedEntry) => string,
+): { text: string } | { refused: string | null } {
+  let refused: { name: string | null } | null = null;
+  const out = text.replace(PLACEHOLDER_LIKE, (m) => {
+    const e = lookup(m);
+    if (!e || !hostAllowed(e.hosts, host)) {
+      refused ??= { name: e?.name ?? null };
+      return m;
+    }
+    return open(e);
+  });
+  return refused ? { refused: (refused as { name: string | null }).name } : { text: out };
+}
+
+export class SealProxy {
+  private readonly sandboxes = new Map<string, Sealed>();
+  /** Per sandbox address: name → its resolver's answer (addresses, until when). */
+  private readonly routes = new Map<string, Map<string, { ips: string[]; until: number }>>();
+  private readonly server: net.Server;
+  private readonly http: http.Server;
+  private readonly httpAgent = new http.Agent({ keepAlive: true, maxFreeSockets: 64 });
+  private readonly httpsAgent: https.Agent;
+  private readonly meta = new WeakMap<net.Socket, { source: string; tls: boolean }>();
+  private readonly maxConns: number;
+
+  constructor(private readonly o: SealProxyOptions) {
+    this.maxConns = o.maxConnsPerSandbox ?? 256;
+    this.httpsAgent = new https.Agent({ keepAlive: true, maxFreeSockets: 64, ca: [...tls.rootCertificates, ...o.extraTrust] });
+    this.http = http.createServer({ keepAlive: true }, (req, res) => this.onRequest(req, res));
+    this.http.on('clientError', (_err, sock) => sock.destroy());
+    this.server = net.createServer((sock) => this.onConnection(sock));
+  }
+
+  async start(): Promise<void> {
+    await new Promise<void>((resolve, reject) => {
+      this.server.once('error', reject);
+      this.server.listen(this.o.port, '0.0.0.0', () => resolve());
+    });
+  }
+
+  async close(): Promise<void> {
+    this.httpAgent.destroy();
+    this.httpsAgent.destroy();
+    await new Promise<void>((resolve) => this.server.close(() => resolve()));
+  }
+
+  /** The sealed secrets of the sandbox at `source` (its link address); replaces what it had. */
+  register(source: string, id: string, entries: SealedEntry[], open: (e: SealedEntry) => string): void {
+    if (!entries.length) return this.release(source);
+    this.sandboxes.set(source, {
+      id,
+      byPlaceholder: new Map(entries.map((e) => [e.placeholder, e])),
+      hosts: [...new Set(entries.flatMap((e) => e.hosts))],
+      open,
+      conns: this.sandboxes.get(source)?.conns ?? 0,
+      logged: { at: 0, n: 0 },
+    });
+  }
+
+  release(source: string): void {
+    this.sandboxes.delete(source);
+    this.routes.delete(source);
+  }
+
+  /** Whether the resolver should steer `name`'s answers for `source` to the proxy. */
+  wants(source: string, name: string): boolean {
+    const sb = this.sandboxes.get(source);
+    return !!sb && hostAllowed(sb.hosts, name);
+  }
+
+  /** Records the resolver's answer for a sealed name and steers its addresses to the proxy (before the answer goes out). */
+  async admit(source: string, name: string, addresses: string[], ttlSeconds: number): Promise<void> {
+    const sb = this.sandboxes.get(source);
+    if (!sb) return;
+    const usable = addresses.filter((a) => net.isIPv4(a) && !this.o.refused(a));
+    if (!usable.length) return;
+    const seconds = Math.max(MIN_ROUTE_SECONDS, Math.min(86_400, Math.ceil(ttlSeconds)));
+    let mine = this.routes.get(source);
+    if (!mine) this.routes.set(source, (mine = new Map()));
+    if (mine.size >= MAX_NAMES_PER_SANDBOX && !mine.has(name)) mine.delete(mine.keys().next().value!);
+    await this.o.steer(source, usable, seconds);
+    mine.set(name.toLowerCase().replace(/\.$/, ''), { ips: usable, until: Date.now() + seconds * 1000 });
+  }
+
+  private onConnection(sock: net.Socket): void {
+    const source = (sock.remoteAddress ?? '').replace(/^::ffff:/, '');
+    const sb = this.sandboxes.get(source);
+    if (!sb || sb.conns >= this.maxConns) return void sock.destroy();
+    sb.conns++;
+    sock.once('close', () => sb.conns--);
+    sock.on('error', () => sock.destroy());
+    sock.setNoDelay(true);
+    sock.once('data', (first: Buffer) => {
+      sock.pause();
+      sock.unshift(first);
+      if (first[0] !== 0x16) {
+        this.meta.set(sock, { source, tls: false });
+        this.http.emit('connection', sock);
+        return void sock.resume();
+      }
+      const secure = new tls.TLSSocket(sock, {
+        isServer: true,
+        ALPNProtocols: ['http/1.1'],
+        SNICallback: (servername, cb) => {
+          if (!this.wants(source, servername)) return cb(new Error(`${servername} is not a host of a sealed secret of this sandbox`), undefined);
+          this.o.ca.contextFor(servername.toLowerCase()).then(
+            (ctx) => cb(null, ctx),
+            (err: Error) => cb(err, undefined),
+          );
+        },
+      });
+      secure.on('error', () => secure.destroy());
+      this.meta.set(secure, { source, tls: true });
+      this.http.emit('connection', secure);
+    });
+  }
+
+  private refuse(res: http.ServerResponse, status: number, message: string): void {
+    const body = JSON.stringify({ error: { type: status === 403 ? 'sealed_secret_refused' : 'sealed_proxy_error', message } });
+    if (res.headersSent) return void res.destroy();
+    res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) }).end(body);
+  }
+
+  /** Logs a refusal: at most 10 per sandbox a minute. Never a value or a placeholder. */
+  private logRefusal(sb: Sealed, host: string, secret: string | null): void {
+    const now = Date.now();
+    if (now - sb.logged.at > 60_000) sb.logged = { at: now, n: 0 };
+    if (++sb.logged.n <= 10) this.o.log.warn({ sandboxId: sb.id, host, secret: secret ?? '(unknown placeholder)' }, 'sealed secret refused: not for this host');
+  }
+
+  private onRequest(req: http.IncomingMessage, res: http.ServerResponse): void {
+    const meta = this.meta.get(req.socket);
+    const sb = meta && this.sandboxes.get(meta.source);
+    if (!meta || !sb) return this.refuse(res, 403, 'not a sandbox with sealed secrets');
+    const hostHeader = (req.headers.host ?? '').toLowerCase();
+    const name = hostHeader.replace(/:\d+$/, '').replace(/\.$/, '');
+    const sni = meta.tls ? (((req.socket as tls.TLSSocket & { servername?: string | false }).servername || '') as string).toLowerCase() : null;
+    if (sni !== null && sni !== name) return this.refuse(res, 421, `the Host header (${name.slice(0, 100)}) is not the TLS server name (${sni})`);
+    const route = this.routes.get(meta.source)?.get(name);
+    if (!route || route.until < Date.now()) return this.refuse(res, 403, `${name.slice(0, 100)} was not resolved through the sandbox's resolver`);
+    const ip = route.ips[0]!;
+    // Headers, with placeholders swapped (values opened here, for this request only).
+    const headers: string[] = [];
+    const raw = req.rawHeaders;
+    for (let i = 0; i < raw.length; i += 2) {
+      const key = raw[i]!;
+      if (HOP_BY_HOP.has(key.toLowerCase())) continue;
+      const value = raw[i + 1]!;
+      // A value never goes out in clear: over plain HTTP any placeholder refuses the request.
+      if (!meta.tls && value.includes(PLACEHOLDER_PREFIX)) {
+        const secret = [...value.matchAll(PLACEHOLDER_LIKE)].map((m) => sb.byPlaceholder.get(m[0])?.name).find(Boolean) ?? null;
+        this.logRefusal(sb, name, secret);
+        return this.refuse(res, 403, `a sealed secret's placeholder${secret ? ` (${secret})` : ''} is only sent over HTTPS: use https://${name}`);
+      }
+      const swapped = swapPlaceholders(value, name, (p) => sb.byPlaceholder.get(p), sb.open);
+      if ('refused' in swapped) {
+        this.logRefusal(sb, name, swapped.refused);
+        return this.refuse(
+          res,
+          403,
+          `a sealed secret's placeholder${swapped.refused ? ` (${swapped.refused})` : ''} may not be sent to ${name}: it is not one of its allowed hosts`,
+        );
+      }
+      headers.push(key, swapped.text);
+    }
+    const opts: https.RequestOptions = {
+      host: ip,
+      port: meta.tls ? 443 : 80,
+      method: req.method,
+      path: req.url,
+      headers: headers as unknown as http.OutgoingHttpHeaders,
+      setHost: false,
+      agent: meta.tls ? this.httpsAgent : this.httpAgent,
+      ...(meta.tls ? { servername: name } : {}),
+    };
+    const up = (meta.tls ? https : http).request(opts, (upRes) => {
+      const out: string[] = [];
+      for (let i = 0; i < upRes.rawHeaders.length; i += 2) {
+        if (!HOP_BY_HOP.has(upRes.rawHeaders[i]!.toLowerCase())) out.push(upRes.rawHeaders[i]!, upRes.rawHeaders[i + 1]!);
+      }
+      res.writeHead(upRes.statusCode ?? 502, upRes.statusMessage, out);
+      // An event stream's headers go at once (its first event may take a while); others go with the first chunk.
+      if (/event-stream/i.test(String(upRes.headers['content-type'] ?? ''))) res.flushHeaders();
+      upRes.pipe(res);
+      upRes.on('error', () => res.destroy());
+    });
+    up.on('error', (err) => this.refuse(res, 502, `${name}: ${err.message}`));
+    res.on('close', () => {
+      if (!res.writableFinished) up.destroy();
+    });
+    req.pipe(up);
+  }
+}
