@@ -22,8 +22,10 @@ export class TestHost {
 
   constructor(prefix: '198.18' | '169.254') {
     const tag = randomBytes(3).toString('hex');
-    this.ns = `sapt-${tag}`;
-    this.hostIf = `sapt${tag}`;
+    // Not `sap…`: a sandbox host's table matches its links by prefix (`sap*` by default), so a test
+    // host's link named like that would fall under the rules of any default-named stack on the machine.
+    this.ns = `tnh-${tag}`;
+    this.hostIf = `tnh${tag}`;
     const third = 1 + Math.floor(Math.random() * 250);
     const quad = 4 * Math.floor(Math.random() * 60);
     const hostAddr = `${prefix}.${third}.${quad + 1}`;
