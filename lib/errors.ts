@@ -15,6 +15,13 @@ const MONGO_UNREACHABLE = new Set([
   'MongoPoolClearedError',
   'MongoServerClosedError',
 ]);
+/**
+ * FerretDB answers a command it cannot run because its own backend (PostgreSQL in the production
+ * profile) is out of reach with MongoDB's InternalError (code 1), naming the backend's failure in the
+ * message: these are the failures to connect or a connection cut by a restart, not a wrong query.
+ */
+const FERRETDB_BACKEND_UNREACHABLE =
+  /failed to connect to|conn closed|connection refused|connection reset by peer|unexpected EOF|the database system is (starting up|shutting down|in recovery mode)|SQLSTATE 57P0[1-3]|SQLSTATE 08/;
 /** gRPC status codes of a Temporal call that found no server: UNAVAILABLE, DEADLINE_EXCEEDED. */
 const GRPC_UNREACHABLE = new Set([14, 4]);
 /** Socket errors of a call to a service (the sandbox host, or a driver's own socket). */
@@ -32,6 +39,7 @@ export function unreachableService(err: unknown): string | null {
     e = e.cause as typeof e, depth++
   ) {
     if (e.name && MONGO_UNREACHABLE.has(e.name)) return 'MongoDB';
+    if (e.name === 'MongoServerError' && e.code === 1 && FERRETDB_BACKEND_UNREACHABLE.test(String((e as { message?: unknown }).message))) return 'MongoDB';
     // A gRPC error (Temporal's client wraps it in a ServiceError): a number code and metadata.
     if (typeof e.code === 'number' && GRPC_UNREACHABLE.has(e.code) && 'metadata' in e) return 'Temporal';
     if (typeof e.code === 'string' && SOCKET_UNREACHABLE.has(e.code)) return 'a backing service';

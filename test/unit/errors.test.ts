@@ -38,6 +38,17 @@ describe('outages of backing services', () => {
     expect(socket.status).toBe(503);
   });
 
+  it("answers 503 when FerretDB's own backend (PostgreSQL) cannot be reached, without its message", () => {
+    const down = toApiError(
+      new MongoServerError({ message: '[pool.go:129 pool.(*Pool).Get] failed to connect to `user=ferretdb database=ferretdb`: dial error', code: 1 }),
+    );
+    expect([down.status, down.type, down.message]).toEqual([503, 'unavailable', 'MongoDB is unavailable; retry shortly']);
+    const restarting = toApiError(new MongoServerError({ message: 'FATAL: the database system is shutting down (SQLSTATE 57P03)', code: 1 }));
+    expect(restarting.status).toBe(503);
+    // An InternalError about something else stays a bug.
+    expect(toApiError(new MongoServerError({ message: 'unexpected nil document', code: 1 })).status).toBe(500);
+  });
+
   it('keeps other failures of those services a 500', () => {
     expect(toApiError(new MongoServerError({ message: 'bad query', code: 2 })).status).toBe(500);
     expect(toApiError(new ServiceError('Failed', { cause: grpcError(3) })).status).toBe(500);
