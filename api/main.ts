@@ -7,6 +7,7 @@ import { createApiServer } from './server';
 import { HostDirectory } from '../services/hosts';
 import { resolveHostToken, resolveSecretBox } from '../config';
 import { sealLegacyAgentEnvs } from '../store/agents';
+import { listUnlistedSessions } from '../store/sessions';
 
 /** The API process: validates configuration, connects, listens, and shuts down on SIGTERM. */
 async function main(): Promise<void> {
@@ -22,6 +23,9 @@ async function main(): Promise<void> {
   // Agents written before env values were sealed: sealed now, so MongoDB holds no value.
   const sealed = await sealLegacyAgentEnvs(store, secrets);
   if (sealed > 0) logger.info({ agents: sealed }, 'sealed the env values of agents written before they were sealed');
+  // Sessions stored before they were listed by key (store/listing.ts): listed now, once.
+  const listed = await listUnlistedSessions(store);
+  if (listed > 0) logger.info({ sessions: listed }, 'listed the sessions stored before sessions were listed by key');
   const { server, previewServer } = createApiServer({ cfg, store, temporal, logger, hosts, secrets });
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);

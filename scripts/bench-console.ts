@@ -4,6 +4,7 @@ import zlib from 'node:zlib';
 import type { Page } from 'playwright-core';
 import { connectStore, type SessionDoc } from '../store';
 import { deleteUnstartedSessions, insertSessionsOnce } from '../store/sessions';
+import { encodeCursor } from '../store/page';
 import { orgOfKeyHash } from '../store/orgs';
 import { hashSecret } from '../lib/ids';
 import { launchChromium, median, signedInContext } from './console-browser';
@@ -41,7 +42,7 @@ async function firstRender(page: Page, url: string, ready: string): Promise<numb
  * list of an agent with `n` sessions (seeded straight into MongoDB: MONGO_URL) to its first page, and a
  * terminal's keystroke echo (keydown → the echoed character in the DOM, p50 of 50 keys).
  */
-export async function benchConsole(o: { url: string; key: string; runs: number; n: number; call: Call }): Promise<Record<string, unknown>> {
+export async function benchConsole(o: { url: string; key: string; runs: number; n: number; call: Call; only?: string }): Promise<Record<string, unknown>> {
   const dist = path.join(__dirname, '..', 'console');
   const swagger = path.dirname(require.resolve('swagger-ui-dist/package.json'));
   const out: Record<string, unknown> = {
@@ -56,6 +57,7 @@ export async function benchConsole(o: { url: string; key: string; runs: number; 
   const store = await connectStore(process.env.MONGO_URL ?? 'mongodb://127.0.0.1:27017/sap');
   let sandboxId: string | undefined;
   const seeded: string[] = [];
+  const seededAt: { _id: string; created_at: Date }[] = [];
   const browser = await launchChromium();
   try {
     const orgId = await orgOfKeyHash(store, hashSecret(o.key));
@@ -85,6 +87,7 @@ export async function benchConsole(o: { url: string; key: string; runs: number; 
       }
       await insertSessionsOnce(store, docs);
       seeded.push(...docs.map((d) => d._id));
+      seededAt.push(...docs.map((d) => ({ _id: d._id, created_at: d.created_at })));
     }
     // The API's share of the session list: its first page of 50, alone.
     const apiMs: number[] = [];
@@ -96,6 +99,21 @@ export async function benchConsole(o: { url: string; key: string; runs: number; 
         throw new Error(`list: ${page.status} ${JSON.stringify(page.body).slice(0, 200)}`);
     }
     out[`api_sessions_first_page_of_${o.n}_ms_p50`] = median(apiMs);
+    // A page from the middle of the list: after the cursor of the session at n/2 (newest first).
+    const mid = seededAt[Math.floor(o.n / 2)];
+    if (mid) {
+      const cursor = encodeCursor({ t: mid.created_at.toISOString(), id: mid._id });
+      const midMs: number[] = [];
+      for (let r = 0; r < o.runs; r++) {
+        const t = process.hrtime.bigint();
+        const page = await o.call('GET', `/v1/agents/${agentId}/sessions?limit=50&cursor=${cursor}`);
+        midMs.push(Number(process.hrtime.bigint() - t) / 1e6);
+        if (page.status !== 200 || page.body.sessions.length !== Math.min(50, Math.floor(o.n / 2)))
+          throw new Error(`list (middle): ${page.status} ${JSON.stringify(page.body).slice(0, 200)}`);
+      }
+      out[`api_sessions_middle_page_of_${o.n}_ms_p50`] = median(midMs);
+    }
+    if (o.only === 'list') return out;
     const sb = await o.call('POST', '/api/sandboxes', {});
     if (sb.status !== 201) throw new Error(`create sandbox: ${JSON.stringify(sb.body)}`);
     sandboxId = sb.body.sandboxID as string;

@@ -274,7 +274,7 @@ async function main(): Promise<void> {
       out = await benchMetrics({ n: Number(values.n ?? 200), call });
       break;
     case 'console':
-      out = await benchConsole({ url: URL_, key: KEY, runs: Number(values.runs ?? 5), n: Number(values.n ?? 10_000), call });
+      out = await benchConsole({ url: URL_, key: KEY, runs: Number(values.runs ?? 5), n: Number(values.n ?? 10_000), call, only: values.only });
       break;
     case 'egress':
       out = await benchEgress({ mb: Number(values.mb ?? 1024), runs: Number(values.runs ?? 3), call });
@@ -292,7 +292,7 @@ async function main(): Promise<void> {
       );
       process.stderr.write('       npm run bench -- exec [--n 100] [--mb 512] [--runs 3]\n');
       process.stderr.write(
-        '       npm run bench -- console [--runs 5] [--n 10000]  (assets, first renders, a list of n sessions, keystroke echo; MONGO_URL)\n',
+        '       npm run bench -- console [--runs 5] [--n 10000] [--only list]  (assets, first renders, a list of n sessions: first and middle page, keystroke echo; MONGO_URL)\n',
       );
       process.stderr.write('       npm run bench -- metrics [--n 200]  (GET …/metrics and POST …/scale of one sandbox)\n');
       process.stderr.write('       npm run bench -- preview [--n 2000] [--c 10]  (SAP_HOST_URL, SAP_HOST_TOKEN: add the forwarder-only leg)\n');

@@ -17,6 +17,7 @@ import {
   recordSessionEnd,
   rememberCreated,
   sessionCreationsAfter,
+  listSession,
   sessionHostOf,
 } from '../store/sessions';
 import { readSessionLog, sessionLogDoc, type SessionLogDoc } from '../store/session-logs';
@@ -171,6 +172,7 @@ export function createSessionService(deps: ServiceDeps, agents: Pick<AgentServic
         const existing = await readSession(deps.store, doc._id);
         if (!existing) throw err;
         if (existing.agent_id !== agent.id) throw conflict('Idempotency-Key was already used for a session of another agent');
+        await listSession(deps.store, existing);
         // The first request may have died between storing and starting: make sure it runs.
         if (existing.status === 'creating') await startWorkflow(existing, agent);
         return { session: existing, created: false };
@@ -178,7 +180,7 @@ export function createSessionService(deps: ServiceDeps, agents: Pick<AgentServic
       try {
         await startWorkflow(doc, agent);
       } catch (err) {
-        await deleteSession(deps.store, doc._id);
+        await deleteSession(deps.store, doc);
         if (err instanceof ApiError) throw err;
         throw new ApiError('unavailable', `could not start the session workflow: ${(err as Error).message}`);
       }
@@ -197,17 +199,20 @@ export function createSessionService(deps: ServiceDeps, agents: Pick<AgentServic
       const size = q.status ? LIST_CHUNK : q.limit + 1;
       while (page.length < q.limit && more && scanned < LIST_SCAN_LIMIT) {
         const chunk = await sessionCreationsAfter(deps.store, orgId, agentId, cursor, size);
-        more = chunk.length === size;
-        scanned += chunk.length;
-        for (const s of await readSessions(deps.store, chunk)) {
-          cursor = encodeCursor({ t: s.created_at.toISOString(), id: s._id });
+        more = chunk.next !== undefined;
+        scanned += size;
+        const sessions = await readSessions(deps.store, chunk.docs);
+        for (const [i, s] of sessions.entries()) {
           if (q.status && s.status !== q.status) continue;
           page.push(s);
           if (page.length === q.limit) {
-            more = more || chunk[chunk.length - 1]!._id !== s._id;
+            // The page is full: the next one starts after this session (if anything follows it).
+            more = more || i < sessions.length - 1;
+            cursor = encodeCursor({ t: s.created_at.toISOString(), id: s._id });
             break;
           }
         }
+        if (page.length < q.limit) cursor = chunk.next;
       }
       return { sessions: page, next_cursor: more ? (cursor ?? null) : null };
     },

@@ -1,7 +1,8 @@
 import { MongoBulkWriteError } from 'mongodb';
 import type { Store, SessionDoc, SessionOutcome } from './index';
 import { isDuplicateKey } from './index';
-import { afterCursor } from './page';
+import { addToList, listedAfter, listingsOf, listName, removeFromList } from './listing';
+import { encodeCursor } from './page';
 
 /**
  * A session's state is written insert-only, in three documents keyed by the session id:
@@ -206,30 +207,68 @@ export async function sessionHostOf(store: Store, sessionId: string): Promise<st
 /** Stores a session's creation record; throws MongoDB's duplicate-key error when its id is taken. */
 export async function insertSession(store: Store, doc: SessionDoc): Promise<void> {
   await store.sessions.insertOne(doc);
+  await addToList(store, sessionList(doc.orgId, doc.agent_id), [doc]);
+}
+
+/** The list of an agent's sessions (store/listing.ts). */
+export const sessionList = (orgId: string, agentId: string) => listName('sessions', orgId, agentId);
+
+/** Makes sure an existing session is in its agent's list (a retried creation whose first try stopped between the two writes). */
+export async function listSession(store: Store, doc: SessionDoc): Promise<void> {
+  await addToList(store, sessionList(doc.orgId, doc.agent_id), [doc]);
 }
 
 /** Deletes a session's creation record (its workflow could not be started). */
-export async function deleteSession(store: Store, id: string): Promise<void> {
-  await store.sessions.deleteOne({ _id: id });
+export async function deleteSession(store: Store, doc: SessionDoc): Promise<void> {
+  await store.sessions.deleteOne({ _id: doc._id });
+  await removeFromList(store, sessionList(doc.orgId, doc.agent_id), doc);
 }
 
-/** Up to `size` creation records of an agent's sessions after `cursor`, newest first (their state not merged in). */
-export function sessionCreationsAfter(store: Store, orgId: string, agentId: string, cursor: string | undefined, size: number): Promise<SessionDoc[]> {
-  return store.sessions
-    .find({ orgId, agent_id: agentId, ...afterCursor(cursor) })
-    .sort({ created_at: -1, _id: -1 })
-    .limit(size)
-    .toArray();
+/**
+ * The creation records of up to `size` of an agent's sessions after `cursor`, newest first (their
+ * state not merged in), and the cursor after the last of those `size` (absent when there were
+ * fewer: the end of the list). Listed sessions that are gone are left out.
+ */
+export async function sessionCreationsAfter(
+  store: Store,
+  orgId: string,
+  agentId: string,
+  cursor: string | undefined,
+  size: number,
+): Promise<{ docs: SessionDoc[]; next?: string }> {
+  const listed = await listedAfter(store, sessionList(orgId, agentId), cursor, size);
+  const found = await Promise.all(listed.map((l) => store.sessions.findOne({ _id: l.id })));
+  // A key whose session is gone, or that was written for another creation time, is left out.
+  const docs = found.filter(
+    (d, i): d is SessionDoc => d !== null && d.orgId === orgId && d.agent_id === agentId && d.created_at.getTime() === listed[i]!.created_at.getTime(),
+  );
+  const last = listed[listed.length - 1];
+  if (listed.length < size || !last) return { docs };
+  return { docs, next: encodeCursor({ t: last.created_at.toISOString(), id: last.id }) };
 }
 
 /** Stores many sessions' creation records at once; records that exist already are left as they are. */
 export async function insertSessionsOnce(store: Store, docs: SessionDoc[]): Promise<void> {
+  if (docs.length === 0) return;
+  let dups: string[] = [];
   try {
     await store.sessions.insertMany(docs, { ordered: false });
   } catch (err) {
     const dupOnly = err instanceof MongoBulkWriteError && [err.writeErrors].flat().every((e) => e.code === 11000);
     if (!dupOnly) throw err;
+    dups = [err.writeErrors].flat().flatMap((e) => (docs[e.index] ? [docs[e.index]!._id] : []));
   }
+  // A session stored by an earlier try keeps its creation time: list it by the stored record.
+  const stored = dups.length
+    ? new Map((await Promise.all(dups.map((id) => store.sessions.findOne({ _id: id })))).flatMap((d) => (d ? [[d._id, d]] : [])))
+    : null;
+  const byList = new Map<string, SessionDoc[]>();
+  for (const d of docs) {
+    const item = stored?.get(d._id) ?? d;
+    const list = sessionList(item.orgId, item.agent_id);
+    byList.set(list, [...(byList.get(list) ?? []), item]);
+  }
+  for (const [list, items] of byList) await addToList(store, list, items);
 }
 
 /** Deletes the sessions among `ids` that are still `creating` (never started); returns how many. */
@@ -246,4 +285,31 @@ export async function sessionInputOf(store: Store, id: string): Promise<{ input:
 /** A session's result record; null while it has not ended. */
 export function readSessionResult(store: Store, id: string): Promise<SessionResultDoc | null> {
   return sessionResultsOf(store).findOne({ _id: id });
+}
+
+/**
+ * Lists the sessions stored before sessions were listed (store/listing.ts), once per database
+ * (a marker in `listings` says it is done). Returns how many sessions it read.
+ */
+export async function listUnlistedSessions(store: Store): Promise<number> {
+  const marker = { _id: 'migrated:sessions-listed' };
+  if (await listingsOf(store).findOne(marker)) return 0;
+  let n = 0;
+  let batch: SessionDoc[] = [];
+  const flush = async () => {
+    await insertSessionsOnce(store, batch);
+    batch = [];
+  };
+  for await (const d of store.sessions.find({})) {
+    batch.push(d);
+    n++;
+    if (batch.length === 1000) await flush();
+  }
+  await flush();
+  try {
+    await listingsOf(store).insertOne(marker);
+  } catch (err) {
+    if (!isDuplicateKey(err)) throw err;
+  }
+  return n;
 }

@@ -163,6 +163,23 @@ describe('the production profile', () => {
       .map((l) => JSON.parse(l));
     expect(lines.map((l) => [l.status, l.data?.n]).sort()).toEqual([0, 1, 2, 3, 4].map((n) => ['completed', n]));
 
+    // The agent's session list, paged 3 at a time through both APIs: every session once, newest first.
+    const listed: { id: string; created_at: string }[] = [];
+    let cursor: string | null = null;
+    for (let p = 0; p < 20; p++) {
+      const r: { status: number; body: any } = await call(p, 'GET', `/v1/agents/copy/sessions?limit=3${cursor ? `&cursor=${cursor}` : ''}`);
+      expect(r.status).toBe(200);
+      listed.push(...r.body.sessions);
+      cursor = r.body.next_cursor;
+      if (!cursor) break;
+    }
+    expect(cursor).toBeNull();
+    expect(new Set(listed.map((s) => s.id)).size).toBe(13);
+    expect(listed).toHaveLength(13);
+    expect(listed.map((s) => s.id)).toEqual(expect.arrayContaining(ids));
+    const times = listed.map((s) => Date.parse(s.created_at));
+    expect(times).toEqual([...times].sort((x, y) => y - x));
+
     // A sandbox made through one API, used through the other (exec and a preview).
     const via =
       (i: number): ApiCall =>
