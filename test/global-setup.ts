@@ -77,6 +77,8 @@ export default async function globalSetup(): Promise<void> {
       // Exec limits a test can reach (test/integration/exec-limits.test.ts; defaults 256 and 30 s).
       EXEC_SESSIONS_PER_ORG: '48',
       EXEC_WS_STALL_SECONDS: '5',
+      // The console's link to a session's workflow (test/integration/console.test.ts checks its href; no UI runs here).
+      TEMPORAL_UI_URL: 'http://temporal-ui.test.invalid:8233',
       // Lets test/integration/entrypoint-once.test.ts stop the host at a point of an entrypoint's start (off without the file).
       SANDBOX_TEST_PAUSE_FILE: path.join(dataDir, 'test-pause-entrypoint'),
     },

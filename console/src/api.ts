@@ -22,6 +22,14 @@ export const getKey = (): string | null => sessionStorage.getItem(KEY);
 export const setKey = (key: string): void => sessionStorage.setItem(KEY, key);
 export const clearKey = (): void => sessionStorage.removeItem(KEY);
 
+/** Why the console signed out by itself (the API's 401 for the stored key), for the sign-in page to show once. */
+let signedOutBy: ApiError | null = null;
+export const takeSignOutReason = (): ApiError | null => {
+  const e = signedOutBy;
+  signedOutBy = null;
+  return e;
+};
+
 export interface CallOpts {
   method?: string;
   body?: unknown;
@@ -58,7 +66,17 @@ export async function request(path: string, opts: CallOpts = {}): Promise<Respon
     if (opts.signal?.aborted) throw new ApiError(0, 'aborted', 'left the page');
     throw new ApiError(0, 'network', `the API cannot be reached (${(err as Error).message})`);
   }
-  if (!res.ok) throw await errorOf(res);
+  if (!res.ok) {
+    const e = await errorOf(res);
+    // The stored key stopped working (revoked, or its organisation removed): forget it and go to the
+    // sign-in page, which shows the API's message, rather than leave every page failing.
+    if (res.status === 401 && opts.key === undefined && key !== null && getKey() === key) {
+      clearKey();
+      signedOutBy = e;
+      location.hash = '#/signin';
+    }
+    throw e;
+  }
   return res;
 }
 

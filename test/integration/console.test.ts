@@ -119,6 +119,12 @@ describe('web console', () => {
         ['line stderr', 'boom-on-stderr\n'],
       ]);
       expect(await page.textContent('.session-status')).toBe('failed');
+      // Its workflow in the Temporal UI (TEMPORAL_UI_URL; the test stack runs no UI, so only the href is checked).
+      const config = (await api('GET', '/api/console/config')).body;
+      expect(config.temporalUiUrl).toBe('http://temporal-ui.test.invalid:8233');
+      expect(await page.getAttribute('a.temporal-link', 'href')).toBe(
+        `${config.temporalUiUrl}/namespaces/${encodeURIComponent(config.temporalNamespace)}/workflows/${sessionId}`,
+      );
       await page.click(`a:has-text("Sessions of ${id}")`);
       await page.selectOption('select[name=status]', 'failed');
       await page.waitForSelector(`td a:has-text("${sessionId}")`);
@@ -185,6 +191,64 @@ describe('web console', () => {
     });
   });
 
+  it('makes a checkpoint from the sandbox page and lists it; hibernates and wakes the sandbox, whose terminal works again', async () => {
+    const sb = sandboxes[0] ?? (await newSandbox({}, { created: sandboxes }));
+    const rows = async () => (await page.textContent('.terminal .xterm-rows')) ?? '';
+    const name = `console-cp-${Date.now().toString(36)}`;
+    await step('checkpoint', async () => {
+      await page.goto(consoleUrl(`/sandboxes/${sb}`));
+      await page.waitForSelector('.sandbox-status:has-text("running")', { timeout: 45_000 });
+      await page.fill('input[name=checkpointName]', name);
+      await page.click('button:has-text("Create checkpoint")');
+      const row = page.locator('tr', { hasText: name });
+      await row.locator('.badge:has-text("ready")').waitFor({ timeout: 60_000 });
+      const listed = (await api('GET', `/api/sandboxes/${sb}/checkpoints`)).body as { id: string; name: string; status: string }[];
+      const cp = listed.find((c) => c.name === name);
+      expect(cp?.status).toBe('ready');
+      expect(await row.locator('code').textContent()).toBe(cp!.id);
+    });
+    await step('hibernate', async () => {
+      await page.click('button:has-text("Hibernate")');
+      await page.waitForSelector('.sandbox-status:has-text("hibernated")', { timeout: 90_000 });
+      expect((await api('GET', `/api/sandboxes/${sb}`)).body.status).toBe('hibernated');
+      await page.waitForSelector('p.muted:has-text("wake it for a terminal")');
+      expect(await page.$('button:has-text("Open terminal")')).toBeNull();
+    });
+    await step('wake', async () => {
+      await page.click('button:has-text("Wake")');
+      await page.waitForSelector('.sandbox-status:has-text("running")', { timeout: 90_000 });
+      expect((await api('GET', `/api/sandboxes/${sb}`)).body.status).toBe('running');
+      await page.click('button:has-text("Open terminal")');
+      await page.waitForSelector('.term-status:has-text("Connected")');
+      await page.click('.terminal');
+      await page.keyboard.type('echo woke-$((20+22))\n');
+      await eventually(async () => (await rows()).includes('woke-42'), 20_000);
+    });
+  });
+
+  it("signs out to the sign-in page with the API's message when the key stops working mid-session", async () => {
+    const other = await browser!.newContext();
+    try {
+      const p = await other.newPage();
+      await withScreenshot(p, 'key-revoked', async () => {
+        await p.goto(consoleUrl('/signin'));
+        await p.fill('input[name=apiKey]', await otherOrgKey());
+        await p.click('form.signin button[type=submit]');
+        await p.waitForSelector('p.muted:has-text("No agents yet")');
+        // The stored key now gets 401 (as a revoked one does once the API's 30 s key cache expires).
+        await p.evaluate("sessionStorage.setItem(Object.keys(sessionStorage)[0], 'revoked-key-of-no-one')");
+        await p.click('nav a:has-text("Sandboxes")');
+        await p.waitForSelector('form.signin');
+        await p.waitForSelector('.error:has-text("401 unauthorized: invalid API key")');
+        expect(p.url()).toMatch(/#\/signin$/);
+        expect(await p.evaluate('Object.keys(sessionStorage).length')).toBe(0);
+        expect(await p.$('.loading')).toBeNull();
+      });
+    } finally {
+      await other.close();
+    }
+  });
+
   it("shows another organisation nothing of this one's: agents and sandboxes lists, a sandbox by id", async () => {
     const sb = sandboxes[0] ?? (await newSandbox({}, { created: sandboxes }));
     const other = await browser!.newContext();
@@ -239,6 +303,11 @@ describe('web console', () => {
       page.on('request', (r) => requests.push(r.url()));
       await page.goto(`${T.api()}/docs`);
       await page.waitForSelector('.swagger-ui .info .title:has-text("Sandbox Agent Platform")', { timeout: 45_000 });
+      // Rendered from the page's 3.0 view of the spec (Swagger UI's 3.1 path costs seconds): a 3.1 construct
+      // the view cannot say in 3.0 would show "OAS 3.1" here.
+      expect(await page.textContent('.swagger-ui .info .version-stamp')).toBe('OAS 3.0');
+      // Tags are folded: opening one shows its operations.
+      await page.click('h3.opblock-tag[data-tag="agents"]');
       await page.waitForSelector('.opblock-summary-path:has-text("/v1/agents")');
       for (const u of requests) expect(new URL(u).origin).toBe(new URL(T.api()).origin);
     });

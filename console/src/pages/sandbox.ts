@@ -91,6 +91,8 @@ export const sandboxPage: Page = async (el, { params, signal }) => {
       checkpointsBox,
       () => api<Checkpoint[]>(`${path}/checkpoints`, { signal }),
       (cps) => [
+        // A checkpoint being copied is read again until it is ready or failed.
+        cps.some((c) => c.status === 'processing') ? void setTimeout(() => signal.aborted || loadCheckpoints(), 2000) : null,
         checkpointForm(path, loadCheckpoints),
         table(
           ['Checkpoint', 'Name', 'Status', 'Size', 'Created', ''],

@@ -1,11 +1,13 @@
-import { api, setKey } from '../api';
+import { api, setKey, takeSignOutReason } from '../api';
 import { h, fill } from '../dom';
 import { errorBox, type Page } from '../page';
 
 /** Sign in with an API key: checked against the API (a wrong key shows the API's refusal), kept in this tab's session storage. */
 export const signInPage: Page = (el) => {
   const input = h('input', { type: 'password', name: 'apiKey', autocomplete: 'off', placeholder: 'API key', required: true, 'aria-label': 'API key' });
-  const out = h('div');
+  const reason = takeSignOutReason();
+  // Signed out by a 401 of the API (the key was revoked while in use): its message, as the API said it.
+  const out = h('div', null, reason ? errorBox(reason) : null);
   const form = h(
     'form',
     {
