@@ -6,6 +6,7 @@ import type { z } from 'zod';
 import type { Agent, CreateAgentBody, Outcome, Session, SessionResult, UpdateAgentBody } from './schemas';
 import type { Batch, BatchItem, BatchResultLine } from './batch-schemas';
 import type { WebhookView as WebhookViewSchema } from './webhooks';
+import type { ConsoleConfig, Host } from './console';
 
 export type AgentView = z.infer<typeof Agent>;
 export type CreateAgentInput = z.input<typeof CreateAgentBody>;
@@ -31,3 +32,6 @@ export interface InstanceView {
   created_at: string;
   updated_at: string;
 }
+/** A sandbox host as GET /api/hosts shows it (the web console's hosts page). */
+export type HostView = z.infer<typeof Host>;
+export type ConsoleConfigView = z.infer<typeof ConsoleConfig>;

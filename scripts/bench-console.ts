@@ -3,7 +3,7 @@ import path from 'node:path';
 import zlib from 'node:zlib';
 import type { Page } from 'playwright-core';
 import { connectStore, type SessionDoc } from '../store';
-import { deleteUnstartedSessions, insertSessionsOnce } from '../store/sessions';
+import { deleteUnstartedSessions, insertSessionsOnce, newSessionDoc } from '../store/sessions';
 import { encodeCursor } from '../store/page';
 import { orgOfKeyHash } from '../store/orgs';
 import { hashSecret } from '../lib/ids';
@@ -67,23 +67,16 @@ export async function benchConsole(o: { url: string; key: string; runs: number; 
       const docs: SessionDoc[] = [];
       for (let j = i; j < Math.min(o.n, i + 1000); j++) {
         const at = new Date(t0 - (o.n - j) * 1000);
-        docs.push({
-          _id: `sess_bench${t0.toString(36)}${j.toString(36).padStart(4, '0')}`,
-          orgId,
-          agent_id: agentId,
-          status: 'creating',
-          input: JSON.stringify({ n: j }),
-          metadata: JSON.stringify({ seeded: 'bench' }),
-          result: null,
-          preview_url: null,
-          outcome: null,
-          sandbox_id: null,
-          idempotency_key: null,
-          created_at: at,
-          updated_at: at,
-          started_at: null,
-          completed_at: null,
-        });
+        docs.push(
+          newSessionDoc({
+            _id: `sess_bench${t0.toString(36)}${j.toString(36).padStart(4, '0')}`,
+            orgId,
+            agent_id: agentId,
+            input: JSON.stringify({ n: j }),
+            metadata: JSON.stringify({ seeded: 'bench' }),
+            created_at: at,
+          }),
+        );
       }
       await insertSessionsOnce(store, docs);
       seeded.push(...docs.map((d) => d._id));

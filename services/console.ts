@@ -1,17 +1,9 @@
 import { hostAlive, listRecentHosts } from '../store/hosts';
 import type { ServiceDeps } from './deps';
+import type { HostView } from '../contract/views';
 
-/** One sandbox host as the console shows it: its load against its capacity, and whether it is lost. No address, no token. */
-export interface HostSummary {
-  hostId: string;
-  status: 'live' | 'lost';
-  heartbeatAt: string;
-  lostAt: string | null;
-  sandboxes: number | null;
-  maxSandboxes: number | null;
-  reservedMB: number | null;
-  memoryMB: number | null;
-}
+/** One sandbox host as the console shows it (contract/console.ts). */
+export type HostSummary = HostView;
 
 /** What the web console reads besides the resources: the Temporal UI's address, and the hosts' load. */
 export interface ConsoleService {

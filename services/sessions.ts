@@ -12,6 +12,7 @@ import {
   deleteSession,
   insertSession,
   knownCreation,
+  newSessionDoc,
   readSession,
   readSessions,
   recordSessionEnd,
@@ -146,25 +147,16 @@ export function createSessionService(deps: ServiceDeps, agents: Pick<AgentServic
     async create(orgId, agentId, body, key) {
       if (body.webhook) await assertWebhookTarget(deps.cfg, body.webhook.url, 'body.webhook.url');
       const agent = await agents.getToRun(orgId, agentId);
-      const now = new Date();
-      const doc: SessionDoc = {
+      const doc: SessionDoc = newSessionDoc({
         _id: key ? `sess_${derivedId(orgId, 'session', key)}` : `sess_${randomId()}`,
         orgId,
         agent_id: agent.id,
-        status: 'creating',
         input: JSON.stringify(body.input),
         metadata: JSON.stringify(body.metadata),
-        result: null,
-        preview_url: null,
-        outcome: null,
-        sandbox_id: null,
         idempotency_key: key ?? null,
         ...(body.webhook ? { webhook: sealWebhook(deps.secrets, orgId, body.webhook) } : {}),
-        created_at: now,
-        updated_at: now,
-        started_at: null,
-        completed_at: null,
-      };
+        created_at: new Date(),
+      });
       try {
         await insertSession(deps.store, doc);
       } catch (err) {

@@ -204,6 +204,24 @@ export async function sessionHostOf(store: Store, sessionId: string): Promise<st
   return claims[0]?.hostId ?? null;
 }
 
+/** A session's creation record: what is known at creation (input and metadata as JSON text), the rest empty. */
+export function newSessionDoc(
+  f: Pick<SessionDoc, '_id' | 'orgId' | 'agent_id' | 'input' | 'metadata' | 'created_at'> & Partial<Pick<SessionDoc, 'idempotency_key' | 'webhook'>>,
+): SessionDoc {
+  return {
+    status: 'creating',
+    result: null,
+    preview_url: null,
+    outcome: null,
+    sandbox_id: null,
+    ...f,
+    idempotency_key: f.idempotency_key ?? null,
+    updated_at: f.created_at,
+    started_at: null,
+    completed_at: null,
+  };
+}
+
 /** Stores a session's creation record; throws MongoDB's duplicate-key error when its id is taken. */
 export async function insertSession(store: Store, doc: SessionDoc): Promise<void> {
   await store.sessions.insertOne(doc);

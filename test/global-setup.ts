@@ -2,38 +2,8 @@ import fs from 'node:fs';
 import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
-import { execFileSync } from 'node:child_process';
 import { freePort, ProcName, startStack, Stack } from '../scripts/launcher';
-
-/** A CA for test hosts' TLS certificates (test/helpers/test-ca.ts issues them), in `dir`. */
-function makeTestCa(dir: string): void {
-  fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
-  execFileSync(
-    'openssl',
-    [
-      'req',
-      '-x509',
-      '-newkey',
-      'ec',
-      '-pkeyopt',
-      'ec_paramgen_curve:prime256v1',
-      '-nodes',
-      '-keyout',
-      path.join(dir, 'ca.key'),
-      '-out',
-      path.join(dir, 'ca.pem'),
-      '-days',
-      '2',
-      '-subj',
-      '/CN=sap test CA',
-      '-addext',
-      'basicConstraints=critical,CA:TRUE',
-      '-addext',
-      'keyUsage=critical,keyCertSign',
-    ],
-    { stdio: 'ignore' },
-  );
-}
+import { makeTestCa } from './helpers/test-ca';
 
 /**
  * Starts one real stack (Temporal dev server, FerretDB, sandbox host, worker, API) on free ports

@@ -2,6 +2,36 @@ import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 
+/** A CA for test hosts' TLS certificates (test/helpers/test-ca.ts issues them), in `dir`. */
+export function makeTestCa(dir: string): void {
+  fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
+  execFileSync(
+    'openssl',
+    [
+      'req',
+      '-x509',
+      '-newkey',
+      'ec',
+      '-pkeyopt',
+      'ec_paramgen_curve:prime256v1',
+      '-nodes',
+      '-keyout',
+      path.join(dir, 'ca.key'),
+      '-out',
+      path.join(dir, 'ca.pem'),
+      '-days',
+      '2',
+      '-subj',
+      '/CN=sap test CA',
+      '-addext',
+      'basicConstraints=critical,CA:TRUE',
+      '-addext',
+      'keyUsage=critical,keyCertSign',
+    ],
+    { stdio: 'ignore' },
+  );
+}
+
 /**
  * Certificates of the test CA that the global setup makes (SAP_TEST_CA_DIR) and the test stack's
  * sandbox host trusts for upstream TLS (SANDBOX_SEAL_TRUST_FILE): a leaf for `name`, written to

@@ -2,7 +2,7 @@ import { api, T } from '../helpers/env';
 import { otherOrgKey } from '../helpers/checkpoints';
 import { createAgent } from '../helpers/sessions';
 import { connectStore, type SessionDoc, type Store } from '../../store';
-import { deleteSession, insertSessionsOnce } from '../../store/sessions';
+import { deleteSession, insertSessionsOnce, newSessionDoc } from '../../store/sessions';
 
 /**
  * Paging an agent's session list with its cursor (store/listing.ts: a page is an `_id` range of
@@ -27,23 +27,7 @@ describe('session list paging', () => {
     for (let i = 0; i < 300; i++) {
       const at = new Date(t0 + Math.floor(i / 3) * 1000);
       const id = `sess_page${tag}${((i * 7919) % 300).toString(36).padStart(3, '0')}`;
-      docs.push({
-        _id: id,
-        orgId,
-        agent_id: agent,
-        status: 'creating',
-        input: '{}',
-        metadata: JSON.stringify({ i }),
-        result: null,
-        preview_url: null,
-        outcome: null,
-        sandbox_id: null,
-        idempotency_key: null,
-        created_at: at,
-        updated_at: at,
-        started_at: null,
-        completed_at: null,
-      });
+      docs.push(newSessionDoc({ _id: id, orgId, agent_id: agent, input: '{}', metadata: JSON.stringify({ i }), created_at: at }));
     }
     await insertSessionsOnce(store, docs.slice(0, 150));
     await insertSessionsOnce(store, docs.slice(100)); // overlapping: inserted once, listed once

@@ -1,17 +1,9 @@
+import type { HostView } from '../../../contract/views';
 import { api } from '../api';
 import { h, fill, table, when, badge } from '../dom';
 import { errorBox, every, type Page } from '../page';
 
-interface Host {
-  hostId: string;
-  status: 'live' | 'lost';
-  heartbeatAt: string;
-  lostAt: string | null;
-  sandboxes: number | null;
-  maxSandboxes: number | null;
-  reservedMB: number | null;
-  memoryMB: number | null;
-}
+type Host = HostView;
 
 const meter = (value: number | null, max: number | null, unit: string): HTMLElement =>
   value === null || !max
