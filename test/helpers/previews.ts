@@ -65,13 +65,13 @@ export interface ProxyRes {
   json: any;
 }
 
-/** An HTTP request to the API's port with the given Host header (how a browser reaches a preview). */
+/** An HTTP request to the API's port (the test stack's, or `opts.api`) with the given Host header (how a browser reaches a preview). */
 export function viaHost(
   hostname: string,
   path = '/',
-  opts: { method?: string; headers?: Record<string, string>; body?: string; agent?: http.Agent } = {},
+  opts: { method?: string; headers?: Record<string, string>; body?: string; agent?: http.Agent; api?: string } = {},
 ): Promise<ProxyRes> {
-  const url = new URL(T.api());
+  const url = new URL(opts.api ?? T.api());
   return new Promise((resolve, reject) => {
     const req = http.request(
       { host: url.hostname, port: url.port, path, method: opts.method ?? 'GET', headers: { host: hostname, ...opts.headers }, agent: opts.agent },

@@ -1,12 +1,11 @@
 import fs from 'node:fs';
-import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
 import { freePort } from '../../scripts/launcher';
 import { startProductionStack, type ProductionStack } from '../../scripts/production';
 import { countRuns } from '../../sandbox/audit-log';
 import { connectStore } from '../../store';
-import { SERVER_JS } from '../helpers/previews';
+import { SERVER_JS, viaHost } from '../helpers/previews';
 import { newSandbox, sh, type ApiCall } from '../helpers/sandboxes';
 
 /**
@@ -95,18 +94,7 @@ function runsPerSession(): Map<string, number> {
   );
 }
 
-function viaApi(i: number, hostname: string, p: string): Promise<{ status: number; text: string }> {
-  const url = new URL(prod.apiUrls[i]!);
-  return new Promise((resolve, reject) => {
-    const req = http.request({ host: url.hostname, port: url.port, path: p, headers: { host: hostname } }, (res) => {
-      let text = '';
-      res.on('data', (c: Buffer) => (text += c.toString()));
-      res.on('end', () => resolve({ status: res.statusCode ?? 0, text }));
-    });
-    req.on('error', reject);
-    req.end();
-  });
-}
+const viaApi = (i: number, hostname: string, p: string) => viaHost(hostname, p, { api: prod.apiUrls[i] });
 
 describe('the production profile', () => {
   it('runs the real Temporal server and FerretDB on PostgreSQL, two hosts and two APIs that refuse a wrong key', async () => {

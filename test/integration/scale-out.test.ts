@@ -1,11 +1,10 @@
 import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
-import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
 import type { Stack } from '../../scripts/launcher';
 import { startTwoHostStack } from '../helpers/two-hosts';
-import { SERVER_JS } from '../helpers/previews';
+import { SERVER_JS, viaHost } from '../helpers/previews';
 import { newSandbox, sh, type ApiCall } from '../helpers/sandboxes';
 import { PROJECT_ROOT } from '../../config';
 
@@ -114,18 +113,7 @@ async function sandboxOnHost(i: number, make: () => Promise<string>): Promise<st
   throw new Error(`30 sandboxes in a row landed elsewhere than host ${i + 1}`);
 }
 
-function viaApi(hostname: string, p: string): Promise<{ status: number; text: string }> {
-  const url = new URL(stack.apiUrl);
-  return new Promise((resolve, reject) => {
-    const req = http.request({ host: url.hostname, port: url.port, path: p, headers: { host: hostname } }, (res) => {
-      let text = '';
-      res.on('data', (c: Buffer) => (text += c.toString()));
-      res.on('end', () => resolve({ status: res.statusCode ?? 0, text }));
-    });
-    req.on('error', reject);
-    req.end();
-  });
-}
+const viaApi = (hostname: string, p: string) => viaHost(hostname, p, { api: stack.apiUrl });
 
 describe('two sandbox hosts', () => {
   it('registers both hosts with their load, and places sessions on both', async () => {
