@@ -10,6 +10,22 @@ import { eventually } from './env';
  * Callers remove() every host they make (afterAll), also when a test fails.
  */
 
+/**
+ * A Python HTTP server on addr:port with the request handler `name` that `handler` defines. Python's
+ * HTTPServer asks for the name of its own address when it binds (socket.getfqdn); a test host has no
+ * resolver that answers, so that lookup alone would wait out the resolver's timeouts (about 10 s per
+ * server). This one binds without it (the name is only used in CGI variables).
+ */
+function pythonServer(addr: string, port: number, handler: string, name: string, base = 'HTTPServer'): string {
+  return `import http.server, socketserver
+${handler}
+class S(http.server.${base}):
+    def server_bind(self):
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = "${addr}", ${port}
+S(("${addr}", ${port}), ${name}).serve_forever()`;
+}
+
 /** A network namespace with one address (`addr`) reached through a veth from the host, serving HTTP on `port`. */
 export class TestHost {
   readonly ns: string;
@@ -48,15 +64,26 @@ export class TestHost {
 
   /** Starts the HTTP server (answers every GET with the mark) and waits until it answers from the host. */
   async serve(): Promise<this> {
-    const script = `import http.server
-class H(http.server.BaseHTTPRequestHandler):
+    const handler = `class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         self.send_response(200); self.end_headers(); self.wfile.write(b"${this.mark}")
-    def log_message(self, *a): pass
-http.server.HTTPServer(("${this.addr}", ${this.port}), H).serve_forever()`;
-    this.server = spawn('ip', ['netns', 'exec', this.ns, 'python3', '-c', script], { stdio: 'ignore' });
+    def log_message(self, *a): pass`;
+    this.server = spawn('ip', ['netns', 'exec', this.ns, 'python3', '-c', pythonServer(this.addr, this.port, handler, 'H')], { stdio: 'ignore' });
     await this.listening();
     return this;
+  }
+
+  /** Serves the files under `dir` over HTTP (threaded, like `python3 -m http.server`) and waits until it answers; killed by remove(). */
+  async serveDirectory(dir: string): Promise<ChildProcess> {
+    const handler = `import functools
+D = functools.partial(http.server.SimpleHTTPRequestHandler, directory=${JSON.stringify(dir)})`;
+    // Its request log (stderr) is not read: ignored, so that it can never fill a pipe and stall the server.
+    const child = spawn('ip', ['netns', 'exec', this.ns, 'python3', '-c', pythonServer(this.addr, this.port, handler, 'D', 'ThreadingHTTPServer')], {
+      stdio: 'ignore',
+    });
+    this.children.push(child);
+    await this.listening();
+    return child;
   }
 
   /** Waits until something in the test host accepts connections on `port` (default: its HTTP port). */

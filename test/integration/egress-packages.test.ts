@@ -113,8 +113,7 @@ beforeAll(async () => {
   root = fs.mkdtempSync(path.join(os.tmpdir(), 'sap-pkg-server-'));
   const base = `http://${host.addr}:${host.port}`;
   writePackages(root, base);
-  server = host.spawn('python3', ['-m', 'http.server', String(host.port), '--bind', host.addr, '--directory', root]);
-  await host.listening();
+  server = await host.serveDirectory(root);
 });
 
 afterAll(async () => {
