@@ -87,7 +87,18 @@ async function receiver(answer?: (n: number) => number, port?: number, host?: st
   return r.listen(port);
 }
 
-const settle = () => new Promise((r) => setTimeout(r, 1500));
+/**
+ * Waits until no further delivery can come for `subjectId` (a session or a batch): its delivery
+ * workflow (every attempt is an activity of it) and the workflow that starts it have both closed.
+ */
+async function settled(subjectId: string): Promise<void> {
+  connection ??= await Connection.connect({ address: T.temporal() });
+  const client = new Client({ connection });
+  for (const id of [`${subjectId}-webhook`, subjectId]) {
+    const handle = client.workflow.getHandle(id);
+    await eventually(async () => (await handle.describe()).status.name !== 'RUNNING', 60_000, 100);
+  }
+}
 
 describe('webhooks', () => {
   it("an agent's webhook gets exactly one valid signed delivery when each session ends; the secret is never shown", async () => {
@@ -99,7 +110,7 @@ describe('webhooks', () => {
     expect(JSON.stringify(shown.body)).not.toContain(secret);
     const { session } = await runSession(id, { n: 1 });
     await eventually(async () => r.got.length >= 1, 30_000, 100);
-    await settle();
+    await settled(session.id);
     expect(r.got).toHaveLength(1);
     const d = r.got[0]!;
     expect(verify(d, secret)).toBe(true);
@@ -123,7 +134,7 @@ describe('webhooks', () => {
     const s = await startSession(id, { webhook: { url: own.url } });
     await waitForStatus(id, s.id, ['failed']);
     await eventually(async () => own.got.length >= 1, 30_000, 100);
-    await settle();
+    await settled(s.id);
     expect([own.got.length, agentHook.got.length]).toEqual([1, 0]);
     expect(own.got[0]!.headers['x-sap-signature']).toBeUndefined();
     expect(own.got[0]!.json.data).toMatchObject({ id: s.id, status: 'failed', outcome: { reason: 'exit_code', exit_code: 4 } });
@@ -135,7 +146,7 @@ describe('webhooks', () => {
     const id = await agent('true', { webhook: { url: r.url, secret: 'retry-secret-123' } });
     const { session } = await runSession(id);
     await eventually(async () => r.got.length >= 3, 60_000, 100);
-    await settle();
+    await settled(session.id);
     expect(r.got).toHaveLength(3);
     expect(new Set(r.got.map((d) => d.headers['x-sap-delivery']))).toEqual(new Set([`${session.id}-webhook`]));
     for (const d of r.got) expect(verify(d, 'retry-secret-123')).toBe(true);
@@ -164,7 +175,7 @@ describe('webhooks', () => {
     expect(b.status).toBe(201);
     expect(b.body.webhook).toEqual({ url: r.url, has_secret: true });
     await eventually(async () => r.got.length >= 1, 60_000, 200);
-    await settle();
+    await settled(b.body.id);
     expect(r.got).toHaveLength(1);
     expect(verify(r.got[0]!, 'batch-secret-1')).toBe(true);
     expect(r.got[0]!.json).toMatchObject({ event: 'batch.completed', data: { id: b.body.id, status: 'completed', counts: { completed: 3, failed: 0 } } });
