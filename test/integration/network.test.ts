@@ -92,7 +92,9 @@ describe('egress per sandbox', () => {
     const linkLocal = await testHost('169.254').serve();
     const [sb, other] = await Promise.all([newSandbox(), newSandbox()]);
     // A listener in the other sandbox, on every address; it answers inside that sandbox (a positive control).
-    await run(other, 'bash', ['-c', `setsid nohup python3 -m http.server 8123 --bind 0.0.0.0 > /dev/null 2>&1 < /dev/null &`]);
+    // (Not `python3 -m http.server`: it looks up the name of 0.0.0.0 first, and no upstream answers here.)
+    const listener = 'import http.server, socketserver; socketserver.TCPServer(("0.0.0.0", 8123), http.server.SimpleHTTPRequestHandler).serve_forever()';
+    await run(other, 'bash', ['-c', `setsid nohup python3 -c '${listener}' > /dev/null 2>&1 < /dev/null &`]);
     await eventually(async () => (await probe(other, ['127.0.0.1:8123']))['127.0.0.1:8123']!.startsWith('body:'), 20_000, 200);
     const { gateway } = await sandboxAddress(sb);
     const { address: otherAddress } = await sandboxAddress(other);
