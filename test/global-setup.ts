@@ -11,6 +11,7 @@ import { makeTestCa } from './helpers/test-ca';
  * its processes. Tests find it through SAP_TEST_* environment variables.
  */
 export default async function globalSetup(): Promise<void> {
+  const t0 = Date.now();
   const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'sap-test-'));
   const apiKey = 'test-key-default-org';
   const hostToken = 'test-host-token-0123456789';
@@ -88,4 +89,5 @@ export default async function globalSetup(): Promise<void> {
     SAP_TEST_WORKER_METRICS_URL: `http://127.0.0.1:${workerMetricsPort}/metrics`,
   });
   (globalThis as { __SAP_STACK__?: unknown }).__SAP_STACK__ = { stack, control, dataDir };
+  process.stderr.write(`[global setup] the test stack started in ${((Date.now() - t0) / 1000).toFixed(1)} s\n`);
 }
