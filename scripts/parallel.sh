@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Runs the given npm scripts side by side (`bash scripts/parallel.sh lint:eslint lint:format …`), each
 # to the end whatever the others do; prints each one's output in the order given, once it has ended,
-# with its exit status and time; exits 1 if any of them failed. npm test's static checks (the tests'
-# type check, eslint, prettier, dependency-cruiser) are independent single-threaded Node processes:
-# one after another they leave a core idle.
+# with its exit status and time; exits 1 if any of them failed. The build (the server's tsc and the
+# console's) and npm test's static checks (the tests' type check, eslint, prettier, dependency-cruiser)
+# are independent single-threaded Node processes: one after another they leave a core idle.
 set -u
 cd "$(dirname "$0")/.."
 if [ "$#" -eq 0 ]; then
