@@ -91,7 +91,10 @@ export class SealProxy {
 
   constructor(private readonly o: SealProxyOptions) {
     this.maxConns = o.maxConnsPerSandbox ?? 256;
-    this.httpsAgent = new https.Agent({ keepAlive: true, maxFreeSockets: 64, ca: [...tls.rootCertificates, ...o.extraTrust] });
+    // One secure context for every upstream connection: an agent's `ca` option would be joined into
+    // its pool key on every request (Node's ~150 roots: a third of the proxy's CPU) and parsed per connection.
+    const secureContext = tls.createSecureContext({ ca: [...tls.rootCertificates, ...o.extraTrust] });
+    this.httpsAgent = new https.Agent({ keepAlive: true, maxFreeSockets: 64, secureContext });
     this.http = http.createServer({ keepAlive: true }, (req, res) => this.onRequest(req, res));
     this.http.on('clientError', (_err, sock) => sock.destroy());
     this.server = net.createServer((sock) => this.onConnection(sock));
