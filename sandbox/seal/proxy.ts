@@ -18,6 +18,7 @@ import * as net from 'node:net';
 import * as tls from 'node:tls';
 import type { Logger } from 'pino';
 import { hostAllowed, PLACEHOLDER_LIKE, PLACEHOLDER_PREFIX } from '../../contract/sealed';
+import { BODY_HOLD_MAX, BodyScan, pumpBody, readBody } from './body';
 import type { SealCa } from './ca';
 
 /** A sealed secret as the host keeps it: the value sealed with the host's key, opened per request. */
@@ -55,6 +56,7 @@ export interface SealProxyOptions {
   maxConnsPerSandbox?: number;
 }
 
+const EMPTY = Buffer.alloc(0);
 const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'proxy-authorization', 'te', 'trailer', 'transfer-encoding', 'upgrade']);
 const MIN_ROUTE_SECONDS = 300;
 const MAX_NAMES_PER_SANDBOX = 1024;
@@ -186,6 +188,7 @@ export class SealProxy {
 
   private refuse(res: http.ServerResponse, status: number, message: string): void {
     const body = JSON.stringify({ error: { type: status === 403 ? 'sealed_secret_refused' : 'sealed_proxy_error', message } });
+    if (res.writableEnded) return; // answered already (a refusal, then the upstream request's end)
     if (res.headersSent) return void res.destroy();
     res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) }).end(body);
   }
@@ -195,6 +198,21 @@ export class SealProxy {
     const now = Date.now();
     if (now - sb.logged.at > 60_000) sb.logged = { at: now, n: 0 };
     if (++sb.logged.n <= 10) this.o.log.warn({ sandboxId: sb.id, host, secret: secret ?? '(unknown placeholder)' }, 'sealed secret refused: not for this host');
+  }
+
+  /** Refuses a request for carrying a placeholder that may not go to `host` (or not in clear); logged, rate-limited. */
+  private refuseSecret(res: http.ServerResponse, sb: Sealed, host: string, secret: string | null, secure: boolean, why?: string): void {
+    this.logRefusal(sb, host, secret);
+    const what = `a sealed secret's placeholder${secret ? ` (${secret})` : ''}`;
+    this.refuse(
+      res,
+      403,
+      why
+        ? `${what} ${why}`
+        : secure
+          ? `${what} may not be sent to ${host}: it is not one of its allowed hosts`
+          : `${what} is only sent over HTTPS: use https://${host}`,
+    );
   }
 
   private onRequest(req: http.IncomingMessage, res: http.ServerResponse): void {
@@ -207,42 +225,69 @@ export class SealProxy {
     if (sni !== null && sni !== name) return this.refuse(res, 421, `the Host header (${name.slice(0, 100)}) is not the TLS server name (${sni})`);
     const route = this.routes.get(meta.source)?.get(name);
     if (!route || route.until < Date.now()) return this.refuse(res, 403, `${name.slice(0, 100)} was not resolved through the sandbox's resolver`);
-    const ip = route.ips[0]!;
     // Headers, with placeholders swapped (values opened here, for this request only).
     const headers: string[] = [];
+    let lengthAt = -1;
     const raw = req.rawHeaders;
     for (let i = 0; i < raw.length; i += 2) {
       const key = raw[i]!;
-      if (HOP_BY_HOP.has(key.toLowerCase())) continue;
+      const lower = key.toLowerCase();
+      if (HOP_BY_HOP.has(lower)) continue;
       const value = raw[i + 1]!;
+      if (lower === 'content-length') lengthAt = headers.length + 1;
       // A value never goes out in clear: over plain HTTP any placeholder refuses the request.
       if (!meta.tls && value.includes(PLACEHOLDER_PREFIX)) {
         const secret = [...value.matchAll(PLACEHOLDER_LIKE)].map((m) => sb.byPlaceholder.get(m[0])?.name).find(Boolean) ?? null;
-        this.logRefusal(sb, name, secret);
-        return this.refuse(res, 403, `a sealed secret's placeholder${secret ? ` (${secret})` : ''} is only sent over HTTPS: use https://${name}`);
+        return this.refuseSecret(res, sb, name, secret, false);
       }
       const swapped = swapPlaceholders(value, name, (p) => sb.byPlaceholder.get(p), sb.open);
-      if ('refused' in swapped) {
-        this.logRefusal(sb, name, swapped.refused);
-        return this.refuse(
-          res,
-          403,
-          `a sealed secret's placeholder${swapped.refused ? ` (${swapped.refused})` : ''} may not be sent to ${name}: it is not one of its allowed hosts`,
-        );
-      }
+      if ('refused' in swapped) return this.refuseSecret(res, sb, name, swapped.refused, true);
       headers.push(key, swapped.text);
     }
+    // The body: searched too (body.ts); a refusal stops it before the placeholder's bytes leave.
+    const scan = new BodyScan((p) => {
+      const e = sb.byPlaceholder.get(p);
+      return meta.tls && e && hostAllowed(e.hosts, name) ? Buffer.from(sb.open(e), 'utf8') : { refused: e?.name ?? null };
+    });
+    const length = lengthAt < 0 ? null : Number(headers[lengthAt]);
+    const chunked = req.headers['transfer-encoding'] !== undefined;
+    const send = (body?: Buffer) => this.upstream(req, res, route.ips[0]!, name, meta.tls, headers, body);
+    if (!chunked && (length === null || length === 0)) return void send(EMPTY);
+    if (!chunked && length !== null && length <= BODY_HOLD_MAX) {
+      // Small bodies are held whole: a swap fixes the content-length.
+      return void readBody(req, length).then(
+        (body) => {
+          const out = scan.push(body, true);
+          if (!Buffer.isBuffer(out)) return this.refuseSecret(res, sb, name, out.refused, meta.tls);
+          headers[lengthAt] = String(out.length);
+          send(out);
+        },
+        () => res.destroy(),
+      );
+    }
+    const up = send();
+    pumpBody(req, up, scan, !chunked, (secret, tooLarge) => {
+      up.destroy();
+      res.shouldKeepAlive = false;
+      const why = tooLarge ? `is swapped in a body only when the body is chunked or at most ${BODY_HOLD_MAX} bytes long` : undefined;
+      this.refuseSecret(res, sb, name, secret, meta.tls, why);
+    });
+  }
+
+  /** Sends the request upstream (to the address of the sandbox's own answer for `name`) and pipes the answer back chunk by chunk. */
+  private upstream(req: http.IncomingMessage, res: http.ServerResponse, ip: string, name: string, secure: boolean, headers: string[], body?: Buffer) {
     const opts: https.RequestOptions = {
       host: ip,
-      port: meta.tls ? 443 : 80,
+      port: secure ? 443 : 80,
       method: req.method,
       path: req.url,
       headers: headers as unknown as http.OutgoingHttpHeaders,
       setHost: false,
-      agent: meta.tls ? this.httpsAgent : this.httpAgent,
-      ...(meta.tls ? { servername: name } : {}),
+      agent: secure ? this.httpsAgent : this.httpAgent,
+      ...(secure ? { servername: name } : {}),
     };
-    const up = (meta.tls ? https : http).request(opts, (upRes) => {
+    const up = (secure ? https : http).request(opts, (upRes) => {
+      if (res.writableEnded) return void upRes.destroy(); // refused meanwhile (a placeholder later in the body)
       const out: string[] = [];
       for (let i = 0; i < upRes.rawHeaders.length; i += 2) {
         if (!HOP_BY_HOP.has(upRes.rawHeaders[i]!.toLowerCase())) out.push(upRes.rawHeaders[i]!, upRes.rawHeaders[i + 1]!);
@@ -257,6 +302,7 @@ export class SealProxy {
     res.on('close', () => {
       if (!res.writableFinished) up.destroy();
     });
-    req.pipe(up);
+    if (body) up.end(body.length ? body : undefined);
+    return up;
   }
 }
