@@ -15,6 +15,8 @@ export const PLACEHOLDER_LENGTH = PREFIX.length + 32;
 /** Bodies with a content-length up to this are held whole, so a swap can fix the length. Larger ones stream. */
 export const BODY_HOLD_MAX = 64 * 1024;
 const EMPTY = Buffer.alloc(0);
+/** How much of a refused request's body is read and dropped before its connection is closed instead. */
+const DROP_MAX = 1 << 20;
 
 /** What a whole placeholder becomes: the value's bytes, or the refusal (the secret's name when it is one of the sandbox's). */
 export type TokenSwap = (placeholder: string) => Buffer | { refused: string | null };
@@ -91,7 +93,8 @@ export function readBody(req: http.IncomingMessage, max: number): Promise<Buffer
 /**
  * Streams `req`'s body into `up` through `scan`, with backpressure. `fixedLength`: the request went
  * upstream with its content-length, so a swap that changes the length cannot be sent (refused).
- * `onRefused` is called once, before any byte of the refused placeholder left; the caller ends both sides.
+ * `onRefused` is called once, before any byte of the refused placeholder left; the caller answers and
+ * ends the upstream request; the rest of the body is dropped.
  */
 export function pumpBody(
   req: http.IncomingMessage,
@@ -107,7 +110,6 @@ export function pumpBody(
     const tooLarge = fixedLength && scan.delta !== 0;
     if (!Buffer.isBuffer(r) || tooLarge) {
       stopped = true;
-      req.pause();
       onRefused(Buffer.isBuffer(r) ? null : r.refused, tooLarge);
       return false;
     }
@@ -117,7 +119,11 @@ export function pumpBody(
     }
     return r.length === 0 || up.write(r);
   };
+  let dropped = 0;
   req.on('data', (c: Buffer) => {
+    // After a refusal the rest of the body is read and dropped (the client then reads the answer on a
+    // connection that stays usable), up to a bound: past it the connection is closed.
+    if (stopped) return void ((dropped += c.length) > DROP_MAX && req.socket.destroy());
     if (!step(c, false) && !stopped) req.pause();
   });
   up.on('drain', () => {

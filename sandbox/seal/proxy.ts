@@ -268,7 +268,6 @@ export class SealProxy {
     const up = send();
     pumpBody(req, up, scan, !chunked, (secret, tooLarge) => {
       up.destroy();
-      res.shouldKeepAlive = false;
       const why = tooLarge ? `is swapped in a body only when the body is chunked or at most ${BODY_HOLD_MAX} bytes long` : undefined;
       this.refuseSecret(res, sb, name, secret, meta.tls, why);
     });

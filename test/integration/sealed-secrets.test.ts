@@ -78,6 +78,25 @@ async function fakeApi(name: string, key: string, log: string): Promise<TestHost
 const postFrom = (host: string, envName: string, scheme = 'https') =>
   `node -e 'fetch("${scheme}://${host}/v1/messages",{method:"POST",headers:{"x-api-key":process.env.${envName},"content-type":"application/json","anthropic-version":"2023-06-01"},body:JSON.stringify({model:"m",max_tokens:5,messages:[{role:"user",content:"hi"}]})}).then(async r=>console.log(r.status, await r.text())).catch(e=>{console.log("ERR", e.cause?.code ?? e.message)})'`;
 
+/**
+ * A node script in the sandbox: POST /v1/messages to `host`, x-api-key from `$keyEnv`, and `$bodyEnv`'s
+ * placeholder in the body's metadata. mode small: one write with a content-length; split: chunked,
+ * the placeholder cut in two writes 300 ms apart; big: a content-length body larger than 64 KiB.
+ */
+const bodyFrom = (host: string, keyEnv: string, bodyEnv: string, mode: 'small' | 'split' | 'big') => {
+  const js = `const https = require("https");
+const p = process.env.${bodyEnv};
+const body = JSON.stringify({ model: "m", max_tokens: 5, metadata: { user_id: p }, messages: [{ role: "user", content: "hi" + "x".repeat(${mode === 'big' ? 100_000 : 0}) }] });
+const headers = { "x-api-key": process.env.${keyEnv}, "content-type": "application/json", "anthropic-version": "2023-06-01" };
+if ("${mode}" !== "split") headers["content-length"] = Buffer.byteLength(body);
+const req = https.request({ host: "${host}", path: "/v1/messages", method: "POST", headers }, (res) => {
+  let t = ""; res.on("data", (d) => (t += d)); res.on("end", () => console.log(res.statusCode, t));
+});
+req.on("error", (e) => console.log("ERR", e.code || e.message));
+if ("${mode}" === "split") { const cut = body.indexOf(p) + 20; req.write(body.slice(0, cut)); setTimeout(() => req.end(body.slice(cut)), 300); } else req.end(body);`;
+  return `echo ${Buffer.from(js).toString('base64')} | base64 -d > /tmp/body.js && node /tmp/body.js`;
+};
+
 /** Whether anything the sandbox can read holds `secret`: every process's environ, and its files outside /usr, /opt, /proc, /sys, /dev. */
 async function leaks(sb: string, secret: string, key?: string): Promise<string> {
   const b64 = Buffer.from(secret).toString('base64');
@@ -168,6 +187,56 @@ describe('sealed secrets', () => {
       ANTHROPIC_API_KEY: [API_HOST],
       OTHER_TOKEN: ['*.sealed.sap-net.test'],
     });
+  }, 180_000);
+
+  it('placeholders in request bodies: swapped toward their host (small and chunked, split across writes), refused toward another', async () => {
+    expect(sb).toMatch(/^sb-/);
+    const bodies = (from: number) =>
+      logOf(LOG_API)
+        .slice(from)
+        .filter((r) => r.path === '/v1/messages')
+        .map((r) => ({ keyOk: r.keyOk, user: (r as Logged & { body: { metadata?: { user_id?: string } } }).body.metadata?.user_id }));
+    for (const mode of ['small', 'split'] as const) {
+      const before = logOf(LOG_API).length;
+      expect((await run(sb, bodyFrom(API_HOST, 'ANTHROPIC_API_KEY', 'ANTHROPIC_API_KEY', mode), { timeout: 60 })).stdout).toMatch(/^200 /);
+      expect(bodies(before)).toEqual([{ keyOk: true, user: KEY }]);
+    }
+    // Toward the other host (its own key in the header is fine there): the body's placeholder refuses the request; nothing is logged there.
+    for (const mode of ['small', 'split', 'big'] as const) {
+      const before = logOf(LOG_OTHER).length;
+      const r = await run(sb, bodyFrom(OTHER_HOST, 'OTHER_TOKEN', 'ANTHROPIC_API_KEY', mode), { timeout: 60 });
+      expect(r.stdout).toMatch(/^403 .*sealed_secret_refused.*ANTHROPIC_API_KEY/);
+      expect(logOf(LOG_OTHER).length).toBe(before);
+    }
+    // A body too large to hold with a content-length cannot change length: refused, said so; chunked it works.
+    const before = logOf(LOG_API).length;
+    expect((await run(sb, bodyFrom(API_HOST, 'ANTHROPIC_API_KEY', 'ANTHROPIC_API_KEY', 'big'), { timeout: 60 })).stdout).toMatch(
+      /^403 .*chunked or at most 65536/,
+    );
+    expect(bodies(before)).toEqual([]);
+    expect(await leaks(sb, KEY)).toBe('');
+  }, 180_000);
+
+  it('a hibernated sandbox keeps its sealed secrets: once woken, the same placeholder, swapped toward its host only, no value inside', async () => {
+    const id = await newSandbox({ secretStore: STORE });
+    created.push({ id });
+    const placeholderOf = async () => (await run(id, 'echo -n $ANTHROPIC_API_KEY')).stdout;
+    const mine = await placeholderOf();
+    expect(mine).toMatch(/^osb_sealed_[0-9a-f]{32}$/);
+    expect((await api('POST', `/api/sandboxes/${id}/hibernate`)).body.status).toBe('hibernated');
+    expect((await api('POST', `/api/sandboxes/${id}/wake`, { body: { timeout: 0 } })).status).toBe(200);
+    expect(await placeholderOf()).toBe(mine);
+    const before = logOf(LOG_API).length;
+    expect((await run(id, postFrom(API_HOST, 'ANTHROPIC_API_KEY'), { timeout: 60 })).stdout).toMatch(/^200 /);
+    expect((await run(id, bodyFrom(API_HOST, 'ANTHROPIC_API_KEY', 'ANTHROPIC_API_KEY', 'small'), { timeout: 60 })).stdout).toMatch(/^200 /);
+    const sent = logOf(LOG_API)
+      .slice(before)
+      .filter((r) => r.path === '/v1/messages');
+    expect(sent.map((r) => r.keyOk)).toEqual([true, true]);
+    const otherBefore = logOf(LOG_OTHER).length;
+    expect((await run(id, postFrom(OTHER_HOST, 'ANTHROPIC_API_KEY'), { timeout: 60 })).stdout).toMatch(/^403 .*sealed_secret_refused/);
+    expect(logOf(LOG_OTHER).length).toBe(otherBefore);
+    expect(await leaks(id, KEY)).toBe('');
   }, 180_000);
 
   it("another organisation's sandbox cannot use the first's placeholder", async () => {
