@@ -24,6 +24,8 @@ const OTHER_KEY = `other-${randomBytes(12).toString('hex')}`;
 const PLAIN = `plain-${randomBytes(8).toString('hex')}`;
 const API_HOST = 'api.sealed.sap-net.test';
 const OTHER_HOST = 'other.sealed.sap-net.test';
+/** Another name on the API host's address (a CDN's shape): no secret is for it. */
+const SHARED_HOST = 'cdn.shared.sap-net.test';
 const STORE = unique('sealed');
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'sap-sealed-'));
 const LOG_API = path.join(tmp, 'api.ndjson');
@@ -108,7 +110,8 @@ async function leaks(sb: string, secret: string, key?: string): Promise<string> 
 
 beforeAll(async () => {
   await dns.listen();
-  await fakeApi(API_HOST, KEY, LOG_API);
+  const apiHost = await fakeApi(API_HOST, KEY, LOG_API);
+  dns.set(SHARED_HOST, apiHost.addr);
   await fakeApi(OTHER_HOST, OTHER_KEY, LOG_OTHER);
   expect((await api('POST', '/api/secret-stores', { body: { name: STORE } })).status).toBe(201);
   const put = (name: string, body: Record<string, unknown>) => api('PUT', `/api/secret-stores/${STORE}/secrets/${name}`, { body });
@@ -216,6 +219,35 @@ describe('sealed secrets', () => {
     expect(bodies(before)).toEqual([]);
     expect(await leaks(sb, KEY)).toBe('');
   }, 180_000);
+
+  it('a name sharing an address with a sealed host passes through the proxy untouched (its own certificate, nothing swapped)', async () => {
+    expect(sb).toMatch(/^sb-/);
+    // Raw TLS from the sandbox to each name (not verifying: the sandbox does not trust the test CA), a GET with the placeholder; the issuer and the answer.
+    const js = `const tls = require("tls");
+const one = (host) => new Promise((resolve) => {
+  const s = tls.connect({ host, port: 443, servername: host, rejectUnauthorized: false, ALPNProtocols: ["http/1.1"] }, () => {
+    const issuer = s.getPeerCertificate().issuer.CN;
+    s.write("GET /v1/models HTTP/1.1\\r\\nhost: " + host + "\\r\\nx-api-key: " + process.env.ANTHROPIC_API_KEY + "\\r\\nconnection: close\\r\\n\\r\\n");
+    let t = ""; s.on("data", (d) => (t += d)); s.on("end", () => resolve({ host, issuer, status: t.split(" ")[1] }));
+  });
+  s.on("error", (e) => resolve({ host, err: e.code || e.message }));
+});
+(async () => console.log(JSON.stringify([await one("${API_HOST}"), await one("${SHARED_HOST}")])))();`;
+    const before = logOf(LOG_API).length;
+    const out = await run(sb, `echo ${Buffer.from(js).toString('base64')} | base64 -d > /tmp/tls.js && node /tmp/tls.js`, { timeout: 60 });
+    const [sealed, shared] = JSON.parse(out.stdout) as { host: string; issuer?: string; status?: string; err?: string }[];
+    // The sealed name: terminated by the host's CA, the key swapped in (the fake knows no /v1/models: 404, after the key check).
+    expect(sealed).toMatchObject({ issuer: expect.stringMatching(/^sealed secrets proxy CA/), status: '404' });
+    // The other name: the upstream's own certificate; the placeholder reached it as it was (a wrong key there: 401).
+    expect(shared).toMatchObject({ issuer: 'sap test CA', status: '401' });
+    const got = logOf(LOG_API)
+      .slice(before)
+      .map((r) => [r.host, r.keyOk]);
+    expect(got).toEqual([
+      [API_HOST, true],
+      [SHARED_HOST, false],
+    ]);
+  }, 120_000);
 
   it('a hibernated sandbox keeps its sealed secrets: once woken, the same placeholder, swapped toward its host only, no value inside', async () => {
     const id = await newSandbox({ secretStore: STORE });

@@ -1,5 +1,8 @@
 import { hostAllowed, normaliseAllowedHost, withoutOverridden } from '../../contract/sealed';
+import net from 'node:net';
+import tls from 'node:tls';
 import { BodyScan } from '../../sandbox/seal/body';
+import { clientHelloName } from '../../sandbox/seal/sni';
 import { swapPlaceholders, type SealedEntry } from '../../sandbox/seal/proxy';
 
 const P1 = `osb_sealed_${'a'.repeat(32)}`;
@@ -133,5 +136,42 @@ describe('sealed secrets: placeholders in bodies', () => {
     const r = scanBody(splitAt(big, 65536, 131072, 500_000), 'api.anthropic.com');
     expect(r.sent.equals(big)).toBe(true);
     expect(r.delta).toBe(0);
+  });
+});
+
+describe('sealed secrets: the server name of a ClientHello (pass-through of names sharing an address)', () => {
+  /** The first bytes a TLS client sends (its ClientHello), caught by a plain TCP server. */
+  const helloOf = (servername?: string) =>
+    new Promise<Buffer>((resolve, reject) => {
+      const server = net.createServer((sock) => {
+        let got = Buffer.alloc(0);
+        sock.on('data', (d: Buffer) => {
+          got = Buffer.concat([got, d]);
+          if (got.length >= 5 && got.length >= 5 + got.readUInt16BE(3)) {
+            sock.destroy();
+            server.close();
+            resolve(got);
+          }
+        });
+      });
+      server.listen(0, '127.0.0.1', () => {
+        const c = tls.connect({ host: '127.0.0.1', port: (server.address() as net.AddressInfo).port, ...(servername ? { servername } : {}) });
+        c.on('error', () => undefined);
+        setTimeout(() => reject(new Error('no ClientHello')), 5000).unref();
+      });
+    });
+
+  it('reads the name, waits for a whole first record, and refuses junk without throwing', async () => {
+    const hello = await helloOf('CDN.Example.test');
+    expect(clientHelloName(hello)).toBe('cdn.example.test');
+    for (let cut = 0; cut < hello.length; cut += 7) expect(clientHelloName(hello.subarray(0, cut))).toBeUndefined();
+    expect(clientHelloName(await helloOf())).toBeNull(); // no SNI (an address)
+    expect(clientHelloName(Buffer.from('GET / HTTP/1.1\r\n'))).toBeNull();
+    // Every single-byte corruption of a real hello: a name, null or undefined, never an exception.
+    for (let i = 0; i < hello.length; i++) {
+      const bad = Buffer.from(hello);
+      bad[i] = bad[i]! ^ 0xff;
+      expect(() => clientHelloName(bad)).not.toThrow();
+    }
   });
 });
