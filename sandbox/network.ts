@@ -249,9 +249,7 @@ export class SandboxNetwork {
         admit: (source, addresses, ttl) => this.admit(source, addresses, ttl),
         limits: this.dnsLimits,
         log: this.log,
-        ...(this.seal
-          ? { sealed: { wants: (src: string, n: string) => this.seal!.proxy.wants(src, n), admit: this.seal.proxy.admit.bind(this.seal.proxy) } }
-          : {}),
+        ...(this.seal ? { sealed: { wants: (src: string) => this.seal!.proxy.watches(src), admit: this.seal.proxy.admit.bind(this.seal.proxy) } } : {}),
       });
       await resolver.start();
       this.resolver = resolver;

@@ -26,6 +26,7 @@ const { positionals, values } = parseArgs({
     runs: { type: 'string' },
     burst: { type: 'string' },
     only: { type: 'string' },
+    base: { type: 'string' },
     url: { type: 'string' },
     key: { type: 'string' },
     'stack-pid': { type: 'string' },
@@ -280,7 +281,14 @@ async function main(): Promise<void> {
       out = await benchEgress({ mb: Number(values.mb ?? 1024), runs: Number(values.runs ?? 3), call });
       break;
     case 'seal':
-      out = await benchSeal({ n: Number(values.n ?? 2000), mb: Number(values.mb ?? 512), runs: Number(values.runs ?? 3), call });
+      out = await benchSeal({
+        n: Number(values.n ?? 2000),
+        mb: Number(values.mb ?? 512),
+        runs: Number(values.runs ?? 3),
+        call,
+        only: values.only,
+        base: values.base,
+      });
       break;
     default:
       process.stderr.write('usage: npm run bench -- sessions|batch [--n 1000] [--c 50] [--cpu [--stack-pid PID]]\n');
@@ -288,7 +296,7 @@ async function main(): Promise<void> {
       process.stderr.write('       npm run bench -- layers [--n 10] [--mb 1,100]  (a stack with SANDBOX_HOSTS=2; DATA_DIR names it)\n');
       process.stderr.write('       npm run bench -- egress [--mb 1024] [--runs 3]  (as root: a test host in a network namespace of its own)\n');
       process.stderr.write(
-        '       npm run bench -- seal [--n 2000] [--mb 512] [--runs 3]  (as root: the sealed-secrets proxy vs direct; create with a sealed store)\n',
+        '       npm run bench -- seal [--n 2000] [--mb 512] [--runs 3] [--only proxy,create] [--base CHECKOUT]  (as root: the sealed-secrets proxy vs direct (and vs another checkout); create with a sealed store)\n',
       );
       process.stderr.write('       npm run bench -- exec [--n 100] [--mb 512] [--runs 3]\n');
       process.stderr.write(

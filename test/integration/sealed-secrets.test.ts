@@ -24,6 +24,8 @@ const OTHER_KEY = `other-${randomBytes(12).toString('hex')}`;
 const PLAIN = `plain-${randomBytes(8).toString('hex')}`;
 const API_HOST = 'api.sealed.sap-net.test';
 const OTHER_HOST = 'other.sealed.sap-net.test';
+/** Another name on the API host's address (a CDN's shape): no secret is for it. */
+const SHARED_HOST = 'cdn.shared.sap-net.test';
 const STORE = unique('sealed');
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'sap-sealed-'));
 const LOG_API = path.join(tmp, 'api.ndjson');
@@ -78,6 +80,25 @@ async function fakeApi(name: string, key: string, log: string): Promise<TestHost
 const postFrom = (host: string, envName: string, scheme = 'https') =>
   `node -e 'fetch("${scheme}://${host}/v1/messages",{method:"POST",headers:{"x-api-key":process.env.${envName},"content-type":"application/json","anthropic-version":"2023-06-01"},body:JSON.stringify({model:"m",max_tokens:5,messages:[{role:"user",content:"hi"}]})}).then(async r=>console.log(r.status, await r.text())).catch(e=>{console.log("ERR", e.cause?.code ?? e.message)})'`;
 
+/**
+ * A node script in the sandbox: POST /v1/messages to `host`, x-api-key from `$keyEnv`, and `$bodyEnv`'s
+ * placeholder in the body's metadata. mode small: one write with a content-length; split: chunked,
+ * the placeholder cut in two writes 300 ms apart; big: a content-length body larger than 64 KiB.
+ */
+const bodyFrom = (host: string, keyEnv: string, bodyEnv: string, mode: 'small' | 'split' | 'big') => {
+  const js = `const https = require("https");
+const p = process.env.${bodyEnv};
+const body = JSON.stringify({ model: "m", max_tokens: 5, metadata: { user_id: p }, messages: [{ role: "user", content: "hi" + "x".repeat(${mode === 'big' ? 100_000 : 0}) }] });
+const headers = { "x-api-key": process.env.${keyEnv}, "content-type": "application/json", "anthropic-version": "2023-06-01" };
+if ("${mode}" !== "split") headers["content-length"] = Buffer.byteLength(body);
+const req = https.request({ host: "${host}", path: "/v1/messages", method: "POST", headers }, (res) => {
+  let t = ""; res.on("data", (d) => (t += d)); res.on("end", () => console.log(res.statusCode, t));
+});
+req.on("error", (e) => console.log("ERR", e.code || e.message));
+if ("${mode}" === "split") { const cut = body.indexOf(p) + 20; req.write(body.slice(0, cut)); setTimeout(() => req.end(body.slice(cut)), 300); } else req.end(body);`;
+  return `echo ${Buffer.from(js).toString('base64')} | base64 -d > /tmp/body.js && node /tmp/body.js`;
+};
+
 /** Whether anything the sandbox can read holds `secret`: every process's environ, and its files outside /usr, /opt, /proc, /sys, /dev. */
 async function leaks(sb: string, secret: string, key?: string): Promise<string> {
   const b64 = Buffer.from(secret).toString('base64');
@@ -89,7 +110,8 @@ async function leaks(sb: string, secret: string, key?: string): Promise<string> 
 
 beforeAll(async () => {
   await dns.listen();
-  await fakeApi(API_HOST, KEY, LOG_API);
+  const apiHost = await fakeApi(API_HOST, KEY, LOG_API);
+  dns.set(SHARED_HOST, apiHost.addr);
   await fakeApi(OTHER_HOST, OTHER_KEY, LOG_OTHER);
   expect((await api('POST', '/api/secret-stores', { body: { name: STORE } })).status).toBe(201);
   const put = (name: string, body: Record<string, unknown>) => api('PUT', `/api/secret-stores/${STORE}/secrets/${name}`, { body });
@@ -168,6 +190,85 @@ describe('sealed secrets', () => {
       ANTHROPIC_API_KEY: [API_HOST],
       OTHER_TOKEN: ['*.sealed.sap-net.test'],
     });
+  }, 180_000);
+
+  it('placeholders in request bodies: swapped toward their host (small and chunked, split across writes), refused toward another', async () => {
+    expect(sb).toMatch(/^sb-/);
+    const bodies = (from: number) =>
+      logOf(LOG_API)
+        .slice(from)
+        .filter((r) => r.path === '/v1/messages')
+        .map((r) => ({ keyOk: r.keyOk, user: (r as Logged & { body: { metadata?: { user_id?: string } } }).body.metadata?.user_id }));
+    for (const mode of ['small', 'split'] as const) {
+      const before = logOf(LOG_API).length;
+      expect((await run(sb, bodyFrom(API_HOST, 'ANTHROPIC_API_KEY', 'ANTHROPIC_API_KEY', mode), { timeout: 60 })).stdout).toMatch(/^200 /);
+      expect(bodies(before)).toEqual([{ keyOk: true, user: KEY }]);
+    }
+    // Toward the other host (its own key in the header is fine there): the body's placeholder refuses the request; nothing is logged there.
+    for (const mode of ['small', 'split', 'big'] as const) {
+      const before = logOf(LOG_OTHER).length;
+      const r = await run(sb, bodyFrom(OTHER_HOST, 'OTHER_TOKEN', 'ANTHROPIC_API_KEY', mode), { timeout: 60 });
+      expect(r.stdout).toMatch(/^403 .*sealed_secret_refused.*ANTHROPIC_API_KEY/);
+      expect(logOf(LOG_OTHER).length).toBe(before);
+    }
+    // A body too large to hold with a content-length cannot change length: refused, said so; chunked it works.
+    const before = logOf(LOG_API).length;
+    expect((await run(sb, bodyFrom(API_HOST, 'ANTHROPIC_API_KEY', 'ANTHROPIC_API_KEY', 'big'), { timeout: 60 })).stdout).toMatch(
+      /^403 .*chunked or at most 65536/,
+    );
+    expect(bodies(before)).toEqual([]);
+    expect(await leaks(sb, KEY)).toBe('');
+  }, 180_000);
+
+  it('a name sharing an address with a sealed host passes through the proxy untouched (its own certificate, nothing swapped)', async () => {
+    expect(sb).toMatch(/^sb-/);
+    // Raw TLS from the sandbox to each name (not verifying: the sandbox does not trust the test CA), a GET with the placeholder; the issuer and the answer.
+    const js = `const tls = require("tls");
+const one = (host) => new Promise((resolve) => {
+  const s = tls.connect({ host, port: 443, servername: host, rejectUnauthorized: false, ALPNProtocols: ["http/1.1"] }, () => {
+    const issuer = s.getPeerCertificate().issuer.CN;
+    s.write("GET /v1/models HTTP/1.1\\r\\nhost: " + host + "\\r\\nx-api-key: " + process.env.ANTHROPIC_API_KEY + "\\r\\nconnection: close\\r\\n\\r\\n");
+    let t = ""; s.on("data", (d) => (t += d)); s.on("end", () => resolve({ host, issuer, status: t.split(" ")[1] }));
+  });
+  s.on("error", (e) => resolve({ host, err: e.code || e.message }));
+});
+(async () => console.log(JSON.stringify([await one("${API_HOST}"), await one("${SHARED_HOST}")])))();`;
+    const before = logOf(LOG_API).length;
+    const out = await run(sb, `echo ${Buffer.from(js).toString('base64')} | base64 -d > /tmp/tls.js && node /tmp/tls.js`, { timeout: 60 });
+    const [sealed, shared] = JSON.parse(out.stdout) as { host: string; issuer?: string; status?: string; err?: string }[];
+    // The sealed name: terminated by the host's CA, the key swapped in (the fake knows no /v1/models: 404, after the key check).
+    expect(sealed).toMatchObject({ issuer: expect.stringMatching(/^sealed secrets proxy CA/), status: '404' });
+    // The other name: the upstream's own certificate; the placeholder reached it as it was (a wrong key there: 401).
+    expect(shared).toMatchObject({ issuer: 'sap test CA', status: '401' });
+    const got = logOf(LOG_API)
+      .slice(before)
+      .map((r) => [r.host, r.keyOk]);
+    expect(got).toEqual([
+      [API_HOST, true],
+      [SHARED_HOST, false],
+    ]);
+  }, 120_000);
+
+  it('a hibernated sandbox keeps its sealed secrets: once woken, the same placeholder, swapped toward its host only, no value inside', async () => {
+    const id = await newSandbox({ secretStore: STORE });
+    created.push({ id });
+    const placeholderOf = async () => (await run(id, 'echo -n $ANTHROPIC_API_KEY')).stdout;
+    const mine = await placeholderOf();
+    expect(mine).toMatch(/^osb_sealed_[0-9a-f]{32}$/);
+    expect((await api('POST', `/api/sandboxes/${id}/hibernate`)).body.status).toBe('hibernated');
+    expect((await api('POST', `/api/sandboxes/${id}/wake`, { body: { timeout: 0 } })).status).toBe(200);
+    expect(await placeholderOf()).toBe(mine);
+    const before = logOf(LOG_API).length;
+    expect((await run(id, postFrom(API_HOST, 'ANTHROPIC_API_KEY'), { timeout: 60 })).stdout).toMatch(/^200 /);
+    expect((await run(id, bodyFrom(API_HOST, 'ANTHROPIC_API_KEY', 'ANTHROPIC_API_KEY', 'small'), { timeout: 60 })).stdout).toMatch(/^200 /);
+    const sent = logOf(LOG_API)
+      .slice(before)
+      .filter((r) => r.path === '/v1/messages');
+    expect(sent.map((r) => r.keyOk)).toEqual([true, true]);
+    const otherBefore = logOf(LOG_OTHER).length;
+    expect((await run(id, postFrom(OTHER_HOST, 'ANTHROPIC_API_KEY'), { timeout: 60 })).stdout).toMatch(/^403 .*sealed_secret_refused/);
+    expect(logOf(LOG_OTHER).length).toBe(otherBefore);
+    expect(await leaks(id, KEY)).toBe('');
   }, 180_000);
 
   it("another organisation's sandbox cannot use the first's placeholder", async () => {

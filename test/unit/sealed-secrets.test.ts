@@ -1,4 +1,8 @@
 import { hostAllowed, normaliseAllowedHost, withoutOverridden } from '../../contract/sealed';
+import net from 'node:net';
+import tls from 'node:tls';
+import { BodyScan } from '../../sandbox/seal/body';
+import { clientHelloName } from '../../sandbox/seal/sni';
 import { swapPlaceholders, type SealedEntry } from '../../sandbox/seal/proxy';
 
 const P1 = `osb_sealed_${'a'.repeat(32)}`;
@@ -62,5 +66,112 @@ describe('sealed secrets: swapping placeholders', () => {
     expect(swap(`${P1.slice(0, -1)}`, 'api.anthropic.com')).toEqual({ refused: null });
     expect(swap(`${P1}X`, 'api.anthropic.com')).toEqual({ refused: null });
     expect(opened).toEqual([]);
+  });
+});
+
+describe('sealed secrets: placeholders in bodies', () => {
+  /** Runs `body` through a BodyScan toward `host` in the given chunks; what was forwarded, and the refusal if any. */
+  const scanBody = (chunks: Buffer[], host: string) => {
+    const scan = new BodyScan((p) => {
+      const e = entries.get(p);
+      return e && hostAllowed(e.hosts, host) ? Buffer.from(open(e)) : { refused: e?.name ?? null };
+    });
+    const sent: Buffer[] = [];
+    for (let i = 0; i < chunks.length; i++) {
+      const r = scan.push(chunks[i]!, i === chunks.length - 1);
+      if (!Buffer.isBuffer(r)) return { sent: Buffer.concat(sent), refused: r.refused, delta: scan.delta };
+      sent.push(r);
+    }
+    return { sent: Buffer.concat(sent), refused: undefined, delta: scan.delta };
+  };
+  const splitAt = (b: Buffer, ...at: number[]) => [0, ...at, b.length].slice(1).map((end, i, ends) => b.subarray(i ? ends[i - 1] : 0, end));
+  const bytes = (n: number) => Buffer.from(Array.from({ length: n }, (_, i) => (i * 131 + 7) % 256));
+
+  beforeEach(() => (opened.length = 0));
+
+  it('swaps toward an allowed host wherever the chunks split the placeholder', () => {
+    const body = Buffer.concat([Buffer.from('{"key":"'), Buffer.from(P1), Buffer.from('","bin":"'), bytes(300), Buffer.from('"}')]);
+    const want = Buffer.from(body.toString('latin1').replace(P1, 'value-of-k1'), 'latin1');
+    for (let cut = 0; cut <= body.length; cut++) {
+      const r = scanBody(splitAt(body, cut), 'api.anthropic.com');
+      expect(r.refused).toBeUndefined();
+      expect(r.sent.equals(want)).toBe(true);
+      expect(r.delta).toBe('value-of-k1'.length - P1.length);
+    }
+    // Byte by byte, and two placeholders side by side.
+    const two = Buffer.from(`a${P2}${P2}b`);
+    expect(
+      scanBody(
+        [...two].map((x) => Buffer.from([x])),
+        'api.github.com',
+      ).sent.toString(),
+    ).toBe('avalue-of-k2value-of-k2b');
+  });
+
+  it('refuses a placeholder toward another host before any of its bytes are forwarded, however it is split', () => {
+    const body = Buffer.concat([bytes(100), Buffer.from(`x=${P1}&y=1`), bytes(100)]);
+    for (let cut = 0; cut <= body.length; cut += 3) {
+      for (const chunks of [splitAt(body, cut), splitAt(body, Math.floor(cut / 2), cut)]) {
+        const r = scanBody(chunks, 'api.github.com');
+        expect(r.refused).toBe('ANTHROPIC_API_KEY');
+        // Not even its beginning went out: the forwarded part ends before the placeholder starts.
+        expect(r.sent.length).toBeLessThanOrEqual(102);
+      }
+    }
+    // Another sandbox's placeholder (not one of these): refused, unnamed. Nothing was opened.
+    expect(scanBody([Buffer.from(`osb_sealed_${'c'.repeat(32)}`)], 'api.anthropic.com').refused).toBeNull();
+    expect(opened).toEqual([]);
+  });
+
+  it('passes text that only starts like a placeholder, and bodies without one, unchanged', () => {
+    for (const text of ['osb_sealed_', `osb_sealed_${'A'.repeat(32)}`, `${P1.slice(0, -1)}`, 'osb_sea', 'docs: osb_sealed_<32 hex>']) {
+      const body = Buffer.concat([bytes(50), Buffer.from(text)]);
+      for (let cut = 0; cut <= body.length; cut++) {
+        const r = scanBody(splitAt(body, cut), 'api.anthropic.com');
+        expect(r.refused).toBeUndefined();
+        expect(r.sent.equals(body)).toBe(true);
+      }
+    }
+    const big = bytes(1 << 20);
+    const r = scanBody(splitAt(big, 65536, 131072, 500_000), 'api.anthropic.com');
+    expect(r.sent.equals(big)).toBe(true);
+    expect(r.delta).toBe(0);
+  });
+});
+
+describe('sealed secrets: the server name of a ClientHello (pass-through of names sharing an address)', () => {
+  /** The first bytes a TLS client sends (its ClientHello), caught by a plain TCP server. */
+  const helloOf = (servername?: string) =>
+    new Promise<Buffer>((resolve, reject) => {
+      const server = net.createServer((sock) => {
+        let got = Buffer.alloc(0);
+        sock.on('data', (d: Buffer) => {
+          got = Buffer.concat([got, d]);
+          if (got.length >= 5 && got.length >= 5 + got.readUInt16BE(3)) {
+            sock.destroy();
+            server.close();
+            resolve(got);
+          }
+        });
+      });
+      server.listen(0, '127.0.0.1', () => {
+        const c = tls.connect({ host: '127.0.0.1', port: (server.address() as net.AddressInfo).port, ...(servername ? { servername } : {}) });
+        c.on('error', () => undefined);
+        setTimeout(() => reject(new Error('no ClientHello')), 5000).unref();
+      });
+    });
+
+  it('reads the name, waits for a whole first record, and refuses junk without throwing', async () => {
+    const hello = await helloOf('CDN.Example.test');
+    expect(clientHelloName(hello)).toBe('cdn.example.test');
+    for (let cut = 0; cut < hello.length; cut += 7) expect(clientHelloName(hello.subarray(0, cut))).toBeUndefined();
+    expect(clientHelloName(await helloOf())).toBeNull(); // no SNI (an address)
+    expect(clientHelloName(Buffer.from('GET / HTTP/1.1\r\n'))).toBeNull();
+    // Every single-byte corruption of a real hello: a name, null or undefined, never an exception.
+    for (let i = 0; i < hello.length; i++) {
+      const bad = Buffer.from(hello);
+      bad[i] = bad[i]! ^ 0xff;
+      expect(() => clientHelloName(bad)).not.toThrow();
+    }
   });
 });
