@@ -35,6 +35,8 @@ const NODE_V = { cmd: 'node', args: ['-v'] };
  *  - `burst`: B (default 100) of those create → `node -v` at once. wall_ms from the first request
  *    to the last answer; per_sandbox_ms (create → output) and create_ms over the sandboxes that
  *    succeeded; failures counted (with the first error), not thrown. Then all are deleted (untimed).
+ *    `cpu`: the stack's CPU over the burst (as for `cpu`, no idle subtracted), per sandbox and by process,
+ *    when the stack runs on this machine: set against wall_ms × cores, it tells whether the burst waited on CPU.
  *  - `exec-burst`: the exec half of a burst alone, as if creating cost nothing: B sandboxes are
  *    created first (10 at a time, untimed), then B `node -v` run at once, one in each. wall_ms and
  *    per_exec_ms as above. What a burst would take if sandboxes were ready ahead (a pool).
@@ -49,6 +51,18 @@ const NODE_V = { cmd: 'node', args: ['-v'] };
  * The sequential parts are latency, not throughput: one sandbox exists at a time, and the first
  * two rounds of each are warm-up (connections and caches), not counted.
  */
+/** The stack's CPU between two readings: total ms, ms per sandbox and ms by process (those ≥ 5 ms). */
+function cpuSince(before: ReturnType<typeof stackCpuMs>, after: ReturnType<typeof stackCpuMs>, n: number) {
+  const byProcess = Object.fromEntries(
+    Object.entries(after.byName)
+      .map(([name, ms]) => [name, Math.round(ms - (before.byName[name] ?? 0))] as const)
+      .filter(([, ms]) => ms >= 5)
+      .sort((x, y) => y[1] - x[1]),
+  );
+  const total = after.total - before.total;
+  return { total_ms: Math.round(total), per_sandbox_ms: n ? Math.round((total / n) * 10) / 10 : null, by_process: byProcess };
+}
+
 export async function benchSpawn(opts: {
   n: number;
   burst: number;
@@ -177,8 +191,16 @@ export async function benchSpawn(opts: {
   });
 
   if (opts.parts.has('burst') && opts.burst > 0) {
+    // The stack's CPU over the burst, when its processes are on this machine: is the burst bound by it?
+    let burstRoot: number | null = null;
+    try {
+      burstRoot = findStackRoot(opts.apiUrl ?? 'http://127.0.0.1:8080', opts.stackPid);
+    } catch {
+      /* another machine's stack: no CPU figure */
+    }
     const ids: string[] = [];
     const creates: number[] = [];
+    const cpu0 = burstRoot === null ? null : stackCpuMs(burstRoot);
     const { latencies, ...run } = await atOnce(opts.burst, async () => {
       const s0 = performance.now();
       const id = await create();
@@ -187,7 +209,8 @@ export async function benchSpawn(opts: {
       await nodeV(id);
       return performance.now() - s0;
     });
-    result.burst = burstSummary(run, { per_sandbox_ms: stats(latencies), create_ms: stats(creates) }, await destroyAll(ids));
+    const cpu = cpu0 && burstRoot !== null ? cpuSince(cpu0, stackCpuMs(burstRoot), ids.length) : undefined;
+    result.burst = burstSummary(run, { per_sandbox_ms: stats(latencies), create_ms: stats(creates), ...(cpu ? { cpu } : {}) }, await destroyAll(ids));
   }
 
   if (opts.parts.has('exec-burst') && opts.burst > 0) {

@@ -5,10 +5,11 @@
  * Defaults: `timeout` none (the command runs until it exits or is killed); `maxRunAfterDisconnect`
  * none (the command outlives every client). `exec/run` waits at most `timeout` seconds, default 60.
  */
+import { randomBytes } from 'node:crypto';
 import { ApiError, notFound } from '../lib/errors';
 import type { HostClient } from '../sandbox';
 import type { ExecSessionInfo } from '../sandbox';
-import { countOpenExecs, ensureExecIndexes, ExecDoc, findExec, insertExec, listOpenExecs, listSandboxExecs } from '../store/exec';
+import { countOpenExecs, deleteExec, ensureExecIndexes, ExecDoc, findExec, insertExec, listOpenExecs, listSandboxExecs } from '../store/exec';
 import { type ExecLive, killAndWait, liveExec, liveExecsOf, liveFields, type LiveFields, signalName } from './exec-live';
 import { fromHostError } from './host-errors';
 import type { SandboxDeps } from './deps';
@@ -139,28 +140,43 @@ export function createExecService(deps: SandboxDeps, live: ExecLive) {
     body: ExecStartRequest,
     mine: { recorded: boolean },
   ): Promise<{ doc: ExecDoc; info: ExecSessionInfo }> {
-    let info: ExecSessionInfo;
-    try {
-      info = await host.createExec(sandboxId, body);
-    } catch (err) {
-      throw fromHostError(err, `sandbox ${sandboxId}`);
-    }
+    // The id is chosen here, so the record is written while the host starts the command (one round
+    // trip less before the answer); whichever fails undoes the other.
     const doc: ExecDoc = {
-      _id: info.sessionID,
+      _id: `es-${randomBytes(8).toString('hex')}`,
       orgId,
       sandboxId,
       command: body.cmd,
       args: body.args,
-      startedAt: new Date(info.startedAt),
+      startedAt: new Date(),
       exitedAt: null,
       exitCode: null,
     };
-    try {
-      await insertExec(deps.store, doc);
-      mine.recorded = true;
-    } catch (err) {
-      await host.killExec(sandboxId, info.sessionID).catch(() => undefined);
-      throw err;
+    const [recorded, started] = await Promise.allSettled([
+      insertExec(deps.store, doc).then(() => {
+        mine.recorded = true;
+      }),
+      host.createExec(sandboxId, { ...body, sessionID: doc._id }),
+    ]);
+    if (recorded.status === 'rejected') {
+      if (started.status === 'fulfilled') await host.killExec(sandboxId, started.value.sessionID).catch(() => undefined);
+      throw recorded.reason;
+    }
+    if (started.status === 'rejected') {
+      await deleteExec(deps.store, doc._id).catch((err: unknown) =>
+        deps.logger.warn({ err, execId: doc._id }, 'could not remove the record of an exec that did not start'),
+      );
+      throw fromHostError(started.reason, `sandbox ${sandboxId}`);
+    }
+    const info = started.value;
+    if (info.sessionID !== doc._id) {
+      // A host of an older version chose its own id: the record follows it.
+      await deleteExec(deps.store, doc._id).catch(() => undefined);
+      doc._id = info.sessionID;
+      await insertExec(deps.store, doc).catch(async (err: unknown) => {
+        await host.killExec(sandboxId, info.sessionID).catch(() => undefined);
+        throw err;
+      });
     }
     live.rememberTarget(doc._id, { orgId, sandboxId, execId: doc._id, kind: 'exec' });
     return { doc, info };

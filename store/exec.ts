@@ -59,6 +59,11 @@ export async function insertExec(store: Store, doc: ExecDoc): Promise<void> {
   await execSessionsOf(store).insertOne(doc);
 }
 
+/** Removes an exec session's record (one whose command the host did not start). */
+export async function deleteExec(store: Store, id: string): Promise<void> {
+  await execSessionsOf(store).deleteOne({ _id: id });
+}
+
 /** Records a new agent session. */
 export async function insertAgentSession(store: Store, doc: AgentSessionDoc): Promise<void> {
   await agentSessionsOf(store).insertOne(doc);

@@ -151,7 +151,15 @@ export interface ExecRequest {
   timeout?: number;
   /** Seconds the command keeps running once its last WebSocket client has left; default: no limit. */
   maxRunAfterDisconnect?: number;
+  /**
+   * The session's id (`es-` and 16 hex digits), chosen by the control plane so that it records the
+   * session while the host starts the command; absent: the host makes one. A host that has it already answers conflict.
+   */
+  sessionID?: string;
 }
+
+/** What ExecRequest.sessionID must look like. */
+export const EXEC_SESSION_ID = /^es-[0-9a-f]{16}$/;
 
 /** An exec session (the public API's Exec session object). */
 export interface ExecSessionInfo {

@@ -30,9 +30,14 @@ export function exitCodeOf(code: number | null, signal: NodeJS.Signals | null): 
   return 128 + (signal ? (osConstants.signals[signal] ?? 0) : 0);
 }
 
+/** An exec session's id: `es-` and 16 hex digits (EXEC_SESSION_ID). */
+export function newExecSessionId(): string {
+  return `es-${randomBytes(8).toString('hex')}`;
+}
+
 /** One command running (or finished) inside a sandbox. */
 export class ExecSession {
-  readonly id = `es-${randomBytes(8).toString('hex')}`;
+  readonly id: string;
   readonly startedAt = new Date().toISOString();
   /** Attached clients and the sockets their output frames are written on. */
   readonly clients = new Map<WebSocket, Socket>();
@@ -64,7 +69,10 @@ export class ExecSession {
     private readonly log: Logger,
     /** Unsent bytes toward one client above which it is disconnected. */
     private readonly backlogMax = 8 * 1024 * 1024,
+    /** Its id when the control plane chose it (ExecRequest.sessionID); else a new one. */
+    id?: string,
   ) {
+    this.id = id ?? newExecSessionId();
     this.oomBefore = SandboxCgroups.of(sandboxId).oomKills();
     if (child.stdout) this.readers.push(readOutput(child.stdout, (d, slab) => this.output(FRAME_STDOUT, d, slab)));
     if (child.stderr) this.readers.push(readOutput(child.stderr, (d, slab) => this.output(FRAME_STDERR, d, slab)));

@@ -36,7 +36,7 @@ import { errorStatus, isSandboxError, SandboxError } from '../errors';
 import { SandboxCgroups } from '../procs';
 import type { SandboxProvider } from '../driver';
 import type { PipedProcess } from '../spawner';
-import type { ExecRequest, ExecRunResult } from '../host-contract/types';
+import { EXEC_SESSION_ID, type ExecRequest, type ExecRunResult } from '../host-contract/types';
 import { bearerMatchesHeader } from './auth';
 import { splice } from '../../lib/splice';
 import type { ExecLimits } from '../../config/exec-limits';
@@ -52,6 +52,8 @@ const execSchema = z.object({
   cwd: z.string().startsWith('/').optional(),
   timeout: z.number().int().positive().optional(),
   maxRunAfterDisconnect: z.number().int().min(0).optional(),
+  /** The session's id, chosen by the control plane (so that it records the session while the host starts it). */
+  sessionID: z.string().regex(EXEC_SESSION_ID, 'must be es- and 16 hex digits').optional(),
 });
 const idParams = z.object({ id: z.string().min(1) });
 const sessionParams = z.object({ id: z.string().min(1), sid: z.string().min(1) });
@@ -86,6 +88,9 @@ export class ExecManager {
         `sandbox ${sandboxId} already runs ${max} exec sessions (EXEC_SESSIONS_PER_SANDBOX); wait for one to exit or kill one`,
       );
     }
+    if (req.sessionID && this.sessions.get(sandboxId)?.has(req.sessionID)) {
+      throw new SandboxError('conflict', `exec session ${req.sessionID} already exists in sandbox ${sandboxId}`);
+    }
     this.starting.set(sandboxId, starting + 1);
     let child: PipedProcess;
     try {
@@ -95,7 +100,7 @@ export class ExecManager {
       if (n > 0) this.starting.set(sandboxId, n);
       else this.starting.delete(sandboxId);
     }
-    const session = new ExecSession(sandboxId, req, child, this.logger, this.limits.EXEC_WS_BACKLOG_MAX_BYTES);
+    const session = new ExecSession(sandboxId, req, child, this.logger, this.limits.EXEC_WS_BACKLOG_MAX_BYTES, req.sessionID);
     let map = this.sessions.get(sandboxId);
     if (!map) this.sessions.set(sandboxId, (map = new Map()));
     map.set(session.id, session);

@@ -136,6 +136,20 @@ describe('exec sessions and checkpoints (namespaces)', () => {
     await expect(client.getExec(sb, 'es-nope')).rejects.toMatchObject({ type: 'not_found' });
   });
 
+  it('takes the session id the control plane chose; refuses a second start with it and a malformed one', async () => {
+    const sessionID = `es-${createHash('sha256').update(String(process.hrtime.bigint())).digest('hex').slice(0, 16)}`;
+    const es = await client.createExec(sb, { cmd: 'sleep', args: ['100'], sessionID });
+    expect(es.sessionID).toBe(sessionID);
+    expect((await client.getExec(sb, sessionID)).running).toBe(true);
+    // The same id again: conflict, and the first command is untouched.
+    await expect(client.createExec(sb, { cmd: 'true', sessionID })).rejects.toMatchObject({ type: 'conflict' });
+    for (const bad of ['es-../../x', 'es-0123', `as-${sessionID.slice(3)}`, `${sessionID}0`, 'ES-0123456789ABCDEF']) {
+      await expect(client.createExec(sb, { cmd: 'true', sessionID: bad })).rejects.toMatchObject({ type: 'invalid_request' });
+    }
+    expect((await client.getExec(sb, sessionID)).running).toBe(true);
+    await client.killExec(sb, sessionID, 'SIGKILL');
+  });
+
   it('checkpoints a sandbox and spawns copy-on-write sandboxes from it, deletions included', async () => {
     const src = `sb-cp-src${process.pid}`;
     await client.createSandbox({ id: src, orgId: 'o' });
