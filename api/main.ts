@@ -6,7 +6,8 @@ import { ensureApiKey } from '../store/orgs';
 import { createApiServer } from './server';
 import { HostDirectory } from '../services/hosts';
 import { resolveHostToken, resolveSecretBox } from '../config';
-import { sealLegacyAgentEnvs } from '../store/agents';
+import { listUnlistedAgents, sealLegacyAgentEnvs } from '../store/agents';
+import { listUnlistedBatches } from '../store/batches';
 import { listUnlistedSessions } from '../store/sessions';
 
 /** The API process: validates configuration, connects, listens, and shuts down on SIGTERM. */
@@ -26,6 +27,9 @@ async function main(): Promise<void> {
   // Sessions stored before they were listed by key (store/listing.ts): listed now, once.
   const listed = await listUnlistedSessions(store);
   if (listed > 0) logger.info({ sessions: listed }, 'listed the sessions stored before sessions were listed by key');
+  const [agentsListed, batchesListed] = [await listUnlistedAgents(store), await listUnlistedBatches(store)];
+  if (agentsListed + batchesListed > 0)
+    logger.info({ agents: agentsListed, batches: batchesListed }, 'listed the agents and batches stored before they were listed by key');
   const { server, previewServer } = createApiServer({ cfg, store, temporal, logger, hosts, secrets });
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);
