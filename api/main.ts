@@ -8,6 +8,7 @@ import { HostDirectory } from '../services/hosts';
 import { resolveHostToken, resolveSecretBox } from '../config';
 import { listUnlistedAgents, sealLegacyAgentEnvs } from '../store/agents';
 import { listUnlistedBatches } from '../store/batches';
+import { listUnlistedSandboxes } from '../store/sandboxes';
 import { listUnlistedSessions } from '../store/sessions';
 
 /** The API process: validates configuration, connects, listens, and shuts down on SIGTERM. */

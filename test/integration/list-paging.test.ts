@@ -6,6 +6,7 @@ import { batchesOf, deleteBatch, insertBatch, type BatchDoc, type BatchStatus } 
 import { listedAfter, listName } from '../../store/listing';
 import { deleteUnstartedSessions, insertSessionsOnce, newSessionDoc } from '../../store/sessions';
 import { orgOfKeyHash } from '../../store/orgs';
+import { insertSandbox, markSandboxStopped, sandboxesOf, updateSandbox, type SandboxDoc } from '../../store/sandboxes';
 import { hashSecret } from '../../lib/ids';
 
 /**
@@ -68,6 +69,7 @@ describe('agents and batches list paging', () => {
 
   afterAll(async () => {
     if (!store) return;
+    await sandboxesOf(store).deleteMany({ orgId });
     for (const b of batches) await deleteBatch(store, b).catch(() => undefined);
     for (const a of agents) await deleteAgent(store, a).catch(() => undefined);
     await store.close();
@@ -159,5 +161,52 @@ describe('agents and batches list paging', () => {
       ),
     ).toBe(20);
     expect(await sessionKeys()).toEqual([]);
+  });
+
+  it('lists an organisation’s live sandboxes from its list, dropping the stopped ones it meets', async () => {
+    // Records only (no host runs them): the list route reads records, and marks them lost.
+    const t0 = Date.now() - 60_000;
+    const sbs: SandboxDoc[] = Array.from({ length: 8 }, (_, i) => ({
+      _id: `sb-pg${tag}${i}`,
+      orgId,
+      hostId: `nohost-${tag}`,
+      status: i < 6 ? 'running' : 'stopped',
+      templateID: 'base',
+      metadata: '{}',
+      fromCheckpoint: null,
+      snapshot: null,
+      timeout: 0,
+      memoryMB: 512,
+      cpuCount: 1,
+      instanceId: null,
+      createdAt: new Date(t0 + Math.floor(i / 2) * 1000),
+      updatedAt: new Date(t0),
+    }));
+    for (const sb of sbs) await insertSandbox(store, sb);
+    const listed = async () => {
+      const r = await api('GET', '/api/sandboxes', { key });
+      expect(r.status).toBe(200);
+      return r.body.map((s: { sandboxID: string }) => s.sandboxID);
+    };
+    const live = (docs: SandboxDoc[]) =>
+      newestFirst(
+        docs.filter((d) => d.status === 'running' || d.status === 'hibernated').map((d) => ({ ...d, created_at: d.createdAt })),
+        (d) => d._id,
+      );
+    expect(await listed()).toEqual(live(sbs));
+    const keys = () => listedAfter(store, listName('sandboxes', orgId), undefined, 1000);
+    expect((await keys()).length).toBe(6);
+    // Stopped (a state it never leaves): left out, and its key dropped once the list meets it.
+    await markSandboxStopped(store, sbs[1]!._id);
+    sbs[1]!.status = 'stopped';
+    await updateSandbox(store, sbs[2]!._id, { status: 'hibernated' });
+    sbs[2]!.status = 'hibernated';
+    expect(await listed()).toEqual(live(sbs));
+    expect((await keys()).map((l) => l.id)).not.toContain(sbs[1]!._id);
+    expect((await keys()).length).toBe(5);
+    // Another organisation sees none of them.
+    const theirs = await api('GET', '/api/sandboxes');
+    expect(theirs.status).toBe(200);
+    for (const sb of sbs) expect(theirs.body.map((s: { sandboxID: string }) => s.sandboxID)).not.toContain(sb._id);
   });
 });
