@@ -14,13 +14,22 @@ export interface Authenticator {
   authenticate(req: Request): Promise<OrgContext>;
   /** Resolves a raw key; null when unknown. */
   resolve(key: string): Promise<OrgContext | null>;
+  /**
+   * Watches the key of a long-lived request (a WebSocket) authenticated as `org`: calls `onRevoked`
+   * once when the key no longer resolves to `org`, checked every KEY_CHECK_MS through the key cache
+   * (so within CACHE_MS + KEY_CHECK_MS of a revocation). Returns the function that stops watching.
+   */
+  watch(req: Request, org: OrgContext, onRevoked: () => void): () => void;
 }
 
 const CACHE_MS = 30_000;
+/** How often an open socket's key is checked again (a lookup in the cache; MongoDB once per CACHE_MS). */
+const KEY_CHECK_MS = 5_000;
 
 /**
  * Looks keys up by their sha256 (the `_id` of api_keys), caching hits and misses for 30 s so the
- * hot path does not touch MongoDB on every request. A revoked key stops working within 30 s.
+ * hot path does not touch MongoDB on every request. A revoked key stops working within 30 s, and
+ * the WebSockets it opened are closed within 35 s (see `watch`).
  */
 export function createAuthenticator(store: Store): Authenticator {
   const cache = new Map<string, { org: OrgContext | null; until: number }>();
@@ -37,10 +46,27 @@ export function createAuthenticator(store: Store): Authenticator {
   }
   return {
     resolve,
+    watch(req, org, onRevoked) {
+      const key = keyOf(req);
+      let checking = false;
+      const timer = setInterval(() => {
+        if (checking) return;
+        checking = true;
+        resolve(key ?? '')
+          .then((now) => {
+            if (now?.id === org.id) return;
+            clearInterval(timer);
+            onRevoked();
+          })
+          // MongoDB unreachable: the key is not known to be revoked; checked again next time.
+          .catch(() => undefined)
+          .finally(() => (checking = false));
+      }, KEY_CHECK_MS);
+      timer.unref();
+      return () => clearInterval(timer);
+    },
     async authenticate(req) {
-      const header = req.headers['x-api-key'];
-      const key =
-        (Array.isArray(header) ? header[0] : header) ?? keyOfSubprotocol(req) ?? (typeof req.query.api_key === 'string' ? req.query.api_key : undefined);
+      const key = keyOf(req);
       if (!key) throw new ApiError('unauthorized', 'missing API key: send it in the X-API-Key header');
       const org = await resolve(key);
       if (!org) throw new ApiError('unauthorized', 'invalid API key');
@@ -50,6 +76,12 @@ export function createAuthenticator(store: Store): Authenticator {
       return org;
     },
   };
+}
+
+/** A request's API key: its X-API-Key header, the console socket's subprotocol, or its `api_key` query. */
+function keyOf(req: Request): string | undefined {
+  const header = req.headers['x-api-key'];
+  return (Array.isArray(header) ? header[0] : header) ?? keyOfSubprotocol(req) ?? (typeof req.query.api_key === 'string' ? req.query.api_key : undefined);
 }
 
 /** The WebSocket subprotocol the web console offers beside its key (a browser cannot set X-API-Key on a WebSocket). */

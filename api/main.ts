@@ -6,7 +6,9 @@ import { ensureApiKey } from '../store/orgs';
 import { createApiServer } from './server';
 import { HostDirectory } from '../services/hosts';
 import { resolveHostToken, resolveSecretBox } from '../config';
-import { sealLegacyAgentEnvs } from '../store/agents';
+import { listUnlistedAgents, sealLegacyAgentEnvs } from '../store/agents';
+import { listUnlistedBatches } from '../store/batches';
+import { listUnlistedSandboxes } from '../store/sandboxes';
 import { listUnlistedSessions } from '../store/sessions';
 
 /** The API process: validates configuration, connects, listens, and shuts down on SIGTERM. */
@@ -26,6 +28,9 @@ async function main(): Promise<void> {
   // Sessions stored before they were listed by key (store/listing.ts): listed now, once.
   const listed = await listUnlistedSessions(store);
   if (listed > 0) logger.info({ sessions: listed }, 'listed the sessions stored before sessions were listed by key');
+  // So are agents, batches and live sandboxes.
+  const more = { agents: await listUnlistedAgents(store), batches: await listUnlistedBatches(store), sandboxes: await listUnlistedSandboxes(store) };
+  if (more.agents + more.batches + more.sandboxes > 0) logger.info(more, 'listed the agents, batches and live sandboxes stored before they were listed by key');
   const { server, previewServer } = createApiServer({ cfg, store, temporal, logger, hosts, secrets });
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);

@@ -2,7 +2,10 @@ import fs from 'node:fs';
 import path from 'node:path';
 import zlib from 'node:zlib';
 import type { Page } from 'playwright-core';
-import { connectStore, type SessionDoc } from '../store';
+import { connectStore, type AgentDoc, type SessionDoc, type Store } from '../store';
+import { agentKey, findAgent, insertAgent } from '../store/agents';
+import { batchesOf, insertBatch, type BatchDoc } from '../store/batches';
+import { listName, removeListed } from '../store/listing';
 import { deleteUnstartedSessions, insertSessionsOnce, newSessionDoc } from '../store/sessions';
 import { encodeCursor } from '../store/page';
 import { orgOfKeyHash } from '../store/orgs';
@@ -36,10 +39,68 @@ async function firstRender(page: Page, url: string, ready: string): Promise<numb
   return (await page.evaluate('performance.now()')) as number;
 }
 
+/** Seeds `n` agents (copies of `agent`) and `n` batches of it, created over the past n seconds; returns them for the cleanup. */
+async function seedLists(store: Store, agent: AgentDoc, n: number, tag: string): Promise<{ agents: AgentDoc[]; batches: BatchDoc[] }> {
+  const agents: AgentDoc[] = [];
+  const batches: BatchDoc[] = [];
+  const t0 = Date.now() - 1000;
+  for (let i = 0; i < n; i++) {
+    const at = new Date(t0 - (n - i) * 1000);
+    const id = `${agent.id}-${i.toString(36)}`;
+    agents.push({ ...agent, _id: agentKey(agent.orgId, id), id, display_name: id, created_at: at });
+    batches.push({
+      _id: `batch_bench${tag}${i.toString(36).padStart(4, '0')}`,
+      orgId: agent.orgId,
+      agent_id: agent.id,
+      status: i % 2 ? 'completed' : 'cancelled',
+      total: 1,
+      concurrency: 1,
+      max_attempts: 1,
+      counts: { pending: 0, running: 0, completed: 1, failed: 0 },
+      items_hash: 'bench',
+      idempotency_key: null,
+      created_at: at,
+      updated_at: at,
+      completed_at: at,
+    });
+  }
+  for (let i = 0; i < n; i += 16) {
+    await Promise.all([...agents.slice(i, i + 16).map((a) => insertAgent(store, a)), ...batches.slice(i, i + 16).map((b) => insertBatch(store, b))]);
+  }
+  return { agents, batches };
+}
+
+/** Deletes what seedLists seeded, with their listing keys, a thousand at a time. */
+async function dropLists(store: Store, lists: { agents: AgentDoc[]; batches: BatchDoc[] }): Promise<void> {
+  for (let i = 0; i < Math.max(lists.agents.length, lists.batches.length); i += 1000) {
+    const agents = lists.agents.slice(i, i + 1000);
+    const batches = lists.batches.slice(i, i + 1000);
+    await store.agents.deleteMany({ _id: { $in: agents.map((a) => a._id) } });
+    await batchesOf(store).batches.deleteMany({ _id: { $in: batches.map((b) => b._id) } });
+    await removeListed(store, [
+      ...agents.map((a) => ({ list: listName('agents', a.orgId), item: { id: a.id, created_at: a.created_at } })),
+      ...batches.map((b) => ({ list: listName('batches', b.orgId, b.agent_id), item: { id: b._id, created_at: b.created_at } })),
+    ]);
+  }
+}
+
+/** Median milliseconds of `runs` calls of GET `path` that answer 200 with `field` holding `want` items. */
+async function timeList(o: { call: Call; runs: number }, path: string, field: string, want: number): Promise<number> {
+  const ms: number[] = [];
+  for (let r = 0; r < o.runs; r++) {
+    const t = process.hrtime.bigint();
+    const page = await o.call('GET', path);
+    ms.push(Number(process.hrtime.bigint() - t) / 1e6);
+    if (page.status !== 200 || page.body[field]?.length !== want) throw new Error(`GET ${path}: ${page.status} ${JSON.stringify(page.body).slice(0, 200)}`);
+  }
+  return median(ms);
+}
+
 /**
  * `npm run bench -- console [--runs 5] [--n 10000]` against a running stack: the console's shipped
  * assets gzipped (and Swagger UI's apart), each page's first render (median of `runs`), the session
- * list of an agent with `n` sessions (seeded straight into MongoDB: MONGO_URL) to its first page, and a
+ * list of an agent with `n` sessions (seeded straight into MongoDB: MONGO_URL) to its first page, the
+ * agents and batches lists with `n` of each (seeded too) to their first page, and a
  * terminal's keystroke echo (keydown → the echoed character in the DOM, p50 of 50 keys).
  */
 export async function benchConsole(o: { url: string; key: string; runs: number; n: number; call: Call; only?: string }): Promise<Record<string, unknown>> {
@@ -58,6 +119,7 @@ export async function benchConsole(o: { url: string; key: string; runs: number; 
   let sandboxId: string | undefined;
   const seeded: string[] = [];
   const seededAt: { _id: string; created_at: Date }[] = [];
+  let lists: { agents: AgentDoc[]; batches: BatchDoc[] } = { agents: [], batches: [] };
   const browser = await launchChromium();
   try {
     const orgId = await orgOfKeyHash(store, hashSecret(o.key));
@@ -106,6 +168,13 @@ export async function benchConsole(o: { url: string; key: string; runs: number; 
       }
       out[`api_sessions_middle_page_of_${o.n}_ms_p50`] = median(midMs);
     }
+    // The agents and batches lists with n of each, first page of 50 and a filtered one.
+    const agentDoc = await findAgent(store, orgId, agentId);
+    if (!agentDoc) throw new Error('the bench agent is not stored');
+    lists = await seedLists(store, agentDoc, o.n, t0.toString(36));
+    out[`api_agents_first_page_of_${o.n}_ms_p50`] = await timeList(o, '/v1/agents?limit=50', 'agents', 50);
+    out[`api_batches_first_page_of_${o.n}_ms_p50`] = await timeList(o, `/v1/agents/${agentId}/batches?limit=50`, 'batches', 50);
+    out[`api_batches_completed_first_page_of_${o.n}_ms_p50`] = await timeList(o, `/v1/agents/${agentId}/batches?limit=50&status=completed`, 'batches', 50);
     if (o.only === 'list') return out;
     const sb = await o.call('POST', '/api/sandboxes', {});
     if (sb.status !== 201) throw new Error(`create sandbox: ${JSON.stringify(sb.body)}`);
@@ -114,9 +183,9 @@ export async function benchConsole(o: { url: string; key: string; runs: number; 
     const context = await signedInContext(browser, o.key);
     const page = await context.newPage();
     const pages: Record<string, [string, string]> = {
-      agents: ['/agents', 'table'],
+      [`agents_${o.n}`]: ['/agents', 'tbody tr'],
       [`sessions_${o.n}`]: [`/agents/${agentId}/sessions`, 'tbody tr'],
-      batches: [`/agents/${agentId}/batches`, 'h1'],
+      [`batches_${o.n}`]: [`/agents/${agentId}/batches`, 'tbody tr'],
       sandboxes: ['/sandboxes', 'tbody tr'],
       sandbox: [`/sandboxes/${sandboxId}`, '.sandbox-status'],
       hosts: ['/hosts', 'tbody tr'],
@@ -166,6 +235,7 @@ export async function benchConsole(o: { url: string; key: string; runs: number; 
     await browser.close();
     if (sandboxId) await o.call('DELETE', `/api/sandboxes/${sandboxId}`).catch(() => undefined);
     for (let i = 0; i < seeded.length; i += 1000) await deleteUnstartedSessions(store, seeded.slice(i, i + 1000)).catch(() => undefined);
+    await dropLists(store, lists).catch(() => undefined);
     await o.call('DELETE', `/v1/agents/${agentId}`).catch(() => undefined);
     await store.close();
   }

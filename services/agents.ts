@@ -144,7 +144,7 @@ export function createAgentService(deps: ServiceDeps, secretStores: Pick<SecretS
       // Temporal's visibility for running ones rather than scanning MongoDB.
       const { count } = await deps.temporal.workflow.count(`AgentId = '${agentId}' AND OrgId = '${orgId}' AND ExecutionStatus = 'Running'`);
       if (count > 0) throw conflict(`agent ${agentId} has ${count} running session(s) or instance(s); end them first`);
-      await deleteAgent(deps.store, agent._id);
+      await deleteAgent(deps.store, agent);
       cache().delete(agent._id);
       return agent;
     },

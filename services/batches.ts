@@ -11,6 +11,7 @@ import {
   ensureBatchIndexes,
   findBatch,
   insertBatch,
+  listBatch,
   listBatches,
   markBatchCancelled,
   storeBatchItems,
@@ -137,6 +138,7 @@ export function createBatchService(deps: ServiceDeps, agents: Pick<AgentService,
       const answerExisting = async (existing: BatchDoc): Promise<{ batch: BatchDoc; created: boolean }> => {
         if (existing.orgId !== orgId || existing.agent_id !== agent.id) throw conflict('Idempotency-Key was already used for a batch of another agent');
         if (existing.items_hash !== itemsHash) throw conflict('Idempotency-Key was already used for a batch with other items');
+        await listBatch(deps.store, existing);
         // The first request may have died between storing and starting: make sure it runs.
         if (existing.status === 'running') await startBatchWorkflow(existing, agent);
         return { batch: existing, created: false };
@@ -157,7 +159,7 @@ export function createBatchService(deps: ServiceDeps, agents: Pick<AgentService,
       try {
         await startBatchWorkflow(doc, agent);
       } catch (err) {
-        await deleteBatch(deps.store, doc._id);
+        await deleteBatch(deps.store, doc);
         throw new ApiError('unavailable', `could not start the batch workflow: ${(err as Error).message}`);
       }
       return { batch: doc, created: true };
@@ -165,9 +167,7 @@ export function createBatchService(deps: ServiceDeps, agents: Pick<AgentService,
 
     async list(orgId, agentId, q) {
       await agents.get(orgId, agentId);
-      const filter: Record<string, unknown> = { orgId, agent_id: agentId };
-      if (q.status) filter.status = q.status;
-      return listBatches(deps.store, filter, q.limit, q.cursor);
+      return listBatches(deps.store, orgId, agentId, q.status, q.limit, q.cursor);
     },
 
     get,

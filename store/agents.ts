@@ -1,5 +1,5 @@
 import type { AgentDoc, Store } from './index';
-import { pageOf } from './page';
+import { addToList, listName, listUnlisted, pageListed, removeFromList } from './listing';
 import type { SecretBox } from '../lib/secret-box';
 import { sealAgentEnv } from './agent-env';
 
@@ -11,9 +11,13 @@ export function findAgent(store: Store, orgId: string, agentId: string): Promise
   return store.agents.findOne({ _id: agentKey(orgId, agentId) });
 }
 
-/** Stores a new agent; throws MongoDB's duplicate-key error when its id is taken. */
+/** The list of an organisation's agents (store/listing.ts). */
+const agentList = (orgId: string) => listName('agents', orgId);
+
+/** Stores a new agent and lists it; throws MongoDB's duplicate-key error when its id is taken. */
 export async function insertAgent(store: Store, doc: AgentDoc): Promise<void> {
   await store.agents.insertOne(doc);
+  await addToList(store, agentList(doc.orgId), [{ _id: doc.id, created_at: doc.created_at }]);
 }
 
 /** Sets fields of an agent and returns it as updated; null when there is none. */
@@ -21,14 +25,23 @@ export function updateAgent(store: Store, _id: string, set: Record<string, unkno
   return store.agents.findOneAndUpdate({ _id }, { $set: set }, { returnDocument: 'after' });
 }
 
-/** Deletes an agent by its `_id`. */
-export async function deleteAgent(store: Store, _id: string): Promise<void> {
-  await store.agents.deleteOne({ _id });
+/** Deletes an agent and its listing key. */
+export async function deleteAgent(store: Store, agent: AgentDoc): Promise<void> {
+  await store.agents.deleteOne({ _id: agent._id });
+  await removeFromList(store, agentList(agent.orgId), { _id: agent.id, created_at: agent.created_at });
 }
 
-/** One page of an organisation's agents, newest first. */
+/** One page of an organisation's agents, newest first (a range of listing keys: its cost does not grow with the list). */
 export function listAgents(store: Store, orgId: string, limit: number, cursor: string | undefined): Promise<{ page: AgentDoc[]; next_cursor: string | null }> {
-  return pageOf(store.agents, { orgId }, limit, cursor);
+  return pageListed(store, agentList(orgId), cursor, limit, (id) => findAgent(store, orgId, id));
+}
+
+/** Lists the agents stored before agents were listed by key, once per database; returns how many it read. */
+export function listUnlistedAgents(store: Store): Promise<number> {
+  return listUnlisted(store, 'migrated:agents-listed', store.agents.find({}, { projection: { orgId: 1, id: 1, created_at: 1 } }), (a) => ({
+    list: agentList(a.orgId),
+    id: a.id,
+  }));
 }
 
 /** The ids of up to `limit` agents of an organisation that name the secret store `storeName`. */

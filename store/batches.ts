@@ -1,6 +1,6 @@
 import type { Collection } from 'mongodb';
 import { isDuplicateKey, type Store } from './index';
-import { pageOf } from './page';
+import { addToList, listName, listUnlisted, pageListed, removeFromList } from './listing';
 import type { StoredWebhook } from '../lib/webhooks';
 
 export type BatchStatus = 'running' | 'completed' | 'cancelled';
@@ -78,24 +78,50 @@ export function findBatch(store: Store, id: string): Promise<BatchDoc | null> {
   return batchesOf(store).batches.findOne({ _id: id });
 }
 
-/** Stores a new batch; throws MongoDB's duplicate-key error when its id is taken. */
+/** The list of an agent's batches (store/listing.ts). */
+const batchList = (orgId: string, agentId: string) => listName('batches', orgId, agentId);
+
+/** Stores a new batch and lists it; throws MongoDB's duplicate-key error when its id is taken. */
 export async function insertBatch(store: Store, doc: BatchDoc): Promise<void> {
   await batchesOf(store).batches.insertOne(doc);
+  await addToList(store, batchList(doc.orgId, doc.agent_id), [doc]);
 }
 
-/** Deletes a batch document (its workflow could not be started). */
-export async function deleteBatch(store: Store, id: string): Promise<void> {
-  await batchesOf(store).batches.deleteOne({ _id: id });
+/** Makes sure a stored batch is listed (a retried creation whose first try stopped between the two writes). */
+export async function listBatch(store: Store, doc: BatchDoc): Promise<void> {
+  await addToList(store, batchList(doc.orgId, doc.agent_id), [doc]);
 }
 
-/** One page of batches matching `filter`, newest first. */
+/** Deletes a batch document and its listing key (its workflow could not be started). */
+export async function deleteBatch(store: Store, doc: BatchDoc): Promise<void> {
+  await batchesOf(store).batches.deleteOne({ _id: doc._id });
+  await removeFromList(store, batchList(doc.orgId, doc.agent_id), doc);
+}
+
+/**
+ * One page of an agent's batches (those with `status`, if given), newest first: a range of
+ * listing keys, so its cost does not grow with the list (a status filter reads at most 2,000 keys
+ * per page: the page may then be short, with a cursor to go on).
+ */
 export function listBatches(
   store: Store,
-  filter: Record<string, unknown>,
+  orgId: string,
+  agentId: string,
+  status: BatchStatus | undefined,
   limit: number,
   cursor: string | undefined,
 ): Promise<{ page: BatchDoc[]; next_cursor: string | null }> {
-  return pageOf(batchesOf(store).batches, filter, limit, cursor);
+  const load = async (id: string) => {
+    const b = await findBatch(store, id);
+    return b && b.orgId === orgId && b.agent_id === agentId ? b : null;
+  };
+  return pageListed(store, batchList(orgId, agentId), cursor, limit, load, status ? (b) => b.status === status : undefined);
+}
+
+/** Lists the batches stored before batches were listed by key, once per database; returns how many it read. */
+export function listUnlistedBatches(store: Store): Promise<number> {
+  const all = batchesOf(store).batches.find({}, { projection: { orgId: 1, agent_id: 1, created_at: 1 } });
+  return listUnlisted(store, 'migrated:batches-listed', all, (b) => ({ list: batchList(b.orgId, b.agent_id), id: b._id }));
 }
 
 /** Marks a batch cancelled, ended at `at`. */

@@ -1,7 +1,7 @@
 import { MongoBulkWriteError } from 'mongodb';
 import type { Store } from './index';
 import { isDuplicateKey } from './index';
-import { decodeCursor } from './page';
+import { decodeCursor, encodeCursor } from './page';
 
 /**
  * Listing keys: one small document per listed item in the `listings` collection, its `_id` the
@@ -62,6 +62,12 @@ export async function removeFromList(store: Store, list: string, item: { _id: st
   await listingsOf(store).deleteOne({ _id: keyOf(list, item.created_at, item._id) });
 }
 
+/** Removes the keys of many items, each from its own list (one delete). */
+export async function removeListed(store: Store, entries: { list: string; item: Listed }[]): Promise<void> {
+  if (entries.length === 0) return;
+  await listingsOf(store).deleteMany({ _id: { $in: entries.map((e) => keyOf(e.list, e.item.created_at, e.item.id)) } });
+}
+
 /**
  * Up to `size` items of a list after `cursor` (a cursor of store/page.ts), newest first by
  * (created_at, _id).
@@ -78,4 +84,88 @@ export async function listedAfter(store: Store, list: string, cursor: string | u
     .limit(size)
     .toArray();
   return docs.map((d) => listedOf(d._id));
+}
+
+/** Keys read per step when a filter leaves items out. */
+const FILTER_CHUNK = 100;
+
+/**
+ * One page of a list, newest first by (created_at, id): up to `limit` items after `cursor` that
+ * `load` finds (by the id in their key) and `keep` admits, and the cursor after the last one (null
+ * at the end). A filtered page reads at most `scanMax` keys: it may then be short, with a cursor
+ * to go on. A key whose item is gone, or was stored with another creation time, is left out and
+ * removed (an item is stored before its key, so such a key is stale).
+ */
+export async function pageListed<T extends { created_at: Date }>(
+  store: Store,
+  list: string,
+  cursor: string | undefined,
+  limit: number,
+  load: (id: string) => Promise<T | null>,
+  keep?: (doc: T) => boolean,
+  scanMax = 2000,
+): Promise<{ page: T[]; next_cursor: string | null }> {
+  const page: T[] = [];
+  const stale: Listed[] = [];
+  const size = keep ? FILTER_CHUNK : limit + 1;
+  let after = cursor;
+  let more = true;
+  let scanned = 0;
+  while (page.length < limit && more && scanned < scanMax) {
+    const listed = await listedAfter(store, list, after, size);
+    scanned += listed.length;
+    more = listed.length === size;
+    const docs = await Promise.all(listed.map((l) => load(l.id)));
+    for (const [i, l] of listed.entries()) {
+      const doc = docs[i];
+      after = encodeCursor({ t: l.created_at.toISOString(), id: l.id });
+      if (!doc || doc.created_at.getTime() !== l.created_at.getTime()) {
+        stale.push(l);
+        continue;
+      }
+      if (keep && !keep(doc)) continue;
+      page.push(doc);
+      if (page.length === limit) {
+        more = more || i < listed.length - 1;
+        break;
+      }
+    }
+  }
+  await removeListed(
+    store,
+    stale.map((item) => ({ list, item })),
+  );
+  return { page, next_cursor: more ? (after ?? null) : null };
+}
+
+/**
+ * Lists the items of a collection stored before that collection was listed by key, once per
+ * database (`marker` in `listings` says it is done). `listOf` names each item's list. Returns how
+ * many items it read.
+ */
+export async function listUnlisted<T extends { created_at: Date }>(
+  store: Store,
+  marker: string,
+  items: AsyncIterable<T>,
+  listOf: (item: T) => { list: string; id: string },
+): Promise<number> {
+  if (await listingsOf(store).findOne({ _id: marker })) return 0;
+  let n = 0;
+  let byList = new Map<string, { _id: string; created_at: Date }[]>();
+  const flush = async () => {
+    for (const [list, keyed] of byList) await addToList(store, list, keyed);
+    byList = new Map();
+  };
+  for await (const item of items) {
+    const { list, id } = listOf(item);
+    byList.set(list, [...(byList.get(list) ?? []), { _id: id, created_at: item.created_at }]);
+    if (++n % 1000 === 0) await flush();
+  }
+  await flush();
+  try {
+    await listingsOf(store).insertOne({ _id: marker });
+  } catch (err) {
+    if (!isDuplicateKey(err)) throw err;
+  }
+  return n;
 }

@@ -1,4 +1,5 @@
 import { isDuplicateKey, type Store } from './index';
+import { addToList, listName, listUnlisted, pageListed } from './listing';
 
 /**
  * A sandbox created through /api/sandboxes (or an instance's): which organisation owns it and
@@ -54,9 +55,25 @@ export async function findOrgSandbox(store: Store, orgId: string, id: string): P
   return doc && doc.orgId === orgId ? doc : null;
 }
 
+const LIVE: SandboxDoc['status'][] = ['running', 'hibernated'];
+const isLive = (doc: SandboxDoc) => LIVE.includes(doc.status);
+
+/**
+ * The list of an organisation's live (running or hibernated) sandboxes (store/listing.ts). A sandbox
+ * is listed when recorded live; its key is dropped when the list meets it stopped (a state it never
+ * leaves) or gone, so the list holds the live ones and those stopped since it was last read.
+ */
+const liveList = (orgId: string) => listName('sandboxes', orgId);
+const listedAs = (doc: Pick<SandboxDoc, '_id' | 'createdAt'>) => ({ _id: doc._id, created_at: doc.createdAt });
+
+async function listLive(store: Store, doc: SandboxDoc): Promise<void> {
+  if (isLive(doc)) await addToList(store, liveList(doc.orgId), [listedAs(doc)]);
+}
+
 /** Records a new sandbox. */
 export async function insertSandbox(store: Store, doc: SandboxDoc): Promise<void> {
   await sandboxesOf(store).insertOne(doc);
+  await listLive(store, doc);
 }
 
 /** Records a sandbox hibernated (status `hibernated`, its layer) and returns it as recorded. */
@@ -72,18 +89,36 @@ export async function deleteSandboxRecord(store: Store, id: string): Promise<voi
   await sandboxesOf(store).deleteOne({ _id: id });
 }
 
-/** Sets fields of a sandbox's record. */
+/** Sets fields of a sandbox's record (one recorded live again is listed again). */
 export async function updateSandbox(store: Store, id: string, set: Partial<SandboxDoc>): Promise<void> {
   await sandboxesOf(store).updateOne({ _id: id }, { $set: set });
+  if (set.status && LIVE.includes(set.status)) {
+    const doc = await findSandbox(store, id);
+    if (doc) await listLive(store, doc);
+  }
 }
 
-/** The organisation's running and hibernated sandboxes, newest first (at most 1000). */
-export function listLiveOrgSandboxes(store: Store, orgId: string): Promise<SandboxDoc[]> {
-  return sandboxesOf(store)
-    .find({ orgId, status: { $in: ['running', 'hibernated'] } })
-    .sort({ createdAt: -1 })
-    .limit(1000)
-    .toArray();
+/**
+ * The organisation's running and hibernated sandboxes, newest first (at most 1000): read from its
+ * list of live sandboxes, so the cost does not grow with the sandboxes it ever had.
+ */
+export async function listLiveOrgSandboxes(store: Store, orgId: string): Promise<SandboxDoc[]> {
+  const load = async (id: string) => {
+    const doc = await findSandbox(store, id);
+    // Not live (stopped, gone) or not this organisation's: its key is dropped from the list.
+    return doc && doc.orgId === orgId && isLive(doc) ? { ...doc, created_at: doc.createdAt } : null;
+  };
+  const { page } = await pageListed(store, liveList(orgId), undefined, 1000, load);
+  return page.map(({ created_at: _, ...doc }) => doc);
+}
+
+/** Lists the live sandboxes recorded before they were listed by key, once per database; returns how many it read. */
+export function listUnlistedSandboxes(store: Store): Promise<number> {
+  const live = sandboxesOf(store).find({ status: { $in: LIVE } }, { projection: { orgId: 1, createdAt: 1 } });
+  const items = (async function* () {
+    for await (const d of live) yield { ...d, created_at: d.createdAt };
+  })();
+  return listUnlisted(store, 'migrated:sandboxes-listed', items, (d) => ({ list: liveList(d.orgId), id: d._id }));
 }
 
 /** A running or hibernated sandbox of the organisation that stands on checkpoint `checkpointId` (its id only), or null. */
@@ -102,7 +137,9 @@ export async function insertSandboxOnce(store: Store, doc: SandboxDoc): Promise<
     await sandboxesOf(store).insertOne(doc);
   } catch (err) {
     if (!isDuplicateKey(err)) throw err;
+    return;
   }
+  await listLive(store, doc);
 }
 
 /** Reads a sandbox's record; null when there is none. */

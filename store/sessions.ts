@@ -1,7 +1,7 @@
 import { MongoBulkWriteError } from 'mongodb';
 import type { Store, SessionDoc, SessionOutcome } from './index';
 import { isDuplicateKey } from './index';
-import { addToList, listedAfter, listingsOf, listName, removeFromList } from './listing';
+import { addToList, listedAfter, listingsOf, listName, removeFromList, removeListed } from './listing';
 import { encodeCursor } from './page';
 
 /**
@@ -257,8 +257,14 @@ export async function sessionCreationsAfter(
   const listed = await listedAfter(store, sessionList(orgId, agentId), cursor, size);
   const found = await Promise.all(listed.map((l) => store.sessions.findOne({ _id: l.id })));
   // A key whose session is gone, or that was written for another creation time, is left out.
-  const docs = found.filter(
-    (d, i): d is SessionDoc => d !== null && d.orgId === orgId && d.agent_id === agentId && d.created_at.getTime() === listed[i]!.created_at.getTime(),
+  const fits = (d: SessionDoc | null, i: number): d is SessionDoc =>
+    d !== null && d.orgId === orgId && d.agent_id === agentId && d.created_at.getTime() === listed[i]!.created_at.getTime();
+  const docs = found.filter(fits);
+  // Such a key is stale (a session is stored before its key): removed.
+  const list = sessionList(orgId, agentId);
+  await removeListed(
+    store,
+    listed.filter((_, i) => !fits(found[i] ?? null, i)).map((item) => ({ list, item })),
   );
   const last = listed[listed.length - 1];
   if (listed.length < size || !last) return { docs };
@@ -289,9 +295,16 @@ export async function insertSessionsOnce(store: Store, docs: SessionDoc[]): Prom
   for (const [list, items] of byList) await addToList(store, list, items);
 }
 
-/** Deletes the sessions among `ids` that are still `creating` (never started); returns how many. */
+/** Deletes the sessions among `ids` that are still `creating` (never started), and their listing keys; returns how many. */
 export async function deleteUnstartedSessions(store: Store, ids: string[]): Promise<number> {
-  const r = await store.sessions.deleteMany({ _id: { $in: ids }, status: 'creating' });
+  const filter = { _id: { $in: ids }, status: 'creating' as const };
+  const found = await store.sessions.find(filter, { projection: { _id: 1, orgId: 1, agent_id: 1, created_at: 1 } }).toArray();
+  if (found.length === 0) return 0;
+  const r = await store.sessions.deleteMany({ _id: { $in: found.map((d) => d._id) }, status: 'creating' });
+  await removeListed(
+    store,
+    found.map((d) => ({ list: sessionList(d.orgId, d.agent_id), item: { id: d._id, created_at: d.created_at } })),
+  );
   return r.deletedCount;
 }
 

@@ -303,6 +303,11 @@ export function registerExecSocket(app: express.Express, deps: ApiDeps, auth: Au
         // Streaming counts as use of the sandbox (written at most once a minute).
         const touch = () => live.touch(params.id);
         relay(deps, live, ws, req.socket, host, { sandboxId: params.id, execId: target.execId }, params.sessionID, target.kind, early, log, touch, gate);
+        // A revoked key's stream is closed as its requests are refused (api/auth.ts).
+        ws.on(
+          'close',
+          auth.watch(req, org, () => closeWith(ws, 1008, 'unauthorized', 'the API key was revoked')),
+        );
         resumeSocket(ws);
         gate.arm();
       } catch (err) {

@@ -98,7 +98,12 @@ export function registerPtySocket(app: express.Express, deps: ApiDeps, auth: Aut
           if (client.readyState === WebSocket.OPEN) client.close(code === 1000 ? 1000 : 1011, code === 1000 ? 'exited' : 'terminal gone');
         });
         upstream.on('error', () => client.terminate());
-        const detach = () => upstream.close(1000, 'client left');
+        // A revoked key's terminal is closed as its requests are refused (api/auth.ts).
+        const unwatch = auth.watch(req, org, () => closeWith(client, 1008, 'unauthorized', 'the API key was revoked'));
+        const detach = () => {
+          unwatch();
+          upstream.close(1000, 'client left');
+        };
         client.on('close', detach);
         client.on('error', detach);
         if (client.readyState !== WebSocket.OPEN) detach();

@@ -32,3 +32,31 @@ describe('the console WebSocket key (Sec-WebSocket-Protocol)', () => {
     ).rejects.toMatchObject({ type: 'unauthorized' });
   });
 });
+
+describe('watching an open socket’s key', () => {
+  afterEach(() => jest.useRealTimers());
+
+  it('calls back once the key no longer resolves to its organisation (after the cache window), and not after stop', async () => {
+    jest.useFakeTimers();
+    const keys = new Map([[hashSecret('k1'), { _id: hashSecret('k1'), orgId: 'org-a' }]]);
+    const apiKeys = { findOne: async (q: { _id: string }) => keys.get(q._id) ?? null };
+    const auth = createAuthenticator({ apiKeys, db: { collection: () => apiKeys } } as unknown as Store);
+    const r = req({ 'sec-websocket-protocol': `sap-console, sap-key.${b64('k1')}` });
+    const org = await auth.authenticate(r);
+    const revoked = jest.fn();
+    const stopped = jest.fn();
+    auth.watch(r, org, revoked);
+    const stop = auth.watch(r, org, stopped);
+    await jest.advanceTimersByTimeAsync(20_000);
+    expect(revoked).not.toHaveBeenCalled();
+    keys.clear(); // revoked
+    stop();
+    await jest.advanceTimersByTimeAsync(9_000); // 29 s: the cached answer still stands
+    expect(revoked).not.toHaveBeenCalled();
+    await jest.advanceTimersByTimeAsync(6_000); // 35 s: looked up again, gone
+    expect(revoked).toHaveBeenCalledTimes(1);
+    await jest.advanceTimersByTimeAsync(30_000);
+    expect(revoked).toHaveBeenCalledTimes(1);
+    expect(stopped).not.toHaveBeenCalled();
+  });
+});

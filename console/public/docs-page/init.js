@@ -65,7 +65,8 @@ function render(spec) {
   });
 }
 
-fetch('/openapi.json', { headers: { accept: 'application/json' } })
+// Already on its way: index.html preloads it while Swagger UI's bundle is parsed.
+fetch('/openapi.json')
   .then((r) => {
     if (!r.ok) throw new Error(`GET /openapi.json: ${r.status}`);
     return r.json();
