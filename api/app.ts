@@ -30,6 +30,7 @@ import { registerUnimplementedRoutes } from './routes/unimplemented';
 import { registerPtyRoutes, registerPtySocket } from './routes/pty';
 import { registerConsoleRoutes } from './routes/console';
 import { registerConsole } from './console';
+import { referenceOutline } from './docs-outline';
 import { notReadyMessage, Readiness } from './readiness';
 import { createAgentService } from '../services/agents';
 import { createSessionService } from '../services/sessions';
@@ -157,7 +158,7 @@ export function createApp(
   });
 
   // The console's and the reference's static pages: no key (the API calls they make send one).
-  registerConsole(app);
+  registerConsole(app, referenceOutline(openapi));
   app.use(router);
 
   app.use((req, _res, next) => {

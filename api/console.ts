@@ -42,7 +42,7 @@ function serveDocsAssets(app: express.Express, prefix: string, dir: string, secu
  * files only, served without a key: every API call the console makes sends X-API-Key. Hashed assets
  * are cached for a year, the HTML pages never.
  */
-export function registerConsole(app: express.Express): void {
+export function registerConsole(app: express.Express, outline = ''): void {
   const root = path.join(__dirname, '..', 'console');
   const swagger = path.dirname(require.resolve('swagger-ui-dist/package.json'));
   // Scripts and everything else from this origin only. Styles also inline: xterm.js and Swagger UI
@@ -87,7 +87,7 @@ export function registerConsole(app: express.Express): void {
     fs.readFile(docsPage, 'utf8', (err, html) => {
       if (err) return next();
       res.setHeader('Cache-Control', 'no-cache');
-      res.type('html').send(html.replaceAll('/docs/assets/', `${docsAssets}/`));
+      res.type('html').send(html.replaceAll('/docs/assets/', `${docsAssets}/`).replace('<!--sap-docs-outline-->', () => outline));
     });
   });
   app.get('/docs/init.js', secure, page(path.join(root, 'docs-page', 'init.js')));

@@ -301,8 +301,18 @@ describe('web console', () => {
     await step('docs', async () => {
       const requests: string[] = [];
       page.on('request', (r) => requests.push(r.url()));
+      // The page comes with an outline of every operation (shown while Swagger UI loads)…
+      const html = await (await fetch(`${T.api()}/docs`)).text();
+      const spec = (await (await fetch(`${T.api()}/openapi.json`)).json()) as { paths: Record<string, Record<string, unknown>> };
+      const methods = ['get', 'put', 'post', 'delete', 'options', 'head', 'patch', 'trace'];
+      const operations = Object.values(spec.paths).reduce((n, item) => n + Object.keys(item).filter((k) => methods.includes(k)).length, 0);
+      expect(operations).toBeGreaterThan(20);
+      expect(html.match(/<li><a href="#\//g)).toHaveLength(operations);
+      expect(html).toContain('<code class="sap-method sap-post">POST</code> <code>/v1/agents</code>');
       await page.goto(`${T.api()}/docs`);
       await page.waitForSelector('.swagger-ui .info .title:has-text("Sandbox Agent Platform")', { timeout: 45_000 });
+      // …which Swagger UI replaces once it has rendered.
+      await page.waitForSelector('#sap-docs-outline', { state: 'detached' });
       // Rendered from the page's 3.0 view of the spec (Swagger UI's 3.1 path costs seconds): a 3.1 construct
       // the view cannot say in 3.0 would show "OAS 3.1" here.
       expect(await page.textContent('.swagger-ui .info .version-stamp')).toBe('OAS 3.0');

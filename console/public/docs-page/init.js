@@ -51,6 +51,17 @@ function as30(doc) {
   return { ...rest, openapi: '3.0.3', paths, components };
 }
 
+/** Swagger UI's bundle (the page preloads it): run once the outline has been painted. */
+function loadBundle() {
+  return new Promise((resolve, reject) => {
+    const s = document.createElement('script');
+    s.src = document.querySelector('link[rel="preload"][as="script"]').href;
+    s.onload = resolve;
+    s.onerror = () => reject(new Error("Swagger UI's script could not be loaded"));
+    document.body.append(s);
+  });
+}
+
 function render(spec) {
   window.ui = window.SwaggerUIBundle({
     spec,
@@ -62,19 +73,24 @@ function render(spec) {
     // Tags folded (a click, or a #/<tag> link, opens one): laying out all 85 operations at once
     // costs another 0.3–0.4 s.
     docExpansion: 'none',
+    // The outline the page opened with (api/docs-outline.ts) has done its part.
+    onComplete: () => document.getElementById('sap-docs-outline')?.remove(),
   });
 }
 
-// Already on its way: index.html preloads it while Swagger UI's bundle is parsed.
-fetch('/openapi.json')
-  .then((r) => {
-    if (!r.ok) throw new Error(`GET /openapi.json: ${r.status}`);
-    return r.json();
-  })
-  .then((doc) => render(as30(doc) ?? doc))
+// The page shows the outline first; compiling Swagger UI's bundle (about a second) waits until the
+// browser has painted it (the next frame, then a task).
+const painted = new Promise((resolve) => requestAnimationFrame(() => setTimeout(resolve, 0)));
+// Already on its way: index.html preloads it.
+const spec = fetch('/openapi.json').then((r) => {
+  if (!r.ok) throw new Error(`GET /openapi.json: ${r.status}`);
+  return r.json();
+});
+Promise.all([spec, painted.then(loadBundle)])
+  .then(([doc]) => render(as30(doc) ?? doc))
   .catch((e) => {
     const p = document.createElement('p');
     p.className = 'sap-docs-error';
-    p.textContent = `The API reference could not be loaded: ${e.message}`;
+    p.textContent = `The interactive reference could not be loaded: ${e.message}`;
     document.getElementById('swagger-ui').append(p);
   });
