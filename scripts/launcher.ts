@@ -95,31 +95,7 @@ export interface Stack {
 const TOOLS = path.join(PROJECT_ROOT, '.tools', 'bin');
 const DIST = path.join(PROJECT_ROOT, 'dist');
 
-/** A TCP port that was free a moment ago. */
-/** Ports this process has handed out: the kernel may give a port it just freed to the next bind(0). */
-const handedOut = new Set<number>();
-
-/**
- * A port free right now on 127.0.0.1, never one this process handed out before: the ports of a
- * stack are chosen before its processes start, and two of them drawn alike (seen on a fresh
- * machine: Temporal and FerretDB got the same one, and Temporal could not bind) fail the start.
- */
-export async function freePort(): Promise<number> {
-  for (;;) {
-    const port = await new Promise<number>((resolve, reject) => {
-      const srv = net.createServer();
-      srv.once('error', reject);
-      srv.listen(0, '127.0.0.1', () => {
-        const { port } = srv.address() as net.AddressInfo;
-        srv.close(() => resolve(port));
-      });
-    });
-    if (!handedOut.has(port)) {
-      handedOut.add(port);
-      return port;
-    }
-  }
-}
+export { freePort } from './ports';
 
 async function waitFor(what: string, check: () => Promise<boolean>, timeoutMs: number, proc?: ChildProcess): Promise<void> {
   const deadline = Date.now() + timeoutMs;
