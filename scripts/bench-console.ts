@@ -201,9 +201,15 @@ export async function benchConsole(o: { url: string; key: string; runs: number; 
     const docsMs: number[] = [];
     const docsInteractiveMs: number[] = [];
     for (let r = 0; r < o.runs; r++) {
-      docsMs.push(await firstRender(page, `${o.url}/docs`, '#sap-docs-outline li'));
+      await page.goto('about:blank');
+      await page.goto(`${o.url}/docs`);
       await page.waitForSelector('.swagger-ui .info .title');
       docsInteractiveMs.push((await page.evaluate('performance.now()')) as number);
+      // The outline is the page's first content (Swagger UI's script waits for it to be painted), and
+      // may be gone by now on a warm cache: its render is the first contentful paint.
+      const fcp = (await page.evaluate("performance.getEntriesByName('first-contentful-paint')[0]?.startTime ?? -1")) as number;
+      if (fcp < 0) throw new Error('/docs: no first contentful paint recorded');
+      docsMs.push(fcp);
     }
     render.docs = median(docsMs);
     render.docs_interactive = median(docsInteractiveMs);
