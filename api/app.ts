@@ -104,7 +104,7 @@ export function createApp(
     }
   });
 
-  const auth = createAuthenticator(deps.store);
+  const auth = createAuthenticator(deps.store, deps.cfg.API_KEY_CACHE_MS);
   const router = express.Router();
   const table = new RouteTable(router, auth);
   app.use((req, _res, next) => {

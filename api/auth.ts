@@ -16,22 +16,25 @@ export interface Authenticator {
   resolve(key: string): Promise<OrgContext | null>;
   /**
    * Watches the key of a long-lived request (a WebSocket) authenticated as `org`: calls `onRevoked`
-   * once when the key no longer resolves to `org`, checked every KEY_CHECK_MS through the key cache
-   * (so within CACHE_MS + KEY_CHECK_MS of a revocation). Returns the function that stops watching.
+   * once when the key no longer resolves to `org`, checked every 5 s (at most) through the key cache
+   * (so within the cache's lifetime plus one check of a revocation). Returns the function that stops watching.
    */
   watch(req: Request, org: OrgContext, onRevoked: () => void): () => void;
 }
 
-const CACHE_MS = 30_000;
-/** How often an open socket's key is checked again (a lookup in the cache; MongoDB once per CACHE_MS). */
+/** How long a key's lookup is kept by default (API_KEY_CACHE_MS). */
+export const DEFAULT_KEY_CACHE_MS = 30_000;
+/** How often an open socket's key is checked again at most (a lookup in the cache; MongoDB once per cache lifetime). */
 const KEY_CHECK_MS = 5_000;
 
 /**
- * Looks keys up by their sha256 (the `_id` of api_keys), caching hits and misses for 30 s so the
- * hot path does not touch MongoDB on every request. A revoked key stops working within 30 s, and
- * the WebSockets it opened are closed within 35 s (see `watch`).
+ * Looks keys up by their sha256 (the `_id` of api_keys), caching hits and misses for `cacheMs`
+ * (API_KEY_CACHE_MS, 30 s by default) so the hot path does not touch MongoDB on every request. A
+ * revoked key stops working within `cacheMs`, and the WebSockets it opened are closed within
+ * `cacheMs` plus one check (5 s, or `cacheMs` when shorter; see `watch`).
  */
-export function createAuthenticator(store: Store): Authenticator {
+export function createAuthenticator(store: Store, cacheMs = DEFAULT_KEY_CACHE_MS): Authenticator {
+  const checkMs = Math.min(KEY_CHECK_MS, cacheMs);
   const cache = new Map<string, { org: OrgContext | null; until: number }>();
   async function resolve(key: string): Promise<OrgContext | null> {
     const id = hashSecret(key);
@@ -41,7 +44,7 @@ export function createAuthenticator(store: Store): Authenticator {
     const orgId = await orgOfKeyHash(store, id);
     const org = orgId ? { id: orgId } : null;
     if (cache.size > 10_000) cache.clear();
-    cache.set(id, { org, until: now + CACHE_MS });
+    cache.set(id, { org, until: now + cacheMs });
     return org;
   }
   return {
@@ -61,7 +64,7 @@ export function createAuthenticator(store: Store): Authenticator {
           // MongoDB unreachable: the key is not known to be revoked; checked again next time.
           .catch(() => undefined)
           .finally(() => (checking = false));
-      }, KEY_CHECK_MS);
+      }, checkMs);
       timer.unref();
       return () => clearInterval(timer);
     },

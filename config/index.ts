@@ -114,6 +114,11 @@ export const configSchema = z.object({
     .min(0)
     .max(8 * 1024 * 1024)
     .default(1024 * 1024),
+  /**
+   * How long the API keeps a key's lookup (ms): a revoked key keeps working for at most this long,
+   * and the WebSockets it opened are closed within this plus 5 s. Shorter: more store reads.
+   */
+  API_KEY_CACHE_MS: z.coerce.number().int().min(100).max(600_000).default(30_000),
   /** Webhook deliveries: first retry after this, doubling up to the maximum interval, for this many hours. */
   WEBHOOK_RETRY_INITIAL_MS: z.coerce.number().int().min(10).default(10_000),
   WEBHOOK_RETRY_MAX_INTERVAL_MS: z.coerce.number().int().min(10).default(3_600_000),

@@ -44,6 +44,8 @@ export default async function globalSetup(): Promise<void> {
       WEBHOOK_RETRY_MAX_INTERVAL_MS: '1000',
       // A delivery's time limit a test can wait out (webhooks.test.ts: an answer that trickles past it; default 10 s).
       WEBHOOK_TIMEOUT_MS: '4000',
+      // A revocation a test can wait out (revoked-key-socket.test.ts; default 30 s).
+      API_KEY_CACHE_MS: '3000',
       // Webhook receivers of the tests listen on 127.0.0.2: only that address is opened, so the tests
       // can show that the rest of loopback (127.0.0.1, localhost, ::1, …) stays refused.
       WEBHOOK_ALLOWED_CIDRS: '127.0.0.2/32',

@@ -60,3 +60,27 @@ describe('watching an open socket’s key', () => {
     expect(stopped).not.toHaveBeenCalled();
   });
 });
+
+describe('the key cache’s lifetime (API_KEY_CACHE_MS)', () => {
+  afterEach(() => jest.useRealTimers());
+
+  it('keeps a lookup for the lifetime given, and an open socket learns of a revocation within it plus one check', async () => {
+    jest.useFakeTimers();
+    const keys = new Map([[hashSecret('k2'), { _id: hashSecret('k2'), orgId: 'org-a' }]]);
+    let reads = 0;
+    const apiKeys = { findOne: async (q: { _id: string }) => (reads++, keys.get(q._id) ?? null) };
+    const auth = createAuthenticator({ apiKeys, db: { collection: () => apiKeys } } as unknown as Store, 2_000);
+    const r = req({ 'x-api-key': 'k2' });
+    const org = await auth.authenticate(r);
+    const revoked = jest.fn();
+    auth.watch(r, org, revoked);
+    keys.clear(); // revoked at once
+    await expect(auth.resolve('k2')).resolves.toEqual({ id: 'org-a' }); // cached
+    expect(reads).toBe(1);
+    await jest.advanceTimersByTimeAsync(1_900); // first check (every 2 s: the lifetime is under 5 s) not yet
+    expect(revoked).not.toHaveBeenCalled();
+    await jest.advanceTimersByTimeAsync(2_200); // 4.1 s: the second check finds the lookup expired
+    expect(revoked).toHaveBeenCalledTimes(1);
+    await expect(auth.resolve('k2')).resolves.toBeNull();
+  });
+});
