@@ -194,15 +194,20 @@ export function createCheckpointService(deps: SandboxDeps, sandboxes: SandboxSer
         if (e.type === 'patch_failed') {
           // The host keeps it hibernated over the checkpoint: a wake retries the patches.
           const now = new Date();
-          await updateSandbox(deps.store, sb._id, {
-            status: 'hibernated',
-            hibernation: { layerId: cp.layerId, at: now },
-            fromCheckpoint: cp._id,
-            // Made again over the checkpoint's layer: none of its patches is in it; the wake runs them all.
-            patchesApplied: [],
-            patchFailed: null,
-            updatedAt: now,
-          });
+          await updateSandbox(
+            deps.store,
+            sb._id,
+            {
+              status: 'hibernated',
+              hibernation: { layerId: cp.layerId, at: now },
+              fromCheckpoint: cp._id,
+              // Made again over the checkpoint's layer: none of its patches is in it; the wake runs them all.
+              patchesApplied: [],
+              patchFailed: null,
+              updatedAt: now,
+            },
+            sb,
+          );
           throw conflict(`sandbox ${sb._id} was restored but a patch failed, so it is hibernated (wake retries): ${e.message}`);
         }
         if (e.type === 'conflict' || e.type === 'not_found') throw conflict(`sandbox ${sb._id} cannot be restored: ${e.message}`);

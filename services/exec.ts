@@ -33,6 +33,12 @@ export type ExecSessionState = { sessionID: string; sandboxID: string; command: 
  * limit stays exact; across API processes it was and stays approximate (a count and a start race).
  */
 const COUNT_FRESH_MS = 2000;
+/**
+ * A start within this long of the last count takes it as it is (plus the starts since); a later one
+ * refreshes it in the background. Counting at every start put a query of 3–8 ms beside each start's
+ * own record insert, and the store serves them one after the other.
+ */
+const COUNT_REFRESH_MS = 500;
 
 /** How long GET …/result waits for a running command before answering `running: true` (the client polls again). */
 export const RESULT_WAIT_MS = 1000;
@@ -81,7 +87,7 @@ export function createExecService(deps: SandboxDeps, live: ExecLive) {
     const c = counts.get(orgId);
     if (c && Date.now() - c.at < COUNT_FRESH_MS && c.n + c.since + unrecorded() < max / 2) {
       c.since++;
-      if (!c.refreshing) {
+      if (!c.refreshing && Date.now() - c.at >= COUNT_REFRESH_MS) {
         c.refreshing = true;
         countNow(orgId, max).catch((err: unknown) => {
           c.refreshing = false;

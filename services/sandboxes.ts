@@ -266,7 +266,7 @@ export function createSandboxService(deps: SandboxDeps, previews: PreviewService
     }
     const now = new Date();
     const set = { status: 'running' as const, hibernation: null, lastActiveAt: now, updatedAt: now, ...(timeout !== undefined ? { timeout } : {}), ...ran };
-    await updateSandbox(deps.store, doc._id, set);
+    await updateSandbox(deps.store, doc._id, set, doc);
     return set;
   }
 

@@ -89,10 +89,17 @@ export async function deleteSandboxRecord(store: Store, id: string): Promise<voi
   await sandboxesOf(store).deleteOne({ _id: id });
 }
 
-/** Sets fields of a sandbox's record (one recorded live again is listed again). */
-export async function updateSandbox(store: Store, id: string, set: Partial<SandboxDoc>): Promise<void> {
+/**
+ * Sets fields of a sandbox's record. One recorded live again is listed again: under `listed` (its
+ * organisation and creation time, which never change) when the caller has them, else as read back.
+ */
+export async function updateSandbox(store: Store, id: string, set: Partial<SandboxDoc>, listed?: Pick<SandboxDoc, 'orgId' | 'createdAt'>): Promise<void> {
   await sandboxesOf(store).updateOne({ _id: id }, { $set: set });
   if (set.status && LIVE.includes(set.status)) {
+    if (listed) {
+      await addToList(store, liveList(listed.orgId), [listedAs({ _id: id, createdAt: listed.createdAt })]);
+      return;
+    }
     const doc = await findSandbox(store, id);
     if (doc) await listLive(store, doc);
   }

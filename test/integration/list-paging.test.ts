@@ -204,6 +204,11 @@ describe('agents and batches list paging', () => {
     expect(await listed()).toEqual(live(sbs));
     expect((await keys()).map((l) => l.id)).not.toContain(sbs[1]!._id);
     expect((await keys()).length).toBe(5);
+    // Recorded live again with its organisation and creation time given (no read back): listed in its place.
+    await updateSandbox(store, sbs[7]!._id, { status: 'hibernated' }, sbs[7]!);
+    sbs[7]!.status = 'hibernated';
+    expect(await listed()).toEqual(live(sbs));
+    expect((await keys()).length).toBe(6);
     // Another organisation sees none of them.
     const theirs = await api('GET', '/api/sandboxes');
     expect(theirs.status).toBe(200);
