@@ -5,9 +5,9 @@ module.exports = {
   rootDir: __dirname,
   roots: ['<rootDir>/test/integration'],
   testMatch: ['**/*.test.ts'],
-  // Every test here drives real processes on a shared machine: jest's 5 s default (made for unit tests)
-  // failed a test whose work takes 4.5-5.5 s (sandbox-host.test.ts: 300 file calls racing a renaming
-  // loop). A test or hook that needs longer still says so itself.
+  // Used when this file is the whole configuration (`jest -c jest.integration.config.js …`); under
+  // `npm test` the root jest.config.js sets 60 s. Jest's 5 s default (made for unit tests) fails tests
+  // whose real work takes longer (sandbox-host.test.ts's file race: 4.5-6.8 s).
   testTimeout: 30_000,
   transform: { '^.+\\.ts$': ['ts-jest', { tsconfig: 'tsconfig.test.json' }] },
   globalSetup: '<rootDir>/test/global-setup.ts',
