@@ -1,7 +1,8 @@
 /**
  * Jest runs two projects: unit (test/unit, no stack, seconds) and integration (test/integration,
  * against a real stack started once by test/global-setup.ts, only when an integration file runs).
- * `npm test` runs the unit project first, then the integration project --runInBand.
+ * `npm test` runs the unit project first, then the integration project in two jest workers, each
+ * with a stack of its own (test/global-setup.ts, test/worker-env.js).
  * `npx jest <files…>` runs the given files in whichever project holds them.
  */
 module.exports = {

@@ -375,18 +375,22 @@ export async function startStack(o: StackOptions): Promise<Stack> {
  * state directory under <dataDir>/hosts, a network table, link names and address pool (a /20 of a
  * /16 in 100.64.0.0/10 picked by dataDir, so two stacks on one machine rarely meet), a range of
  * user-namespace ids (2048 slots from 2^31), a resolver port and a worker metrics port pair.
+ * SAP_STACK_SLOT s (1 or 2; the test suite sets its jest worker's) makes the pool and the ids
+ * depend on s alone, so the stacks of two slots never meet: pools in 100.(63+s).0.0/16, ids from
+ * 2^31 + (s-1)·2^28 (two hosts' 2048 slots each).
  */
 export function hostEnvironment(dataDir: string, env: Record<string, string>, i: number, port: number): Record<string, string> {
   const baseId = env.HOST_ID ?? os.hostname().replace(/[^\w.-]/g, '-');
   const hostId = `${baseId}-${i}`;
   const hash = createHash('sha256').update(path.resolve(dataDir)).digest();
+  const slot = ['1', '2'].includes(env.SAP_STACK_SLOT ?? '') ? Number(env.SAP_STACK_SLOT) : null;
   const out: Record<string, string> = {
     HOST_ID: hostId,
     HOST_LISTEN: `127.0.0.1:${port}`,
     DATA_DIR: path.join(dataDir, 'hosts', hostId),
     SANDBOX_NET_NAME: `x${hash.toString('hex').slice(0, 4)}${i}`,
-    SANDBOX_NET_CIDR: `100.${64 + (hash[2]! % 62)}.${(i - 1) * 16}.0/20`,
-    SANDBOX_ID_BASE: String(2 ** 31 + (i - 1) * 2048 * 65536),
+    SANDBOX_NET_CIDR: `100.${slot ? 63 + slot : 64 + (hash[2]! % 62)}.${(i - 1) * 16}.0/20`,
+    SANDBOX_ID_BASE: String(2 ** 31 + (slot ? (slot - 1) * 2 ** 28 : 0) + (i - 1) * 2048 * 65536),
     SANDBOX_DNS_PORT: String(Number(env.SANDBOX_DNS_PORT || 10053) + i - 1),
     SANDBOX_SEAL_PORT: String(Number(env.SANDBOX_SEAL_PORT || 10080) + i - 1),
   };
@@ -402,7 +406,8 @@ function secretsKeyText(dataDir: string): string {
 }
 
 /** Removes a host's nftables table (`inet <name>`); nothing when it is absent or nft is missing. */
-function deleteNetTable(name: string | undefined): Promise<void> {
+/** Removes the nftables table `inet <name>` (nothing when it is missing). */
+export function deleteNetTable(name: string | undefined): Promise<void> {
   if (!name) return Promise.resolve();
   return new Promise((resolve) => execFile('nft', ['delete', 'table', 'inet', name], { timeout: 10_000 }, () => resolve()));
 }

@@ -3,15 +3,59 @@ import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
 import { freePort, ProcName, startStack, Stack } from '../scripts/launcher';
+import { DEFAULT_NET_CIDR } from '../sandbox/network';
 import { makeTestCa } from './helpers/test-ca';
 
+/** What global-teardown stops: each stack with its control endpoint and data directory. */
+export interface TestStack {
+  stack: Stack;
+  control: http.Server;
+  dataDir: string;
+  /** The network table of a stack other than the first (removed at the end: no other stack has it). */
+  ownTable?: string;
+}
+
+/** At most this many stacks (jest workers) at once: their networks and id ranges are laid out for two. */
+export const MAX_TEST_STACKS = 2;
+
 /**
- * Starts one real stack (Temporal dev server, FerretDB, sandbox host, worker, API) on free ports
- * for the whole run, plus a small control endpoint through which tests can kill and restart
- * its processes. Tests find it through SAP_TEST_* environment variables.
+ * Starts one real stack (Temporal dev server, FerretDB, sandbox host, worker, API) on free ports per
+ * jest worker (`--maxWorkers`, at most MAX_TEST_STACKS; `--runInBand`: one) for the whole run, each
+ * with a small control endpoint through which tests can kill and restart its processes. Stack k's
+ * details are in SAP_TEST_*_k; test/worker-env.js gives each worker its own stack's as SAP_TEST_*, so
+ * a test file sees one stack and owns it alone while it runs (it may kill its processes, count its
+ * sandboxes). Stacks 2… get a network table, link names, address pool and user-namespace ids of their
+ * own (see stackNet), so no rule or id of one applies to the other's sandboxes.
  */
-export default async function globalSetup(): Promise<void> {
+export default async function globalSetup(globalConfig?: { maxWorkers?: number }): Promise<void> {
   const t0 = Date.now();
+  const count = Math.max(1, Math.min(MAX_TEST_STACKS, globalConfig?.maxWorkers ?? 1));
+  const started = await Promise.allSettled(Array.from({ length: count }, (_, k) => startTestStack(k + 1)));
+  const stacks = started.flatMap((r) => (r.status === 'fulfilled' ? [r.value] : []));
+  (globalThis as { __SAP_STACKS__?: TestStack[] }).__SAP_STACKS__ = stacks;
+  const failed = started.find((r): r is PromiseRejectedResult => r.status === 'rejected');
+  if (failed) throw failed.reason;
+  process.stderr.write(`[global setup] ${count} test stack${count > 1 ? 's' : ''} started in ${((Date.now() - t0) / 1000).toFixed(1)} s\n`);
+}
+
+/**
+ * The network and id range of test stack k. Stack 1 takes the environment's (SANDBOX_NET_NAME,
+ * SANDBOX_NET_CIDR, SANDBOX_ID_BASE) or the defaults; stack 2 a name that stack 1's link pattern does
+ * not match (`t2<name>`: tables match their links by prefix), the block of stack 1's size just below
+ * its pool, and ids from 2^31 + 2^29 (above the default range 2^30..2^31 and the two-host test
+ * stacks' 2^31..2^31 + 2^29, see hostEnvironment).
+ */
+export function stackNet(k: number): Record<string, string> {
+  if (k === 1) return {};
+  const name = process.env.SANDBOX_NET_NAME ?? 'sap';
+  const [addr, len] = (process.env.SANDBOX_NET_CIDR ?? DEFAULT_NET_CIDR).split('/');
+  const size = 2 ** (32 - Number(len));
+  const start = addr!.split('.').reduce((n, o) => n * 256 + Number(o), 0) - (k - 1) * size;
+  const dotted = [24, 16, 8, 0].map((s) => Math.floor(start / 2 ** s) % 256).join('.');
+  return { SANDBOX_NET_NAME: `t${k}${name}`, SANDBOX_NET_CIDR: `${dotted}/${len}`, SANDBOX_ID_BASE: String(2 ** 31 + 2 ** 29) };
+}
+
+async function startTestStack(k: number): Promise<TestStack> {
   const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'sap-test-'));
   const apiKey = 'test-key-default-org';
   const hostToken = 'test-host-token-0123456789';
@@ -39,6 +83,7 @@ export default async function globalSetup(): Promise<void> {
       SANDBOX_DNS: `127.0.0.1:${dnsUpstreamPort}`,
       SANDBOX_SEAL_PORT: String(await freePort()),
       SANDBOX_SEAL_TRUST_FILE: path.join(testCa, 'ca.pem'),
+      ...stackNet(k),
       // Webhook retries a test can wait for (the defaults start at 10 s and grow to an hour).
       WEBHOOK_RETRY_INITIAL_MS: '200',
       WEBHOOK_RETRY_MAX_INTERVAL_MS: '1000',
@@ -59,7 +104,7 @@ export default async function globalSetup(): Promise<void> {
     },
     // As under npm start: a process that dies unexpectedly comes back (test/integration/supervision.test.ts).
     supervise: true,
-    log: (line) => process.stderr.write(`[stack supervisor] ${line}\n`),
+    log: (line) => process.stderr.write(`[stack ${k} supervisor] ${line}\n`),
   });
   const control = http.createServer((req, res) => {
     const m = /^\/(start|kill)\/(\w+)(?:\?signal=(\w+))?$/.exec(req.url ?? '');
@@ -76,7 +121,7 @@ export default async function globalSetup(): Promise<void> {
   });
   await new Promise<void>((r) => control.listen(0, '127.0.0.1', r));
   const controlUrl = `http://127.0.0.1:${(control.address() as { port: number }).port}`;
-  Object.assign(process.env, {
+  const vars: Record<string, string> = {
     SAP_TEST_API_URL: stack.apiUrl,
     SAP_TEST_API_KEY: apiKey,
     SAP_TEST_MONGO_URL: stack.mongoUrl,
@@ -89,7 +134,11 @@ export default async function globalSetup(): Promise<void> {
     SAP_TEST_DNS_UPSTREAM: `127.0.0.1:${dnsUpstreamPort}`,
     SAP_TEST_CA_DIR: testCa,
     SAP_TEST_WORKER_METRICS_URL: `http://127.0.0.1:${workerMetricsPort}/metrics`,
-  });
-  (globalThis as { __SAP_STACK__?: unknown }).__SAP_STACK__ = { stack, control, dataDir };
-  process.stderr.write(`[global setup] the test stack started in ${((Date.now() - t0) / 1000).toFixed(1)} s\n`);
+  };
+  // Stack k's as SAP_TEST_*_k (test/worker-env.js picks a worker's); stack 1's also as SAP_TEST_*.
+  for (const [name, value] of Object.entries(vars)) {
+    process.env[`${name}_${k}`] = value;
+    if (k === 1) process.env[name] = value;
+  }
+  return { stack, control, dataDir, ownTable: stackNet(k).SANDBOX_NET_NAME };
 }

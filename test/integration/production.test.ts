@@ -43,6 +43,7 @@ beforeAll(async () => {
       LOG_LEVEL: 'info',
       WORKER_METRICS_PORT: '0',
       SANDBOX_DNS_PORT: String(await freePort()),
+      SANDBOX_SEAL_PORT: String(await freePort()),
       SANDBOX_DNS: '127.0.0.1:9',
       // Each API reaches a sandbox's preview through its host's HTTP port, as an API on another machine does.
       PREVIEW_TRANSPORT: 'tcp',
