@@ -31,7 +31,7 @@ describe('the test suite’s stacks on one machine (two jest workers)', () => {
   });
 
   it('lays the two-host stacks of the two workers (SAP_STACK_SLOT) apart from each other and from the global stacks', () => {
-    const env = (slot?: string) => (slot ? { SAP_STACK_SLOT: slot } : {});
+    const env = (slot?: string): Record<string, string> => (slot ? { SAP_STACK_SLOT: slot } : {});
     const hosts = ['1', '2'].flatMap((slot) => [1, 2].map((i) => hostEnvironment(`/tmp/sap-scale-${slot}`, env(slot), i, 7000 + i)));
     const pools = hosts.map((h) => range(h.SANDBOX_NET_CIDR!));
     const idRanges = hosts.map((h) => ids(h.SANDBOX_ID_BASE!, 2048));
