@@ -3,7 +3,6 @@ import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
 import { freePort, ProcName, startStack, Stack } from '../scripts/launcher';
-import { DEFAULT_NET_CIDR } from '../sandbox/network';
 import { makeTestCa } from './helpers/test-ca';
 
 /** What global-teardown stops: each stack with its control endpoint and data directory. */
@@ -11,8 +10,8 @@ export interface TestStack {
   stack: Stack;
   control: http.Server;
   dataDir: string;
-  /** The network table of a stack other than the first (removed at the end: no other stack has it). */
-  ownTable?: string;
+  /** The stack's own network table (removed at the end: no other stack has it). */
+  ownTable: string;
 }
 
 /** At most this many stacks (jest workers) at once: their networks and id ranges are laid out for two. */
@@ -24,8 +23,8 @@ export const MAX_TEST_STACKS = 2;
  * with a small control endpoint through which tests can kill and restart its processes. Stack k's
  * details are in SAP_TEST_*_k; test/worker-env.js gives each worker its own stack's as SAP_TEST_*, so
  * a test file sees one stack and owns it alone while it runs (it may kill its processes, count its
- * sandboxes). Stacks 2… get a network table, link names, address pool and user-namespace ids of their
- * own (see stackNet), so no rule or id of one applies to the other's sandboxes.
+ * sandboxes). Each gets a network table, link names, address pool and user-namespace ids of its own
+ * (see stackNet), so no rule or id of one applies to another stack's sandboxes.
  */
 export default async function globalSetup(globalConfig?: { maxWorkers?: number }): Promise<void> {
   const t0 = Date.now();
@@ -39,20 +38,34 @@ export default async function globalSetup(globalConfig?: { maxWorkers?: number }
 }
 
 /**
- * The network and id range of test stack k. Stack 1 takes the environment's (SANDBOX_NET_NAME,
- * SANDBOX_NET_CIDR, SANDBOX_ID_BASE) or the defaults; stack 2 a name that stack 1's link pattern does
- * not match (`t2<name>`: tables match their links by prefix), the block of stack 1's size just below
- * its pool, and ids from 2^31 + 2^29 (above the default range 2^30..2^31 and the two-host test
- * stacks' 2^31..2^31 + 2^29, see hostEnvironment).
+ * The network and id range of test stack k: a table and link names of its own (`t<k>sap`: a table
+ * matches its links by prefix, and no other stack's name starts another's), a /18 of 100.126.0.0/16
+ * and user-namespace ids from 2^31 + 2^29 + (k-1)·2^29 (its /18's 8192 links' worth). None of these is a
+ * default stack's (`sap`, 100.127.0.0/16, ids 2^30..2^31), a two-host stack's (100.64–125, ids
+ * 2^31..2^31 + 2^29, see hostEnvironment) or the other test stack's, so tests never touch a stack
+ * running beside them (`npm start`). SANDBOX_NET_NAME, SANDBOX_NET_CIDR and SANDBOX_ID_BASE, when set,
+ * are stack 1's (the name prefixed for stack 2: `t2<name>`, its block the one below stack 1's).
  */
 export function stackNet(k: number): Record<string, string> {
-  if (k === 1) return {};
-  const name = process.env.SANDBOX_NET_NAME ?? 'sap';
-  const [addr, len] = (process.env.SANDBOX_NET_CIDR ?? DEFAULT_NET_CIDR).split('/');
+  const e = process.env;
+  if (!e.SANDBOX_NET_NAME || !e.SANDBOX_NET_CIDR || !e.SANDBOX_ID_BASE) {
+    return {
+      SANDBOX_NET_NAME: `t${k}sap`,
+      SANDBOX_NET_CIDR: `100.126.${(k - 1) * 64}.0/18`,
+      SANDBOX_ID_BASE: String(2 ** 31 + 2 ** 29 + (k - 1) * 2 ** 29),
+    };
+  }
+  if (k === 1) return { SANDBOX_NET_NAME: e.SANDBOX_NET_NAME, SANDBOX_NET_CIDR: e.SANDBOX_NET_CIDR, SANDBOX_ID_BASE: e.SANDBOX_ID_BASE };
+  const [addr, len] = e.SANDBOX_NET_CIDR.split('/');
   const size = 2 ** (32 - Number(len));
   const start = addr!.split('.').reduce((n, o) => n * 256 + Number(o), 0) - (k - 1) * size;
   const dotted = [24, 16, 8, 0].map((s) => Math.floor(start / 2 ** s) % 256).join('.');
-  return { SANDBOX_NET_NAME: `t${k}${name}`, SANDBOX_NET_CIDR: `${dotted}/${len}`, SANDBOX_ID_BASE: String(2 ** 31 + 2 ** 29) };
+  // Its ids follow stack 1's: as many slots as its block has links.
+  return {
+    SANDBOX_NET_NAME: `t${k}${e.SANDBOX_NET_NAME}`,
+    SANDBOX_NET_CIDR: `${dotted}/${len}`,
+    SANDBOX_ID_BASE: String(Number(e.SANDBOX_ID_BASE) + (k - 1) * (size / 2) * 65536),
+  };
 }
 
 async function startTestStack(k: number): Promise<TestStack> {
@@ -140,5 +153,5 @@ async function startTestStack(k: number): Promise<TestStack> {
     process.env[`${name}_${k}`] = value;
     if (k === 1) process.env[name] = value;
   }
-  return { stack, control, dataDir, ownTable: stackNet(k).SANDBOX_NET_NAME };
+  return { stack, control, dataDir, ownTable: stackNet(k).SANDBOX_NET_NAME! };
 }
