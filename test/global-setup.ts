@@ -2,7 +2,7 @@ import fs from 'node:fs';
 import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
-import { freePort, ProcName, startStack, Stack } from '../scripts/launcher';
+import { deleteNetTable, freePort, ProcName, startStack, Stack } from '../scripts/launcher';
 import { makeTestCa } from './helpers/test-ca';
 
 /** What global-teardown stops: each stack with its control endpoint and data directory. */
@@ -31,9 +31,20 @@ export default async function globalSetup(globalConfig?: { maxWorkers?: number }
   const count = Math.max(1, Math.min(MAX_TEST_STACKS, globalConfig?.maxWorkers ?? 1));
   const started = await Promise.allSettled(Array.from({ length: count }, (_, k) => startTestStack(k + 1)));
   const stacks = started.flatMap((r) => (r.status === 'fulfilled' ? [r.value] : []));
-  (globalThis as { __SAP_STACKS__?: TestStack[] }).__SAP_STACKS__ = stacks;
   const failed = started.find((r): r is PromiseRejectedResult => r.status === 'rejected');
-  if (failed) throw failed.reason;
+  if (failed) {
+    // Jest runs no teardown after a failed setup: the stacks that did start are stopped here.
+    await Promise.all(
+      stacks.map(async (g) => {
+        g.control.close();
+        await g.stack.stop({ destroySandboxes: true }).catch(() => undefined);
+        await deleteNetTable(g.ownTable);
+        fs.rmSync(g.dataDir, { recursive: true, force: true });
+      }),
+    );
+    throw failed.reason;
+  }
+  (globalThis as { __SAP_STACKS__?: TestStack[] }).__SAP_STACKS__ = stacks;
   process.stderr.write(`[global setup] ${count} test stack${count > 1 ? 's' : ''} started in ${((Date.now() - t0) / 1000).toFixed(1)} s\n`);
 }
 
