@@ -55,7 +55,8 @@ export default async function globalSetup(globalConfig?: { maxWorkers?: number }
  * default stack's (`sap`, 100.127.0.0/16, ids 2^30..2^31), a two-host stack's (100.64–125, ids
  * 2^31..2^31 + 2^29, see hostEnvironment) or the other test stack's, so tests never touch a stack
  * running beside them (`npm start`). SANDBOX_NET_NAME, SANDBOX_NET_CIDR and SANDBOX_ID_BASE, when set,
- * are stack 1's (the name prefixed for stack 2: `t2<name>`, its block the one below stack 1's).
+ * are stack 1's (the name prefixed for stack 2: `t2<name>`, its block the one below stack 1's, or above
+ * it at the bottom of 100.64.0.0/10).
  */
 export function stackNet(k: number): Record<string, string> {
   const e = process.env;
@@ -69,7 +70,9 @@ export function stackNet(k: number): Record<string, string> {
   if (k === 1) return { SANDBOX_NET_NAME: e.SANDBOX_NET_NAME, SANDBOX_NET_CIDR: e.SANDBOX_NET_CIDR, SANDBOX_ID_BASE: e.SANDBOX_ID_BASE };
   const [addr, len] = e.SANDBOX_NET_CIDR.split('/');
   const size = 2 ** (32 - Number(len));
-  const start = addr!.split('.').reduce((n, o) => n * 256 + Number(o), 0) - (k - 1) * size;
+  const first = addr!.split('.').reduce((n, o) => n * 256 + Number(o), 0);
+  // The block below stack 1's, or above it when that would leave 100.64.0.0/10 (shared address space).
+  const start = first - (k - 1) * size >= 100 * 2 ** 24 + 64 * 2 ** 16 ? first - (k - 1) * size : first + (k - 1) * size;
   const dotted = [24, 16, 8, 0].map((s) => Math.floor(start / 2 ** s) % 256).join('.');
   // Its ids follow stack 1's: as many slots as its block has links.
   return {

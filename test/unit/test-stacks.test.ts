@@ -30,6 +30,9 @@ describe('the test suite’s stacks on one machine (two jest workers)', () => {
     Object.assign(process.env, { SANDBOX_NET_NAME: 'w3', SANDBOX_NET_CIDR: '100.113.0.0/20', SANDBOX_ID_BASE: String(2 ** 30) });
     expect(stackNet(1)).toEqual({ SANDBOX_NET_NAME: 'w3', SANDBOX_NET_CIDR: '100.113.0.0/20', SANDBOX_ID_BASE: String(2 ** 30) });
     expect(stackNet(2)).toEqual({ SANDBOX_NET_NAME: 't2w3', SANDBOX_NET_CIDR: '100.112.240.0/20', SANDBOX_ID_BASE: String(2 ** 30 + 2048 * 65536) });
+    // Never out of 100.64.0.0/10: at its bottom, the block above.
+    process.env.SANDBOX_NET_CIDR = '100.64.0.0/20';
+    expect(stackNet(2).SANDBOX_NET_CIDR).toBe('100.64.16.0/20');
   });
 
   it('lays the two-host stacks of the two workers (SAP_STACK_SLOT) apart from each other and from the global stacks', () => {
