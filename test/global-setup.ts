@@ -3,6 +3,7 @@ import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
 import { deleteNetTable, freePort, ProcName, startStack, Stack } from '../scripts/launcher';
+import { intToIp, parseCidr } from '../contract/network';
 import { makeTestCa } from './helpers/test-ca';
 
 /** What global-teardown stops: each stack with its control endpoint and data directory. */
@@ -68,21 +69,20 @@ export function stackNet(k: number): Record<string, string> {
     };
   }
   if (k === 1) return { SANDBOX_NET_NAME: e.SANDBOX_NET_NAME, SANDBOX_NET_CIDR: e.SANDBOX_NET_CIDR, SANDBOX_ID_BASE: e.SANDBOX_ID_BASE };
-  const [addr, len] = e.SANDBOX_NET_CIDR.split('/');
-  const size = 2 ** (32 - Number(len));
-  const first = addr!.split('.').reduce((n, o) => n * 256 + Number(o), 0);
+  const { base: first, bits } = parseCidr(e.SANDBOX_NET_CIDR, 'SANDBOX_NET_CIDR');
+  const size = 2 ** (32 - bits);
   // The block below stack 1's, or above it when that would leave 100.64.0.0/10 (shared address space).
-  const start = first - (k - 1) * size >= 100 * 2 ** 24 + 64 * 2 ** 16 ? first - (k - 1) * size : first + (k - 1) * size;
-  const dotted = [24, 16, 8, 0].map((s) => Math.floor(start / 2 ** s) % 256).join('.');
+  const start = first - (k - 1) * size >= parseCidr('100.64.0.0/10', 'shared space').base ? first - (k - 1) * size : first + (k - 1) * size;
   // Its ids follow stack 1's: as many slots as its block has links.
   return {
     SANDBOX_NET_NAME: `t${k}${e.SANDBOX_NET_NAME}`,
-    SANDBOX_NET_CIDR: `${dotted}/${len}`,
+    SANDBOX_NET_CIDR: `${intToIp(start)}/${bits}`,
     SANDBOX_ID_BASE: String(Number(e.SANDBOX_ID_BASE) + (k - 1) * (size / 2) * 65536),
   };
 }
 
 async function startTestStack(k: number): Promise<TestStack> {
+  const net = stackNet(k);
   const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'sap-test-'));
   const apiKey = 'test-key-default-org';
   const hostToken = 'test-host-token-0123456789';
@@ -110,7 +110,7 @@ async function startTestStack(k: number): Promise<TestStack> {
       SANDBOX_DNS: `127.0.0.1:${dnsUpstreamPort}`,
       SANDBOX_SEAL_PORT: String(await freePort()),
       SANDBOX_SEAL_TRUST_FILE: path.join(testCa, 'ca.pem'),
-      ...stackNet(k),
+      ...net,
       // Webhook retries a test can wait for (the defaults start at 10 s and grow to an hour).
       WEBHOOK_RETRY_INITIAL_MS: '200',
       WEBHOOK_RETRY_MAX_INTERVAL_MS: '1000',
@@ -167,5 +167,5 @@ async function startTestStack(k: number): Promise<TestStack> {
     process.env[`${name}_${k}`] = value;
     if (k === 1) process.env[name] = value;
   }
-  return { stack, control, dataDir, ownTable: stackNet(k).SANDBOX_NET_NAME! };
+  return { stack, control, dataDir, ownTable: net.SANDBOX_NET_NAME! };
 }

@@ -4,6 +4,7 @@ describe('configuration', () => {
   it('has local defaults', () => {
     const cfg = loadConfig({});
     expect(cfg.PORT).toBe(8080);
+    expect(cfg.API_KEY_CACHE_MS).toBe(30_000);
     expect(cfg.TASK_QUEUE).toBe('sandbox-agents');
     expect(cfg.MONGO_URL).toMatch(/^mongodb:\/\//);
     expect(bootstrapApiKey(cfg)).toBe('dev-key');
@@ -33,6 +34,8 @@ describe('configuration', () => {
     ['TASK_QUEUE', 'has space'],
     ['SANDBOX_PROVIDER', 'docker'],
     ['RESULT_MAX_BYTES', '-1'],
+    ['API_KEY_CACHE_MS', '50'],
+    ['API_KEY_CACHE_MS', 'soon'],
   ])('names the variable when %s=%s is bad', (name, value) => {
     expect(() => loadConfig({ [name]: value })).toThrow(ConfigError);
     expect(() => loadConfig({ [name]: value })).toThrow(new RegExp(name));

@@ -1,11 +1,11 @@
+import { parseCidr } from '../../contract/network';
 import { hostEnvironment } from '../../scripts/launcher';
 import { stackNet } from '../global-setup';
 
 /** [first, last] of an IPv4 CIDR as numbers. */
 function range(cidr: string): [number, number] {
-  const [addr, len] = cidr.split('/');
-  const start = addr!.split('.').reduce((n, o) => n * 256 + Number(o), 0);
-  return [start, start + 2 ** (32 - Number(len)) - 1];
+  const { base, bits } = parseCidr(cidr, 'pool');
+  return [base, base + 2 ** (32 - bits) - 1];
 }
 const overlap = (a: [number, number], b: [number, number]) => a[0] <= b[1] && b[0] <= a[1];
 /** A host's user-namespace ids: `slots` of 65536 from its base (a pool of n addresses has n/2 links, one slot each). */
