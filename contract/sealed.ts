@@ -38,6 +38,44 @@ export function hostAllowed(patterns: readonly string[], host: string): boolean 
   return patterns.some((p) => (p.startsWith('*.') ? n.length > p.length - 1 && n.endsWith(p.slice(1)) : n === p));
 }
 
+/**
+ * Where a sealed secret's value may be put (`injectInto`): request header names (lower case) and
+ * `body`. A secret without its own list gets this one: the usual places of API keys, never a body
+ * (an answer that echoes a body, or a conversation that quotes the environment, would carry it).
+ */
+export const DEFAULT_INJECT_INTO: readonly string[] = ['authorization', 'x-api-key', 'api-key', 'x-goog-api-key', 'x-auth-token'];
+/** The body as an `injectInto` entry. */
+export const INJECT_BODY = 'body';
+export const MAX_INJECT_INTO = 16;
+/** Headers a value may never be put into: the proxy drops or writes them itself (framing, routing, hop-by-hop). */
+const NEVER_INJECT = new Set([
+  'host',
+  'content-length',
+  'transfer-encoding',
+  'connection',
+  'keep-alive',
+  'proxy-connection',
+  'proxy-authorization',
+  'te',
+  'trailer',
+  'upgrade',
+  'forwarded',
+  'x-forwarded-for',
+  'x-forwarded-host',
+  'x-forwarded-proto',
+  'x-forwarded-port',
+  'x-real-ip',
+]);
+
+/** One `injectInto` entry, normalised: a header name (an HTTP token, lower-cased) or `body`. */
+export function normaliseInjectInto(text: string): string {
+  const t = text.trim().toLowerCase();
+  if (t === INJECT_BODY) return t;
+  if (!/^[!#$%&'*+.^_`|~0-9a-z-]{1,100}$/.test(t)) throw new Error(`not a header name or "body": ${text.slice(0, 100)}`);
+  if (NEVER_INJECT.has(t)) throw new Error(`a value is never put into ${t}: the proxy writes or drops that header`);
+  return t;
+}
+
 /** A secret as the control plane hands it to the host at create: the host makes its placeholder. */
 export interface SealedSecretSpec {
   /** The environment variable that holds the placeholder. */
@@ -45,6 +83,8 @@ export interface SealedSecretSpec {
   value: string;
   /** Normalised host names and wildcards the value may be sent to (never empty). */
   allowedHosts: string[];
+  /** Where in a request the value may be put (normalised `injectInto`); absent: DEFAULT_INJECT_INTO. */
+  injectInto?: string[];
 }
 
 /** Envs and sealed secrets of a store, minus the sealed ones a more specific env replaces. */

@@ -17,6 +17,7 @@
 import { execFile } from 'node:child_process';
 import { promises as fsp } from 'node:fs';
 import { isIP } from 'node:net';
+import { networkInterfaces } from 'node:os';
 import type { Logger } from 'pino';
 import { intToIp, normaliseAllowEntry, normaliseEgress, parseCidr, splitAllow, type Egress, type NetworkPolicy } from '../contract/network';
 import type { SealProxy } from './seal/proxy';
@@ -51,6 +52,18 @@ const ALWAYS_REFUSED = [
 ];
 
 const ipToIntLocal = (ip: string): number => ip.split('.').reduce((a, o) => a * 256 + Number(o), 0);
+
+/** Every IPv4 address on any of the host's interfaces, read again at most once a second. */
+let ownAddresses: { at: number; set: Set<string> } = { at: 0, set: new Set() };
+export function hostAddresses(): Set<string> {
+  const now = Date.now();
+  if (now - ownAddresses.at >= 1000) {
+    const set = new Set<string>();
+    for (const list of Object.values(networkInterfaces())) for (const a of list ?? []) if (a.family === 'IPv4') set.add(a.address);
+    ownAddresses = { at: now, set };
+  }
+  return ownAddresses.set;
+}
 
 /** IPv4 name servers of the host's resolver configuration (the sandboxes' resolver forwards to them). */
 export async function hostNameservers(): Promise<string[]> {
@@ -177,6 +190,30 @@ export class SandboxNetwork {
     };
     if (this.allowCidrs.some(inside)) return false;
     return [...ALWAYS_REFUSED, this.pool.text].some(inside);
+  }
+
+  /**
+   * Whether the sealed-secrets proxy may connect to `ip` for the sandbox at `source` (seal/proxy.ts):
+   * what the table would let that sandbox reach itself (its policy, the refused ranges), and never an
+   * address of the host's own (the proxy connects from the host, where the sandbox's input chain does
+   * not apply).
+   */
+  proxyReachable(source: string, ip: string): boolean {
+    if (isIP(ip) !== 4 || this.refusedAddress(ip) || hostAddresses().has(ip)) return false;
+    const egress = this.policies.get(source);
+    if (egress === undefined || egress === 'none') return false;
+    if (egress === 'internet') return true;
+    const n = ipToIntLocal(ip);
+    const { cidrs } = splitAllow(egress.allow);
+    if (
+      cidrs.some((c) => {
+        const { base, bits } = parseCidr(c, 'address');
+        return n >= base && n < base + 2 ** (32 - bits);
+      })
+    ) {
+      return true;
+    }
+    return (this.admitted.get(source)?.get(ip) ?? 0) > Date.now();
   }
 
   /** Sends the sandbox's TCP 80/443 to `addresses` to the sealed-secrets proxy for `seconds` (one nft call). */

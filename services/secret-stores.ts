@@ -52,7 +52,7 @@ export interface SecretStoreService {
   /** A store's secrets, without values. */
   listEntries(orgId: string, idOrName: string): Promise<SecretEntryDoc[]>;
   /** Sets a secret (sealed before it is stored) and returns it without its value. */
-  setEntry(orgId: string, idOrName: string, name: string, value: string, allowedHosts?: string[]): Promise<SecretEntryDoc>;
+  setEntry(orgId: string, idOrName: string, name: string, value: string, allowedHosts?: string[], injectInto?: string[]): Promise<SecretEntryDoc>;
   /** Deletes a secret and returns it without its value; 404 when there is none. */
   deleteEntry(orgId: string, idOrName: string, name: string): Promise<SecretEntryDoc>;
   /**
@@ -99,10 +99,10 @@ export function createSecretStoreService(deps: ServiceDeps): SecretStoreService 
     async listEntries(orgId, idOrName) {
       return listSecretEntries(deps.store, (await get(orgId, idOrName)).id);
     },
-    async setEntry(orgId, idOrName, name, value, allowedHosts = []) {
+    async setEntry(orgId, idOrName, name, value, allowedHosts = [], injectInto) {
       const doc = await get(orgId, idOrName);
       const sealed = deps.secrets.seal(value, sealContext(orgId, doc.id, name));
-      const entry = await putSecretEntry(deps.store, doc, name, sealed, new Date(), allowedHosts);
+      const entry = await putSecretEntry(deps.store, doc, name, sealed, new Date(), allowedHosts, injectInto);
       if (!entry) throw notFound(`secret ${name} in store ${idOrName}`); // deleted at the same moment
       return entry;
     },

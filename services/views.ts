@@ -1,6 +1,7 @@
 import type { z } from 'zod';
 import type { Agent, Session, SessionResult } from '../contract/schemas';
 import type { Batch } from '../contract/batch-schemas';
+import { DEFAULT_INJECT_INTO } from '../contract/sealed';
 import { fromJsonText, type AgentDoc, type SessionDoc } from '../store';
 import type { BatchDoc } from '../store/batches';
 import type { InstanceDoc } from '../store/instances';
@@ -109,6 +110,7 @@ export const secretEntryView = (e: SecretEntryDoc) => ({
   storeId: e.storeId,
   name: e.name,
   allowedHosts: e.allowedHosts ?? [],
+  injectInto: e.injectInto?.length ? e.injectInto : [...DEFAULT_INJECT_INTO],
   createdAt: e.createdAt.toISOString(),
   updatedAt: e.updatedAt.toISOString(),
 });

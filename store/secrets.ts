@@ -30,6 +30,8 @@ export interface SecretEntryDoc {
   value: string;
   /** Hosts the value may be sent to: the secret is sealed (a placeholder in the sandbox). Absent or empty: plain. */
   allowedHosts?: string[];
+  /** Where the proxy may put the value when sealed (header names, `body`). Absent: DEFAULT_INJECT_INTO. */
+  injectInto?: string[];
   createdAt: Date;
   updatedAt: Date;
 }
@@ -102,7 +104,7 @@ export async function storeSecretsOf(
       throw new SecretUnreadable(name, e.name);
     }
     const hosts = e.allowedHosts?.length ? e.allowedHosts : (doc.egressAllowlist ?? []);
-    if (hosts.length) sealed.push({ name: e.name, value, allowedHosts: hosts });
+    if (hosts.length) sealed.push({ name: e.name, value, allowedHosts: hosts, ...(e.injectInto?.length ? { injectInto: e.injectInto } : {}) });
     else env[e.name] = value;
   }
   return { env, sealed };
@@ -164,11 +166,17 @@ export async function putSecretEntry(
   sealed: string,
   now: Date,
   allowedHosts: string[] = [],
+  injectInto?: string[],
 ): Promise<SecretEntryDoc | null> {
   const _id = `${doc.id}/${name}`;
+  // Replacing a secret without injectInto gives it the default again (the whole secret is replaced).
   await secretEntriesOf(store).updateOne(
     { _id },
-    { $set: { value: sealed, allowedHosts, updatedAt: now }, $setOnInsert: { orgId: doc.orgId, storeId: doc.id, name, createdAt: now } },
+    {
+      $set: { value: sealed, allowedHosts, updatedAt: now, ...(injectInto ? { injectInto } : {}) },
+      ...(injectInto ? {} : { $unset: { injectInto: '' } }),
+      $setOnInsert: { orgId: doc.orgId, storeId: doc.id, name, createdAt: now },
+    },
     { upsert: true },
   );
   await secretStoresOf(store).updateOne({ _id: doc._id }, { $set: { updatedAt: now } });

@@ -1,7 +1,7 @@
 import { z } from 'zod';
 import type { RouteTable } from '../http';
 import '../http';
-import { MAX_ALLOWED_HOSTS, MAX_HOST_LENGTH, normaliseAllowedHost } from '../../contract/sealed';
+import { MAX_ALLOWED_HOSTS, MAX_HOST_LENGTH, MAX_INJECT_INTO, normaliseAllowedHost, normaliseInjectInto } from '../../contract/sealed';
 import type { SecretStoreService } from '../../services/secret-stores';
 import { secretEntryView as entryView, secretStoreView as storeView } from '../../services/views';
 
@@ -37,6 +37,28 @@ const AllowedHosts = (what: string) =>
     .optional()
     .describe(what);
 
+/** Where a sealed secret's value may be put in a request (docs/sealed-secrets.md, "Where a value goes"). */
+const InjectInto = z
+  .array(z.string().max(100))
+  .min(1)
+  .max(MAX_INJECT_INTO)
+  .transform((names, ctx) => {
+    const out: string[] = [];
+    for (const n of names) {
+      try {
+        out.push(normaliseInjectInto(n));
+      } catch (err) {
+        ctx.addIssue({ code: 'custom', message: (err as Error).message });
+        return z.NEVER;
+      }
+    }
+    return [...new Set(out)];
+  })
+  .optional()
+  .describe(
+    'Where the proxy may put a sealed value: request header names and/or "body". Default: authorization, x-api-key, api-key, x-goog-api-key, x-auth-token (headers only)',
+  );
+
 const CreateSecretStoreBody = z
   .object({
     name: SecretStoreName,
@@ -52,6 +74,7 @@ const SetSecretBody = z
       .refine((v) => !v.includes('\0'), 'must not contain NUL characters')
       .describe('Write-only: never returned, never logged'),
     allowedHosts: AllowedHosts('Seals the secret: sandboxes get a placeholder, and the egress proxy sends the value to these hosts only'),
+    injectInto: InjectInto,
   })
   .openapi('SetSecret');
 
@@ -59,7 +82,14 @@ export const SecretStoreView = z
   .object({ id: z.string(), name: z.string(), egressAllowlist: z.array(z.string()), createdAt: z.string(), updatedAt: z.string() })
   .openapi('SecretStore');
 const SecretEntryView = z
-  .object({ storeId: z.string(), name: z.string(), allowedHosts: z.array(z.string()), createdAt: z.string(), updatedAt: z.string() })
+  .object({
+    storeId: z.string(),
+    name: z.string(),
+    allowedHosts: z.array(z.string()),
+    injectInto: z.array(z.string()).describe('Where the proxy may put the value when it is sealed (the default when it was not set)'),
+    createdAt: z.string(),
+    updatedAt: z.string(),
+  })
   .describe('A secret without its value (values are never returned)')
   .openapi('SecretEntry');
 
@@ -144,7 +174,7 @@ export function registerSecretStoreRoutes(t: RouteTable, stores: SecretStoreServ
     body: SetSecretBody,
     responses: { 200: { description: 'The secret, without its value', schema: SecretEntryView } },
     handler: async ({ params, body, org, res }) => {
-      const entry = await stores.setEntry(org.id, params.id, params.name, body.value, body.allowedHosts ?? []);
+      const entry = await stores.setEntry(org.id, params.id, params.name, body.value, body.allowedHosts ?? [], body.injectInto);
       res.json(entryView(entry));
     },
   });

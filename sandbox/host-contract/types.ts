@@ -24,9 +24,9 @@ export interface CreateSandboxRequest {
    * placeholder made by the host; the host's egress proxy keeps the value (sealed with its own key)
    * and puts it into requests to `allowedHosts` only. Never echoed in any answer.
    */
-  sealedSecrets?: { name: string; value: string; allowedHosts: string[] }[];
+  sealedSecrets?: { name: string; value: string; allowedHosts: string[]; injectInto?: string[] }[];
   /** Host-internal (a hibernated sandbox made again; never accepted over HTTP): its sealed secrets as they were kept. */
-  restoredSealed?: { placeholder: string; name: string; hosts: string[]; box: string }[];
+  restoredSealed?: { placeholder: string; name: string; hosts: string[]; inject?: string[]; box: string }[];
   /** Default working directory (absolute) of every process started in the sandbox; default /workspace. */
   cwd?: string;
   /**

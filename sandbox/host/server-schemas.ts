@@ -24,7 +24,14 @@ export const schemas = {
       layers: z.array(z.string()).optional(),
       envs: stringMap.optional(),
       sealedSecrets: z
-        .array(z.object({ name: z.string().min(1).max(200), value: z.string().min(1).max(32768), allowedHosts: z.array(z.string().max(253)).min(1).max(32) }))
+        .array(
+          z.object({
+            name: z.string().min(1).max(200),
+            value: z.string().min(1).max(32768),
+            allowedHosts: z.array(z.string().max(253)).min(1).max(32),
+            injectInto: z.array(z.string().max(100)).min(1).max(16).optional(),
+          }),
+        )
         .max(256)
         .optional(),
       cwd: z.string().startsWith('/').optional(),

@@ -131,3 +131,80 @@ export function pumpBody(
   });
   req.once('end', () => step(EMPTY, true));
 }
+
+/**
+ * Searches an answer, chunk by chunk, for sealed values and replaces each with its placeholder
+ * (docs/sealed-secrets.md, "Answers"): an upstream that echoes its request (errors, debug endpoints)
+ * never hands a value back to the sandbox. Between chunks it keeps back only a tail that is the start
+ * of some value (never more than the longest value's length less one), so a value split across
+ * chunks is still found while a stream's events are not held back (an event ends in a newline that
+ * starts no value).
+ */
+export class ValueScan {
+  private held: Buffer = EMPTY;
+  private readonly firsts = new Set<number>();
+  private readonly values: { value: Buffer; placeholder: Buffer }[];
+
+  constructor(pairs: { value: string; placeholder: string }[]) {
+    // Longest first: where two values start at one place, the longer one is replaced.
+    this.values = pairs
+      .map((p) => ({ value: Buffer.from(p.value, 'utf8'), placeholder: Buffer.from(p.placeholder, 'latin1') }))
+      .filter((p) => p.value.length > 0)
+      .sort((a, b) => b.value.length - a.value.length);
+    for (const v of this.values) this.firsts.add(v.value[0]!);
+  }
+
+  get empty(): boolean {
+    return this.values.length === 0;
+  }
+
+  /** The bytes that may go to the sandbox now (everything, when `last`). */
+  push(chunk: Buffer, last: boolean): Buffer {
+    const data = this.held.length ? Buffer.concat([this.held, chunk]) : chunk;
+    const parts: Buffer[] = [];
+    let from = 0;
+    let stop = -1;
+    for (;;) {
+      let at = -1;
+      let hit: { value: Buffer; placeholder: Buffer } | null = null;
+      for (const v of this.values) {
+        const i = data.indexOf(v.value, from);
+        if (i >= 0 && (at < 0 || i < at)) [at, hit] = [i, v];
+      }
+      if (!hit) break;
+      // A longer value that starts the same way may still be coming: wait for the next chunk.
+      if (!last && this.values.some((w) => w.value.length > data.length - at && w.value.compare(data, at, data.length, 0, data.length - at) === 0)) {
+        stop = at;
+        break;
+      }
+      parts.push(data.subarray(from, at), hit.placeholder);
+      from = at + hit.value.length;
+    }
+    const cut = last ? data.length : stop >= 0 ? stop : Math.max(from, this.holdFrom(data, from));
+    parts.push(data.subarray(from, cut));
+    this.held = cut === data.length ? EMPTY : Buffer.from(data.subarray(cut));
+    return parts.length === 1 ? parts[0]! : Buffer.concat(parts);
+  }
+
+  /** Where the tail of `data` that is a proper start of some value begins (data.length: none). */
+  private holdFrom(data: Buffer, from: number): number {
+    const longest = this.values[0]?.value.length ?? 0;
+    for (let i = Math.max(from, data.length - longest + 1); i < data.length; i++) {
+      if (!this.firsts.has(data[i]!)) continue;
+      const k = data.length - i;
+      if (this.values.some((v) => v.value.length > k && v.value.compare(data, i, data.length, 0, k) === 0)) return i;
+    }
+    return data.length;
+  }
+
+  /** A header value (latin1, as Node gives them) with every value replaced. */
+  text(s: string): string {
+    if (!s) return s;
+    let out = s;
+    for (const v of this.values) {
+      const needle = v.value.toString('latin1');
+      if (out.includes(needle)) out = out.split(needle).join(v.placeholder.toString('latin1'));
+    }
+    return out;
+  }
+}

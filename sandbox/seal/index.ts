@@ -6,7 +6,7 @@ import { randomBytes } from 'node:crypto';
 import { promises as fsp } from 'node:fs';
 import * as path from 'node:path';
 import type { Logger } from 'pino';
-import { MAX_SEALED_PER_SANDBOX, normaliseAllowedHost, PLACEHOLDER_PREFIX } from '../../contract/sealed';
+import { MAX_SEALED_PER_SANDBOX, normaliseAllowedHost, normaliseInjectInto, PLACEHOLDER_PREFIX } from '../../contract/sealed';
 import type { CreateSandboxRequest } from '../host-contract/types';
 import type { SecretBox } from '../../lib/secret-box';
 import { SandboxError } from '../errors';
@@ -35,13 +35,15 @@ export function sealSecrets(
   const entries: SealedEntry[] = [];
   for (const s of specs) {
     let hosts: string[];
+    let inject: string[] | undefined;
     try {
       hosts = s.allowedHosts.map(normaliseAllowedHost);
+      inject = s.injectInto?.length ? [...new Set(s.injectInto.map(normaliseInjectInto))] : undefined;
     } catch (err) {
       throw new SandboxError('invalid_request', `sealedSecrets ${s.name}: ${(err as Error).message}`);
     }
     const placeholder = `${PLACEHOLDER_PREFIX}${randomBytes(16).toString('hex')}`;
-    entries.push({ placeholder, name: s.name, hosts, box: box.seal(s.value, sealedContext(id, placeholder)) });
+    entries.push({ placeholder, name: s.name, hosts, ...(inject ? { inject } : {}), box: box.seal(s.value, sealedContext(id, placeholder)) });
     env[s.name] = placeholder;
   }
   if (entries.length) for (const [k, v] of Object.entries(TRUST_ENV)) if (envs[k] === undefined) env[k] = v;
@@ -75,7 +77,7 @@ export async function startSealing(
     port,
     ca,
     extraTrust,
-    refused: (ip) => network.refusedAddress(ip),
+    reachable: (source, ip) => network.proxyReachable(source, ip),
     steer: (source, addresses, seconds) => network.steer(source, addresses, seconds),
     log: o.log,
   });

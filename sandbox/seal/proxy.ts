@@ -15,10 +15,12 @@
 import * as http from 'node:http';
 import * as https from 'node:https';
 import * as net from 'node:net';
+import { Transform } from 'node:stream';
 import * as tls from 'node:tls';
+import * as zlib from 'node:zlib';
 import type { Logger } from 'pino';
-import { hostAllowed, PLACEHOLDER_LIKE, PLACEHOLDER_PREFIX } from '../../contract/sealed';
-import { BODY_HOLD_MAX, BodyScan, pumpBody, readBody } from './body';
+import { DEFAULT_INJECT_INTO, hostAllowed, INJECT_BODY, PLACEHOLDER_LIKE, PLACEHOLDER_PREFIX } from '../../contract/sealed';
+import { BODY_HOLD_MAX, BodyScan, pumpBody, readBody, ValueScan } from './body';
 import { clientHelloName, MAX_HELLO_BYTES } from './sni';
 import type { SealCa } from './ca';
 
@@ -27,9 +29,14 @@ export interface SealedEntry {
   placeholder: string;
   name: string;
   hosts: string[];
+  /** Where the value may be put: header names (lower case) and `body`; absent: DEFAULT_INJECT_INTO. */
+  inject?: string[];
   /** The value sealed with the host's env key (context: sealedContext). */
   box: string;
 }
+
+/** Whether `e`'s value may be put into `where` (a header name in lower case, or `body`). */
+export const injects = (e: SealedEntry, where: string): boolean => (e.inject?.length ? e.inject : DEFAULT_INJECT_INTO).includes(where);
 
 export const sealedContext = (sandboxId: string, placeholder: string) => `sealed:${sandboxId}:${placeholder}`;
 
@@ -48,8 +55,12 @@ export interface SealProxyOptions {
   ca: SealCa;
   /** Extra roots for upstream TLS (PEM texts), on top of the host's: SANDBOX_SEAL_TRUST_FILE. */
   extraTrust: string[];
-  /** Addresses the sandboxes may never reach (the table's refused ranges, minus the operator's allowed ones). */
-  refused: (ip: string) => boolean;
+  /**
+   * Whether the proxy may connect to `ip` for the sandbox at `source`: its own egress policy, the
+   * table's refused ranges, and never one of the host's own addresses (the proxy runs on the host,
+   * outside the sandboxes' input chain).
+   */
+  reachable: (source: string, ip: string) => boolean;
   /** Steers the sandbox's connections to `addresses` to the proxy for `ttlSeconds`. */
   steer: (source: string, addresses: string[], ttlSeconds: number) => Promise<void>;
   log: Logger;
@@ -59,6 +70,24 @@ export interface SealProxyOptions {
 
 const EMPTY = Buffer.alloc(0);
 const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'proxy-authorization', 'te', 'trailer', 'transfer-encoding', 'upgrade']);
+/** Headers that tell a front end where a request is for or came from: never forwarded (the proxy checked the request's own Host only). */
+const FORWARDED = new Set([
+  'forwarded',
+  'x-forwarded-for',
+  'x-forwarded-host',
+  'x-forwarded-proto',
+  'x-forwarded-port',
+  'x-forwarded-server',
+  'x-forwarded-prefix',
+  'x-original-host',
+  'x-original-url',
+  'x-rewrite-url',
+  'x-host',
+  'x-real-ip',
+  'x-http-method-override',
+  'x-http-method',
+  'x-method-override',
+]);
 const MIN_ROUTE_SECONDS = 300;
 interface Route {
   ips: string[];
@@ -66,12 +95,17 @@ interface Route {
 }
 const MAX_NAMES_PER_SANDBOX = 1024;
 
-/** Replaces the placeholders in `text`: the value when the secret allows `host`, else the refusal. */
+/**
+ * Replaces the placeholders in `text`, the value of header `where`: the value when the secret allows
+ * `host` and goes into that header; unchanged when it allows the host but goes elsewhere (a useless
+ * string there); else the refusal.
+ */
 export function swapPlaceholders(
   text: string,
   host: string,
   lookup: (placeholder: string) => SealedEntry | undefined,
   open: (e: SealedEntry) => string,
+  where: string,
 ): { text: string } | { refused: string | null } {
   let refused: { name: string | null } | null = null;
   const out = text.replace(PLACEHOLDER_LIKE, (m) => {
@@ -80,7 +114,7 @@ export function swapPlaceholders(
       refused ??= { name: e?.name ?? null };
       return m;
     }
-    return open(e);
+    return injects(e, where) ? open(e) : m;
   });
   return refused ? { refused: (refused as { name: string | null }).name } : { text: out };
 }
@@ -160,7 +194,7 @@ export class SealProxy {
   async admit(source: string, name: string, addresses: string[], ttlSeconds: number): Promise<void> {
     const sb = this.sandboxes.get(source);
     if (!sb) return;
-    const usable = addresses.filter((a) => net.isIPv4(a) && !this.o.refused(a));
+    const usable = addresses.filter((a) => net.isIPv4(a) && this.o.reachable(source, a));
     if (!usable.length) return;
     const seconds = Math.max(MIN_ROUTE_SECONDS, Math.min(86_400, Math.ceil(ttlSeconds)));
     const key = name.toLowerCase().replace(/\.$/, '');
@@ -234,9 +268,9 @@ export class SealProxy {
    * the sandbox's own answer for that name (nothing to swap: the proxy cannot see inside).
    */
   private passThrough(sock: net.Socket, head: Buffer, source: string, name: string): void {
-    const route = this.route(this.others, source, name);
-    if (!route) return void sock.destroy();
-    const up = net.connect({ host: route.ips[0]!, port: 443 });
+    const ip = this.route(this.others, source, name)?.ips.find((a) => this.o.reachable(source, a));
+    if (!ip) return void sock.destroy();
+    const up = net.connect({ host: ip, port: 443 });
     up.setNoDelay(true);
     up.on('error', () => sock.destroy());
     up.once('close', () => sock.destroy());
@@ -247,18 +281,21 @@ export class SealProxy {
     sock.resume();
   }
 
-  private refuse(res: http.ServerResponse, status: number, message: string): void {
+  /** Answers with an error; `close`: the connection is closed after it (its next bytes are not trusted to be framed as read). */
+  private refuse(res: http.ServerResponse, status: number, message: string, close = false): void {
     const body = JSON.stringify({ error: { type: status === 403 ? 'sealed_secret_refused' : 'sealed_proxy_error', message } });
     if (res.writableEnded) return; // answered already (a refusal, then the upstream request's end)
     if (res.headersSent) return void res.destroy();
-    res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) }).end(body);
+    res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body), ...(close ? { connection: 'close' } : {}) }).end(body);
   }
 
   /** Logs a refusal: at most 10 per sandbox a minute. Never a value or a placeholder. */
-  private logRefusal(sb: Sealed, host: string, secret: string | null): void {
+  private logRefusal(sb: Sealed, host: string, secret: string | null, fault?: string): void {
     const now = Date.now();
     if (now - sb.logged.at > 60_000) sb.logged = { at: now, n: 0 };
-    if (++sb.logged.n <= 10) this.o.log.warn({ sandboxId: sb.id, host, secret: secret ?? '(unknown placeholder)' }, 'sealed secret refused: not for this host');
+    if (++sb.logged.n > 10) return;
+    if (fault) this.o.log.warn({ sandboxId: sb.id, host, fault }, 'sealed secrets proxy: request refused (framing)');
+    else this.o.log.warn({ sandboxId: sb.id, host, secret: secret ?? '(unknown placeholder)' }, 'sealed secret refused: not for this host');
   }
 
   /** Refuses a request for carrying a placeholder that may not go to `host` (or not in clear); logged, rate-limited. */
@@ -276,44 +313,95 @@ export class SealProxy {
     );
   }
 
+  /**
+   * What the proxy checks is what it forwards (docs/threat-model.md, "The sealed-secrets proxy's
+   * framing"): an origin-form target, one Host naming the TLS server name (and the connection's port,
+   * if any), a body framed by one content-length or by `transfer-encoding: chunked` alone. Anything
+   * else could make an upstream front end see another host or another request than the one checked:
+   * refused, with the same 403 as a placeholder toward the wrong host. Else the name it is for.
+   */
+  private framingFault(req: http.IncomingMessage, secure: boolean, sni: string | null): { name: string } | { fault: string } {
+    const url = req.url ?? '';
+    if (!url.startsWith('/') || url.startsWith('//')) return { fault: 'the request target must be a path (origin-form), not a URL or an authority' };
+    if (req.method === 'CONNECT') return { fault: 'CONNECT is not forwarded' };
+    let hosts = 0;
+    let lengths = 0;
+    let encodings = 0;
+    const raw = req.rawHeaders;
+    for (let i = 0; i < raw.length; i += 2) {
+      const lower = raw[i]!.toLowerCase();
+      if (lower === 'host') hosts++;
+      else if (lower === 'content-length') lengths++;
+      else if (lower === 'transfer-encoding') encodings++;
+    }
+    if (hosts !== 1) return { fault: `a request needs exactly one Host header (it has ${hosts})` };
+    const host = (req.headers.host ?? '').toLowerCase();
+    const m = /^([a-z0-9](?:[a-z0-9.-]{0,251}[a-z0-9])?)\.?(?::(\d{1,5}))?$/.exec(host);
+    if (!m) return { fault: `the Host header is not a host name: ${host.slice(0, 100)}` };
+    if (m[2] !== undefined && Number(m[2]) !== (secure ? 443 : 80)) return { fault: `the Host header names port ${m[2]}, not the connection's (${secure ? 443 : 80})` };
+    const name = m[1]!;
+    if (sni !== null && sni !== name) return { fault: `the Host header (${name.slice(0, 100)}) is not the TLS server name (${sni})` };
+    if (lengths > 1) return { fault: 'a request has at most one content-length' };
+    if (encodings > 1 || (encodings === 1 && (req.headers['transfer-encoding'] ?? '').trim().toLowerCase() !== 'chunked')) {
+      return { fault: 'transfer-encoding may only be "chunked"' };
+    }
+    if (encodings === 1 && lengths === 1) return { fault: 'a request has a content-length or is chunked, not both' };
+    return { name };
+  }
+
   private onRequest(req: http.IncomingMessage, res: http.ServerResponse): void {
     const meta = this.meta.get(req.socket);
     const sb = meta && this.sandboxes.get(meta.source);
     if (!meta || !sb) return this.refuse(res, 403, 'not a sandbox with sealed secrets');
-    const hostHeader = (req.headers.host ?? '').toLowerCase();
-    const name = hostHeader.replace(/:\d+$/, '').replace(/\.$/, '');
     const sni = meta.tls ? (((req.socket as tls.TLSSocket & { servername?: string | false }).servername || '') as string).toLowerCase() : null;
-    if (sni !== null && sni !== name) return this.refuse(res, 421, `the Host header (${name.slice(0, 100)}) is not the TLS server name (${sni})`);
+    const checked = this.framingFault(req, meta.tls, sni);
+    if ('fault' in checked) {
+      this.logRefusal(sb, sni ?? String(req.headers.host ?? '').slice(0, 100), null, checked.fault);
+      // The connection is not trusted to be framed as the proxy read it: closed after the answer.
+      return this.refuse(res, 403, checked.fault, true);
+    }
+    const name = checked.name;
     // Over plain HTTP a name sharing an address with a sealed host comes here too: forwarded the same way (placeholders refused).
     const route = this.route(this.routes, meta.source, name) ?? (meta.tls ? null : this.route(this.others, meta.source, name));
     if (!route) return this.refuse(res, 403, `${name.slice(0, 100)} was not resolved through the sandbox's resolver`);
-    // Headers, with placeholders swapped (values opened here, for this request only).
+    const ip = route.ips.find((a) => this.o.reachable(meta.source, a));
+    if (!ip) return this.refuse(res, 403, `${name.slice(0, 100)}: its addresses are not reachable from this sandbox (its policy, or the host's own)`);
+    // The values that may go to this host: searched for in the answer (replaced by their placeholders).
+    const mine = [...sb.byPlaceholder.values()].filter((e) => hostAllowed(e.hosts, name));
+    // Headers, with placeholders swapped where their secret allows it (values opened here, for this request only).
     const headers: string[] = [];
     let lengthAt = -1;
     const raw = req.rawHeaders;
     for (let i = 0; i < raw.length; i += 2) {
       const key = raw[i]!;
       const lower = key.toLowerCase();
-      if (HOP_BY_HOP.has(lower)) continue;
+      if (HOP_BY_HOP.has(lower) || FORWARDED.has(lower)) continue;
       const value = raw[i + 1]!;
       if (lower === 'content-length') lengthAt = headers.length + 1;
+      // The answer is searched for values: it must come in a form the search can read.
+      if (lower === 'accept-encoding' && mine.length) continue;
       // A value never goes out in clear: over plain HTTP any placeholder refuses the request.
       if (!meta.tls && value.includes(PLACEHOLDER_PREFIX)) {
         const secret = [...value.matchAll(PLACEHOLDER_LIKE)].map((m) => sb.byPlaceholder.get(m[0])?.name).find(Boolean) ?? null;
         return this.refuseSecret(res, sb, name, secret, false);
       }
-      const swapped = swapPlaceholders(value, name, (p) => sb.byPlaceholder.get(p), sb.open);
+      const swapped = swapPlaceholders(value, name, (p) => sb.byPlaceholder.get(p), sb.open, lower);
       if ('refused' in swapped) return this.refuseSecret(res, sb, name, swapped.refused, true);
       headers.push(key, swapped.text);
     }
+    if (mine.length) headers.push('accept-encoding', ACCEPTED_ENCODINGS);
     // The body: searched too (body.ts); a refusal stops it before the placeholder's bytes leave.
+    // A placeholder of a secret for this host that does not go into bodies stays as it is.
     const scan = new BodyScan((p) => {
       const e = sb.byPlaceholder.get(p);
-      return meta.tls && e && hostAllowed(e.hosts, name) ? Buffer.from(sb.open(e), 'utf8') : { refused: e?.name ?? null };
+      if (!meta.tls || !e || !hostAllowed(e.hosts, name)) return { refused: e?.name ?? null };
+      return injects(e, INJECT_BODY) ? Buffer.from(sb.open(e), 'utf8') : Buffer.from(p, 'latin1');
     });
     const length = lengthAt < 0 ? null : Number(headers[lengthAt]);
     const chunked = req.headers['transfer-encoding'] !== undefined;
-    const send = (body?: Buffer) => this.upstream(req, res, route.ips[0]!, name, meta.tls, headers, body);
+    // Framing is written again, never left out: a chunked body goes chunked (whatever the method), a body with a length with its length.
+    if (chunked) headers.push('transfer-encoding', 'chunked');
+    const send = (body?: Buffer) => this.upstream(req, res, ip, name, meta.tls, headers, mine, sb.open, body);
     if (!chunked && (length === null || length === 0)) return void send(EMPTY);
     if (!chunked && length !== null && length <= BODY_HOLD_MAX) {
       // Small bodies are held whole: a swap fixes the content-length.
@@ -335,8 +423,22 @@ export class SealProxy {
     });
   }
 
-  /** Sends the request upstream (to the address of the sandbox's own answer for `name`) and pipes the answer back chunk by chunk. */
-  private upstream(req: http.IncomingMessage, res: http.ServerResponse, ip: string, name: string, secure: boolean, headers: string[], body?: Buffer) {
+  /**
+   * Sends the request upstream (to the address of the sandbox's own answer for `name`) and pipes the
+   * answer back chunk by chunk, its headers and body searched for the values of `mine` (each
+   * replaced by its placeholder; a compressed body is decompressed first, one the proxy cannot read is refused).
+   */
+  private upstream(
+    req: http.IncomingMessage,
+    res: http.ServerResponse,
+    ip: string,
+    name: string,
+    secure: boolean,
+    headers: string[],
+    mine: SealedEntry[],
+    open: (e: SealedEntry) => string,
+    body?: Buffer,
+  ) {
     const opts: https.RequestOptions = {
       host: ip,
       port: secure ? 443 : 80,
@@ -349,15 +451,43 @@ export class SealProxy {
     };
     const up = (secure ? https : http).request(opts, (upRes) => {
       if (res.writableEnded) return void upRes.destroy(); // refused meanwhile (a placeholder later in the body)
+      const values = mine.length ? new ValueScan(mine.map((e) => ({ value: open(e), placeholder: e.placeholder }))) : null;
+      const status = upRes.statusCode ?? 502;
+      const bodyless = req.method === 'HEAD' || status === 204 || status === 304;
+      const coding = String(upRes.headers['content-encoding'] ?? 'identity')
+        .trim()
+        .toLowerCase();
+      const decode = values && !bodyless && coding !== 'identity' ? decoderFor(coding) : null;
+      if (decode === undefined) {
+        upRes.destroy();
+        return this.refuse(res, 502, `${name} answered with content-encoding ${coding.slice(0, 40)}, which the proxy cannot search for sealed values`);
+      }
       const out: string[] = [];
       for (let i = 0; i < upRes.rawHeaders.length; i += 2) {
-        if (!HOP_BY_HOP.has(upRes.rawHeaders[i]!.toLowerCase())) out.push(upRes.rawHeaders[i]!, upRes.rawHeaders[i + 1]!);
+        const lower = upRes.rawHeaders[i]!.toLowerCase();
+        if (HOP_BY_HOP.has(lower)) continue;
+        // A searched body may change length (and a decoded one loses its coding): it goes chunked.
+        if (values && !bodyless && (lower === 'content-length' || (decode && lower === 'content-encoding'))) continue;
+        out.push(upRes.rawHeaders[i]!, values ? values.text(upRes.rawHeaders[i + 1]!) : upRes.rawHeaders[i + 1]!);
       }
-      res.writeHead(upRes.statusCode ?? 502, upRes.statusMessage, out);
+      res.writeHead(status, values ? values.text(upRes.statusMessage ?? '') : upRes.statusMessage, out);
       // An event stream's headers go at once (its first event may take a while); others go with the first chunk.
       if (/event-stream/i.test(String(upRes.headers['content-type'] ?? ''))) res.flushHeaders();
-      upRes.pipe(res);
       upRes.on('error', () => res.destroy());
+      if (!values || bodyless) return void upRes.pipe(res);
+      const source: NodeJS.ReadableStream = decode ? upRes.pipe(decode) : upRes;
+      if (decode) decode.on('error', () => res.destroy());
+      const search = new Transform({
+        transform(chunk: Buffer, _enc, cb) {
+          const b = values.push(chunk, false);
+          cb(null, b.length ? b : undefined);
+        },
+        flush(cb) {
+          const b = values.push(EMPTY, true);
+          cb(null, b.length ? b : undefined);
+        },
+      });
+      source.pipe(search).pipe(res);
     });
     up.on('error', (err) => this.refuse(res, 502, `${name}: ${err.message}`));
     res.on('close', () => {
@@ -366,4 +496,15 @@ export class SealProxy {
     if (body) up.end(body.length ? body : undefined);
     return up;
   }
+}
+
+/** What the proxy asks for when it must search the answer: no coding (one that comes anyway is decoded when it can be, else refused). */
+const ACCEPTED_ENCODINGS = 'identity';
+
+/** A decoder for a content-encoding the proxy can search through; undefined: one it cannot. */
+function decoderFor(coding: string): Transform | undefined {
+  if (coding === 'gzip' || coding === 'x-gzip') return zlib.createGunzip();
+  if (coding === 'deflate') return zlib.createInflate();
+  if (coding === 'br') return zlib.createBrotliDecompress();
+  return undefined;
 }

@@ -1,7 +1,7 @@
-import { hostAllowed, normaliseAllowedHost, withoutOverridden } from '../../contract/sealed';
+import { DEFAULT_INJECT_INTO, hostAllowed, normaliseAllowedHost, normaliseInjectInto, withoutOverridden } from '../../contract/sealed';
 import net from 'node:net';
 import tls from 'node:tls';
-import { BodyScan } from '../../sandbox/seal/body';
+import { BodyScan, ValueScan } from '../../sandbox/seal/body';
 import { clientHelloName } from '../../sandbox/seal/sni';
 import { swapPlaceholders, type SealedEntry } from '../../sandbox/seal/proxy';
 
@@ -13,7 +13,7 @@ const entries = new Map<string, SealedEntry>([
 ]);
 const opened: string[] = [];
 const open = (e: SealedEntry) => (opened.push(e.name), `value-of-${e.box}`);
-const swap = (text: string, host: string) => swapPlaceholders(text, host, (p) => entries.get(p), open);
+const swap = (text: string, host: string, where = 'authorization') => swapPlaceholders(text, host, (p) => entries.get(p), open, where);
 
 describe('sealed secrets: allowed hosts', () => {
   it('normalises names and wildcards; refuses addresses, bare and single-label patterns, junk', () => {
@@ -66,6 +66,76 @@ describe('sealed secrets: swapping placeholders', () => {
     expect(swap(`${P1.slice(0, -1)}`, 'api.anthropic.com')).toEqual({ refused: null });
     expect(swap(`${P1}X`, 'api.anthropic.com')).toEqual({ refused: null });
     expect(opened).toEqual([]);
+  });
+});
+
+describe('sealed secrets: where a value goes (injectInto)', () => {
+  beforeEach(() => (opened.length = 0));
+
+  it('normalises header names and "body"; refuses framing, routing and hop-by-hop headers and junk', () => {
+    expect(normaliseInjectInto(' X-Api-Key ')).toBe('x-api-key');
+    expect(normaliseInjectInto('BODY')).toBe('body');
+    for (const bad of ['host', 'Content-Length', 'transfer-encoding', 'x-forwarded-host', 'forwarded', 'connection', 'a b', '', 'x:y', 'x'.repeat(101)]) {
+      expect(() => normaliseInjectInto(bad)).toThrow();
+    }
+    expect(DEFAULT_INJECT_INTO).toEqual(expect.arrayContaining(['authorization', 'x-api-key']));
+    expect(DEFAULT_INJECT_INTO).not.toContain('body');
+  });
+
+  it('swaps only in the headers the secret names (default: the auth headers); elsewhere the placeholder goes as it is', () => {
+    expect(swap(`Bearer ${P1}`, 'api.anthropic.com', 'x-debug')).toEqual({ text: `Bearer ${P1}` });
+    expect(swap(P1, 'api.anthropic.com', 'x-api-key')).toEqual({ text: 'value-of-k1' });
+    const custom: SealedEntry = { placeholder: P1, name: 'K', hosts: ['api.anthropic.com'], inject: ['x-custom'], box: 'k9' };
+    const one = (where: string) => swapPlaceholders(P1, 'api.anthropic.com', () => custom, open, where);
+    expect(one('x-custom')).toEqual({ text: 'value-of-k9' });
+    expect(one('authorization')).toEqual({ text: P1 });
+    // Toward a host it is not for it still refuses, wherever it is.
+    expect(swap(P1, 'api.github.com', 'x-debug')).toEqual({ refused: 'ANTHROPIC_API_KEY' });
+    expect(opened).toEqual(['ANTHROPIC_API_KEY', 'K']);
+  });
+});
+
+describe('sealed secrets: values in answers', () => {
+  const V1 = 'sk-ant-0123456789abcdef';
+  const V2 = 'sk-ant-0123456789abcdef-longer';
+  const pairs = [
+    { value: V1, placeholder: P1 },
+    { value: V2, placeholder: P2 },
+  ];
+  const through = (text: string, cuts: number[]) => {
+    const scan = new ValueScan(pairs);
+    const out: Buffer[] = [];
+    let from = 0;
+    for (const c of [...cuts, text.length]) {
+      out.push(scan.push(Buffer.from(text.slice(from, c)), c === text.length));
+      from = c;
+    }
+    return Buffer.concat(out).toString();
+  };
+
+  it('replaces every value by its placeholder, the longer one first, wherever the answer is cut', () => {
+    const text = `{"echo":"${V1}","again":"x${V2}y","h":"Bearer ${V1}"}`;
+    const want = `{"echo":"${P1}","again":"x${P2}y","h":"Bearer ${P1}"}`;
+    for (let a = 0; a <= text.length; a++) expect(through(text, [a])).toBe(want);
+    // Byte by byte.
+    expect(
+      through(
+        text,
+        Array.from({ length: text.length - 1 }, (_, i) => i + 1),
+      ),
+    ).toBe(want);
+  });
+
+  it('holds back only a tail that starts a value: an event stream is not delayed', () => {
+    const scan = new ValueScan(pairs);
+    expect(scan.push(Buffer.from('data: {"a":1}\n\n'), false).toString()).toBe('data: {"a":1}\n\n');
+    expect(scan.push(Buffer.from('data: sk-an'), false).toString()).toBe('data: ');
+    expect(scan.push(Buffer.from('t-nope\n\n'), false).toString()).toBe('sk-ant-nope\n\n');
+  });
+
+  it('replaces values in header text', () => {
+    expect(new ValueScan(pairs).text(`Bearer ${V2}, ${V1}`)).toBe(`Bearer ${P2}, ${P1}`);
+    expect(new ValueScan([]).empty).toBe(true);
   });
 });
 
