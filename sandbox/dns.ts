@@ -77,6 +77,8 @@ export function resolverLimitsFromEnv(env: NodeJS.ProcessEnv): Partial<ResolverL
 
 export interface ResolverOptions {
   port: number;
+  /** The address it listens on (network.ts: the host's sandbox-facing service address); default 0.0.0.0. */
+  address?: string;
   upstreams: () => Upstream[];
   decide: (source: string) => Decision;
   /** Lets `source` reach `addresses` for `ttlSeconds` (called before the answer goes out). */
@@ -159,8 +161,8 @@ export class SandboxResolver {
         });
       });
     try {
-      await listen((cb) => udp.bind(this.o.port, '0.0.0.0', cb), udp);
-      await listen((cb) => tcp.listen(this.o.port, '0.0.0.0', cb), tcp);
+      await listen((cb) => udp.bind(this.o.port, this.o.address ?? '0.0.0.0', cb), udp);
+      await listen((cb) => tcp.listen(this.o.port, this.o.address ?? '0.0.0.0', cb), tcp);
     } catch (err) {
       udp.close();
       tcp.close();

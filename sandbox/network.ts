@@ -136,6 +136,7 @@ export class SandboxNetwork {
   /** Sealed secrets' egress proxy (seal/proxy.ts) and its port, when the host runs one; what it was steered per sandbox. */
   private seal: { proxy: SealProxy; port: number } | null = null;
   private readonly steered = new Map<string, Map<string, number>>();
+  private service: Promise<string> | null = null;
 
   constructor(opts: NetworkOptions) {
     const name = opts.name ?? DEFAULT_NET_NAME;
@@ -244,15 +245,37 @@ export class SandboxNetwork {
     return this.policies.get(addr);
   }
 
-  /** How many sandbox links the pool holds. */
+  /** How many sandbox links the pool holds (its last /31 is the host's service address's). */
   get capacity(): number {
-    return 2 ** (32 - this.pool.bits) / 2;
+    return 2 ** (32 - this.pool.bits) / 2 - 1;
   }
 
-  /** The link of id slot `slot`: the slot's /31 in the pool. */
+  /**
+   * The address the sandboxes' resolver and the sealed-secrets proxy listen on, as a second wall
+   * behind the table: the pool's last address, put on the host's loopback (`ip addr replace …/32 dev
+   * lo`), which the table's DNAT sends sandboxes' queries and steered connections to. It is not
+   * reachable through the host's public addresses, so the two services stay closed to the world even
+   * when the table is gone (flushed by hand or by another firewall tool). Where the address cannot be
+   * added (no `ip`, no CAP_NET_ADMIN), they listen on 0.0.0.0 as before, behind the table alone (logged).
+   */
+  serviceAddress(): Promise<string> {
+    this.service ??= (async () => {
+      const svc = intToIp(this.pool.base + 2 ** (32 - this.pool.bits) - 1);
+      try {
+        await run('ip', ['addr', 'replace', `${svc}/32`, 'dev', 'lo']);
+        return svc;
+      } catch (err) {
+        this.log.warn({ address: svc, err: (err as Error).message }, 'the sandboxes\' service address could not be added: resolver and proxy listen on 0.0.0.0, behind the table alone');
+        return '0.0.0.0';
+      }
+    })();
+    return this.service;
+  }
+
+  /** The link of id slot `slot`: the slot's /31 in the pool (never the last: the service address's). */
   linkFor(slot: number): SandboxLink {
     const gw = this.pool.base + slot * 2;
-    if (!Number.isInteger(slot) || slot < 0 || slot * 2 + 2 > 2 ** (32 - this.pool.bits)) {
+    if (!Number.isInteger(slot) || slot < 0 || slot * 2 + 2 > 2 ** (32 - this.pool.bits) - 2) {
       throw new Error(`sandbox network pool ${this.pool.text} has no room for slot ${slot}`);
     }
     return { ifname: `${this.ifPrefix}${slot}`, gateway: intToIp(gw), address: intToIp(gw + 1), prefix: 31 };
@@ -278,9 +301,13 @@ export class SandboxNetwork {
         for (const c of splitAllow(egress.allow).cidrs) elements.allow.push(`${addr} . ${c}`);
       }
     }
+    const svc = await this.serviceAddress();
+    // Sandboxes' queries and steered connections go to the service address when there is one, else (as before) to the link's own gateway.
+    const to = (port: number) => (svc === '0.0.0.0' ? `redirect to :${port}` : `dnat ip to ${svc}:${port}`);
     if (!this.resolver) {
       const resolver = new SandboxResolver({
         port: this.dnsPort,
+        address: svc,
         upstreams: () => this.upstreams,
         decide: (source) => this.decide(source),
         admit: (source, addresses, ttl) => this.admit(source, addresses, ttl),
@@ -319,8 +346,8 @@ table inet ${this.table} {
   }
   chain prerouting {
     type nat hook prerouting priority dstnat; policy accept;
-    iifname ${sb} ip saddr != @none4 ip daddr ${RESOLVER_ADDRESS} meta l4proto { tcp, udp } th dport 53 redirect to :${this.dnsPort}${
-      this.seal ? `\n    iifname ${sb} ip saddr . ip daddr @seal4 tcp dport { 80, 443 } redirect to :${this.seal.port}` : ''
+    iifname ${sb} ip saddr != @none4 ip daddr ${RESOLVER_ADDRESS} meta l4proto { tcp, udp } th dport 53 ${to(this.dnsPort)}${
+      this.seal ? `\n    iifname ${sb} ip saddr . ip daddr @seal4 tcp dport { 80, 443 } ${to(this.seal.port)}` : ''
     }
   }
   chain input {

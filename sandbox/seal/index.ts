@@ -75,6 +75,7 @@ export async function startSealing(
   const extraTrust = o.env.SANDBOX_SEAL_TRUST_FILE ? [await fsp.readFile(o.env.SANDBOX_SEAL_TRUST_FILE, 'utf8')] : [];
   const proxy = new SealProxy({
     port,
+    address: await network.serviceAddress(),
     ca,
     extraTrust,
     reachable: (source, ip) => network.proxyReachable(source, ip),

@@ -52,6 +52,8 @@ interface Sealed {
 
 export interface SealProxyOptions {
   port: number;
+  /** The address it listens on (network.ts: the host's sandbox-facing service address); default 0.0.0.0. */
+  address?: string;
   ca: SealCa;
   /** Extra roots for upstream TLS (PEM texts), on top of the host's: SANDBOX_SEAL_TRUST_FILE. */
   extraTrust: string[];
@@ -146,7 +148,7 @@ export class SealProxy {
   async start(): Promise<void> {
     await new Promise<void>((resolve, reject) => {
       this.server.once('error', reject);
-      this.server.listen(this.o.port, '0.0.0.0', () => resolve());
+      this.server.listen(this.o.port, this.o.address ?? '0.0.0.0', () => resolve());
     });
   }
 

@@ -30,6 +30,8 @@ S(("${addr}", ${port}), ${name}).serve_forever()`;
 export class TestHost {
   readonly ns: string;
   readonly addr: string;
+  /** The host's own end of the link: an address of the host's (on its veth). */
+  readonly hostAddr: string;
   readonly port = 8080;
   readonly mark = randomBytes(6).toString('hex');
   private readonly hostIf: string;
@@ -44,7 +46,8 @@ export class TestHost {
     this.hostIf = `tnh${tag}`;
     const third = 1 + Math.floor(Math.random() * 250);
     const quad = 4 * Math.floor(Math.random() * 60);
-    const hostAddr = `${prefix}.${third}.${quad + 1}`;
+    this.hostAddr = `${prefix}.${third}.${quad + 1}`;
+    const hostAddr = this.hostAddr;
     this.addr = `${prefix}.${third}.${quad + 2}`;
     const ip = (...args: string[]) => execFileSync('ip', args, { stdio: ['ignore', 'ignore', 'pipe'] });
     try {

@@ -115,7 +115,8 @@ beforeAll(async () => {
   await fakeApi(OTHER_HOST, OTHER_KEY, LOG_OTHER);
   expect((await api('POST', '/api/secret-stores', { body: { name: STORE } })).status).toBe(201);
   const put = (name: string, body: Record<string, unknown>) => api('PUT', `/api/secret-stores/${STORE}/secrets/${name}`, { body });
-  expect((await put('ANTHROPIC_API_KEY', { value: KEY, allowedHosts: [API_HOST] })).status).toBe(200);
+  // Its value may go into the x-api-key header and into bodies (the body tests below).
+  expect((await put('ANTHROPIC_API_KEY', { value: KEY, allowedHosts: [API_HOST], injectInto: ['x-api-key', 'body'] })).status).toBe(200);
   expect((await put('OTHER_TOKEN', { value: OTHER_KEY, allowedHosts: ['*.sealed.sap-net.test'] })).status).toBe(200);
   expect((await put('PLAIN_VAR', { value: PLAIN })).status).toBe(200);
 }, 120_000);

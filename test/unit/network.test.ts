@@ -4,12 +4,13 @@ import { normaliseAllowEntry, normaliseEgress, parseCidr, SandboxNetwork, splitA
 import { nameMatches, parseUpstream } from '../../sandbox/dns';
 
 describe('sandbox network', () => {
-  it('gives each id slot its own /31 of the pool, and refuses slots past it', () => {
+  it("gives each id slot its own /31 of the pool, and refuses slots past it (the last /31 holds the resolver's and proxy's address)", () => {
     const n = new SandboxNetwork({ cidr: '100.127.0.0/16', log: pino({ level: 'silent' }) });
     expect(n.linkFor(0)).toEqual({ ifname: 'sap0', gateway: '100.127.0.0', address: '100.127.0.1', prefix: 31 });
     expect(n.linkFor(300)).toEqual({ ifname: 'sap300', gateway: '100.127.2.88', address: '100.127.2.89', prefix: 31 });
-    expect(n.capacity).toBe(32768);
-    expect(n.linkFor(32767).address).toBe('100.127.255.255');
+    expect(n.capacity).toBe(32767);
+    expect(n.linkFor(32766).address).toBe('100.127.255.253');
+    expect(() => n.linkFor(32767)).toThrow(/no room/);
     expect(() => n.linkFor(32768)).toThrow(/no room/);
   });
 
