@@ -31,9 +31,9 @@ const proxyScript = (root: string, dir: string, clientAddr: string, name: string
     await ca.init('bench');
     const port = await new Promise((r) => { const s = net.createServer().listen(0, '127.0.0.1', () => { const p = s.address().port; s.close(() => r(p)); }); });
     const proxy = new SealProxy({ port, ca, extraTrust: [require('fs').readFileSync(${JSON.stringify(path.join(dir, '..', 'upstream-ca.pem'))}, 'utf8')],
-      refused: () => false, steer: async () => undefined, log: pino({ level: 'warn' }) });
+      refused: () => false, reachable: () => true, steer: async () => undefined, log: pino({ level: 'warn' }) });
     await proxy.start();
-    proxy.register(${JSON.stringify(clientAddr)}, 'sb-bench', [{ placeholder: ${JSON.stringify(placeholder)}, name: 'KEY', hosts: [${JSON.stringify(name)}], box: 'x' }], () => 'the-real-key');
+    proxy.register(${JSON.stringify(clientAddr)}, 'sb-bench', [{ placeholder: ${JSON.stringify(placeholder)}, name: 'KEY', hosts: [${JSON.stringify(name)}], inject: ['x-api-key', 'body'], box: 'x' }], () => 'the-real-key');
     await proxy.admit(${JSON.stringify(clientAddr)}, ${JSON.stringify(name)}, [${JSON.stringify(upstreamAddr)}], 3600);
     await ca.contextFor(${JSON.stringify(name)});
     console.log('READY ' + JSON.stringify({ port, ca: ca.certificate }));

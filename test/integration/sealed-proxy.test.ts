@@ -216,8 +216,7 @@ describe('sealed-secrets proxy: it forwards exactly the request it checked', () 
     const fwd = seen(LOG_API, '/forwarded');
     expect(fwd).toHaveLength(1);
     const names = fwd[0]!.rawHeaders.filter((_, i) => i % 2 === 0).map((n) => n.toLowerCase());
-    expect(names).not.toEqual(expect.arrayContaining(['x-forwarded-host']));
-    for (const n of ['forwarded', 'x-forwarded-for', 'x-original-host']) expect(names).not.toContain(n);
+    for (const n of ['x-forwarded-host', 'forwarded', 'x-forwarded-for', 'x-original-host']) expect(names).not.toContain(n);
     expect(JSON.stringify(fwd[0]!.rawHeaders)).not.toContain(OTHER_HOST);
     expect(fwd[0]!.rawHeaders).toContain(KEY);
   }, 180_000);
