@@ -265,7 +265,10 @@ export class SandboxNetwork {
         await run('ip', ['addr', 'replace', `${svc}/32`, 'dev', 'lo']);
         return svc;
       } catch (err) {
-        this.log.warn({ address: svc, err: (err as Error).message }, 'the sandboxes\' service address could not be added: resolver and proxy listen on 0.0.0.0, behind the table alone');
+        this.log.warn(
+          { address: svc, err: (err as Error).message },
+          "the sandboxes' service address could not be added: resolver and proxy listen on 0.0.0.0, behind the table alone",
+        );
         return '0.0.0.0';
       }
     })();

@@ -21,6 +21,7 @@ import * as zlib from 'node:zlib';
 import type { Logger } from 'pino';
 import { DEFAULT_INJECT_INTO, hostAllowed, INJECT_BODY, PLACEHOLDER_LIKE, PLACEHOLDER_PREFIX } from '../../contract/sealed';
 import { BODY_HOLD_MAX, BodyScan, pumpBody, readBody, ValueScan } from './body';
+import { FORWARDED, framingFault } from './framing';
 import { clientHelloName, MAX_HELLO_BYTES } from './sni';
 import type { SealCa } from './ca';
 
@@ -72,24 +73,6 @@ export interface SealProxyOptions {
 
 const EMPTY = Buffer.alloc(0);
 const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'proxy-authorization', 'te', 'trailer', 'transfer-encoding', 'upgrade']);
-/** Headers that tell a front end where a request is for or came from: never forwarded (the proxy checked the request's own Host only). */
-const FORWARDED = new Set([
-  'forwarded',
-  'x-forwarded-for',
-  'x-forwarded-host',
-  'x-forwarded-proto',
-  'x-forwarded-port',
-  'x-forwarded-server',
-  'x-forwarded-prefix',
-  'x-original-host',
-  'x-original-url',
-  'x-rewrite-url',
-  'x-host',
-  'x-real-ip',
-  'x-http-method-override',
-  'x-http-method',
-  'x-method-override',
-]);
 const MIN_ROUTE_SECONDS = 300;
 interface Route {
   ips: string[];
@@ -288,7 +271,9 @@ export class SealProxy {
     const body = JSON.stringify({ error: { type: status === 403 ? 'sealed_secret_refused' : 'sealed_proxy_error', message } });
     if (res.writableEnded) return; // answered already (a refusal, then the upstream request's end)
     if (res.headersSent) return void res.destroy();
-    res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body), ...(close ? { connection: 'close' } : {}) }).end(body);
+    res
+      .writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body), ...(close ? { connection: 'close' } : {}) })
+      .end(body);
   }
 
   /** Logs a refusal: at most 10 per sandbox a minute. Never a value or a placeholder. */
@@ -315,48 +300,12 @@ export class SealProxy {
     );
   }
 
-  /**
-   * What the proxy checks is what it forwards (docs/threat-model.md, "The sealed-secrets proxy's
-   * framing"): an origin-form target, one Host naming the TLS server name (and the connection's port,
-   * if any), a body framed by one content-length or by `transfer-encoding: chunked` alone. Anything
-   * else could make an upstream front end see another host or another request than the one checked:
-   * refused, with the same 403 as a placeholder toward the wrong host. Else the name it is for.
-   */
-  private framingFault(req: http.IncomingMessage, secure: boolean, sni: string | null): { name: string } | { fault: string } {
-    const url = req.url ?? '';
-    if (!url.startsWith('/') || url.startsWith('//')) return { fault: 'the request target must be a path (origin-form), not a URL or an authority' };
-    if (req.method === 'CONNECT') return { fault: 'CONNECT is not forwarded' };
-    let hosts = 0;
-    let lengths = 0;
-    let encodings = 0;
-    const raw = req.rawHeaders;
-    for (let i = 0; i < raw.length; i += 2) {
-      const lower = raw[i]!.toLowerCase();
-      if (lower === 'host') hosts++;
-      else if (lower === 'content-length') lengths++;
-      else if (lower === 'transfer-encoding') encodings++;
-    }
-    if (hosts !== 1) return { fault: `a request needs exactly one Host header (it has ${hosts})` };
-    const host = (req.headers.host ?? '').toLowerCase();
-    const m = /^([a-z0-9](?:[a-z0-9.-]{0,251}[a-z0-9])?)\.?(?::(\d{1,5}))?$/.exec(host);
-    if (!m) return { fault: `the Host header is not a host name: ${host.slice(0, 100)}` };
-    if (m[2] !== undefined && Number(m[2]) !== (secure ? 443 : 80)) return { fault: `the Host header names port ${m[2]}, not the connection's (${secure ? 443 : 80})` };
-    const name = m[1]!;
-    if (sni !== null && sni !== name) return { fault: `the Host header (${name.slice(0, 100)}) is not the TLS server name (${sni})` };
-    if (lengths > 1) return { fault: 'a request has at most one content-length' };
-    if (encodings > 1 || (encodings === 1 && (req.headers['transfer-encoding'] ?? '').trim().toLowerCase() !== 'chunked')) {
-      return { fault: 'transfer-encoding may only be "chunked"' };
-    }
-    if (encodings === 1 && lengths === 1) return { fault: 'a request has a content-length or is chunked, not both' };
-    return { name };
-  }
-
   private onRequest(req: http.IncomingMessage, res: http.ServerResponse): void {
     const meta = this.meta.get(req.socket);
     const sb = meta && this.sandboxes.get(meta.source);
     if (!meta || !sb) return this.refuse(res, 403, 'not a sandbox with sealed secrets');
     const sni = meta.tls ? (((req.socket as tls.TLSSocket & { servername?: string | false }).servername || '') as string).toLowerCase() : null;
-    const checked = this.framingFault(req, meta.tls, sni);
+    const checked = framingFault(req, meta.tls, sni);
     if ('fault' in checked) {
       this.logRefusal(sb, sni ?? String(req.headers.host ?? '').slice(0, 100), null, checked.fault);
       // The connection is not trusted to be framed as the proxy read it: closed after the answer.

@@ -121,7 +121,8 @@ const one = (c) => new Promise((resolve) => {
   return Object.fromEntries(list.map((a) => [a.id, a]));
 }
 
-const get = (target: string, headers: string[], host = API_HOST) => `GET ${target} HTTP/1.1\r\nHost: ${host}\r\n${headers.map((h) => `${h}\r\n`).join('')}connection: close\r\n\r\n`;
+const get = (target: string, headers: string[], host = API_HOST) =>
+  `GET ${target} HTTP/1.1\r\nHost: ${host}\r\n${headers.map((h) => `${h}\r\n`).join('')}connection: close\r\n\r\n`;
 const chunk = (s: string) => `${Buffer.byteLength(s).toString(16)}\r\n${s}\r\n`;
 
 let sb = '';

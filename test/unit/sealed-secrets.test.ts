@@ -2,6 +2,7 @@ import { DEFAULT_INJECT_INTO, hostAllowed, normaliseAllowedHost, normaliseInject
 import net from 'node:net';
 import tls from 'node:tls';
 import { BodyScan, ValueScan } from '../../sandbox/seal/body';
+import { framingFault } from '../../sandbox/seal/framing';
 import { clientHelloName } from '../../sandbox/seal/sni';
 import { swapPlaceholders, type SealedEntry } from '../../sandbox/seal/proxy';
 
@@ -66,6 +67,47 @@ describe('sealed secrets: swapping placeholders', () => {
     expect(swap(`${P1.slice(0, -1)}`, 'api.anthropic.com')).toEqual({ refused: null });
     expect(swap(`${P1}X`, 'api.anthropic.com')).toEqual({ refused: null });
     expect(opened).toEqual([]);
+  });
+});
+
+describe('sealed secrets: the proxy forwards only requests it can check (framing)', () => {
+  const H = 'api.anthropic.com';
+  /** A request as Node's parser gives it: raw headers in order, the first of each name in headers. */
+  const req = (url: string, raw: string[], method = 'GET') => {
+    const headers: Record<string, string> = {};
+    for (let i = 0; i < raw.length; i += 2) headers[raw[i]!.toLowerCase()] ??= raw[i + 1]!;
+    return { url, method, rawHeaders: raw, headers };
+  };
+  const fault = (url: string, raw: string[], method = 'GET', secure = true) => framingFault(req(url, raw, method), secure, secure ? H : null);
+
+  it("accepts an origin-form request with one Host naming the server (a port only if it is the connection's)", () => {
+    expect(fault('/v1/messages?x=1', ['Host', H])).toEqual({ name: H });
+    expect(fault('/', ['host', `${H.toUpperCase()}.:443`])).toEqual({ name: H });
+    expect(fault('/', ['Host', `${H}:80`], 'GET', false)).toEqual({ name: H });
+    expect(fault('/', ['Host', H, 'Transfer-Encoding', 'chunked'], 'POST')).toEqual({ name: H });
+    expect(fault('/', ['Host', H, 'Content-Length', '5'], 'POST')).toEqual({ name: H });
+  });
+
+  it('refuses absolute and authority targets, Host counts other than one, other names and ports, ambiguous framing', () => {
+    const bad: [string, string[], string?][] = [
+      [`https://other.test/x`, ['Host', H]],
+      [`http://other.test:80/x`, ['Host', H]],
+      [`https://${H}/x`, ['Host', H]],
+      ['//other.test/x', ['Host', H]],
+      ['*', ['Host', H], 'OPTIONS'],
+      [`${H}:443`, ['Host', H], 'CONNECT'],
+      ['/', []],
+      ['/', ['Host', H, 'Host', 'other.test']],
+      ['/', ['Host', 'other.test']],
+      ['/', ['Host', `${H}:8443`]],
+      ['/', ['Host', `user@${H}`]],
+      ['/', ['Host', '']],
+      ['/', ['Host', H, 'Content-Length', '1', 'Content-Length', '1'], 'POST'],
+      ['/', ['Host', H, 'Transfer-Encoding', 'gzip, chunked'], 'POST'],
+      ['/', ['Host', H, 'Transfer-Encoding', 'chunked', 'Transfer-Encoding', 'chunked'], 'POST'],
+      ['/', ['Host', H, 'Transfer-Encoding', 'chunked', 'Content-Length', '3'], 'POST'],
+    ];
+    for (const [url, raw, method] of bad) expect(fault(url, raw, method)).toHaveProperty('fault');
   });
 });
 
