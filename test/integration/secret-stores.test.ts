@@ -5,6 +5,7 @@ import { MongoClient } from 'mongodb';
 import { api as rawApi, eventually, Res, T, unique } from '../helpers/env';
 import { otherOrgKey } from '../helpers/checkpoints';
 import { SecretBox } from '../../lib/secret-box';
+import { DEFAULT_INJECT_INTO } from '../../contract/sealed';
 import type { SecretEntryDoc, SecretStoreDoc } from '../../store/secrets';
 
 /*
@@ -72,7 +73,15 @@ describe('secret stores', () => {
 
     const set = await api('PUT', `/api/secret-stores/${created.body.id}/secrets/API_TOKEN`, { body: { value: VALUE } });
     expect(set.status).toBe(200);
-    expect(set.body).toEqual({ storeId: created.body.id, name: 'API_TOKEN', allowedHosts: [], createdAt: expect.any(String), updatedAt: expect.any(String) });
+    expect(set.body).toEqual({
+      storeId: created.body.id,
+      name: 'API_TOKEN',
+      allowedHosts: [],
+      // Where the value would go if it were sealed: the default (docs/sealed-secrets.md).
+      injectInto: [...DEFAULT_INJECT_INTO],
+      createdAt: expect.any(String),
+      updatedAt: expect.any(String),
+    });
     // Replacing keeps the secret's creation time. By name as well as by id.
     const again = await api('PUT', `/api/secret-stores/${name}/secrets/API_TOKEN`, { body: { value: OTHER_VALUE } });
     expect([again.status, again.body.createdAt]).toEqual([200, set.body.createdAt]);
@@ -87,8 +96,8 @@ describe('secret stores', () => {
     const secrets = await api('GET', `/api/secret-stores/${created.body.id}/secrets`);
     expect(secrets.status).toBe(200);
     expect(secrets.body.map((s: Record<string, unknown>) => [s.name, Object.keys(s).sort()])).toEqual([
-      ['API_TOKEN', ['allowedHosts', 'createdAt', 'name', 'storeId', 'updatedAt']],
-      ['SECOND', ['allowedHosts', 'createdAt', 'name', 'storeId', 'updatedAt']],
+      ['API_TOKEN', ['allowedHosts', 'createdAt', 'injectInto', 'name', 'storeId', 'updatedAt']],
+      ['SECOND', ['allowedHosts', 'createdAt', 'injectInto', 'name', 'storeId', 'updatedAt']],
     ]);
 
     const del = await api('DELETE', `/api/secret-stores/${created.body.id}/secrets/SECOND`);
