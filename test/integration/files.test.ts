@@ -231,8 +231,12 @@ describe('files through the OpenComputer client', () => {
       await sb.files.remove('/workspace/sdk/dir');
       out1.existsAfter = await sb.files.exists('/workspace/sdk/dir/sub');
       const up = await sb.uploadUrl('/workspace/sdk/u.txt');
-      await fetch(up, { method: 'PUT', body: 'uploaded' });
+      out1.uploadStatus = (await fetch(up, { method: 'PUT', body: 'uploaded' })).status;
       out1.viaUrl = await (await fetch(await sb.downloadUrl('/workspace/sdk/u.txt', { expiresIn: 60 }))).text();
+      // As OpenComputer's test-large-files.ts does as the default user: an upload to /root.
+      out1.toRoot = (await fetch(await sb.uploadUrl('/root/sdk-up.txt'), { method: 'PUT', body: 'in root' })).status;
+      out1.rootRead = await sb.files.read('/root/sdk-up.txt');
+      out1.user = (await sb.commands.run('whoami')).stdout.trim();
       let err = '';
       try { await sb.files.read('/workspace/sdk/none'); } catch (e) { err = e.message; }
       out1.err = err;
@@ -252,7 +256,11 @@ describe('files through the OpenComputer client', () => {
       ],
       exists: true,
       existsAfter: false,
+      uploadStatus: 204,
       viaUrl: 'uploaded',
+      toRoot: 204,
+      rootRead: 'in root',
+      user: 'sandbox',
       err: 'Failed to read /workspace/sdk/none: 404',
     });
   });
