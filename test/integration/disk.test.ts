@@ -64,7 +64,7 @@ async function create(body: Record<string, unknown>): Promise<string> {
 }
 
 describe('a disk that is disk', () => {
-  it('defaults diskMB to 20480 (OpenComputer\'s): df / inside shows it, and the sparse image costs next to nothing on the host', async () => {
+  it("defaults diskMB to 20480 (OpenComputer's): df / inside shows it, and the sparse image costs next to nothing on the host", async () => {
     expect(limits.diskMB).toBe(Number(process.env.SANDBOX_DISK_MB ?? 20480));
     const id = await create({});
     expect((await api('GET', `/api/sandboxes/${id}`)).body.diskMB).toBe(limits.diskMB);
@@ -83,7 +83,7 @@ describe('a disk that is disk', () => {
     expect(await imageOf(id)).toBeNull();
   });
 
-  it('mounts /workspace on its own, on the sandbox\'s disk: df /workspace names it, nosuid and nodev, and what is written there counts against diskMB', async () => {
+  it("mounts /workspace on its own, on the sandbox's disk: df /workspace names it, nosuid and nodev, and what is written there counts against diskMB", async () => {
     const id = await create({ diskMB: 512 });
     const r = await sh(
       id,
