@@ -62,7 +62,9 @@ export const CreateSandboxBody = z
       .int()
       .min(1)
       .optional()
-      .describe('Size of the writable layer in MB (writes past it get ENOSPC); default SANDBOX_DISK_MB (10240), at most SANDBOX_MAX_DISK_MB (20480)'),
+      .describe(
+        'Size of the writable layer in MB (writes past it get ENOSPC); default SANDBOX_DISK_MB (20480, as on OpenComputer), at most SANDBOX_MAX_DISK_MB (20480)',
+      ),
     user: z
       .enum(['root', 'sandbox'])
       .optional()

@@ -6,7 +6,7 @@
  * | variable               | default                                   |
  * |------------------------|-------------------------------------------|
  * | SANDBOX_MEMORY_MB      | 2048 (at most SANDBOX_MAX_MEMORY_MB)       |
- * | SANDBOX_DISK_MB        | 10240 (at most SANDBOX_MAX_DISK_MB)        |
+ * | SANDBOX_DISK_MB        | 20480 (at most SANDBOX_MAX_DISK_MB)        |
  * | SANDBOX_CPU_COUNT      | 0: no CFS quota, an equal cpu.shares weight |
  * | SANDBOX_MAX_PROCESSES  | 512                                       |
  * | SANDBOX_MAX_MEMORY_MB  | the machine's total memory, in MB         |
@@ -23,7 +23,7 @@ import { MIN_MEMORY_MB } from '../contract/limits';
 export const DEFAULT_MEMORY_MB = 2048;
 export const DEFAULT_MAX_PROCESSES = 512;
 export const DEFAULT_MAX_DISK_MB = 20480;
-export const DEFAULT_DISK_MB = 10240;
+export const DEFAULT_DISK_MB = 20480;
 export { MIN_MEMORY_MB };
 
 /** The effective limits of one sandbox (what its host applies). */

@@ -41,11 +41,25 @@ ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
 command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || missing+=(nftables)
 # The console's browser tests (test/integration/console.test.ts) drive Debian's Chromium through playwright-core.
 [ -x /usr/bin/chromium ] || missing+=(chromium)
+# What OpenComputer's default image has and its examples use (sandboxes see the host's /usr): tree,
+# git-lfs, libffi's headers, a `python` command, and the en_US.UTF-8 locale (generated below).
+[ -x /usr/bin/tree ] || missing+=(tree)
+[ -x /usr/bin/git-lfs ] || missing+=(git-lfs)
+ls /usr/include/ffi.h /usr/include/*/ffi.h >/dev/null 2>&1 || missing+=(libffi-dev)
+[ -e /usr/bin/python ] || missing+=(python-is-python3)
+[ -f /etc/locale.gen ] || missing+=(locales)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then need_root "${missing[*]}" "${missing[*]}"; fi
   say "apt-get install ${missing[*]}"
   apt-get update -qq >/dev/null
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+if ! locale -a 2>/dev/null | grep -qx 'en_US.utf8'; then
+  if [ "$(id -u)" -ne 0 ]; then need_root "the en_US.UTF-8 locale" "locales && sudo sed -i 's/^# *en_US.UTF-8 UTF-8/en_US.UTF-8 UTF-8/' /etc/locale.gen && sudo locale-gen"; fi
+  say "locale-gen en_US.UTF-8"
+  sed -i 's/^# *en_US.UTF-8 UTF-8/en_US.UTF-8 UTF-8/' /etc/locale.gen
+  grep -qx 'en_US.UTF-8 UTF-8' /etc/locale.gen || echo 'en_US.UTF-8 UTF-8' >>/etc/locale.gen
+  locale-gen >/dev/null
 fi
 export PATH="$PATH:/usr/local/go/bin"
 

@@ -3,11 +3,14 @@
  * on_wake patches.
  */
 import type { HostClient } from '../sandbox';
-import { ApiError, conflict, notFound } from '../lib/errors';
+import { MAX_CHECKPOINTS_PER_SANDBOX } from '../contract/limits';
+import { ApiError, conflict, invalid, notFound } from '../lib/errors';
 import { randomId } from '../lib/ids';
 import {
   CheckpointDoc,
   checkpointStatus,
+  claimCheckpointName,
+  countSandboxCheckpoints,
   createPatch,
   deleteCheckpointRecords,
   deletePatch,
@@ -20,6 +23,7 @@ import {
   listPatches,
   listSandboxCheckpoints,
   PatchDoc,
+  releaseCheckpointName,
   updateCheckpoint,
 } from '../store/checkpoints';
 import { findSandboxOnCheckpoint, SandboxDoc, updateSandbox } from '../store/sandboxes';
@@ -81,6 +85,7 @@ export async function checkpointInUse(deps: Pick<SandboxDeps, 'store'>, cp: Chec
  */
 export async function deleteCheckpoint(deps: Pick<SandboxDeps, 'store' | 'hosts' | 'logger'>, cp: CheckpointDoc): Promise<void> {
   await deleteCheckpointRecords(deps.store, cp._id);
+  await releaseCheckpointName(deps.store, cp);
   const hosts: { hostId: string; client: HostClient }[] = await deps.hosts.liveHosts().catch(() => []);
   if (!hosts.some((h) => h.hostId === cp.hostId)) {
     const own = await deps.hosts.get(cp.hostId).catch(() => null);
@@ -107,12 +112,21 @@ export function createCheckpointService(deps: SandboxDeps, sandboxes: SandboxSer
   return {
     get: ofSandbox,
 
-    /** Captures a running sandbox's writable layer (copied while it is frozen) as a checkpoint; 507 over the storage quota. */
+    /**
+     * Captures a running sandbox's writable layer (copied while it is frozen) as a checkpoint; 507 over
+     * the storage quota. OpenComputer's rules: at most MAX_CHECKPOINTS_PER_SANDBOX (10) per sandbox,
+     * failed ones included (400 for the next, until one is deleted), and a name another checkpoint of
+     * the sandbox has is 409.
+     */
     async capture(orgId: string, sandboxId: string, name?: string): Promise<CheckpointDoc> {
       const sb = await sandboxes.get(orgId, sandboxId);
       if (sb.status !== 'running') throw conflict(`sandbox ${sb._id} is ${sb.status}`);
       await assertStorageRoom(deps, orgId);
+      // Counted before the name is claimed: two creates at once at the tenth may both pass (as OpenComputer's).
+      if ((await countSandboxCheckpoints(deps.store, sb._id)) >= MAX_CHECKPOINTS_PER_SANDBOX)
+        throw invalid(`maximum ${MAX_CHECKPOINTS_PER_SANDBOX} checkpoints per sandbox: delete one to take another`);
       const id = `cp-${randomId()}`;
+      if (!(await claimCheckpointName(deps.store, sb._id, name || id, id))) throw conflict(`checkpoint name already exists for this sandbox: ${name}`);
       const host = await deps.hosts.get(sb.hostId);
       // Recorded as processing first: a list or spawn meanwhile sees it (and a spawn waits for it).
       const doc: CheckpointDoc = {

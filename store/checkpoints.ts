@@ -106,7 +106,15 @@ export interface SnapshotNameDoc {
   snapshotId: string;
 }
 
+/** `_id` is `<sandboxId>/<name>`: the unique index that makes checkpoint names unique per sandbox. */
+export interface CheckpointNameDoc {
+  _id: string;
+  checkpointId: string;
+  at: Date;
+}
+
 export const checkpointsOf = (s: Store) => s.db.collection<CheckpointDoc>('checkpoints');
+const checkpointNamesOf = (s: Store) => s.db.collection<CheckpointNameDoc>('checkpoint_names');
 const patchesOf = (s: Store) => s.db.collection<PatchDoc>('patches');
 export const snapshotsOf = (s: Store) => s.db.collection<SnapshotDoc>('snapshots');
 const snapshotNamesOf = (s: Store) => s.db.collection<SnapshotNameDoc>('snapshot_names');
@@ -273,6 +281,39 @@ export async function updateCheckpoint(store: Store, id: string, set: Partial<Ch
 /** The checkpoints taken of a sandbox, oldest first (at most 1000). */
 export function listSandboxCheckpoints(store: Store, sandboxId: string): Promise<CheckpointDoc[]> {
   return checkpointsOf(store).find({ sandboxId }).sort({ createdAt: 1 }).limit(1000).toArray();
+}
+
+/** How many checkpoints of a sandbox are recorded (processing, ready or failed). */
+export function countSandboxCheckpoints(store: Store, sandboxId: string): Promise<number> {
+  return checkpointsOf(store).countDocuments({ sandboxId });
+}
+
+/**
+ * Claims checkpoint name `name` of a sandbox for checkpoint `checkpointId`; false when another
+ * checkpoint of the sandbox has it. The claim's `_id` is what keeps two creates at once from both
+ * having it (the claim comes first, the record right after it); a record of the name without a claim
+ * (written before claims existed) counts too, and a claim whose checkpoint was still not recorded
+ * CHECKPOINT_STALE_MS later (its API died between the two) is taken over.
+ */
+export async function claimCheckpointName(store: Store, sandboxId: string, name: string, checkpointId: string, now = new Date()): Promise<boolean> {
+  if (await checkpointsOf(store).findOne({ sandboxId, name }, { projection: { _id: 1 } })) return false;
+  const _id = `${sandboxId}/${name}`;
+  try {
+    await checkpointNamesOf(store).insertOne({ _id, checkpointId, at: now });
+    return true;
+  } catch (err) {
+    if (!isDuplicateKey(err)) throw err;
+  }
+  const claim = await checkpointNamesOf(store).findOne({ _id });
+  if (!claim || now.getTime() - claim.at.getTime() < CHECKPOINT_STALE_MS) return false;
+  if (await checkpointsOf(store).findOne({ _id: claim.checkpointId }, { projection: { _id: 1 } })) return false;
+  const taken = await checkpointNamesOf(store).updateOne({ _id, checkpointId: claim.checkpointId }, { $set: { checkpointId, at: now } });
+  return taken.modifiedCount === 1;
+}
+
+/** Frees a checkpoint's name of its sandbox (only while checkpoint `checkpointId` holds it). */
+export async function releaseCheckpointName(store: Store, cp: Pick<CheckpointDoc, '_id' | 'sandboxId' | 'name'>): Promise<void> {
+  await checkpointNamesOf(store).deleteOne({ _id: `${cp.sandboxId}/${cp.name}`, checkpointId: cp._id });
 }
 
 /** A checkpoint of the organisation taken over layer `layerId` (its id only), or null. */

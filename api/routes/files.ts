@@ -117,10 +117,11 @@ export function registerFileRoutes(t: RouteTable, deps: ApiDeps): void {
         .optional(),
     }),
     rawBody: { contentType: 'application/octet-stream', description: 'The file content (any content type is accepted)' },
-    responses: { 200: { description: 'Written', schema: z.object({ path: z.string(), size: z.number().int() }) } },
+    responses: { 204: { description: 'Written (no body, as OpenComputer answers)' } },
     errors: [409, 502, 503],
     handler: async ({ params, query, org, req, res }) => {
-      res.json(await files.upload(org.id, params.id, query.path, req, query.mode ? parseInt(query.mode, 8) : undefined, asyncWake(req)));
+      await files.upload(org.id, params.id, query.path, req, query.mode ? parseInt(query.mode, 8) : undefined, asyncWake(req));
+      res.status(204).end();
     },
   });
 
@@ -238,9 +239,10 @@ export function registerFileRoutes(t: RouteTable, deps: ApiDeps): void {
     public: true,
     params: TokenParams,
     rawBody: { contentType: 'application/octet-stream', description: 'The file content' },
-    responses: { 200: { description: 'Written' } },
+    responses: { 204: { description: 'Written (no body)' } },
     handler: async ({ params, req, res }) => {
-      res.json(await files.uploadByToken(params.token, req));
+      await files.uploadByToken(params.token, req);
+      res.status(204).end();
     },
   });
 }

@@ -34,8 +34,8 @@ export async function unmountUnder(dir: string, spawner: Spawner): Promise<void>
 }
 
 /**
- * The ids of the overlay mounts on `/` and `/usr` in a mountinfo table: a sandbox's own trees. (Its
- * processes have no capability to mount anything else there.)
+ * The ids of the overlay mounts on `/`, `/usr` and `/workspace` (a bind of the overlay of `/`) in a
+ * mountinfo table: a sandbox's own trees. (Its processes have no capability to mount anything else there.)
  */
 export function sandboxMountIds(mountinfo: string): Set<number> {
   const ids = new Set<number>();
@@ -43,7 +43,7 @@ export function sandboxMountIds(mountinfo: string): Set<number> {
     const f = line.split(' ');
     const sep = f.indexOf('-', 6);
     if (sep < 0 || f[sep + 1] !== 'overlay') continue;
-    if (f[4] === '/' || f[4] === '/usr') ids.add(Number(f[0]));
+    if (f[4] === '/' || f[4] === '/usr' || f[4] === '/workspace') ids.add(Number(f[0]));
   }
   return ids;
 }

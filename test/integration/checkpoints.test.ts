@@ -221,4 +221,55 @@ describe('checkpoints and patches', () => {
     expect(await hostSh(r.child, 'cat /workspace/p.txt')).toBe('from-patch\n');
     await api('DELETE', `/api/sandboxes/${r.child}`);
   });
+
+  it("keeps OpenComputer's rules, through its client: a duplicate name is 409, a sandbox takes at most 10 checkpoints (400 for the 11th)", async () => {
+    // As OpenComputer's own example (test-checkpoints.ts) checks them: the client's error carries the status.
+    const r = await runSdk(`
+      const sb = await sdk.Sandbox.create(opts);
+      const res = {};
+      const fails = async (f) => { try { await f(); return null; } catch (e) { return e.message; } };
+      try {
+        const first = await sb.createCheckpoint('v1-baseline');
+        res.duplicate = await fails(() => sb.createCheckpoint('v1-baseline'));
+        for (let i = 2; i <= 10; i++) await sb.createCheckpoint('limit-test-' + i);
+        res.count = (await sb.listCheckpoints()).length;
+        res.eleventh = await fails(() => sb.createCheckpoint('one-too-many'));
+        // Deleting one makes room, and frees its name.
+        await sb.deleteCheckpoint(first.id);
+        res.again = (await sb.createCheckpoint('v1-baseline')).name;
+        res.countAfter = (await sb.listCheckpoints()).length;
+        for (const c of await sb.listCheckpoints()) await sb.deleteCheckpoint(c.id);
+      } finally {
+        await sb.kill();
+      }
+      out(res);
+    `);
+    expect(r.duplicate).toMatch(/409/);
+    expect(r.duplicate).toMatch(/already exists/);
+    expect(r.count).toBe(10);
+    expect(r.eleventh).toMatch(/400/);
+    expect(r.eleventh).toMatch(/maximum 10 checkpoints per sandbox/);
+    expect(r.again).toBe('v1-baseline');
+    expect(r.countAfter).toBe(10);
+  }, 240_000);
+
+  it('answers the error body for a duplicate name and the 11th checkpoint, and refuses one of two creates of one name at once', async () => {
+    const a = await newSandbox({ user: 'root' });
+    try {
+      const both = await Promise.all([0, 1].map(() => api('POST', `/api/sandboxes/${a}/checkpoints`, { body: { name: 'same' } })));
+      expect(both.map((x) => x.status).sort()).toEqual([201, 409]);
+      const refused = both.find((x) => x.status === 409)!;
+      expect(refused.body.error).toEqual({ type: 'conflict', message: 'checkpoint name already exists for this sandbox: same' });
+      // Unnamed checkpoints (named by their id) count too.
+      for (let i = 0; i < 9; i++) expect((await api('POST', `/api/sandboxes/${a}/checkpoints`, { body: {} })).status).toBe(201);
+      const eleventh = await api('POST', `/api/sandboxes/${a}/checkpoints`, { body: { name: 'eleventh' } });
+      expect([eleventh.status, eleventh.body.error.type]).toEqual([400, 'invalid_request']);
+      expect(eleventh.body.error.message).toContain('maximum 10 checkpoints per sandbox');
+      // The refused one was not recorded.
+      expect((await api('GET', `/api/sandboxes/${a}/checkpoints`)).body).toHaveLength(10);
+    } finally {
+      for (const c of (await api('GET', `/api/sandboxes/${a}/checkpoints`)).body) await api('DELETE', `/api/sandboxes/${a}/checkpoints/${c.id}`);
+      await api('DELETE', `/api/sandboxes/${a}`);
+    }
+  }, 240_000);
 });

@@ -8,6 +8,7 @@ import { promises as fsp } from 'node:fs';
 import * as path from 'node:path';
 import { loadLimits } from '../../config/limits';
 import { api, T } from '../helpers/env';
+import { runSdk } from '../helpers/sdk';
 import { bashAgent, runSession } from '../helpers/sessions';
 
 jest.setTimeout(900_000);
@@ -63,8 +64,8 @@ async function create(body: Record<string, unknown>): Promise<string> {
 }
 
 describe('a disk that is disk', () => {
-  it('defaults diskMB to 10240: df / inside shows it, and the sparse image costs next to nothing on the host', async () => {
-    expect(limits.diskMB).toBe(Number(process.env.SANDBOX_DISK_MB ?? 10240));
+  it("defaults diskMB to 20480 (OpenComputer's): df / inside shows it, and the sparse image costs next to nothing on the host", async () => {
+    expect(limits.diskMB).toBe(Number(process.env.SANDBOX_DISK_MB ?? 20480));
     const id = await create({});
     expect((await api('GET', `/api/sandboxes/${id}`)).body.diskMB).toBe(limits.diskMB);
     const { size } = await df(id);
@@ -80,6 +81,44 @@ describe('a disk that is disk', () => {
     expect(st.blocks * 512).toBeLessThan(16 * 1024 * 1024);
     expect((await api('DELETE', `/api/sandboxes/${id}`)).status).toBe(200);
     expect(await imageOf(id)).toBeNull();
+  });
+
+  it("mounts /workspace on its own, on the sandbox's disk: df /workspace names it, nosuid and nodev, and what is written there counts against diskMB", async () => {
+    const id = await create({ diskMB: 512 });
+    const r = await sh(
+      id,
+      [
+        'df -P -m /workspace | tail -1',
+        'grep " /workspace " /proc/self/mountinfo',
+        'dd if=/dev/zero of=/workspace/w bs=1M count=600 2>&1 | grep -c "No space left on device"; rm /workspace/w',
+        // Moved to and from the rest of the disk (another mount of the same filesystem: mv copies).
+        'echo moved > /workspace/m && mv /workspace/m /tmp/m && mv /tmp/m /workspace/back && cat /workspace/back',
+      ].join('; '),
+      300,
+    );
+    const [dfLine, mountLine, ...rest] = r.stdout.trim().split('\n');
+    const cols = dfLine!.trim().split(/\s+/);
+    expect(cols[5]).toBe('/workspace');
+    expect(cols[0]).not.toBe('/dev/root');
+    expect(Number(cols[1])).toBeGreaterThan(512 * 0.9);
+    expect(Number(cols[1])).toBeLessThanOrEqual(512);
+    expect(mountLine).toMatch(/ \/workspace \/workspace \S*nosuid\S* /);
+    expect(mountLine).toMatch(/ \/workspace \/workspace \S*nodev\S* /);
+    expect(mountLine).toMatch(/ - overlay /);
+    expect(rest).toEqual(['1', 'moved']);
+    // As OpenComputer's example (test-environment.ts) checks it, through its client, as the sandbox user.
+    const sdk = await runSdk(`
+      const sb = await sdk.Sandbox.create(opts);
+      try {
+        out({ df: (await sb.commands.run('df -h /workspace | tail -1')).stdout.trim(), home: (await sb.commands.run('echo $HOME')).stdout.trim() });
+      } finally {
+        await sb.kill();
+      }
+    `);
+    expect(sdk.df.startsWith('/dev/root')).toBe(false);
+    expect(sdk.df).toContain('/workspace');
+    expect(sdk.df).toMatch(/ 20G /);
+    expect(sdk.home).toBe('/home/sandbox');
   });
 
   it('memoryMB 512 + diskMB 4096: 1 GiB is written, 3 GiB more fails only at the quota with ENOSPC (no OOM), then 3 GiB fits', async () => {

@@ -163,14 +163,14 @@ describe('uploads count against the sandbox', () => {
     const oomBefore = oomKills();
     const src = patterned(192);
     const big = await peakRise(hostPid, () => putStream(small, '/workspace/huge.bin', src.stream));
-    expect(big.value.status).toBe(200);
+    expect(big.value.status).toBe(204);
     // Streamed: the host holds no more than a window of it.
     expect(big.riseMb).toBeLessThan(64);
     expect(oomKills()).toBe(oomBefore);
     expect(memUsage(small)).toBeLessThanOrEqual(64 * 1024 * 1024);
     // Whole, byte for byte, and the sandbox lives on.
     expect(await sh(small, 'stat -c %s /workspace/huge.bin; sha256sum < /workspace/huge.bin')).toBe(`${192 * 1024 * 1024}\n${src.sha256()}  -\n`);
-    expect((await upload('/workspace/after.bin', 1)).status).toBe(200);
+    expect((await upload('/workspace/after.bin', 1)).status).toBe(204);
   }, 180_000);
 
   it("refuses an upload past the sandbox's disk (diskMB) with 413 and gives the space back", async () => {
@@ -189,7 +189,7 @@ describe('uploads count against the sandbox', () => {
       // client's next call does not reuse a connection the server drops.
       expect(r.headers.get('connection')).toBe('close');
       const after = await api('PUT', `/api/sandboxes/${tiny}/files?path=${q('/workspace/small.txt')}`, { raw: 'still room' });
-      expect(after.status).toBe(200);
+      expect(after.status).toBe(204);
     } finally {
       await api('DELETE', `/api/sandboxes/${tiny}`);
     }

@@ -35,9 +35,9 @@ const apiPid = (): number => stackPid('api');
 describe('files over raw HTTP', () => {
   it('writes, reads, lists, stats, makes directories, renames and removes', async () => {
     // Content types do not matter: a JSON or NDJSON file is stored as sent, not parsed.
-    expect((await put('/workspace/a/b/hello.txt', 'hello\n', { 'content-type': 'text/plain' })).status).toBe(200);
-    expect((await put('/workspace/a/data.json', '{"not":"parsed"', { 'content-type': 'application/json' })).status).toBe(200);
-    expect((await put('/workspace/a/empty', '')).status).toBe(200);
+    expect((await put('/workspace/a/b/hello.txt', 'hello\n', { 'content-type': 'text/plain' })).status).toBe(204);
+    expect((await put('/workspace/a/data.json', '{"not":"parsed"', { 'content-type': 'application/json' })).status).toBe(204);
+    expect((await put('/workspace/a/empty', '')).status).toBe(204);
     expect((await get('/workspace/a/b/hello.txt')).bytes.toString()).toBe('hello\n');
     const json = await get('/workspace/a/data.json');
     expect(json.bytes.toString()).toBe('{"not":"parsed"');
@@ -115,7 +115,7 @@ describe('files over raw HTTP', () => {
         expect(JSON.stringify(r.body)).not.toContain('host secret');
       }
       // Writes through a link land inside the sandbox; the host file is untouched.
-      expect((await put('/workspace/to-host', 'overwritten')).status).toBe(200);
+      expect((await put('/workspace/to-host', 'overwritten')).status).toBe(204);
       expect(fs.readFileSync(secret, 'utf8')).toBe('host secret');
       expect(await sh(sb, `cat ${secret}`)).toBe('overwritten');
       expect((await put('/proc/sys/kernel/hostname', 'x')).status).toBe(400);
@@ -145,8 +145,9 @@ describe('files over raw HTTP', () => {
     const pid = apiPid();
     const src = patterned(100);
     const up = await peakRise(pid, () => putStream(sb, '/workspace/big.bin', src.stream));
-    expect(up.value.status).toBe(200);
-    expect(JSON.parse(up.value.body)).toEqual({ path: '/workspace/big.bin', size: 100 * 1024 * 1024 });
+    // 204 with no body, as OpenComputer answers an upload (its examples check the status).
+    expect(up.value).toEqual({ status: 204, body: '' });
+    expect((await sh(sb, 'stat -c %s /workspace/big.bin')).trim()).toBe(String(100 * 1024 * 1024));
     const want = src.sha256();
     expect((await sh(sb, 'sha256sum /workspace/big.bin')).split(' ')[0]).toBe(want);
 
@@ -186,7 +187,7 @@ describe('files over raw HTTP', () => {
     };
     const upUrl = await mk('upload', '/workspace/signed.txt');
     expect(upUrl.startsWith(`${T.api()}/api/files/`)).toBe(true);
-    expect((await fetch(upUrl, { method: 'PUT', body: 'via url', headers: { 'content-type': 'text/plain' } })).status).toBe(200);
+    expect((await fetch(upUrl, { method: 'PUT', body: 'via url', headers: { 'content-type': 'text/plain' } })).status).toBe(204);
     const downUrl = await mk('download', '/workspace/signed.txt');
     const d = await fetch(downUrl);
     expect(d.status).toBe(200);
@@ -230,8 +231,12 @@ describe('files through the OpenComputer client', () => {
       await sb.files.remove('/workspace/sdk/dir');
       out1.existsAfter = await sb.files.exists('/workspace/sdk/dir/sub');
       const up = await sb.uploadUrl('/workspace/sdk/u.txt');
-      await fetch(up, { method: 'PUT', body: 'uploaded' });
+      out1.uploadStatus = (await fetch(up, { method: 'PUT', body: 'uploaded' })).status;
       out1.viaUrl = await (await fetch(await sb.downloadUrl('/workspace/sdk/u.txt', { expiresIn: 60 }))).text();
+      // As OpenComputer's test-large-files.ts does as the default user: an upload to /root.
+      out1.toRoot = (await fetch(await sb.uploadUrl('/root/sdk-up.txt'), { method: 'PUT', body: 'in root' })).status;
+      out1.rootRead = await sb.files.read('/root/sdk-up.txt');
+      out1.user = (await sb.commands.run('whoami')).stdout.trim();
       let err = '';
       try { await sb.files.read('/workspace/sdk/none'); } catch (e) { err = e.message; }
       out1.err = err;
@@ -251,7 +256,11 @@ describe('files through the OpenComputer client', () => {
       ],
       exists: true,
       existsAfter: false,
+      uploadStatus: 204,
       viaUrl: 'uploaded',
+      toRoot: 204,
+      rootRead: 'in root',
+      user: 'sandbox',
       err: 'Failed to read /workspace/sdk/none: 404',
     });
   });

@@ -2,7 +2,8 @@
  * OpenComputer's published Python client (opencomputer-sdk, in the venv scripts/toolchain.sh
  * installs at .tools/opencomputer-py) against the test stack: test/helpers/opencomputer-client.py
  * creates a sandbox with the client's defaults and checks what its environment checks expect
- * (user sandbox, HOME=/home/sandbox, /workspace, passwordless sudo), writes and reads a file, destroys it.
+ * (user sandbox, HOME=/home/sandbox, /workspace a mount of its own, passwordless sudo, what its default
+ * image has), writes and reads a file, destroys it.
  */
 import { execFile } from 'node:child_process';
 import { existsSync } from 'node:fs';
@@ -49,6 +50,15 @@ describe("OpenComputer's Python client", () => {
     expect(out.pwd).toEqual({ exit: 0, stdout: '/workspace', stderr: '' });
     expect(out.sudo).toEqual({ exit: 0, stdout: 'sudo-ok', stderr: '' });
     expect(out.sudo_id).toEqual({ exit: 0, stdout: '0', stderr: '' });
+    // OpenComputer's default image: what its examples use.
+    expect(out.python).toMatchObject({ exit: 0, stdout: expect.stringMatching(/^Python 3\./) });
+    expect(out.tree).toMatchObject({ exit: 0, stdout: expect.stringMatching(/^tree v/) });
+    expect(out.git_lfs).toMatchObject({ exit: 0, stdout: expect.stringMatching(/^git-lfs\//) });
+    expect(out.locale).toEqual({ exit: 0, stdout: 'en_US.utf8', stderr: '' });
+    expect(out.utf8).toEqual({ exit: 0, stdout: 'en_US.UTF-8', stderr: '' });
+    expect(out.ffi).toMatchObject({ exit: 0, stdout: expect.stringMatching(/\/ffi\.h$/) });
+    // /workspace is a mount of its own (OpenComputer's is a disk of its own).
+    expect(out.df_workspace).toMatchObject({ exit: 0, stdout: expect.stringMatching(/ \/workspace$/) });
     expect(out.read).toBe('hello from python\n');
     // Written through the files API as the sandbox user's: the user can edit it.
     expect(out.edit).toEqual({ exit: 0, stdout: 'sandbox\nhello from python\nmore\n', stderr: '' });

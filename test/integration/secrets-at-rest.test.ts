@@ -251,7 +251,7 @@ describe('secret values at rest', () => {
       const down = await mk('download');
       const marker = unique('reqid');
       // Used the right way, the wrong way (403), and with a trailing query: each is a log line.
-      expect((await fetch(up, { method: 'PUT', body: 'x', headers: { 'content-type': 'text/plain', 'x-request-id': `${marker}-up` } })).status).toBe(200);
+      expect((await fetch(up, { method: 'PUT', body: 'x', headers: { 'content-type': 'text/plain', 'x-request-id': `${marker}-up` } })).status).toBe(204);
       expect((await fetch(down, { headers: { 'x-request-id': `${marker}-down` } })).status).toBe(200);
       expect((await fetch(down, { method: 'PUT', body: 'y', headers: { 'x-request-id': `${marker}-wrong` } })).status).toBe(403);
       expect((await fetch(`${down}?x=1`, { headers: { 'x-request-id': `${marker}-query` } })).status).toBe(200);

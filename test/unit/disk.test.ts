@@ -157,6 +157,13 @@ describe('disk overcommit (SANDBOX_DISK_OVERCOMMIT)', () => {
     expect(diskRoomProblem({ askMB: 16, liveMB: 0, freeMB: 8, ratio: 1000 })).toMatch(/8 MB free/);
   });
 
+  it('fits as many default sandboxes in a given free space as before the default disk went to 20 GB: 2 per GB free', () => {
+    const free = 10 * 1024;
+    const problem = (n: number) => diskRoomProblem({ askMB: 20480, liveMB: (n - 1) * 20480, freeMB: free, ratio: DEFAULT_DISK_OVERCOMMIT });
+    expect(problem(20)).toBeNull();
+    expect(problem(21)).toMatch(/SANDBOX_DISK_OVERCOMMIT/);
+  });
+
   it('measures the free space of a directory', async () => {
     const free = await freeMBOf(dir);
     expect(free).toBeGreaterThan(0);

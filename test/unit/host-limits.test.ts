@@ -88,7 +88,7 @@ describe('host create limits', () => {
 
   it('fills absent limits with its defaults', async () => {
     expect((await create({ id: 'sb-a', orgId: 'o' })).status).toBe(201);
-    expect(created[0]).toMatchObject({ id: 'sb-a', memoryMB: 1024, diskMB: 10240, cpuCount: 0, maxProcesses: 512 });
+    expect(created[0]).toMatchObject({ id: 'sb-a', memoryMB: 1024, diskMB: 20480, cpuCount: 0, maxProcesses: 512 });
   });
 
   it("keeps the caller's limits", async () => {

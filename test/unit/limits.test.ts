@@ -12,7 +12,7 @@ describe('sandbox limits', () => {
   it('has documented defaults, the maxima from the machine', () => {
     expect(loadLimits({}, machine)).toEqual({
       memoryMB: 2048,
-      diskMB: 10240,
+      diskMB: 20480,
       cpuCount: 0,
       maxProcesses: 512,
       maxMemoryMB: 8000,
@@ -43,11 +43,11 @@ describe('sandbox limits', () => {
   });
 
   it('keeps the disk default (a sparse image, not memory) when only the memory is set', () => {
-    expect(loadLimits({ SANDBOX_MEMORY_MB: '512' }, machine)).toMatchObject({ memoryMB: 512, diskMB: 10240 });
+    expect(loadLimits({ SANDBOX_MEMORY_MB: '512' }, machine)).toMatchObject({ memoryMB: 512, diskMB: 20480 });
   });
 
   it('lowers an implicit default to a smaller maximum', () => {
-    expect(loadLimits({}, { totalMemoryMB: 1500, cores: 1 })).toMatchObject({ memoryMB: 1500, diskMB: 10240, maxMemoryMB: 1500, maxCpuCount: 1 });
+    expect(loadLimits({}, { totalMemoryMB: 1500, cores: 1 })).toMatchObject({ memoryMB: 1500, diskMB: 20480, maxMemoryMB: 1500, maxCpuCount: 1 });
     expect(loadLimits({ SANDBOX_MAX_DISK_MB: '1000' }, machine)).toMatchObject({ memoryMB: 2048, diskMB: 1000 });
   });
 
@@ -94,8 +94,8 @@ describe('sandbox limits', () => {
 
   it('fills absent values with the defaults', () => {
     const limits = loadLimits({}, machine);
-    expect(effectiveResources(limits)).toEqual({ memoryMB: 2048, diskMB: 10240, cpuCount: 0, maxProcesses: 512 });
-    expect(effectiveResources(limits, { memoryMB: 64, cpuCount: 1 })).toEqual({ memoryMB: 64, diskMB: 10240, cpuCount: 1, maxProcesses: 512 });
+    expect(effectiveResources(limits)).toEqual({ memoryMB: 2048, diskMB: 20480, cpuCount: 0, maxProcesses: 512 });
+    expect(effectiveResources(limits, { memoryMB: 64, cpuCount: 1 })).toEqual({ memoryMB: 64, diskMB: 20480, cpuCount: 1, maxProcesses: 512 });
   });
 });
 

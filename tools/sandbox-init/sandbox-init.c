@@ -38,7 +38,8 @@
  *                 idmapped mount (on disk ids 0..65535 are the sandbox's ids, so layers stay portable
  *                 between sandboxes and hosts), opened one component at a time without following a
  *                 symlink, every directory above it root's alone (see open_layer); the writable layer
- *                 (the image of -I on a loop device, or a tmpfs of -D MB); the overlays of `/` and `/usr`
+ *                 (the image of -I on a loop device, or a tmpfs of -D MB); the overlays of `/` and `/usr`;
+ *                 the overlay's /workspace bound onto itself (a mount of its own, see workspace_mount)
  *   pid 1         a child joins the user namespace as its root and unshares the mount, pid, net, ipc,
  *                 uts and cgroup namespaces (all owned by the sandbox's user namespace); its child is
  *                 the sandbox's pid 1
@@ -439,6 +440,32 @@ static int open_image(const char *image) {
 }
 
 /*
+ * /workspace as a mount of its own (as OpenComputer's sandboxes have it: `df /workspace` names it): a
+ * bind of the overlay's own /workspace onto itself, so that what is written there stays in the
+ * writable layer (checkpoints, hibernation, diskMB) and keeps the overlay's flags (nosuid, nodev).
+ * Made before any process of the sandbox runs. The last component is opened without following a
+ * symlink: a /workspace that a layer replaced by a symlink or a file, or removed, gets no mount.
+ */
+static void workspace_mount(void) {
+  int ws = open("root/workspace", O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (ws < 0) {
+    if (errno == ENOENT || errno == ENOTDIR || errno == ELOOP) return;
+    die("open /workspace");
+  }
+  struct stat st;
+  if (fstat(ws, &st) != 0) die("stat /workspace");
+  if (!S_ISDIR(st.st_mode)) {
+    close(ws);
+    return;
+  }
+  int tree = (int)syscall(SYS_open_tree, ws, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH);
+  if (tree < 0) die("clone /workspace");
+  if (syscall(SYS_move_mount, tree, "", ws, "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH) != 0) die("mount /workspace");
+  close(tree);
+  close(ws);
+}
+
+/*
  * The mounts, in the helper's own namespace, under the staging directory (the working directory from
  * here on): l<i> and p<i> the idmapped layers of / and /usr, w the writable layer (w/root, w/usr and
  * their work directories), root the overlay of / with the overlay of /usr on root/usr.
@@ -496,6 +523,7 @@ static void mount_layers(const struct setup *o, int userns) {
    * with no_new_privs, which makes the bits inert for them.
    */
   if (mount(o->hostname, "root/usr", "overlay", MS_NODEV, opts) != 0) die("overlay of /usr (%s)", opts);
+  workspace_mount();
 }
 
 /* Reports a failure of pid 1's setup to the helper (one line on `report`) and exits. */
