@@ -221,7 +221,9 @@ describe('storage quota', () => {
     expect(await usage(o)).toMatchObject({ usedBytes: 0, reservedBytes: 0, checkpoints: 0 });
 
     const small = unique('q-small');
-    expect((await api('POST', '/api/snapshots', { key: o.key, body: { name: small, image: image('head -c 1000000 /dev/urandom > /root/small') } })).status).toBe(202);
+    expect(
+      (await api('POST', '/api/snapshots', { key: o.key, body: { name: small, image: image('head -c 1000000 /dev/urandom > /root/small') } })).status,
+    ).toBe(202);
     o.snapshots.push(small);
     const ok = await eventually(async () => {
       const s = await api('GET', `/api/snapshots/${small}`, { key: o.key });
@@ -243,11 +245,7 @@ describe('storage quota', () => {
         c
           .db()
           .collection('storage_holds')
-          .replaceOne(
-            { _id: o.id as never },
-            { reservedBytes: 8 * MIB, holds: { 'cp-crashed': { bytes: 8 * MIB, expiresAt } } },
-            { upsert: true },
-          ),
+          .replaceOne({ _id: o.id as never }, { reservedBytes: 8 * MIB, holds: { 'cp-crashed': { bytes: 8 * MIB, expiresAt } } }, { upsert: true }),
       );
     await hold(new Date(Date.now() + 10 * 60_000));
     const held = await capture(o, sb);
