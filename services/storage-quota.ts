@@ -6,7 +6,8 @@
  */
 import { ApiError } from '../lib/errors';
 import type { HostClient } from '../sandbox';
-import { addStorageHold, dropStorageHold, findStorageHolds, growStorageHold, renewStorageHold, type StorageHoldsDoc } from '../store/storage-holds';
+import { randomId } from '../lib/ids';
+import { deleteStorageHold, insertStorageHold, listStorageHolds, updateStorageHold, type StorageHoldDoc } from '../store/storage-holds';
 import { orgStorageQuotaMB, storageUsage, type StorageUsage } from '../store/usage';
 import type { SandboxDeps } from './deps';
 
@@ -46,20 +47,18 @@ function captureRefused(needBytes: number, usedBytes: number, heldBytes: number,
   );
 }
 
-/** The bytes of the holds of `doc` that have not lapsed at `now`. */
-function liveHeldBytes(doc: StorageHoldsDoc | null, now: number): number {
-  return Object.values(doc?.holds ?? {}).reduce((n, h) => (h.expiresAt.getTime() > now ? n + h.bytes : n), 0);
+/** Whether a hold no longer counts at `now`: lapsed, or still pending past its time to decide. */
+const lapsed = (h: StorageHoldDoc, now: number): boolean => h.expiresAt.getTime() <= now || (h.state === 'pending' && h.decideBy.getTime() <= now);
+
+/** The organisation's holds that count now; lapsed ones (their captures' API processes died) are removed. */
+async function liveHolds(deps: QuotaDeps, orgId: string): Promise<StorageHoldDoc[]> {
+  const holds = await listStorageHolds(deps.store, orgId);
+  const now = Date.now();
+  for (const h of holds) if (h.expiresAt.getTime() <= now) await deleteStorageHold(deps.store, h._id);
+  return holds.filter((h) => !lapsed(h, now));
 }
 
-/** Drops the organisation's lapsed holds (their captures' API processes died); answers the bytes the others hold. */
-async function sweepLapsedHolds(deps: QuotaDeps, orgId: string): Promise<number> {
-  const doc = await findStorageHolds(deps.store, orgId);
-  const now = new Date();
-  for (const [id, h] of Object.entries(doc?.holds ?? {})) {
-    if (h.expiresAt.getTime() <= now.getTime()) await dropStorageHold(deps.store, orgId, id, h.bytes, now);
-  }
-  return liveHeldBytes(doc, now.getTime());
-}
+const sum = (holds: StorageHoldDoc[]): number => holds.reduce((n, h) => n + h.bytes, 0);
 
 /**
  * Refuses (507) a new checkpoint or snapshot while the organisation's checkpoints and snapshots, with
@@ -69,7 +68,8 @@ async function sweepLapsedHolds(deps: QuotaDeps, orgId: string): Promise<number>
 export async function assertStorageRoom(deps: QuotaDeps, orgId: string): Promise<void> {
   const quota = await storageQuotaOf(deps, orgId);
   if (quota === null) return;
-  const [{ usedBytes }, held] = await Promise.all([storageUsage(deps.store, orgId), sweepLapsedHolds(deps, orgId)]);
+  const held = sum(await liveHolds(deps, orgId));
+  const { usedBytes } = await storageUsage(deps.store, orgId);
   if (usedBytes + held >= quota) throw quotaExceeded(usedBytes, quota, held);
 }
 
@@ -86,48 +86,76 @@ export interface StorageHold {
 /** The hold of an organisation without a quota: nothing is reserved. */
 const unlimited = (bytes: number): StorageHold => ({ bytes, grow: async () => undefined, release: async () => undefined });
 
+/** A pending hold that has not been admitted this long after it was taken is given up. */
+const DECIDE_MS = 10_000;
+/** How often a pending hold looks again whether the holds taken before it have been decided. */
+const DECIDE_POLL_MS = 25;
+
+/**
+ * Takes hold of `bytes` (for the capture of `holdId`, which holds `own` already) and admits it when
+ * it fits, else removes it and refuses (507). The hold is recorded `pending` first; it then waits
+ * until no hold taken before it is pending, and counts every other hold that counts (admitted ones,
+ * and pending ones taken after it), then what is stored (read after the holds: a finished capture
+ * records its size before it removes its hold, so it is counted at least once). Of two holds at the
+ * same time, either the later one sees the earlier decided, or the earlier one counts the later
+ * one: together they never pass the quota. Answers the hold's id.
+ */
+async function admitHold(deps: QuotaDeps, orgId: string, quota: number, holdId: string, bytes: number, own: Set<string>, ownBytes: number): Promise<string> {
+  const now = Date.now();
+  const id = `${orgId}/${now.toString(36).padStart(10, '0')}-${randomId(8)}/${holdId}`;
+  const decideBy = now + DECIDE_MS;
+  await insertStorageHold(deps.store, {
+    _id: id,
+    orgId,
+    holdId,
+    bytes,
+    state: 'pending',
+    decideBy: new Date(decideBy),
+    expiresAt: new Date(now + STORAGE_HOLD_TTL_MS),
+  });
+  try {
+    for (;;) {
+      const others = (await liveHolds(deps, orgId)).filter((h) => h._id !== id);
+      if (others.some((h) => h.state === 'pending' && h._id < id)) {
+        if (Date.now() > decideBy) break;
+        await new Promise((r) => setTimeout(r, DECIDE_POLL_MS));
+        continue;
+      }
+      const { usedBytes } = await storageUsage(deps.store, orgId);
+      const held = sum(others);
+      if (usedBytes + held + bytes > quota) {
+        throw captureRefused(ownBytes + bytes, usedBytes, held - sum(others.filter((h) => own.has(h._id))), quota);
+      }
+      if (Date.now() > decideBy) break;
+      await updateStorageHold(deps.store, id, { state: 'admitted', expiresAt: new Date(Date.now() + STORAGE_HOLD_TTL_MS) });
+      return id;
+    }
+    throw new ApiError('unavailable', 'the storage quota could not be checked in time (other captures of the organisation under way); try again');
+  } catch (err) {
+    await deleteStorageHold(deps.store, id).catch(() => undefined);
+    throw err;
+  }
+}
+
 /**
  * Reserves `bytes` of the organisation's quota for the capture of checkpoint `holdId`, before it
  * copies anything; 507 when what is stored, what other captures under way hold and `bytes` would
- * exceed the quota. Captures at the same time cannot together pass it: the reservation is one
- * conditional update of the organisation's holds, and what is stored is read after it (a capture
- * that finished meanwhile recorded its size before giving its hold back, so it is counted at least
- * once). The hold is renewed while the capture runs and lapses STORAGE_HOLD_TTL_MS after its API
- * process dies. The caller releases it.
+ * exceed the quota (see admitHold: captures at the same time cannot together pass it either). The
+ * hold is renewed while the capture runs and lapses STORAGE_HOLD_TTL_MS after its API process dies.
+ * The caller releases it.
  */
 export async function reserveStorage(deps: QuotaDeps & Pick<SandboxDeps, 'logger'>, orgId: string, holdId: string, bytes: number): Promise<StorageHold> {
   const quota = await storageQuotaOf(deps, orgId);
   if (quota === null) return unlimited(bytes);
-  const need = Math.max(0, Math.ceil(bytes));
-  await sweepLapsedHolds(deps, orgId);
-  const expiry = () => new Date(Date.now() + STORAGE_HOLD_TTL_MS);
-
-  /** Refuses (507) when what is stored and the holds' sum `reserved` (this capture's `mine` included) exceed the quota. */
-  const verify = async (reserved: number, mine: number): Promise<void> => {
-    const { usedBytes } = await storageUsage(deps.store, orgId);
-    if (usedBytes + reserved > quota) throw captureRefused(mine, usedBytes, reserved - mine, quota);
-  };
-  /** The 507 of a hold of `want` that did not fit (this capture holding `mine` until then). */
-  const refused = async (want: number, mine: number): Promise<ApiError> => {
-    const [{ usedBytes }, doc] = await Promise.all([storageUsage(deps.store, orgId), findStorageHolds(deps.store, orgId)]);
-    return captureRefused(want, usedBytes, Math.max(0, liveHeldBytes(doc, Date.now()) - mine), quota);
-  };
-
-  const reserved = await addStorageHold(deps.store, orgId, holdId, need, expiry(), quota);
-  if (reserved === null) throw await refused(need, 0);
-  try {
-    await verify(reserved, need);
-  } catch (err) {
-    await dropStorageHold(deps.store, orgId, holdId, need).catch(() => undefined);
-    throw err;
-  }
-
-  let held = need;
+  const ids = new Set<string>();
+  let held = Math.max(0, Math.ceil(bytes));
+  ids.add(await admitHold(deps, orgId, quota, holdId, held, ids, 0));
   let released = false;
   const timer = setInterval(() => {
-    renewStorageHold(deps.store, orgId, holdId, expiry()).catch((err) =>
-      deps.logger.warn({ err: String(err), orgId, holdId }, 'could not renew a storage hold'),
-    );
+    const expiresAt = new Date(Date.now() + STORAGE_HOLD_TTL_MS);
+    for (const id of ids) {
+      updateStorageHold(deps.store, id, { expiresAt }).catch((err) => deps.logger.warn({ err: String(err), orgId, holdId }, 'could not renew a storage hold'));
+    }
   }, STORAGE_HOLD_RENEW_MS);
   timer.unref();
   return {
@@ -137,18 +165,19 @@ export async function reserveStorage(deps: QuotaDeps & Pick<SandboxDeps, 'logger
     async grow(to: number) {
       const want = Math.ceil(to);
       if (released || want <= held) return;
-      const after = await growStorageHold(deps.store, orgId, holdId, held, want, quota);
-      if (after === null) throw await refused(want, held);
+      // The difference is one more hold of this capture's, admitted the same way.
+      ids.add(await admitHold(deps, orgId, quota, `${holdId}-more`, want - held, ids, held));
       held = want;
-      await verify(after, want);
     },
     async release() {
       if (released) return;
       released = true;
       clearInterval(timer);
-      await dropStorageHold(deps.store, orgId, holdId, held).catch((err) =>
-        deps.logger.warn({ err: String(err), orgId, holdId }, 'could not release a storage hold (it lapses)'),
-      );
+      for (const id of ids) {
+        await deleteStorageHold(deps.store, id).catch((err) =>
+          deps.logger.warn({ err: String(err), orgId, holdId }, 'could not release a storage hold (it lapses)'),
+        );
+      }
     },
   };
 }
@@ -164,6 +193,7 @@ export async function writableLayerBytes(host: Pick<HostClient, 'sandboxMetrics'
 
 /** What GET /api/usage shows: what is stored, what captures under way hold, the quota. */
 export async function usageOf(deps: QuotaDeps, orgId: string): Promise<StorageUsage & { reservedBytes: number; quotaBytes: number | null }> {
-  const [usage, holds, quotaBytes] = await Promise.all([storageUsage(deps.store, orgId), findStorageHolds(deps.store, orgId), storageQuotaOf(deps, orgId)]);
-  return { ...usage, reservedBytes: liveHeldBytes(holds, Date.now()), quotaBytes };
+  const [usage, holds, quotaBytes] = await Promise.all([storageUsage(deps.store, orgId), listStorageHolds(deps.store, orgId), storageQuotaOf(deps, orgId)]);
+  const now = Date.now();
+  return { ...usage, reservedBytes: sum(holds.filter((h) => !lapsed(h, now))), quotaBytes };
 }

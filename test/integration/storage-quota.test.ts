@@ -56,7 +56,7 @@ afterAll(async () => {
     c
       .db()
       .collection('storage_holds')
-      .deleteMany({ _id: { $in: orgs.map((o) => o.id) } as never }),
+      .deleteMany({ orgId: { $in: orgs.map((o) => o.id) } }),
   );
 });
 
@@ -239,13 +239,18 @@ describe('storage quota', () => {
   it('keeps the room of a capture whose API process died until its reservation lapses, then sweeps it away', async () => {
     const o = await orgWithQuota(8);
     const sb = await sandboxWith(o, 'head -c 1000000 /dev/urandom > /workspace/blob');
-    // What a capture leaves when its API process dies between reserving and releasing.
+    // What a capture leaves when its API process dies between reserving and releasing: its admitted hold.
+    const holds = () => withMongo((c) => c.db().collection('storage_holds').find({ orgId: o.id }).toArray());
     const hold = (expiresAt: Date) =>
       withMongo((c) =>
         c
           .db()
           .collection('storage_holds')
-          .replaceOne({ _id: o.id as never }, { reservedBytes: 8 * MIB, holds: { 'cp-crashed': { bytes: 8 * MIB, expiresAt } } }, { upsert: true }),
+          .replaceOne(
+            { _id: `${o.id}/0000000000-crashed/cp-crashed` as never },
+            { orgId: o.id, holdId: 'cp-crashed', bytes: 8 * MIB, state: 'admitted', decideBy: new Date(Date.now() - 60_000), expiresAt },
+            { upsert: true },
+          ),
       );
     await hold(new Date(Date.now() + 10 * 60_000));
     const held = await capture(o, sb);
@@ -256,13 +261,8 @@ describe('storage quota', () => {
     await hold(new Date(Date.now() - 1000));
     expect(await usage(o)).toMatchObject({ usedBytes: 0, reservedBytes: 0 });
     expect((await capture(o, sb)).status).toBe(201);
-    const doc = await withMongo((c) =>
-      c
-        .db()
-        .collection('storage_holds')
-        .findOne({ _id: o.id as never }),
-    );
-    expect(doc).toEqual({ _id: o.id, reservedBytes: 0, holds: {} });
+    // The lapsed hold was swept away, and the capture's own released.
+    expect(await holds()).toEqual([]);
   });
 
   it("shows each organisation its own use only; the default organisation's quota is the operator's default", async () => {
