@@ -29,7 +29,7 @@ import {
 import { findSandboxOnCheckpoint, SandboxDoc, updateSandbox } from '../store/sandboxes';
 import type { SandboxDeps } from './deps';
 import type { SandboxCreateRequest, SandboxService } from './sandboxes';
-import { assertRoomAfterCapture, assertStorageRoom } from './storage-quota';
+import { reserveStorage, writableLayerBytes } from './storage-quota';
 import { patchRecord, patchRefs } from './patch-state';
 
 export { checkpointStatus, type CheckpointDoc, type PatchDoc };
@@ -100,6 +100,14 @@ export async function deleteCheckpoint(deps: Pick<SandboxDeps, 'store' | 'hosts'
   );
 }
 
+/** A host's failure to read or capture sandbox `sandboxId`, as the API answers it: 409 when it is gone or not running, else 503. */
+function captureFailed(sandboxId: string, err: unknown): ApiError {
+  const e = err as { type?: string; message?: string };
+  const message = e.message ?? String(err);
+  if (e.type === 'not_found' || e.type === 'conflict') return conflict(`sandbox ${sandboxId} cannot be checkpointed: ${message}`);
+  return new ApiError('unavailable', `could not checkpoint the sandbox: ${message}`);
+}
+
 /** The checkpoint operations of the API, over the sandbox service (spawning provisions a sandbox). */
 export function createCheckpointService(deps: SandboxDeps, sandboxes: SandboxService) {
   /** The organisation's checkpoint `id` of sandbox `sandboxId`, or 404. */
@@ -113,57 +121,74 @@ export function createCheckpointService(deps: SandboxDeps, sandboxes: SandboxSer
     get: ofSandbox,
 
     /**
-     * Captures a running sandbox's writable layer (copied while it is frozen) as a checkpoint; 507 over
-     * the storage quota. OpenComputer's rules: at most MAX_CHECKPOINTS_PER_SANDBOX (10) per sandbox,
-     * failed ones included (400 for the next, until one is deleted), and a name another checkpoint of
-     * the sandbox has is 409.
+     * Captures a running sandbox's writable layer (copied while it is frozen) as a checkpoint. What it
+     * will add (the layer's use, as the sandbox's disk reports it) is reserved first: 507 over the
+     * storage quota, before anything is copied or recorded. A copy larger than its reservation is
+     * refused (507) and deleted unless the quota has room for the difference. OpenComputer's rules: at
+     * most MAX_CHECKPOINTS_PER_SANDBOX (10) per sandbox, failed ones included (400 for the next, until
+     * one is deleted), and a name another checkpoint of the sandbox has is 409.
      */
     async capture(orgId: string, sandboxId: string, name?: string): Promise<CheckpointDoc> {
       const sb = await sandboxes.get(orgId, sandboxId);
       if (sb.status !== 'running') throw conflict(`sandbox ${sb._id} is ${sb.status}`);
-      await assertStorageRoom(deps, orgId);
       // Counted before the name is claimed: two creates at once at the tenth may both pass (as OpenComputer's).
       if ((await countSandboxCheckpoints(deps.store, sb._id)) >= MAX_CHECKPOINTS_PER_SANDBOX)
         throw invalid(`maximum ${MAX_CHECKPOINTS_PER_SANDBOX} checkpoints per sandbox: delete one to take another`);
       const id = `cp-${randomId()}`;
       if (!(await claimCheckpointName(deps.store, sb._id, name || id, id))) throw conflict(`checkpoint name already exists for this sandbox: ${name}`);
-      const host = await deps.hosts.get(sb.hostId);
-      // Recorded as processing first: a list or spawn meanwhile sees it (and a spawn waits for it).
-      const doc: CheckpointDoc = {
-        _id: id,
-        orgId,
-        sandboxId: sb._id,
-        hostId: sb.hostId,
-        name: name || id,
-        layerId: id,
-        parents: [],
-        patchSeq: 0,
-        status: 'processing',
-        error: null,
-        sizeBytes: null,
-        createdAt: new Date(),
-      };
-      await insertCheckpoint(deps.store, doc);
-      let layer: { layerId: string; parents: string[]; sizeBytes?: number };
-      try {
-        layer = await host.createCheckpoint(sb._id, id);
-      } catch (err) {
-        const e = err as { type?: string; message?: string };
-        const message = e.message ?? String(err);
-        await updateCheckpoint(deps.store, id, { status: 'failed', error: message });
-        if (e.type === 'not_found' || e.type === 'conflict') throw conflict(`sandbox ${sb._id} cannot be checkpointed: ${message}`);
-        throw new ApiError('unavailable', `could not checkpoint the sandbox: ${message}`);
-      }
-      const done = { layerId: layer.layerId, parents: layer.parents, status: 'ready' as const, sizeBytes: layer.sizeBytes ?? null };
-      try {
-        await assertRoomAfterCapture(deps, orgId, id);
-        await updateCheckpoint(deps.store, id, done);
-      } catch (err) {
-        if (err instanceof ApiError) await updateCheckpoint(deps.store, id, { status: 'failed', error: err.message }).catch(() => undefined);
-        await host.deleteLayer(layer.layerId).catch(() => undefined);
+      // Refused before anything is recorded (no host, no reading of its disk, no room): the name is free again.
+      const reserved = await (async () => {
+        const host = await deps.hosts.get(sb.hostId);
+        const need = await writableLayerBytes(host, sb._id).catch((err) => {
+          throw captureFailed(sb._id, err);
+        });
+        return { host, need, hold: await reserveStorage(deps, orgId, id, need) };
+      })().catch(async (err) => {
+        await releaseCheckpointName(deps.store, { _id: id, sandboxId: sb._id, name: name || id }).catch(() => undefined);
         throw err;
+      });
+      const { host, need, hold } = reserved;
+      try {
+        // Recorded as processing first: a list or spawn meanwhile sees it (and a spawn waits for it).
+        const doc: CheckpointDoc = {
+          _id: id,
+          orgId,
+          sandboxId: sb._id,
+          hostId: sb.hostId,
+          name: name || id,
+          layerId: id,
+          parents: [],
+          patchSeq: 0,
+          status: 'processing',
+          error: null,
+          sizeBytes: null,
+          createdAt: new Date(),
+        };
+        await insertCheckpoint(deps.store, doc);
+        let layer: { layerId: string; parents: string[]; sizeBytes?: number };
+        try {
+          layer = await host.createCheckpoint(sb._id, id);
+        } catch (err) {
+          const failed = captureFailed(sb._id, err);
+          await updateCheckpoint(deps.store, id, { status: 'failed', error: (err as Error).message ?? String(err) });
+          throw failed;
+        }
+        // Without a measure of the copy, the disk's reading stands for it.
+        const sizeBytes = layer.sizeBytes ?? need;
+        const done = { layerId: layer.layerId, parents: layer.parents, status: 'ready' as const, sizeBytes };
+        try {
+          await hold.grow(sizeBytes);
+          // Its size is recorded before the hold is released: a capture judging the room meanwhile counts it at least once.
+          await updateCheckpoint(deps.store, id, done);
+        } catch (err) {
+          if (err instanceof ApiError) await updateCheckpoint(deps.store, id, { status: 'failed', error: err.message }).catch(() => undefined);
+          await host.deleteLayer(layer.layerId).catch(() => undefined);
+          throw err;
+        }
+        return Object.assign(doc, done);
+      } finally {
+        await hold.release();
       }
-      return Object.assign(doc, done);
     },
 
     /** A sandbox's checkpoints, oldest first. */

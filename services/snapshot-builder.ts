@@ -13,7 +13,8 @@ import { randomId } from '../lib/ids';
 import { decodeExecFrame, encodeStdinFrame, type HostClient } from '../sandbox';
 import type { ExecRequest } from '../sandbox';
 import { CheckpointDoc, ImageManifest, ImageStep, insertCheckpoint, SnapshotDoc, updateSnapshot } from '../store/checkpoints';
-import { assertRoomAfterCapture } from './storage-quota';
+import { ApiError } from '../lib/errors';
+import { reserveStorage, writableLayerBytes, type StorageHold } from './storage-quota';
 
 /** A build that has not written its heartbeat for this long is considered dead. */
 export const BUILD_STALE_MS = 60_000;
@@ -32,12 +33,19 @@ export class StepFailed extends Error {
 
 /**
  * Builds `snap` (status `building`) from `manifest`; resolves with the snapshot as stored once it is
- * `ready` or `failed` (never throws for a failed build: the reason is in `error`).
+ * `ready` or `failed` (never throws for a failed build: the reason is in `error`; `refusal` is the
+ * 507 of a build refused by the storage quota, for a caller that answers with it).
  */
-export async function buildSnapshot(deps: SandboxDeps, snap: SnapshotDoc, manifest: ImageManifest, log: BuildLog): Promise<SnapshotDoc> {
+export async function buildSnapshot(
+  deps: SandboxDeps,
+  snap: SnapshotDoc,
+  manifest: ImageManifest,
+  log: BuildLog,
+): Promise<SnapshotDoc & { refusal?: ApiError }> {
   let sandboxId: string | null = null;
   let host: HostClient | null = null;
   let timer: NodeJS.Timeout | undefined;
+  let hold: StorageHold | null = null;
   // One write at a time on the snapshot: a heartbeat racing the final write could undo it.
   let beat: Promise<unknown> = Promise.resolve();
   const stopHeartbeat = async () => {
@@ -66,28 +74,32 @@ export async function buildSnapshot(deps: SandboxDeps, snap: SnapshotDoc, manife
       log({ step: n, type: step.type, message: `step ${n}/${manifest.steps.length}: ${describeStep(step)}` });
       await runStep(host, sandboxId, step, n, state, log);
     }
+    // What the capture will add is reserved first (507 over the quota, before anything is copied).
     const cpId = `cp-${randomId()}`;
+    const need = await writableLayerBytes(host, sandboxId);
+    hold = await reserveStorage(deps, snap.orgId, cpId, need);
     const layer = await host.createCheckpoint(sandboxId, cpId);
-    const hash = await host.layerHash(layer.layerId);
-    const cp: CheckpointDoc = {
-      _id: cpId,
-      orgId: snap.orgId,
-      sandboxId,
-      hostId: picked.hostId,
-      name: `snapshot ${snap.name}`,
-      layerId: layer.layerId,
-      parents: layer.parents,
-      patchSeq: 0,
-      sizeBytes: layer.sizeBytes ?? null,
-      createdAt: new Date(),
-    };
+    let hash: string;
     try {
-      await assertRoomAfterCapture(deps, snap.orgId, cpId);
+      await hold.grow(layer.sizeBytes ?? need);
+      hash = await host.layerHash(layer.layerId);
+      const cp: CheckpointDoc = {
+        _id: cpId,
+        orgId: snap.orgId,
+        sandboxId,
+        hostId: picked.hostId,
+        name: `snapshot ${snap.name}`,
+        layerId: layer.layerId,
+        parents: layer.parents,
+        patchSeq: 0,
+        sizeBytes: layer.sizeBytes ?? need,
+        createdAt: new Date(),
+      };
+      await insertCheckpoint(deps.store, cp);
     } catch (err) {
       await host.deleteLayer(layer.layerId).catch(() => undefined);
       throw err;
     }
-    await insertCheckpoint(deps.store, cp);
     await stopHeartbeat();
     const ready: Partial<SnapshotDoc> = {
       status: 'ready',
@@ -109,9 +121,11 @@ export async function buildSnapshot(deps: SandboxDeps, snap: SnapshotDoc, manife
     const failed: Partial<SnapshotDoc> = { status: 'failed', error: message, build: null, updatedAt: new Date() };
     await stopHeartbeat();
     await updateSnapshot(deps.store, snap._id, failed).catch(() => undefined);
-    return { ...snap, ...failed };
+    const refused = err instanceof ApiError && err.type === 'insufficient_storage';
+    return { ...snap, ...failed, ...(refused ? { refusal: err } : {}) };
   } finally {
     await stopHeartbeat();
+    await hold?.release();
     if (host && sandboxId) {
       await host.destroySandbox(sandboxId).catch((err) => deps.logger.warn({ err: String(err), sandboxId }, 'could not destroy a build sandbox'));
     }

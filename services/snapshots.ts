@@ -110,6 +110,7 @@ export async function imageSnapshot(deps: SandboxDeps, orgId: string, manifest: 
       throw err;
     }
     const done = await buildSnapshot(deps, doc, manifest, log);
+    if (done.refusal) throw done.refusal;
     if (done.status !== 'ready') throw conflict(`the image build failed: ${done.error ?? 'unknown error'}`);
     return done;
   }

@@ -62,12 +62,17 @@ export async function captureLayer(
     if (setIds.length > 0) await fsp.writeFile(path.join(tmp, SET_ID_FILE), JSON.stringify(setIds), { mode: 0o600 });
     const parents = [...state.layers];
     await fsp.writeFile(path.join(tmp, 'layer.json'), JSON.stringify({ id: layerId, parents, sandboxId: id, createdAt: new Date().toISOString() }));
-    const du = await execFileP('du', ['-sb', '--apparent-size', tmp]).then(
-      (r) => Number(r.stdout.split('\t')[0]),
-      () => NaN,
-    );
+    // Its size: the larger of its files' bytes and the blocks it takes on the host's disk (many small
+    // files take a block each, so the bytes alone would let a layer store far more than it counts).
+    const du = (args: string[]) =>
+      execFileP('du', ['-s', ...args, tmp]).then(
+        (r) => Number(r.stdout.split('\t')[0]),
+        () => NaN,
+      );
+    const [bytes, blocks] = await Promise.all([du(['-b', '--apparent-size']), du(['-B1'])]);
+    const size = Math.max(...[bytes, blocks].filter(Number.isFinite));
     await fsp.rename(tmp, target);
-    return { layerId, parents, ...(Number.isFinite(du) ? { sizeBytes: du } : {}) };
+    return { layerId, parents, ...(Number.isFinite(size) ? { sizeBytes: size } : {}) };
   } catch (err) {
     await fsp.rm(tmp, { recursive: true, force: true });
     throw err;
