@@ -1,7 +1,6 @@
 import { createHash } from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
-import { bundleWorkflowCode } from '@temporalio/worker';
 import { PROJECT_ROOT } from '../config';
 
 /**
@@ -43,6 +42,8 @@ async function main(): Promise<void> {
   const stamp = `${out}.inputs`;
   const hash = hashInputs(bundleInputs(entry));
   if (fs.existsSync(out) && fs.existsSync(stamp) && fs.readFileSync(stamp, 'utf8') === hash) return;
+  // Loaded only when a bundle is made: the module alone takes about half a second to load.
+  const { bundleWorkflowCode } = await import('@temporalio/worker');
   const { code } = await bundleWorkflowCode({
     workflowsPath: entry,
     logger: { log() {}, info() {}, warn: console.warn, error: console.error, debug() {}, trace() {} } as never,
