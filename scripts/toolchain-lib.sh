@@ -60,25 +60,32 @@ go_module_source() {
   printf '%s\n' "$dir"
 }
 
-# run_steps NAME…: runs the shell functions NAME… side by side (downloads and builds that do not
+# start_steps NAME…: starts the shell functions NAME… side by side (downloads and builds that do not
 # depend on each other), each with its output in a log; their [toolchain] lines reach the terminal as
-# they come. Waits for all; when one failed, prints its log and fails.
-run_steps() {
-  local logs name i=0 failed=0
-  local -a pids=()
-  logs="$(mktemp -d)"
+# they come. wait_steps NAME…: waits for them; when one failed, prints its log and fails (after
+# waiting for all of them). run_steps NAME…: both.
+declare -A step_pid=()
+step_logs="$(mktemp -d)"
+trap 'rm -rf "$step_logs"' EXIT
+start_steps() {
+  local name
   for name in "$@"; do
-    ( set -euo pipefail; "$name" ) > "$logs/$name.log" 2>&1 &
-    pids+=("$!")
+    ( set -euo pipefail; "$name" ) > "$step_logs/$name.log" 2>&1 &
+    step_pid[$name]=$!
   done
+}
+wait_steps() {
+  local name failed=0
   for name in "$@"; do
-    if ! wait "${pids[$i]}"; then
+    if ! wait "${step_pid[$name]}"; then
       say "$name failed:"
-      cat "$logs/$name.log" >&3
+      cat "$step_logs/$name.log" >&3
       failed=1
     fi
-    i=$((i + 1))
   done
-  rm -rf "$logs"
   [ "$failed" -eq 0 ]
+}
+run_steps() {
+  start_steps "$@"
+  wait_steps "$@"
 }

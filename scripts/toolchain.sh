@@ -10,12 +10,18 @@
 #   - the sandbox's seccomp filter (tools/sandbox-seccomp), built with a C compiler and libseccomp:
 #     required, the toolchain stops without them
 # The downloads and builds that do not depend on each other run side by side.
+#   bash scripts/toolchain.sh [--beside SCRIPT]
+# --beside SCRIPT: runs `npm run SCRIPT` (npm start: build) as soon as the npm packages are in place,
+# beside the toolchain's longer steps (FerretDB's first build, the agent SDK's download), and fails
+# when it fails.
 # Not here: what only the tests need (scripts/toolchain-test.sh, run by npm test) and the production
 # profile's servers (scripts/toolchain-production.sh, run by npm run start:production and, when
 # test/integration/production.test.ts is among the files run, by the tests' global setup).
 set -euo pipefail
 # shellcheck source=scripts/toolchain-lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/toolchain-lib.sh"
+beside=""
+if [ "${1:-}" = "--beside" ] && [ -n "${2:-}" ]; then beside="$2"; fi
 toolchain_lock toolchain
 started=$SECONDS
 temporal_version="1.9.1"
@@ -102,7 +108,14 @@ agent_sdk() {
   ln -sfn "$alayer/layer" "$root/.tools/agent-sdk"
 }
 
-run_steps npm_packages temporal_cli ferretdb agent_sdk
+start_steps npm_packages temporal_cli ferretdb agent_sdk
+ok=1
+wait_steps npm_packages || ok=0
+if [ "$ok" -eq 1 ] && [ -n "$beside" ]; then
+  (cd "$root" && npm run -s "$beside") || ok=0
+fi
+wait_steps temporal_cli ferretdb agent_sdk || ok=0
+[ "$ok" -eq 1 ] || exit 1
 
 # --- sap-sandbox-init and sap-sandbox-enter ----------------------------------------------
 # sap-sandbox-init builds a sandbox (user namespace, idmapped layers, overlays, /proc, /dev,
