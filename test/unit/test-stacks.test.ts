@@ -66,7 +66,14 @@ describe('the test suite’s stacks on one machine (two jest workers)', () => {
 describe('the production toolchain in the global setup', () => {
   const file = '/repo/test/integration/production.test.ts';
   it('is run when the production test may be among the files: all of them, or a pattern that matches it', () => {
-    for (const pattern of [undefined, '', 'test/integration/production.test.ts', 'production', 'PRODUCTION', 'test/integration/(exec|production)\\.test\\.ts']) {
+    for (const pattern of [
+      undefined,
+      '',
+      'test/integration/production.test.ts',
+      'production',
+      'PRODUCTION',
+      'test/integration/(exec|production)\\.test\\.ts',
+    ]) {
       expect(runsProductionTest(pattern, file)).toBe(true);
     }
   });
