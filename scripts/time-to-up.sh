@@ -37,7 +37,7 @@ done
 took=$(( ($(date +%s%N) - start) / 1000000 ))
 # The CPU time its processes used so far (those that ended are in their parents' counts): on a busy
 # machine the wall time says more about the others' load than about the start.
-cpu=$(awk -v sid="$pid" '{ sub(/^.*\) /, ""); if ($4 == sid) t += $12 + $13 + $14 + $15 } END { print t + 0 }' /proc/[0-9]*/stat 2>/dev/null)
+cpu=$(cat /proc/[0-9]*/stat 2>/dev/null | awk -v sid="$pid" '{ sub(/^.*\) /, ""); if ($4 == sid) t += $12 + $13 + $14 + $15 } END { print t + 0 }')
 tick=$(getconf CLK_TCK)
 grep -Em1 "$until" "$log"
 printf 'after %d.%03d s, %s s of CPU: %s (load average %s)\n' $((took / 1000)) $((took % 1000)) "$(awk -v c="$cpu" -v t="$tick" 'BEGIN { printf "%.1f", c / t }')" "$*" "$(cut -d' ' -f1-3 /proc/loadavg)"
