@@ -12,36 +12,80 @@ import { benchMetrics } from './bench-metrics';
 import { benchConsole } from './bench-console';
 import { cpuPerSession, findStackRoot, stackCpuMs } from './bench-cpu';
 
+/** The benches, by the name given as the first argument. */
+export const BENCH_PARTS = ['sessions', 'batch', 'preview', 'exec', 'spawn', 'layers', 'metrics', 'console', 'egress', 'seal'] as const;
+export type BenchPart = (typeof BENCH_PARTS)[number];
+
+/** Every option the benches take (parseArgs' form); `--help` prints USAGE. */
+export const BENCH_OPTIONS = {
+  n: { type: 'string' },
+  c: { type: 'string' },
+  mb: { type: 'string' },
+  rounds: { type: 'string' },
+  runs: { type: 'string' },
+  burst: { type: 'string' },
+  only: { type: 'string' },
+  base: { type: 'string' },
+  url: { type: 'string' },
+  key: { type: 'string' },
+  'stack-pid': { type: 'string' },
+  cpu: { type: 'boolean' },
+  help: { type: 'boolean', short: 'h' },
+} as const;
+
+export const USAGE = [
+  'usage: npm run bench -- <bench> [options]   (against a running stack: npm start; prints one JSON line of measurements)',
+  '',
+  '  sessions [--n 200] [--c 10] [--cpu [--stack-pid PID]]  N trivial sessions at concurrency C (--cpu: CPU per session of each stack process)',
+  '  batch [--n 1000] [--c 50] [--rounds 2]  one batch of N items against the same N sessions one by one (TEMPORAL_ADDRESS)',
+  '  spawn [--n 50] [--burst 100] [--only create,node,burst,exec-burst,checkpoint,cpu] [--stack-pid PID]',
+  '  layers [--n 10] [--mb 1,100]  (a stack with SANDBOX_HOSTS=2; DATA_DIR names it)',
+  '  egress [--mb 1024] [--runs 3]  (as root: a test host in a network namespace of its own)',
+  '  seal [--n 2000] [--mb 512] [--runs 3] [--only proxy,create] [--base CHECKOUT]  (as root: the sealed-secrets proxy vs direct',
+  '       (and vs another checkout); create with a sealed store)',
+  '  exec [--n 100] [--mb 512] [--runs 3]',
+  '  console [--runs 5] [--n 10000] [--only list]  (assets, first renders, a list of n sessions: first and middle page, keystroke echo; MONGO_URL)',
+  '  metrics [--n 200]  (GET …/metrics and POST …/scale of one sandbox)',
+  '  preview [--n 2000] [--c 10]  (SAP_HOST_URL, SAP_HOST_TOKEN: add the forwarder-only leg)',
+  '',
+  'Every bench:',
+  '  --url URL   the API (default: SAP_API_URL, else http://127.0.0.1:8080)',
+  '  --key KEY   the API key (default: SAP_API_KEY, else dev-key)',
+  '  --help, -h  this text',
+  '',
+].join('\n');
+
+export type BenchValues = ReturnType<typeof parseArgs<{ options: typeof BENCH_OPTIONS; allowPositionals: true }>>['values'];
+
 /**
- * `npm run bench -- <name> [--n N] [--c C] [--rounds R (batch)] [--burst B] [--only PARTS (spawn)]` against a running stack (npm start).
- * Prints one JSON line of measurements. SAP_API_URL / SAP_API_KEY pick the stack.
+ * The command line: the bench to run and its options, or the usage to print (exit status 2) for
+ * --help, an unknown option, an option without its value, a missing or unknown bench.
  */
-const { positionals, values } = parseArgs({
-  allowPositionals: true,
-  options: {
-    n: { type: 'string' },
-    c: { type: 'string' },
-    mb: { type: 'string' },
-    rounds: { type: 'string' },
-    runs: { type: 'string' },
-    burst: { type: 'string' },
-    only: { type: 'string' },
-    base: { type: 'string' },
-    url: { type: 'string' },
-    key: { type: 'string' },
-    'stack-pid': { type: 'string' },
-    cpu: { type: 'boolean' },
-  },
-});
-const URL_ = values.url ?? process.env.SAP_API_URL ?? 'http://127.0.0.1:8080';
-const KEY = values.key ?? process.env.SAP_API_KEY ?? 'dev-key';
+export function parseBenchArgs(argv: string[]): { name: BenchPart; values: BenchValues } | { usage: string } {
+  let parsed: { positionals: string[]; values: BenchValues };
+  try {
+    parsed = parseArgs({ args: argv, allowPositionals: true, strict: true, options: BENCH_OPTIONS });
+  } catch (err) {
+    return { usage: `bench: ${err instanceof Error ? err.message : String(err)}\n\n${USAGE}` };
+  }
+  if (parsed.values.help) return { usage: USAGE };
+  const name = parsed.positionals[0];
+  if (name === undefined) return { usage: `bench: name a bench\n\n${USAGE}` };
+  if (!(BENCH_PARTS as readonly string[]).includes(name)) return { usage: `bench: no bench named ${JSON.stringify(name)}\n\n${USAGE}` };
+  if (parsed.positionals.length > 1) return { usage: `bench: one bench at a time (got ${parsed.positionals.join(' ')})\n\n${USAGE}` };
+  return { name: name as BenchPart, values: parsed.values };
+}
+
+let values: BenchValues = {};
+let URL_ = 'http://127.0.0.1:8080';
+let KEY = 'dev-key';
+let agent: http.Agent = new http.Agent({ keepAlive: true });
 
 /**
  * One JSON request over node:http with kept-alive connections. The bench shares the machine's
  * cores with the stack it measures, so its client is the lightest one at hand (fetch costs about
  * twice the CPU per request).
  */
-const agent = new (URL_.startsWith('https:') ? https : http).Agent({ keepAlive: true });
 function call<T = any>(method: string, path: string, body?: unknown): Promise<{ status: number; body: T }> {
   const payload = body === undefined ? undefined : Buffer.from(JSON.stringify(body));
   const headers: Record<string, string | number> = { 'x-api-key': KEY };
@@ -235,7 +279,16 @@ async function benchBatchVsSessions(n: number, c: number, rounds: number): Promi
 }
 
 async function main(): Promise<void> {
-  const name = positionals[0];
+  const cli = parseBenchArgs(process.argv.slice(2));
+  if ('usage' in cli) {
+    process.stderr.write(cli.usage);
+    process.exit(2);
+  }
+  const name = cli.name;
+  values = cli.values;
+  URL_ = values.url ?? process.env.SAP_API_URL ?? URL_;
+  KEY = values.key ?? process.env.SAP_API_KEY ?? KEY;
+  agent = new (URL_.startsWith('https:') ? https : http).Agent({ keepAlive: true });
   const n = Number(values.n ?? 200);
   const c = Number(values.c ?? 10);
   let out: Record<string, unknown>;
@@ -290,21 +343,10 @@ async function main(): Promise<void> {
         base: values.base,
       });
       break;
-    default:
-      process.stderr.write('usage: npm run bench -- sessions|batch [--n 1000] [--c 50] [--cpu [--stack-pid PID]]\n');
-      process.stderr.write('       npm run bench -- spawn [--n 50] [--burst 100] [--only create,node,burst,exec-burst,checkpoint,cpu] [--stack-pid PID]\n');
-      process.stderr.write('       npm run bench -- layers [--n 10] [--mb 1,100]  (a stack with SANDBOX_HOSTS=2; DATA_DIR names it)\n');
-      process.stderr.write('       npm run bench -- egress [--mb 1024] [--runs 3]  (as root: a test host in a network namespace of its own)\n');
-      process.stderr.write(
-        '       npm run bench -- seal [--n 2000] [--mb 512] [--runs 3] [--only proxy,create] [--base CHECKOUT]  (as root: the sealed-secrets proxy vs direct (and vs another checkout); create with a sealed store)\n',
-      );
-      process.stderr.write('       npm run bench -- exec [--n 100] [--mb 512] [--runs 3]\n');
-      process.stderr.write(
-        '       npm run bench -- console [--runs 5] [--n 10000] [--only list]  (assets, first renders, a list of n sessions: first and middle page, keystroke echo; MONGO_URL)\n',
-      );
-      process.stderr.write('       npm run bench -- metrics [--n 200]  (GET …/metrics and POST …/scale of one sandbox)\n');
-      process.stderr.write('       npm run bench -- preview [--n 2000] [--c 10]  (SAP_HOST_URL, SAP_HOST_TOKEN: add the forwarder-only leg)\n');
-      process.exit(2);
+    default: {
+      const unknown: never = name;
+      throw new Error(`no bench named ${String(unknown)}`);
+    }
   }
   process.stdout.write(`${JSON.stringify(out)}\n`);
 }

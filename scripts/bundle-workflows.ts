@@ -1,18 +1,61 @@
+import { createHash } from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
-import { bundleWorkflowCode } from '@temporalio/worker';
+import { PROJECT_ROOT } from '../config';
 
-/** Bundles the workflow code once at build time, so workers start in ~0.4 s instead of ~2 s. */
-async function main(): Promise<void> {
-  const { code } = await bundleWorkflowCode({
-    workflowsPath: require.resolve('../workflows'),
-    logger: { log() {}, info() {}, warn: console.warn, error: console.error, debug() {}, trace() {} } as never,
-  });
-  const out = path.resolve(__dirname, '..', 'workflow-bundle.js');
-  fs.writeFileSync(out, code);
+/**
+ * The files the bundle is made of, as far as they change with this checkout: the compiled workflow
+ * code (dist/workflows/index.js and every relative require it reaches), this script, and the
+ * lockfile (the @temporalio packages it bundles and bundles with).
+ */
+export function bundleInputs(entry: string): string[] {
+  const seen = new Set<string>();
+  const todo = [entry];
+  while (todo.length > 0) {
+    const file = todo.pop()!;
+    if (seen.has(file)) continue;
+    seen.add(file);
+    const code = fs.readFileSync(file, 'utf8');
+    for (const m of code.matchAll(/\brequire\("(\.{1,2}\/[^"]+)"\)/g)) {
+      const target = path.resolve(path.dirname(file), m[1]!);
+      const found = [`${target}.js`, path.join(target, 'index.js'), target].find((f) => fs.existsSync(f) && fs.statSync(f).isFile());
+      if (found) todo.push(found);
+    }
+  }
+  return [...seen, __filename, path.join(PROJECT_ROOT, 'package-lock.json')].sort();
 }
 
-main().catch((err) => {
-  console.error(err);
-  process.exit(1);
-});
+/** A hash of the inputs' paths and contents. */
+export function hashInputs(files: string[]): string {
+  const h = createHash('sha256');
+  for (const f of files) h.update(`${f}\0`).update(fs.readFileSync(f)).update('\0');
+  return h.digest('hex');
+}
+
+/**
+ * Bundles the workflow code once at build time, so workers start in ~0.4 s instead of ~2 s; skipped
+ * (about 3 s saved) when the bundle's inputs are those of the bundle there (their hash beside it).
+ */
+async function main(): Promise<void> {
+  const entry = require.resolve('../workflows');
+  const out = path.resolve(__dirname, '..', 'workflow-bundle.js');
+  const stamp = `${out}.inputs`;
+  const hash = hashInputs(bundleInputs(entry));
+  if (fs.existsSync(out) && fs.existsSync(stamp) && fs.readFileSync(stamp, 'utf8') === hash) return;
+  // Loaded only when a bundle is made: the module alone takes about half a second to load.
+  const { bundleWorkflowCode } = await import('@temporalio/worker');
+  const { code } = await bundleWorkflowCode({
+    workflowsPath: entry,
+    logger: { log() {}, info() {}, warn: console.warn, error: console.error, debug() {}, trace() {} } as never,
+  });
+  fs.rmSync(stamp, { force: true });
+  fs.writeFileSync(out, code);
+  fs.writeFileSync(stamp, hash);
+}
+
+if (require.main === module) {
+  main().catch((err) => {
+    console.error(err);
+    process.exit(1);
+  });
+}

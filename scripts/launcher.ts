@@ -359,10 +359,10 @@ export async function startStack(o: StackOptions): Promise<Stack> {
     },
   };
   try {
-    if (!o.external) await Promise.all([start('temporal'), start('mongo')]);
-    await Promise.all(hostList.map((h) => start(h.proc)));
-    await Promise.all(hostList.map((h) => start(h.worker)));
-    await start('api');
+    // The hosts need neither server: they start beside them. The workers and the API need both; the
+    // API does not need a worker (it answers 503s on /readyz until one polls), so they start together.
+    await Promise.all([...(o.external ? [] : [start('temporal'), start('mongo')]), ...hostList.map((h) => start(h.proc))]);
+    await Promise.all([...hostList.map((h) => start(h.worker)), start('api')]);
   } catch (err) {
     await stack.stop({ destroySandboxes: true });
     throw err;

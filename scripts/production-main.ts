@@ -1,5 +1,6 @@
+import { spawnSync } from 'node:child_process';
 import path from 'node:path';
-import { bootstrapApiKey, loadConfigOrExit, resolveHostToken } from '../config';
+import { bootstrapApiKey, loadConfigOrExit, PROJECT_ROOT, resolveHostToken } from '../config';
 import { startProductionStack, type ProductionStack } from './production';
 
 /**
@@ -9,6 +10,10 @@ import { startProductionStack, type ProductionStack } from './production';
  */
 export async function main(): Promise<void> {
   const cfg = loadConfigOrExit();
+  // The profile's servers (PostgreSQL, the Temporal server, temporal-sql-tool, the UI server): built
+  // the first time they are needed, here (about ten minutes on 2 cores), not by npm start's toolchain.
+  const toolchain = spawnSync('bash', [path.join(PROJECT_ROOT, 'scripts', 'toolchain-production.sh')], { stdio: 'inherit' });
+  if (toolchain.status !== 0) process.exit(1);
   const dataDir = path.join(cfg.DATA_DIR, 'production');
   const apiKey = bootstrapApiKey(cfg) ?? 'dev-key';
   const port = (url: string) => Number(new URL(url.includes('://') ? url : `x://${url}`).port);

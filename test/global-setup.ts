@@ -1,3 +1,4 @@
+import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import http from 'node:http';
 import os from 'node:os';
@@ -27,7 +28,11 @@ export const MAX_TEST_STACKS = 2;
  * sandboxes). Each gets a network table, link names, address pool and user-namespace ids of its own
  * (see stackNet), so no rule or id of one applies to another stack's sandboxes.
  */
-export default async function globalSetup(globalConfig?: { maxWorkers?: number }): Promise<void> {
+export default async function globalSetup(globalConfig?: { maxWorkers?: number; testPathPattern?: string }): Promise<void> {
+  // The production profile's servers (built from Go the first time, about ten minutes on 2 cores; a
+  // second on a warm cache), before the stacks start, with no time limit (jest's applies to tests and
+  // hooks, not to this); only when its test is among the files run.
+  if (runsProductionTest(globalConfig?.testPathPattern)) await productionToolchain();
   const t0 = Date.now();
   const count = Math.max(1, Math.min(MAX_TEST_STACKS, globalConfig?.maxWorkers ?? 1));
   const started = await Promise.allSettled(Array.from({ length: count }, (_, k) => startTestStack(k + 1)));
@@ -47,6 +52,30 @@ export default async function globalSetup(globalConfig?: { maxWorkers?: number }
   }
   (globalThis as { __SAP_STACKS__?: TestStack[] }).__SAP_STACKS__ = stacks;
   process.stderr.write(`[global setup] ${count} test stack${count > 1 ? 's' : ''} started in ${((Date.now() - t0) / 1000).toFixed(1)} s\n`);
+}
+
+const PRODUCTION_TEST = path.resolve(__dirname, 'integration', 'production.test.ts');
+
+/**
+ * Whether this run may include test/integration/production.test.ts: jest selects the files whose path
+ * matches its testPathPattern (the command line's file arguments, case-insensitively; none: every file).
+ */
+export function runsProductionTest(testPathPattern: string | undefined, file = PRODUCTION_TEST): boolean {
+  if (!testPathPattern) return true;
+  try {
+    return new RegExp(testPathPattern, 'i').test(file);
+  } catch {
+    return true;
+  }
+}
+
+/** scripts/toolchain-production.sh, its [toolchain] lines on this run's output. */
+function productionToolchain(): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const child = spawn('bash', [path.resolve(__dirname, '..', 'scripts', 'toolchain-production.sh')], { stdio: ['ignore', 'inherit', 'inherit'] });
+    child.on('error', reject);
+    child.on('exit', (code, signal) => (code === 0 ? resolve() : reject(new Error(`scripts/toolchain-production.sh failed (${signal ?? `exit ${code}`})`))));
+  });
 }
 
 /**

@@ -1,6 +1,6 @@
 import { parseCidr } from '../../contract/network';
 import { hostEnvironment } from '../../scripts/launcher';
-import { stackNet } from '../global-setup';
+import { runsProductionTest, stackNet } from '../global-setup';
 
 /** [first, last] of an IPv4 CIDR as numbers. */
 function range(cidr: string): [number, number] {
@@ -60,5 +60,26 @@ describe('the test suite’s stacks on one machine (two jest workers)', () => {
     const [x, y] = [hostEnvironment('/tmp/a', {}, 1, 1), hostEnvironment('/tmp/a', {}, 1, 1)];
     expect(x.SANDBOX_NET_CIDR).toBe(y.SANDBOX_NET_CIDR);
     expect(x.SANDBOX_ID_BASE).toBe(String(2 ** 31));
+  });
+});
+
+describe('the production toolchain in the global setup', () => {
+  const file = '/repo/test/integration/production.test.ts';
+  it('is run when the production test may be among the files: all of them, or a pattern that matches it', () => {
+    for (const pattern of [
+      undefined,
+      '',
+      'test/integration/production.test.ts',
+      'production',
+      'PRODUCTION',
+      'test/integration/(exec|production)\\.test\\.ts',
+    ]) {
+      expect(runsProductionTest(pattern, file)).toBe(true);
+    }
+  });
+  it('is not run when only other files are', () => {
+    for (const pattern of ['test/integration/exec.test.ts', 'test/unit', 'test/integration/(exec|network)\\.test\\.ts']) {
+      expect(runsProductionTest(pattern, file)).toBe(false);
+    }
   });
 });
