@@ -41,7 +41,7 @@ command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || missing+=(nftables)
 # git-lfs, libffi's headers, a `python` command, and the en_US.UTF-8 locale (generated below).
 [ -x /usr/bin/tree ] || missing+=(tree)
 [ -x /usr/bin/git-lfs ] || missing+=(git-lfs)
-ls /usr/include/ffi.h /usr/include/*/ffi.h >/dev/null 2>&1 || missing+=(libffi-dev)
+[ -e /usr/include/ffi.h ] || compgen -G "/usr/include/*/ffi.h" >/dev/null || missing+=(libffi-dev)
 [ -e /usr/bin/python ] || missing+=(python-is-python3)
 [ -f /etc/locale.gen ] || missing+=(locales)
 apt_install "${missing[@]}"
