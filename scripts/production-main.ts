@@ -1,5 +1,5 @@
 import path from 'node:path';
-import { bootstrapApiKey, loadConfigOrExit, resolveHostToken } from '../config';
+import { bootstrapApiKey, loadConfigOrExit, requireBootstrapKey, resolveHostToken } from '../config';
 import { startProductionStack, type ProductionStack } from './production';
 
 /**
@@ -10,7 +10,7 @@ import { startProductionStack, type ProductionStack } from './production';
 export async function main(): Promise<void> {
   const cfg = loadConfigOrExit();
   const dataDir = path.join(cfg.DATA_DIR, 'production');
-  const apiKey = bootstrapApiKey(cfg) ?? 'dev-key';
+  const apiKey = requireBootstrapKey(bootstrapApiKey(cfg), cfg.NODE_ENV);
   const port = (url: string) => Number(new URL(url.includes('://') ? url : `x://${url}`).port);
   // eslint-disable-next-line prefer-const -- set once the profile has started; stop() may run before that
   let prod: ProductionStack | undefined;
