@@ -58,11 +58,13 @@ describe('docker-compose.yml', () => {
   });
 
   it('binds published ports to loopback by default, and to API_BIND when it is set', () => {
-    for (const [name, svc] of Object.entries(services())) for (const p of published(svc)) expect({ name, hostIp: p.hostIp }).toEqual({ name, hostIp: '127.0.0.1' });
-    for (const [name, svc] of Object.entries(services({ API_BIND: '0.0.0.0' }))) for (const p of published(svc)) expect({ name, hostIp: p.hostIp }).toEqual({ name, hostIp: '0.0.0.0' });
+    for (const [name, svc] of Object.entries(services()))
+      for (const p of published(svc)) expect({ name, hostIp: p.hostIp }).toEqual({ name, hostIp: '127.0.0.1' });
+    for (const [name, svc] of Object.entries(services({ API_BIND: '0.0.0.0' })))
+      for (const p of published(svc)) expect({ name, hostIp: p.hostIp }).toEqual({ name, hostIp: '0.0.0.0' });
   });
 
-  it("gives the API processes the secrets whose published defaults they refuse outside development", () => {
+  it('gives the API processes the secrets whose published defaults they refuse outside development', () => {
     const all = services();
     for (const name of ['api', 'api-2']) {
       const env = all[name]!.environment ?? {};

@@ -48,7 +48,9 @@ describe('published default secrets', () => {
   it.each(['production', 'test'])('refuses to start with NODE_ENV=%s while any of them is in use, naming each', (NODE_ENV) => {
     for (const [name, value] of Object.entries(defaults)) {
       expect(() => loadConfig({ NODE_ENV, [name]: value })).toThrow(ConfigError);
-      expect(() => loadConfig({ NODE_ENV, [name]: value })).toThrow(new RegExp(`${name}: is the published default '${value}', refused with NODE_ENV=${NODE_ENV}`));
+      expect(() => loadConfig({ NODE_ENV, [name]: value })).toThrow(
+        new RegExp(`${name}: is the published default '${value}', refused with NODE_ENV=${NODE_ENV}`),
+      );
     }
     let message = '';
     try {

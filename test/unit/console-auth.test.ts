@@ -10,7 +10,8 @@ function storeWithKey(key: string): Store {
   return { apiKeys, db: { collection: () => apiKeys } } as unknown as Store;
 }
 
-const req = (headers: Record<string, string>, query: Record<string, string> = {}) => ({ method: 'GET', headers: { upgrade: 'websocket', ...headers }, query }) as unknown as Request;
+const req = (headers: Record<string, string>, query: Record<string, string> = {}) =>
+  ({ method: 'GET', headers: { upgrade: 'websocket', ...headers }, query }) as unknown as Request;
 /** A plain HTTP request (no Upgrade). */
 const httpReq = (headers: Record<string, string>, query: Record<string, string> = {}) => ({ method: 'GET', headers, query }) as unknown as Request;
 const b64 = (s: string) => Buffer.from(s).toString('base64url');
@@ -57,8 +58,13 @@ describe('the key in the query', () => {
     // Express's simple query parser decodes the name: every spelling arrives as api_key.
     const query = require('node:querystring').parse(`${name}=the-right-key`) as Record<string, string>;
     expect(query.api_key).toBe('the-right-key');
-    await expect(auth.authenticate(httpReq({}, query))).rejects.toMatchObject({ type: 'unauthorized', message: 'missing API key: send it in the X-API-Key header' });
-    await expect(auth.authenticate({ method: 'POST', headers: { upgrade: 'websocket' }, query } as unknown as Request)).rejects.toMatchObject({ type: 'unauthorized' });
+    await expect(auth.authenticate(httpReq({}, query))).rejects.toMatchObject({
+      type: 'unauthorized',
+      message: 'missing API key: send it in the X-API-Key header',
+    });
+    await expect(auth.authenticate({ method: 'POST', headers: { upgrade: 'websocket' }, query } as unknown as Request)).rejects.toMatchObject({
+      type: 'unauthorized',
+    });
   });
 
   it('is taken from a WebSocket handshake (OpenComputer’s client sends ?api_key=)', async () => {
