@@ -169,6 +169,9 @@ describe('the API key on a WebSocket', () => {
 
   it('is never echoed: sap-key.<key> offered alone gets no protocol back and is refused; beside sap-console, sap-console is selected', async () => {
     const p = `/api/sandboxes/${unique('sb-none')}/pty/none`;
+    // What a socket that got past authentication is told (the sandbox does not exist): the answer with X-API-Key.
+    const control = JSON.parse((await handshake(p, { 'x-api-key': T.key() })).firstText ?? '{}').error?.type as string;
+    expect(control).not.toBe('unauthorized');
     const alone = await handshake(p, { 'sec-websocket-protocol': `sap-key.${b64(T.key())}` });
     expect(alone.status).toBe(101);
     expect(alone.headers['sec-websocket-protocol']).toBeUndefined();
@@ -179,20 +182,23 @@ describe('the API key on a WebSocket', () => {
     expect(beside.status).toBe(101);
     expect(beside.headers['sec-websocket-protocol']).toBe('sap-console');
     expect(JSON.stringify(beside.headers)).not.toContain(b64(T.key()));
-    // The key was taken: the socket gets past authentication to the missing sandbox.
-    expect(JSON.parse(beside.firstText ?? '{}')).toMatchObject({ error: { type: 'not_found' } });
+    // The key was taken: the socket gets past authentication, as with the header.
+    expect(JSON.parse(beside.firstText ?? '{}')).toMatchObject({ error: { type: control } });
   });
 
   it('is taken from the query on a WebSocket handshake only, and never written to the log, however api_key is spelled', async () => {
     const reqId = unique('keyq');
+    const socketPath = `/api/sandboxes/${unique('sb-none')}/pty/none`;
+    const control = JSON.parse((await handshake(socketPath, { 'x-api-key': T.key() })).firstText ?? '{}').error?.type as string;
+    expect(control).not.toBe('unauthorized');
     for (const [i, name] of SPELLINGS.entries()) {
       // A plain request: the query carries no key (a header can be sent), whatever the spelling.
       const r = await api('GET', `/v1/agents?${name}=${encodeURIComponent(T.key())}`, { key: null, headers: { 'x-request-id': `${reqId}-${i}` } });
       expect({ name, status: r.status }).toEqual({ name, status: 401 });
       // A WebSocket (OpenComputer's client sends ?api_key=): the key is taken, the socket gets past authentication.
-      const ws = await handshake(`/api/sandboxes/${unique('sb-none')}/pty/none?${name}=${encodeURIComponent(T.key())}`, { 'x-request-id': `${reqId}-ws-${i}` });
+      const ws = await handshake(`${socketPath}?${name}=${encodeURIComponent(T.key())}`, { 'x-request-id': `${reqId}-ws-${i}` });
       expect({ name, status: ws.status }).toEqual({ name, status: 101 });
-      expect({ name, error: JSON.parse(ws.firstText ?? '{}').error?.type }).toEqual({ name, error: 'not_found' });
+      expect({ name, error: JSON.parse(ws.firstText ?? '{}').error?.type }).toEqual({ name, error: control });
     }
     const file = path.join(T.logDir(), 'api.log');
     const lines = await eventually(async () => {
