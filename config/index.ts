@@ -210,7 +210,9 @@ export const PUBLISHED_DEFAULT_SECRETS = {
  * One line per secret that holds its published default while NODE_ENV is not `development` (the dev
  * profile): production and test refuse to start with one (checked once, at start, by loadConfig).
  */
-export function defaultSecretIssues(cfg: Pick<z.infer<typeof configSchema>, 'NODE_ENV' | keyof typeof PUBLISHED_DEFAULT_SECRETS>): string[] {
+export function defaultSecretIssues(
+  cfg: Pick<z.infer<typeof configSchema>, 'NODE_ENV'> & Partial<Record<keyof typeof PUBLISHED_DEFAULT_SECRETS, string>>,
+): string[] {
   if (cfg.NODE_ENV === 'development') return [];
   return (Object.keys(PUBLISHED_DEFAULT_SECRETS) as (keyof typeof PUBLISHED_DEFAULT_SECRETS)[])
     .filter((name) => cfg[name] === PUBLISHED_DEFAULT_SECRETS[name])
