@@ -23,6 +23,7 @@ import { registerPreviewRoutes } from './routes/previews';
 import { registerExecRoutes } from './routes/exec';
 import { registerExecSocket } from './routes/exec-socket';
 import { closeWith } from './ws';
+import { dataAnswerHeaders } from './answer-headers';
 import { registerSandboxAgentRoutes } from './routes/sandbox-agents';
 import { registerSecretStoreRoutes } from './routes/secret-stores';
 import { registerFileRoutes } from './routes/files';
@@ -56,6 +57,7 @@ export function createApp(
   // WebSocket routes (router.ws) need the HTTP server; without one (unit tests) they are absent.
   if (opts.server) expressWs(app, opts.server, { wsOptions: { handleProtocols: pickSubprotocol } });
   app.disable('x-powered-by');
+  app.use(dataAnswerHeaders);
   app.set('etag', false);
   app.set('query parser', 'simple');
 

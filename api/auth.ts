@@ -9,7 +9,7 @@ export interface OrgContext {
   id: string;
 }
 
-/** Resolves the organisation of a request from its `X-API-Key` (or `api_key` query, for WebSockets). */
+/** Resolves the organisation of a request from its `X-API-Key` (on a WebSocket handshake also its subprotocol or `api_key` query). */
 export interface Authenticator {
   authenticate(req: Request): Promise<OrgContext>;
   /** Resolves a raw key; null when unknown. */
@@ -70,7 +70,7 @@ export function createAuthenticator(store: Store, cacheMs = DEFAULT_KEY_CACHE_MS
     },
     async authenticate(req) {
       const key = keyOf(req);
-      if (!key) throw new ApiError('unauthorized', 'missing API key: send it in the X-API-Key header');
+      if (!key) throw new ApiError('unauthorized', missingKeyMessage(req));
       const org = await resolve(key);
       if (!org) throw new ApiError('unauthorized', 'invalid API key');
       // For the request's log lines (see createApp).
@@ -81,38 +81,72 @@ export function createAuthenticator(store: Store, cacheMs = DEFAULT_KEY_CACHE_MS
   };
 }
 
-/** A request's API key: its X-API-Key header, the console socket's subprotocol, or its `api_key` query. */
+/**
+ * A request's API key: its X-API-Key header; on a WebSocket handshake only (a browser cannot set
+ * headers on a WebSocket), the console's `sap-key.<key>` subprotocol offered beside `sap-console`,
+ * or the `api_key` query (OpenComputer's client). An HTTP request's query never carries a key: a key
+ * in a URL ends up in logs, histories and Referer headers.
+ */
 function keyOf(req: Request): string | undefined {
   const header = req.headers['x-api-key'];
-  return (Array.isArray(header) ? header[0] : header) ?? keyOfSubprotocol(req) ?? (typeof req.query.api_key === 'string' ? req.query.api_key : undefined);
+  const fromHeader = Array.isArray(header) ? header[0] : header;
+  if (fromHeader !== undefined) return fromHeader;
+  if (!isWebSocketHandshake(req)) return undefined;
+  // The query parser has decoded the parameter's name: api%5Fkey and %61pi_key arrive as api_key.
+  return keyOfSubprotocol(req) ?? (typeof req.query?.api_key === 'string' ? req.query.api_key : undefined);
 }
 
-/** The WebSocket subprotocol the web console offers beside its key (a browser cannot set X-API-Key on a WebSocket). */
+/** Why a request has no key, and how to send one. */
+function missingKeyMessage(req: Request): string {
+  if (!isWebSocketHandshake(req)) return 'missing API key: send it in the X-API-Key header';
+  if (offeredProtocols(req).some((p) => p.startsWith(KEY_PROTOCOL)))
+    return `missing API key: a WebSocket that sends its key as ${KEY_PROTOCOL}<base64url key> must offer ${CONSOLE_SUBPROTOCOL} beside it`;
+  return `missing API key: send it in the X-API-Key header, the api_key query or the ${KEY_PROTOCOL}<base64url key> subprotocol (beside ${CONSOLE_SUBPROTOCOL})`;
+}
+
+/** Whether `req` is a WebSocket handshake (a GET with `Upgrade: websocket`). */
+function isWebSocketHandshake(req: Request): boolean {
+  return req.method === 'GET' && typeof req.headers.upgrade === 'string' && req.headers.upgrade.toLowerCase() === 'websocket';
+}
+
+/**
+ * The WebSocket subprotocol clients offer beside their key (a browser cannot set X-API-Key on a
+ * WebSocket): the one the server selects, so the 101 answer names it and never the key.
+ */
 export const CONSOLE_SUBPROTOCOL = 'sap-console';
 const KEY_PROTOCOL = 'sap-key.';
 
+/** The protocols of a Sec-WebSocket-Protocol header, trimmed. */
+function offeredProtocols(req: Request): string[] {
+  const header = req.headers['sec-websocket-protocol'];
+  if (typeof header !== 'string') return [];
+  return header.split(',').map((p) => p.trim());
+}
+
 /**
- * The key a browser sends in `Sec-WebSocket-Protocol` as `sap-key.<base64url of the key>` (offered with
- * `sap-console`, the one the server picks), so that it is in no URL.
+ * The key a client sends in `Sec-WebSocket-Protocol` as `sap-key.<base64url of the key>`, so that it
+ * is in no URL. Read only when `sap-console` is offered beside it: that is the protocol the server
+ * selects, so the 101 answer carries it and not the key. A handshake that offers the key alone (an
+ * older client) carries no key and is refused as unauthorized (see pickSubprotocol: no protocol is
+ * echoed to it either).
  */
 function keyOfSubprotocol(req: Request): string | undefined {
-  const header = req.headers['sec-websocket-protocol'];
-  if (typeof header !== 'string') return undefined;
-  const entry = header
-    .split(',')
-    .map((p) => p.trim())
-    .find((p) => p.startsWith(KEY_PROTOCOL));
+  const offered = offeredProtocols(req);
+  if (!offered.includes(CONSOLE_SUBPROTOCOL)) return undefined;
+  const entry = offered.find((p) => p.startsWith(KEY_PROTOCOL));
   if (!entry) return undefined;
   const key = Buffer.from(entry.slice(KEY_PROTOCOL.length), 'base64url').toString('utf8');
   return key || undefined;
 }
 
 /**
- * Picks `sap-console` when offered (the console's socket); otherwise the first protocol offered, as ws
- * does by default. express-ws's ws 7 passes an array, ws 8 a Set.
+ * The subprotocol the 101 answer names: `sap-console` when offered (the console's socket and clients
+ * that send their key as `sap-key.<key>`); otherwise the first protocol offered that is not a key, as
+ * ws does by default; none when only keys are offered. A `sap-key.` entry is never selected, so a key
+ * never comes back in an answer. express-ws's ws 7 passes an array, ws 8 a Set.
  */
 export function pickSubprotocol(protocols: Iterable<string>): string | false {
   const offered = [...protocols];
   if (offered.includes(CONSOLE_SUBPROTOCOL)) return CONSOLE_SUBPROTOCOL;
-  return offered[0] ?? false;
+  return offered.find((p) => !p.startsWith(KEY_PROTOCOL)) ?? false;
 }

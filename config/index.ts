@@ -80,6 +80,11 @@ export const configSchema = z.object({
     .regex(/^[^:\s]+:\d+$/, 'must be host:port')
     .default('127.0.0.1:7300'),
   HOST_TOKEN: z.string().min(16, 'must be at least 16 characters').optional(),
+  /**
+   * PostgreSQL's password of the production layout (docker-compose.yml passes it to the APIs). The
+   * platform does not connect with it: it is read only to refuse its published default outside development.
+   */
+  POSTGRES_PASSWORD: z.string().optional(),
   /** The host's address as the other machines reach it (APIs, other hosts); default http://HOST_LISTEN. */
   HOST_URL: z.url({ protocol: /^https?$/ }).optional(),
   /** A worker reports its host's liveness and load this often (ms). */
@@ -184,9 +189,37 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     throw new ConfigError(`invalid configuration:\n${lines.join('\n')}`);
   }
   const cfg = parsed.data;
+  const defaults = defaultSecretIssues(cfg);
+  if (defaults.length) throw new ConfigError(`invalid configuration:\n${defaults.map((l) => `  ${l}`).join('\n')}`);
   const { limits, issues } = resolveLimits(cfg);
   if (issues.length) throw new ConfigError(`invalid configuration:\n${issues.map((i) => `  ${i.variable}: ${i.message}`).join('\n')}`);
   return { ...cfg, DATA_DIR: path.resolve(cfg.DATA_DIR), limits };
+}
+
+/**
+ * The secrets whose values are published (docker-compose.yml's defaults, the development key): fine
+ * on a development machine, refused anywhere else, where anyone who read the repository would hold them.
+ */
+export const PUBLISHED_DEFAULT_SECRETS = {
+  API_KEY: 'dev-key',
+  HOST_TOKEN: 'change-me-host-token',
+  POSTGRES_PASSWORD: 'change-me-postgres',
+} as const;
+
+/**
+ * One line per secret that holds its published default while NODE_ENV is not `development` (the dev
+ * profile): production and test refuse to start with one (checked once, at start, by loadConfig).
+ */
+export function defaultSecretIssues(
+  cfg: Pick<z.infer<typeof configSchema>, 'NODE_ENV'> & Partial<Record<keyof typeof PUBLISHED_DEFAULT_SECRETS, string>>,
+): string[] {
+  if (cfg.NODE_ENV === 'development') return [];
+  return (Object.keys(PUBLISHED_DEFAULT_SECRETS) as (keyof typeof PUBLISHED_DEFAULT_SECRETS)[])
+    .filter((name) => cfg[name] === PUBLISHED_DEFAULT_SECRETS[name])
+    .map(
+      (name) =>
+        `${name}: is the published default '${PUBLISHED_DEFAULT_SECRETS[name]}', refused with NODE_ENV=${cfg.NODE_ENV} (only the development profile, NODE_ENV=development, accepts it): set a secret of your own`,
+    );
 }
 
 /** loadConfig for a process entry point: prints the problem and exits 2 on a bad value. */
@@ -276,12 +309,25 @@ export function resolveSecretBox(cfg: Pick<Config, 'SECRETS_KEY' | 'DATA_DIR'>):
   return read();
 }
 
-/** The development key used when API_KEY is unset outside production. */
-export const DEV_API_KEY = 'dev-key';
+/** The development key used when API_KEY is unset in development. */
+export const DEV_API_KEY = PUBLISHED_DEFAULT_SECRETS.API_KEY;
 
-/** The key of the organisation `default` that the API makes sure exists at start, if any. */
+/**
+ * The key of the organisation `default` that the API makes sure exists at start, if any: API_KEY, or
+ * the development key in the dev profile (NODE_ENV=development) only.
+ */
 export function bootstrapApiKey(cfg: Config): string | undefined {
-  return cfg.API_KEY ?? (cfg.NODE_ENV === 'production' ? undefined : DEV_API_KEY);
+  return cfg.API_KEY ?? (cfg.NODE_ENV === 'development' ? DEV_API_KEY : undefined);
+}
+
+/**
+ * The key a launcher (npm start, the production profile) hands its API: `key`, or a clear exit when
+ * there is none (NODE_ENV other than development has no default key, and the development one is refused there).
+ */
+export function requireBootstrapKey(key: string | undefined, nodeEnv: string): string {
+  if (key) return key;
+  process.stderr.write(`API_KEY is unset: NODE_ENV=${nodeEnv} has no default key (only NODE_ENV=development uses ${DEV_API_KEY}); set API_KEY\n`);
+  process.exit(2);
 }
 
 /** How often a worker sends Temporal its heartbeat: a third of READY_WORKER_MAX_AGE_MS, within the SDK's 1-60 s. */

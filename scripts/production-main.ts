@@ -1,6 +1,6 @@
 import { spawnSync } from 'node:child_process';
 import path from 'node:path';
-import { bootstrapApiKey, loadConfigOrExit, PROJECT_ROOT, resolveHostToken } from '../config';
+import { bootstrapApiKey, loadConfigOrExit, PROJECT_ROOT, requireBootstrapKey, resolveHostToken } from '../config';
 import { startProductionStack, type ProductionStack } from './production';
 
 /**
@@ -15,7 +15,7 @@ export async function main(): Promise<void> {
   const toolchain = spawnSync('bash', [path.join(PROJECT_ROOT, 'scripts', 'toolchain-production.sh')], { stdio: 'inherit' });
   if (toolchain.status !== 0) process.exit(1);
   const dataDir = path.join(cfg.DATA_DIR, 'production');
-  const apiKey = bootstrapApiKey(cfg) ?? 'dev-key';
+  const apiKey = requireBootstrapKey(bootstrapApiKey(cfg), cfg.NODE_ENV);
   const port = (url: string) => Number(new URL(url.includes('://') ? url : `x://${url}`).port);
   // eslint-disable-next-line prefer-const -- set once the profile has started; stop() may run before that
   let prod: ProductionStack | undefined;

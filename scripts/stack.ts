@@ -1,4 +1,4 @@
-import { bootstrapApiKey, loadConfigOrExit, resolveHostToken, sandboxProviderWarning } from '../config';
+import { bootstrapApiKey, loadConfigOrExit, requireBootstrapKey, resolveHostToken, sandboxProviderWarning } from '../config';
 import { startStack, Stack } from './launcher';
 
 /**
@@ -14,7 +14,7 @@ async function main(): Promise<void> {
   if (providerWarning) process.stderr.write(`warning: ${providerWarning}\n`);
   const [tHost, tPort] = cfg.TEMPORAL_ADDRESS.split(':');
   const mongoPort = Number(new URL(cfg.MONGO_URL).port || 27017);
-  const apiKey = bootstrapApiKey(cfg) ?? 'dev-key';
+  const apiKey = requireBootstrapKey(bootstrapApiKey(cfg), cfg.NODE_ENV);
   if (tHost !== '127.0.0.1' && tHost !== 'localhost') {
     process.stderr.write(`npm start runs its own Temporal server on 127.0.0.1; unset TEMPORAL_ADDRESS (got ${cfg.TEMPORAL_ADDRESS})\n`);
     process.exit(2);

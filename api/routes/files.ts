@@ -9,6 +9,7 @@ import '../http';
 import { invalid } from '../../lib/errors';
 import { sandboxServicesOf } from '../../services/sandbox-services';
 import { SandboxParams } from '../sandbox-schemas';
+import { DATA_CSP } from '../answer-headers';
 
 /*
  * A sandbox's filesystem (OpenComputer's `sandbox.files`): content streamed both ways through the API
@@ -63,23 +64,34 @@ function publicBase(deps: ApiDeps, req: Request): string {
   return `${proto === 'https' ? 'https' : 'http'}://${host}`;
 }
 
-/** Streams a file of the sandbox (opened by `open`, aborted with the client) as the answer, with Content-Length from the host. */
-async function sendFile(
-  res: Response,
-  open: (signal: AbortSignal) => Promise<{ upstream: IncomingMessage; path: string }>,
-  opts: { attachment?: boolean } = {},
-): Promise<void> {
+/**
+ * Streams a file of the sandbox (opened by `open`, aborted with the client) as the answer, with
+ * Content-Length from the host. Its bytes are the sandbox's, so the answer is a download and nothing
+ * else: application/octet-stream, `nosniff` (never run as a script of this origin, which the console
+ * shares), `Content-Disposition: attachment` (never rendered in a tab) and the sandboxing CSP (inert
+ * even if it were); see docs/threat-model.md, "The console's origin".
+ */
+async function sendFile(res: Response, open: (signal: AbortSignal) => Promise<{ upstream: IncomingMessage; path: string }>): Promise<void> {
   const ac = new AbortController();
   res.on('close', () => ac.abort());
   const { upstream, path } = await open(ac.signal);
   res.status(200);
   res.setHeader('content-type', 'application/octet-stream');
+  res.setHeader('x-content-type-options', 'nosniff');
+  res.setHeader('content-security-policy', DATA_CSP);
+  res.setHeader('content-disposition', attachmentOf(path));
   if (upstream.headers['content-length']) res.setHeader('content-length', upstream.headers['content-length']);
-  if (opts.attachment) res.setHeader('content-disposition', `attachment; filename="${posix.basename(path).replace(/["\\\r\n]/g, '_') || 'file'}"`);
   await pipeline(upstream, res).catch(() => {
     upstream.destroy();
     res.destroy();
   });
+}
+
+/** `attachment` with the file's name: ASCII in filename= (quotes and controls replaced), UTF-8 in filename*=. */
+export function attachmentOf(path: string): string {
+  const name = posix.basename(path) || 'file';
+  const ascii = name.replace(/[^\x20-\x7e]|["\\]/g, '_');
+  return `attachment; filename="${ascii}"; filename*=UTF-8''${encodeURIComponent(name)}`;
 }
 
 /** Whether the client asked for the async wake (X-OSB-Async-Wake: 1, see services/files.ts). */
@@ -228,7 +240,7 @@ export function registerFileRoutes(t: RouteTable, deps: ApiDeps): void {
     params: TokenParams,
     responses: { 200: { description: 'The file' } },
     handler: async ({ params, res }) => {
-      await sendFile(res, (signal) => files.downloadByToken(params.token, signal), { attachment: true });
+      await sendFile(res, (signal) => files.downloadByToken(params.token, signal));
     },
   });
   t.add({

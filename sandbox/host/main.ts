@@ -15,7 +15,7 @@
 import * as os from 'node:os';
 import pino from 'pino';
 import { z } from 'zod';
-import { sandboxProviderSetting, sandboxProviderWarning } from '../../config';
+import { configSchema, defaultSecretIssues, sandboxProviderSetting, sandboxProviderWarning } from '../../config';
 import { limitsEnvShape, resolveLimits } from '../../config/limits';
 import { pathLimits } from '../paths';
 import { execLimitsEnvShape, loadExecLimits } from '../../config/exec-limits';
@@ -61,6 +61,13 @@ async function main(): Promise<void> {
     process.exit(2);
   }
   const env = parsed.data;
+  // A published default HOST_TOKEN is refused outside development, as the API and the worker refuse it (config/index.ts).
+  const nodeEnv = configSchema.shape.NODE_ENV.safeParse(process.env.NODE_ENV);
+  const defaults = defaultSecretIssues({ NODE_ENV: nodeEnv.success ? nodeEnv.data : 'production', HOST_TOKEN: env.HOST_TOKEN });
+  if (defaults.length) {
+    logger.fatal({ issues: defaults }, 'invalid environment');
+    process.exit(2);
+  }
   const { limits, issues } = resolveLimits(env);
   if (issues.length) {
     logger.fatal({ issues: issues.map((i) => `${i.variable}: ${i.message}`) }, 'invalid environment');

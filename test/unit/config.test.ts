@@ -41,3 +41,36 @@ describe('configuration', () => {
     expect(() => loadConfig({ [name]: value })).toThrow(new RegExp(name));
   });
 });
+
+describe('published default secrets', () => {
+  const defaults = { API_KEY: 'dev-key', HOST_TOKEN: 'change-me-host-token', POSTGRES_PASSWORD: 'change-me-postgres' };
+
+  it.each(['production', 'test'])('refuses to start with NODE_ENV=%s while any of them is in use, naming each', (NODE_ENV) => {
+    for (const [name, value] of Object.entries(defaults)) {
+      expect(() => loadConfig({ NODE_ENV, [name]: value })).toThrow(ConfigError);
+      expect(() => loadConfig({ NODE_ENV, [name]: value })).toThrow(
+        new RegExp(`${name}: is the published default '${value}', refused with NODE_ENV=${NODE_ENV}`),
+      );
+    }
+    let message = '';
+    try {
+      loadConfig({ NODE_ENV, ...defaults });
+    } catch (err) {
+      message = (err as Error).message;
+    }
+    for (const name of Object.keys(defaults)) expect(message).toContain(`${name}: is the published default`);
+    expect(message).toContain('NODE_ENV=development');
+  });
+
+  it('accepts them in the development profile, and secrets of ones own anywhere', () => {
+    expect(loadConfig({ NODE_ENV: 'development', ...defaults }).API_KEY).toBe('dev-key');
+    expect(loadConfig({ ...defaults }).HOST_TOKEN).toBe('change-me-host-token');
+    const own = { API_KEY: 'a-key-of-my-own', HOST_TOKEN: 'a-host-token-of-my-own', POSTGRES_PASSWORD: 'pg-of-my-own' };
+    expect(loadConfig({ NODE_ENV: 'production', ...own }).API_KEY).toBe('a-key-of-my-own');
+  });
+
+  it('has no default key outside development', () => {
+    expect(bootstrapApiKey(loadConfig({ NODE_ENV: 'test' }))).toBeUndefined();
+    expect(bootstrapApiKey(loadConfig({ NODE_ENV: 'production', API_KEY: 'mine' }))).toBe('mine');
+  });
+});

@@ -10,15 +10,32 @@ function storeWithKey(key: string): Store {
   return { apiKeys, db: { collection: () => apiKeys } } as unknown as Store;
 }
 
-const req = (headers: Record<string, string>, query: Record<string, string> = {}) => ({ headers, query }) as unknown as Request;
+const req = (headers: Record<string, string>, query: Record<string, string> = {}) =>
+  ({ method: 'GET', headers: { upgrade: 'websocket', ...headers }, query }) as unknown as Request;
+/** A plain HTTP request (no Upgrade). */
+const httpReq = (headers: Record<string, string>, query: Record<string, string> = {}) => ({ method: 'GET', headers, query }) as unknown as Request;
 const b64 = (s: string) => Buffer.from(s).toString('base64url');
 
 describe('the console WebSocket key (Sec-WebSocket-Protocol)', () => {
-  it('picks sap-console when offered, else the first protocol (ws 7 passes an array, ws 8 a Set)', () => {
+  it('picks sap-console when offered, else the first protocol that is not a key (ws 7 passes an array, ws 8 a Set)', () => {
     expect(pickSubprotocol(['sap-console', `sap-key.${b64('k')}`])).toBe('sap-console');
     expect(pickSubprotocol(new Set([`sap-key.${b64('k')}`, 'sap-console']))).toBe('sap-console');
     expect(pickSubprotocol(['other', 'more'])).toBe('other');
+    expect(pickSubprotocol([`sap-key.${b64('k')}`, 'other'])).toBe('other');
     expect(pickSubprotocol([])).toBe(false);
+  });
+
+  it('never selects (so never echoes) a key: a handshake that offers only sap-key.<key> gets no protocol back', () => {
+    expect(pickSubprotocol([`sap-key.${b64('the-right-key')}`])).toBe(false);
+    expect(pickSubprotocol(new Set([`sap-key.${b64('a')}`, `sap-key.${b64('b')}`]))).toBe(false);
+  });
+
+  it('refuses a handshake that offers the key alone, without sap-console, saying what to offer', async () => {
+    const auth = createAuthenticator(storeWithKey('the-right-key'));
+    await expect(auth.authenticate(req({ 'sec-websocket-protocol': `sap-key.${b64('the-right-key')}` }))).rejects.toMatchObject({
+      type: 'unauthorized',
+      message: expect.stringContaining('must offer sap-console beside it'),
+    });
   });
 
   it('authenticates the key carried as sap-key.<base64url>, and refuses a wrong or empty one', async () => {
@@ -30,6 +47,31 @@ describe('the console WebSocket key (Sec-WebSocket-Protocol)', () => {
     await expect(
       auth.authenticate(req({ 'x-api-key': 'wrong', 'sec-websocket-protocol': `sap-console, sap-key.${b64('the-right-key')}` })),
     ).rejects.toMatchObject({ type: 'unauthorized' });
+  });
+});
+
+describe('the key in the query', () => {
+  const spellings = ['api_key', 'api%5Fkey', 'api%5fkey', '%61pi_key', '%61%70%69%5F%6B%65%79'];
+
+  it.each(spellings)('is never taken from an HTTP request (%s): a header can be sent there', async (name) => {
+    const auth = createAuthenticator(storeWithKey('the-right-key'));
+    // Express's simple query parser decodes the name: every spelling arrives as api_key.
+    const query = require('node:querystring').parse(`${name}=the-right-key`) as Record<string, string>;
+    expect(query.api_key).toBe('the-right-key');
+    await expect(auth.authenticate(httpReq({}, query))).rejects.toMatchObject({
+      type: 'unauthorized',
+      message: 'missing API key: send it in the X-API-Key header',
+    });
+    await expect(auth.authenticate({ method: 'POST', headers: { upgrade: 'websocket' }, query } as unknown as Request)).rejects.toMatchObject({
+      type: 'unauthorized',
+    });
+  });
+
+  it('is taken from a WebSocket handshake (OpenComputer’s client sends ?api_key=)', async () => {
+    const auth = createAuthenticator(storeWithKey('the-right-key'));
+    await expect(auth.authenticate(req({}, { api_key: 'the-right-key' }))).resolves.toEqual({ id: 'org-a' });
+    await expect(auth.authenticate(req({ upgrade: 'WebSocket' }, { api_key: 'the-right-key' }))).resolves.toEqual({ id: 'org-a' });
+    await expect(auth.authenticate(req({}, { api_key: 'wrong' }))).rejects.toMatchObject({ type: 'unauthorized', message: 'invalid API key' });
   });
 });
 

@@ -53,6 +53,29 @@ describe('scrubUrl', () => {
     expect(scrubUrl(url)).toBe(want);
   });
 
+  // A server decodes a parameter's name before reading it (api%5Fkey is api_key): so does the scrub.
+  it.each([
+    'api_key',
+    'api%5Fkey',
+    'api%5fkey',
+    '%61pi_key',
+    '%61%70%69%5F%6B%65%79',
+    'API_KEY',
+    'Api%5FKey',
+    'api%255Fkey',
+    'to%6Ben',
+    'acc%65ss_token',
+    'apikey',
+  ])('scrubs the credential under the name %s, keeping the name as written', (name) => {
+    const url = `/api/sandboxes/sb-1/exec/es-1?a=1&${name}=sk-live-secret-9&b=2`;
+    expect(scrubUrl(url)).toBe(`/api/sandboxes/sb-1/exec/es-1?a=1&${name}=[redacted]&b=2`);
+    expect(scrubUrl(JSON.stringify({ req: { url } }))).not.toContain('sk-live-secret-9');
+  });
+
+  it('leaves parameters that only look like credentials', () => {
+    expect(scrubUrl('/x?monkey=1&keys=2&api_keyx=3&path=/a%5Fb')).toBe('/x?monkey=1&keys=2&api_keyx=3&path=/a%5Fb');
+  });
+
   it('scrubs a whole JSON log line, wherever the URL sits in it', () => {
     const line = JSON.stringify({
       msg: `GET /api/files/${token} failed`,
