@@ -47,7 +47,7 @@ export default tseslint.config(
       'no-restricted-syntax': [
         'error',
         {
-          selector: "MemberExpression[object.name=/^(describe|it|test)$/][property.name=/^(only|skip|todo)$/]",
+          selector: 'MemberExpression[object.name=/^(describe|it|test)$/][property.name=/^(only|skip|todo)$/]',
           message: 'No committed .only/.skip/.todo: every test runs (docs/testing.md).',
         },
         {

@@ -290,6 +290,9 @@ async function main(): Promise<void> {
         base: values.base,
       });
       break;
+    case 'host-create': // scripts/bench-host-create.ts
+      out = await (await import('./bench-host-create')).benchHostCreate({ n: Number(values.n ?? 15) });
+      break;
     default:
       process.stderr.write('usage: npm run bench -- sessions|batch [--n 1000] [--c 50] [--cpu [--stack-pid PID]]\n');
       process.stderr.write('       npm run bench -- spawn [--n 50] [--burst 100] [--only create,node,burst,exec-burst,checkpoint,cpu] [--stack-pid PID]\n');

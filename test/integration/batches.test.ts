@@ -269,19 +269,23 @@ describe('batches: durability', () => {
     // Kill in the middle of the agents' sleep: a kill during provisioning would cost the
     // provisioning activity's 2-minute start-to-close timeout before its retry. So: once every
     // session the batch has started runs its entrypoint (none is still provisioning).
-    await eventually(async () => {
-      const running = (await api('GET', `/v1/agents/${agent}/batches/${b.id}`)).body.counts.running as number;
-      const ids = await withMongo((c) =>
-        c
-          .db()
-          .collection('sessions')
-          .find({ _id: { $regex: `^sess_${b.id.slice(6)}x` } } as never, { projection: { _id: 1 } })
-          .map((d) => String(d._id))
-          .toArray(),
-      );
-      const entrypointsRunning = (await sessionDocs(ids)).filter((d) => d.status === 'running').length;
-      return running >= 1 && entrypointsRunning === running;
-    }, 60_000, 100);
+    await eventually(
+      async () => {
+        const running = (await api('GET', `/v1/agents/${agent}/batches/${b.id}`)).body.counts.running as number;
+        const ids = await withMongo((c) =>
+          c
+            .db()
+            .collection('sessions')
+            .find({ _id: { $regex: `^sess_${b.id.slice(6)}x` } } as never, { projection: { _id: 1 } })
+            .map((d) => String(d._id))
+            .toArray(),
+        );
+        const entrypointsRunning = (await sessionDocs(ids)).filter((d) => d.status === 'running').length;
+        return running >= 1 && entrypointsRunning === running;
+      },
+      60_000,
+      100,
+    );
     // kill resolves once the worker has exited.
     await control('kill', 'worker', 'SIGKILL');
     // While every worker is down, the batch and its counts are readable.

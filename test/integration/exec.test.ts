@@ -167,10 +167,14 @@ describe('exec sessions over raw HTTP and WebSocket', () => {
     const leftAt = Date.now();
     a.ws.close();
     await a.closed;
-    const ended = await eventually(async () => {
-      const e = await getExec(sb, es.sessionID);
-      return e.running === false ? e : undefined;
-    }, 30_000, 50);
+    const ended = await eventually(
+      async () => {
+        const e = await getExec(sb, es.sessionID);
+        return e.running === false ? e : undefined;
+      },
+      30_000,
+      50,
+    );
     expect(ended.exitCode).toBe(137);
     // Not before the limit: the host starts its 1 s count when it sees the client leave, after leftAt
     // (2 ms: both clocks' millisecond rounding).
@@ -186,10 +190,14 @@ describe('exec sessions over raw HTTP and WebSocket', () => {
     await eventually(async () => (await getExec(sb, kept.sessionID)).attachedClients === 0, 30_000, 20);
     const c = await attachReady(sb, kept.sessionID);
     d.ws.close();
-    const aloneEnded = await eventually(async () => {
-      const e = await getExec(sb, alone.sessionID);
-      return e.running === false ? e : undefined;
-    }, 30_000, 50);
+    const aloneEnded = await eventually(
+      async () => {
+        const e = await getExec(sb, alone.sessionID);
+        return e.running === false ? e : undefined;
+      },
+      30_000,
+      50,
+    );
     expect(aloneEnded.exitCode).toBe(137);
     expect(await getExec(sb, kept.sessionID)).toMatchObject({ running: true, attachedClients: 1 });
     c.ws.close();

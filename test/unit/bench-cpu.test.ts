@@ -2,7 +2,8 @@ import { spawnSync } from 'node:child_process';
 import { findStackRoot, stackCpuMs, stackPids } from '../../scripts/bench-cpu';
 
 /** A child that burns 200 ms of CPU (by its own count, not the clock's: a loaded machine only slows it) and prints what it used. */
-const BURN = 'const used = () => { const u = process.cpuUsage(); return (u.user + u.system) / 1000; }; while (used() < 200); process.stdout.write(String(used()));';
+const BURN =
+  'const used = () => { const u = process.cpuUsage(); return (u.user + u.system) / 1000; }; while (used() < 200); process.stdout.write(String(used()));';
 
 describe('bench-cpu: the CPU of a process tree from /proc', () => {
   it('finds the tree below a root and counts the CPU of children that have ended', () => {
