@@ -246,8 +246,20 @@ describe('exec sessions over raw HTTP and WebSocket', () => {
     // Stop reading for a while: the command must wait, not the API's memory grow without bound.
     await a.until(() => bytes > 0);
     a.ws.pause();
-    await new Promise((r) => setTimeout(r, 1500));
+    // The event: `cat` asleep in a write to its output (write, sendfile, splice or copy_file_range:
+    // x86-64 numbers 1, 40, 275, 326 in /proc/<pid>/syscall), held back by the paused client.
+    const catBlockedInWrite = async () => {
+      const r = await api('POST', `/api/sandboxes/${sb}/exec/run`, {
+        body: {
+          cmd: 'sh',
+          args: ['-c', 'for d in /proc/[0-9]*; do read c < $d/comm 2>/dev/null || continue; [ "$c" = cat ] && read n rest < $d/syscall && echo $n; done'],
+        },
+      });
+      return ['1', '40', '275', '326'].includes(String(r.body.stdout).trim());
+    };
+    await eventually(catBlockedInWrite, 60_000, 100);
     expect((await getExec(sb, es.sessionID)).running).toBe(true);
+    expect(bytes).toBeLessThan(52428800);
     a.ws.resume();
     await a.closed;
     expect(bytes).toBe(52428800);
