@@ -360,7 +360,8 @@ describe('exec sessions with the published OpenComputer client', () => {
         onStderr: (d) => { stderr += dec.decode(d); },
         onScrollbackEnd: () => { scroll++; },
       });
-      await new Promise((r) => setTimeout(r, 200));
+      // The command is waiting for its line once it has written what comes before the read.
+      for (const t0 = Date.now(); !(stdout.includes('hi') && stderr.includes('oops')) && Date.now() - t0 < 10000; ) await new Promise((r) => setTimeout(r, 20));
       s.sendStdin('sdk\\n');
       const code = await s.done;
       let late = '';
