@@ -39,4 +39,26 @@ export default tseslint.config(
     files: ['test/**/*.ts', 'scripts/**/*.ts'],
     rules: { '@typescript-eslint/no-explicit-any': 'off' },
   },
+  {
+    // No committed focus or skip: `.only` would silently run one test of a file and `.skip`/`.todo`,
+    // `xit`, `fit`… leave a test out while the run stays green (docs/testing.md, "Honest tests").
+    files: ['test/**/*.ts'],
+    rules: {
+      'no-restricted-syntax': [
+        'error',
+        {
+          selector: 'MemberExpression[object.name=/^(describe|it|test)$/][property.name=/^(only|skip|todo)$/]',
+          message: 'No committed .only/.skip/.todo: every test runs (docs/testing.md).',
+        },
+        {
+          selector: "MemberExpression[object.type='MemberExpression'][object.object.name=/^(describe|it|test)$/][property.name=/^(only|skip|todo)$/]",
+          message: 'No committed .only/.skip/.todo: every test runs (docs/testing.md).',
+        },
+        {
+          selector: 'CallExpression[callee.name=/^(xit|xtest|xdescribe|fit|ftest|fdescribe)$/]',
+          message: 'No committed xit/xdescribe/fit/fdescribe: every test runs (docs/testing.md).',
+        },
+      ],
+    },
+  },
 );

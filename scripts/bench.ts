@@ -13,7 +13,7 @@ import { benchConsole } from './bench-console';
 import { cpuPerSession, findStackRoot, stackCpuMs } from './bench-cpu';
 
 /** The benches, by the name given as the first argument. */
-export const BENCH_PARTS = ['sessions', 'batch', 'preview', 'exec', 'spawn', 'layers', 'metrics', 'console', 'egress', 'seal'] as const;
+export const BENCH_PARTS = ['sessions', 'batch', 'preview', 'exec', 'spawn', 'layers', 'metrics', 'console', 'egress', 'seal', 'host-create'] as const;
 export type BenchPart = (typeof BENCH_PARTS)[number];
 
 /** Every option the benches take (parseArgs' form); `--help` prints USAGE. */
@@ -47,6 +47,7 @@ export const USAGE = [
   '  console [--runs 5] [--n 10000] [--only list]  (assets, first renders, a list of n sessions: first and middle page, keystroke echo; MONGO_URL)',
   '  metrics [--n 200]  (GET …/metrics and POST …/scale of one sandbox)',
   '  preview [--n 2000] [--c 10]  (SAP_HOST_URL, SAP_HOST_TOKEN: add the forwarder-only leg)',
+  '  host-create [--n 15]  sandbox creates straight on the sandbox host, and after its restart (scripts/bench-host-create.ts)',
   '',
   'Every bench:',
   '  --url URL   the API (default: SAP_API_URL, else http://127.0.0.1:8080)',
@@ -342,6 +343,9 @@ async function main(): Promise<void> {
         only: values.only,
         base: values.base,
       });
+      break;
+    case 'host-create': // scripts/bench-host-create.ts
+      out = await (await import('./bench-host-create')).benchHostCreate({ n: Number(values.n ?? 15) });
       break;
     default: {
       const unknown: never = name;

@@ -24,6 +24,8 @@ export interface SupervisorOptions {
   onChange?(): void;
   /** A child is in a crash loop; nothing of it is restarted any more. */
   onGiveUp?(name: string, message: string): void;
+  /** The clock for health and the crash window (default Date.now; a test moves its own). */
+  now?(): number;
 }
 
 /** What the supervisor knows of one named process. */
@@ -55,7 +57,7 @@ export class Supervisor {
   private closed = false;
 
   constructor(opts: SupervisorOptions) {
-    this.o = { initialBackoffMs: 500, maxBackoffMs: 10_000, healthyAfterMs: 60_000, maxDeaths: 5, crashWindowMs: 60_000, ...opts };
+    this.o = { initialBackoffMs: 500, maxBackoffMs: 10_000, healthyAfterMs: 60_000, maxDeaths: 5, crashWindowMs: 60_000, now: Date.now, ...opts };
   }
 
   /**
@@ -88,6 +90,7 @@ export class Supervisor {
     if (!e) return;
     e.wanted = false;
     clearTimeout(e.timer);
+    e.timer = undefined;
     const child = e.child;
     if (!alive(child)) return;
     const exited = new Promise<void>((r) => child.once('exit', () => r()));
@@ -100,13 +103,21 @@ export class Supervisor {
   /** Stops restarting anything (children are left to the caller's stop() calls). */
   close(): void {
     this.closed = true;
-    for (const e of this.entries.values()) clearTimeout(e.timer);
+    for (const e of this.entries.values()) {
+      clearTimeout(e.timer);
+      e.timer = undefined;
+    }
   }
 
   /** The pid of the running child, if any. */
   pid(name: string): number | undefined {
     const c = this.entries.get(name)?.child;
     return alive(c) ? c.pid : undefined;
+  }
+
+  /** Whether a restart of `name` is scheduled (its backoff is running). */
+  restartScheduled(name: string): boolean {
+    return this.entries.get(name)?.timer !== undefined;
   }
 
   /** How many times `name` was restarted after an unexpected exit. */
@@ -130,7 +141,7 @@ export class Supervisor {
     child.on('error', (err) => this.o.log(`${name}: ${err.message}`));
     this.o.onChange?.();
     await e.spec.ready(child);
-    if (e.child === child && alive(child)) e.readyAt = Date.now();
+    if (e.child === child && alive(child)) e.readyAt = this.o.now();
   }
 
   private exited(name: string, e: Entry, child: ChildProcess, code: number | null, signal: NodeJS.Signals | null): void {
@@ -138,7 +149,7 @@ export class Supervisor {
     this.o.onChange?.();
     // A deliberate stop, a start that failed (start() throws to its caller), or a supervisor that is closing.
     if (!e.wanted || this.closed || !this.o.restart) return;
-    const now = Date.now();
+    const now = this.o.now();
     if (e.readyAt !== null && now - e.readyAt >= this.o.healthyAfterMs) e.backoffMs = this.o.initialBackoffMs;
     e.deaths = [...e.deaths.filter((t) => now - t < this.o.crashWindowMs), now];
     if (e.deaths.length >= this.o.maxDeaths) {
@@ -153,6 +164,7 @@ export class Supervisor {
     const n = e.restarts + 1;
     this.o.log(`${name} (pid ${child.pid}) exited unexpectedly with ${exitText(code, signal)}; restart #${n} in ${delay} ms`);
     e.timer = setTimeout(() => {
+      e.timer = undefined;
       if (!e.wanted || this.closed) return;
       e.restarts = n;
       this.launch(name, e).then(

@@ -109,7 +109,7 @@ async function main(): Promise<void> {
   const local = await Worker.create({ ...common, taskQueue: hostTaskQueue(cfg, hostId) });
   temporalWorkers.push({ name: cfg.TASK_QUEUE, worker: shared }, { name: hostTaskQueue(cfg, hostId), worker: local });
 
-  const reaper = startReaper({ host, store, client, logger });
+  const reaper = startReaper({ host, store, client, logger, onSweep: metrics.reaperSwept });
   const watch = startHostWatch({
     store,
     client,

@@ -13,6 +13,8 @@ export interface WorkerMetrics {
   registry: client.Registry;
   /** Activity interceptor factory for Worker.create({ interceptors: { activity: [...] } }). */
   activityInterceptor: (ctx: Context) => { inbound: ActivityInboundCallsInterceptor };
+  /** Counts the reaper's sweeps by outcome (ok, error). */
+  reaperSwept(outcome: 'ok' | 'error'): void;
 }
 
 /** How many sessions' start times are remembered for the duration histogram. */
@@ -22,7 +24,7 @@ const MAX_TRACKED = 100_000;
  * Sessions started (sandbox provisioned) and finished by status and reason, session duration
  * (provisioned → ended, for sessions provisioned by this worker process), activity latency and
  * failures by activity type, live sandboxes and running exec sessions on this worker's host
- * (read from the host at scrape time), per-sandbox resource gauges (./sandbox-gauges), and the process's default metrics.
+ * (read from the host at scrape time), the reaper's sweeps, per-sandbox resource gauges (./sandbox-gauges), and the process's default metrics.
  */
 export function createWorkerMetrics(deps: { host: HostClient; sandboxMetricsMax?: number }): WorkerMetrics {
   const registry = new client.Registry();
@@ -73,11 +75,19 @@ export function createWorkerMetrics(deps: { host: HostClient; sandboxMetricsMax?
     registers: [registry],
   });
 
+  const sweeps = new client.Counter({
+    name: 'sap_reaper_sweeps_total',
+    help: "The reaper's sweeps of this worker's host (worker/reaper.ts), by outcome",
+    labelNames: ['outcome'] as const,
+    registers: [registry],
+  });
+
   const provisionedAt = new Map<string, number>();
   const sessionOf = (input: ActivityExecuteInput): string | undefined => (input.args[0] as { sessionId?: string } | undefined)?.sessionId;
 
   return {
     registry,
+    reaperSwept: (outcome) => sweeps.inc({ outcome }),
     activityInterceptor: (ctx) => ({
       inbound: {
         async execute(input: ActivityExecuteInput, next: Next<ActivityInboundCallsInterceptor, 'execute'>): Promise<unknown> {

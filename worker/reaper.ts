@@ -16,7 +16,15 @@ const GRACE_MS = 60_000;
  * session has ended, or its workflow is gone), an API or instance sandbox without a record, and
  * an API sandbox idle past its `timeout` (or hibernates it, when created with onTimeout: hibernate). Runs at start, then every `intervalMs` (15 s).
  */
-export function startReaper(deps: { host: HostClient; store: Store; client: Client; logger: Logger; intervalMs?: number }): {
+export function startReaper(deps: {
+  host: HostClient;
+  store: Store;
+  client: Client;
+  logger: Logger;
+  intervalMs?: number;
+  /** After each scheduled sweep (the worker counts them: sap_reaper_sweeps_total). */
+  onSweep?: (outcome: 'ok' | 'error') => void;
+}): {
   stop(): void;
   sweep(): Promise<number>;
 } {
@@ -65,7 +73,14 @@ export function startReaper(deps: { host: HostClient; store: Store; client: Clie
     }
     return false;
   }
-  const run = () => sweep().catch((err) => deps.logger.warn({ err: String(err) }, 'reaper sweep failed'));
+  const run = () =>
+    sweep().then(
+      () => deps.onSweep?.('ok'),
+      (err) => {
+        deps.logger.warn({ err: String(err) }, 'reaper sweep failed');
+        deps.onSweep?.('error');
+      },
+    );
   void run();
   const timer = setInterval(run, deps.intervalMs ?? 15_000);
   timer.unref();

@@ -3,18 +3,25 @@ import { WebSocket } from 'ws';
 import { api, T } from './env';
 
 /**
- * A small HTTP server run inside a sandbox (`node -e SERVER_JS <port>`): `/stream` writes three chunks
- * 300 ms apart; any other path answers JSON describing the request; an upgrade is a minimal WebSocket
+ * A small HTTP server run inside a sandbox (`node -e SERVER_JS <port>`): `/gated` writes a first
+ * line, then its second line and end only once `/open-gate` has been asked for; any other path
+ * answers JSON describing the request; an upgrade is a minimal WebSocket
  * echo (text frames come back as `echo:<text>`). Only node's own modules: nothing is installed inside.
  */
 export const SERVER_JS = String.raw`
 const http = require('http'), crypto = require('crypto');
 const port = Number(process.argv[1]);
+const gates = [];
 const s = http.createServer((req, res) => {
-  if (req.url === '/stream') {
+  if (req.url === '/gated') {
     res.writeHead(200, { 'content-type': 'text/plain' });
-    let i = 0;
-    const t = setInterval(() => { res.write('tick' + i + '\n'); if (++i === 3) { clearInterval(t); res.end(); } }, 300);
+    res.write('first\n');
+    gates.push(() => res.end('second\n'));
+    return;
+  }
+  if (req.url === '/open-gate') {
+    for (const open of gates.splice(0)) open();
+    res.end('opened');
     return;
   }
   let body = '';

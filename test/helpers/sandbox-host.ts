@@ -27,9 +27,6 @@ export function providerSh(provider: SandboxProvider, id: string, script: string
   });
 }
 
-/** The median. */
-export const p50 = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
-
 /** The pids in the sandbox's cgroup of `controller` (none when it has no such cgroup). */
 export function pidsOfCgroup(id: string, controller = 'pids'): string[] {
   const f = `/sys/fs/cgroup/${controller}/sap/${id}/cgroup.procs`;

@@ -3,6 +3,7 @@ import { readSession } from '../../store/sessions';
 import { Client, Connection } from '@temporalio/client';
 import { api, control, eventually, T, withMongo } from '../helpers/env';
 import { bashAgent, hostHasSandbox, sandboxOf } from '../helpers/sessions';
+import { hostClient } from '../helpers/sandboxes';
 
 const COPY = 'cat "$AGENT_INPUT_PATH" > /tmp/agent_result.json';
 
@@ -176,14 +177,19 @@ describe('batches: running', () => {
   }, 240_000);
 
   it('streams results in index order as items finish, stopping at the first unfinished item', async () => {
-    // Item 0 sleeps; the others are quick: nothing can be streamed until item 0 is done.
-    const agent = await bashAgent(`grep -q slow "$AGENT_INPUT_PATH" && sleep 4; ${COPY}`);
+    // Item 0 waits until the test lets it go (a file in its sandbox); the others are quick: nothing
+    // can be streamed until item 0 is done.
+    const agent = await bashAgent(`if grep -q slow "$AGENT_INPUT_PATH"; then until [ -e /tmp/go ]; do sleep 0.1; done; fi; ${COPY}`);
     const b = await createBatch(agent, { items: [{ input: { slow: 1 } }, { input: { q: 1 } }, { input: { q: 2 } }], concurrency: 3 });
     await eventually(async () => (await api('GET', `/v1/agents/${agent}/batches/${b.id}`)).body.counts.completed >= 2, 60_000, 200);
     const early = await resultsPage(agent, b.id);
     expect(early.lines).toEqual([]);
     expect(early.nextAfter).toBe(-1);
     expect(early.status).toBe('running');
+    // Item 0's session (its first attempt) runs in its sandbox: let it go.
+    const slowSandbox = sandboxOf(`sess_${b.id.slice(6)}x0a1`);
+    await eventually(() => hostHasSandbox(slowSandbox), 60_000, 100);
+    await hostClient().writeFile(slowSandbox, '/tmp/go', '');
     await waitForBatch(agent, b.id);
     expect((await allResults(agent, b.id)).map((l) => l.index)).toEqual([0, 1, 2]);
   }, 120_000);
@@ -267,15 +273,32 @@ describe('batches: durability', () => {
     const b = await createBatch(agent, { items: Array.from({ length: n }, (_, i) => ({ input: { i } })), concurrency: 4 });
     await eventually(async () => (await api('GET', `/v1/agents/${agent}/batches/${b.id}`)).body.counts.completed >= 3, 60_000, 200);
     // Kill in the middle of the agents' sleep: a kill during provisioning would cost the
-    // provisioning activity's 2-minute start-to-close timeout before its retry.
-    await new Promise((r) => setTimeout(r, 1500));
+    // provisioning activity's 2-minute start-to-close timeout before its retry. So: once every
+    // session the batch has started runs its entrypoint (none is still provisioning).
+    await eventually(
+      async () => {
+        const running = (await api('GET', `/v1/agents/${agent}/batches/${b.id}`)).body.counts.running as number;
+        const ids = await withMongo((c) =>
+          c
+            .db()
+            .collection('sessions')
+            .find({ _id: { $regex: `^sess_${b.id.slice(6)}x` } } as never, { projection: { _id: 1 } })
+            .map((d) => String(d._id))
+            .toArray(),
+        );
+        const entrypointsRunning = (await sessionDocs(ids)).filter((d) => d.status === 'running').length;
+        return running >= 1 && entrypointsRunning === running;
+      },
+      60_000,
+      100,
+    );
+    // kill resolves once the worker has exited.
     await control('kill', 'worker', 'SIGKILL');
     // While every worker is down, the batch and its counts are readable.
     const during = await api('GET', `/v1/agents/${agent}/batches/${b.id}`);
     expect(during.status).toBe(200);
     expect(during.body.status).toBe('running');
     expect(during.body.counts.completed).toBeGreaterThanOrEqual(3);
-    await new Promise((r) => setTimeout(r, 1000));
     await control('start', 'worker');
     const done = await waitForBatch(agent, b.id, ['completed'], 240_000);
     expect(done.counts).toEqual({ pending: 0, running: 0, completed: n, failed: 0 });

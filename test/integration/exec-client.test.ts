@@ -34,9 +34,10 @@ describe('exec through the OpenComputer client', () => {
     expect(r.a).toEqual({ exitCode: 4, stdout: 'base-env mine\n/tmp\n', stderr: 'err\n' });
     expect(r.killed.exitCode).toBe(137);
     expect(r.timeoutError).toMatchObject({ isIt: true, execId: expect.stringMatching(/^es-/) });
-    // The client checks its deadline between polls; each poll waits at most a second on the server.
-    expect(r.timeoutError.ms).toBeLessThan(5000);
+    // The client gave up at its deadline, not at the command's end: the command (30 s) still runs;
+    // and not before the deadline (the client throws only once it has passed).
     expect(r.stillRunning).toBe(true);
+    expect(r.timeoutError.ms).toBeGreaterThanOrEqual(700);
   });
 
   it('runs many commands at once in one sandbox', async () => {
@@ -60,8 +61,7 @@ describe('exec through the OpenComputer client', () => {
       const s = await sb.exec.start('bash', { args: ['-c', 'for i in 1 2 3 4 5 6; do echo line$i; sleep 0.25; done; exit 3'], onStdout: (d) => { first += dec.decode(d); } });
       const t0 = Date.now();
       while (!first.includes('line1') && Date.now() - t0 < 10000) await new Promise((r) => setTimeout(r, 20));
-      s.close(); // the connection drops; the command goes on
-      await new Promise((r) => setTimeout(r, 300));
+      s.close(); // the connection drops; the command goes on (a new attachment gets its scrollback)
       let again = '';
       const b = await sb.exec.attach(s.sessionId, { onStdout: (d) => { again += dec.decode(d); } });
       const code = await b.done;

@@ -161,22 +161,44 @@ describe('exec sessions over raw HTTP and WebSocket', () => {
   });
 
   it('kills a command maxRunAfterDisconnect seconds after its last client left, unless one returns', async () => {
+    // sleep 120 ends by itself only after 120 s: a SIGKILL (137) before that is the limit's.
     const es = await startExec(sb, { cmd: 'sleep', args: ['120'], maxRunAfterDisconnect: 1 });
     const a = await attachReady(sb, es.sessionID);
+    const leftAt = Date.now();
     a.ws.close();
     await a.closed;
-    const t0 = Date.now();
-    await eventually(async () => (await getExec(sb, es.sessionID)).running === false, 10_000, 50);
-    expect(Date.now() - t0).toBeGreaterThanOrEqual(800);
-    expect((await getExec(sb, es.sessionID)).exitCode).toBe(137);
+    const ended = await eventually(
+      async () => {
+        const e = await getExec(sb, es.sessionID);
+        return e.running === false ? e : undefined;
+      },
+      30_000,
+      50,
+    );
+    expect(ended.exitCode).toBe(137);
+    // Not before the limit: the host starts its 1 s count when it sees the client leave, after leftAt
+    // (2 ms: both clocks' millisecond rounding).
+    expect(Date.parse(ended.exitedAt) - leftAt).toBeGreaterThanOrEqual(1000 - 2);
 
-    const kept = await startExec(sb, { cmd: 'sleep', args: ['120'], maxRunAfterDisconnect: 2 });
+    // `kept` is left, then rejoined; `alone`, with the same limit, is left after `kept` and stays
+    // alone. Once `alone` has been killed, `kept`'s count, started first, would have run out too.
+    const kept = await startExec(sb, { cmd: 'sleep', args: ['120'], maxRunAfterDisconnect: 5 });
+    const alone = await startExec(sb, { cmd: 'sleep', args: ['120'], maxRunAfterDisconnect: 5 });
     const b = await attachReady(sb, kept.sessionID);
+    const d = await attachReady(sb, alone.sessionID);
     b.ws.close();
-    await b.closed;
-    await new Promise((r) => setTimeout(r, 800));
+    await eventually(async () => (await getExec(sb, kept.sessionID)).attachedClients === 0, 30_000, 20);
     const c = await attachReady(sb, kept.sessionID);
-    await new Promise((r) => setTimeout(r, 2500));
+    d.ws.close();
+    const aloneEnded = await eventually(
+      async () => {
+        const e = await getExec(sb, alone.sessionID);
+        return e.running === false ? e : undefined;
+      },
+      30_000,
+      50,
+    );
+    expect(aloneEnded.exitCode).toBe(137);
     expect(await getExec(sb, kept.sessionID)).toMatchObject({ running: true, attachedClients: 1 });
     c.ws.close();
     const killed = await api('POST', `/api/sandboxes/${sb}/exec/${kept.sessionID}/kill`, { body: { signal: 'SIGTERM' } });
@@ -224,8 +246,20 @@ describe('exec sessions over raw HTTP and WebSocket', () => {
     // Stop reading for a while: the command must wait, not the API's memory grow without bound.
     await a.until(() => bytes > 0);
     a.ws.pause();
-    await new Promise((r) => setTimeout(r, 1500));
+    // The event: `cat` asleep in a write to its output (write, sendfile, splice or copy_file_range:
+    // x86-64 numbers 1, 40, 275, 326 in /proc/<pid>/syscall), held back by the paused client.
+    const catBlockedInWrite = async () => {
+      const r = await api('POST', `/api/sandboxes/${sb}/exec/run`, {
+        body: {
+          cmd: 'sh',
+          args: ['-c', 'for d in /proc/[0-9]*; do read c < $d/comm 2>/dev/null || continue; [ "$c" = cat ] && read n rest < $d/syscall && echo $n; done'],
+        },
+      });
+      return ['1', '40', '275', '326'].includes(String(r.body.stdout).trim());
+    };
+    await eventually(catBlockedInWrite, 60_000, 100);
     expect((await getExec(sb, es.sessionID)).running).toBe(true);
+    expect(bytes).toBeLessThan(52428800);
     a.ws.resume();
     await a.closed;
     expect(bytes).toBe(52428800);
@@ -326,7 +360,8 @@ describe('exec sessions with the published OpenComputer client', () => {
         onStderr: (d) => { stderr += dec.decode(d); },
         onScrollbackEnd: () => { scroll++; },
       });
-      await new Promise((r) => setTimeout(r, 200));
+      // The command is waiting for its line once it has written what comes before the read.
+      for (const t0 = Date.now(); !(stdout.includes('hi') && stderr.includes('oops')) && Date.now() - t0 < 10000; ) await new Promise((r) => setTimeout(r, 20));
       s.sendStdin('sdk\\n');
       const code = await s.done;
       let late = '';

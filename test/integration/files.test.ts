@@ -35,6 +35,7 @@ const apiPid = (): number => stackPid('api');
 describe('files over raw HTTP', () => {
   it('writes, reads, lists, stats, makes directories, renames and removes', async () => {
     // Content types do not matter: a JSON or NDJSON file is stored as sent, not parsed.
+    const writing = Date.now();
     expect((await put('/workspace/a/b/hello.txt', 'hello\n', { 'content-type': 'text/plain' })).status).toBe(204);
     expect((await put('/workspace/a/data.json', '{"not":"parsed"', { 'content-type': 'application/json' })).status).toBe(204);
     expect((await put('/workspace/a/empty', '')).status).toBe(204);
@@ -51,7 +52,9 @@ describe('files over raw HTTP', () => {
     expect(list.body.map((e: { name: string }) => e.name)).toEqual(['b', 'data.json', 'empty']);
     expect(list.body[0]).toMatchObject({ name: 'b', path: '/workspace/a/b', isDir: true, type: 'dir', size: 0, mode: 0o755 });
     expect(list.body[1]).toMatchObject({ name: 'data.json', path: '/workspace/a/data.json', isDir: false, type: 'file', size: 15, mode: 0o644 });
-    expect(Date.parse(list.body[1].modTime)).toBeGreaterThan(Date.now() - 60_000);
+    // Written by this test (the filesystem's clock is coarse: up to a tick, here 1 s of slack, behind Date.now()).
+    expect(Date.parse(list.body[1].modTime)).toBeGreaterThanOrEqual(writing - 1000);
+    expect(Date.parse(list.body[1].modTime)).toBeLessThanOrEqual(Date.now());
 
     const mk = await api('POST', `/api/sandboxes/${sb}/files/mkdir?path=${q('/workspace/x/y/z')}`);
     expect(mk.status).toBe(200);
@@ -201,9 +204,12 @@ describe('files over raw HTTP', () => {
     const forged = Buffer.from(JSON.stringify({ ...JSON.parse(Buffer.from(payload!, 'base64url').toString()), p: '/etc/shadow' })).toString('base64url');
     expect((await fetch(`${T.api()}/api/files/${forged}.${sig}`)).status).toBe(403);
     expect((await fetch(`${downUrl.slice(0, -2)}xx`)).status).toBe(403);
-    const short = await mk('download', '/workspace/signed.txt', 1);
-    await new Promise((r) => setTimeout(r, 2100));
-    const expired = await fetch(short);
+    const shortUrl = await api('POST', `/api/sandboxes/${sb}/files/download-url`, { body: { path: '/workspace/signed.txt', expiresIn: 1 } });
+    expect(shortUrl.status).toBe(200);
+    // Once its expiry has passed (the API runs on this machine's clock): the event, not a pause.
+    const expiresAt = Date.parse(shortUrl.body.expiresAt);
+    while (Date.now() <= expiresAt) await new Promise((r) => setTimeout(r, expiresAt + 1 - Date.now()));
+    const expired = await fetch(shortUrl.body.url);
     expect(expired.status).toBe(403);
     expect(((await expired.json()) as { error: { message: string } }).error.message).toMatch(/expired/);
     expect((await api('POST', `/api/sandboxes/${sb}/files/download-url`, { body: { path: '/x', expiresIn: 999_999 } })).status).toBe(400);

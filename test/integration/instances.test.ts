@@ -34,6 +34,12 @@ async function buildSnapshot(steps: unknown[]): Promise<{ id: string; name: stri
 
 const hostHas = async (id: string) => (await hostClient().getSandbox(id)) !== null;
 
+/** The stack's worker's completed reaper sweeps (a new worker process starts from 0). */
+async function reaperSweeps(): Promise<number> {
+  const text = await (await fetch(process.env.SAP_TEST_WORKER_METRICS_URL!)).text();
+  return Number(/^sap_reaper_sweeps_total\{outcome="ok"\} (\d+)$/m.exec(text)?.[1] ?? 0);
+}
+
 describe('instances', () => {
   it('provisions in the background, is addressable by its sandbox, filters by metadata, and is destroyed by DELETE', async () => {
     const agentId = await bashAgent('true', { files: { '/workspace/agent.txt': 'agent file' }, env: { AGENT_SECRET: 's3' } });
@@ -123,12 +129,12 @@ describe('instances', () => {
     const agentId = await bashAgent('true');
     const c = await api('POST', `/v1/agents/${agentId}/instances`, { body: { metadata: { k: 'restart' } } });
     const inst = await waitInstance(agentId, c.body.id, ['running']);
+    // kill resolves once the worker has exited.
     await control('kill', 'worker', 'SIGKILL');
-    await new Promise((r) => setTimeout(r, 500));
     expect(await hostHas(inst.sandbox_id)).toBe(true);
     await control('start', 'worker');
-    // Past the reaper's first sweep of the new worker: the instance's sandbox stays.
-    await new Promise((r) => setTimeout(r, 3000));
+    // Past the reaper's first sweep of the new worker (its metrics count it): the instance's sandbox stays.
+    await eventually(async () => (await reaperSweeps()) >= 1, 60_000, 100);
     expect(await hostHas(inst.sandbox_id)).toBe(true);
     expect((await api('GET', `/v1/agents/${agentId}/instances/${c.body.id}`)).body.status).toBe('running');
     const del = await api('DELETE', `/v1/agents/${agentId}/instances/${c.body.id}`);

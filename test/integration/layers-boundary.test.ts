@@ -3,7 +3,7 @@
  * set-id files made in a sandbox, DATA_DIR's permissions, a layer redirected by a symlink, and an
  * 8 GiB sparse file that must not be read (or sent) in full.
  */
-import { execFile } from 'node:child_process';
+import { execFile, spawn } from 'node:child_process';
 import { promises as fsp } from 'node:fs';
 import * as http from 'node:http';
 import * as os from 'node:os';
@@ -25,6 +25,30 @@ function asNobody(argv: string[]): Promise<{ code: number; stdout: string; stder
       resolve({ code: err ? (typeof err.code === 'number' ? err.code : -1) : 0, stdout, stderr }),
     ),
   );
+}
+
+/**
+ * Runs `file` as `nobody` although nobody cannot reach its path (DATA_DIR is root's alone): root
+ * opens it and hands the descriptor over; nobody executes /proc/self/fd/3. What a user who got hold
+ * of the file would run, set-id bits (if any) included.
+ */
+async function runAsNobodyByFd(file: string, args: string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  const fh = await fsp.open(file, 'r');
+  try {
+    return await new Promise((resolve, reject) => {
+      const child = spawn('setpriv', ['--reuid', '65534', '--regid', '65534', '--clear-groups', '--', '/proc/self/fd/3', ...args], {
+        stdio: ['ignore', 'pipe', 'pipe', fh.fd],
+      });
+      let stdout = '';
+      let stderr = '';
+      child.stdout!.on('data', (d: Buffer) => (stdout += d.toString()));
+      child.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));
+      child.on('error', reject);
+      child.on('close', (code) => resolve({ code, stdout, stderr }));
+    });
+  } finally {
+    await fh.close();
+  }
 }
 
 /** Every entry under `dir` (not following symlinks), with its lstat. */
@@ -81,9 +105,19 @@ describe('checkpoint layers and the host', () => {
     const setIdOnDisk = async (id: string) =>
       (await walk(layerDir(id))).filter((e) => !e.st.isDirectory() && !e.st.isSymbolicLink() && e.st.mode & 0o6000).map((e) => e.path);
     expect(await setIdOnDisk(cp1)).toEqual([]);
-    // The attack itself: nobody runs the file on the host and must not come out as root.
-    const run = await asNobody([path.join(layerDir(cp1), 'root', 'workspace', 'suid-id'), '-u']);
-    expect(run.stdout.trim()).not.toBe('0');
+    // The attack itself: nobody runs the file on the host and must not come out as root. It must
+    // run (a run that failed would show nothing), as nobody: with a set-uid bit it would print 0.
+    const onDisk = path.join(layerDir(cp1), 'root', 'workspace', 'suid-id');
+    expect(await runAsNobodyByFd(onDisk, ['-u'])).toEqual({ code: 0, stdout: '65534\n', stderr: '' });
+    // The control: a set-uid copy on the same filesystem, run the same way, does come out as root.
+    const control = path.join(T.dataDir(), `suid-control-${process.pid}`);
+    try {
+      await fsp.copyFile('/usr/bin/id', control);
+      await fsp.chmod(control, 0o4755);
+      expect(await runAsNobodyByFd(control, ['-u'])).toEqual({ code: 0, stdout: '0\n', stderr: '' });
+    } finally {
+      await fsp.rm(control, { force: true });
+    }
 
     const b = await spawnFrom(cp1);
     expect(await hostSh(b, 'stat -c %a /workspace/suid-id /usr/local/bin/sgid-id /workspace/later-plain')).toBe('4755\n2755\n4755\n');

@@ -13,8 +13,9 @@ import { newSandbox, sh, type ApiCall } from '../helpers/sandboxes';
  * Temporal server on PostgreSQL, FerretDB on PostgreSQL, two sandbox hosts with their workers and two
  * APIs. Sessions, a batch, exec and a preview go through both APIs; then the faults of
  * docs/operations/production.md: kill -9 of the Temporal server, a restart of PostgreSQL, kill -9 of
- * one API and of one worker. Every session accepted (201) ends completed with its own input, no
- * entrypoint ran twice (the hosts' entrypoint audit logs), and every wait is bounded.
+ * one API and of one worker. Every create, answered or not (a refused one is sent again with its
+ * Idempotency-Key once the stack is back), makes one session that ends completed with its own input;
+ * the store holds no other; no entrypoint ran twice (the hosts' entrypoint audit logs); every wait is bounded.
  */
 jest.setTimeout(420_000);
 
@@ -59,10 +60,17 @@ afterAll(async () => {
   if (dataDir) fs.rmSync(dataDir, { recursive: true, force: true });
 }, 120_000);
 
-async function call<T = any>(i: number, method: string, p: string, body?: unknown, key = KEY): Promise<{ status: number; body: T }> {
+async function call<T = any>(
+  i: number,
+  method: string,
+  p: string,
+  body?: unknown,
+  key = KEY,
+  headers: Record<string, string> = {},
+): Promise<{ status: number; body: T }> {
   const res = await fetch(`${prod.apiUrls[i % 2]}${p}`, {
     method,
-    headers: { 'x-api-key': key, ...(body === undefined ? {} : { 'content-type': 'application/json' }) },
+    headers: { 'x-api-key': key, ...(body === undefined ? {} : { 'content-type': 'application/json' }), ...headers },
     body: body === undefined ? undefined : JSON.stringify(body),
     signal: AbortSignal.timeout(30_000),
   });
@@ -71,7 +79,8 @@ async function call<T = any>(i: number, method: string, p: string, body?: unknow
 }
 
 /** A call that a fault may refuse (connection refused, 5xx): null then. */
-const tryCall = (i: number, method: string, p: string, body?: unknown) => call(i, method, p, body).catch(() => null);
+const tryCall = (i: number, method: string, p: string, body?: unknown, headers?: Record<string, string>) =>
+  call(i, method, p, body, KEY, headers).catch(() => null);
 
 /** Waits (bounded) until the session ends, asking the APIs in turn; an API that is down is skipped. */
 async function waitSession(agent: string, id: string, timeoutMs = 120_000): Promise<any> {
@@ -203,6 +212,10 @@ describe('the production profile', () => {
     ).toBe(201);
     const accepted = new Map<string, number>();
     const refused: string[] = [];
+    /** Creates that were refused or got no answer (each may have reached a server and run all the same). */
+    const unanswered: number[] = [];
+    /** Each create carries an Idempotency-Key: sent again, it finds the session its first try made, if any. */
+    const keyOf = (i: number) => ({ 'idempotency-key': `prod-fault-${i}` });
     let n = 0;
     let phase = 'start';
     /**
@@ -215,9 +228,12 @@ describe('the production profile', () => {
       await Promise.all(
         Array.from({ length: count }, async () => {
           const i = n++;
-          const r = await tryCall(i, 'POST', '/v1/agents/slow/sessions', { input: { n: i } });
+          const r = await tryCall(i, 'POST', '/v1/agents/slow/sessions', { input: { n: i } }, keyOf(i));
           if (r?.status === 201) accepted.set(r.body.id, i);
-          else refused.push(`${label}: api${(i % 2) + 1} ${r ? `${r.status} ${r.body?.error?.type}` : 'no answer'}`);
+          else {
+            unanswered.push(i);
+            refused.push(`${label}: api${(i % 2) + 1} ${r ? `${r.status} ${r.body?.error?.type}` : 'no answer'}`);
+          }
         }),
       );
     };
@@ -263,10 +279,34 @@ describe('the production profile', () => {
     process.stderr.write(`production faults: ${accepted.size} sessions accepted, ${refused.length} refused: ${JSON.stringify(refused)}\n`);
     // A refusal is an outage the client can wait out (503 unavailable), or no answer from the killed API: never a 500.
     expect(refused.filter((r) => !/ (503 unavailable|no answer)$/.test(r))).toEqual([]);
-    const ended = await Promise.all([...accepted.keys()].map((id) => waitSession('slow', id, 180_000)));
-    expect(ended.map((s) => [s.status, s.result?.n])).toEqual([...accepted.values()].map((v) => ['completed', v]));
-    // Each accepted session's entrypoint started exactly once, on one host.
+    // A refused or unanswered create may still have reached a server (stored, even started): the
+    // client sends it again with its key, now that the stack is back. 200: its first try had made
+    // the session (and it is started now if it was not); 201: it had not. Either way, one session.
+    const retried = new Map<string, number>();
+    await Promise.all(
+      unanswered.map(async (i) => {
+        const r = await call(i, 'POST', '/v1/agents/slow/sessions', { input: { n: i } }, KEY, keyOf(i));
+        expect([200, 201]).toContain(r.status);
+        retried.set(r.body.id, i);
+      }),
+    );
+    const all = new Map([...accepted, ...retried]);
+    expect(all.size).toBe(n);
+    const ended = await Promise.all([...all.keys()].map((id) => waitSession('slow', id, 180_000)));
+    expect(ended.map((s) => [s.status, s.result?.n])).toEqual([...all.values()].map((v) => ['completed', v]));
+    // Every session the store has of the agent is one of these: no create made a session the client never heard of.
+    const listed: string[] = [];
+    for (let cursor: string | null = null, page = 0; page === 0 || cursor; page++) {
+      const r: { status: number; body: any } = await call(page, 'GET', `/v1/agents/slow/sessions?limit=100${cursor ? `&cursor=${cursor}` : ''}`);
+      expect(r.status).toBe(200);
+      listed.push(...r.body.sessions.map((x: { id: string }) => x.id));
+      cursor = r.body.next_cursor;
+    }
+    expect(listed.sort()).toEqual([...all.keys()].sort());
+    // Each of them, answered or not, started its entrypoint exactly once, on one host; and no
+    // entrypoint of the whole file (other agents, the batch) started twice.
     const perSession = runsPerSession();
-    expect([...accepted.keys()].map((id) => [id, perSession.get(id) ?? 0])).toEqual([...accepted.keys()].map((id) => [id, 1]));
+    expect([...all.keys()].map((id) => [id, perSession.get(id) ?? 0])).toEqual([...all.keys()].map((id) => [id, 1]));
+    expect([...perSession].filter(([, runs]) => runs !== 1)).toEqual([]);
   });
 });

@@ -102,7 +102,8 @@ describe('terminals', () => {
       let text = '';
       const dec = new TextDecoder();
       const term = await sb.pty.create({ cols: 90, rows: 20, onOutput: (d) => { text += dec.decode(d); } });
-      await new Promise((r) => setTimeout(r, 300));
+      // The shell is reading once it has printed its prompt.
+      for (const t0 = Date.now(); !text && Date.now() - t0 < 10000; ) await new Promise((r) => setTimeout(r, 20));
       term.send('stty size; echo sdk-$((2+3))\\n');
       const t0 = Date.now();
       while (!text.includes('sdk-5') && Date.now() - t0 < 10000) await new Promise((r) => setTimeout(r, 50));

@@ -56,9 +56,10 @@ describe('a revoked key’s open terminal socket', () => {
     await promisify(execFile)(process.execPath, [path.join(ROOT, 'dist/scripts/keys.js'), 'revoke', '--key', key], {
       env: { ...process.env, MONGO_URL: T.mongo() },
     });
-    // The bound is the key cache (3 s in the test stack) plus one check (3 s); 20 s leaves room for a loaded machine.
-    const code = await Promise.race([closed, new Promise<number>((r) => setTimeout(() => r(-1), 20_000))]);
-    expect(code).toBe(1008);
+    // The socket is closed once the key cache (3 s in the test stack) has let the revocation through;
+    // a socket never closed fails the test by its time limit. (The 20 s race this replaces left its
+    // timer running after the test: a handle that kept the jest worker from exiting.)
+    expect(await closed).toBe(1008);
     expect(JSON.parse(text).error.type).toBe('unauthorized');
     // The key's requests are refused too; the organisation's other key still works.
     expect((await api('GET', `/api/sandboxes/${sandbox}`, { key })).status).toBe(401);

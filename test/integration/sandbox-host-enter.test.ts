@@ -70,9 +70,8 @@ describe.each([['sap-sandbox-enter', undefined, 'sap-sandbox-ent']] as const)('e
       const early = host.provider.spawn(id, { argv: ['sleep', '30'] });
       const ended = new Promise<[number | null, string | null]>((r) => early.on('close', (c, s) => r([c, s])));
       process.kill(-early.pid!, 'SIGTERM');
-      const t0 = Date.now();
+      // Ended by the signal (a lost one would let sleep run its 30 s and exit 0).
       const [c, s] = await ended;
-      expect(Date.now() - t0).toBeLessThan(5000);
       expect(c === 143 || s === 'SIGTERM').toBe(true);
     }
     await host.provider.destroy(id);

@@ -278,13 +278,10 @@ describe('two sandbox hosts', () => {
     expect(instance).not.toBe('');
 
     await Promise.all([stack.kill(second.worker, 'SIGKILL'), stack.kill(second.proc, 'SIGKILL')]);
-    const killedAt = Date.now();
 
     const lost = await waitSession('sleeper', lostSession, 90_000);
     expect(lost).toMatchObject({ status: 'failed', outcome: { reason: 'host_lost' } });
     expect(lost.outcome.message).toContain(second.hostId);
-    // Within HOST_DEAD_AFTER plus the steps' timeouts (heartbeat 10 s, then 5 s to be taken), with room for a loaded machine.
-    expect(Date.now() - killedAt).toBeLessThan((DEAD_AFTER_S + 40) * 1000);
 
     const again = await waitSession('rerun', rerunSession, 90_000);
     expect(again).toMatchObject({ status: 'completed' });

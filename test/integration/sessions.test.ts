@@ -239,18 +239,15 @@ describe('session lifecycle on real sandboxes', () => {
   it('?wait answers when the session ends, or with its current state when the time is up', async () => {
     const agent = await bashAgent('sleep 1.5; echo \'{"waited":true}\' > /tmp/agent_result.json');
     const s = await startSession(agent);
-    const t0 = Date.now();
+    // The time is up before the session ends (it sleeps 1.5 s once running): the answer is its current state.
     const short = await api('GET', `/v1/agents/${agent}/sessions/${s.id}?wait=0.3`);
     expect(short.status).toBe(200);
     expect(['creating', 'running']).toContain(short.body.status);
-    expect(Date.now() - t0).toBeLessThan(1400);
     const done = await api('GET', `/v1/agents/${agent}/sessions/${s.id}/result?wait=30`);
     expect(done.status).toBe(200);
     expect(done.body).toMatchObject({ status: 'completed', data: { waited: true } });
-    // Ended already: answered at once.
-    const t1 = Date.now();
-    expect((await api('GET', `/v1/agents/${agent}/sessions/${s.id}?wait=30`)).body.status).toBe('completed');
-    expect(Date.now() - t1).toBeLessThan(5000);
+    // Ended already: answered with its end, not after the longest wait (60 s, this test's whole time limit).
+    expect((await api('GET', `/v1/agents/${agent}/sessions/${s.id}?wait=60`)).body.status).toBe('completed');
     for (const bad of ['-1', '61', 'soon']) {
       const r = await api('GET', `/v1/agents/${agent}/sessions/${s.id}?wait=${bad}`);
       expect(r.status).toBe(400);
@@ -283,7 +280,8 @@ describe('isolation', () => {
       const s1 = await startSession(sleeper);
       await waitForStatus(sleeper, s1.id, ['running']);
       const prober = await bashAgent(
-        `(exec -a own${stamp} sleep 5) & sleep 0.3; own=false; grep -qa "own""${stamp}" /proc/[0-9]*/cmdline 2>/dev/null && own=true; ` +
+        // Its own background process is seen once it has exec'd (looked for 100 times, 50 ms apart): the control of the "seen" check.
+        `(exec -a own${stamp} sleep 5) & own=false; for i in $(seq 100); do grep -qa "own""${stamp}" /proc/[0-9]*/cmdline 2>/dev/null && { own=true; break; }; sleep 0.05; done; ` +
           `found=false; [ -e ${secret} ] && found=true; seen=false; grep -qa "marker""${stamp}" /proc/[0-9]*/cmdline 2>/dev/null && seen=true; ` +
           `work=false; [ -e /work ] && work=true; echo "{\\"own\\":$own,\\"secret\\":$found,\\"seen\\":$seen,\\"work\\":$work}" > /tmp/agent_result.json`,
       );
@@ -301,8 +299,8 @@ describe('durability', () => {
     const agent = await bashAgent(`sleep 4; ${COPY}`);
     const s = await startSession(agent, { input: { survived: true } });
     await waitForStatus(agent, s.id, ['running']);
+    // kill resolves once the worker has exited.
     await control('kill', 'worker', 'SIGKILL');
-    await new Promise((r) => setTimeout(r, 1000));
     expect(await hostHasSandbox(sandboxOf(s.id))).toBe(true);
     // While every worker is down, the session is still readable.
     expect((await api('GET', `/v1/agents/${agent}/sessions/${s.id}`)).body.status).toBe('running');

@@ -3,6 +3,7 @@
  * overwritten, released slabs are reused, slow output is copied out, pause/resume stop and restart reads.
  */
 import { spawn } from 'node:child_process';
+import fs from 'node:fs';
 import { createHash } from 'node:crypto';
 import { pooledSlabs, readOutput, type Slab } from '../../sandbox/host/output-reader';
 
@@ -66,16 +67,28 @@ describe('readOutput', () => {
   });
 
   it('stops reading while paused, so the writer blocks; resumes to the end', async () => {
-    const child = run(`yes ${LINE} | head -c 8000000; echo done >&2`);
+    // One writer, the shell's own process (exec), whose state /proc shows.
+    const child = run('exec head -c 8000000 /dev/zero');
     let got = 0;
     const r = readOutput(child.stdout!, (d) => {
       got += d.length;
     });
     r.pause();
-    await new Promise((res) => setTimeout(res, 300));
+    // The event: the writer is asleep in write(2) (x86-64 syscall 1; /proc/<pid>/syscall), the pipe full.
+    const blockedInWrite = () => {
+      try {
+        return /^1 /.test(fs.readFileSync(`/proc/${child.pid}/syscall`, 'utf8')) && / S /.test(fs.readFileSync(`/proc/${child.pid}/stat`, 'utf8'));
+      } catch {
+        return false;
+      }
+    };
+    for (let i = 0; i < 1000 && !blockedInWrite(); i++) await new Promise((res) => setTimeout(res, 10));
+    expect(blockedInWrite()).toBe(true);
     const whilePaused = got;
-    await new Promise((res) => setTimeout(res, 300));
+    // Whatever the loop had pending is delivered; nothing more is read and the writer stays blocked.
+    for (let i = 0; i < 5; i++) await new Promise((res) => setImmediate(res));
     expect(got).toBe(whilePaused);
+    expect(blockedInWrite()).toBe(true);
     expect(whilePaused).toBeLessThan(8000000);
     r.resume();
     await r.ended;

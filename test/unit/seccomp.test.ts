@@ -214,20 +214,24 @@ function probeAll(probes: Probe[], filtered: boolean): Map<string, Result> {
   return new Map(probes.map((probe, i) => [probe.name, results[i]!]));
 }
 
-/** The refused probes can run unfiltered: root, outside any filter (else the kernel's own checks
- *  or an outer filter may answer EPERM first). */
-const canControl = process.getuid?.() === 0 && /^Seccomp:\s+0$/m.test(fs.readFileSync('/proc/self/status', 'utf8'));
+/** Why the refused probes cannot run unfiltered as negative controls (null: they can). They need
+ *  root, outside any filter (else the kernel's own checks or an outer filter may answer EPERM first). */
+const outerSeccomp = /^Seccomp:\s+(\d+)$/m.exec(fs.readFileSync('/proc/self/status', 'utf8'))?.[1];
+const noControlBecause =
+  process.getuid?.() !== 0 ? 'not run as root' : outerSeccomp !== '0' ? `this process is under a seccomp filter already (Seccomp: ${outerSeccomp})` : null;
 
-const describeX64 = process.arch === 'x64' ? describe : describe.skip;
-
-describeX64('the default seccomp filter', () => {
+describe('the default seccomp filter', () => {
   let filtered: Map<string, Result>;
   let unfiltered: Map<string, Result> | undefined;
 
   beforeAll(() => {
+    // The filter is built for the x86-64 ABIs (docs/isolation.md): elsewhere it is missing, not skipped.
+    if (process.arch !== 'x64') throw new Error(`the sandboxes' seccomp filter is built for x86-64 only; this machine is ${process.arch}`);
     for (const f of [RUN, GEN, BPF]) if (!fs.existsSync(f)) throw new Error(`${f} is missing: run bash scripts/toolchain.sh`);
     filtered = probeAll([...refused, ...nosys, ...allowed], true);
-    if (canControl) unfiltered = probeAll([...refused, ...nosys], false);
+    if (noControlBecause === null) unfiltered = probeAll([...refused, ...nosys], false);
+    // The filtered probes still run and are checked; said aloud so that a run without them is seen.
+    else console.warn(`seccomp.test.ts: the negative controls (the same calls without the filter) are SKIPPED: ${noControlBecause}`);
   });
 
   it('is active in the programs it runs, once (Seccomp: 2)', () => {

@@ -73,14 +73,25 @@ describe('Supervisor', () => {
     const first = sup.pid('svc')!;
     await sup.stop('svc', 'SIGKILL');
     expect(sup.pid('svc')).toBeUndefined();
-    // Longer than the backoff: a restart, were one scheduled, would have happened.
-    await new Promise((r) => setTimeout(r, 500));
-    expect(sup.pid('svc')).toBeUndefined();
+    // The child's exit has been handled (stop() waited for it): no restart was scheduled.
+    expect(sup.restartScheduled('svc')).toBe(false);
     expect(lines).toEqual([]);
     await sup.start('svc', spec(STAY));
     expect(sup.pid('svc')).toBeGreaterThan(0);
     expect(sup.pid('svc')).not.toBe(first);
     expect(sup.restarts('svc')).toBe(0);
+  });
+
+  it('a deliberate stop during a restart backoff cancels the restart', async () => {
+    const { sup, lines } = make({ initialBackoffMs: 60_000 });
+    supervisors.push(sup);
+    await sup.start('svc', spec(STAY));
+    process.kill(sup.pid('svc')!, 'SIGKILL');
+    await until('the restart to be scheduled', () => sup.restartScheduled('svc'));
+    expect(lines).toEqual([expect.stringMatching(/^svc \(pid \d+\) exited unexpectedly with signal SIGKILL; restart #1 in 60000 ms$/)]);
+    await sup.stop('svc');
+    expect(sup.restartScheduled('svc')).toBe(false);
+    expect(sup.pid('svc')).toBeUndefined();
   });
 
   it('doubles the backoff per death up to the maximum, then gives up on a crash loop', async () => {
@@ -92,14 +103,16 @@ describe('Supervisor', () => {
     expect(delays).toEqual([50, 100, 200, 400, 400]);
     expect(gaveUp).toEqual([expect.stringMatching(/^loop: loop died 6 times within 60 s \(last: code 7\); giving up$/)]);
     expect(lines[lines.length - 1]).toMatch(/giving up$/);
-    // Nothing more is started after the give-up.
-    await new Promise((r) => setTimeout(r, 600));
+    // Nothing more is started after the give-up: no restart is scheduled.
+    expect(sup.restartScheduled('loop')).toBe(false);
     expect(sup.pid('loop')).toBeUndefined();
     expect(sup.restarts('loop')).toBe(5);
   });
 
   it('starts again from the first backoff after a healthy run', async () => {
-    const { sup, lines } = make({ healthyAfterMs: 3000, maxDeaths: 100 });
+    // The supervisor's clock is the test's: a healthy spell is a step of it, not a wait.
+    let clock = 1_000_000;
+    const { sup, lines } = make({ healthyAfterMs: 3000, maxDeaths: 100, now: () => clock });
     supervisors.push(sup);
     await sup.start('svc', spec(STAY));
     for (let i = 0; i < 3; i++) {
@@ -108,8 +121,8 @@ describe('Supervisor', () => {
       await until('a new pid', () => sup.pid('svc') !== undefined && sup.pid('svc') !== pid);
       await until('restarted', () => lines.filter((l) => l.includes(' restarted ')).length === i + 1);
     }
-    // Three quick deaths: 50, 100, 200. Then a healthy spell resets it.
-    await new Promise((r) => setTimeout(r, 3300));
+    // Three quick deaths: 50, 100, 200. Then a healthy spell (the restarted child was ready at `clock`) resets it.
+    clock += 3000;
     process.kill(sup.pid('svc')!, 'SIGKILL');
     await until('the fourth death', () => lines.filter((l) => l.includes('exited unexpectedly')).length === 4);
     const delays = lines.filter((l) => l.includes('exited unexpectedly')).map((l) => Number(/in (\d+) ms$/.exec(l)![1]));
@@ -124,8 +137,7 @@ describe('Supervisor', () => {
     });
     await expect(sup.start('svc', notReady)).rejects.toThrow('not ready');
     expect(sup.pid('svc')).toBeUndefined();
-    await new Promise((r) => setTimeout(r, 300));
-    expect(sup.pid('svc')).toBeUndefined();
+    expect(sup.restartScheduled('svc')).toBe(false);
     expect(lines).toEqual([]);
   });
 
