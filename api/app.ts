@@ -9,7 +9,7 @@ import { scrubUrl } from '../lib/logger';
 import { createAuthenticator, Authenticator, pickSubprotocol } from './auth';
 import type { ApiDeps } from './deps';
 import { RouteTable } from './http';
-import { ApiMetrics, createApiMetrics } from './metrics';
+import { ApiMetrics, authorizeMetrics, createApiMetrics } from './metrics';
 import { registerAgentRoutes } from './routes/agents';
 import { registerSessionRoutes } from './routes/sessions';
 import { registerBatchRoutes } from './routes/batches';
@@ -79,8 +79,15 @@ export function createApp(
     }),
   );
 
-  // Prometheus text format, without authentication (labels hold route patterns only).
-  app.get('/metrics', (req, res) => void metrics.handler(req, res));
+  const auth = createAuthenticator(deps.store, deps.cfg.API_KEY_CACHE_MS);
+  // Prometheus text format (labels hold route patterns only), for the operator: METRICS_TOKEN, an
+  // operator's key, or a loopback peer when no token is set (api/metrics.ts, authorizeMetrics).
+  app.get('/metrics', (req, res, next) => {
+    authorizeMetrics(req, deps.cfg.METRICS_TOKEN, auth).then(
+      () => metrics.handler(req, res),
+      (err: unknown) => next(err),
+    );
+  });
   // Liveness only: the process serves HTTP. Readiness (below) asks the dependencies.
   app.get('/healthz', (_req, res) => {
     res.json({ status: 'ok' });
@@ -104,7 +111,6 @@ export function createApp(
     }
   });
 
-  const auth = createAuthenticator(deps.store, deps.cfg.API_KEY_CACHE_MS);
   const router = express.Router();
   const table = new RouteTable(router, auth);
   app.use((req, _res, next) => {

@@ -149,6 +149,12 @@ export const configSchema = z.object({
     .int()
     .positive()
     .default(8 * 1024 * 1024),
+  /**
+   * The bearer token GET /metrics of the API asks for (`Authorization: Bearer <token>`; an operator's
+   * API key is taken too). Unset: /metrics answers loopback peers only (and operator keys). Its
+   * counters are every organisation's together: docs/operations/observability.md.
+   */
+  METRICS_TOKEN: z.string().min(16, 'must be at least 16 characters').max(200).optional(),
   /** The worker's Prometheus endpoint (GET /metrics); the Temporal SDK's exporter takes the next port. 0: off. */
   WORKER_METRICS_PORT: z.coerce.number().int().min(0).max(65534).default(9464),
   /** At most this many running sandboxes per host get sap_sandbox_* gauges (the largest memory users); 0: none. */
