@@ -30,6 +30,8 @@ import { registerUnimplementedRoutes } from './routes/unimplemented';
 import { registerPtyRoutes, registerPtySocket } from './routes/pty';
 import { registerConsoleRoutes } from './routes/console';
 import { registerConsole } from './console';
+import { codecCors, registerCodecRoutes } from './routes/codec';
+import { createCodecService } from '../services/codec';
 import { referenceOutline } from './docs-outline';
 import { notReadyMessage, Readiness } from './readiness';
 import { createAgentService } from '../services/agents';
@@ -113,6 +115,8 @@ export function createApp(
 
   const router = express.Router();
   const table = new RouteTable(router, auth);
+  // The codec endpoint answers the Temporal UI's origin (CODEC_CORS_ORIGINS, else TEMPORAL_UI_URL's).
+  app.use(codecCors(codecOrigins(deps.cfg)));
   app.use((req, _res, next) => {
     const hasBody = Number(req.headers['content-length'] ?? 0) > 0 || req.headers['transfer-encoding'] !== undefined;
     if (hasBody && !table.isRawBody(req) && ['POST', 'PUT', 'PATCH', 'DELETE'].includes(req.method) && !req.is(JSON_TYPES) && !req.is('application/x-ndjson')) {
@@ -152,6 +156,7 @@ export function createApp(
   registerUnimplementedRoutes(table, deps);
   registerPtyRoutes(table, deps);
   registerConsoleRoutes(table, createConsoleService(deps));
+  registerCodecRoutes(table, createCodecService(deps), deps.cfg);
   registerExecSocket(app, deps, auth);
   registerPtySocket(app, deps, auth);
 
@@ -240,4 +245,13 @@ export function toApiError(err: unknown): ApiError {
   const service = unreachableService(err);
   if (service) return new ApiError('unavailable', `${service} is unavailable; retry shortly`);
   return new ApiError('internal', 'internal error');
+}
+
+/** The origins allowed to call the codec endpoint from a browser: CODEC_CORS_ORIGINS, else the Temporal UI's. */
+function codecOrigins(cfg: ApiDeps['cfg']): string[] {
+  if (cfg.CODEC_CORS_ORIGINS)
+    return cfg.CODEC_CORS_ORIGINS.split(',')
+      .map((o) => o.trim())
+      .filter(Boolean);
+  return cfg.TEMPORAL_UI_URL ? [new URL(cfg.TEMPORAL_UI_URL).origin] : [];
 }

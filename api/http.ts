@@ -51,6 +51,15 @@ export interface RouteDef<PS extends AnyObject, QS extends AnyObject, BS extends
   handler: (ctx: Ctx<z.infer<PS>, z.infer<QS>, z.infer<BS>>) => Promise<void> | void;
 }
 
+/** The API's address as the caller reached it (PUBLIC_API_URL when set), for the URLs it hands out. */
+export function publicBase(deps: { cfg: { PUBLIC_API_URL?: string | undefined; PORT: number } }, req: Request): string {
+  if (deps.cfg.PUBLIC_API_URL) return deps.cfg.PUBLIC_API_URL.replace(/\/+$/, '');
+  const first = (v: string | string[] | undefined) => (Array.isArray(v) ? v[0] : v)?.split(',')[0]?.trim();
+  const proto = first(req.headers['x-forwarded-proto']) ?? 'http';
+  const host = first(req.headers['x-forwarded-host']) ?? req.headers.host ?? `127.0.0.1:${deps.cfg.PORT}`;
+  return `${proto === 'https' ? 'https' : 'http'}://${host}`;
+}
+
 /** Formats zod issues as `where: what; …`, naming the field. */
 export function describeIssues(where: string, error: z.ZodError): string {
   return error.issues

@@ -55,3 +55,19 @@ export async function grantOfKeyHash(store: Store, keyHash: string): Promise<{ o
 export function listApiKeys(store: Store, orgId: string) {
   return store.apiKeys.find({ orgId }).toArray();
 }
+
+/**
+ * The organisation of a Temporal workflow by its id (a session's, batch's or instance's id; a webhook
+ * delivery's `<subject id>-webhook`); null when none is stored. The payload codec's fallback
+ * (lib/payload-codec.ts) for a workflow it has not met.
+ */
+export async function orgOfWorkflowId(store: Store, workflowId: string): Promise<string | null> {
+  const id = workflowId.replace(/-webhook$/, '');
+  const byId = { _id: id } as never;
+  const project = { projection: { orgId: 1 } };
+  const found =
+    (await store.sessions.findOne(byId, project)) ??
+    (await store.db.collection<{ _id: string; orgId: string }>('batches').findOne(byId, project)) ??
+    (await store.db.collection<{ _id: string; orgId: string }>('instances').findOne(byId, project));
+  return (found as { orgId?: string } | null)?.orgId ?? null;
+}
