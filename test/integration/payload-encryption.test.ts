@@ -85,13 +85,25 @@ afterAll(async () => {
   await stack?.stop({ destroySandboxes: true });
   const keep = path.join(os.tmpdir(), 'sap-payload-enc-last-logs');
   fs.rmSync(keep, { recursive: true, force: true });
-  if (stack) fs.cpSync(stack.logDir, keep, { recursive: true });
+  if (dataDir && fs.existsSync(path.join(dataDir, 'logs'))) fs.cpSync(path.join(dataDir, 'logs'), keep, { recursive: true });
   if (dataDir) fs.rmSync(dataDir, { recursive: true, force: true });
 });
 
-/** Every payload's data and metadata in a history, as text (what someone reading Temporal's database sees). */
+/**
+ * A history as text with every payload's metadata and data as raw bytes (what someone reading
+ * Temporal's database sees), not base64: walks the message's fields itself (the protobuf classes'
+ * toJSON would write bytes as base64, which no plain canary could ever match).
+ */
 function historyText(history: unknown): string {
-  return JSON.stringify(history, (_k, v: unknown) => (v instanceof Uint8Array ? Buffer.from(v).toString('latin1') : v));
+  const out: string[] = [];
+  const walk = (v: unknown): void => {
+    if (v instanceof Uint8Array) out.push(Buffer.from(v).toString('latin1'));
+    else if (Array.isArray(v)) v.forEach(walk);
+    else if (v && typeof v === 'object') for (const [k, x] of Object.entries(v)) out.push(k), walk(x);
+    else if (v !== null && v !== undefined) out.push(String(v));
+  };
+  walk(history);
+  return out.join(' ');
 }
 const b64 = (u: Uint8Array | null | undefined) => Buffer.from(u ?? new Uint8Array()).toString('base64');
 const asJson = (p: { metadata?: Record<string, Uint8Array> | null; data?: Uint8Array | null }) => ({
@@ -108,7 +120,8 @@ describe('payloads encrypted per organisation', () => {
     const s = await call('POST', `/v1/agents/${agent}/sessions`, { input: { secret: CANARY } });
     expect(s.status).toBe(201);
     sessionId = s.body.id;
-    const done = await call('GET', `/v1/agents/${agent}/sessions/${sessionId}?wait=90`);
+    const done = await call('GET', `/v1/agents/${agent}/sessions/${sessionId}?wait=60`);
+    expect(done.status).toBe(200);
     expect(done.body.status).toBe('completed');
     expect(done.body.result).toEqual({ secret: CANARY });
 
