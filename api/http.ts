@@ -105,7 +105,15 @@ export class RouteTable {
         : { description: r.description };
     }
     // Any route with a body may also meet the body parser's 413 (too large) and 415 (not JSON).
-    for (const status of [400, 401, 404, ...(def.operator ? [403] : []), ...(def.body ? [413, 415] : []), ...(def.rawBody ? [413] : []), ...(def.errors ?? [])]) {
+    for (const status of [
+      400,
+      401,
+      404,
+      ...(def.operator ? [403] : []),
+      ...(def.body ? [413, 415] : []),
+      ...(def.rawBody ? [413] : []),
+      ...(def.errors ?? []),
+    ]) {
       responses[String(status)] ??= { description: 'Error', content: { 'application/json': { schema: ErrorBodySchema } } };
     }
     if (!def.public && !def.undocumented)

@@ -38,7 +38,8 @@ async function main(): Promise<void> {
       if (!ok) process.exitCode = 1;
     } else if (cmd === 'list' && values.org) {
       const keys = await listApiKeys(store, values.org);
-      for (const k of keys) process.stdout.write(`${JSON.stringify({ prefix: `${k.prefix}…`, label: k.label, role: k.role ?? 'tenant', createdAt: k.createdAt })}\n`);
+      for (const k of keys)
+        process.stdout.write(`${JSON.stringify({ prefix: `${k.prefix}…`, label: k.label, role: k.role ?? 'tenant', createdAt: k.createdAt })}\n`);
     } else {
       process.stderr.write(`${USAGE}\n`);
       process.exitCode = 2;

@@ -69,7 +69,14 @@ export function uiServerConfig(o: { temporalAddress: string; port: number; env: 
   const issuer = o.env.TEMPORAL_UI_OIDC_ISSUER;
   const host = o.env.TEMPORAL_UI_HOST ?? '127.0.0.1';
   const loopback = host === '127.0.0.1' || host === '::1' || host === 'localhost';
-  const lines = [`temporalGrpcAddress: ${o.temporalAddress}`, `host: ${host}`, `port: ${o.port}`, 'enableUi: true', 'disableNewsFetch: true', 'defaultNamespace: default'];
+  const lines = [
+    `temporalGrpcAddress: ${o.temporalAddress}`,
+    `host: ${host}`,
+    `port: ${o.port}`,
+    'enableUi: true',
+    'disableNewsFetch: true',
+    'defaultNamespace: default',
+  ];
   if (issuer) {
     const need = ['TEMPORAL_UI_OIDC_CLIENT_ID', 'TEMPORAL_UI_OIDC_CLIENT_SECRET', 'TEMPORAL_UI_OIDC_CALLBACK_URL'].filter((k) => !o.env[k]);
     if (need.length) throw new Error(`TEMPORAL_UI_OIDC_ISSUER is set: also set ${need.join(', ')}`);
@@ -87,7 +94,9 @@ export function uiServerConfig(o: { temporalAddress: string; port: number; env: 
       '      scopes: [openid, profile, email]',
     );
   } else if (!loopback) {
-    throw new Error(`TEMPORAL_UI_HOST=${host} exposes the Temporal UI, which has no login: configure OIDC (TEMPORAL_UI_OIDC_ISSUER, …) or keep it on 127.0.0.1`);
+    throw new Error(
+      `TEMPORAL_UI_HOST=${host} exposes the Temporal UI, which has no login: configure OIDC (TEMPORAL_UI_OIDC_ISSUER, …) or keep it on 127.0.0.1`,
+    );
   }
   return `${lines.join('\n')}\n`;
 }

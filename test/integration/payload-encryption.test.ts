@@ -99,7 +99,11 @@ function historyText(history: unknown): string {
   const walk = (v: unknown): void => {
     if (v instanceof Uint8Array) out.push(Buffer.from(v).toString('latin1'));
     else if (Array.isArray(v)) v.forEach(walk);
-    else if (v && typeof v === 'object') for (const [k, x] of Object.entries(v)) out.push(k), walk(x);
+    else if (v && typeof v === 'object')
+      for (const [k, x] of Object.entries(v)) {
+        out.push(k);
+        walk(x);
+      }
     else if (v !== null && v !== undefined) out.push(String(v));
   };
   walk(history);
@@ -136,7 +140,12 @@ describe('payloads encrypted per organisation', () => {
     startPayloads = started.input!.payloads!.map(asJson);
     expect(Buffer.from(started.input!.payloads![0]!.metadata!['encryption-org']!).toString()).toBe('enc-a');
     const d = await handle.describe();
-    expect(d.typedSearchAttributes.getAll().map((a) => [a.key.name, a.value])).toEqual(expect.arrayContaining([['OrgId', 'enc-a'], ['AgentId', agent]]));
+    expect(d.typedSearchAttributes.getAll().map((a) => [a.key.name, a.value])).toEqual(
+      expect.arrayContaining([
+        ['OrgId', 'enc-a'],
+        ['AgentId', agent],
+      ]),
+    );
     const summary = await d.staticSummary();
     expect(summary).toContain(`session ${sessionId}`);
     expect(summary).not.toContain(CANARY);
@@ -190,10 +199,14 @@ describe('payloads encrypted per organisation', () => {
   it("runs a batch end to end with its items' inputs encrypted in their sessions' histories", async () => {
     const b = await call('POST', `/v1/agents/${agent}/batches`, { items: [{ input: { secret: `${CANARY}-1` } }, { input: { secret: `${CANARY}-2` } }] });
     expect(b.status).toBe(201);
-    const done = await eventually(async () => {
-      const r = await call('GET', `/v1/agents/${agent}/batches/${b.body.id}`);
-      return r.body.status === 'completed' ? r.body : null;
-    }, 120_000, 500);
+    const done = await eventually(
+      async () => {
+        const r = await call('GET', `/v1/agents/${agent}/batches/${b.body.id}`);
+        return r.body.status === 'completed' ? r.body : null;
+      },
+      120_000,
+      500,
+    );
     expect(done.counts ?? done).toMatchObject({ completed: 2 });
     const raw = new Client({ connection, namespace: 'default' });
     const text = historyText(await raw.workflow.getHandle(b.body.id).fetchHistory());

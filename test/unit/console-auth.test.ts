@@ -23,7 +23,10 @@ describe('the console WebSocket key (Sec-WebSocket-Protocol)', () => {
 
   it('authenticates the key carried as sap-key.<base64url>, and refuses a wrong or empty one', async () => {
     const auth = createAuthenticator(storeWithKey('the-right-key'));
-    await expect(auth.authenticate(req({ 'sec-websocket-protocol': `sap-console, sap-key.${b64('the-right-key')}` }))).resolves.toEqual({ id: 'org-a', role: 'tenant' });
+    await expect(auth.authenticate(req({ 'sec-websocket-protocol': `sap-console, sap-key.${b64('the-right-key')}` }))).resolves.toEqual({
+      id: 'org-a',
+      role: 'tenant',
+    });
     await expect(auth.authenticate(req({ 'sec-websocket-protocol': `sap-console, sap-key.${b64('wrong')}` }))).rejects.toMatchObject({ type: 'unauthorized' });
     await expect(auth.authenticate(req({ 'sec-websocket-protocol': 'sap-console, sap-key.' }))).rejects.toMatchObject({ type: 'unauthorized' });
     // The header wins over the subprotocol.
