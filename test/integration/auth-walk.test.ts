@@ -143,6 +143,9 @@ const CROSS_BODIES: Record<string, (a: Ids) => unknown> = {
 const NO_REFERENCE: Record<string, string> = {
   'POST /api/secret-stores': 'a store names only itself',
   'POST /api/capacity/reservations': 'a reservation names only times and a size',
+  'POST /codec/decode':
+    "payloads name their organisation in their metadata: another organisation's come back as sent (payload-encryption.test.ts, with PAYLOAD_ENCRYPTION=on)",
+  'POST /api/codec/link': "no body: the link is the caller's key's",
 };
 
 interface Op {
