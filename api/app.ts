@@ -9,7 +9,7 @@ import { scrubUrl } from '../lib/logger';
 import { createAuthenticator, Authenticator, pickSubprotocol } from './auth';
 import type { ApiDeps } from './deps';
 import { RouteTable } from './http';
-import { ApiMetrics, createApiMetrics } from './metrics';
+import { ApiMetrics, authorizeMetrics, createApiMetrics } from './metrics';
 import { registerAgentRoutes } from './routes/agents';
 import { registerSessionRoutes } from './routes/sessions';
 import { registerBatchRoutes } from './routes/batches';
@@ -31,6 +31,8 @@ import { registerUnimplementedRoutes } from './routes/unimplemented';
 import { registerPtyRoutes, registerPtySocket } from './routes/pty';
 import { registerConsoleRoutes } from './routes/console';
 import { registerConsole } from './console';
+import { codecCors, registerCodecRoutes } from './routes/codec';
+import { createCodecService } from '../services/codec';
 import { referenceOutline } from './docs-outline';
 import { notReadyMessage, Readiness } from './readiness';
 import { createAgentService } from '../services/agents';
@@ -81,8 +83,15 @@ export function createApp(
     }),
   );
 
-  // Prometheus text format, without authentication (labels hold route patterns only).
-  app.get('/metrics', (req, res) => void metrics.handler(req, res));
+  const auth = createAuthenticator(deps.store, deps.cfg.API_KEY_CACHE_MS);
+  // Prometheus text format (labels hold route patterns only), for the operator: METRICS_TOKEN, an
+  // operator's key, or a loopback peer when no token is set (api/metrics.ts, authorizeMetrics).
+  app.get('/metrics', (req, res, next) => {
+    authorizeMetrics(req, deps.cfg.METRICS_TOKEN, auth).then(
+      () => metrics.handler(req, res),
+      (err: unknown) => next(err),
+    );
+  });
   // Liveness only: the process serves HTTP. Readiness (below) asks the dependencies.
   app.get('/healthz', (_req, res) => {
     res.json({ status: 'ok' });
@@ -106,9 +115,10 @@ export function createApp(
     }
   });
 
-  const auth = createAuthenticator(deps.store, deps.cfg.API_KEY_CACHE_MS);
   const router = express.Router();
   const table = new RouteTable(router, auth);
+  // The codec endpoint answers the Temporal UI's origin (CODEC_CORS_ORIGINS, else TEMPORAL_UI_URL's).
+  app.use(codecCors(codecOrigins(deps.cfg)));
   app.use((req, _res, next) => {
     const hasBody = Number(req.headers['content-length'] ?? 0) > 0 || req.headers['transfer-encoding'] !== undefined;
     if (hasBody && !table.isRawBody(req) && ['POST', 'PUT', 'PATCH', 'DELETE'].includes(req.method) && !req.is(JSON_TYPES) && !req.is('application/x-ndjson')) {
@@ -148,6 +158,7 @@ export function createApp(
   registerUnimplementedRoutes(table, deps);
   registerPtyRoutes(table, deps);
   registerConsoleRoutes(table, createConsoleService(deps));
+  registerCodecRoutes(table, createCodecService(deps), deps.cfg);
   registerExecSocket(app, deps, auth);
   registerPtySocket(app, deps, auth);
 
@@ -236,4 +247,13 @@ export function toApiError(err: unknown): ApiError {
   const service = unreachableService(err);
   if (service) return new ApiError('unavailable', `${service} is unavailable; retry shortly`);
   return new ApiError('internal', 'internal error');
+}
+
+/** The origins allowed to call the codec endpoint from a browser: CODEC_CORS_ORIGINS, else the Temporal UI's. */
+function codecOrigins(cfg: ApiDeps['cfg']): string[] {
+  if (cfg.CODEC_CORS_ORIGINS)
+    return cfg.CODEC_CORS_ORIGINS.split(',')
+      .map((o) => o.trim())
+      .filter(Boolean);
+  return cfg.TEMPORAL_UI_URL ? [new URL(cfg.TEMPORAL_UI_URL).origin] : [];
 }

@@ -1,17 +1,25 @@
 import type { Request } from 'express';
 import { ApiError } from '../lib/errors';
 import { hashSecret } from '../lib/ids';
-import type { Store } from '../store';
-import { orgOfKeyHash } from '../store/orgs';
+import type { KeyRole, Store } from '../store';
+import { grantOfKeyHash } from '../store/orgs';
 
 /** The organisation a request acts for. */
 export interface OrgContext {
   id: string;
+  /**
+   * The key's role: a tenant sees its organisation's resources only; an operator also the fleet's
+   * views (hosts, the Temporal UI's address, /metrics, every organisation's payloads through the codec
+   * endpoint). docs/threat-model.md, "The operator role".
+   */
+  role: KeyRole;
 }
 
 /** Resolves the organisation of a request from its `X-API-Key` (on a WebSocket handshake also its subprotocol or `api_key` query). */
 export interface Authenticator {
   authenticate(req: Request): Promise<OrgContext>;
+  /** As authenticate, then 403 forbidden unless the key is an operator's. */
+  authenticateOperator(req: Request): Promise<OrgContext>;
   /** Resolves a raw key; null when unknown. */
   resolve(key: string): Promise<OrgContext | null>;
   /**
@@ -41,11 +49,18 @@ export function createAuthenticator(store: Store, cacheMs = DEFAULT_KEY_CACHE_MS
     const hit = cache.get(id);
     const now = Date.now();
     if (hit && hit.until > now) return hit.org;
-    const orgId = await orgOfKeyHash(store, id);
-    const org = orgId ? { id: orgId } : null;
+    const found = await grantOfKeyHash(store, id);
+    const org: OrgContext | null = found ? { id: found.orgId, role: found.role } : null;
     if (cache.size > 10_000) cache.clear();
     cache.set(id, { org, until: now + cacheMs });
     return org;
+  }
+  async function authenticate(req: Request): Promise<OrgContext> {
+    const key = keyOf(req);
+    if (!key) throw new ApiError('unauthorized', missingKeyMessage(req));
+    const org = await resolve(key);
+    if (!org) throw new ApiError('unauthorized', 'invalid API key');
+    return noteOrg(req, org);
   }
   return {
     resolve,
@@ -57,7 +72,7 @@ export function createAuthenticator(store: Store, cacheMs = DEFAULT_KEY_CACHE_MS
         checking = true;
         resolve(key ?? '')
           .then((now) => {
-            if (now?.id === org.id) return;
+            if (now?.id === org.id && now.role === org.role) return;
             clearInterval(timer);
             onRevoked();
           })
@@ -68,17 +83,23 @@ export function createAuthenticator(store: Store, cacheMs = DEFAULT_KEY_CACHE_MS
       timer.unref();
       return () => clearInterval(timer);
     },
-    async authenticate(req) {
-      const key = keyOf(req);
-      if (!key) throw new ApiError('unauthorized', missingKeyMessage(req));
-      const org = await resolve(key);
-      if (!org) throw new ApiError('unauthorized', 'invalid API key');
-      // For the request's log lines (see createApp).
-      if (req.res) req.res.locals.orgId = org.id;
-      if (req.log) req.log = req.log.child({ orgId: org.id });
+    authenticate,
+    async authenticateOperator(req) {
+      const org = await authenticate(req);
+      if (org.role !== 'operator') throw new ApiError('forbidden', OPERATOR_ONLY);
       return org;
     },
   };
+}
+
+/** The message of a tenant's key on an operator's route. */
+export const OPERATOR_ONLY = "operator only: this key is a tenant's (operator keys are made with npm run keys -- create --role operator)";
+
+/** Names the organisation in the request's log lines (see createApp). */
+function noteOrg(req: Request, org: OrgContext): OrgContext {
+  if (req.res) req.res.locals.orgId = org.id;
+  if (req.log) req.log = req.log.child({ orgId: org.id });
+  return org;
 }
 
 /**

@@ -37,6 +37,11 @@ export interface RouteDef<PS extends AnyObject, QS extends AnyObject, BS extends
    * the handler's `org` is empty (`id` '').
    */
   public?: true;
+  /**
+   * Operators only: a tenant's key gets 403 forbidden (the fleet's views: hosts, the Temporal UI's
+   * address). Documented with the `operator` security requirement.
+   */
+  operator?: true;
   /** Authenticated like any route but left out of /openapi.json (the calls of the client this server answers 501). */
   undocumented?: true;
   /** Documented success answers: status → schema (or null for no body). */
@@ -44,6 +49,15 @@ export interface RouteDef<PS extends AnyObject, QS extends AnyObject, BS extends
   /** Error types this route may answer with, for the document. */
   errors?: number[];
   handler: (ctx: Ctx<z.infer<PS>, z.infer<QS>, z.infer<BS>>) => Promise<void> | void;
+}
+
+/** The API's address as the caller reached it (PUBLIC_API_URL when set), for the URLs it hands out. */
+export function publicBase(deps: { cfg: { PUBLIC_API_URL?: string | undefined; PORT: number } }, req: Request): string {
+  if (deps.cfg.PUBLIC_API_URL) return deps.cfg.PUBLIC_API_URL.replace(/\/+$/, '');
+  const first = (v: string | string[] | undefined) => (Array.isArray(v) ? v[0] : v)?.split(',')[0]?.trim();
+  const proto = first(req.headers['x-forwarded-proto']) ?? 'http';
+  const host = first(req.headers['x-forwarded-host']) ?? req.headers.host ?? `127.0.0.1:${deps.cfg.PORT}`;
+  return `${proto === 'https' ? 'https' : 'http'}://${host}`;
 }
 
 /** Formats zod issues as `where: what; …`, naming the field. */
@@ -91,14 +105,22 @@ export class RouteTable {
         : { description: r.description };
     }
     // Any route with a body may also meet the body parser's 413 (too large) and 415 (not JSON).
-    for (const status of [400, 401, 404, ...(def.body ? [413, 415] : []), ...(def.rawBody ? [413] : []), ...(def.errors ?? [])]) {
+    for (const status of [
+      400,
+      401,
+      404,
+      ...(def.operator ? [403] : []),
+      ...(def.body ? [413, 415] : []),
+      ...(def.rawBody ? [413] : []),
+      ...(def.errors ?? []),
+    ]) {
       responses[String(status)] ??= { description: 'Error', content: { 'application/json': { schema: ErrorBodySchema } } };
     }
     if (!def.public && !def.undocumented)
       this.registry.registerPath({
         method: def.method,
         path: openapiPath(def.path),
-        summary: def.summary,
+        summary: def.operator ? `${def.summary} (operator keys only)` : def.summary,
         tags: [def.tag],
         security: [{ ApiKey: [] }],
         request: {
@@ -115,7 +137,11 @@ export class RouteTable {
 
     const handler: RequestHandler = async (req: Request, res: Response, next: NextFunction) => {
       try {
-        const org = def.public ? { id: '' } : await this.auth.authenticate(req);
+        const org: OrgContext = def.public
+          ? { id: '', role: 'tenant' }
+          : def.operator
+            ? await this.auth.authenticateOperator(req)
+            : await this.auth.authenticate(req);
         const params = def.params ? parseOrThrow(def.params, req.params, 'path') : {};
         const query = def.query ? parseOrThrow(def.query, req.query, 'query') : {};
         const body = def.body ? parseOrThrow(def.body, req.body ?? {}, 'body') : undefined;

@@ -2,7 +2,8 @@ import { Client, Connection } from '@temporalio/client';
 import { bootstrapApiKey, loadConfigOrExit } from '../config';
 import { createLogger } from '../lib/logger';
 import { connectStore } from '../store';
-import { ensureApiKey } from '../store/orgs';
+import { ensureApiKey, orgOfWorkflowId } from '../store/orgs';
+import { dataConverterOf, payloadCodecOf } from '../lib/payload-codec';
 import { createApiServer } from './server';
 import { HostDirectory } from '../services/hosts';
 import { resolveHostToken, resolveSecretBox } from '../config';
@@ -18,10 +19,12 @@ async function main(): Promise<void> {
   const store = await connectStore(cfg.MONGO_URL);
   const key = bootstrapApiKey(cfg);
   if (key) await ensureApiKey(store, 'default', key);
-  const connection = await Connection.connect({ address: cfg.TEMPORAL_ADDRESS });
-  const temporal = new Client({ connection, namespace: cfg.TEMPORAL_NAMESPACE });
-  const hosts = new HostDirectory(store, resolveHostToken(cfg), cfg.HOST_DEAD_AFTER * 1000);
   const secrets = resolveSecretBox(cfg);
+  // Temporal payloads per organisation (PAYLOAD_ENCRYPTION): what this client sends is encrypted, what it reads decrypted.
+  const codec = payloadCodecOf(cfg, secrets, (id) => orgOfWorkflowId(store, id));
+  const connection = await Connection.connect({ address: cfg.TEMPORAL_ADDRESS });
+  const temporal = new Client({ connection, namespace: cfg.TEMPORAL_NAMESPACE, ...dataConverterOf(codec) });
+  const hosts = new HostDirectory(store, resolveHostToken(cfg), cfg.HOST_DEAD_AFTER * 1000);
   // Agents written before env values were sealed: sealed now, so MongoDB holds no value.
   const sealed = await sealLegacyAgentEnvs(store, secrets);
   if (sealed > 0) logger.info({ agents: sealed }, 'sealed the env values of agents written before they were sealed');
@@ -31,7 +34,7 @@ async function main(): Promise<void> {
   // So are agents, batches and live sandboxes.
   const more = { agents: await listUnlistedAgents(store), batches: await listUnlistedBatches(store), sandboxes: await listUnlistedSandboxes(store) };
   if (more.agents + more.batches + more.sandboxes > 0) logger.info(more, 'listed the agents, batches and live sandboxes stored before they were listed by key');
-  const { server, previewServer } = createApiServer({ cfg, store, temporal, logger, hosts, secrets });
+  const { server, previewServer } = createApiServer({ cfg, store, temporal, logger, hosts, secrets, codec });
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);
     server.listen(cfg.PORT, cfg.HOST, resolve);

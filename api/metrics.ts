@@ -1,4 +1,7 @@
+import { createHash, timingSafeEqual } from 'node:crypto';
 import type { NextFunction, Request, Response } from 'express';
+import { ApiError } from '../lib/errors';
+import type { Authenticator } from './auth';
 import client from 'prom-client';
 import type { ApiDeps } from './deps';
 import { runningBatchCounts } from '../store/batches';
@@ -102,4 +105,36 @@ export function createApiMetrics(deps: Pick<ApiDeps, 'store'>): ApiMetrics {
       }
     },
   };
+}
+
+/** Whether a peer address is loopback (127.0.0.0/8, ::1, or IPv4 loopback mapped into IPv6). */
+export function isLoopback(address: string | undefined): boolean {
+  if (!address) return false;
+  const v4 = address.startsWith('::ffff:') ? address.slice(7) : address;
+  return address === '::1' || /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(v4);
+}
+
+const digest = (s: string) => createHash('sha256').update(s).digest();
+
+/**
+ * Who may read GET /metrics (its counters are every organisation's together, so not a tenant):
+ * - an operator's API key (X-API-Key), always; a tenant's key gets 403;
+ * - with METRICS_TOKEN set, `Authorization: Bearer <METRICS_TOKEN>`, from anywhere (and nothing else);
+ * - without it, a loopback peer (bind the API to a private address, or put a proxy in front that
+ *   sets no X-API-Key: then set METRICS_TOKEN, since every request reaches the API from loopback).
+ * Throws the ApiError to answer otherwise.
+ */
+export async function authorizeMetrics(req: Request, token: string | undefined, auth: Pick<Authenticator, 'authenticateOperator'>): Promise<void> {
+  if (req.headers['x-api-key'] !== undefined) {
+    await auth.authenticateOperator(req);
+    return;
+  }
+  const header = req.headers.authorization;
+  if (token) {
+    const m = typeof header === 'string' ? /^Bearer\s+(\S+)$/i.exec(header) : null;
+    if (m && timingSafeEqual(digest(m[1]!), digest(token))) return;
+    throw new ApiError('unauthorized', 'GET /metrics needs Authorization: Bearer <METRICS_TOKEN> (or an operator API key)');
+  }
+  if (isLoopback(req.socket.remoteAddress)) return;
+  throw new ApiError('forbidden', 'GET /metrics answers loopback peers only while METRICS_TOKEN is unset (or an operator API key)');
 }

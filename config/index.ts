@@ -154,6 +154,25 @@ export const configSchema = z.object({
     .int()
     .positive()
     .default(8 * 1024 * 1024),
+  /**
+   * Temporal payloads encrypted per organisation (lib/payload-codec.ts; docs/threat-model.md): `on`
+   * encrypts what the API and the workers send Temporal; both must agree. Reading stays possible either
+   * way (a process with the codec decodes what it finds encrypted, and passes plain payloads through).
+   */
+  PAYLOAD_ENCRYPTION: z.enum(['on', 'off']).default('off'),
+  /** The id of the data keys new payloads get (rotation: docs/threat-model.md). */
+  PAYLOAD_KEY_ID: z
+    .string()
+    .regex(/^[\w.-]{1,32}$/, 'must be 1-32 letters, digits, _ . -')
+    .default('k1'),
+  /** Origins allowed to call the codec endpoint from a browser (the Temporal UI's), comma-separated; default: TEMPORAL_UI_URL's origin. */
+  CODEC_CORS_ORIGINS: z.string().optional(),
+  /**
+   * The bearer token GET /metrics of the API asks for (`Authorization: Bearer <token>`; an operator's
+   * API key is taken too). Unset: /metrics answers loopback peers only (and operator keys). Its
+   * counters are every organisation's together: docs/operations/observability.md.
+   */
+  METRICS_TOKEN: z.string().min(16, 'must be at least 16 characters').max(200).optional(),
   /** The worker's Prometheus endpoint (GET /metrics); the Temporal SDK's exporter takes the next port. 0: off. */
   WORKER_METRICS_PORT: z.coerce.number().int().min(0).max(65534).default(9464),
   /** At most this many running sandboxes per host get sap_sandbox_* gauges (the largest memory users); 0: none. */

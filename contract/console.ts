@@ -3,8 +3,12 @@ import { z } from './zod'; // zod with .openapi()
 
 export const ConsoleConfig = z
   .object({
-    temporalUiUrl: z.string().nullable().describe("The Temporal Web UI's address (TEMPORAL_UI_URL); null when not configured"),
+    temporalUiUrl: z
+      .string()
+      .nullable()
+      .describe("The Temporal Web UI's address (TEMPORAL_UI_URL), an operator's tool: null for a tenant's key, and when not configured"),
     temporalNamespace: z.string(),
+    role: z.enum(['tenant', 'operator']).describe("The caller's key's role: operators also see the hosts and the Temporal UI"),
   })
   .openapi('ConsoleConfig');
 

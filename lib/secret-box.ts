@@ -27,6 +27,11 @@ export class SecretBox {
     return `${VERSION}:${Buffer.concat([iv, cipher.getAuthTag(), body]).toString('base64')}`;
   }
 
+  /** A 32-byte key of its own for `purpose`, derived from this key (HMAC-SHA256): e.g. the payload codec's master. */
+  derive(purpose: string): Buffer {
+    return createHmac('sha256', this.#key).update(`derive:${purpose}`).digest();
+  }
+
   /** HMAC-SHA256 of `data` under a key of its own for `purpose` (derived from this key), base64url. */
   sign(data: string, purpose: string): string {
     const key = createHmac('sha256', this.#key).update(`sign:${purpose}`).digest();

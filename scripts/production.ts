@@ -59,6 +59,48 @@ const PG_USER = 'sap';
 const PG_OS_USER = 'postgres';
 const HOST_ID_SPAN = 67_108_864; // 1024 slots of 65536 ids: as many as a /21 has /31s
 
+/**
+ * The Temporal UI server's config (ui.yaml). The UI is the operator's tool and has no login of its
+ * own: it listens on 127.0.0.1 unless OIDC is configured (TEMPORAL_UI_OIDC_ISSUER, _CLIENT_ID,
+ * _CLIENT_SECRET, _CALLBACK_URL), and only then on TEMPORAL_UI_HOST. A non-loopback host without
+ * OIDC is refused. docs/operations/production.md, "The Temporal UI".
+ */
+export function uiServerConfig(o: { temporalAddress: string; port: number; env: Record<string, string | undefined> }): string {
+  const issuer = o.env.TEMPORAL_UI_OIDC_ISSUER;
+  const host = o.env.TEMPORAL_UI_HOST ?? '127.0.0.1';
+  const loopback = host === '127.0.0.1' || host === '::1' || host === 'localhost';
+  const lines = [
+    `temporalGrpcAddress: ${o.temporalAddress}`,
+    `host: ${host}`,
+    `port: ${o.port}`,
+    'enableUi: true',
+    'disableNewsFetch: true',
+    'defaultNamespace: default',
+  ];
+  if (issuer) {
+    const need = ['TEMPORAL_UI_OIDC_CLIENT_ID', 'TEMPORAL_UI_OIDC_CLIENT_SECRET', 'TEMPORAL_UI_OIDC_CALLBACK_URL'].filter((k) => !o.env[k]);
+    if (need.length) throw new Error(`TEMPORAL_UI_OIDC_ISSUER is set: also set ${need.join(', ')}`);
+    const q = (v: string | undefined) => JSON.stringify(v ?? '');
+    lines.push(
+      'auth:',
+      '  enabled: true',
+      '  providers:',
+      '    - label: sso',
+      '      type: oidc',
+      `      providerUrl: ${q(issuer)}`,
+      `      clientId: ${q(o.env.TEMPORAL_UI_OIDC_CLIENT_ID)}`,
+      `      clientSecret: ${q(o.env.TEMPORAL_UI_OIDC_CLIENT_SECRET)}`,
+      `      callbackUrl: ${q(o.env.TEMPORAL_UI_OIDC_CALLBACK_URL)}`,
+      '      scopes: [openid, profile, email]',
+    );
+  } else if (!loopback) {
+    throw new Error(
+      `TEMPORAL_UI_HOST=${host} exposes the Temporal UI, which has no login: configure OIDC (TEMPORAL_UI_OIDC_ISSUER, …) or keep it on 127.0.0.1`,
+    );
+  }
+  return `${lines.join('\n')}\n`;
+}
+
 /** The directory of Debian's newest PostgreSQL server binaries. */
 export function postgresBin(): string {
   const base = '/usr/lib/postgresql';
@@ -254,12 +296,7 @@ export async function startProductionStack(o: ProductionOptions): Promise<Produc
   const temporalYaml = path.join(tDir, 'production.yaml');
   fs.writeFileSync(temporalYaml, temporalConfig({ pgPort, password, ports: internalPorts, dynamicConfig }), { mode: 0o600 });
   const uiYaml = path.join(tDir, 'ui.yaml');
-  if (o.uiPort)
-    fs.writeFileSync(
-      uiYaml,
-      `temporalGrpcAddress: ${temporalAddress}\nhost: 127.0.0.1\nport: ${o.uiPort}\nenableUi: true\ndisableNewsFetch: true\ndefaultNamespace: default\n`,
-      { mode: 0o600 },
-    );
+  if (o.uiPort) fs.writeFileSync(uiYaml, uiServerConfig({ temporalAddress, port: o.uiPort, env: { ...process.env, ...o.env } }), { mode: 0o600 });
 
   const openLog = (name: string) => {
     const fd = fs.openSync(path.join(logDir, `${name}.log`), 'a', 0o600);

@@ -4,6 +4,7 @@ import type { Logger } from '../lib/logger';
 import type { Store } from '../store';
 import type { SecretBox } from '../lib/secret-box';
 import type { HostDirectory } from './hosts';
+import type { OrgPayloadCodec } from '../lib/payload-codec';
 
 /** What the services of the control plane are built from (api/main.ts builds it once; tests build their own). */
 export interface ServiceDeps {
@@ -15,6 +16,11 @@ export interface ServiceDeps {
   hosts: HostDirectory;
   /** Seals and opens secret-store values (SECRETS_KEY). */
   secrets: SecretBox;
+  /**
+   * The Temporal payload codec (lib/payload-codec.ts), for the codec endpoint; the same one is in
+   * `temporal`'s data converter. Absent in tests that build their own deps: the endpoint then opens nothing.
+   */
+  codec?: OrgPayloadCodec;
 }
 
 /** What the sandbox-side services need (sandboxes, checkpoints, snapshots, exec, files, terminals, previews, storage quota): no Temporal client. */

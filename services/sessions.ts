@@ -113,7 +113,7 @@ export function createSessionService(deps: ServiceDeps, agents: Pick<AgentServic
     await startWorkflowOnce(deps.temporal, 'sessionWorkflow', {
       taskQueue: deps.cfg.TASK_QUEUE,
       workflowId: s._id,
-      staticSummary: sessionSummary(s.agent_id, s._id, s.input),
+      staticSummary: sessionSummary(s.agent_id, s._id),
       args: [args],
       typedSearchAttributes: [
         { key: AGENT_ID, value: s.agent_id },

@@ -13,10 +13,15 @@ export interface OrgDoc {
 }
 
 /** An API key, stored by the sha256 of the key (never the key itself). */
+/** What a key may see: its organisation's resources (tenant), or also the fleet's views (operator; docs/threat-model.md). */
+export type KeyRole = 'tenant' | 'operator';
+
 export interface ApiKeyDoc {
   _id: string;
   orgId: string;
   label: string;
+  /** Absent on keys stored before roles existed: tenant. `operator` is set only by `npm run keys` (scripts/keys.ts). */
+  role?: KeyRole;
   prefix: string;
   createdAt: Date;
 }

@@ -10,6 +10,8 @@ import { connectStore } from '../store';
 import { startReaper } from './reaper';
 import { createWorkerMetrics, installTemporalRuntime, serveWorkerMetrics } from './metrics';
 import { chooseHost, hostAlive, HostView, placementWeight, registerHost } from '../store/hosts';
+import { orgOfWorkflowId } from '../store/orgs';
+import { dataConverterOf, payloadCodecOf } from '../lib/payload-codec';
 
 /** A session stays on the host whose worker took it while that host has at least this share of the roomiest host's room. */
 const STAY_SHARE = 0.75;
@@ -32,8 +34,10 @@ async function main(): Promise<void> {
   // The host says who it is; its sandboxes' steps are routed to that host's task queue.
   const { hostId, ok: _ok, provider: _provider, ...capacity } = await host.health();
   const hostEntry = { id: hostId, url: hostUrlOf(cfg), taskQueue: hostTaskQueue(cfg, hostId) };
+  // Temporal payloads per organisation (PAYLOAD_ENCRYPTION): the workers encode and decode outside the workflow isolate.
+  const codec = payloadCodecOf(cfg, resolveSecretBox(cfg), (id) => orgOfWorkflowId(store, id));
   const clientConnection = await Connection.connect({ address: cfg.TEMPORAL_ADDRESS });
-  const client = new Client({ connection: clientConnection, namespace: cfg.TEMPORAL_NAMESPACE });
+  const client = new Client({ connection: clientConnection, namespace: cfg.TEMPORAL_NAMESPACE, ...dataConverterOf(codec) });
   // Written off while away: its old sandboxes go before it takes anything new.
   await rejoinIfLost(store, client, host, hostId, logger);
   await registerHost(store, { ...hostEntry, capacity });
@@ -104,6 +108,7 @@ async function main(): Promise<void> {
     activities,
     maxConcurrentActivityTaskExecutions: 500,
     interceptors: { activity: [metrics.activityInterceptor] },
+    ...dataConverterOf(codec),
   };
   const shared = await Worker.create({ ...common, ...workflowSource, taskQueue: cfg.TASK_QUEUE, maxConcurrentWorkflowTaskExecutions: 100 });
   const local = await Worker.create({ ...common, taskQueue: hostTaskQueue(cfg, hostId) });

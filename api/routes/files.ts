@@ -4,8 +4,7 @@ import type { IncomingMessage } from 'node:http';
 import type { Request, Response } from 'express';
 import { z } from 'zod';
 import type { ApiDeps } from '../deps';
-import type { RouteTable } from '../http';
-import '../http';
+import { publicBase, type RouteTable } from '../http';
 import { invalid } from '../../lib/errors';
 import { sandboxServicesOf } from '../../services/sandbox-services';
 import { SandboxParams } from '../sandbox-schemas';
@@ -54,15 +53,6 @@ const SignedUrlBody = z
   .strict()
   .openapi('FileUrlRequest');
 const SignedUrlView = z.object({ url: z.string(), expiresAt: z.string() }).openapi('FileUrl');
-
-/** The API's address as the caller reached it (PUBLIC_API_URL when set). */
-function publicBase(deps: ApiDeps, req: Request): string {
-  if (deps.cfg.PUBLIC_API_URL) return deps.cfg.PUBLIC_API_URL.replace(/\/+$/, '');
-  const first = (v: string | string[] | undefined) => (Array.isArray(v) ? v[0] : v)?.split(',')[0]?.trim();
-  const proto = first(req.headers['x-forwarded-proto']) ?? 'http';
-  const host = first(req.headers['x-forwarded-host']) ?? req.headers.host ?? `127.0.0.1:${deps.cfg.PORT}`;
-  return `${proto === 'https' ? 'https' : 'http'}://${host}`;
-}
 
 /**
  * Streams a file of the sandbox (opened by `open`, aborted with the client) as the answer, with

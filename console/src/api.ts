@@ -109,3 +109,24 @@ export function socketProtocols(): string[] {
 }
 
 export const enc = encodeURIComponent;
+
+/** GET /api/console/config: the key's role, and for an operator the Temporal UI's address (null for a tenant). */
+export interface ConsoleConfig {
+  temporalUiUrl: string | null;
+  temporalNamespace: string;
+  role: 'tenant' | 'operator';
+}
+
+let config: { key: string; value: Promise<ConsoleConfig> } | null = null;
+/** The console's settings for the signed-in key, read once per key (dropped when the call fails). */
+export function consoleConfig(): Promise<ConsoleConfig> {
+  const key = getKey() ?? '';
+  if (config?.key !== key) {
+    const value = api<ConsoleConfig>('/api/console/config').catch((e: unknown) => {
+      if (config?.value === value) config = null;
+      return Promise.reject(e);
+    });
+    config = { key, value };
+  }
+  return config.value;
+}

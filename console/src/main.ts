@@ -1,5 +1,5 @@
 import './style.css';
-import { clearKey, getKey } from './api';
+import { clearKey, consoleConfig, getKey } from './api';
 import { h, fill } from './dom';
 import type { Page } from './page';
 import { signInPage } from './pages/signin';
@@ -29,13 +29,23 @@ let current: AbortController | null = null;
 function header(): void {
   const top = document.getElementById('top')!;
   const signedIn = getKey() !== null;
+  // The hosts are the operator's view (every organisation's load): the link shows for operator keys only.
+  const hosts = h('a', { href: '#/hosts', class: 'operator-only', hidden: true }, 'Hosts');
+  if (signedIn)
+    void consoleConfig().then(
+      (c) => {
+        if (c.role === 'operator') hosts.hidden = false;
+        top.querySelector('nav')?.setAttribute('data-role', c.role);
+      },
+      () => undefined,
+    );
   fill(
     top,
     h(
       'nav',
       null,
       h('a', { class: 'brand', href: '#/agents' }, 'Sandbox Agent Platform'),
-      signedIn ? [h('a', { href: '#/agents' }, 'Agents'), h('a', { href: '#/sandboxes' }, 'Sandboxes'), h('a', { href: '#/hosts' }, 'Hosts')] : null,
+      signedIn ? [h('a', { href: '#/agents' }, 'Agents'), h('a', { href: '#/sandboxes' }, 'Sandboxes'), hosts] : null,
       h('a', { href: '/docs' }, 'API reference'),
       signedIn
         ? h(

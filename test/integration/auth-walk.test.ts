@@ -13,13 +13,16 @@ import { Attached } from '../helpers/exec';
 const PUBLIC: Record<string, string> = {
   '/healthz': 'liveness probe for orchestrators: answers {status: "ok"} and nothing else',
   '/readyz': 'readiness probe for orchestrators: names the state of MongoDB and Temporal, no data of anyone',
-  '/metrics': 'Prometheus scrape: labels hold route patterns and counters, never ids',
+  '/metrics': 'Prometheus scrape: labels hold route patterns and counters, never ids; loopback peers only without METRICS_TOKEN (operator.test.ts)',
   '/openapi.json': 'the description of the API itself',
   // Signed file URLs (/api/files/<token>) carry their own authorisation, an HMAC over the organisation, sandbox,
   // path, method and expiry; files.test.ts covers forged, expired and wrong-method tokens (403).
   // Previews served by host name (<sandbox id>-p<port>.<domain>, any path) are public unless created with a
   // bearer token, by design (a browser opens them); previews.test.ts covers their tokens and 404s.
 };
+
+/** The operator's routes (every organisation's fleet): a tenant's key gets 403 (operator.test.ts covers an operator's). */
+const OPERATOR_ONLY = new Set(['GET /api/hosts']);
 
 /** WebSocket routes (express-ws): /openapi.json does not describe them. */
 const WS_ROUTES = ['/api/sandboxes/{id}/exec/{sessionID}'];
@@ -140,6 +143,9 @@ const CROSS_BODIES: Record<string, (a: Ids) => unknown> = {
 const NO_REFERENCE: Record<string, string> = {
   'POST /api/secret-stores': 'a store names only itself',
   'POST /api/capacity/reservations': 'a reservation names only times and a size',
+  'POST /codec/decode':
+    "payloads name their organisation in their metadata: another organisation's come back as sent (payload-encryption.test.ts, with PAYLOAD_ENCRYPTION=on)",
+  'POST /api/codec/link': "no body: the link is the caller's key's",
 };
 
 interface Op {
@@ -381,7 +387,8 @@ describe('every route authenticates and hides other organisations (walked from /
       if (op.method === 'GET') {
         const r = await call(op, a, keyB);
         const text = JSON.stringify(r.body);
-        if (r.status !== 200) failures.push(`${op.name}: ${r.status} ${text}`);
+        const want = OPERATOR_ONLY.has(op.name) ? 403 : 200;
+        if (r.status !== want) failures.push(`${op.name}: ${r.status} ${text}`);
         for (const s of secrets) if (text.includes(s)) failures.push(`${op.name} shows ${s}`);
       } else if (CROSS_BODIES[op.name]) {
         const r = await call(op, a, keyB, { body: CROSS_BODIES[op.name]!(a) });

@@ -2,7 +2,8 @@
  * The web console in a real browser (Debian's Chromium through playwright-core) against the test
  * stack: the static pages and their headers, sign-in (a wrong key refused with the API's message), a
  * failing session's logs followed live and its failure, a batch to its end, a sandbox's terminal,
- * file upload and download, the hosts page, and the API reference at /docs.
+ * file upload and download, the hosts page and the Temporal UI link (an operator's key only), and the
+ * API reference at /docs.
  */
 import WebSocket from 'ws';
 import type { Browser, BrowserContext, Page } from 'playwright-core';
@@ -119,12 +120,13 @@ describe('web console', () => {
         ['line stderr', 'boom-on-stderr\n'],
       ]);
       expect(await page.textContent('.session-status')).toBe('failed');
-      // Its workflow in the Temporal UI (TEMPORAL_UI_URL; the test stack runs no UI, so only the href is checked).
+      // The Temporal UI is the operator's: a tenant's key gets no address, and its console no link
+      // (nor the hosts): the nav names the role once the console read its settings.
       const config = (await api('GET', '/api/console/config')).body;
-      expect(config.temporalUiUrl).toBe('http://temporal-ui.test.invalid:8233');
-      expect(await page.getAttribute('a.temporal-link', 'href')).toBe(
-        `${config.temporalUiUrl}/namespaces/${encodeURIComponent(config.temporalNamespace)}/workflows/${sessionId}`,
-      );
+      expect(config).toMatchObject({ temporalUiUrl: null, role: 'tenant' });
+      await page.waitForSelector('nav[data-role="tenant"]', { state: 'attached' });
+      expect(await page.$('a.temporal-link')).toBeNull();
+      expect(await page.isHidden('nav a:has-text("Hosts")')).toBe(true);
       await page.click(`a:has-text("Sessions of ${id}")`);
       await page.selectOption('select[name=status]', 'failed');
       await page.waitForSelector(`td a:has-text("${sessionId}")`);
@@ -289,12 +291,43 @@ describe('web console', () => {
     expect(JSON.parse(outcome.text).error.type).toBe('unauthorized');
   });
 
-  it('shows the hosts with their load against their capacity', async () => {
-    await step('hosts', async () => {
+  it("shows an operator's key the hosts with their load and a session's workflow in the Temporal UI; a tenant's key neither", async () => {
+    // A tenant's key: the hosts page answers the API's refusal.
+    await step('hosts-tenant', async () => {
       await page.goto(consoleUrl('/hosts'));
-      await page.waitForSelector('td .badge:has-text("live")');
-      expect(await page.$$('meter')).not.toHaveLength(0);
+      await page.waitForSelector('.error:has-text("403 forbidden: operator only")');
+      expect(await page.$('meter')).toBeNull();
     });
+    const opKey = await otherOrgKey(`console-op-${Date.now().toString(36)}`, 'operator');
+    const opAgent = `console-op-agent-${Date.now().toString(36)}`;
+    const other = await browser!.newContext();
+    try {
+      // The operator's key is a key of its own organisation: it sees that organisation's sessions.
+      expect((await api('POST', '/v1/agents', { key: opKey, body: { id: opAgent, core: 'bash', entrypoint: ['bash', '-c', 'exit 0'] } })).status).toBe(201);
+      const session = await api('POST', `/v1/agents/${opAgent}/sessions`, { key: opKey, body: { input: {} } });
+      expect(session.status).toBe(201);
+      const p = await other.newPage();
+      await withScreenshot(p, 'hosts', async () => {
+        await p.goto(consoleUrl('/signin'));
+        await p.fill('input[name=apiKey]', opKey);
+        await p.click('form.signin button[type=submit]');
+        await p.waitForSelector('nav[data-role="operator"] a:has-text("Hosts")');
+        await p.click('nav a:has-text("Hosts")');
+        await p.waitForSelector('td .badge:has-text("live")');
+        expect(await p.$$('meter')).not.toHaveLength(0);
+        // Its workflow in the Temporal UI (TEMPORAL_UI_URL; the test stack runs no UI, so only the href is checked).
+        const config = (await api('GET', '/api/console/config', { key: opKey })).body;
+        expect(config).toMatchObject({ temporalUiUrl: 'http://temporal-ui.test.invalid:8233', role: 'operator' });
+        await p.goto(consoleUrl(`/agents/${opAgent}/sessions/${session.body.id}`));
+        await p.waitForSelector('a.temporal-link');
+        expect(await p.getAttribute('a.temporal-link', 'href')).toBe(
+          `${config.temporalUiUrl}/namespaces/${encodeURIComponent(config.temporalNamespace)}/workflows/${session.body.id}`,
+        );
+      });
+    } finally {
+      await other.close();
+      await api('DELETE', `/v1/agents/${opAgent}`, { key: opKey }).catch(() => undefined);
+    }
   });
 
   it('renders the API reference at /docs from /openapi.json with assets served here', async () => {

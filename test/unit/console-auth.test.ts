@@ -40,7 +40,10 @@ describe('the console WebSocket key (Sec-WebSocket-Protocol)', () => {
 
   it('authenticates the key carried as sap-key.<base64url>, and refuses a wrong or empty one', async () => {
     const auth = createAuthenticator(storeWithKey('the-right-key'));
-    await expect(auth.authenticate(req({ 'sec-websocket-protocol': `sap-console, sap-key.${b64('the-right-key')}` }))).resolves.toEqual({ id: 'org-a' });
+    await expect(auth.authenticate(req({ 'sec-websocket-protocol': `sap-console, sap-key.${b64('the-right-key')}` }))).resolves.toEqual({
+      id: 'org-a',
+      role: 'tenant',
+    });
     await expect(auth.authenticate(req({ 'sec-websocket-protocol': `sap-console, sap-key.${b64('wrong')}` }))).rejects.toMatchObject({ type: 'unauthorized' });
     await expect(auth.authenticate(req({ 'sec-websocket-protocol': 'sap-console, sap-key.' }))).rejects.toMatchObject({ type: 'unauthorized' });
     // The header wins over the subprotocol.
@@ -117,7 +120,7 @@ describe('the key cache’s lifetime (API_KEY_CACHE_MS)', () => {
     const revoked = jest.fn();
     auth.watch(r, org, revoked);
     keys.clear(); // revoked at once
-    await expect(auth.resolve('k2')).resolves.toEqual({ id: 'org-a' }); // cached
+    await expect(auth.resolve('k2')).resolves.toEqual({ id: 'org-a', role: 'tenant' }); // cached
     expect(reads).toBe(1);
     await jest.advanceTimersByTimeAsync(1_900); // first check (every 2 s: the lifetime is under 5 s) not yet
     expect(revoked).not.toHaveBeenCalled();

@@ -1,12 +1,9 @@
-import { api, enc, request } from '../api';
+import { api, consoleConfig, enc, request } from '../api';
 import { h, fill, link, json, when, badge } from '../dom';
 import { action, errorBox, errorText, type Page } from '../page';
 import type { Session } from './sessions';
 
 const MAX_LINES = 5_000;
-let uiConfig: Promise<{ temporalUiUrl: string | null; temporalNamespace: string }> | null = null;
-const consoleConfig = () =>
-  (uiConfig ??= api<{ temporalUiUrl: string | null; temporalNamespace: string }>('/api/console/config').catch((e) => ((uiConfig = null), Promise.reject(e))));
 
 /** A session: status, input, result or failure, its logs following live, and its workflow in the Temporal UI. */
 export const sessionPage: Page = async (el, { params, signal }) => {
