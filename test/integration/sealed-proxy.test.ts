@@ -69,6 +69,8 @@ interface Case {
   tls?: boolean;
   /** The name to connect to (and the TLS server name); default API_HOST. */
   to?: string;
+  /** Connect to this address instead of resolving `to` (an address the sandbox learnt earlier); `to` stays the server name. */
+  addr?: string;
 }
 interface Answer {
   id: string;
@@ -106,7 +108,8 @@ const one = (c) => new Promise((resolve) => {
   raw = raw.replace("__LEN__", String(Buffer.byteLength(raw.slice(at + 4))));
   // <<<text>>>: one chunk of a chunked body, sized after the substitution.
   raw = raw.replace(/<<<([\\s\\S]*?)>>>/g, (_, t) => Buffer.byteLength(t).toString(16) + "\\r\\n" + t + "\\r\\n");
-  const s = c.tls === false ? net.connect({ host, port: 80 }) : tls.connect({ host, port: 443, servername: host, ALPNProtocols: ["http/1.1"] });
+  const dest = c.addr || host;
+  const s = c.tls === false ? net.connect({ host: dest, port: 80 }) : tls.connect({ host: dest, port: 443, servername: host, ALPNProtocols: ["http/1.1"] });
   let t = "";
   const done = (err) => { clearTimeout(timer); s.destroy(); const m = /^HTTP\\/1\\.1 (\\d{3})/.exec(t); resolve({ id: c.id, status: m ? Number(m[1]) : undefined, text: unchunk(t), ...(err ? { err } : {}) }); };
   const timer = setTimeout(() => done("timeout"), 20000);
@@ -131,10 +134,11 @@ const chunk = (s: string) => `<<<${s}>>>`;
 
 let sb = '';
 let selfHost: TestHost;
+let apiHost: TestHost;
 
 beforeAll(async () => {
   await dns.listen();
-  await echoUpstream(API_HOST, LOG_API);
+  apiHost = await echoUpstream(API_HOST, LOG_API);
   await echoUpstream(OTHER_HOST, LOG_OTHER);
   // The host's own services, on an address of the host's that is not in a refused range.
   selfHost = new TestHost('198.18');
@@ -335,4 +339,76 @@ describe('sealed-secrets proxy: it forwards exactly the request it checked', () 
       expect(await tcpRefused(port, selfHost.hostAddr)).toBe('ECONNREFUSED');
     }
   }, 60_000);
+});
+
+describe("sealed-secrets proxy: its destinations obey the sandbox's own egress policy", () => {
+  const setEgress = async (id: string, egress: unknown) => {
+    const r = await api('PUT', `/api/sandboxes/${id}/network`, { body: { egress } });
+    expect(r.status).toBe(200);
+    expect(r.body.network).toEqual({ egress });
+  };
+  /** The header the upstream got for `mark`'s request (one request, or none). */
+  const keyAt = (mark: string) =>
+    seen(LOG_API, mark).map((r) => r.rawHeaders[r.rawHeaders.findIndex((x, i) => i % 2 === 0 && x.toLowerCase() === 'x-api-key') + 1]);
+  let allowed = '';
+
+  it('a policy that does not allow the sealed host (an allow list of another host, or none) reaches it neither by name nor by its address; allowed, the same request arrives with the value', async () => {
+    const other = await newSandbox({ secretStore: STORE, network: { egress: { allow: [OTHER_HOST] } } }, { created });
+    const none = await newSandbox({ secretStore: STORE, network: { egress: 'none' } }, { created });
+    allowed = await newSandbox({ secretStore: STORE, network: { egress: { allow: [API_HOST] } } }, { created });
+    const attempt = (mark: string): Case[] => [
+      { id: 'name', raw: get(`/pol-${mark}-name`, ['x-api-key: ${SEALED_KEY}']) },
+      { id: 'addr', raw: get(`/pol-${mark}-addr`, ['x-api-key: ${SEALED_KEY}']), addr: apiHost.addr },
+    ];
+    const refused = { other: await rawFrom(other, attempt('other')), none: await rawFrom(none, attempt('none')) };
+    // The control: the same request, from a sandbox whose policy allows the host, arrives with the value swapped in.
+    const ok = await rawFrom(allowed, attempt('allowed'));
+    expect(keyAt('/pol-allowed-name')).toEqual([KEY]);
+    expect(keyAt('/pol-allowed-addr')).toEqual([KEY]);
+    expect(ok.name).toMatchObject({ status: 200 });
+    expect(ok.addr).toMatchObject({ status: 200 });
+    // Refused before the proxy: the name is not resolved for them (EAI_AGAIN), and their connection to
+    // its address, never steered, meets the table (ECONNREFUSED).
+    for (const mark of ['other', 'none']) expect(seen(LOG_API, `/pol-${mark}-`)).toEqual([]);
+    for (const got of [refused.other, refused.none]) {
+      expect(got.name).toEqual({ id: 'name', err: 'EAI_AGAIN', text: '' });
+      expect(got.addr).toEqual({ id: 'addr', err: 'ECONNREFUSED', text: '' });
+    }
+    expect(logOf(LOG_OTHER)).toEqual([]);
+  }, 300_000);
+
+  it("the proxy follows a change of a running sandbox's policy: a connection still steered to it for the sealed host is refused once the policy no longer allows the host", async () => {
+    expect(allowed).not.toBe('');
+    // Under the allow list, the sandbox resolved the sealed host: its connections to that address go to the proxy.
+    const byAddr = (mark: string): Case[] => [{ id: 'addr', raw: get(`/chg-${mark}`, ['x-api-key: ${SEALED_KEY}']), addr: apiHost.addr }];
+    const before = await rawFrom(allowed, byAddr('before'));
+    expect(before.addr).toMatchObject({ status: 200 });
+    expect(keyAt('/chg-before')).toEqual([KEY]);
+
+    // An allow list of another host, then none: the address is still steered to the proxy, which refuses.
+    await setEgress(allowed, { allow: [OTHER_HOST] });
+    const other = await rawFrom(allowed, byAddr('other'));
+    await setEgress(allowed, 'none');
+    const none = await rawFrom(allowed, byAddr('none'));
+
+    // Allowed by name again: an address admitted under an old policy stays closed until the sandbox resolves the name again.
+    await setEgress(allowed, { allow: [API_HOST] });
+    const stale = await rawFrom(allowed, byAddr('stale'));
+    // None of the three reached the upstream (checked together, so that a failure shows each that did).
+    expect(['/chg-other', '/chg-none', '/chg-stale'].flatMap((m) => seen(LOG_API, m)).map((r) => r.url)).toEqual([]);
+    for (const got of [other, none, stale]) {
+      expect(got.addr).toMatchObject({ status: 403 });
+      expect(got.addr!.text).toContain('sealed_secret_refused');
+    }
+    const again = await rawFrom(allowed, [{ id: 'name', raw: get('/chg-again', ['x-api-key: ${SEALED_KEY}']) }]);
+    expect(again.name).toMatchObject({ status: 200 });
+    expect(keyAt('/chg-again')).toEqual([KEY]);
+
+    // internet: the address is reachable as it is.
+    await setEgress(allowed, 'internet');
+    const open = await rawFrom(allowed, byAddr('internet'));
+    expect(open.addr).toMatchObject({ status: 200 });
+    expect(keyAt('/chg-internet')).toEqual([KEY]);
+    expect(logOf(LOG_OTHER)).toEqual([]);
+  }, 300_000);
 });
