@@ -433,7 +433,9 @@ export async function startProductionStack(o: ProductionOptions): Promise<Produc
               SANDBOX_ID_BASE: String(o.net.idBase + (i - 1) * HOST_ID_SPAN),
             }
           : {},
-      env: o.env,
+      // Temporal payloads encrypted per organisation: on in this profile unless the caller says otherwise
+      // (docs/threat-model.md, "Payloads per organisation"); npm start's dev stack leaves it off.
+      env: { PAYLOAD_ENCRYPTION: process.env.PAYLOAD_ENCRYPTION ?? 'on', ...o.env },
     });
     await startServer('api2');
   } catch (err) {
