@@ -2,6 +2,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { freePort, startStack, type Stack } from '../../scripts/launcher';
+import { ownStackEnv } from './own-stack-env';
 
 /**
  * A stack of a test file's own with two sandbox hosts (SANDBOX_HOSTS=2), each with its worker, in a
@@ -26,17 +27,11 @@ export async function startTwoHostStack(opts: {
     hosts: 2,
     apiKey: opts.apiKey,
     hostToken: opts.hostToken,
-    env: {
-      NODE_ENV: 'test',
-      LOG_LEVEL: 'info',
-      WORKER_METRICS_PORT: '0',
-      SANDBOX_DNS_PORT: String(await freePort()),
-      SANDBOX_SEAL_PORT: String(await freePort()),
-      SANDBOX_DNS: '127.0.0.1:9',
+    env: await ownStackEnv({
       HOST_DEAD_AFTER: String(opts.deadAfterS),
       HOST_HEARTBEAT_MS: '500',
       ...opts.env,
-    },
+    }),
   });
   return { stack, dataDir };
 }

@@ -15,6 +15,7 @@ import { Client, Connection } from '@temporalio/client';
 import { freePort, startStack, type Stack } from '../../scripts/launcher';
 import { PROJECT_ROOT } from '../../config';
 import { eventually } from '../helpers/env';
+import { ownStackEnv } from '../helpers/own-stack-env';
 
 jest.setTimeout(240_000);
 
@@ -60,16 +61,10 @@ beforeAll(async () => {
     hostPort: await freePort(),
     apiKey: BOOT_KEY,
     hostToken: TOKEN,
-    env: {
-      NODE_ENV: 'test',
-      LOG_LEVEL: 'info',
-      WORKER_METRICS_PORT: '0',
-      SANDBOX_DNS_PORT: String(await freePort()),
-      SANDBOX_SEAL_PORT: String(await freePort()),
-      SANDBOX_DNS: '127.0.0.1:9',
+    env: await ownStackEnv({
       PAYLOAD_ENCRYPTION: 'on',
       TEMPORAL_UI_URL: UI,
-    },
+    }),
   });
   connection = await Connection.connect({ address: stack.temporalAddress });
   keyA = (await keysCli(['create', '--org', 'enc-a'])).key;

@@ -1,12 +1,12 @@
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { freePort } from '../../scripts/launcher';
 import { startProductionStack, type ProductionStack } from '../../scripts/production';
 import { countRuns } from '../../sandbox/audit-log';
 import { connectStore } from '../../store';
 import { SERVER_JS, viaHost } from '../helpers/previews';
 import { newSandbox, sh, type ApiCall } from '../helpers/sandboxes';
+import { ownStackEnv } from '../helpers/own-stack-env';
 
 /**
  * The production profile (scripts/production.ts), started by this file in a temporary directory: the
@@ -39,16 +39,10 @@ beforeAll(async () => {
     apiKey: KEY,
     hostToken: TOKEN,
     net: testNet(),
-    env: {
-      NODE_ENV: 'test',
-      LOG_LEVEL: 'info',
-      WORKER_METRICS_PORT: '0',
-      SANDBOX_DNS_PORT: String(await freePort()),
-      SANDBOX_SEAL_PORT: String(await freePort()),
-      SANDBOX_DNS: '127.0.0.1:9',
+    env: await ownStackEnv({
       // Each API reaches a sandbox's preview through its host's HTTP port, as an API on another machine does.
       PREVIEW_TRANSPORT: 'tcp',
-    },
+    }),
   });
 }, 300_000);
 
