@@ -72,8 +72,8 @@ describe('the key in the query', () => {
 
   it('is taken from a WebSocket handshake (OpenComputer’s client sends ?api_key=)', async () => {
     const auth = createAuthenticator(storeWithKey('the-right-key'));
-    await expect(auth.authenticate(req({}, { api_key: 'the-right-key' }))).resolves.toEqual({ id: 'org-a' });
-    await expect(auth.authenticate(req({ upgrade: 'WebSocket' }, { api_key: 'the-right-key' }))).resolves.toEqual({ id: 'org-a' });
+    await expect(auth.authenticate(req({}, { api_key: 'the-right-key' }))).resolves.toEqual({ id: 'org-a', role: 'tenant' });
+    await expect(auth.authenticate(req({ upgrade: 'WebSocket' }, { api_key: 'the-right-key' }))).resolves.toEqual({ id: 'org-a', role: 'tenant' });
     await expect(auth.authenticate(req({}, { api_key: 'wrong' }))).rejects.toMatchObject({ type: 'unauthorized', message: 'invalid API key' });
   });
 });
