@@ -8,7 +8,6 @@ import { publicBase, type RouteTable } from '../http';
 import { invalid } from '../../lib/errors';
 import { sandboxServicesOf } from '../../services/sandbox-services';
 import { SandboxParams } from '../sandbox-schemas';
-import { DATA_CSP } from '../answer-headers';
 
 /*
  * A sandbox's filesystem (OpenComputer's `sandbox.files`): content streamed both ways through the API
@@ -57,9 +56,9 @@ const SignedUrlView = z.object({ url: z.string(), expiresAt: z.string() }).opena
 /**
  * Streams a file of the sandbox (opened by `open`, aborted with the client) as the answer, with
  * Content-Length from the host. Its bytes are the sandbox's, so the answer is a download and nothing
- * else: application/octet-stream, `nosniff` (never run as a script of this origin, which the console
- * shares), `Content-Disposition: attachment` (never rendered in a tab) and the sandboxing CSP (inert
- * even if it were); see docs/threat-model.md, "The console's origin".
+ * else: application/octet-stream and `Content-Disposition: attachment` (never rendered in a tab), beside
+ * the `nosniff` and sandboxing CSP that every answer gets (api/answer-headers.ts: never run as a script
+ * of this origin, which the console shares); see docs/threat-model.md, "The console's origin".
  */
 async function sendFile(res: Response, open: (signal: AbortSignal) => Promise<{ upstream: IncomingMessage; path: string }>): Promise<void> {
   const ac = new AbortController();
@@ -67,8 +66,6 @@ async function sendFile(res: Response, open: (signal: AbortSignal) => Promise<{ 
   const { upstream, path } = await open(ac.signal);
   res.status(200);
   res.setHeader('content-type', 'application/octet-stream');
-  res.setHeader('x-content-type-options', 'nosniff');
-  res.setHeader('content-security-policy', DATA_CSP);
   res.setHeader('content-disposition', attachmentOf(path));
   if (upstream.headers['content-length']) res.setHeader('content-length', upstream.headers['content-length']);
   await pipeline(upstream, res).catch(() => {
