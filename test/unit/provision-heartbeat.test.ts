@@ -5,7 +5,7 @@
  * the worker's log, one per session. Against fakes of the store and the host.
  */
 import { MockActivityEnvironment } from '@temporalio/testing';
-import { createSessionActivities } from '../../activities/sessions';
+import { createSessionActivities, type Provisioned } from '../../activities/sessions';
 import type { ActivityDeps } from '../../activities/deps';
 import { loadLimits } from '../../config/limits';
 import type { AgentRunSpec } from '../../store';
@@ -47,7 +47,7 @@ async function provisionIn(isLocal: boolean): Promise<{ beats: unknown[]; status
   const env = new MockActivityEnvironment({ isLocal });
   const beats: unknown[] = [];
   env.on('heartbeat', (d: unknown) => beats.push(d));
-  const out = await env.run(createSessionActivities(deps).provisionSandboxAndRunEntrypoint, {
+  const out: Provisioned = await env.run(createSessionActivities(deps).provisionSandboxAndRunEntrypoint, {
     sessionId: 'sess_1',
     orgId: 'org1',
     agentId: 'a1',
