@@ -43,7 +43,10 @@ export const createSessionActivities = (deps: ActivityDeps) => ({
     rerun?: number;
   }): Promise<Provisioned> {
     // The detail tells a retry (and the workflow, after a timeout) that an attempt got this far.
-    Context.current().heartbeat('provisioning');
+    // Only a regular activity (placed on another host) heartbeats: a local one cannot, and Temporal's
+    // core answered each such call with a warning in the worker's log (one per session).
+    const ctx = Context.current();
+    if (!ctx.info.isLocal) ctx.heartbeat('provisioning');
     // Placement: the session goes to whichever live host has room (a snapshot's layers follow it).
     if (!args.placed && deps.placeElsewhere) {
       const elsewhere = await deps.placeElsewhere().catch(() => null);

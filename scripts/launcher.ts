@@ -231,10 +231,10 @@ export async function startStack(o: StackOptions): Promise<Stack> {
         'temp_store=memory',
         '--dynamic-config-value',
         'history.transferProcessorMaxPollRPS=1000',
-        // Idle workers start a new long poll every 5 s instead of every minute, so the poll times
-        // Temporal lists tell a live worker from a dead one within seconds (/readyz, api/readiness.ts).
-        '--dynamic-config-value',
-        'matching.longPollExpirationInterval="5s"',
+        // Long polls keep the server's default expiry (1 minute): /readyz tells a live worker by its
+        // heartbeat (every 4 s, ListWorkers), not by its polls. A 5 s expiry cost this server 35-50 ms
+        // of CPU a second with nothing running (its own system workers' polls), a third of what an
+        // idle stack spent (docs/performance.md, issue 42).
         '--log-level',
         'warn',
         ...SEARCH_ATTRIBUTE_FLAGS.flatMap((a) => ['--search-attribute', a]),
