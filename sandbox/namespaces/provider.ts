@@ -27,6 +27,7 @@
  * no_new_privs, seccomp, environment, timeout and exit file in one exec). All processes of a sandbox
  * are in its cgroups, which is also how destroy finds and kills them.
  */
+import { randomBytes } from 'node:crypto';
 import { promises as fsp, constants as fsc } from 'node:fs';
 import * as path from 'node:path';
 import { PROJECT_ROOT } from '../../config';
@@ -41,10 +42,11 @@ import { normaliseEgress, RESOLVER_ADDRESS, SandboxNetwork, type Egress } from '
 import type { ProviderOptions, SpawnOptions } from '../driver';
 import { captureLayer, migrateSetIds, restoreSetIds, scanLayer } from './layers';
 import { sandboxMountIds, unmountUnder } from './mounts';
-import { InitHelpers, SPARE_PREFIX } from './init-helpers';
+import { InitHelpers, SPARE_PREFIX, type SpareKit, type Starting } from './init-helpers';
 import { ensureBaseSkeleton } from './base-skeleton';
 import { sealedContext, startSealing, type SealProxy } from '../seal';
 import { ownerOf, SANDBOX_HOME, SANDBOX_UID, writeHostsFile } from './sandbox-user';
+import { PendingTeardowns, type TeardownRecord } from './teardowns';
 import { DiskImages, diskImagesSupported, diskOvercommitFromEnv, diskRoomProblem, freeMBOf } from './disk';
 
 export { sandboxMountIds };
@@ -106,6 +108,8 @@ export class NamespaceProvider extends BaseProvider {
   private readonly diskOvercommit: number;
   /** The disks of creates under way (see checkDiskRoom). */
   private creatingDiskMB = 0;
+  /** Teardowns behind destroy's answer (see detach and ./teardowns). */
+  private teardowns: PendingTeardowns | null = null;
 
   constructor(opts: ProviderOptions) {
     super(opts);
@@ -117,7 +121,8 @@ export class NamespaceProvider extends BaseProvider {
       initHelper: this.initHelper,
       waitGone: (refs) => this.waitGone(refs),
       ...(opts.poolSize !== undefined ? { poolSize: opts.poolSize } : {}),
-      spareDisk: async (name) => (this.disks ? this.disks.take(name, this.disks.spareSize) : null),
+      prepareSpare: (name) => this.prepareSpare(name),
+      releaseSpare: (kit) => this.releaseSpare(kit),
     });
     this.enterHelper = opts.enterHelper ?? DEFAULT_ENTER_HELPER;
     this.seccompFilter = opts.seccompFilter ?? DEFAULT_SECCOMP;
@@ -149,6 +154,8 @@ export class NamespaceProvider extends BaseProvider {
       // Adopted sandboxes' sealed secrets (kept sealed in state.json) go back into the proxy.
       for (const s of this.states.values()) if (s.link && s.sealed?.length && this.isLive(s)) this.registerSealed(s);
     }
+    // Spares hold id slots and links: made once adoption has marked the adopted sandboxes' slots as taken.
+    this.helpers.refill();
     return all;
   }
 
@@ -156,6 +163,82 @@ export class NamespaceProvider extends BaseProvider {
   private registerSealed(state: SandboxState): void {
     const id = state.id;
     this.seal?.register(state.link!.address, id, state.sealed!, (e) => this.stateFile.envSealer().open(e.box, sealedContext(id, e.placeholder)));
+  }
+
+  /** Where spares made whole ahead keep their staging directory and log (see prepareSpare). */
+  private sparesDir(): string {
+    return path.join(this.realDataDir ?? this.dataDir, 'spares');
+  }
+
+  /**
+   * What spare `name` is made whole with (see InitHelpers): an id slot (the user namespace's id map,
+   * and the link and address of that slot), a disk image of the spares' size, a staging directory,
+   * and every SETUP argument of the helper but the sandbox's name (a placeholder until the claim).
+   * Only for a create without layers of its own and with the spares' disk size (see provisionNow).
+   */
+  private async prepareSpare(name: string): Promise<SpareKit | null> {
+    const realData = this.realDataDir ?? this.dataDir;
+    const idBase = this.idSlots.allocate();
+    const staging = path.join(this.sparesDir(), name);
+    let disk: string | null = null;
+    try {
+      await fsp.mkdir(staging, { recursive: true, mode: 0o700 });
+      const diskMB = this.disks?.spareSize ?? DEFAULT_DISK_MB;
+      disk = this.disks ? await this.disks.take(name, diskMB) : null;
+      const link = this.network?.linkFor((idBase - this.idSlots.base) / ID_COUNT) ?? null;
+      const args = [
+        ...this.setupArgs({ staging, idBase, layers: [], realData, diskMB, image: disk, name: 'sandbox', link }),
+      ];
+      return { args, idBase, link, disk, diskMB, staging };
+    } catch (err) {
+      this.idSlots.release(idBase);
+      if (disk) await fsp.rm(disk, { force: true });
+      await fsp.rm(staging, { recursive: true, force: true });
+      throw err;
+    }
+  }
+
+  /** Gives back what prepareSpare took: its id slot, disk image and staging directory. */
+  private async releaseSpare(kit: SpareKit): Promise<void> {
+    if (kit.link) await this.network?.release(kit.link.address);
+    this.idSlots.release(kit.idBase);
+    if (kit.disk) await fsp.rm(kit.disk, { force: true });
+    await fsp.rm(kit.staging, { recursive: true, force: true });
+  }
+
+  /** The helper's SETUP arguments (see tools/sandbox-init). */
+  private setupArgs(o: {
+    staging: string;
+    idBase: number;
+    layers: string[];
+    realData: string;
+    diskMB: number;
+    image: string | null;
+    name: string;
+    link: SpareKit['link'];
+  }): string[] {
+    const layerPart = (part: 'root' | 'usr') => o.layers.map((l) => path.join(o.realData, 'layers', l, part));
+    return [
+      '-l',
+      path.join(o.staging, 'init.log'),
+      '-m',
+      path.join(o.staging, 'm'),
+      '-u',
+      String(o.idBase),
+      // The agent SDK's layer lies lowest: shared read-only by all, and a checkpoint never captures it.
+      ...[...layerPart('root'), path.join(o.realData, BASE_NAME), ...(this.agentSdkLayer ? [this.agentSdkLayer] : [])].flatMap((l) => ['-r', l]),
+      ...[...layerPart('usr'), this.realUsr].flatMap((l) => ['-p', l]),
+      '-D', // The host's server fills in SANDBOX_DISK_MB; a provider used on its own takes the built-in default.
+      String(o.diskMB),
+      ...(o.image ? ['-I', o.image] : []),
+      '-H',
+      o.name,
+      '-S',
+      this.seccompFilter,
+      ...(o.link ? ['-N', o.link.ifname, '-A', `${o.link.gateway}/${o.link.prefix}`, '-B', o.link.address] : []),
+      // Its resolver: the table sends it to the host's resolver for sandboxes (network.ts, dns.ts).
+      ...(o.link ? ['-d', RESOLVER_ADDRESS] : []),
+    ];
   }
 
   private baseDir(): string {
@@ -185,9 +268,21 @@ export class NamespaceProvider extends BaseProvider {
     else this.log.warn('no loop devices or mkfs.ext4 (or SANDBOX_DISK_IMAGES=off): writable layers are tmpfs, charged to memory');
     await migrateSetIds(this.layersDir(), this.log);
     if (!this.helpers.closed) await this.helpers.listen();
-    // Cgroups of spare helpers whose host process is gone (a live host's spare is in use and stays).
-    await SandboxCgroups.removeGroups((n) => n.startsWith(SPARE_PREFIX) && !signalable(Number(n.slice(SPARE_PREFIX.length).split('-')[0])));
-    this.helpers.refill();
+    // Spares of a host process that is gone: their helpers end when their connection does (with their
+    // sandbox's pid 1); whatever is still in their cgroups is killed, then the groups and staging
+    // directories go (a live host's spare is in use and stays).
+    const deadSpare = (n: string) => n.startsWith(SPARE_PREFIX) && !signalable(Number(n.slice(SPARE_PREFIX.length).split('-')[0]));
+    for (const name of await fsp.readdir('/sys/fs/cgroup/pids/sap').catch(() => [] as string[])) {
+      if (deadSpare(name)) await SandboxCgroups.of(name).killAll();
+    }
+    await SandboxCgroups.removeGroups(deadSpare);
+    // Teardowns a host left pending (it stopped, or died): finished before anything is made.
+    this.teardowns = new PendingTeardowns(path.join(this.realDataDir, 'teardown'), (rec) => this.finishTeardown(rec), this.log);
+    await this.teardowns.replay((token) => this.redetach(token));
+    await fsp.mkdir(this.sparesDir(), { recursive: true, mode: 0o700 });
+    for (const name of await fsp.readdir(this.sparesDir())) {
+      if (deadSpare(name)) await fsp.rm(path.join(this.sparesDir(), name), { recursive: true, force: true });
+    }
     await ensureBaseSkeleton(this.baseDir(), this.log);
   }
 
@@ -236,6 +331,7 @@ export class NamespaceProvider extends BaseProvider {
   /** Stops the pool's spares and the helpers' socket; sandboxes keep running. */
   override async close(): Promise<void> {
     await this.helpers.close();
+    await this.teardowns?.drain();
     await this.disks?.close();
     await this.network?.close();
     await this.seal?.close();
@@ -246,7 +342,7 @@ export class NamespaceProvider extends BaseProvider {
   protected override resourceProbe(state: SandboxState): ResourceProbe {
     const outer = state.init?.outer;
     return {
-      upperDir: outer && isAlive(outer) ? path.join(`/proc/${outer.pid}/root`, this.dirOf(state.id), 'm', 'w') : null,
+      upperDir: outer && isAlive(outer) ? path.join(`/proc/${outer.pid}/root`, state.staging ?? this.dirOf(state.id), 'm', 'w') : null,
       ifname: state.link?.ifname ?? null,
     };
   }
@@ -277,7 +373,7 @@ export class NamespaceProvider extends BaseProvider {
     if (!this.disks || this.diskOvercommit === 0) return 0;
     const sizeOf = (s: SandboxState) => s.limits.diskMB ?? DEFAULT_DISK_MB;
     // Creates under way are not in `states` yet: counted apart.
-    let liveMB = this.creatingDiskMB;
+    let liveMB = this.creatingDiskMB + this.helpers.spareDiskMB();
     for (const s of this.states.values()) if (s.id !== state.id && this.isLive(s)) liveMB += sizeOf(s);
     const problem = diskRoomProblem({ askMB: sizeOf(state), liveMB, freeMB: await freeMBOf(this.disks.dir), ratio: this.diskOvercommit });
     if (problem) throw new SandboxError('unavailable', `sandbox host has no room for a disk of ${sizeOf(state)} MB: ${problem}`);
@@ -294,8 +390,6 @@ export class NamespaceProvider extends BaseProvider {
     const dir = this.dirOf(id);
     const sub = (p: string) => path.join(dir, p);
     const realData = this.realDataDir ?? this.dataDir;
-    const layerPart = (part: 'root' | 'usr') => state.layers.map((l) => path.join(realData, 'layers', l, part));
-    state.idBase = this.idSlots.allocate();
     state.hostMounts = false;
     let egress: Egress;
     try {
@@ -304,6 +398,13 @@ export class NamespaceProvider extends BaseProvider {
       throw new SandboxError('invalid_request', (err as Error).message);
     }
     if (state.network) state.network = { egress };
+    const diskMB = state.limits.diskMB ?? DEFAULT_DISK_MB;
+    // A spare made whole ahead serves a create without layers of its own and of the spares' disk size:
+    // a checkpoint's layers go under the overlay, which the spare has already mounted (and its pid 1
+    // has pivoted into), so such a create starts a helper of its own.
+    const whole = state.layers.length === 0 ? await this.helpers.claimSpare(id, state.limits, (kit) => kit?.diskMB === diskMB) : null;
+    if (whole?.kit) return this.finishClaim(state, whole, whole.kit, egress);
+    state.idBase = this.idSlots.allocate();
     // The slot's /31; a restricted policy is in the table before the sandbox can send anything.
     const link = this.network?.linkFor((state.idBase - this.idSlots.base) / ID_COUNT);
     if (link) {
@@ -315,39 +416,63 @@ export class NamespaceProvider extends BaseProvider {
       const logText = await fsp.readFile(sub('init.log'), 'utf8').catch(() => '');
       return new SandboxError('internal', `sandbox ${id} failed to start (${why}): ${logText.trim().slice(-1000)}`);
     };
-    const starting = (await this.helpers.claimSpare(id, state.limits)) ?? (await this.helpers.startHelperFor(id, state.limits, failure));
-    // The spare's disk, mounted ahead, when it has the size asked for; else an image of its own (-I).
-    const diskMB = state.limits.diskMB ?? DEFAULT_DISK_MB;
-    const premounted = this.disks && starting.disk ? await this.disks.adopt(id, starting.disk, diskMB) : false;
-    const image = this.disks && !premounted ? await this.disks.take(id, diskMB) : null;
+    const starting = whole ?? (await this.helpers.startHelperFor(id, state.limits, failure));
+    const image = this.disks ? await this.disks.take(id, diskMB) : null;
     // Everything the helper does, in order (see tools/sandbox-init); its log comes first, so that any
     // failure is in init.log. Each argument ends with a NUL byte.
-    const args = [
-      '-l',
-      sub('init.log'),
-      '-m',
-      sub('m'),
-      '-u',
-      String(state.idBase),
-      // The agent SDK's layer lies lowest: shared read-only by all, and a checkpoint never captures it.
-      ...[...layerPart('root'), path.join(realData, BASE_NAME), ...(this.agentSdkLayer ? [this.agentSdkLayer] : [])].flatMap((l) => ['-r', l]),
-      ...[...layerPart('usr'), this.realUsr].flatMap((l) => ['-p', l]),
-      '-D', // The host's server fills in SANDBOX_DISK_MB; a provider used on its own takes the built-in default.
-      String(diskMB),
-      ...(image ? ['-I', image] : []),
-      '-H',
-      id,
-      '-S',
-      this.seccompFilter,
-      ...(link ? ['-N', link.ifname, '-A', `${link.gateway}/${link.prefix}`, '-B', link.address] : []),
-      // Its resolver: the table sends it to the host's resolver for sandboxes (network.ts, dns.ts).
-      ...(link ? ['-d', RESOLVER_ADDRESS] : []),
-    ];
-    // Shuts down the host's side: the helper reads its arguments to the end. It answers with the
-    // sandbox's pid 1 once the sandbox is ready, or closes the connection when a step failed.
-    const sock = starting.sock;
+    const args = this.setupArgs({ staging: dir, idBase: state.idBase, layers: state.layers, realData, diskMB, image, name: id, link: link ?? null });
+    const nsPid = await this.handOver(starting.sock, args, failure);
+    const outer = procRef(starting.pid);
+    const ns = procRef(nsPid);
+    if (!outer || !ns) throw new SandboxError('internal', `sandbox ${id} init exited right after start`);
+    state.init = { outer, ns };
+    await restoreSetIds(state, this.layersDir(), () => this.rootMap(state), this.log);
+    if (state.user === 'sandbox') await writeHostsFile(await this.rootMap(state), state.idBase, id);
+  }
+
+  /**
+   * A spare made whole ahead, claimed by sandbox `state` (its cgroups renamed and limited by the
+   * claim): takes over its id slot, link, disk and staging directory, puts the sandbox's egress policy
+   * in the table, then hands the helper the sandbox's name (its hostname), and waits for its pid 1.
+   * A failed claim gives everything back.
+   */
+  private async finishClaim(state: SandboxState, starting: Starting, kit: SpareKit, egress: Egress): Promise<void> {
+    const id = state.id;
+    const failure = async (why: string) => {
+      const logText = await fsp.readFile(path.join(kit.staging, 'init.log'), 'utf8').catch(() => '');
+      return new SandboxError('internal', `sandbox ${id} failed to start (${why}): ${logText.trim().slice(-1000)}`);
+    };
+    try {
+      if (kit.link) await this.network!.apply(kit.link.address, egress);
+      if (kit.disk) await this.disks!.claim(id, kit.disk);
+      const nsPid = await this.handOver(starting.sock, ['-H', id], failure);
+      const outer = procRef(starting.pid);
+      const ns = procRef(nsPid);
+      if (!outer || !ns) throw new SandboxError('internal', `sandbox ${id} init exited right after start`);
+      state.idBase = kit.idBase;
+      state.staging = kit.staging;
+      if (kit.link) {
+        state.link = kit.link;
+        if (state.sealed?.length) this.registerSealed(state);
+      }
+      state.init = { outer, ns };
+    } catch (err) {
+      signalRef(procRef(starting.pid), 'SIGKILL');
+      await this.helpers.discardClaimed(id, { ...kit, disk: kit.disk && this.disks ? this.disks.fileOf(id) : null });
+      if (kit.disk) await fsp.rm(kit.disk, { force: true });
+      throw err;
+    }
+    if (state.user === 'sandbox') await writeHostsFile(await this.rootMap(state), state.idBase!, id);
+  }
+
+  /**
+   * Writes `args` to the helper's connection (each ended by a NUL byte) and shuts down the host's
+   * side: the helper reads them to the end. It answers with the sandbox's pid 1 once the sandbox is
+   * ready, or closes the connection when a step failed.
+   */
+  private async handOver(sock: import('node:net').Socket, args: string[], failure: (why: string) => Promise<Error>): Promise<number> {
     sock.end(Buffer.from(args.map((a) => a + '\0').join('')));
-    const nsPid = await new Promise<number>((resolve, reject) => {
+    return new Promise<number>((resolve, reject) => {
       let text = '';
       const fail = async (why: string) => {
         reject(await failure(why));
@@ -374,12 +499,6 @@ export class NamespaceProvider extends BaseProvider {
       sock.removeAllListeners('close');
       sock.destroy();
     });
-    const outer = procRef(starting.pid);
-    const ns = procRef(nsPid);
-    if (!outer || !ns) throw new SandboxError('internal', `sandbox ${id} init exited right after start`);
-    state.init = { outer, ns };
-    await restoreSetIds(state, this.layersDir(), () => this.rootMap(state), this.log);
-    if (state.user === 'sandbox') await writeHostsFile(await this.rootMap(state), state.idBase, id);
   }
 
   /** The init to enter, the working directory, the user and the environment of a process to run in the sandbox. */
@@ -454,12 +573,97 @@ export class NamespaceProvider extends BaseProvider {
     if (state?.link) await this.network?.release(state.link.address);
     if (state?.idBase !== undefined) this.idSlots.release(state.idBase);
     await this.disks?.remove(id);
+    if (state?.staging) await fsp.rm(state.staging, { recursive: true, force: true });
+  }
+
+  /** Teardowns queued or running behind destroys' answers (see detach). */
+  pendingTeardowns(): number {
+    return this.teardowns?.pending() ?? 0;
+  }
+
+  /**
+   * Destroy's part on the critical path (see BaseProvider.detach): every process of the sandbox is
+   * killed and gone from its cgroups (it can no longer run anything), its directory moves into the
+   * teardown directory (it is gone for adoption from then on), its cgroups, disk image and scratch
+   * directory move to names of their own (a sandbox of the same id can be made at once), the record
+   * is written, and the rest is queued (finishTeardown). Sandboxes of an older host (overlays on the
+   * host) and those never started are torn down in full by destroy itself.
+   */
+  protected override async detach(id: string, state: SandboxState | undefined, dir: string, scratch: string | null): Promise<boolean> {
+    if (!this.teardowns || !state?.init || state.hostMounts !== false) return false;
+    signalRef(state.init.ns, 'SIGKILL');
+    signalRef(state.init.outer, 'SIGKILL');
+    await SandboxCgroups.of(id).killAll();
+    this.mountIds.delete(id);
+    const rec = this.recordFor(id, `${id}.${randomBytes(6).toString('hex')}`, state, scratch);
+    await fsp.rename(dir, rec.dir);
+    await this.moveNames(rec, scratch);
+    await this.teardowns.record(rec);
+    this.teardowns.enqueue(rec);
+    return true;
+  }
+
+  private recordFor(id: string, token: string, state: SandboxState | null, scratch: string | null): TeardownRecord {
+    return {
+      id,
+      token,
+      groups: `gone-${token}`,
+      dir: this.teardowns!.pathOf(token),
+      disk: this.disks ? path.join(this.disks.dir, `gone-${token}.img`) : null,
+      scratch: scratch ? path.join(path.dirname(scratch), `.gone-${token}`) : null,
+      staging: state?.staging ?? null,
+      ...(state?.idBase !== undefined ? { idBase: state.idBase } : {}),
+      ...(state?.link ? { address: state.link.address } : {}),
+    };
+  }
+
+  /** Moves a detached sandbox's cgroups, disk image and scratch directory to the record's names (a name already gone is skipped). */
+  private async moveNames(rec: TeardownRecord, scratch: string | null): Promise<void> {
+    const skipGone = (err: NodeJS.ErrnoException) => {
+      if (err.code !== 'ENOENT') throw err;
+    };
+    await Promise.all(
+      Object.values(SandboxCgroups.of(rec.id).dirs).map((d) => fsp.rename(d!, path.join(path.dirname(d!), rec.groups)).catch(skipGone)),
+    );
+    if (rec.disk && this.disks) await fsp.rename(this.disks.fileOf(rec.id), rec.disk).catch(skipGone);
+    if (scratch && rec.scratch) await fsp.rename(scratch, rec.scratch).catch(skipGone);
+  }
+
+  /**
+   * A teardown whose record was never written (the host died inside detach): its names are moved
+   * now, from what the moved directory still holds (its state.json, its scratch link).
+   */
+  private async redetach(token: string): Promise<TeardownRecord> {
+    const id = token.slice(0, token.lastIndexOf('.'));
+    const dir = this.teardowns!.pathOf(token);
+    const state = await fsp
+      .readFile(path.join(dir, 'state.json'), 'utf8')
+      .then((t) => JSON.parse(t) as SandboxState)
+      .catch(() => null);
+    const link = await fsp.readlink(dir).catch(() => null);
+    const rec = this.recordFor(id, token, state, link);
+    await SandboxCgroups.of(id).killAll();
+    await this.moveNames(rec, link);
+    return rec;
+  }
+
+  /** Destroy's part behind its answer (see detach): the processes' wait, cgroups, policy, disk, directories, id slot. */
+  private async finishTeardown(rec: TeardownRecord): Promise<void> {
+    const groups = SandboxCgroups.of(rec.groups);
+    await groups.killAll();
+    await groups.remove();
+    if (rec.address) await this.network?.release(rec.address);
+    if (rec.disk) await fsp.rm(rec.disk, { force: true });
+    for (const d of [rec.staging, rec.scratch, rec.dir]) if (d) await fsp.rm(d, { recursive: true, force: true });
+    // Last: the slot (and its link's address) may be taken again once everything of it is gone.
+    if (rec.idBase !== undefined) this.idSlots.release(rec.idBase);
   }
 
   /** See captureLayer (./layers): the sandbox's writable layer copied into read-only layer `layerId`. */
   override async checkpoint(id: string, layerId: string): Promise<{ layerId: string; parents: string[]; sizeBytes?: number }> {
     assertId(layerId, 'layer id');
-    return captureLayer(this.stateOf(id), layerId, this.layersDir(), this.dirOf(id));
+    const state = this.stateOf(id);
+    return captureLayer(state, layerId, this.layersDir(), state.staging ?? this.dirOf(id));
   }
 
   override async layerHash(layerId: string): Promise<string> {
