@@ -277,7 +277,7 @@ export class NamespaceProvider extends BaseProvider {
     }
     await SandboxCgroups.removeGroups(deadSpare);
     // Teardowns a host left pending (it stopped, or died): finished before anything is made.
-    this.teardowns = new PendingTeardowns(path.join(this.realDataDir, 'teardown'), (rec) => this.finishTeardown(rec), this.log);
+    this.teardowns = new PendingTeardowns(path.join(this.realDataDir, 'teardown'), (rec) => this.finishTeardown(rec), this.log, undefined, process.env.SANDBOX_TEST_TEARDOWN_PAUSE_FILE || null);
     await this.teardowns.replay((token) => this.redetach(token));
     await fsp.mkdir(this.sparesDir(), { recursive: true, mode: 0o700 });
     for (const name of await fsp.readdir(this.sparesDir())) {

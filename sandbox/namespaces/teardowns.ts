@@ -10,7 +10,7 @@
  * died half-way, whose names are moved again first (nothing can have taken them: destroy had not
  * answered).
  */
-import { promises as fsp } from 'node:fs';
+import { existsSync, promises as fsp } from 'node:fs';
 import * as path from 'node:path';
 import type { Logger } from 'pino';
 
@@ -43,6 +43,8 @@ export class PendingTeardowns {
     private readonly finish: (rec: TeardownRecord) => Promise<void>,
     private readonly log: Logger,
     private readonly inFlight = TEARDOWNS_IN_FLIGHT,
+    /** Tests only (SANDBOX_TEST_TEARDOWN_PAUSE_FILE): while this file exists no teardown starts (they stay written down). */
+    private readonly pauseFile: string | null = null,
   ) {}
 
   async makeDir(): Promise<void> {
@@ -75,11 +77,12 @@ export class PendingTeardowns {
 
   /** Resolves once no teardown is queued or running. */
   drain(): Promise<void> {
-    if (this.pending() === 0) return Promise.resolve();
+    if (this.pending() === 0 || (this.pauseFile && existsSync(this.pauseFile))) return Promise.resolve();
     return new Promise((r) => this.idle.push(r));
   }
 
   private pump(): void {
+    if (this.pauseFile && existsSync(this.pauseFile)) return;
     while (this.running < this.inFlight && this.queue.length) {
       const rec = this.queue.shift()!;
       this.running++;
