@@ -49,11 +49,6 @@ export interface SandboxState {
   /** namespaces provider: host uid/gid of the sandbox's root; its ids 0..65535 are host ids idBase.. (see id-slots.ts). */
   idBase?: number;
   /**
-   * namespaces provider: the directory holding the staging mount point (`m`) and `init.log` of a
-   * sandbox made from a spare made whole ahead (`${dataDir}/spares/<spare>`); absent: the sandbox's own directory.
-   */
-  staging?: string;
-  /**
    * The entrypoint. `starting` is saved before the entrypoint's helper is started and cleared once
    * its pid is saved: a host that dies in between finds out at its next start whether the start
    * happened (see adoptInterruptedStart), so an entrypoint is never started twice. `run` names the

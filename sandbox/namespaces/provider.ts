@@ -110,6 +110,8 @@ export class NamespaceProvider extends BaseProvider {
   private creatingDiskMB = 0;
   /** Teardowns behind destroy's answer (see detach and ./teardowns). */
   private teardowns: PendingTeardowns | null = null;
+  /** Mount namespaces of detached sandboxes held open until their teardown (see detach). */
+  private readonly heldNamespaces = new Map<string, import('node:fs/promises').FileHandle[]>();
 
   constructor(opts: ProviderOptions) {
     super(opts);
@@ -342,7 +344,7 @@ export class NamespaceProvider extends BaseProvider {
   protected override resourceProbe(state: SandboxState): ResourceProbe {
     const outer = state.init?.outer;
     return {
-      upperDir: outer && isAlive(outer) ? path.join(`/proc/${outer.pid}/root`, state.staging ?? this.dirOf(state.id), 'm', 'w') : null,
+      upperDir: outer && isAlive(outer) ? path.join(`/proc/${outer.pid}/root`, this.dirOf(state.id), 'm', 'w') : null,
       ifname: state.link?.ifname ?? null,
     };
   }
@@ -445,12 +447,15 @@ export class NamespaceProvider extends BaseProvider {
     try {
       if (kit.link) await this.network!.apply(kit.link.address, egress);
       if (kit.disk) await this.disks!.claim(id, kit.disk);
-      const nsPid = await this.handOver(starting.sock, ['-H', id], failure);
+      // Its name, and its staging directory: the spare's moves there (in the helper's mount namespace).
+      const nsPid = await this.handOver(starting.sock, ['-H', id, '-m', path.join(this.dirOf(id), 'm')], failure);
       const outer = procRef(starting.pid);
       const ns = procRef(nsPid);
       if (!outer || !ns) throw new SandboxError('internal', `sandbox ${id} init exited right after start`);
       state.idBase = kit.idBase;
-      state.staging = kit.staging;
+      // Its log joins the sandbox's directory (the helper's descriptor follows the file); the spare's directory goes.
+      await fsp.rename(path.join(kit.staging, 'init.log'), path.join(this.dirOf(id), 'init.log')).catch(() => undefined);
+      await fsp.rm(kit.staging, { recursive: true, force: true });
       if (kit.link) {
         state.link = kit.link;
         if (state.sealed?.length) this.registerSealed(state);
@@ -573,7 +578,6 @@ export class NamespaceProvider extends BaseProvider {
     if (state?.link) await this.network?.release(state.link.address);
     if (state?.idBase !== undefined) this.idSlots.release(state.idBase);
     await this.disks?.remove(id);
-    if (state?.staging) await fsp.rm(state.staging, { recursive: true, force: true });
   }
 
   /** Teardowns queued or running behind destroys' answers (see detach). */
@@ -591,14 +595,23 @@ export class NamespaceProvider extends BaseProvider {
    */
   protected override async detach(id: string, state: SandboxState | undefined, dir: string, scratch: string | null): Promise<boolean> {
     if (!this.teardowns || !state?.init || state.hostMounts !== false) return false;
+    const groups = SandboxCgroups.of(id);
+    const procs = [state.init.ns, state.init.outer, state.entrypoint?.wrapper, ...(await groups.pids()).map((p) => procRef(p) ?? undefined)];
+    // Their mount namespaces, held open: the last process of each would otherwise unmount the
+    // sandbox's overlays and disk as it exits; they are let go behind the answer (finishTeardown).
+    const held = await Promise.all(
+      [state.init.ns, state.init.outer].map((ref) => (isAlive(ref) ? fsp.open(`/proc/${ref.pid}/ns/mnt`, 'r').catch(() => null) : null)),
+    );
     signalRef(state.init.ns, 'SIGKILL');
     signalRef(state.init.outer, 'SIGKILL');
-    await SandboxCgroups.of(id).killAll();
+    await groups.killAll();
+    await this.waitGone(procs);
     this.mountIds.delete(id);
     const rec = this.recordFor(id, `${id}.${randomBytes(6).toString('hex')}`, state, scratch);
     await fsp.rename(dir, rec.dir);
     await this.moveNames(rec, scratch);
     await this.teardowns.record(rec);
+    this.heldNamespaces.set(rec.token, held.filter((h) => h !== null));
     this.teardowns.enqueue(rec);
     return true;
   }
@@ -611,7 +624,6 @@ export class NamespaceProvider extends BaseProvider {
       dir: this.teardowns!.pathOf(token),
       disk: this.disks ? path.join(this.disks.dir, `gone-${token}.img`) : null,
       scratch: scratch ? path.join(path.dirname(scratch), `.gone-${token}`) : null,
-      staging: state?.staging ?? null,
       ...(state?.idBase !== undefined ? { idBase: state.idBase } : {}),
       ...(state?.link ? { address: state.link.address } : {}),
     };
@@ -649,12 +661,16 @@ export class NamespaceProvider extends BaseProvider {
 
   /** Destroy's part behind its answer (see detach): the processes' wait, cgroups, policy, disk, directories, id slot. */
   private async finishTeardown(rec: TeardownRecord): Promise<void> {
+    const held = this.heldNamespaces.get(rec.token) ?? [];
+    this.heldNamespaces.delete(rec.token);
+    // The sandbox's mounts go with the last hold of their namespaces (the disk's loop device with them).
+    await Promise.all(held.map((h) => h.close()));
     const groups = SandboxCgroups.of(rec.groups);
     await groups.killAll();
     await groups.remove();
     if (rec.address) await this.network?.release(rec.address);
     if (rec.disk) await fsp.rm(rec.disk, { force: true });
-    for (const d of [rec.staging, rec.scratch, rec.dir]) if (d) await fsp.rm(d, { recursive: true, force: true });
+    for (const d of [rec.scratch, rec.dir]) if (d) await fsp.rm(d, { recursive: true, force: true });
     // Last: the slot (and its link's address) may be taken again once everything of it is gone.
     if (rec.idBase !== undefined) this.idSlots.release(rec.idBase);
   }
@@ -662,8 +678,7 @@ export class NamespaceProvider extends BaseProvider {
   /** See captureLayer (./layers): the sandbox's writable layer copied into read-only layer `layerId`. */
   override async checkpoint(id: string, layerId: string): Promise<{ layerId: string; parents: string[]; sizeBytes?: number }> {
     assertId(layerId, 'layer id');
-    const state = this.stateOf(id);
-    return captureLayer(state, layerId, this.layersDir(), state.staging ?? this.dirOf(id));
+    return captureLayer(this.stateOf(id), layerId, this.layersDir(), this.dirOf(id));
   }
 
   override async layerHash(layerId: string): Promise<string> {

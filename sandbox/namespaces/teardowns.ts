@@ -24,8 +24,6 @@ export interface TeardownRecord {
   dir: string;
   disk: string | null;
   scratch: string | null;
-  /** A spare-made sandbox's staging directory (`${dataDir}/spares/<spare>`). */
-  staging: string | null;
   idBase?: number;
   address?: string;
 }

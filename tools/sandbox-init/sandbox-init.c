@@ -673,14 +673,15 @@ static void run_pid1(const struct setup *o) {
  * idmapped layers, writable layer, overlays, pid 1 in its namespaces, the link and its addresses),
  * then connects, writes "ready KEY\n" and waits for its claim: arguments ended by NUL bytes until
  * the host shuts down its side, of which only `-H NAME` (the sandbox's hostname, set through pid 1's
- * UTS namespace) is taken. No argument at all: the host let go of the spare, which then ends with
+ * UTS namespace) and `-m DIR` (the sandbox's staging directory, where the spare's is moved) are
+ * taken. No argument at all: the host let go of the spare, which then ends with
  * its sandbox. Kept apart from run(), which calls whole_spare_claim once pid 1 is ready.
  */
 static struct {
   const char *sock_path, *key;
 } whole_spare;
 
-static void whole_spare_claim(pid_t init) {
+static void whole_spare_claim(const struct setup *o, pid_t init) {
   step = "connect";
   int sock = connect_to(whole_spare.sock_path);
   if (sock < 0) {
@@ -702,9 +703,20 @@ static void whole_spare_claim(pid_t init) {
     if (n == 0) exit(0);
     die("read the claim");
   }
-  const char *name = NULL;
+  const char *name = NULL, *staging = NULL;
   for (int i = 0; i + 1 < n; i += 2) {
     if (strcmp(args[i], "-H") == 0) name = args[i + 1];
+    else if (strcmp(args[i], "-m") == 0) staging = args[i + 1];
+  }
+  /* The staging directory moves to the sandbox's own (-m), in the helper's mount namespace only: the
+   * host finds the sandbox's writable layer where it finds every other's (/proc/HELPER/root/DIR/w). */
+  if (staging && strcmp(staging, o->staging) != 0) {
+    if ((mkdir(staging, 0711) != 0 && errno != EEXIST) || mount(o->staging, staging, NULL, MS_MOVE, NULL) != 0) {
+      int e = errno;
+      kill(init, SIGKILL);
+      errno = e;
+      die("move the staging directory to %s", staging);
+    }
   }
   size_t len = name ? strlen(name) : 0;
   if (!name || len == 0 || len > 64) {
@@ -824,7 +836,7 @@ static int run(struct setup *o) {
   while (waitpid(setup_pid, NULL, 0) < 0 && errno == EINTR) {
   }
   /* A spare made whole ahead (-w with a whole SETUP): waits here for its claim (see whole_spare_claim). */
-  if (whole_spare.key) whole_spare_claim((pid_t)init);
+  if (whole_spare.key) whole_spare_claim(o, (pid_t)init);
   char info[64];
   int n = snprintf(info, sizeof info, "{\"child-pid\": %ld}\n", init);
   if (fcntl(3, F_GETFD) >= 0) {
