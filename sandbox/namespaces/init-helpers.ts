@@ -366,6 +366,14 @@ export class InitHelpers {
     spare.kit = null;
   }
 
+  /** Stops the ready spares that `unfit` picks (made for a disk size no longer asked for): the pool refills. */
+  discardWhere(unfit: (kit: SpareKit | null) => boolean): void {
+    const gone = this.pool.filter((s) => s.ready && !s.claimed && unfit(s.kit ?? null));
+    if (!gone.length) return;
+    this.pool = this.pool.filter((s) => !gone.includes(s));
+    for (const s of gone) void this.discardSpare(s);
+  }
+
   /** A claimed spare whose claim failed: its processes, cgroups (now named `id`) and what it held. */
   async discardClaimed(id: string, kit: SpareKit): Promise<void> {
     const groups = SandboxCgroups.of(id);

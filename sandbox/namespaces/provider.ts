@@ -406,6 +406,8 @@ export class NamespaceProvider extends BaseProvider {
     // has pivoted into), so such a create starts a helper of its own.
     const whole = state.layers.length === 0 ? await this.helpers.claimSpare(id, state.limits, (kit) => kit?.diskMB === diskMB) : null;
     if (whole?.kit) return this.finishClaim(state, whole, whole.kit, egress);
+    // Spares follow the disk size asked for last (as ./disk's do): those of another size go, and the pool refills.
+    if (state.layers.length === 0 && !whole) this.helpers.discardWhere((kit) => kit !== null && kit.diskMB !== diskMB);
     state.idBase = this.idSlots.allocate();
     // The slot's /31; a restricted policy is in the table before the sandbox can send anything.
     const link = this.network?.linkFor((state.idBase - this.idSlots.base) / ID_COUNT);
