@@ -145,15 +145,6 @@ export abstract class BaseProvider implements SandboxProvider {
   protected abstract provision(state: SandboxState): Promise<void>;
   /** Kills the sandbox's processes and undoes `provision` (without removing the sandbox directory). */
   protected abstract teardown(id: string, state: SandboxState | undefined): Promise<void>;
-  /**
-   * Stops sandbox `id` so that it can no longer run anything, moves its names out of the way (its
-   * directory `dir` and scratch directory among them) and leaves the rest of its teardown to be done
-   * behind the answer, written down so that a host restart finishes it; answers false to have
-   * destroy run teardown and remove the directories itself (the default).
-   */
-  protected detach(_id: string, _state: SandboxState | undefined, _dir: string, _scratch: string | null): Promise<boolean> {
-    return Promise.resolve(false);
-  }
   /** Where the sandbox's files are reachable from the host (throws conflict when it is not running). */
   protected abstract rootMap(state: SandboxState): RootMap | Promise<RootMap>;
   /** The host-side argv that runs `opts.argv` inside the sandbox with a clean environment. */
@@ -397,12 +388,9 @@ export abstract class BaseProvider implements SandboxProvider {
     let onDisk = state;
     onDisk ??= await this.stateFile.readPlain(id);
     if (onDisk?.entrypoint) signalRef(onDisk.entrypoint.wrapper, 'SIGKILL');
-    // A provider that can stop the sandbox now and remove the rest behind the answer does so (see detach).
-    if (!(await this.detach(id, onDisk, dir, scratch))) {
-      await this.teardown(id, onDisk);
-      if (scratch) await fsp.rm(scratch, { recursive: true, force: true });
-      await fsp.rm(dir, { recursive: true, force: true });
-    }
+    await this.teardown(id, onDisk);
+    if (scratch) await fsp.rm(scratch, { recursive: true, force: true });
+    await fsp.rm(dir, { recursive: true, force: true });
     this.states.delete(id);
     this.layers.gc.drop(id);
     this.resources.drop(id);

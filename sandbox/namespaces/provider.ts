@@ -27,7 +27,6 @@
  * no_new_privs, seccomp, environment, timeout and exit file in one exec). All processes of a sandbox
  * are in its cgroups, which is also how destroy finds and kills them.
  */
-import { randomBytes } from 'node:crypto';
 import { promises as fsp, constants as fsc } from 'node:fs';
 import * as path from 'node:path';
 import { PROJECT_ROOT } from '../../config';
@@ -38,15 +37,16 @@ import { SandboxError } from '../errors';
 import type { RootMap } from '../paths';
 import { isAlive, procRef, SandboxCgroups, signalRef } from '../procs';
 import { ID_COUNT, IdSlots } from '../id-slots';
-import { normaliseEgress, RESOLVER_ADDRESS, SandboxNetwork, type Egress } from '../network';
+import { normaliseEgress, SandboxNetwork, type Egress } from '../network';
 import type { ProviderOptions, SpawnOptions } from '../driver';
 import { captureLayer, migrateSetIds, restoreSetIds, scanLayer } from './layers';
 import { sandboxMountIds, unmountUnder } from './mounts';
-import { InitHelpers, SPARE_PREFIX, type SpareKit, type Starting } from './init-helpers';
+import { InitHelpers, type SpareKit, type Starting } from './init-helpers';
 import { ensureBaseSkeleton } from './base-skeleton';
 import { sealedContext, startSealing, type SealProxy } from '../seal';
 import { ownerOf, SANDBOX_HOME, SANDBOX_UID, writeHostsFile } from './sandbox-user';
-import { PendingTeardowns, type TeardownRecord } from './teardowns';
+import { SandboxTeardowns } from './teardowns';
+import { handOver, SpareKits } from './spare-kits';
 import { DiskImages, diskImagesSupported, diskOvercommitFromEnv, diskRoomProblem, freeMBOf } from './disk';
 
 export { sandboxMountIds };
@@ -108,10 +108,10 @@ export class NamespaceProvider extends BaseProvider {
   private readonly diskOvercommit: number;
   /** The disks of creates under way (see checkDiskRoom). */
   private creatingDiskMB = 0;
-  /** Teardowns behind destroy's answer (see detach and ./teardowns). */
-  private teardowns: PendingTeardowns | null = null;
-  /** Mount namespaces of detached sandboxes held open until their teardown (see detach). */
-  private readonly heldNamespaces = new Map<string, import('node:fs/promises').FileHandle[]>();
+  /** Teardowns behind destroy's answer (see ./teardowns): made by prepare. */
+  private teardowns: SandboxTeardowns | null = null;
+  /** What spares are made whole with (see ./spare-kits). */
+  private readonly kits: SpareKits;
 
   constructor(opts: ProviderOptions) {
     super(opts);
@@ -123,8 +123,8 @@ export class NamespaceProvider extends BaseProvider {
       initHelper: this.initHelper,
       waitGone: (refs) => this.waitGone(refs),
       ...(opts.poolSize !== undefined ? { poolSize: opts.poolSize } : {}),
-      prepareSpare: (name) => this.prepareSpare(name),
-      releaseSpare: (kit) => this.releaseSpare(kit),
+      prepareSpare: (name) => this.kits.prepare(name),
+      releaseSpare: (kit) => this.kits.release(kit),
     });
     this.enterHelper = opts.enterHelper ?? DEFAULT_ENTER_HELPER;
     this.seccompFilter = opts.seccompFilter ?? DEFAULT_SECCOMP;
@@ -132,6 +132,13 @@ export class NamespaceProvider extends BaseProvider {
     this.network = opts.network === undefined ? SandboxNetwork.fromEnv(process.env, this.log) : opts.network;
     this.diskOvercommit = diskOvercommitFromEnv(process.env);
     this.idSlots = new IdSlots(opts.idBase ?? (process.env.SANDBOX_ID_BASE ? Number(process.env.SANDBOX_ID_BASE) : undefined), this.network?.capacity);
+    this.kits = new SpareKits({
+      dataDir: () => this.realDataDir ?? this.dataDir,
+      idSlots: this.idSlots,
+      network: this.network,
+      disks: () => this.disks,
+      setup: () => ({ baseLayer: BASE_NAME, agentSdkLayer: this.agentSdkLayer, usr: this.realUsr, seccomp: this.seccompFilter }),
+    });
   }
 
   /**
@@ -167,82 +174,6 @@ export class NamespaceProvider extends BaseProvider {
     this.seal?.register(state.link!.address, id, state.sealed!, (e) => this.stateFile.envSealer().open(e.box, sealedContext(id, e.placeholder)));
   }
 
-  /** Where spares made whole ahead keep their staging directory and log (see prepareSpare). */
-  private sparesDir(): string {
-    return path.join(this.realDataDir ?? this.dataDir, 'spares');
-  }
-
-  /**
-   * What spare `name` is made whole with (see InitHelpers): an id slot (the user namespace's id map,
-   * and the link and address of that slot), a disk image of the spares' size, a staging directory,
-   * and every SETUP argument of the helper but the sandbox's name (a placeholder until the claim).
-   * Only for a create without layers of its own and with the spares' disk size (see provisionNow).
-   */
-  private async prepareSpare(name: string): Promise<SpareKit | null> {
-    const realData = this.realDataDir ?? this.dataDir;
-    const idBase = this.idSlots.allocate();
-    const staging = path.join(this.sparesDir(), name);
-    let disk: string | null = null;
-    try {
-      await fsp.mkdir(staging, { recursive: true, mode: 0o700 });
-      const diskMB = this.disks?.spareSize ?? DEFAULT_DISK_MB;
-      disk = this.disks ? await this.disks.take(name, diskMB) : null;
-      const link = this.network?.linkFor((idBase - this.idSlots.base) / ID_COUNT) ?? null;
-      const args = [
-        ...this.setupArgs({ staging, idBase, layers: [], realData, diskMB, image: disk, name: 'sandbox', link }),
-      ];
-      return { args, idBase, link, disk, diskMB, staging };
-    } catch (err) {
-      this.idSlots.release(idBase);
-      if (disk) await fsp.rm(disk, { force: true });
-      await fsp.rm(staging, { recursive: true, force: true });
-      throw err;
-    }
-  }
-
-  /** Gives back what prepareSpare took: its id slot, disk image and staging directory. */
-  private async releaseSpare(kit: SpareKit): Promise<void> {
-    if (kit.link) await this.network?.release(kit.link.address);
-    this.idSlots.release(kit.idBase);
-    if (kit.disk) await fsp.rm(kit.disk, { force: true });
-    await fsp.rm(kit.staging, { recursive: true, force: true });
-  }
-
-  /** The helper's SETUP arguments (see tools/sandbox-init). */
-  private setupArgs(o: {
-    staging: string;
-    idBase: number;
-    layers: string[];
-    realData: string;
-    diskMB: number;
-    image: string | null;
-    name: string;
-    link: SpareKit['link'];
-  }): string[] {
-    const layerPart = (part: 'root' | 'usr') => o.layers.map((l) => path.join(o.realData, 'layers', l, part));
-    return [
-      '-l',
-      path.join(o.staging, 'init.log'),
-      '-m',
-      path.join(o.staging, 'm'),
-      '-u',
-      String(o.idBase),
-      // The agent SDK's layer lies lowest: shared read-only by all, and a checkpoint never captures it.
-      ...[...layerPart('root'), path.join(o.realData, BASE_NAME), ...(this.agentSdkLayer ? [this.agentSdkLayer] : [])].flatMap((l) => ['-r', l]),
-      ...[...layerPart('usr'), this.realUsr].flatMap((l) => ['-p', l]),
-      '-D', // The host's server fills in SANDBOX_DISK_MB; a provider used on its own takes the built-in default.
-      String(o.diskMB),
-      ...(o.image ? ['-I', o.image] : []),
-      '-H',
-      o.name,
-      '-S',
-      this.seccompFilter,
-      ...(o.link ? ['-N', o.link.ifname, '-A', `${o.link.gateway}/${o.link.prefix}`, '-B', o.link.address] : []),
-      // Its resolver: the table sends it to the host's resolver for sandboxes (network.ts, dns.ts).
-      ...(o.link ? ['-d', RESOLVER_ADDRESS] : []),
-    ];
-  }
-
   private baseDir(): string {
     return path.join(this.dataDir, BASE_NAME);
   }
@@ -270,21 +201,18 @@ export class NamespaceProvider extends BaseProvider {
     else this.log.warn('no loop devices or mkfs.ext4 (or SANDBOX_DISK_IMAGES=off): writable layers are tmpfs, charged to memory');
     await migrateSetIds(this.layersDir(), this.log);
     if (!this.helpers.closed) await this.helpers.listen();
-    // Spares of a host process that is gone: their helpers end when their connection does (with their
-    // sandbox's pid 1); whatever is still in their cgroups is killed, then the groups and staging
-    // directories go (a live host's spare is in use and stays).
-    const deadSpare = (n: string) => n.startsWith(SPARE_PREFIX) && !signalable(Number(n.slice(SPARE_PREFIX.length).split('-')[0]));
-    for (const name of await fsp.readdir('/sys/fs/cgroup/pids/sap').catch(() => [] as string[])) {
-      if (deadSpare(name)) await SandboxCgroups.of(name).killAll();
-    }
-    await SandboxCgroups.removeGroups(deadSpare);
-    // Teardowns a host left pending (it stopped, or died): finished before anything is made.
-    this.teardowns = new PendingTeardowns(path.join(this.realDataDir, 'teardown'), (rec) => this.finishTeardown(rec), this.log, undefined, process.env.SANDBOX_TEST_TEARDOWN_PAUSE_FILE || null);
-    await this.teardowns.replay((token) => this.redetach(token));
-    await fsp.mkdir(this.sparesDir(), { recursive: true, mode: 0o700 });
-    for (const name of await fsp.readdir(this.sparesDir())) {
-      if (deadSpare(name)) await fsp.rm(path.join(this.sparesDir(), name), { recursive: true, force: true });
-    }
+    // Spares of a host process that is gone (see SpareKits.sweep). Teardowns a host left pending (it stopped, or died): finished before anything is made.
+    this.teardowns = new SandboxTeardowns({
+      dir: path.join(this.realDataDir, 'teardown'),
+      log: this.log,
+      idSlots: this.idSlots,
+      network: this.network,
+      disks: this.disks,
+      waitGone: (refs) => this.waitGone(refs),
+      pauseFile: process.env.SANDBOX_TEST_TEARDOWN_PAUSE_FILE || null,
+    });
+    await this.teardowns.start();
+    await this.kits.sweep();
     await ensureBaseSkeleton(this.baseDir(), this.log);
   }
 
@@ -382,6 +310,11 @@ export class NamespaceProvider extends BaseProvider {
     return sizeOf(state);
   }
 
+  /** Teardowns queued or running behind destroys' answers (see ./teardowns). */
+  pendingTeardowns(): number {
+    return this.teardowns?.pending() ?? 0;
+  }
+
   /** The pool's state (spares ready and starting): for tests and the host's metrics. */
   poolState(): { ready: number; starting: number; size: number } {
     return this.helpers.poolState();
@@ -424,8 +357,8 @@ export class NamespaceProvider extends BaseProvider {
     const image = this.disks ? await this.disks.take(id, diskMB) : null;
     // Everything the helper does, in order (see tools/sandbox-init); its log comes first, so that any
     // failure is in init.log. Each argument ends with a NUL byte.
-    const args = this.setupArgs({ staging: dir, idBase: state.idBase, layers: state.layers, realData, diskMB, image, name: id, link: link ?? null });
-    const nsPid = await this.handOver(starting.sock, args, failure);
+    const args = this.kits.setupArgs({ staging: dir, idBase: state.idBase, layers: state.layers, realData, diskMB, image, name: id, link: link ?? null });
+    const nsPid = await handOver(starting.sock, args, failure);
     const outer = procRef(starting.pid);
     const ns = procRef(nsPid);
     if (!outer || !ns) throw new SandboxError('internal', `sandbox ${id} init exited right after start`);
@@ -434,78 +367,16 @@ export class NamespaceProvider extends BaseProvider {
     if (state.user === 'sandbox') await writeHostsFile(await this.rootMap(state), state.idBase, id);
   }
 
-  /**
-   * A spare made whole ahead, claimed by sandbox `state` (its cgroups renamed and limited by the
-   * claim): takes over its id slot, link, disk and staging directory, puts the sandbox's egress policy
-   * in the table, then hands the helper the sandbox's name (its hostname), and waits for its pid 1.
-   * A failed claim gives everything back.
-   */
+  /** A spare made whole ahead, claimed by sandbox `state`: see SpareKits.claim. */
   private async finishClaim(state: SandboxState, starting: Starting, kit: SpareKit, egress: Egress): Promise<void> {
-    const id = state.id;
-    const failure = async (why: string) => {
-      const logText = await fsp.readFile(path.join(kit.staging, 'init.log'), 'utf8').catch(() => '');
-      return new SandboxError('internal', `sandbox ${id} failed to start (${why}): ${logText.trim().slice(-1000)}`);
-    };
-    try {
-      if (kit.link) await this.network!.apply(kit.link.address, egress);
-      if (kit.disk) await this.disks!.claim(id, kit.disk);
-      // Its name, and its staging directory: the spare's moves there (in the helper's mount namespace).
-      const nsPid = await this.handOver(starting.sock, ['-H', id, '-m', path.join(this.dirOf(id), 'm')], failure);
-      const outer = procRef(starting.pid);
-      const ns = procRef(nsPid);
-      if (!outer || !ns) throw new SandboxError('internal', `sandbox ${id} init exited right after start`);
-      state.idBase = kit.idBase;
-      // Its log joins the sandbox's directory (the helper's descriptor follows the file); the spare's directory goes.
-      await fsp.rename(path.join(kit.staging, 'init.log'), path.join(this.dirOf(id), 'init.log')).catch(() => undefined);
-      await fsp.rm(kit.staging, { recursive: true, force: true });
-      if (kit.link) {
-        state.link = kit.link;
-        if (state.sealed?.length) this.registerSealed(state);
-      }
-      state.init = { outer, ns };
-    } catch (err) {
-      signalRef(procRef(starting.pid), 'SIGKILL');
-      await this.helpers.discardClaimed(id, { ...kit, disk: kit.disk && this.disks ? this.disks.fileOf(id) : null });
-      if (kit.disk) await fsp.rm(kit.disk, { force: true });
-      throw err;
+    const undo = (id: string) => this.helpers.discardClaimed(id, { ...kit, disk: kit.disk && this.disks ? this.disks.fileOf(id) : null });
+    state.init = await this.kits.claim(state.id, starting, kit, egress, this.dirOf(state.id), undo);
+    state.idBase = kit.idBase;
+    if (kit.link) {
+      state.link = kit.link;
+      if (state.sealed?.length) this.registerSealed(state);
     }
-    if (state.user === 'sandbox') await writeHostsFile(await this.rootMap(state), state.idBase!, id);
-  }
-
-  /**
-   * Writes `args` to the helper's connection (each ended by a NUL byte) and shuts down the host's
-   * side: the helper reads them to the end. It answers with the sandbox's pid 1 once the sandbox is
-   * ready, or closes the connection when a step failed.
-   */
-  private async handOver(sock: import('node:net').Socket, args: string[], failure: (why: string) => Promise<Error>): Promise<number> {
-    sock.end(Buffer.from(args.map((a) => a + '\0').join('')));
-    return new Promise<number>((resolve, reject) => {
-      let text = '';
-      const fail = async (why: string) => {
-        reject(await failure(why));
-      };
-      const timer = setTimeout(() => void fail('timeout'), 15000);
-      sock.on('data', (chunk: Buffer) => {
-        text += chunk.toString('utf8');
-        try {
-          const parsed = JSON.parse(text) as { 'child-pid'?: number };
-          clearTimeout(timer);
-          if (parsed['child-pid']) resolve(parsed['child-pid']);
-          else void fail('no child pid');
-        } catch {
-          /* incomplete JSON so far */
-        }
-      });
-      // A socket paused since its helper connected.
-      sock.resume();
-      sock.on('close', () => {
-        clearTimeout(timer);
-        void fail('the init helper closed its connection');
-      });
-    }).finally(() => {
-      sock.removeAllListeners('close');
-      sock.destroy();
-    });
+    if (state.user === 'sandbox') await writeHostsFile(await this.rootMap(state), state.idBase, state.id);
   }
 
   /** The init to enter, the working directory, the user and the environment of a process to run in the sandbox. */
@@ -562,7 +433,14 @@ export class NamespaceProvider extends BaseProvider {
     return ['/usr/bin/nsenter', '-t', String(state.init!.ns.pid), '-n', '--'];
   }
 
+  /**
+   * Destroy's teardown. A sandbox this host started (its overlays in its own namespaces) is stopped
+   * and its names moved away now, the rest behind destroy's answer (SandboxTeardowns.detach: its
+   * directory moves too, so destroy has nothing left to remove); others are torn down here in full.
+   */
   protected async teardown(id: string, state: SandboxState | undefined): Promise<void> {
+    this.mountIds.delete(id);
+    if (this.teardowns && (await this.teardowns.detach(id, state, this.dirOf(id)))) return;
     const cgroups = SandboxCgroups.of(id);
     signalRef(state?.init?.ns, 'SIGKILL');
     signalRef(state?.init?.outer, 'SIGKILL');
@@ -580,101 +458,6 @@ export class NamespaceProvider extends BaseProvider {
     if (state?.link) await this.network?.release(state.link.address);
     if (state?.idBase !== undefined) this.idSlots.release(state.idBase);
     await this.disks?.remove(id);
-  }
-
-  /** Teardowns queued or running behind destroys' answers (see detach). */
-  pendingTeardowns(): number {
-    return this.teardowns?.pending() ?? 0;
-  }
-
-  /**
-   * Destroy's part on the critical path (see BaseProvider.detach): every process of the sandbox is
-   * killed and gone from its cgroups (it can no longer run anything), its directory moves into the
-   * teardown directory (it is gone for adoption from then on), its cgroups, disk image and scratch
-   * directory move to names of their own (a sandbox of the same id can be made at once), the record
-   * is written, and the rest is queued (finishTeardown). Sandboxes of an older host (overlays on the
-   * host) and those never started are torn down in full by destroy itself.
-   */
-  protected override async detach(id: string, state: SandboxState | undefined, dir: string, scratch: string | null): Promise<boolean> {
-    if (!this.teardowns || !state?.init || state.hostMounts !== false) return false;
-    const groups = SandboxCgroups.of(id);
-    const procs = [state.init.ns, state.init.outer, state.entrypoint?.wrapper, ...(await groups.pids()).map((p) => procRef(p) ?? undefined)];
-    // Their mount namespaces, held open: the last process of each would otherwise unmount the
-    // sandbox's overlays and disk as it exits; they are let go behind the answer (finishTeardown).
-    const held = await Promise.all(
-      [state.init.ns, state.init.outer].map((ref) => (isAlive(ref) ? fsp.open(`/proc/${ref.pid}/ns/mnt`, 'r').catch(() => null) : null)),
-    );
-    signalRef(state.init.ns, 'SIGKILL');
-    signalRef(state.init.outer, 'SIGKILL');
-    await groups.killAll();
-    await this.waitGone(procs);
-    this.mountIds.delete(id);
-    const rec = this.recordFor(id, `${id}.${randomBytes(6).toString('hex')}`, state, scratch);
-    await fsp.rename(dir, rec.dir);
-    await this.moveNames(rec, scratch);
-    await this.teardowns.record(rec);
-    this.heldNamespaces.set(rec.token, held.filter((h) => h !== null));
-    this.teardowns.enqueue(rec);
-    return true;
-  }
-
-  private recordFor(id: string, token: string, state: SandboxState | null, scratch: string | null): TeardownRecord {
-    return {
-      id,
-      token,
-      groups: `gone-${token}`,
-      dir: this.teardowns!.pathOf(token),
-      disk: this.disks ? path.join(this.disks.dir, `gone-${token}.img`) : null,
-      scratch: scratch ? path.join(path.dirname(scratch), `.gone-${token}`) : null,
-      ...(state?.idBase !== undefined ? { idBase: state.idBase } : {}),
-      ...(state?.link ? { address: state.link.address } : {}),
-    };
-  }
-
-  /** Moves a detached sandbox's cgroups, disk image and scratch directory to the record's names (a name already gone is skipped). */
-  private async moveNames(rec: TeardownRecord, scratch: string | null): Promise<void> {
-    const skipGone = (err: NodeJS.ErrnoException) => {
-      if (err.code !== 'ENOENT') throw err;
-    };
-    await Promise.all(
-      Object.values(SandboxCgroups.of(rec.id).dirs).map((d) => fsp.rename(d!, path.join(path.dirname(d!), rec.groups)).catch(skipGone)),
-    );
-    if (rec.disk && this.disks) await fsp.rename(this.disks.fileOf(rec.id), rec.disk).catch(skipGone);
-    if (scratch && rec.scratch) await fsp.rename(scratch, rec.scratch).catch(skipGone);
-  }
-
-  /**
-   * A teardown whose record was never written (the host died inside detach): its names are moved
-   * now, from what the moved directory still holds (its state.json, its scratch link).
-   */
-  private async redetach(token: string): Promise<TeardownRecord> {
-    const id = token.slice(0, token.lastIndexOf('.'));
-    const dir = this.teardowns!.pathOf(token);
-    const state = await fsp
-      .readFile(path.join(dir, 'state.json'), 'utf8')
-      .then((t) => JSON.parse(t) as SandboxState)
-      .catch(() => null);
-    const link = await fsp.readlink(dir).catch(() => null);
-    const rec = this.recordFor(id, token, state, link);
-    await SandboxCgroups.of(id).killAll();
-    await this.moveNames(rec, link);
-    return rec;
-  }
-
-  /** Destroy's part behind its answer (see detach): the processes' wait, cgroups, policy, disk, directories, id slot. */
-  private async finishTeardown(rec: TeardownRecord): Promise<void> {
-    const held = this.heldNamespaces.get(rec.token) ?? [];
-    this.heldNamespaces.delete(rec.token);
-    // The sandbox's mounts go with the last hold of their namespaces (the disk's loop device with them).
-    await Promise.all(held.map((h) => h.close()));
-    const groups = SandboxCgroups.of(rec.groups);
-    await groups.killAll();
-    await groups.remove();
-    if (rec.address) await this.network?.release(rec.address);
-    if (rec.disk) await fsp.rm(rec.disk, { force: true });
-    for (const d of [rec.scratch, rec.dir]) if (d) await fsp.rm(d, { recursive: true, force: true });
-    // Last: the slot (and its link's address) may be taken again once everything of it is gone.
-    if (rec.idBase !== undefined) this.idSlots.release(rec.idBase);
   }
 
   /** See captureLayer (./layers): the sandbox's writable layer copied into read-only layer `layerId`. */
@@ -704,15 +487,5 @@ export class NamespaceProvider extends BaseProvider {
 
   protected override async hashOfDir(dir: string): Promise<string> {
     return (await this.scanLayerDir(dir)).sha256;
-  }
-}
-
-/** True while a process with this pid exists (signal 0 checks without sending anything). */
-function signalable(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
   }
 }

@@ -167,7 +167,9 @@ describe('sandbox host (namespaces): teardown behind destroy', () => {
     expect(groupsOf(ids)).toEqual([]);
     expect(readdirSync(path.join(dataDir, 'spares'))).toEqual([]);
     expect(readdirSync(path.join(dataDir, 'sandboxes'))).toEqual([]);
-    expect(readdirSync(path.join(dataDir, 'disks')).filter((f) => !f.startsWith(`pool-${process.pid}-`) && !f.startsWith(`template-${process.pid}-`))).toEqual([]);
+    expect(readdirSync(path.join(dataDir, 'disks')).filter((f) => !f.startsWith(`pool-${process.pid}-`) && !f.startsWith(`template-${process.pid}-`))).toEqual(
+      [],
+    );
     expect((provider as unknown as { idSlots: { used: Set<number> } }).idSlots.used.size).toBe(0);
     // Links and loop devices go with their sandbox's last process (the kernel frees them behind it).
     await eventually(async () => links().length === 0 && loopsUnder(dataDir).length === 0, 30_000, 50);
