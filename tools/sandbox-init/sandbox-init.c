@@ -3,7 +3,7 @@
  *
  *   sap-sandbox-init -w -s SOCKET KEY [-c CGROUP_PROCS]...   a spare: the rest of the arguments come later
  *   sap-sandbox-init -w -s SOCKET KEY [-c CGROUP_PROCS]... SETUP...   a spare made whole ahead: only its
- *                                                        hostname comes later (see whole_spare_claim)
+ *                                   name and staging directory come later (see whole_spare_claim)
  *   sap-sandbox-init [-c CGROUP_PROCS]... SETUP...            all at once (tests)
  *
  * SETUP, every option required unless marked:
@@ -674,8 +674,9 @@ static void run_pid1(const struct setup *o) {
  * then connects, writes "ready KEY\n" and waits for its claim: arguments ended by NUL bytes until
  * the host shuts down its side, of which only `-H NAME` (the sandbox's hostname, set through pid 1's
  * UTS namespace) and `-m DIR` (the sandbox's staging directory, where the spare's is moved) are
- * taken. No argument at all: the host let go of the spare, which then ends with
- * its sandbox. Kept apart from run(), which calls whole_spare_claim once pid 1 is ready.
+ * taken. No argument at all: the host let go of the spare, which then ends with its sandbox. The
+ * helper (and so pid 1) runs at nice 10 until the claim. Kept apart from run(), which calls
+ * whole_spare_claim once pid 1 is ready.
  */
 static struct {
   const char *sock_path, *key;
@@ -690,11 +691,13 @@ static void whole_spare_claim(const struct setup *o, pid_t init) {
   }
   char line[256];
   snprintf(line, sizeof line, "ready %s\n", whole_spare.key);
-  if (sap_write_all(sock, line, strlen(line)) != 0) die("write ready");
-  if (sock != 3) {
-    if (dup2(sock, 3) < 0) die("dup socket");
-    close(sock);
+  if (sap_write_all(sock, line, strlen(line)) != 0 || (sock != 3 && dup2(sock, 3) < 0)) {
+    int e = errno;
+    kill(init, SIGKILL);
+    errno = e;
+    die("write ready");
   }
+  if (sock != 3) close(sock);
   step = "claim";
   char **args = NULL;
   int n = read_args(3, &args);
