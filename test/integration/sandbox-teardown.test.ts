@@ -87,8 +87,22 @@ describe('sandbox host (namespaces): teardown behind destroy', () => {
     dataDir = await fsp.realpath(await fsp.mkdtemp(path.join(os.tmpdir(), 'sap-teardown-')));
   });
 
+  /** A host on `dataDir` in this process, without spares: its start finishes the teardowns written down there. */
+  const restart = async () => {
+    const log = pino({ level: 'silent' });
+    const network = new SandboxNetwork({ name: NAME, cidr, dnsPort: await freePort(), log });
+    const provider = createSandboxProvider({ kind: 'namespaces', dataDir, hostId: 'test-host-teardown', network, idBase, poolSize: 0 });
+    host = await startHost({ dataDir, token: TOKEN, listen: '127.0.0.1:0', provider });
+    return provider;
+  };
+
   afterAll(async () => {
-    if (child && child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
+    if (child && child.exitCode === null && child.signalCode === null) {
+      child.kill('SIGKILL');
+      await new Promise((r) => child!.once('exit', r));
+    }
+    // A test that failed before the restart left its teardowns written down: a start finishes them.
+    if (!host && child) await restart();
     if (host) {
       const c = new HostClient({ url: host.url, token: TOKEN });
       for (const sb of await c.listSandboxes()) await c.destroySandbox(sb.id);
@@ -159,10 +173,7 @@ describe('sandbox host (namespaces): teardown behind destroy', () => {
     await exited;
 
     // The next start (this process, without the hold) finishes them before it makes anything.
-    const log = pino({ level: 'silent' });
-    const network = new SandboxNetwork({ name: NAME, cidr, dnsPort: await freePort(), log });
-    const provider = createSandboxProvider({ kind: 'namespaces', dataDir, hostId: 'test-host-teardown', network, idBase, poolSize: 0 });
-    host = await startHost({ dataDir, token: TOKEN, listen: '127.0.0.1:0', provider });
+    const provider = await restart();
     expect(readdirSync(path.join(dataDir, 'teardown'))).toEqual([]);
     expect(groupsOf(ids)).toEqual([]);
     expect(readdirSync(path.join(dataDir, 'spares'))).toEqual([]);
