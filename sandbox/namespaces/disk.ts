@@ -293,6 +293,11 @@ export class DiskImages {
     return true;
   }
 
+  /** Makes `file` (a spare's image, mounted by its helper) sandbox `id`'s image. */
+  async claim(id: string, file: string): Promise<void> {
+    await fsp.rename(file, this.fileOf(id));
+  }
+
   /** Makes `file`: a copy of the template of `diskMB` (made on first use), or, without one, mkfs.ext4's own. */
   async make(file: string, diskMB: number): Promise<void> {
     const size = Math.max(diskMB, MIN_DISK_MB);

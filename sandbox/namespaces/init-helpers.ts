@@ -34,16 +34,32 @@ interface Spare {
   discarded: boolean;
   /** Reports the spare as failed (before it is claimed). */
   failed?: (why: string) => void;
-  /** The disk image it mounted ahead (see InitHelperDeps.spareDisk), or null. */
-  disk?: string | null;
+  /** What it was made whole with (see InitHelperDeps.prepareSpare); released unless a claim took it. */
+  kit?: SpareKit | null;
+}
+
+/**
+ * What a spare is made whole with ahead of any create (see InitHelperDeps.prepareSpare): its id
+ * slot (the user namespace's id map, and the network link of that slot), its writable layer's disk
+ * image and its size, its staging directory, and the SETUP arguments of `sap-sandbox-init` for all that.
+ */
+export interface SpareKit {
+  args: string[];
+  idBase: number;
+  link: { ifname: string; gateway: string; address: string; prefix: number } | null;
+  /** Its disk image (mounted by the helper) or null: a tmpfs of diskMB. */
+  disk: string | null;
+  diskMB: number;
+  /** The directory holding the staging mount point `m` and `init.log`. */
+  staging: string;
 }
 
 /** An init helper handed its arguments: its pid, and its connection (the sandbox's info arrives there). */
 export interface Starting {
   pid: number;
   sock: net.Socket;
-  /** A spare's disk image, mounted ahead: used unless the arguments name another (-I). */
-  disk?: string;
+  /** A spare made whole ahead: what it holds (the claim hands it only its name, see NamespaceProvider). */
+  kit?: SpareKit;
 }
 
 /** What InitHelpers needs of its provider. */
@@ -59,11 +75,16 @@ export interface InitHelperDeps {
   poolSize?: number;
   /** At most this many spares start at once (default 2). */
   refillsInFlight?: number;
-  /** A disk image for spare `name` to mount ahead (-I, see ./disk), or null for none. */
-  spareDisk?(name: string): Promise<string | null>;
+  /**
+   * What spare `name` is made whole with (its id slot, link, disk, staging directory and SETUP
+   * arguments), or null for a spare that only joins its cgroups ahead (the arguments come at claim).
+   */
+  prepareSpare?(name: string): Promise<SpareKit | null>;
+  /** Gives back what prepareSpare took (the spare's processes are gone). */
+  releaseSpare?(kit: SpareKit): Promise<void>;
 }
 
-/** Limits of an idle spare's cgroups: one process waiting on a socket (a claim sets the sandbox's). */
+/** Limits of an idle spare's cgroups: its helper and the sandbox's idle pid 1 (a claim sets the sandbox's). */
 const SPARE_LIMITS = { maxProcesses: 8, memoryMB: 16 };
 
 /** SANDBOX_POOL_SIZE's default: see docs/operations/configuration.md. */
@@ -241,8 +262,9 @@ export class InitHelpers {
       const cgroups = await SandboxCgroups.create(name, SPARE_LIMITS);
       pending.cgroups = cgroups;
       if (!this.pool.includes(pending)) return void this.discardSpare(pending).finally(settle);
-      // Its disk image, made and mounted ahead by the helper (-I, see ./disk); a claim of another size makes its own.
-      pending.disk = (await this.deps.spareDisk?.(name)) ?? null;
+      // Its id slot, link, disk and staging directory: the helper builds the whole sandbox with them
+      // before it connects (sap-sandbox-init -w with a whole SETUP), so the claim hands it only its name.
+      pending.kit = (await this.deps.prepareSpare?.(name)) ?? null;
       if (!this.pool.includes(pending)) return void this.discardSpare(pending).finally(settle);
       pending.key = `${name}.${randomBytes(8).toString('hex')}`;
       const connected = (sock: net.Socket) => {
@@ -253,13 +275,13 @@ export class InitHelpers {
         this.spareFailures = 0;
         settle();
       };
-      pending.proc = await this.startLinkedHelper(pending.key, cgroups, connected, pending.disk ? ['-I', pending.disk] : []);
+      pending.proc = await this.startLinkedHelper(pending.key, cgroups, connected, pending.kit?.args ?? []);
       // Closed (or dropped) while it was being started: discardSpare ran before there was a process to kill.
       if (pending.discarded) return void this.discardSpare(pending).finally(settle);
       // One timer, not a poll: a helper that has not connected by then is taken as failed.
       setTimeout(() => {
-        if (!pending.ready) failed('no connection from the init helper within 10 s');
-      }, 10_000).unref();
+        if (!pending.ready) failed('no connection from the init helper within 30 s');
+      }, 30_000).unref();
     })().catch((err: Error) => failed(err.message));
     // close() waits for spares still starting, so that a stopped host leaves no process or cgroup behind.
     this.startingTasks.add(task);
@@ -271,9 +293,9 @@ export class InitHelpers {
    * there is none (the caller starts a helper of its own). Every spare serves one sandbox only: it
    * has never run anything, and it gets its arguments (ids, layers, network) from this create alone.
    */
-  async claimSpare(id: string, limits: SandboxState['limits']): Promise<Starting | null> {
+  async claimSpare(id: string, limits: SandboxState['limits'], fits: (kit: SpareKit | null) => boolean = () => true): Promise<Starting | null> {
     for (;;) {
-      const at = this.pool.findIndex((s) => s.ready);
+      const at = this.pool.findIndex((s) => s.ready && fits(s.kit ?? null));
       if (at < 0) return null;
       const spare = this.pool[at]!;
       this.pool.splice(at, 1);
@@ -294,7 +316,7 @@ export class InitHelpers {
         return null;
       }
       spare.sock.ref();
-      return { pid: spare.proc.pid, sock: spare.sock, ...(spare.disk ? { disk: spare.disk } : {}) };
+      return { pid: spare.proc.pid, sock: spare.sock, ...(spare.kit ? { kit: spare.kit } : {}) };
     }
   }
 
@@ -334,9 +356,37 @@ export class InitHelpers {
       signalRef(spare.proc, 'SIGKILL');
       await this.deps.waitGone([spare.proc]);
     }
-    await SandboxCgroups.of(spare.name).remove();
-    if (renamedTo) await SandboxCgroups.of(renamedTo).remove();
-    if (spare.disk) await fsp.rm(spare.disk, { force: true });
+    // A spare made whole has the sandbox's pid 1 in its cgroups too.
+    for (const name of renamedTo ? [spare.name, renamedTo] : [spare.name]) {
+      const groups = SandboxCgroups.of(name);
+      await groups.killAll();
+      await groups.remove();
+    }
+    if (spare.kit) await this.deps.releaseSpare?.(spare.kit);
+    spare.kit = null;
+  }
+
+  /** Stops the ready spares that `unfit` picks (made for a disk size no longer asked for): the pool refills. */
+  discardWhere(unfit: (kit: SpareKit | null) => boolean): void {
+    const gone = this.pool.filter((s) => s.ready && !s.claimed && unfit(s.kit ?? null));
+    if (!gone.length) return;
+    this.pool = this.pool.filter((s) => !gone.includes(s));
+    for (const s of gone) void this.discardSpare(s);
+  }
+
+  /** A claimed spare whose claim failed: its processes, cgroups (now named `id`) and what it held. */
+  async discardClaimed(id: string, kit: SpareKit): Promise<void> {
+    const groups = SandboxCgroups.of(id);
+    await groups.killAll();
+    await groups.remove();
+    await this.deps.releaseSpare?.(kit);
+  }
+
+  /** Idle spares' disks (MB): counted as taken by the host's disk room (see NamespaceProvider.checkDiskRoom). */
+  spareDiskMB(): number {
+    let mb = 0;
+    for (const s of this.pool) if (s.kit?.disk) mb += s.kit.diskMB;
+    return mb;
   }
 
   /** Stops every spare of the pool (their processes and cgroups) and the helpers' socket. */

@@ -37,14 +37,16 @@ import { SandboxError } from '../errors';
 import type { RootMap } from '../paths';
 import { isAlive, procRef, SandboxCgroups, signalRef } from '../procs';
 import { ID_COUNT, IdSlots } from '../id-slots';
-import { normaliseEgress, RESOLVER_ADDRESS, SandboxNetwork, type Egress } from '../network';
+import { normaliseEgress, SandboxNetwork, type Egress } from '../network';
 import type { ProviderOptions, SpawnOptions } from '../driver';
 import { captureLayer, migrateSetIds, restoreSetIds, scanLayer } from './layers';
 import { sandboxMountIds, unmountUnder } from './mounts';
-import { InitHelpers, SPARE_PREFIX } from './init-helpers';
+import { InitHelpers, type SpareKit, type Starting } from './init-helpers';
 import { ensureBaseSkeleton } from './base-skeleton';
 import { sealedContext, startSealing, type SealProxy } from '../seal';
 import { ownerOf, SANDBOX_HOME, SANDBOX_UID, writeHostsFile } from './sandbox-user';
+import { SandboxTeardowns } from './teardowns';
+import { handOver, SpareKits } from './spare-kits';
 import { DiskImages, diskImagesSupported, diskOvercommitFromEnv, diskRoomProblem, freeMBOf } from './disk';
 
 export { sandboxMountIds };
@@ -106,6 +108,10 @@ export class NamespaceProvider extends BaseProvider {
   private readonly diskOvercommit: number;
   /** The disks of creates under way (see checkDiskRoom). */
   private creatingDiskMB = 0;
+  /** Teardowns behind destroy's answer (see ./teardowns): made by prepare. */
+  private teardowns: SandboxTeardowns | null = null;
+  /** What spares are made whole with (see ./spare-kits). */
+  private readonly kits: SpareKits;
 
   constructor(opts: ProviderOptions) {
     super(opts);
@@ -117,7 +123,8 @@ export class NamespaceProvider extends BaseProvider {
       initHelper: this.initHelper,
       waitGone: (refs) => this.waitGone(refs),
       ...(opts.poolSize !== undefined ? { poolSize: opts.poolSize } : {}),
-      spareDisk: async (name) => (this.disks ? this.disks.take(name, this.disks.spareSize) : null),
+      prepareSpare: (name) => this.kits.prepare(name),
+      releaseSpare: (kit) => this.kits.release(kit),
     });
     this.enterHelper = opts.enterHelper ?? DEFAULT_ENTER_HELPER;
     this.seccompFilter = opts.seccompFilter ?? DEFAULT_SECCOMP;
@@ -125,6 +132,13 @@ export class NamespaceProvider extends BaseProvider {
     this.network = opts.network === undefined ? SandboxNetwork.fromEnv(process.env, this.log) : opts.network;
     this.diskOvercommit = diskOvercommitFromEnv(process.env);
     this.idSlots = new IdSlots(opts.idBase ?? (process.env.SANDBOX_ID_BASE ? Number(process.env.SANDBOX_ID_BASE) : undefined), this.network?.capacity);
+    this.kits = new SpareKits({
+      dataDir: () => this.realDataDir ?? this.dataDir,
+      idSlots: this.idSlots,
+      network: this.network,
+      disks: () => this.disks,
+      setup: () => ({ baseLayer: BASE_NAME, agentSdkLayer: this.agentSdkLayer, usr: this.realUsr, seccomp: this.seccompFilter }),
+    });
   }
 
   /**
@@ -149,6 +163,8 @@ export class NamespaceProvider extends BaseProvider {
       // Adopted sandboxes' sealed secrets (kept sealed in state.json) go back into the proxy.
       for (const s of this.states.values()) if (s.link && s.sealed?.length && this.isLive(s)) this.registerSealed(s);
     }
+    // Spares hold id slots and links: made once adoption has marked the adopted sandboxes' slots as taken.
+    this.helpers.refill();
     return all;
   }
 
@@ -185,9 +201,18 @@ export class NamespaceProvider extends BaseProvider {
     else this.log.warn('no loop devices or mkfs.ext4 (or SANDBOX_DISK_IMAGES=off): writable layers are tmpfs, charged to memory');
     await migrateSetIds(this.layersDir(), this.log);
     if (!this.helpers.closed) await this.helpers.listen();
-    // Cgroups of spare helpers whose host process is gone (a live host's spare is in use and stays).
-    await SandboxCgroups.removeGroups((n) => n.startsWith(SPARE_PREFIX) && !signalable(Number(n.slice(SPARE_PREFIX.length).split('-')[0])));
-    this.helpers.refill();
+    // Spares of a host process that is gone (see SpareKits.sweep). Teardowns a host left pending (it stopped, or died): finished before anything is made.
+    this.teardowns = new SandboxTeardowns({
+      dir: path.join(this.realDataDir, 'teardown'),
+      log: this.log,
+      idSlots: this.idSlots,
+      network: this.network,
+      disks: this.disks,
+      waitGone: (refs) => this.waitGone(refs),
+      pauseFile: process.env.SANDBOX_TEST_TEARDOWN_PAUSE_FILE || null,
+    });
+    await this.teardowns.start();
+    await this.kits.sweep();
     await ensureBaseSkeleton(this.baseDir(), this.log);
   }
 
@@ -236,6 +261,7 @@ export class NamespaceProvider extends BaseProvider {
   /** Stops the pool's spares and the helpers' socket; sandboxes keep running. */
   override async close(): Promise<void> {
     await this.helpers.close();
+    await this.teardowns?.drain();
     await this.disks?.close();
     await this.network?.close();
     await this.seal?.close();
@@ -277,11 +303,16 @@ export class NamespaceProvider extends BaseProvider {
     if (!this.disks || this.diskOvercommit === 0) return 0;
     const sizeOf = (s: SandboxState) => s.limits.diskMB ?? DEFAULT_DISK_MB;
     // Creates under way are not in `states` yet: counted apart.
-    let liveMB = this.creatingDiskMB;
+    let liveMB = this.creatingDiskMB + this.helpers.spareDiskMB();
     for (const s of this.states.values()) if (s.id !== state.id && this.isLive(s)) liveMB += sizeOf(s);
     const problem = diskRoomProblem({ askMB: sizeOf(state), liveMB, freeMB: await freeMBOf(this.disks.dir), ratio: this.diskOvercommit });
     if (problem) throw new SandboxError('unavailable', `sandbox host has no room for a disk of ${sizeOf(state)} MB: ${problem}`);
     return sizeOf(state);
+  }
+
+  /** Teardowns queued or running behind destroys' answers (see ./teardowns). */
+  pendingTeardowns(): number {
+    return this.teardowns?.pending() ?? 0;
   }
 
   /** The pool's state (spares ready and starting): for tests and the host's metrics. */
@@ -294,8 +325,6 @@ export class NamespaceProvider extends BaseProvider {
     const dir = this.dirOf(id);
     const sub = (p: string) => path.join(dir, p);
     const realData = this.realDataDir ?? this.dataDir;
-    const layerPart = (part: 'root' | 'usr') => state.layers.map((l) => path.join(realData, 'layers', l, part));
-    state.idBase = this.idSlots.allocate();
     state.hostMounts = false;
     let egress: Egress;
     try {
@@ -304,6 +333,15 @@ export class NamespaceProvider extends BaseProvider {
       throw new SandboxError('invalid_request', (err as Error).message);
     }
     if (state.network) state.network = { egress };
+    const diskMB = state.limits.diskMB ?? DEFAULT_DISK_MB;
+    // A spare made whole ahead serves a create without layers of its own and of the spares' disk size:
+    // a checkpoint's layers go under the overlay, which the spare has already mounted (and its pid 1
+    // has pivoted into), so such a create starts a helper of its own.
+    const whole = state.layers.length === 0 ? await this.helpers.claimSpare(id, state.limits, (kit) => kit?.diskMB === diskMB) : null;
+    if (whole?.kit) return this.finishClaim(state, whole, whole.kit, egress);
+    // Spares follow the disk size asked for last (as ./disk's do): those of another size go, and the pool refills.
+    if (state.layers.length === 0 && !whole) this.helpers.discardWhere((kit) => kit !== null && kit.diskMB !== diskMB);
+    state.idBase = this.idSlots.allocate();
     // The slot's /31; a restricted policy is in the table before the sandbox can send anything.
     const link = this.network?.linkFor((state.idBase - this.idSlots.base) / ID_COUNT);
     if (link) {
@@ -315,71 +353,30 @@ export class NamespaceProvider extends BaseProvider {
       const logText = await fsp.readFile(sub('init.log'), 'utf8').catch(() => '');
       return new SandboxError('internal', `sandbox ${id} failed to start (${why}): ${logText.trim().slice(-1000)}`);
     };
-    const starting = (await this.helpers.claimSpare(id, state.limits)) ?? (await this.helpers.startHelperFor(id, state.limits, failure));
-    // The spare's disk, mounted ahead, when it has the size asked for; else an image of its own (-I).
-    const diskMB = state.limits.diskMB ?? DEFAULT_DISK_MB;
-    const premounted = this.disks && starting.disk ? await this.disks.adopt(id, starting.disk, diskMB) : false;
-    const image = this.disks && !premounted ? await this.disks.take(id, diskMB) : null;
+    const starting = whole ?? (await this.helpers.startHelperFor(id, state.limits, failure));
+    const image = this.disks ? await this.disks.take(id, diskMB) : null;
     // Everything the helper does, in order (see tools/sandbox-init); its log comes first, so that any
     // failure is in init.log. Each argument ends with a NUL byte.
-    const args = [
-      '-l',
-      sub('init.log'),
-      '-m',
-      sub('m'),
-      '-u',
-      String(state.idBase),
-      // The agent SDK's layer lies lowest: shared read-only by all, and a checkpoint never captures it.
-      ...[...layerPart('root'), path.join(realData, BASE_NAME), ...(this.agentSdkLayer ? [this.agentSdkLayer] : [])].flatMap((l) => ['-r', l]),
-      ...[...layerPart('usr'), this.realUsr].flatMap((l) => ['-p', l]),
-      '-D', // The host's server fills in SANDBOX_DISK_MB; a provider used on its own takes the built-in default.
-      String(diskMB),
-      ...(image ? ['-I', image] : []),
-      '-H',
-      id,
-      '-S',
-      this.seccompFilter,
-      ...(link ? ['-N', link.ifname, '-A', `${link.gateway}/${link.prefix}`, '-B', link.address] : []),
-      // Its resolver: the table sends it to the host's resolver for sandboxes (network.ts, dns.ts).
-      ...(link ? ['-d', RESOLVER_ADDRESS] : []),
-    ];
-    // Shuts down the host's side: the helper reads its arguments to the end. It answers with the
-    // sandbox's pid 1 once the sandbox is ready, or closes the connection when a step failed.
-    const sock = starting.sock;
-    sock.end(Buffer.from(args.map((a) => a + '\0').join('')));
-    const nsPid = await new Promise<number>((resolve, reject) => {
-      let text = '';
-      const fail = async (why: string) => {
-        reject(await failure(why));
-      };
-      const timer = setTimeout(() => void fail('timeout'), 15000);
-      sock.on('data', (chunk: Buffer) => {
-        text += chunk.toString('utf8');
-        try {
-          const parsed = JSON.parse(text) as { 'child-pid'?: number };
-          clearTimeout(timer);
-          if (parsed['child-pid']) resolve(parsed['child-pid']);
-          else void fail('no child pid');
-        } catch {
-          /* incomplete JSON so far */
-        }
-      });
-      // A socket paused since its helper connected.
-      sock.resume();
-      sock.on('close', () => {
-        clearTimeout(timer);
-        void fail('the init helper closed its connection');
-      });
-    }).finally(() => {
-      sock.removeAllListeners('close');
-      sock.destroy();
-    });
+    const args = this.kits.setupArgs({ staging: dir, idBase: state.idBase, layers: state.layers, realData, diskMB, image, name: id, link: link ?? null });
+    const nsPid = await handOver(starting.sock, args, failure);
     const outer = procRef(starting.pid);
     const ns = procRef(nsPid);
     if (!outer || !ns) throw new SandboxError('internal', `sandbox ${id} init exited right after start`);
     state.init = { outer, ns };
     await restoreSetIds(state, this.layersDir(), () => this.rootMap(state), this.log);
     if (state.user === 'sandbox') await writeHostsFile(await this.rootMap(state), state.idBase, id);
+  }
+
+  /** A spare made whole ahead, claimed by sandbox `state`: see SpareKits.claim. */
+  private async finishClaim(state: SandboxState, starting: Starting, kit: SpareKit, egress: Egress): Promise<void> {
+    const undo = (id: string) => this.helpers.discardClaimed(id, { ...kit, disk: kit.disk && this.disks ? this.disks.fileOf(id) : null });
+    state.init = await this.kits.claim(state.id, starting, kit, egress, this.dirOf(state.id), undo);
+    state.idBase = kit.idBase;
+    if (kit.link) {
+      state.link = kit.link;
+      if (state.sealed?.length) this.registerSealed(state);
+    }
+    if (state.user === 'sandbox') await writeHostsFile(await this.rootMap(state), state.idBase, state.id);
   }
 
   /** The init to enter, the working directory, the user and the environment of a process to run in the sandbox. */
@@ -436,7 +433,14 @@ export class NamespaceProvider extends BaseProvider {
     return ['/usr/bin/nsenter', '-t', String(state.init!.ns.pid), '-n', '--'];
   }
 
+  /**
+   * Destroy's teardown. A sandbox this host started (its overlays in its own namespaces) is stopped
+   * and its names moved away now, the rest behind destroy's answer (SandboxTeardowns.detach: its
+   * directory moves too, so destroy has nothing left to remove); others are torn down here in full.
+   */
   protected async teardown(id: string, state: SandboxState | undefined): Promise<void> {
+    this.mountIds.delete(id);
+    if (this.teardowns && (await this.teardowns.detach(id, state, this.dirOf(id)))) return;
     const cgroups = SandboxCgroups.of(id);
     signalRef(state?.init?.ns, 'SIGKILL');
     signalRef(state?.init?.outer, 'SIGKILL');
@@ -483,15 +487,5 @@ export class NamespaceProvider extends BaseProvider {
 
   protected override async hashOfDir(dir: string): Promise<string> {
     return (await this.scanLayerDir(dir)).sha256;
-  }
-}
-
-/** True while a process with this pid exists (signal 0 checks without sending anything). */
-function signalable(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
   }
 }

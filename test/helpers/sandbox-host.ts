@@ -47,10 +47,21 @@ export async function initPid(dataDir: string, id: string): Promise<number> {
   return state.init.ns.pid as number;
 }
 
-/** Cgroups (pids controller) of this process's spare init helpers that have joined them. */
+/**
+ * Cgroups (pids controller) of this process's spares made whole: the helper (first) and the sandbox's
+ * idle pid 1, the helper connected to the host (its descriptor 3 a socket, see sap-sandbox-init -w).
+ */
 export function readySpares(): string[] {
-  const names: string[] = require('node:fs').readdirSync('/sys/fs/cgroup/pids/sap');
-  return names.filter((n) => n.startsWith(`spare-${process.pid}-`) && pidsOfCgroup(n).length === 1);
+  const fs = require('node:fs');
+  const names: string[] = fs.readdirSync('/sys/fs/cgroup/pids/sap');
+  const connected = (pid: string | undefined) => {
+    try {
+      return pid !== undefined && String(fs.readlinkSync(`/proc/${pid}/fd/3`)).startsWith('socket:');
+    } catch {
+      return false;
+    }
+  };
+  return names.filter((n) => n.startsWith(`spare-${process.pid}-`) && pidsOfCgroup(n).length === 2 && connected(pidsOfCgroup(n)[0]));
 }
 
 /** True while the process exists and is not a zombie (it may vanish between two looks). */

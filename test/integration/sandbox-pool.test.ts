@@ -59,11 +59,12 @@ describe('sandbox host (namespaces): the pool of spare init helpers', () => {
     for (const bad of ['-1', '1.5', 'many', '257', '1e3']) expect(() => poolSizeFromEnv({ SANDBOX_POOL_SIZE: bad })).toThrow(/SANDBOX_POOL_SIZE/);
   });
 
-  it('fills to its size, each spare one waiting process in small cgroups of its own; a burst past it works and each sandbox is fresh', async () => {
+  it('fills to its size, each spare a whole idle sandbox in small cgroups of its own; a burst past it works and each sandbox is fresh', async () => {
     await start(3);
     const spares = await eventually(async () => (readySpares().length === 3 ? readySpares() : null), 15_000, 20);
     for (const spare of spares) {
-      expect(pidsOfCgroup(spare)).toHaveLength(1);
+      // Made whole ahead: its helper and the sandbox's idle pid 1.
+      expect(pidsOfCgroup(spare)).toHaveLength(2);
       expect(readFileSync(`/sys/fs/cgroup/memory/sap/${spare}/memory.limit_in_bytes`, 'utf8').trim()).toBe(String(16 * 1024 * 1024));
       expect(readFileSync(`/sys/fs/cgroup/pids/sap/${spare}/pids.max`, 'utf8').trim()).toBe('8');
     }

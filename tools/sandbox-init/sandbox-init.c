@@ -2,6 +2,8 @@
  * sap-sandbox-init: builds a sandbox and becomes its pid 1. The only way a sandbox starts.
  *
  *   sap-sandbox-init -w -s SOCKET KEY [-c CGROUP_PROCS]...   a spare: the rest of the arguments come later
+ *   sap-sandbox-init -w -s SOCKET KEY [-c CGROUP_PROCS]... SETUP...   a spare made whole ahead: only its
+ *                                   name and staging directory come later (see whole_spare_claim)
  *   sap-sandbox-init [-c CGROUP_PROCS]... SETUP...            all at once (tests)
  *
  * SETUP, every option required unless marked:
@@ -69,6 +71,7 @@
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -664,6 +667,84 @@ static void run_pid1(const struct setup *o) {
   }
 }
 
+/*
+ * Spares made whole ahead: `-w -s SOCKET KEY` followed by a whole SETUP (every required option; -H
+ * is a placeholder name). The helper builds the whole sandbox first (user namespace and id maps,
+ * idmapped layers, writable layer, overlays, pid 1 in its namespaces, the link and its addresses),
+ * then connects, writes "ready KEY\n" and waits for its claim: arguments ended by NUL bytes until
+ * the host shuts down its side, of which only `-H NAME` (the sandbox's hostname, set through pid 1's
+ * UTS namespace) and `-m DIR` (the sandbox's staging directory, where the spare's is moved) are
+ * taken. No argument at all: the host let go of the spare, which then ends with its sandbox. The
+ * helper (and so pid 1) runs at nice 10 until the claim. Kept apart from run(), which calls
+ * whole_spare_claim once pid 1 is ready.
+ */
+static struct {
+  const char *sock_path, *key;
+} whole_spare;
+
+static void whole_spare_claim(const struct setup *o, pid_t init) {
+  step = "connect";
+  int sock = connect_to(whole_spare.sock_path);
+  if (sock < 0) {
+    kill(init, SIGKILL);
+    die("connect to %s", whole_spare.sock_path);
+  }
+  char line[256];
+  snprintf(line, sizeof line, "ready %s\n", whole_spare.key);
+  if (sap_write_all(sock, line, strlen(line)) != 0 || (sock != 3 && dup2(sock, 3) < 0)) {
+    int e = errno;
+    kill(init, SIGKILL);
+    errno = e;
+    die("write ready");
+  }
+  if (sock != 3) close(sock);
+  step = "claim";
+  char **args = NULL;
+  int n = read_args(3, &args);
+  if (n <= 0) {
+    kill(init, SIGKILL);
+    if (n == 0) exit(0);
+    die("read the claim");
+  }
+  const char *name = NULL, *staging = NULL;
+  for (int i = 0; i + 1 < n; i += 2) {
+    if (strcmp(args[i], "-H") == 0) name = args[i + 1];
+    else if (strcmp(args[i], "-m") == 0) staging = args[i + 1];
+  }
+  /* The staging directory moves to the sandbox's own (-m), in the helper's mount namespace only: the
+   * host finds the sandbox's writable layer where it finds every other's (/proc/HELPER/root/DIR/w). */
+  if (staging && strcmp(staging, o->staging) != 0) {
+    if ((mkdir(staging, 0711) != 0 && errno != EEXIST) || mount(o->staging, staging, NULL, MS_MOVE, NULL) != 0) {
+      int e = errno;
+      kill(init, SIGKILL);
+      errno = e;
+      die("move the staging directory to %s", staging);
+    }
+  }
+  size_t len = name ? strlen(name) : 0;
+  if (!name || len == 0 || len > 64) {
+    kill(init, SIGKILL);
+    errno = EINVAL;
+    die("the claim names no hostname (-H NAME, at most 64 bytes)");
+  }
+  char file[64];
+  snprintf(file, sizeof file, "/proc/%d/ns/uts", (int)init);
+  int uts = open(file, O_RDONLY | O_CLOEXEC);
+  if (uts < 0 || setns(uts, CLONE_NEWUTS) != 0 || sethostname(name, len) != 0) {
+    int e = errno;
+    kill(init, SIGKILL);
+    errno = e;
+    die("set the hostname");
+  }
+  close(uts);
+  if (setpriority(PRIO_PROCESS, 0, 0) != 0 || setpriority(PRIO_PROCESS, init, 0) != 0) {
+    int e = errno;
+    kill(init, SIGKILL);
+    errno = e;
+    die("priority");
+  }
+}
+
 /* Builds the sandbox described by `o` and waits for its pid 1; returns the exit code. */
 static int run(struct setup *o) {
   if (o->log) {
@@ -757,6 +838,8 @@ static int run(struct setup *o) {
   close(report[0]);
   while (waitpid(setup_pid, NULL, 0) < 0 && errno == EINTR) {
   }
+  /* A spare made whole ahead (-w with a whole SETUP): waits here for its claim (see whole_spare_claim). */
+  if (whole_spare.key) whole_spare_claim(o, (pid_t)init);
   char info[64];
   int n = snprintf(info, sizeof info, "{\"child-pid\": %ld}\n", init);
   if (fcntl(3, F_GETFD) >= 0) {
@@ -784,6 +867,14 @@ int main(int argc, char **argv) {
     int code = parse(argv + 5, argc - 5, &o, 0);
     if (code) return code;
     join_cgroups(&o);
+    /* A whole SETUP on the command line: a spare made whole ahead (see whole_spare_claim). */
+    if (o.staging && o.hostname && o.seccomp && o.base > 0 && o.disk_mb > 0 && o.nroot && o.nusr) {
+      whole_spare.sock_path = sock_path;
+      whole_spare.key = key;
+      /* Made at a low priority (creates come first); the claim gives the sandbox the normal one. */
+      if (setpriority(PRIO_PROCESS, 0, 10) != 0) die("nice");
+      return run(&o);
+    }
     if (o.image) {
       step = "disk";
       int mnt = open_image(o.image);
