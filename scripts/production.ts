@@ -351,7 +351,7 @@ export async function startProductionStack(o: ProductionOptions): Promise<Produc
       spawn: () =>
         spawnLogged(
           'mongo',
-          path.join(TOOLS, 'bin', 'ferretdb'),
+          path.join(TOOLS, 'bin', 'ferretdb-postgresql'),
           ['-listen', `127.0.0.1:${mongoPort}`, '-postgresql-url', `postgres://${PG_USER}@127.0.0.1:${pgPort}/ferretdb`],
           {
             ...(process.env as Record<string, string>),

@@ -5,9 +5,11 @@
 #   - PostgreSQL's server (Debian's postgresql), for Temporal and FerretDB, when the system lacks it
 #   - the Temporal server and temporal-sql-tool, built from the go.temporal.io/server module (the
 #     version the dev stack's Temporal CLI embeds), with its PostgreSQL schema files
+#   - FerretDB with its PostgreSQL backend (.tools/bin/ferretdb-postgresql), from tools/ferretdb like
+#     the dev stack's SQLite-only build
 #   - Temporal's Web UI server, github.com/temporalio/ui-server/v2 (its web assets are embedded), the
 #     version the CLI embeds
-# The first run on a machine builds the two from Go: about ten minutes on 2 cores (Go's caches make
+# The first run on a machine builds them from Go: about ten minutes on 2 cores (Go's caches make
 # a rebuild faster); later runs take a second. The dev stack (npm start) needs none of this.
 set -euo pipefail
 # shellcheck source=scripts/toolchain-lib.sh
@@ -48,8 +50,13 @@ ui_server() {
   say "built Temporal's UI server $uiv ($((SECONDS - t0)) s)"
 }
 
+ferretdb_postgresql() {
+  ferretdb_build ferretdb-postgresql ""
+}
+
 run_steps temporal_server
 run_steps ui_server
+run_steps ferretdb_postgresql
 ln -sfn "$tsdir/bin/temporal-server" "$root/.tools/bin/temporal-server"
 ln -sfn "$tsdir/bin/temporal-sql-tool" "$root/.tools/bin/temporal-sql-tool"
 ln -sfn "$tsdir/schema" "$root/.tools/temporal-schema"

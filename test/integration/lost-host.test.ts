@@ -121,14 +121,12 @@ describe('a frozen sandbox host', () => {
 
     signal('host', 'SIGSTOP');
     signal('worker', 'SIGSTOP');
-    const frozenAt = Date.now();
 
     // Lost once its heartbeat is older than HOST_DEAD_AFTER and it does not answer a probe.
     const gone = await until('GET of a sandbox on the frozen host answers 410', (DEAD_AFTER_S + 30) * 1000, async () => {
       const r = await call('GET', `/api/sandboxes/${keep}`);
       return r.status === 410 ? r : undefined;
     });
-    const lostAfterMs = Date.now() - frozenAt;
     expect(gone.body.error).toEqual({ type: 'gone', message: expect.stringContaining(second.hostId) });
 
     const listed = await call('GET', '/api/sandboxes');
@@ -136,10 +134,8 @@ describe('a frozen sandbox host', () => {
     const statusOf = (id: string) => (listed.body as { sandboxID: string; status: string }[]).find((s) => s.sandboxID === id)?.status;
     expect([statusOf(keep), statusOf(vanish), statusOf(killed), statusOf(elsewhere)]).toEqual(['lost', 'lost', 'lost', 'running']);
 
-    // Exec and files answer 410 at once instead of waiting on a host that does not answer.
-    const t0 = Date.now();
+    // Exec and files answer 410 instead of waiting on a host that does not answer.
     const exec = await call('POST', `/api/sandboxes/${keep}/exec/run`, { cmd: 'true' });
-    const execMs = Date.now() - t0;
     expect(exec.status).toBe(410);
     expect(exec.body.error.type).toBe('gone');
     const file = await call('GET', `/api/sandboxes/${keep}/files?path=/workspace/kept.txt`);
@@ -169,12 +165,10 @@ describe('a frozen sandbox host', () => {
     expect((await call('GET', `/api/sandboxes/${keep}`)).status).toBe(410);
 
     signal('worker', 'SIGCONT');
-    const thawedAt = Date.now();
     const back = await until('GET of the kept sandbox answers 200 again', 30_000, async () => {
       const r = await call('GET', `/api/sandboxes/${keep}`);
       return r.status === 200 ? r : undefined;
     });
-    const backAfterMs = Date.now() - thawedAt;
     expect(back.body.status).toBe('running');
     expect(await sh(keep, 'cat /workspace/kept.txt', { via })).toBe('kept\n');
 
@@ -196,6 +190,5 @@ describe('a frozen sandbox host', () => {
     );
     expect(after.map((s) => s.sandboxID)).not.toContain(vanish);
     expect(after.map((s) => s.sandboxID)).not.toContain(killed);
-    process.stdout.write(`lost-host: 410 after ${lostAfterMs} ms frozen; exec answered in ${execMs} ms; running again ${backAfterMs} ms after the thaw\n`);
   });
 });

@@ -1,5 +1,7 @@
 // Command ferretdb runs an embedded FerretDB (MongoDB wire protocol) on SQLite, or on PostgreSQL
-// (the production profile, scripts/production.ts) when -postgresql-url is given.
+// (the production profile, scripts/production.ts) when -postgresql-url is given. The dev stack's
+// build (.tools/bin/ferretdb) has no PostgreSQL backend; the production profile's
+// (.tools/bin/ferretdb-postgresql) has both: see postgresql.go.
 //
 // Usage: ferretdb -listen 127.0.0.1:27017 -dir /abs/state/dir
 //
@@ -35,6 +37,10 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if *pgURL != "" {
+		if !withPostgreSQL {
+			fmt.Fprintln(os.Stderr, "ferretdb: this build has no PostgreSQL backend (scripts/toolchain-production.sh builds ferretdb-postgresql, which has)")
+			os.Exit(2)
+		}
 		u, err := url.Parse(*pgURL)
 		if err != nil || u.User == nil {
 			fmt.Fprintln(os.Stderr, "ferretdb: -postgresql-url must be postgres://user@host:port/db")
