@@ -224,7 +224,8 @@ export async function runTurn(deps: TurnDeps, a: RunTurnArgs): Promise<TurnOutco
       const type = typeof e.type === 'string' ? e.type : 'output';
       if (type === 'result' && typeof e.result === 'string') result = e.result.slice(-4000);
       usage = usageOf(e) ?? usage;
-      events.add(type, e);
+      // The runner's turn_complete becomes the one the turn ends with (below), with the yield reason.
+      if (type !== 'turn_complete') events.add(type, e);
       if (type === 'error' && typeof e.message === 'string') error = e.message.slice(0, 2000);
       if (type === 'turn_complete' && !completed) {
         completed = true;
