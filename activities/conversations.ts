@@ -30,7 +30,13 @@ export const createConversationActivities = (deps: ActivityDeps) => ({
    * parent's turn checkpoint (`fromLayer`) for a fork; recorded as a sandbox of the organisation
    * (owner `instance`, no idle timeout) before it is created.
    */
-  async provisionConversation(args: { conversationId: string; orgId: string; agentId: string; run: AgentRunSpec; fromLayer: string | null }): Promise<{ sandboxId: string; taskQueue: string }> {
+  async provisionConversation(args: {
+    conversationId: string;
+    orgId: string;
+    agentId: string;
+    run: AgentRunSpec;
+    fromLayer: string | null;
+  }): Promise<{ sandboxId: string; taskQueue: string }> {
     Context.current().heartbeat();
     const sandboxId = sandboxIdForConversation(args.conversationId);
     const image = !args.fromLayer && args.run.snapshot ? await imageOrFail(deps, args.orgId, args.run.snapshotRef?.snapshotId ?? args.run.snapshot) : null;
@@ -101,7 +107,14 @@ export const createConversationActivities = (deps: ActivityDeps) => ({
   },
 
   /** The checkpoint at a turn's end (turn 0: the conversation's starting point). */
-  async checkpointConversationTurn(args: { conversationId: string; orgId: string; sandboxId: string; turn: number; after: number; outcome: TurnOutcome | null }) {
+  async checkpointConversationTurn(args: {
+    conversationId: string;
+    orgId: string;
+    sandboxId: string;
+    turn: number;
+    after: number;
+    outcome: TurnOutcome | null;
+  }) {
     return checkpointTurn(await turnDeps(deps), args);
   },
 
@@ -116,7 +129,14 @@ export const createConversationActivities = (deps: ActivityDeps) => ({
   },
 
   /** Puts the sandbox back to a turn's checkpoint; later turns are marked left. */
-  async rewindConversation(args: { conversationId: string; orgId: string; sandboxId: string; turn: number; layerId: string; sleeping: boolean }): Promise<void> {
+  async rewindConversation(args: {
+    conversationId: string;
+    orgId: string;
+    sandboxId: string;
+    turn: number;
+    layerId: string;
+    sleeping: boolean;
+  }): Promise<void> {
     if (args.sleeping) await deps.host.wake(args.sandboxId);
     await deps.host.restore(args.sandboxId, args.layerId);
     await updateSandbox(deps.store, args.sandboxId, { status: 'running', updatedAt: new Date() });

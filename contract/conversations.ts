@@ -44,9 +44,27 @@ export const CONVERSATION_BOUNDS = {
 /** Per-conversation limits (OpenComputer's `limits`). */
 export const ConversationLimits = z
   .object({
-    tokens: z.number().int().positive().max(1e10).optional().describe('Tokens (input + output) over all turns, when the runner reports usage; past it the turn ends budget_exceeded'),
-    turnSeconds: z.number().int().min(1).max(CONVERSATION_BOUNDS.maxTurnSeconds).default(600).describe('Seconds one turn may run; then it is interrupted (yieldReason timeout)'),
-    turns: z.number().int().min(1).max(CONVERSATION_BOUNDS.maxTurns).default(100).describe('Turns the conversation may have; the next message is refused (max_turns)'),
+    tokens: z
+      .number()
+      .int()
+      .positive()
+      .max(1e10)
+      .optional()
+      .describe('Tokens (input + output) over all turns, when the runner reports usage; past it the turn ends budget_exceeded'),
+    turnSeconds: z
+      .number()
+      .int()
+      .min(1)
+      .max(CONVERSATION_BOUNDS.maxTurnSeconds)
+      .default(600)
+      .describe('Seconds one turn may run; then it is interrupted (yieldReason timeout)'),
+    turns: z
+      .number()
+      .int()
+      .min(1)
+      .max(CONVERSATION_BOUNDS.maxTurns)
+      .default(100)
+      .describe('Turns the conversation may have; the next message is refused (max_turns)'),
   })
   .openapi('ConversationLimits');
 export type ConversationLimits = z.infer<typeof ConversationLimits>;
@@ -57,7 +75,10 @@ const MessageText = z.string().min(1).max(CONVERSATION_BOUNDS.messageChars);
 export const RunnerOptions = z
   .object({
     model: z.string().min(1).max(200).optional(),
-    systemPrompt: z.string().max(64 * 1024).optional(),
+    systemPrompt: z
+      .string()
+      .max(64 * 1024)
+      .optional(),
     allowedTools: z.array(z.string().min(1).max(200)).max(200).optional(),
     permissionMode: z.enum(['default', 'acceptEdits', 'bypassPermissions', 'plan']).optional(),
     maxTurns: z.number().int().positive().max(10_000).optional(),
@@ -74,7 +95,12 @@ export const CreateConversationBody = z
       .record(z.string().max(256), z.string().max(4096))
       .refine((m) => Object.keys(m).length <= 64, 'at most 64 keys')
       .default({}),
-    runner: z.array(z.string().min(1).max(4096)).min(1).max(64).optional().describe('Program (argv) speaking the JSON-lines protocol; default: the Claude Agent SDK runner'),
+    runner: z
+      .array(z.string().min(1).max(4096))
+      .min(1)
+      .max(64)
+      .optional()
+      .describe('Program (argv) speaking the JSON-lines protocol; default: the Claude Agent SDK runner'),
     options: RunnerOptions.default({}),
     idleSeconds: z.number().int().min(1).max(86_400).optional().describe('Idle seconds before the sandbox hibernates (default CONVERSATION_IDLE_SECONDS)'),
   })

@@ -23,7 +23,10 @@ const PROVISION: ActivityOptions = {
   heartbeatTimeout: '30 s',
   retry: { initialInterval: '1 s', backoffCoefficient: 2, maximumInterval: '30 s', maximumAttempts: 6, nonRetryableErrorTypes: nonRetryableFailureTypes() },
 };
-const STEP = { startToCloseTimeout: '5 minutes', retry: { initialInterval: '500 ms', backoffCoefficient: 2, maximumInterval: '10 s', maximumAttempts: 10 } } as const;
+const STEP = {
+  startToCloseTimeout: '5 minutes',
+  retry: { initialInterval: '500 ms', backoffCoefficient: 2, maximumInterval: '10 s', maximumAttempts: 10 },
+} as const;
 
 const { recordConversationEnd } = proxyActivities<Activities>({ startToCloseTimeout: '30 s', retry: { initialInterval: '500 ms', maximumInterval: '10 s' } });
 
@@ -62,7 +65,8 @@ export async function conversationWorkflow(args: ConversationWorkflowArgs<AgentR
           throw ApplicationFailure.nonRetryable(`text must be 1-${CONVERSATION_BOUNDS.messageChars} characters`, 'InvalidMessage');
         if (queue.length >= CONVERSATION_BOUNDS.pendingMessages)
           throw ApplicationFailure.nonRetryable(`${CONVERSATION_BOUNDS.pendingMessages} messages are already queued`, 'TooManyQueued');
-        if (nextTurn - 1 - (args.from?.turn ?? 0) >= args.limits.turns) throw ApplicationFailure.nonRetryable(`max_turns: the conversation has had its ${args.limits.turns} turns`, 'MaxTurns');
+        if (nextTurn - 1 - (args.from?.turn ?? 0) >= args.limits.turns)
+          throw ApplicationFailure.nonRetryable(`max_turns: the conversation has had its ${args.limits.turns} turns`, 'MaxTurns');
         if (args.limits.tokens !== undefined && tokensUsed >= args.limits.tokens)
           throw ApplicationFailure.nonRetryable(`budget_exceeded: ${tokensUsed} of ${args.limits.tokens} tokens used`, 'BudgetExceeded');
       },
@@ -83,12 +87,22 @@ export async function conversationWorkflow(args: ConversationWorkflowArgs<AgentR
   setHandler(conversationStateQuery, () => ({ running, queued: queue.map((q) => q.turn), headTurn: head, sleeping }));
 
   const provisioner = proxyActivities<Activities>(
-    args.from ? { ...PROVISION, taskQueue: args.from.taskQueue } : args.run.snapshotRef ? { ...PROVISION, taskQueue: args.run.snapshotRef.taskQueue } : PROVISION,
+    args.from
+      ? { ...PROVISION, taskQueue: args.from.taskQueue }
+      : args.run.snapshotRef
+        ? { ...PROVISION, taskQueue: args.run.snapshotRef.taskQueue }
+        : PROVISION,
   );
   let placed: { sandboxId: string; taskQueue: string };
   try {
     placed = await CancellationScope.nonCancellable(() =>
-      provisioner.provisionConversation({ conversationId: args.conversationId, orgId: args.orgId, agentId: args.agentId, run: args.run, fromLayer: args.from?.layerId ?? null }),
+      provisioner.provisionConversation({
+        conversationId: args.conversationId,
+        orgId: args.orgId,
+        agentId: args.agentId,
+        run: args.run,
+        fromLayer: args.from?.layerId ?? null,
+      }),
     );
   } catch (err) {
     const error = err instanceof ActivityFailure && err.cause ? err.cause.message : String(err);

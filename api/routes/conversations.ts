@@ -24,7 +24,14 @@ const FOLLOW_POLL_MS = 150;
  * client sends it back as Last-Event-ID, or `after=<seq>`): every stored event after it, in order,
  * once. Events are read from MongoDB, so another API process (or this one restarted) resumes the same.
  */
-async function followEvents(svc: ConversationService, orgId: string, id: string, after: number, level: z.infer<typeof EventsQuery>['level'], res: Response): Promise<void> {
+async function followEvents(
+  svc: ConversationService,
+  orgId: string,
+  id: string,
+  after: number,
+  level: z.infer<typeof EventsQuery>['level'],
+  res: Response,
+): Promise<void> {
   let closed = false;
   res.on('close', () => (closed = true));
   res.status(200);
@@ -106,7 +113,12 @@ export function registerConversationRoutes(t: RouteTable, svc: ConversationServi
     summary: 'Send a message: a Workflow Update, validated before it is accepted; the next turn. Idempotency-Key makes a repeat answer the first.',
     params: ConversationParams,
     body: MessageBody,
-    responses: { 202: { description: 'Accepted: its turn number and how many messages are queued', schema: z.object({ turn: z.number().int(), queued: z.number().int() }) } },
+    responses: {
+      202: {
+        description: 'Accepted: its turn number and how many messages are queued',
+        schema: z.object({ turn: z.number().int(), queued: z.number().int() }),
+      },
+    },
     errors: [409],
     handler: async ({ params, body, org, req, res }) => {
       res.status(202).json(await svc.message(org.id, params.conversationId, body.text, idempotencyKeyOf(req)));
@@ -131,7 +143,12 @@ export function registerConversationRoutes(t: RouteTable, svc: ConversationServi
     tag: 'conversations',
     summary: "The head turn's yield reason, usage and result text",
     params: ConversationParams,
-    responses: { 200: { description: 'The result', schema: z.object({ status: z.string(), turn: z.number().int(), yieldReason: z.string().nullable(), result: z.string().nullable(), usage: z.unknown() }) } },
+    responses: {
+      200: {
+        description: 'The result',
+        schema: z.object({ status: z.string(), turn: z.number().int(), yieldReason: z.string().nullable(), result: z.string().nullable(), usage: z.unknown() }),
+      },
+    },
     handler: async ({ params, org, res }) => {
       res.json(await svc.result(org.id, params.conversationId));
     },
@@ -144,7 +161,12 @@ export function registerConversationRoutes(t: RouteTable, svc: ConversationServi
     summary: 'Events after a sequence number: a JSON page, or Server-Sent Events (Accept: text/event-stream; Last-Event-ID resumes) that follow',
     params: ConversationParams,
     query: EventsQuery,
-    responses: { 200: { description: 'A page of events; `next` is the `after` of the next page', schema: z.object({ events: z.array(EventView), next: z.number().int() }) } },
+    responses: {
+      200: {
+        description: 'A page of events; `next` is the `after` of the next page',
+        schema: z.object({ events: z.array(EventView), next: z.number().int() }),
+      },
+    },
     handler: async ({ params, query, org, req, res }) => {
       const lastId = req.header('last-event-id');
       const after = lastId !== undefined && /^-?\d{1,15}$/.test(lastId) ? Number(lastId) : query.after;
@@ -176,7 +198,9 @@ export function registerConversationRoutes(t: RouteTable, svc: ConversationServi
     tag: 'conversations',
     summary: 'Cancel: drop the queued messages and interrupt the running turn; the conversation stays open',
     params: ConversationParams,
-    responses: { 200: { description: 'What was dropped and interrupted', schema: z.object({ dropped: z.number().int(), interrupted: z.number().int().nullable() }) } },
+    responses: {
+      200: { description: 'What was dropped and interrupted', schema: z.object({ dropped: z.number().int(), interrupted: z.number().int().nullable() }) },
+    },
     errors: [409],
     handler: async ({ params, org, res }) => {
       res.json(await svc.cancel(org.id, params.conversationId));
@@ -213,10 +237,15 @@ export function registerConversationRoutes(t: RouteTable, svc: ConversationServi
     method: 'post',
     path: '/v1/conversations/:conversationId/fork',
     tag: 'conversations',
-    summary: "Fork at the end of a turn: `count` new conversations over its checkpoint, sharing the event log up to it; `evaluate` ranks them (best-of-N)",
+    summary: 'Fork at the end of a turn: `count` new conversations over its checkpoint, sharing the event log up to it; `evaluate` ranks them (best-of-N)',
     params: ConversationParams,
     body: ForkBody,
-    responses: { 201: { description: 'The forks, and their group when count > 1 or evaluate', schema: z.object({ group: z.string().nullable(), forks: z.array(ConversationView) }) } },
+    responses: {
+      201: {
+        description: 'The forks, and their group when count > 1 or evaluate',
+        schema: z.object({ group: z.string().nullable(), forks: z.array(ConversationView) }),
+      },
+    },
     errors: [409],
     handler: async ({ params, body, org, req, res }) => {
       res.status(201).json(await svc.fork(org.id, params.conversationId, body, idempotencyKeyOf(req)));
@@ -229,7 +258,12 @@ export function registerConversationRoutes(t: RouteTable, svc: ConversationServi
     tag: 'conversations',
     summary: "A best-of-N fork group: each fork's first turn and its evaluation's exit code and output tail, ranked (exit code 0 first)",
     params: z.object({ group: z.string().regex(/^fg_[a-z0-9]{1,40}$/, 'must be a fork group id (fg_…)') }),
-    responses: { 200: { description: 'The ranking; done once every fork was evaluated', schema: z.object({ group: z.string(), done: z.boolean(), ranked: z.array(z.unknown()) }) } },
+    responses: {
+      200: {
+        description: 'The ranking; done once every fork was evaluated',
+        schema: z.object({ group: z.string(), done: z.boolean(), ranked: z.array(z.unknown()) }),
+      },
+    },
     handler: async ({ params, org, res }) => {
       res.json(await svc.forkGroup(org.id, params.group));
     },

@@ -153,7 +153,8 @@ export function createConversationService(deps: ServiceDeps, agents: Pick<AgentS
     const agent = await agents.get(s.orgId, s.agentId);
     const run: AgentRunSpec = runSpecOf(agent, deps.secrets);
     if (agent.snapshot && !s.from) run.snapshotRef = await snapshotRefOf(deps, s.orgId, agent.snapshot);
-    if (Buffer.byteLength(JSON.stringify(s.body.metadata)) > CONVERSATION_BOUNDS.metadataBytes) throw invalid(`metadata: at most ${CONVERSATION_BOUNDS.metadataBytes} bytes`);
+    if (Buffer.byteLength(JSON.stringify(s.body.metadata)) > CONVERSATION_BOUNDS.metadataBytes)
+      throw invalid(`metadata: at most ${CONVERSATION_BOUNDS.metadataBytes} bytes`);
     const now = new Date();
     const doc: ConversationDoc = {
       _id: s.id,

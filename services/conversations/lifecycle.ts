@@ -7,7 +7,10 @@ import type { Store } from '../../store';
 import { markTurnsLeft, updateConversation } from '../../store/conversations';
 
 /** A turn ended: the conversation's head moves to it; it waits for input, or runs the next queued message. */
-export async function turnEnded(store: Store, a: { conversationId: string; turn: number; outcome: TurnOutcome; tokensUsed: number; queued: boolean }): Promise<void> {
+export async function turnEnded(
+  store: Store,
+  a: { conversationId: string; turn: number; outcome: TurnOutcome; tokensUsed: number; queued: boolean },
+): Promise<void> {
   await updateConversation(store, a.conversationId, {
     status: a.queued ? 'running' : a.outcome.yieldReason === 'needs_input' ? 'awaiting_input' : 'idle',
     headTurn: a.turn,

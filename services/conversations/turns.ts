@@ -153,7 +153,15 @@ export async function runTurn(deps: TurnDeps, a: RunTurnArgs): Promise<TurnOutco
     if (a.startLayerId) await deps.host.restore(a.sandboxId, a.startLayerId);
   }
   const last = (await lastEventSeq(deps.store, a.conversationId)) ?? a.baseSeq;
-  const events = new EventWriter(deps.store, a.conversationId, a.turn, a.attempt, Math.max(last, a.baseSeq), await countEvents(deps.store, a.conversationId), a.scrub);
+  const events = new EventWriter(
+    deps.store,
+    a.conversationId,
+    a.turn,
+    a.attempt,
+    Math.max(last, a.baseSeq),
+    await countEvents(deps.store, a.conversationId),
+    a.scrub,
+  );
   const turn: TurnDoc = {
     _id: turnId(a.conversationId, a.turn),
     conversationId: a.conversationId,
@@ -284,7 +292,8 @@ export async function runTurn(deps: TurnDeps, a: RunTurnArgs): Promise<TurnOutco
     error ??= `the runner exited (code ${outcome.exitCode}) before turn_complete`;
   }
   const used = usage as { inputTokens: number; outputTokens: number } | null;
-  if (yieldReason === 'completed' && used && a.tokensLeft !== undefined && used.inputTokens + used.outputTokens >= a.tokensLeft) yieldReason = 'budget_exceeded';
+  if (yieldReason === 'completed' && used && a.tokensLeft !== undefined && used.inputTokens + used.outputTokens >= a.tokensLeft)
+    yieldReason = 'budget_exceeded';
   events.add('turn_complete', { type: 'turn_complete', turn: a.turn, yieldReason, usage: used, ...(error ? { error } : {}) });
   await events.flush();
   await updateTurn(deps.store, a.conversationId, a.turn, { endSeq: events.last, yieldReason, usage: used, result });
@@ -352,13 +361,21 @@ export async function checkpointTurn(
     });
   } else {
     const failed = a.outcome?.yieldReason === 'error';
-    await updateTurn(deps.store, a.conversationId, a.turn, { status: failed ? 'failed' : 'completed', checkpointId, layerId: layer.layerId, endedAt: new Date() });
+    await updateTurn(deps.store, a.conversationId, a.turn, {
+      status: failed ? 'failed' : 'completed',
+      checkpointId,
+      layerId: layer.layerId,
+      endedAt: new Date(),
+    });
   }
   return { checkpointId, layerId: layer.layerId };
 }
 
 /** Runs the best-of-N evaluation command in the sandbox and records its exit code and output tail on the turn. */
-export async function evaluateTurn(deps: TurnDeps, a: { conversationId: string; sandboxId: string; turn: number; command: string }): Promise<{ exitCode: number; outputTail: string }> {
+export async function evaluateTurn(
+  deps: TurnDeps,
+  a: { conversationId: string; sandboxId: string; turn: number; command: string },
+): Promise<{ exitCode: number; outputTail: string }> {
   const r = await deps.host.execRun(a.sandboxId, { cmd: 'bash', args: ['-c', a.command], timeout: 600 });
   const out = `${r.stdout ?? ''}${r.stderr ?? ''}`;
   const evaluation = { exitCode: r.exitCode, outputTail: out.slice(-CONVERSATION_BOUNDS.evaluateTail) };

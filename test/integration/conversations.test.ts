@@ -11,7 +11,16 @@ import { otherOrgKey } from '../helpers/checkpoints';
 
 const RUNNER = fs.readFileSync(path.join(__dirname, '..', 'fixtures', 'conversation-runner.sh'), 'utf8');
 
-type Turn = { turn: number; status: string; yieldReason: string | null; left: boolean; after: number; attempt: number; endSeq: number | null; evaluation: { exitCode: number; outputTail: string } | null };
+type Turn = {
+  turn: number;
+  status: string;
+  yieldReason: string | null;
+  left: boolean;
+  after: number;
+  attempt: number;
+  endSeq: number | null;
+  evaluation: { exitCode: number; outputTail: string } | null;
+};
 type Ev = { seq: number; turn: number; type: string; level: string; superseded: boolean; data: any };
 
 let agentId: string;
