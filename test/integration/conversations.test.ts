@@ -101,8 +101,11 @@ function readSse(url: string, headers: Record<string, string>, until: (evs: { id
         }
       });
       res.on('end', () => resolve(got));
+      // The server went away mid-stream: what arrived is what the client saw.
+      res.on('error', () => resolve(got));
+      res.on('close', () => resolve(got));
     });
-    req.on('error', (err) => (got.length && until(got) ? resolve(got) : reject(err)));
+    req.on('error', (err) => (got.length ? resolve(got) : reject(err)));
   });
 }
 
@@ -299,6 +302,39 @@ describe('conversations', () => {
     await turnDone(f.body.forks[0].id, 2);
     const ev = (await events(f.body.forks[0].id)).filter((e) => e.type === 'assistant');
     expect(ev.map((e) => e.data.text)).toEqual(['I remember: keep', 'I remember: keep,again']);
+  });
+
+  test('sleep between turns: idle, the sandbox hibernates; the next message wakes it and continues with its memory', async () => {
+    const { body } = await create({ input: 'before sleep', idleSeconds: 1 });
+    const id: string = body.id;
+    await turnDone(id, 1);
+    const asleep = await eventually(async () => {
+      const c = (await api('GET', `/v1/conversations/${id}`)).body;
+      return c.sleeping ? c : undefined;
+    }, 60_000);
+    expect((await api('GET', `/api/sandboxes/${asleep.sandboxId}`)).body.status).toBe('hibernated');
+    expect((await say(id, 'after wake')).status).toBe(202);
+    await turnDone(id, 2);
+    const awake = (await api('GET', `/v1/conversations/${id}`)).body;
+    expect(awake.sleeping).toBe(false);
+    expect((await events(id)).filter((e) => e.type === 'assistant').at(-1)!.data.text).toBe('I remember: before sleep,after wake');
+  });
+
+  test('an API restarted while a client follows events: the client resumes from its last sequence number, losing none and repeating none', async () => {
+    const { body } = await create({ input: 'sleep 3' });
+    const id: string = body.id;
+    const url = `${T.api()}/v1/conversations/${id}/events?level=internal`;
+    const following = readSse(url, {}, () => false);
+    await eventually(async () => (await events(id)).some((e) => e.type === 'system'), 60_000);
+    await control('kill', 'api', 'SIGKILL');
+    const part1 = await following;
+    expect(part1.length).toBeGreaterThan(0);
+    await control('start', 'api');
+    await eventually(async () => (await api('GET', '/healthz').catch(() => ({ status: 0 }))).status === 200, 60_000);
+    const part2 = await readSse(url, { 'last-event-id': String(part1.at(-1)!.id) }, (g) => g.some((e) => e.data.type === 'turn_complete'));
+    const seqs = [...part1, ...part2].map((e) => ({ seq: e.id }));
+    expectContiguous(seqs, 0);
+    expect(seqs.length).toBe((await events(id)).length);
   });
 
   test('a worker killed with SIGKILL mid-turn: the turn runs again from its starting checkpoint, completes once, the first attempt superseded', async () => {
