@@ -10,7 +10,7 @@ export const CONVERSATION_STATUSES = ['queued', 'running', 'awaiting_input', 'id
 export type ConversationStatus = (typeof CONVERSATION_STATUSES)[number];
 
 /** Why a turn ended. */
-export const YIELD_REASONS = ['completed', 'needs_input', 'interrupted', 'timeout', 'budget_exceeded', 'max_turns', 'error', 'cancelled'] as const;
+export const YIELD_REASONS = ['completed', 'needs_input', 'interrupted', 'deadline_exceeded', 'budget_exceeded', 'max_turns', 'error', 'canceled'] as const;
 export type YieldReason = (typeof YIELD_REASONS)[number];
 
 /** Event levels, most to least visible: a reader asking for `progress` gets `user` too, `internal` gets all. */
@@ -57,7 +57,7 @@ export const ConversationLimits = z
       .min(1)
       .max(CONVERSATION_BOUNDS.maxTurnSeconds)
       .default(600)
-      .describe('Seconds one turn may run; then it is interrupted (yieldReason timeout)'),
+      .describe('Seconds one turn may run; then it is interrupted (yieldReason deadline_exceeded)'),
     turns: z
       .number()
       .int()
@@ -127,7 +127,7 @@ export const ForkBody = z
 export const RewindBody = z.object({ turn: z.number().int().min(0) }).openapi('RewindConversation');
 
 export const EventsQuery = z.object({
-  after: z.coerce.number().int().min(-1).default(-1).describe('Events with a larger sequence number (default: from the start)'),
+  after: z.coerce.number().int().min(0).default(0).describe('Events with a larger sequence number (default 0: from the start; the first event is 1)'),
   level: z.enum(EVENT_LEVELS).default('progress').describe('user: what a person reads; progress: also tool use and progress; internal: everything'),
   limit: z.coerce.number().int().min(1).max(CONVERSATION_BOUNDS.eventsPage).default(200),
 });
@@ -196,7 +196,7 @@ export interface ForkOrigin {
   /** The checkpoint's layer and the task queue of the host that has it. */
   layerId: string;
   taskQueue: string;
-  /** The parent's last event sequence number at that turn: the fork's own events start after it. */
+  /** The parent's last event sequence number at that turn: the fork's own events start after it (0: none). */
   seq: number;
 }
 

@@ -55,7 +55,7 @@ export async function benchConversations(o: { n: number; call: Call }): Promise<
   };
   const headAt = (id: string, turn: number) => until(async () => (await get(id)).headTurn >= turn, `turn ${turn} of ${id}`);
   const lastSeq = async (id: string) => {
-    let after = -1;
+    let after = 0;
     for (;;) {
       const r = await call('GET', `/v1/conversations/${id}/events?after=${after}&level=internal&limit=500`);
       if (!r.body.events.length) return after;

@@ -173,12 +173,12 @@ export async function conversationWorkflow(args: ConversationWorkflowArgs<AgentR
           options: args.options,
           turnSeconds: args.limits.turnSeconds,
           ...(args.limits.tokens !== undefined ? { tokensLeft: args.limits.tokens - tokensUsed } : {}),
-          baseSeq: args.from?.seq ?? -1,
+          baseSeq: args.from?.seq ?? 0,
         });
       } catch (err) {
         if (isCancellation(err)) throw err;
         const error = err instanceof ActivityFailure && err.cause ? err.cause.message : String(err);
-        outcome = { yieldReason: 'error', usage: null, endSeq: -1, error };
+        outcome = { yieldReason: 'error', usage: null, endSeq: 0, error };
       }
       const cp = await host(turnSummary(t.turn, t.text, outcome.yieldReason)).checkpointConversationTurn({ ...ids(), turn: t.turn, after: head, outcome });
       layers.set(t.turn, cp.layerId);

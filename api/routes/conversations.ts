@@ -169,7 +169,7 @@ export function registerConversationRoutes(t: RouteTable, svc: ConversationServi
     },
     handler: async ({ params, query, org, req, res }) => {
       const lastId = req.header('last-event-id');
-      const after = lastId !== undefined && /^-?\d{1,15}$/.test(lastId) ? Number(lastId) : query.after;
+      const after = lastId !== undefined && /^\d{1,15}$/.test(lastId) ? Number(lastId) : query.after;
       if ((req.header('accept') ?? '').includes('text/event-stream')) {
         await svc.get(org.id, params.conversationId);
         return followEvents(svc, org.id, params.conversationId, after, query.level, res);

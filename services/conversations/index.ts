@@ -296,7 +296,7 @@ export function createConversationService(deps: ServiceDeps, agents: Pick<AgentS
       for (const c of chain) {
         if (out.length >= limit) break;
         if (c.upTo !== null && c.upTo <= after) continue;
-        out.push(...(await readEvents(deps.store, c.id, Math.max(after, out.at(-1)?.seq ?? -1), c.upTo, levels, limit - out.length)));
+        out.push(...(await readEvents(deps.store, c.id, Math.max(after, out.at(-1)?.seq ?? 0), c.upTo, levels, limit - out.length)));
       }
       return out.map(eventView);
     },
@@ -356,7 +356,7 @@ export function createConversationService(deps: ServiceDeps, agents: Pick<AgentS
       const host = await findHost(deps.store, owner.hostId ?? '');
       if (!host) throw conflict(`the host that has turn ${body.turn}'s checkpoint is gone`);
       // The sequence number the fork's own events start after: the turn's last event (turn 0: the start of the owner's log).
-      const seq = body.turn === 0 ? (owner.forkedFrom?.seq ?? -1) : (turn.endSeq ?? -1);
+      const seq = body.turn === 0 ? (owner.forkedFrom?.seq ?? 0) : (turn.endSeq ?? 0);
       const from: ForkOrigin = { conversationId: doc._id, turn: body.turn, layerId: turn.layerId!, taskQueue: host.taskQueue, seq };
       const group = body.count > 1 || body.evaluate ? `fg_${key ? derivedId('fork-group', orgId, id, key) : randomId()}` : undefined;
       const forks: ConversationView[] = [];

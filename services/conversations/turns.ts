@@ -49,7 +49,7 @@ export interface RunTurnArgs {
   turnSeconds: number;
   /** Tokens left in the conversation's budget (undefined: no budget). */
   tokensLeft?: number;
-  /** The fork point's sequence number: the conversation's own events start after it (-1: not a fork). */
+  /** The fork point's sequence number: the conversation's own events start after it (0: not a fork; the first event is 1). */
   baseSeq: number;
   /** Values never stored in an event (the sandbox's secrets as the worker knows them). */
   scrub: string[];
@@ -144,24 +144,19 @@ async function resumeId(host: HostClient, sandboxId: string): Promise<string | u
  * marks the first attempt's events superseded, so the runner never sees a half-applied turn.
  */
 export async function runTurn(deps: TurnDeps, a: RunTurnArgs): Promise<TurnOutcome> {
-  const existing = await findTurn(deps.store, a.conversationId, a.turn);
+  const [existing, lastSeq, count] = await Promise.all([
+    findTurn(deps.store, a.conversationId, a.turn),
+    lastEventSeq(deps.store, a.conversationId),
+    countEvents(deps.store, a.conversationId),
+  ]);
   if (existing && existing.status !== 'running') {
     return { yieldReason: existing.yieldReason ?? 'completed', usage: existing.usage, endSeq: existing.endSeq ?? existing.startSeq, error: null };
   }
-  if (a.attempt > 1) {
-    await supersedeAttempts(deps.store, a.conversationId, a.turn, a.attempt);
-    if (a.startLayerId) await deps.host.restore(a.sandboxId, a.startLayerId);
-  }
-  const last = (await lastEventSeq(deps.store, a.conversationId)) ?? a.baseSeq;
-  const events = new EventWriter(
-    deps.store,
-    a.conversationId,
-    a.turn,
-    a.attempt,
-    Math.max(last, a.baseSeq),
-    await countEvents(deps.store, a.conversationId),
-    a.scrub,
-  );
+  const events = new EventWriter(deps.store, a.conversationId, a.turn, a.attempt, Math.max(lastSeq ?? a.baseSeq, a.baseSeq), count, a.scrub);
+  const startSeq = events.last + 1;
+  // The turn's first event is written at once; the sandbox is made ready beside it.
+  if (a.attempt > 1) events.add('turn_restarted', { type: 'turn_restarted', turn: a.turn, attempt: a.attempt });
+  events.add('message', { type: 'message', turn: a.turn, text: a.message });
   const turn: TurnDoc = {
     _id: turnId(a.conversationId, a.turn),
     conversationId: a.conversationId,
@@ -176,22 +171,29 @@ export async function runTurn(deps: TurnDeps, a: RunTurnArgs): Promise<TurnOutco
     attempt: a.attempt,
     checkpointId: null,
     layerId: null,
-    startSeq: events.last + 1,
+    startSeq,
     endSeq: null,
     result: null,
     evaluation: null,
     startedAt: new Date(),
     endedAt: null,
   };
-  await upsertTurn(deps.store, turn);
-  await updateConversation(deps.store, a.conversationId, { status: 'running', turns: a.turn, interruptTurn: null });
-  if (a.attempt > 1) events.add('turn_restarted', { type: 'turn_restarted', turn: a.turn, attempt: a.attempt });
-  events.add('message', { type: 'message', turn: a.turn, text: a.message });
-
   const argv = a.runner ?? parseRunnerSetting(process.env.AGENT_RUNNER);
-  const resume = await resumeId(deps.host, a.sandboxId);
-  await deps.host.writeFile(a.sandboxId, RUNNER_PATH, runnerFile(), { mode: 0o755 });
-  await deps.host.writeFile(a.sandboxId, CONFIG_FILE, JSON.stringify({ ...a.options, ...(resume ? { resume } : {}) }), { mode: 0o600 });
+  await Promise.all([
+    (async () => {
+      if (a.attempt > 1) {
+        // A second attempt starts from the turn's starting checkpoint: nothing of the first stays.
+        await supersedeAttempts(deps.store, a.conversationId, a.turn, a.attempt);
+        if (a.startLayerId) await deps.host.restore(a.sandboxId, a.startLayerId);
+      }
+      const id = await resumeId(deps.host, a.sandboxId);
+      // One after the other: the host's parent-directory creation is not safe against a concurrent write.
+      await deps.host.writeFile(a.sandboxId, RUNNER_PATH, runnerFile(), { mode: 0o755 });
+      await deps.host.writeFile(a.sandboxId, CONFIG_FILE, JSON.stringify({ ...a.options, ...(id ? { resume: id } : {}) }), { mode: 0o600 });
+    })(),
+    upsertTurn(deps.store, turn),
+    updateConversation(deps.store, a.conversationId, { status: 'running', turns: a.turn, interruptTurn: null }),
+  ]);
   const exec = await deps.host.createExec(a.sandboxId, {
     cmd: 'node',
     args: [RUNNER_PATH, '--config', CONFIG_FILE, '--state', STATE_FILE, ...(argv ? ['--', ...argv] : [])],
@@ -273,7 +275,7 @@ export async function runTurn(deps: TurnDeps, a: RunTurnArgs): Promise<TurnOutco
     });
     ws.on('error', () => resolve({ exitCode: null }));
     ws.on('close', () => resolve({ exitCode: null }));
-    timers.push(setTimeout(() => stop('timeout'), a.turnSeconds * 1000));
+    timers.push(setTimeout(() => stop('deadline_exceeded'), a.turnSeconds * 1000));
     const poll = setInterval(() => {
       a.heartbeat();
       findConversation(deps.store, a.conversationId)
@@ -353,7 +355,7 @@ export async function checkpointTurn(
       checkpointId,
       layerId: layer.layerId,
       startSeq: 0,
-      endSeq: -1,
+      endSeq: 0,
       result: null,
       evaluation: null,
       startedAt: new Date(),

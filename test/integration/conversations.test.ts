@@ -3,11 +3,23 @@
  * stands in for a model. It speaks the runner's JSON-lines protocol, writes /workspace/turn-<n>.txt
  * and keeps its memory in /root/.claude (where the Claude Agent SDK keeps its conversation state).
  */
+import { execFile } from 'node:child_process';
 import fs from 'node:fs';
 import http from 'node:http';
 import path from 'node:path';
 import { api, control, eventually, T, unique } from '../helpers/env';
 import { otherOrgKey } from '../helpers/checkpoints';
+
+const CLI = path.join(__dirname, '..', '..', 'dist', 'cli', 'main.js');
+
+/** Runs the CLI as a real process; resolves with its exit code and output. */
+function sap(args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
+  return new Promise((resolve) => {
+    execFile(process.execPath, [CLI, ...args], { env: { ...process.env, SAP_API_URL: T.api(), SAP_API_KEY: T.key() } }, (err, stdout, stderr) =>
+      resolve({ code: err ? ((err as { code?: number }).code ?? 1) : 0, stdout, stderr }),
+    );
+  });
+}
 
 const RUNNER = fs.readFileSync(path.join(__dirname, '..', 'fixtures', 'conversation-runner.sh'), 'utf8');
 
@@ -62,7 +74,7 @@ async function say(id: string, text: string, key?: string) {
   return api('POST', `/v1/conversations/${id}/messages`, { body: { text }, headers: key ? { 'idempotency-key': key } : {} });
 }
 
-async function events(id: string, after = -1, level = 'internal'): Promise<Ev[]> {
+async function events(id: string, after = 0, level = 'internal'): Promise<Ev[]> {
   const out: Ev[] = [];
   for (;;) {
     const r = await api('GET', `/v1/conversations/${id}/events?after=${after}&level=${level}&limit=500`);
@@ -140,12 +152,12 @@ describe('conversations', () => {
     expect(conv.body).toMatchObject({ status: 'idle', headTurn: 2, tokensUsed: 30, metadata: { purpose: 'test' } });
 
     const all = await events(id);
-    expectContiguous(all, 0);
+    expectContiguous(all, 1);
     expect(all.filter((e) => e.type === 'turn_complete').map((e) => e.turn)).toEqual([1, 2]);
     const assistant = all.filter((e) => e.type === 'assistant').map((e) => e.data.text);
     expect(assistant).toEqual(['I remember: one', 'I remember: one,two']);
     // Levels: `user` hides tool use and the runner's own chatter.
-    const user = await events(id, -1, 'user');
+    const user = await events(id, 0, 'user');
     expect(user.some((e) => e.type === 'tool_use' || e.type === 'ready')).toBe(false);
     expect(user.some((e) => e.type === 'assistant')).toBe(true);
     // A page after a sequence number starts right after it.
@@ -191,7 +203,7 @@ describe('conversations', () => {
     const seqs = [...part1, ...part2].map((e) => e.id);
     expectContiguous(
       seqs.map((seq) => ({ seq })),
-      0,
+      1,
     );
     expect(seqs).toEqual((await events(id)).map((e) => e.seq).slice(0, seqs.length));
   });
@@ -238,7 +250,7 @@ describe('conversations', () => {
     expect((await say(fid, 'epsilon')).body.turn).toBe(3);
     await turnDone(fid, 3);
     const fe = await events(fid);
-    expectContiguous(fe, 0);
+    expectContiguous(fe, 1);
     expect(fe.filter((e) => e.type === 'assistant').at(-1)!.data.text).toBe('I remember: alpha,beta,epsilon');
     expect((await readFile(orig.sandboxId, '/root/.claude/memory.txt')).text).toBe('alpha\nbeta\ngamma\ndelta\n');
 
@@ -333,8 +345,30 @@ describe('conversations', () => {
     await eventually(async () => (await api('GET', '/healthz').catch(() => ({ status: 0 }))).status === 200, 60_000);
     const part2 = await readSse(url, { 'last-event-id': String(part1.at(-1)!.id) }, (g) => g.some((e) => e.data.type === 'turn_complete'));
     const seqs = [...part1, ...part2].map((e) => ({ seq: e.id }));
-    expectContiguous(seqs, 0);
+    expectContiguous(seqs, 1);
     expect(seqs.length).toBe((await events(id)).length);
+  });
+
+  test('the CLI starts one, sends a message, follows its events to the turn end, and forks', async () => {
+    const started = await sap(['conversations', 'start', agentId, '--input', 'cli one', '--runner', '["bash","/opt/runner.sh"]']);
+    expect(started.code).toBe(0);
+    const id = (JSON.parse(started.stdout) as { id: string }).id;
+    opened.push(id);
+    await turnDone(id, 1);
+    const said = await sap(['conversations', 'say', id, 'cli two', '--idempotency-key', unique('cli')]);
+    expect(JSON.parse(said.stdout)).toMatchObject({ turn: 2 });
+    const followed = await sap(['conversations', 'events', id, '--follow', '--turn', '2', '--level', 'user']);
+    expect(followed.code).toBe(0);
+    const evs = followed.stdout
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as Ev);
+    expect(evs.at(-1)).toMatchObject({ type: 'turn_complete', turn: 2 });
+    expect(evs.filter((e) => e.type === 'assistant').map((e) => e.data.text)).toEqual(['I remember: cli one', 'I remember: cli one,cli two']);
+    const forked = await sap(['conversations', 'fork', id, '--turn', '1', '--input', 'cli fork']);
+    const fork = (JSON.parse(forked.stdout) as { forks: { id: string; forkedFrom: unknown }[] }).forks[0]!;
+    opened.push(fork.id);
+    expect(fork.forkedFrom).toEqual({ conversationId: id, turn: 1 });
   });
 
   test('a worker killed with SIGKILL mid-turn: the turn runs again from its starting checkpoint, completes once, the first attempt superseded', async () => {
@@ -353,7 +387,7 @@ describe('conversations', () => {
     expect(t2.yieldReason).toBe('completed');
     expect(t2.attempt).toBeGreaterThan(1);
     const ev = await events(id);
-    expectContiguous(ev, 0);
+    expectContiguous(ev, 1);
     const second = ev.filter((e) => e.turn === 2);
     expect(second.some((e) => e.superseded)).toBe(true);
     expect(second.filter((e) => !e.superseded && e.type === 'turn_complete')).toHaveLength(1);
