@@ -113,7 +113,8 @@ export async function conversationWorkflow(args: ConversationWorkflowArgs<AgentR
 
   if (args.from) layers.set(args.from.turn, args.from.layerId);
   else layers.set(0, (await host('turn 0: the starting checkpoint').checkpointConversationTurn({ ...ids(), turn: 0, after: 0, outcome: null })).layerId);
-  await host().markConversationReady({ conversationId: args.conversationId, sandboxId: placed.sandboxId, queued: queue.length > 0 });
+  // With a message waiting, its turn marks the conversation running itself.
+  if (queue.length === 0) await host().markConversationReady({ conversationId: args.conversationId, sandboxId: placed.sandboxId, queued: false });
 
   setHandler(rewindUpdate, async ({ turn }) => {
     const layer = layers.get(turn);

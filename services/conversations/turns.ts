@@ -298,8 +298,9 @@ export async function runTurn(deps: TurnDeps, a: RunTurnArgs): Promise<TurnOutco
     yieldReason = 'budget_exceeded';
   events.add('turn_complete', { type: 'turn_complete', turn: a.turn, yieldReason, usage: used, ...(error ? { error } : {}) });
   await events.flush();
-  await updateTurn(deps.store, a.conversationId, a.turn, { endSeq: events.last, yieldReason, usage: used, result });
-  return { yieldReason, usage: used, endSeq: events.last, error };
+  const clean = (t: string | null) => (t === null ? null : a.scrub.reduce((acc, v) => acc.split(v).join('[secret]'), t));
+  await updateTurn(deps.store, a.conversationId, a.turn, { endSeq: events.last, yieldReason, usage: used, result: clean(result) });
+  return { yieldReason, usage: used, endSeq: events.last, error: clean(error) };
 }
 
 /**

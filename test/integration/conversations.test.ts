@@ -36,11 +36,15 @@ type Turn = {
 type Ev = { seq: number; turn: number; type: string; level: string; superseded: boolean; data: any };
 
 let agentId: string;
+/** A value of the agent's env: never stored in an event, whatever the runner prints. */
+const SECRET = `tok-${Date.now().toString(36)}-do-not-store`;
 const opened: string[] = [];
 
 beforeAll(async () => {
   agentId = unique('conv-agent');
-  const r = await api('POST', '/v1/agents', { body: { id: agentId, core: 'bash', entrypoint: ['true'], files: { '/opt/runner.sh': RUNNER }, user: 'root' } });
+  const r = await api('POST', '/v1/agents', {
+    body: { id: agentId, core: 'bash', entrypoint: ['true'], files: { '/opt/runner.sh': RUNNER }, user: 'root', env: { LEAK_ME: SECRET } },
+  });
   expect(r.status).toBe(201);
 });
 
@@ -163,6 +167,14 @@ describe('conversations', () => {
     // A page after a sequence number starts right after it.
     const later = await events(id, all[3]!.seq);
     expect(later[0]!.seq).toBe(all[3]!.seq + 1);
+  });
+
+  test('a secret the sandbox was given is never stored in an event, even when the runner prints it', async () => {
+    const { body } = await create({ input: 'leak' });
+    await turnDone(body.id, 1);
+    const evs = await events(body.id);
+    expect(JSON.stringify(evs)).not.toContain(SECRET);
+    expect(evs.find((e) => e.type === 'assistant' && String(e.data.text).startsWith('the token is'))!.data.text).toBe('the token is [secret]');
   });
 
   test('bad input is refused before it is accepted: schema 400, the Update validator 409 at max_turns', async () => {
