@@ -180,3 +180,10 @@ export function readEvents(store: Store, conversationId: string, after: number, 
     .limit(limit)
     .toArray();
 }
+
+/** Removes a conversation's turns and events (its record last, so a retry finds it). */
+export async function deleteConversationData(store: Store, conversationId: string): Promise<void> {
+  await eventsOf(store).deleteMany({ conversationId });
+  await turnsOf(store).deleteMany({ conversationId });
+  await conversationsOf(store).deleteOne({ _id: conversationId });
+}

@@ -220,6 +220,19 @@ export function registerConversationRoutes(t: RouteTable, svc: ConversationServi
   });
 
   t.add({
+    method: 'delete',
+    path: '/v1/conversations/:conversationId',
+    tag: 'conversations',
+    summary: 'Delete an archived conversation with its turns, events and turn checkpoints (409 while it is not archived or has forks)',
+    params: ConversationParams,
+    responses: { 200: { description: 'Deleted', schema: z.object({ id: z.string(), deleted: z.literal(true) }) } },
+    errors: [409],
+    handler: async ({ params, org, res }) => {
+      res.json(await svc.remove(org.id, params.conversationId));
+    },
+  });
+
+  t.add({
     method: 'post',
     path: '/v1/conversations/:conversationId/rewind',
     tag: 'conversations',

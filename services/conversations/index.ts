@@ -36,6 +36,7 @@ import {
   type ConversationDoc,
   type EventDoc,
   ensureConversationIndexes,
+  deleteConversationData,
   type TurnDoc,
 } from '../../store/conversations';
 import { findHost } from '../../store/hosts';
@@ -45,6 +46,8 @@ import type { AgentService } from '../agents';
 import type { ServiceDeps } from '../deps';
 import { snapshotRefOf } from '../snapshots';
 import { endWorkflowAndWait } from '../workflow-control';
+import { deleteCheckpoint } from '../checkpoints';
+import { listSandboxCheckpoints } from '../../store/checkpoints';
 
 /** Default idle seconds before a conversation's sandbox hibernates (CONVERSATION_IDLE_SECONDS). */
 const DEFAULT_IDLE_SECONDS = 300;
@@ -332,6 +335,21 @@ export function createConversationService(deps: ServiceDeps, agents: Pick<AgentS
         if (!found) await updateConversation(deps.store, id, { status: 'archived' });
       }
       return view(await own(orgId, id));
+    },
+
+    /**
+     * Deletes an archived conversation and what it stores: its turns, events and turn checkpoints
+     * (each layer stays on its host while a sandbox or layer still stands on it). 409 while it is not
+     * archived, or while a fork of it exists (a fork reads its parent's events and stands on its checkpoints).
+     */
+    async remove(orgId: string, id: string): Promise<{ id: string; deleted: true }> {
+      const doc = await own(orgId, id);
+      if (doc.status !== 'archived' && doc.status !== 'failed') throw conflict(`conversation ${id} is ${doc.status}: archive it first`);
+      const forks = await listForks(deps.store, id);
+      if (forks.length) throw conflict(`conversation ${id} has forks (${forks.map((f) => f._id).join(', ')}): delete them first`);
+      if (doc.sandboxId) for (const cp of await listSandboxCheckpoints(deps.store, doc.sandboxId)) if (cp.orgId === orgId) await deleteCheckpoint(deps, cp);
+      await deleteConversationData(deps.store, id);
+      return { id, deleted: true };
     },
 
     /** Rewinds to the end of `turn`: the sandbox goes back to its checkpoint; later turns are kept, marked left. */

@@ -313,7 +313,7 @@ describe('conversations', () => {
     expect((await api('GET', `/v1/conversations/${id}`)).body.status).toBe('awaiting_input');
   });
 
-  test('archive destroys the sandbox; the conversation refuses messages and can still be forked', async () => {
+  test('archive destroys the sandbox; the conversation refuses messages and can still be forked; delete frees it once its forks are gone', async () => {
     const { body } = await create({ input: 'keep' });
     const id: string = body.id;
     await turnDone(id, 1);
@@ -326,6 +326,18 @@ describe('conversations', () => {
     await turnDone(f.body.forks[0].id, 2);
     const ev = (await events(f.body.forks[0].id)).filter((e) => e.type === 'assistant');
     expect(ev.map((e) => e.data.text)).toEqual(['I remember: keep', 'I remember: keep,again']);
+    // Deleting frees its storage: not while it runs, not before its forks are gone.
+    const fid: string = f.body.forks[0].id;
+    expect((await api('DELETE', `/v1/conversations/${fid}`)).status).toBe(409);
+    expect((await api('DELETE', `/v1/conversations/${id}`)).status).toBe(409);
+    await api('POST', `/v1/conversations/${fid}/archive`);
+    expect((await api('DELETE', `/v1/conversations/${fid}`)).status).toBe(200);
+    const sandboxId = (await api('GET', `/v1/conversations/${id}`)).body.sandboxId as string;
+    expect((await api('DELETE', `/v1/conversations/${id}`)).status).toBe(200);
+    expect((await api('GET', `/v1/conversations/${id}`)).status).toBe(404);
+    expect((await api('GET', `/v1/conversations/${id}/events`)).status).toBe(404);
+    const left = await api('GET', `/api/sandboxes/${sandboxId}/checkpoints`);
+    expect(left.status === 404 || (left.body as unknown[]).length === 0).toBe(true);
   });
 
   test('sleep between turns: idle, the sandbox hibernates; the next message wakes it and continues with its memory', async () => {
