@@ -190,6 +190,32 @@ describe('conversations', () => {
     expect((await turns(id)).map((t) => t.turn)).toEqual([1]);
   });
 
+  test('limits and cancel: turnSeconds ends a turn deadline_exceeded, tokens end one budget_exceeded and refuse the next, cancel drops the queue and interrupts', async () => {
+    const slow = (await create({ input: 'sleep 30', limits: { turnSeconds: 1 } })).body.id as string;
+    const budget = (await create({ input: 'one', limits: { tokens: 20 } })).body.id as string;
+    expect((await turnDone(slow, 1)).yieldReason).toBe('deadline_exceeded');
+
+    expect((await turnDone(budget, 1)).yieldReason).toBe('completed');
+    expect((await say(budget, 'two')).status).toBe(202);
+    expect((await turnDone(budget, 2)).yieldReason).toBe('budget_exceeded');
+    const refused = await say(budget, 'three');
+    expect(refused.status).toBe(409);
+    expect(refused.body.error.message).toMatch(/budget_exceeded/);
+
+    const busy = (await create({ input: 'sleep 60' })).body.id as string;
+    expect((await say(busy, 'queued one')).status).toBe(202);
+    await eventually(async () => (await turns(busy)).find((t) => t.turn === 1 && t.status === 'running'), 60_000);
+    let dropped = 0;
+    await eventually(async () => {
+      const r = await api('POST', `/v1/conversations/${busy}/cancel`);
+      dropped += r.body.dropped as number;
+      return r.body.interrupted === 1;
+    });
+    expect(dropped).toBe(1);
+    expect((await turnDone(busy, 1)).yieldReason).toBe('interrupted');
+    expect((await turns(busy)).map((t) => t.turn)).toEqual([1]);
+  });
+
   test('another organisation sees none of it', async () => {
     const { body } = await create({});
     const other = await otherOrgKey();
