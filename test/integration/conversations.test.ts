@@ -4,6 +4,7 @@
  * and keeps its memory in /root/.claude (where the Claude Agent SDK keeps its conversation state).
  */
 import { execFile } from 'node:child_process';
+import { Client, Connection } from '@temporalio/client';
 import fs from 'node:fs';
 import http from 'node:http';
 import path from 'node:path';
@@ -270,6 +271,18 @@ describe('conversations', () => {
     }, 60_000);
     const orig = (await api('GET', `/v1/conversations/${id}`)).body;
     expect(orig.forks).toEqual([{ conversationId: fid, turn: 2 }]);
+    // …and in Temporal: the fork's memo names its parent, the parent's lists its forks.
+    const connection = await Connection.connect({ address: T.temporal() });
+    try {
+      const temporal = new Client({ connection });
+      expect((await temporal.workflow.getHandle(fid).describe()).memo).toMatchObject({ forkedFrom: { conversationId: id, turn: 2 } });
+      await eventually(async () => {
+        const memo = (await temporal.workflow.getHandle(id).describe()).memo as { forks?: unknown } | undefined;
+        return JSON.stringify(memo?.forks) === JSON.stringify([{ conversationId: fid, turn: 2 }]);
+      });
+    } finally {
+      await connection.close();
+    }
 
     // Files and the agent's memory at turn 2 in the fork, at turn 4 in the original.
     expect((await readFile(ready.sandboxId, '/root/.claude/memory.txt')).text).toBe('alpha\nbeta\n');
