@@ -3,6 +3,7 @@ import type { ActivityDeps } from './deps';
 import { createSessionActivities } from './sessions';
 import { createBatchActivities } from './batches';
 import { createInstanceActivities } from './instances';
+import { createConversationActivities } from './conversations';
 import { createWebhookActivities } from './webhooks';
 
 export type { ActivityDeps } from './deps';
@@ -17,6 +18,7 @@ export const createActivities = (deps: ActivityDeps) => ({
   ...createSessionActivities(deps),
   ...createBatchActivities(deps),
   ...createInstanceActivities(deps),
+  ...createConversationActivities(deps),
   ...createWebhookActivities(deps),
   ...createHostActivities(deps),
 });

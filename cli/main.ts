@@ -101,6 +101,83 @@ sessions
     } while (cursor && (o.limit === undefined || n < o.limit));
   });
 
+const conv = program.command('conversations').description('durable multi-turn agent conversations (docs/api/conversations.md)');
+conv
+  .command('start <agent>')
+  .description('start a conversation (optionally with a first message); prints it')
+  .option('--input <text>', 'the first message')
+  .option('--runner <json>', 'runner argv as a JSON array (default: the Claude Agent SDK runner)', (t) => parseJson('--runner')(t) as unknown as string[])
+  .option('--limits <json>', 'limits {tokens, turnSeconds, turns}', parseJson('--limits'))
+  .action(async (agent: string, o: { input?: string; runner?: string[]; limits?: Record<string, unknown> }) =>
+    print(
+      await client().conversations.create(agent, {
+        ...(o.input ? { input: o.input } : {}),
+        ...(o.runner ? { runner: o.runner } : {}),
+        ...(o.limits ? { limits: o.limits } : {}),
+      }),
+    ),
+  );
+conv
+  .command('say <id> <text>')
+  .description('send a message (the next turn); prints its turn number')
+  .option('--idempotency-key <key>', 'makes a repeat answer the first')
+  .action(async (id: string, text: string, o: { idempotencyKey?: string }) =>
+    print(await client().conversations.send(id, text, { idempotencyKey: o.idempotencyKey })),
+  );
+conv
+  .command('events <id>')
+  .description('print events after a sequence number, one JSON object per line; --follow keeps following')
+  .option('--after <seq>', 'after this sequence number (default 0: from the start)', (t) => Number(t))
+  .addOption(new Option('--level <level>', 'user, progress or internal').choices(['user', 'progress', 'internal']).default('progress'))
+  .option('--follow', 'keep following until interrupted (or, with --turn, until that turn ends)')
+  .option('--turn <n>', 'with --follow: stop once this turn ends', positiveInt('--turn'))
+  .action(async (id: string, o: { after?: number; level: 'user' | 'progress' | 'internal'; follow?: boolean; turn?: number }) => {
+    const c = client();
+    if (!o.follow) {
+      for (const e of (await c.conversations.events(id, { after: o.after, level: o.level, limit: 500 })).events) process.stdout.write(`${JSON.stringify(e)}\n`);
+      return;
+    }
+    const ac = new AbortController();
+    process.once('SIGINT', () => ac.abort());
+    for await (const e of c.followConversation(id, {
+      after: o.after,
+      level: o.level,
+      signal: ac.signal,
+      until: (e) => o.turn !== undefined && e.type === 'turn_complete' && e.turn === o.turn,
+    }))
+      process.stdout.write(`${JSON.stringify(e)}\n`);
+  });
+conv
+  .command('turns <id>')
+  .description("print a conversation's turns")
+  .action(async (id: string) => print(await client().conversations.turns(id)));
+conv
+  .command('fork <id>')
+  .description('fork at the end of a turn (--count and --evaluate: best-of-N)')
+  .requiredOption('--turn <n>', 'the turn', (t) => Number(t))
+  .option('--input <text>', 'the first message of each fork')
+  .option('--count <n>', 'forks (default 1)', positiveInt('--count'))
+  .option('--evaluate <command>', 'bash command run in each fork after its first turn; ranks them by exit code')
+  .action(async (id: string, o: { turn: number; input?: string; count?: number; evaluate?: string }) =>
+    print(
+      await client().conversations.fork(id, {
+        turn: o.turn,
+        ...(o.input ? { input: o.input } : {}),
+        ...(o.count ? { count: o.count } : {}),
+        ...(o.evaluate ? { evaluate: o.evaluate } : {}),
+      }),
+    ),
+  );
+conv
+  .command('rewind <id>')
+  .description('rewind to the end of a turn (later turns are kept, marked left)')
+  .requiredOption('--turn <n>', 'the turn', (t) => Number(t))
+  .action(async (id: string, o: { turn: number }) => print(await client().conversations.rewind(id, o.turn)));
+conv
+  .command('archive <id>')
+  .description('archive: destroy its sandbox (it can still be forked)')
+  .action(async (id: string) => print(await client().conversations.archive(id)));
+
 const batch = program.command('batch').description('run batches of sessions');
 batch
   .command('run <agent> <items>')

@@ -10,9 +10,11 @@ import type {
   SessionView,
   UpdateAgentInput,
 } from '../contract/views';
+import type { ConversationView, EventLevel, EventView, TurnView } from '../contract/conversations';
 
 /** The types of the API's answers and bodies (contract/views.ts, inferred from the server's own zod schemas). */
 export type { AgentView, BatchItemInput, BatchResult, BatchView, CreateAgentInput, InstanceView, SessionResultView, SessionView, UpdateAgentInput };
+export type { ConversationView, EventLevel, EventView, TurnView };
 
 /** An error answer of the API: its status and its `{ error: { type, message } }` body. */
 export class SapApiError extends Error {
@@ -212,6 +214,64 @@ export class SapClient {
       };
     },
   };
+
+  /** Conversations (docs/api/conversations.md): durable multi-turn agent sessions that fork at any turn. */
+  readonly conversations = {
+    create: (agentId: string, body: Record<string, unknown>, opts: { idempotencyKey?: string } = {}) =>
+      this.json<ConversationView>('POST', `/v1/agents/${encodeURIComponent(agentId)}/conversations`, {
+        json: body,
+        headers: SapClient.idem(opts.idempotencyKey),
+      }),
+    get: (id: string) => this.json<ConversationView>('GET', `/v1/conversations/${encodeURIComponent(id)}`),
+    list: async (agentId: string): Promise<ConversationView[]> =>
+      (await this.json<{ conversations: ConversationView[] }>('GET', `/v1/agents/${encodeURIComponent(agentId)}/conversations`)).conversations,
+    send: (id: string, text: string, opts: { idempotencyKey?: string } = {}) =>
+      this.json<{ turn: number; queued: number }>('POST', `/v1/conversations/${encodeURIComponent(id)}/messages`, {
+        json: { text },
+        headers: SapClient.idem(opts.idempotencyKey),
+      }),
+    turns: async (id: string): Promise<TurnView[]> =>
+      (await this.json<{ turns: TurnView[] }>('GET', `/v1/conversations/${encodeURIComponent(id)}/turns`)).turns,
+    events: (id: string, q: { after?: number; level?: EventLevel; limit?: number } = {}) =>
+      this.json<{ events: EventView[]; next: number }>('GET', `/v1/conversations/${encodeURIComponent(id)}/events${SapClient.qs(q)}`),
+    interrupt: (id: string) => this.json<{ turn: number | null }>('POST', `/v1/conversations/${encodeURIComponent(id)}/interrupt`),
+    cancel: (id: string) => this.json<{ dropped: number; interrupted: number | null }>('POST', `/v1/conversations/${encodeURIComponent(id)}/cancel`),
+    archive: (id: string) => this.json<ConversationView>('POST', `/v1/conversations/${encodeURIComponent(id)}/archive`),
+    rewind: (id: string, turn: number) =>
+      this.json<{ headTurn: number; left: number[] }>('POST', `/v1/conversations/${encodeURIComponent(id)}/rewind`, { json: { turn } }),
+    fork: (id: string, body: { turn: number; input?: string; count?: number; evaluate?: string }, opts: { idempotencyKey?: string } = {}) =>
+      this.json<{ group: string | null; forks: ConversationView[] }>('POST', `/v1/conversations/${encodeURIComponent(id)}/fork`, {
+        json: body,
+        headers: SapClient.idem(opts.idempotencyKey),
+      }),
+    forkGroup: (group: string) =>
+      this.json<{ group: string; done: boolean; ranked: { conversationId: string; exitCode: number | null; outputTail: string | null }[] }>(
+        'GET',
+        `/v1/conversations/forks/${encodeURIComponent(group)}`,
+      ),
+  };
+
+  /**
+   * A conversation's events after `after` (default 0: from the start), in order, each once, as they
+   * are stored; polls every `pollMs` (default 250 ms) while none is new, until `until` says stop or
+   * `signal` aborts. A caller that stops resumes later from the last `seq` it saw.
+   */
+  async *followConversation(
+    id: string,
+    opts: { after?: number; level?: EventLevel; pollMs?: number; signal?: AbortSignal; until?: (e: EventView) => boolean } = {},
+  ): AsyncGenerator<EventView> {
+    let after = opts.after ?? 0;
+    for (;;) {
+      if (opts.signal?.aborted) return;
+      const page = await this.conversations.events(id, { after, level: opts.level, limit: 500 });
+      for (const e of page.events) {
+        yield e;
+        if (opts.until?.(e)) return;
+      }
+      after = page.next;
+      if (page.events.length === 0) await sleep(opts.pollMs ?? 250);
+    }
+  }
 
   /**
    * Every result of a batch after `after`, in index order, as items finish, until the batch is

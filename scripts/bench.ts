@@ -13,7 +13,20 @@ import { benchConsole } from './bench-console';
 import { cpuPerSession, findStackRoot, stackCpuMs } from './bench-cpu';
 
 /** The benches, by the name given as the first argument. */
-export const BENCH_PARTS = ['sessions', 'batch', 'preview', 'exec', 'spawn', 'layers', 'metrics', 'console', 'egress', 'seal', 'host-create'] as const;
+export const BENCH_PARTS = [
+  'sessions',
+  'batch',
+  'preview',
+  'exec',
+  'spawn',
+  'layers',
+  'metrics',
+  'console',
+  'egress',
+  'seal',
+  'host-create',
+  'conversations',
+] as const;
 export type BenchPart = (typeof BENCH_PARTS)[number];
 
 /** Every option the benches take (parseArgs' form); `--help` prints USAGE. */
@@ -47,6 +60,7 @@ export const USAGE = [
   '  console [--runs 5] [--n 10000] [--only list]  (assets, first renders, a list of n sessions: first and middle page, keystroke echo; MONGO_URL)',
   '  metrics [--n 200]  (GET …/metrics and POST …/scale of one sandbox)',
   '  preview [--n 2000] [--c 10]  (SAP_HOST_URL, SAP_HOST_TOKEN: add the forwarder-only leg)',
+  '  conversations [--n 10]  message → first event (warm, hibernated), fork → first event, best-of-5, bytes per turn checkpoint',
   '  host-create [--n 15]  sandbox creates straight on the sandbox host, and after its restart (scripts/bench-host-create.ts)',
   '',
   'Every bench:',
@@ -346,6 +360,9 @@ async function main(): Promise<void> {
       break;
     case 'host-create': // scripts/bench-host-create.ts
       out = await (await import('./bench-host-create')).benchHostCreate({ n: Number(values.n ?? 15) });
+      break;
+    case 'conversations': // scripts/bench-conversations.ts
+      out = await (await import('./bench-conversations')).benchConversations({ n: Number(values.n ?? 10), call });
       break;
     default: {
       const unknown: never = name;

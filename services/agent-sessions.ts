@@ -17,8 +17,10 @@ import { type ExecLive, killAndWait, liveExec, liveFields, signalName } from './
 import { fromHostError } from './host-errors';
 import type { SandboxDeps } from './deps';
 
-const RUNNER_PATH = '/opt/sap/agent.cjs';
-const STATE_DIR = '/opt/sap/state';
+/** Where the runner is written in the sandbox. */
+export const RUNNER_PATH = '/opt/sap/agent.cjs';
+/** Where runners' config and state files go in the sandbox. */
+export const STATE_DIR = '/opt/sap/state';
 
 /** The public form of an agent session. */
 export interface AgentSessionState {
@@ -45,7 +47,7 @@ export function parseRunnerSetting(value: string | undefined): string[] | undefi
 
 let runnerSource: Buffer | undefined;
 /** The compiled runner (dist/sandbox/runners/agent.js), read once. */
-function runnerFile(): Buffer {
+export function runnerFile(): Buffer {
   runnerSource ??= readFileSync(path.join(__dirname, '..', 'sandbox', 'runners', 'agent.js'));
   return runnerSource;
 }

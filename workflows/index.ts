@@ -6,3 +6,4 @@ export { instanceWorkflow } from './instance';
 export { webhookWorkflow } from './webhook';
 export type { WebhookWorkflowArgs } from './webhook';
 export type { InstanceWorkflowArgs } from './instance';
+export { conversationWorkflow } from './conversation';

@@ -10,6 +10,7 @@ import { batchesPage, batchPage } from './pages/batches';
 import { sandboxesPage } from './pages/sandboxes';
 import { sandboxPage } from './pages/sandbox';
 import { hostsPage } from './pages/hosts';
+import { conversationPage, conversationsPage } from './pages/conversations';
 
 /** Hash routes (`#/agents/echo/sessions`): the server serves one page, and no key or id goes to it in a path. */
 const routes: [RegExp, string[], Page][] = [
@@ -19,6 +20,8 @@ const routes: [RegExp, string[], Page][] = [
   [/^\/agents\/([^/]+)\/sessions\/([^/]+)$/, ['agentId', 'id'], sessionPage],
   [/^\/agents\/([^/]+)\/batches$/, ['agentId'], batchesPage],
   [/^\/agents\/([^/]+)\/batches\/([^/]+)$/, ['agentId', 'id'], batchPage],
+  [/^\/agents\/([^/]+)\/conversations$/, ['agentId'], conversationsPage],
+  [/^\/conversations\/([^/]+)$/, ['id'], conversationPage],
   [/^\/sandboxes$/, [], sandboxesPage],
   [/^\/sandboxes\/([^/]+)$/, ['id'], sandboxPage],
   [/^\/hosts$/, [], hostsPage],

@@ -1,5 +1,6 @@
 import { WebSocket } from 'ws';
 import { api, Res, T, unique } from '../helpers/env';
+import { conversationWithForkGroup } from '../helpers/conversations';
 import { otherOrgKey } from '../helpers/checkpoints';
 import { Attached } from '../helpers/exec';
 
@@ -43,6 +44,8 @@ interface Ids {
   /** A secret store, by its name (paths take an id or a name; agents' secret_store takes the name). */
   secretStore: string;
   secretName: string;
+  conversation: string;
+  forkGroup: string;
 }
 
 /**
@@ -64,6 +67,8 @@ const FILL: Record<string, keyof Ids> = {
   'agent/{sessionID}': 'agentSession',
   'secret-stores/{id}': 'secretStore',
   'secrets/{name}': 'secretName',
+  'conversations/{conversationId}': 'conversation',
+  'forks/{group}': 'forkGroup',
 };
 
 /** Ids of the same shapes that exist nowhere: another organisation must not tell them from real ones. */
@@ -82,6 +87,8 @@ const GHOST: Ids = {
   agentSession: `as-${z16}`,
   secretStore: 'ghost-store-0',
   secretName: 'GHOST_SECRET_0',
+  conversation: `conv_${z16}`,
+  forkGroup: `fg_${z16}`,
 };
 
 const PORT = 47311;
@@ -96,6 +103,10 @@ const BODIES: Record<string, (r: Ids) => unknown> = {
   'POST /v1/agents/{agentId}/sessions': () => ({ input: {} }),
   'POST /v1/agents/{agentId}/batches': () => ({ items: [{ input: {} }] }),
   'POST /v1/agents/{agentId}/instances': () => ({}),
+  'POST /v1/agents/{agentId}/conversations': () => ({}),
+  'POST /v1/conversations/{conversationId}/messages': () => ({ text: 'hi' }),
+  'POST /v1/conversations/{conversationId}/rewind': () => ({ turn: 0 }),
+  'POST /v1/conversations/{conversationId}/fork': () => ({ turn: 0 }),
   'POST /api/sandboxes': () => ({}),
   'POST /api/sandboxes/{id}/checkpoints': () => ({}),
   'POST /api/sandboxes/from-checkpoint/{checkpointId}': () => ({}),
@@ -275,6 +286,9 @@ describe('every route authenticates and hides other organisations (walked from /
     a.batch = (await must('batch', asA('POST', `/v1/agents/${a.agent}/batches`, { items: [{ input: {} }] }))).id;
     a.instance = (await must('instance', asA('POST', `/v1/agents/${a.agent}/instances`, {}))).id;
     toDelete.push(() => asA('DELETE', `/v1/agents/${a.agent}/instances/${a.instance}`));
+    const conv = await conversationWithForkGroup(asA, a.agent);
+    [a.conversation, a.forkGroup] = [conv.conversation, conv.group];
+    toDelete.push(conv.archive);
     a.sandbox = (await must('sandbox', asA('POST', '/api/sandboxes', {}))).sandboxID;
     toDelete.push(() => asA('DELETE', `/api/sandboxes/${a.sandbox}`));
     a.exec = (await must('exec', asA('POST', `/api/sandboxes/${a.sandbox}/exec`, { cmd: 'bash', args: ['-c', 'echo ready; sleep 600'] }))).sessionID;

@@ -1,0 +1,189 @@
+/**
+ * Conversations, their turns and their event log: the documents and the queries (the decisions
+ * are in services/conversations/). Every id is derived, so a retried write lands on the same
+ * document: a turn is `<conversation id>:t<n>`, an event `<conversation id>:<seq, 10 digits>`.
+ */
+import type { ConversationLimits, ConversationStatus, EventLevel, RunnerOptions, YieldReason } from '../contract/conversations';
+import { isDuplicateKey, type Store } from './index';
+
+export interface ConversationDoc {
+  _id: string;
+  orgId: string;
+  agentId: string;
+  status: ConversationStatus;
+  sleeping: boolean;
+  sandboxId: string | null;
+  /** The id of the host its sandbox is on. */
+  hostId: string | null;
+  limits: ConversationLimits;
+  options: RunnerOptions;
+  runner: string[] | null;
+  metadata: Record<string, string>;
+  /** Turns run, left ones included (the last turn's number). */
+  turns: number;
+  /** The turn the next message continues from. */
+  headTurn: number;
+  tokensUsed: number;
+  forkedFrom: { conversationId: string; turn: number; seq: number } | null;
+  /** Best-of-N: the fork group it belongs to, and the evaluation command. */
+  forkGroup: string | null;
+  error: string | null;
+  /** Set by an interrupt request for the turn of this number; the running turn's activity reads it. */
+  interruptTurn: number | null;
+  createdAt: Date;
+  updatedAt: Date;
+}
+
+export interface TurnDoc {
+  _id: string;
+  conversationId: string;
+  orgId: string;
+  turn: number;
+  /** The message, bounded (contract CONVERSATION_BOUNDS.messageChars). */
+  message: string;
+  status: 'running' | 'completed' | 'failed';
+  yieldReason: YieldReason | null;
+  usage: { inputTokens: number; outputTokens: number } | null;
+  /** The turn this one continued from (its checkpoint is the start state). */
+  after: number;
+  left: boolean;
+  attempt: number;
+  /** The checkpoint taken at its end (record id and layer). */
+  checkpointId: string | null;
+  layerId: string | null;
+  startSeq: number;
+  endSeq: number | null;
+  result: string | null;
+  evaluation: { exitCode: number; outputTail: string } | null;
+  startedAt: Date;
+  endedAt: Date | null;
+}
+
+export interface EventDoc {
+  _id: string;
+  conversationId: string;
+  seq: number;
+  turn: number;
+  attempt: number;
+  level: EventLevel;
+  type: string;
+  /** The event's JSON text, bounded. */
+  data: string;
+  superseded?: boolean;
+  at: Date;
+}
+
+/** The turn-0 record of a conversation holds its starting layer (the checkpoint after provisioning, or the one it was forked from). */
+export const turnId = (conversationId: string, turn: number): string => `${conversationId}:t${turn}`;
+export const eventId = (conversationId: string, seq: number): string => `${conversationId}:${String(seq).padStart(10, '0')}`;
+
+const conversationsOf = (s: Store) => s.db.collection<ConversationDoc>('conversations');
+const turnsOf = (s: Store) => s.db.collection<TurnDoc>('conversation_turns');
+const eventsOf = (s: Store) => s.db.collection<EventDoc>('conversation_events');
+
+/** The indexes conversations are read by. */
+export async function ensureConversationIndexes(store: Store): Promise<void> {
+  await Promise.all([
+    conversationsOf(store).createIndex({ orgId: 1, agentId: 1, createdAt: -1 }),
+    conversationsOf(store).createIndex({ 'forkedFrom.conversationId': 1 }),
+    turnsOf(store).createIndex({ conversationId: 1, turn: 1 }),
+    eventsOf(store).createIndex({ conversationId: 1, seq: 1 }),
+  ]);
+}
+
+export async function insertConversation(store: Store, doc: ConversationDoc): Promise<void> {
+  await conversationsOf(store).insertOne(doc);
+}
+
+export function findConversation(store: Store, id: string): Promise<ConversationDoc | null> {
+  return conversationsOf(store).findOne({ _id: id });
+}
+
+export async function updateConversation(store: Store, id: string, set: Partial<ConversationDoc>): Promise<void> {
+  await conversationsOf(store).updateOne({ _id: id }, { $set: { ...set, updatedAt: new Date() } });
+}
+
+export async function deleteConversation(store: Store, id: string): Promise<void> {
+  await conversationsOf(store).deleteOne({ _id: id });
+}
+
+export function listConversations(store: Store, orgId: string, agentId: string, limit: number): Promise<ConversationDoc[]> {
+  return conversationsOf(store).find({ orgId, agentId }).sort({ createdAt: -1 }).limit(limit).toArray();
+}
+
+export function listForks(store: Store, conversationId: string): Promise<ConversationDoc[]> {
+  return conversationsOf(store).find({ 'forkedFrom.conversationId': conversationId }).sort({ createdAt: 1 }).limit(200).toArray();
+}
+
+export function listGroup(store: Store, orgId: string, group: string): Promise<ConversationDoc[]> {
+  return conversationsOf(store).find({ orgId, forkGroup: group }).limit(50).toArray();
+}
+
+export async function upsertTurn(store: Store, doc: TurnDoc): Promise<void> {
+  await turnsOf(store).replaceOne({ _id: doc._id }, doc, { upsert: true });
+}
+
+export function findTurn(store: Store, conversationId: string, turn: number): Promise<TurnDoc | null> {
+  return turnsOf(store).findOne({ _id: turnId(conversationId, turn) });
+}
+
+export async function updateTurn(store: Store, conversationId: string, turn: number, set: Partial<TurnDoc>): Promise<void> {
+  await turnsOf(store).updateOne({ _id: turnId(conversationId, turn) }, { $set: set });
+}
+
+/** A conversation's turns from 1 on, in order (turn 0, its start, is not listed). */
+export function listTurns(store: Store, conversationId: string): Promise<TurnDoc[]> {
+  return turnsOf(store)
+    .find({ conversationId, turn: { $gt: 0 } })
+    .sort({ turn: 1 })
+    .limit(1000)
+    .toArray();
+}
+
+export async function markTurnsLeft(store: Store, conversationId: string, afterTurn: number): Promise<void> {
+  await turnsOf(store).updateMany({ conversationId, turn: { $gt: afterTurn } }, { $set: { left: true } });
+}
+
+/** Inserts an event; false when its sequence number is taken. */
+export async function insertEvent(store: Store, doc: EventDoc): Promise<boolean> {
+  try {
+    await eventsOf(store).insertOne(doc);
+    return true;
+  } catch (err) {
+    if (isDuplicateKey(err)) return false;
+    throw err;
+  }
+}
+
+/** The highest sequence number among a conversation's own events, or null. */
+export async function lastEventSeq(store: Store, conversationId: string): Promise<number | null> {
+  const last = await eventsOf(store).find({ conversationId }).sort({ seq: -1 }).limit(1).toArray();
+  return last[0]?.seq ?? null;
+}
+
+export function countEvents(store: Store, conversationId: string): Promise<number> {
+  return eventsOf(store).countDocuments({ conversationId });
+}
+
+/** Marks the events of a turn's earlier attempts superseded. */
+export async function supersedeAttempts(store: Store, conversationId: string, turn: number, beforeAttempt: number): Promise<void> {
+  await eventsOf(store).updateMany({ conversationId, turn, attempt: { $lt: beforeAttempt } }, { $set: { superseded: true } });
+}
+
+/** A conversation's own events with after < seq ≤ upTo, of the given levels, in order. */
+export function readEvents(store: Store, conversationId: string, after: number, upTo: number | null, levels: EventLevel[], limit: number): Promise<EventDoc[]> {
+  const seq: Record<string, number> = { $gt: after };
+  if (upTo !== null) seq.$lte = upTo;
+  return eventsOf(store)
+    .find({ conversationId, seq, level: { $in: levels } })
+    .sort({ seq: 1 })
+    .limit(limit)
+    .toArray();
+}
+
+/** Removes a conversation's turns and events (its record last, so a retry finds it). */
+export async function deleteConversationData(store: Store, conversationId: string): Promise<void> {
+  await eventsOf(store).deleteMany({ conversationId });
+  await turnsOf(store).deleteMany({ conversationId });
+  await conversationsOf(store).deleteOne({ _id: conversationId });
+}
