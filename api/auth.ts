@@ -1,5 +1,5 @@
 import type { Request } from 'express';
-import { ApiError } from '../lib/errors';
+import { ApiError } from '../contract/errors';
 import { hashSecret } from '../lib/ids';
 import type { KeyRole, Store } from '../store';
 import { grantOfKeyHash } from '../store/orgs';

@@ -1,6 +1,6 @@
 import { createHash, timingSafeEqual } from 'node:crypto';
 import type { NextFunction, Request, Response } from 'express';
-import { ApiError } from '../lib/errors';
+import { ApiError } from '../contract/errors';
 import type { Authenticator } from './auth';
 import client from 'prom-client';
 import type { ApiDeps } from './deps';

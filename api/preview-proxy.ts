@@ -8,7 +8,7 @@ import http from 'node:http';
 import net from 'node:net';
 import type { Duplex } from 'node:stream';
 import type { ApiDeps } from './deps';
-import { ApiError } from '../lib/errors';
+import { ApiError } from '../contract/errors';
 import { splice } from '../lib/splice';
 import { hostnameOf, type PortRoute, type PreviewDoc, type PreviewService } from '../services/previews';
 import { sandboxServicesOf } from '../services/sandbox-services';

@@ -2,7 +2,7 @@ import { createHmac } from 'node:crypto';
 import type { z } from 'zod';
 import { WebhookInput, WebhookView } from '../contract/webhooks';
 import type { SecretBox } from './secret-box';
-import { invalid } from './errors';
+import { invalid } from '../contract/errors';
 import { refusedUrl, targetPolicy, type LookupAll } from './webhook-target';
 
 /**

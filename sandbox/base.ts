@@ -10,7 +10,7 @@ import { promises as fsp } from 'node:fs';
 import * as path from 'node:path';
 import type { Logger } from 'pino';
 import pino from 'pino';
-import { SandboxError } from './errors';
+import { SandboxError } from '../contract/errors';
 import { defaultScratchDir, makeSandboxDir, resolveScratchDir, scratchTarget } from './scratch';
 import { normaliseEgress, type Egress } from './network';
 import { AuditLog, defaultAuditLogPath } from './audit-log';

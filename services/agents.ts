@@ -1,6 +1,6 @@
 import type { z } from 'zod';
 import type { CreateAgentBody, UpdateAgentBody } from '../contract/schemas';
-import { conflict, invalid, notFound } from '../lib/errors';
+import { conflict, invalid, notFound } from '../contract/errors';
 import { overMaximum } from '../config/limits';
 import { randomId } from '../lib/ids';
 import { assertWebhookTarget, sealWebhook } from '../lib/webhooks';

@@ -1,7 +1,7 @@
 import { createHash } from 'node:crypto';
 import type { z } from 'zod';
 import type { BatchResult, CreateBatchBody } from '../contract/batch-schemas';
-import { ApiError, conflict, notFound } from '../lib/errors';
+import { ApiError, conflict, notFound } from '../contract/errors';
 import { derivedId, randomId } from '../lib/ids';
 import { batchSessionId } from '../lib/batch-ids';
 import { assertWebhookTarget, sealWebhook, webhookSpec } from '../lib/webhooks';

@@ -1,4 +1,4 @@
-import { ApiError, conflict, invalid } from '../lib/errors';
+import { ApiError, conflict, invalid } from '../contract/errors';
 import { derivedId, randomId } from '../lib/ids';
 import {
   CapacityBusyError,

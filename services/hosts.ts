@@ -1,7 +1,7 @@
 import { HostClient } from '../sandbox';
 import type { Store } from '../store';
 import { chooseHost, findHost, hostAlive, HostView, type HostDoc } from '../store/hosts';
-import { ApiError } from '../lib/errors';
+import { ApiError } from '../contract/errors';
 
 /** How long a direct probe of a host whose heartbeat is late may take, and how long its answer is kept. */
 const PROBE_TIMEOUT_MS = 1_500;

@@ -1,4 +1,4 @@
-import { ApiError, invalid, notFound } from '../lib/errors';
+import { ApiError, invalid, notFound } from '../contract/errors';
 import { randomId } from '../lib/ids';
 import { runSpecOf } from '../store';
 import {

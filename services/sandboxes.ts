@@ -4,7 +4,7 @@
  * timeout counts from.
  */
 import { effectiveResources, overMaximum } from '../config/limits';
-import { ApiError, invalid, notFound } from '../lib/errors';
+import { ApiError, invalid, notFound } from '../contract/errors';
 import { randomId } from '../lib/ids';
 import { normaliseEgress, type Egress } from '../contract/network';
 import { findOrgCheckpoint, ImageError, listPatches, resolveImage } from '../store/checkpoints';

@@ -2,7 +2,7 @@ import type { z } from 'zod';
 import type { CreateSessionBody } from '../contract/schemas';
 import { snapshotRefOf } from './snapshots';
 import type { HostClient } from '../sandbox';
-import { ApiError, conflict, notFound } from '../lib/errors';
+import { ApiError, conflict, notFound } from '../contract/errors';
 import { derivedId, randomId } from '../lib/ids';
 import { sandboxIdForSession } from '../lib/naming';
 import { assertWebhookTarget, sealWebhook, webhookSpec } from '../lib/webhooks';

@@ -2,7 +2,7 @@ import type { NextFunction, Request, Response } from 'express';
 import { z } from 'zod';
 import { publicBase, type RouteTable } from '../http';
 import { hashSecret } from '../../lib/ids';
-import { invalid } from '../../lib/errors';
+import { invalid } from '../../contract/errors';
 import type { CodecService } from '../../services/codec';
 
 const Payloads = z.object({

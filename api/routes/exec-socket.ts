@@ -6,7 +6,7 @@ import { z } from 'zod';
 import type { Authenticator } from '../auth';
 import type { ApiDeps } from '../deps';
 import { parseOrThrow } from '../http';
-import { ApiError, notFound } from '../../lib/errors';
+import { ApiError, notFound } from '../../contract/errors';
 import type { Logger } from '../../lib/logger';
 import type { HostClient } from '../../sandbox';
 import { writeRawFrame } from '../../sandbox';

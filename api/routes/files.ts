@@ -5,7 +5,7 @@ import type { Request, Response } from 'express';
 import { z } from 'zod';
 import type { ApiDeps } from '../deps';
 import { publicBase, type RouteTable } from '../http';
-import { invalid } from '../../lib/errors';
+import { invalid } from '../../contract/errors';
 import { sandboxServicesOf } from '../../services/sandbox-services';
 import { SandboxParams } from '../sandbox-schemas';
 

@@ -6,7 +6,7 @@ import type { Authenticator } from '../auth';
 import type { ApiDeps } from '../deps';
 import type { RouteTable } from '../http';
 import { parseOrThrow } from '../http';
-import { ApiError } from '../../lib/errors';
+import { ApiError } from '../../contract/errors';
 import { fromHostError } from '../../services/host-errors';
 import { sandboxServicesOf } from '../../services/sandbox-services';
 import { SandboxParams } from '../sandbox-schemas';

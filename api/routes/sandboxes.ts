@@ -2,7 +2,7 @@ import { z } from 'zod';
 import type { ApiDeps } from '../deps';
 import type { RouteTable } from '../http';
 import '../http';
-import { ApiError } from '../../lib/errors';
+import { ApiError } from '../../contract/errors';
 import { networkSchema } from '../../contract/network';
 import { AllowedHostsView, CreateSandboxBody, SandboxMetricsView, SandboxParams, sandboxView, SandboxView, ScaleBody, ScaleView } from '../sandbox-schemas';
 import { sseIfAsked } from '../sse';

@@ -1,7 +1,7 @@
 import { z } from 'zod';
 import type { ApiDeps } from '../deps';
 import type { RouteTable } from '../http';
-import { ApiError } from '../../lib/errors';
+import { ApiError } from '../../contract/errors';
 import { sandboxServicesOf } from '../../services/sandbox-services';
 import { SandboxParams } from '../sandbox-schemas';
 

@@ -2,7 +2,7 @@
 import { promises as fsp } from 'node:fs';
 import { constants as osConstants } from 'node:os';
 import * as path from 'node:path';
-import { SandboxError } from '../errors';
+import { SandboxError } from '../../contract/errors';
 import { procStart } from '../procs';
 
 /** Environment every process in a sandbox starts with (the sandbox's and the process's own envs are added). */

@@ -9,7 +9,7 @@ import * as path from 'node:path';
 import type { Logger } from 'pino';
 import type { AuditLog } from '../audit-log';
 import type { EntrypointLog, EntrypointLogChunk, SpawnOptions } from '../driver';
-import { SandboxError } from '../errors';
+import { SandboxError } from '../../contract/errors';
 import type { EntrypointSpec, EntrypointStatus } from '../host-contract/types';
 import { isAlive, procRef, SandboxCgroups, signalRef, type ProcRef } from '../procs';
 import type { Spawner } from '../spawner';

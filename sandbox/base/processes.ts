@@ -5,7 +5,7 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import type { ProviderKind, SpawnOptions } from '../driver';
-import { SandboxError } from '../errors';
+import { SandboxError } from '../../contract/errors';
 import type { PatchOutcome } from '../host-contract/types';
 import { SandboxCgroups } from '../procs';
 import type { PipedProcess, Spawner } from '../spawner';

@@ -4,7 +4,7 @@
  * restart, a hibernate and a wake keep them).
  */
 import { promises as fsp, readFileSync } from 'node:fs';
-import { SandboxError } from '../errors';
+import { SandboxError } from '../../contract/errors';
 import { SandboxCgroups } from '../procs';
 import type { SandboxMetrics, ScaleRequest, ScaleResult } from '../host-contract/types';
 import type { SandboxState } from './state-file';

@@ -32,7 +32,7 @@ import type { Request, Response, NextFunction } from 'express';
 import type { Logger } from 'pino';
 import { WebSocketServer } from 'ws';
 import { z } from 'zod';
-import { errorStatus, isSandboxError, SandboxError } from '../errors';
+import { HOST_ERROR_STATUS, isSandboxError, SandboxError } from '../../contract/errors';
 import { SandboxCgroups } from '../procs';
 import type { SandboxProvider } from '../driver';
 import type { PipedProcess } from '../spawner';
@@ -304,7 +304,7 @@ export function attachExec(
         },
         (err: Error & { type?: string }) => {
           const type = isSandboxError(err) ? err.type : 'internal';
-          reject(errorStatus[type as keyof typeof errorStatus] ?? 500, type, err.message);
+          reject(HOST_ERROR_STATUS[type as keyof typeof HOST_ERROR_STATUS] ?? 500, type, err.message);
         },
       );
       return;

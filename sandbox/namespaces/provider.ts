@@ -33,7 +33,7 @@ import { PROJECT_ROOT } from '../../config';
 import { DEFAULT_DISK_MB } from '../../config/limits';
 import { BaseProvider, DEFAULT_ENV, assertId, envPairs, type EnterOptions, type LayerScan, type SandboxState } from '../base';
 import type { ResourceProbe } from '../base/resources';
-import { SandboxError } from '../errors';
+import { SandboxError } from '../../contract/errors';
 import type { RootMap } from '../paths';
 import { isAlive, procRef, SandboxCgroups, signalRef } from '../procs';
 import { ID_COUNT, IdSlots } from '../id-slots';
