@@ -2,7 +2,6 @@ import type { Socket } from 'node:net';
 import type express from 'express';
 import type { Request } from 'express';
 import { WebSocket } from 'ws';
-import { z } from 'zod';
 import type { Authenticator } from '../auth';
 import type { ApiDeps } from '../deps';
 import { parseOrThrow } from '../http';
@@ -13,8 +12,8 @@ import { writeRawFrame } from '../../sandbox';
 import type { ExecLive } from '../../services/exec-live';
 import { fromHostError } from '../../services/host-errors';
 import { sandboxServicesOf } from '../../services/sandbox-services';
-import { SandboxParams } from '../sandbox-schemas';
 import { closeWith, pauseSocket, resumeSocket } from '../ws';
+import { ExecSocketParams } from '../../contract/exec';
 
 /* ------------------------------------------------------------------------------------------------
  * WebSocket attach: /api/sandboxes/:id/exec/:sessionID (es-… or an agent session's as-…).
@@ -25,10 +24,6 @@ import { closeWith, pauseSocket, resumeSocket } from '../ws';
  * once more than EXEC_WS_BACKLOG_MAX_BYTES wait for it, or once it has held its stream paused
  * (backpressure) for EXEC_WS_STALL_SECONDS.
  * --------------------------------------------------------------------------------------------- */
-
-const WsParams = SandboxParams.extend({
-  sessionID: z.string().regex(/^(es|as)-[a-z0-9]{1,64}$/, 'must be an exec or agent session id (es-… or as-…)'),
-});
 
 /** Bytes queued toward one side above which the relay stops reading the other side (until that side drains). */
 const RELAY_HIGH = 2 * 1024 * 1024;
@@ -294,7 +289,7 @@ export function registerExecSocket(app: express.Express, deps: ApiDeps, auth: Au
     void (async () => {
       try {
         const org = await auth.authenticate(req);
-        const params = parseOrThrow(WsParams, req.params, 'path');
+        const params = parseOrThrow(ExecSocketParams, req.params, 'path');
         const target = await live.attachTarget(params.sessionID);
         if (!target || target.orgId !== org.id || target.sandboxId !== params.id) throw notFound(`exec session ${params.sessionID}`);
         const host = await live.sandboxHost(org.id, params.id);

@@ -1,7 +1,6 @@
 import type express from 'express';
 import type { Request } from 'express';
 import { WebSocket } from 'ws';
-import { z } from 'zod';
 import type { Authenticator } from '../auth';
 import type { ApiDeps } from '../deps';
 import type { RouteTable } from '../http';
@@ -9,8 +8,9 @@ import { parseOrThrow } from '../http';
 import { ApiError } from '../../contract/errors';
 import { fromHostError } from '../../services/host-errors';
 import { sandboxServicesOf } from '../../services/sandbox-services';
-import { SandboxParams } from '../sandbox-schemas';
+import { SandboxParams } from '../../contract/sandboxes';
 import { closeWith } from '../ws';
+import { PtySessionParams, CreatePtyBody, PtyView } from '../../contract/exec';
 
 /*
  * Terminals (the OpenComputer client's `sandbox.pty`): POST starts a login shell on a pseudo-terminal
@@ -19,21 +19,6 @@ import { closeWith } from '../ws';
  * frames) to it and its output (binary frames) back. Recorded in MongoDB (services/pty.ts) so that
  * any API process can attach a client.
  */
-
-const PtySessionParams = SandboxParams.extend({ sessionID: z.string().regex(/^pty-[a-z0-9]{1,64}$/, 'must be a terminal id (pty-…)') });
-
-const CreatePtyBody = z
-  .object({
-    cols: z.number().int().min(1).max(1000).default(80),
-    rows: z.number().int().min(1).max(1000).default(24),
-    envs: z.record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'must be a valid environment variable name'), z.string().max(128 * 1024)).optional(),
-    cwd: z.string().startsWith('/', 'must be an absolute path').max(4096).optional(),
-  })
-  .openapi('CreatePty');
-
-const PtyView = z
-  .object({ sessionID: z.string(), sandboxID: z.string(), cols: z.number().int(), rows: z.number().int(), running: z.boolean(), startedAt: z.string() })
-  .openapi('PtySession');
 
 /** POST /api/sandboxes/:id/pty. */
 export function registerPtyRoutes(t: RouteTable, deps: ApiDeps): void {

@@ -4,17 +4,12 @@ import type { RouteTable } from '../http';
 import '../http';
 import { ApiError } from '../../contract/errors';
 import { networkSchema } from '../../contract/network';
-import { AllowedHostsView, CreateSandboxBody, SandboxMetricsView, SandboxParams, sandboxView, SandboxView, ScaleBody, ScaleView } from '../sandbox-schemas';
+import { AllowedHostsView, CreateSandboxBody, SandboxMetricsView, SandboxParams, SandboxView, ScaleBody, ScaleView } from '../../contract/sandboxes';
+import { sandboxView } from '../../services/views';
 import { sseIfAsked } from '../sse';
 import { sandboxServicesOf } from '../../services/sandbox-services';
 import { sealedHostsOfStore } from '../../services/secret-stores';
-
-/** An idle timeout in seconds (0 = none), at most 30 days. */
-const IdleTimeoutSeconds = z
-  .number()
-  .int()
-  .min(0)
-  .max(30 * 24 * 3600);
+import { IdleTimeoutSeconds } from '../../contract/sandboxes';
 
 /** /api/sandboxes: create, list, read, kill (the OpenComputer API's shapes). */
 export function registerSandboxRoutes(t: RouteTable, deps: ApiDeps): void {

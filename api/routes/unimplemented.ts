@@ -3,7 +3,7 @@ import type { ApiDeps } from '../deps';
 import type { RouteTable } from '../http';
 import { ApiError } from '../../contract/errors';
 import { sandboxServicesOf } from '../../services/sandbox-services';
-import { SandboxParams } from '../sandbox-schemas';
+import { SandboxParams } from '../../contract/sandboxes';
 
 /**
  * Calls of the OpenComputer client (@opencomputer/sdk 0.12.4) that concern sandboxes and that this

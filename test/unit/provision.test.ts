@@ -4,7 +4,7 @@
  */
 import pino from 'pino';
 import type { ApiDeps } from '../../api/deps';
-import { CreateSandboxBody } from '../../api/sandbox-schemas';
+import { CreateSandboxBody } from '../../contract/sandboxes';
 import { provisionSandbox } from '../../services/sandboxes';
 import { loadLimits } from '../../config/limits';
 import { ApiError } from '../../contract/errors';
