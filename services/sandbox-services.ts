@@ -14,7 +14,7 @@ import type { SandboxDeps } from './deps';
 import { createSandboxCreator } from './sandbox-create';
 import { createSandboxService } from './sandboxes';
 import { createSnapshotService } from './snapshots';
-import { createResourceService } from './metrics';
+import { createResourceService } from './sandbox-resources';
 
 /** Builds the sandbox-side services over `deps`. */
 export function createSandboxServices(deps: SandboxDeps) {

@@ -11,7 +11,7 @@ import type { AuditLog } from '../audit-log';
 import type { EntrypointLog, EntrypointLogChunk, SpawnOptions } from '../driver';
 import { SandboxError } from '../../contract/errors';
 import type { EntrypointSpec, EntrypointStatus } from '../host-contract/types';
-import { isAlive, procRef, SandboxCgroups, signalRef, type ProcRef } from '../procs';
+import { isAlive, procRef, SandboxCgroups, signalRef, type ProcRef } from '../proc-refs-and-cgroups';
 import type { Spawner } from '../spawner';
 import { cgroupJoin, DEFAULT_ENV, KILL_AFTER_SECONDS, processNaming, shq, signalName, sleep, writeDurably } from './common';
 import type { SandboxState } from './state-file';

@@ -5,7 +5,7 @@
  */
 import { promises as fsp, readFileSync } from 'node:fs';
 import { SandboxError } from '../../contract/errors';
-import { SandboxCgroups } from '../procs';
+import { SandboxCgroups } from '../proc-refs-and-cgroups';
 import type { SandboxMetrics, ScaleRequest, ScaleResult } from '../host-contract/types';
 import type { SandboxState } from './state-file';
 import { sleep, type KeyedLock } from './common';

@@ -33,7 +33,7 @@ import type { Logger } from 'pino';
 import { WebSocketServer } from 'ws';
 import { z } from 'zod';
 import { HOST_ERROR_STATUS, isSandboxError, SandboxError } from '../../contract/errors';
-import { SandboxCgroups } from '../procs';
+import { SandboxCgroups } from '../proc-refs-and-cgroups';
 import type { SandboxProvider } from '../driver';
 import type { PipedProcess } from '../spawner';
 import { EXEC_SESSION_ID, type ExecRequest, type ExecRunResult } from '../host-contract/types';

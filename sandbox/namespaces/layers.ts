@@ -13,7 +13,7 @@ import type { LayerScan, SandboxState } from '../base';
 import { SandboxError } from '../../contract/errors';
 import { shiftIdsToSandbox, stripSetIds, type SetIdFile } from '../id-slots';
 import { openSandboxFileForRead, type RootMap } from '../paths';
-import { isAlive, SandboxCgroups } from '../procs';
+import { isAlive, SandboxCgroups } from '../proc-refs-and-cgroups';
 
 export const execFileP = promisify(execFile);
 

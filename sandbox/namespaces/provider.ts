@@ -35,7 +35,7 @@ import { BaseProvider, DEFAULT_ENV, assertId, envPairs, type EnterOptions, type 
 import type { ResourceProbe } from '../base/resources';
 import { SandboxError } from '../../contract/errors';
 import type { RootMap } from '../paths';
-import { isAlive, procRef, SandboxCgroups, signalRef } from '../procs';
+import { isAlive, procRef, SandboxCgroups, signalRef } from '../proc-refs-and-cgroups';
 import { ID_COUNT, IdSlots } from '../id-slots';
 import { normaliseEgress, RESOLVER_ADDRESS, SandboxNetwork, type Egress } from '../network';
 import type { ProviderOptions, SpawnOptions } from '../driver';
