@@ -69,9 +69,10 @@ module.exports = {
     {
       name: 'services-below-api',
       severity: 'error',
-      comment: 'services/ import workflows/ definition modules only (workflows/defs*.ts, workflows/*.defs.ts), never a workflow.',
+      comment:
+        'services/ import workflows/ definition modules only (workflows/defs*.ts, workflows/*.defs.ts), never a workflow; the workflows themselves as types only (services/workflow-control.ts checks a start against them).',
       from: { path: '^services/' },
-      to: { path: '^workflows/', pathNot: WORKFLOW_DEFS },
+      to: { path: '^workflows/', pathNot: WORKFLOW_DEFS, dependencyTypesNot: ['type-only'] },
     },
     {
       name: 'workflows-import-activity-types-only',

@@ -1,11 +1,10 @@
 import { Context } from '@temporalio/activity';
 import { failure } from './failures';
 import { saveSessionLog, sessionLogDoc, stderrTail, type HostLog } from '../store/session-logs';
-import type { AgentRunSpec } from '../store';
+import type { AgentRunSpec, SessionEnd } from '../contract/workflows';
 import { claimSessionRun, markSessionRunning, readSessionResult, recordSessionEnd, sessionInputOf } from '../store/sessions';
 import type { HostClient } from '../sandbox';
 import type { CreatedSandbox, EntrypointStatus } from '../sandbox';
-import type { SessionEnd } from '../store/sessions';
 import { sandboxIdForSession } from '../lib/naming';
 import { ImageError, resolveImage, type ResolvedImage } from '../store/checkpoints';
 import { effectiveResources } from '../config/limits';

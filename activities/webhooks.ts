@@ -1,6 +1,7 @@
 import { failure } from './failures';
 import { createWebhookService } from '../services/webhooks';
-import { signature, webhookContext, type StoredWebhook } from '../lib/webhooks';
+import { signature, webhookContext } from '../lib/webhooks';
+import type { StoredWebhook } from '../contract/workflows';
 import { postChecked, targetPolicy, WebhookTargetRefused } from '../lib/webhook-target';
 import type { ActivityDeps } from './deps';
 

@@ -4,7 +4,7 @@ import type { ActivityExecuteInput, ActivityInboundCallsInterceptor, Next } from
 import type { Context } from '@temporalio/activity';
 import type { Logger } from '../lib/logger';
 import type { HostClient } from '../sandbox';
-import type { SessionEnd } from '../store/sessions';
+import type { SessionEnd } from '../contract/workflows';
 import type { WorkerReadiness } from './readiness';
 import { registerSandboxGauges } from './sandbox-gauges';
 

@@ -14,7 +14,7 @@ import type { ActivityOptions } from '@temporalio/workflow';
 import type { Activities } from '../activities';
 import { failureType, nonRetryableFailureTypes, provisioningOutcome } from '../contract/errors';
 import { SESSION_STATUS } from './search-attributes';
-import type { AgentRunSpec } from '../store';
+import type { AgentRunSpec } from '../contract/workflows';
 import type { SessionWorkflowResult, SessionEnd } from './types';
 import type { EntrypointExit, Provisioned } from '../activities';
 import { startWebhook } from './webhook';
