@@ -4,8 +4,9 @@ import type { BatchResult, CreateBatchBody } from '../contract/batch-schemas';
 import { ApiError, conflict, notFound } from '../contract/errors';
 import { derivedId, randomId } from '../lib/ids';
 import { batchSessionId } from '../lib/batch-ids';
-import { assertWebhookTarget, sealWebhook, webhookSpec } from '../lib/webhooks';
-import { fromJsonText, isDuplicateKey, runSpecOf, type AgentDoc, type SessionDoc } from '../store';
+import { assertWebhookTarget, sealWebhook, webhookSpec } from './webhook-rules';
+import { fromJsonText, isDuplicateKey, type AgentDoc, type SessionDoc } from '../store';
+import { runSpecOf } from './run-spec';
 import {
   deleteBatch,
   ensureBatchIndexes,

@@ -7,7 +7,7 @@ import type { BatchDoc } from '../store/batches';
 import type { InstanceDoc } from '../store/instances';
 import type { SecretEntryDoc, SecretStoreDoc } from '../store/secrets';
 import type { ReservationDoc } from '../store/capacity';
-import { webhookView } from '../lib/webhooks';
+import { webhookView } from './webhook-rules';
 import type { SandboxView } from '../contract/sandboxes';
 import type { SandboxDoc } from '../store/sandboxes';
 import { patchFields } from './patch-state';

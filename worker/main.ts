@@ -9,7 +9,8 @@ import { HostClient } from '../sandbox';
 import { connectStore } from '../store';
 import { startReaper } from './reaper';
 import { createWorkerMetrics, installTemporalRuntime, serveWorkerMetrics } from './metrics';
-import { chooseHost, hostAlive, HostView, placementWeight, registerHost } from '../store/hosts';
+import { registerHost } from '../store/hosts';
+import { chooseHost, hostAlive, HostView, placementWeight } from '../services/placement';
 import { orgOfWorkflowId } from '../store/orgs';
 import { dataConverterOf, payloadCodecOf } from '../lib/payload-codec';
 

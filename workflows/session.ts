@@ -166,7 +166,7 @@ async function finish(args: SessionWorkflowArgs, result: SessionWorkflowResult, 
   });
 }
 
-/** Thrown (and caught) inside the workflow when the sandbox's host is lost (store/hosts.ts checkHostLost). */
+/** Thrown (and caught) inside the workflow when the sandbox's host is lost (services/host-loss.ts checkHostLost). */
 class HostLost extends Error {
   constructor(readonly hostId: string) {
     super(`sandbox host ${hostId} was lost`);

@@ -1,7 +1,7 @@
 import { createHmac } from 'node:crypto';
 import type { z } from 'zod';
 import { WebhookInput, WebhookView } from '../contract/webhooks';
-import type { SecretBox } from './secret-box';
+import type { SecretBox } from '../lib/secret-box';
 import type { StoredWebhook, WebhookSpec } from '../contract/workflows';
 import { invalid } from '../contract/errors';
 import { refusedUrl, targetPolicy, type LookupAll } from './webhook-target';
@@ -41,7 +41,7 @@ export function sealWebhook(box: SecretBox, orgId: string, w: z.infer<typeof Web
 
 /**
  * Refuses (400) a webhook URL whose literal address, or whose name's current addresses, the
- * operator's policy refuses (WEBHOOK_ALLOWED_CIDRS; lib/webhook-target.ts). Each delivery checks again.
+ * operator's policy refuses (WEBHOOK_ALLOWED_CIDRS; services/webhook-target.ts). Each delivery checks again.
  */
 export async function assertWebhookTarget(
   cfg: { WEBHOOK_ALLOWED_CIDRS: string; WEBHOOK_RESOLVE_TIMEOUT_MS: number },
