@@ -35,7 +35,8 @@ import { registerConsole } from './console';
 import { codecCors, registerCodecRoutes } from './routes/codec';
 import { createCodecService } from '../services/codec';
 import { referenceOutline } from './docs-outline';
-import { notReadyMessage, Readiness } from './readiness';
+import { notReadyMessage, Readiness } from '../services/readiness';
+import { createKeyService } from '../services/api-keys';
 import { createAgentService } from '../services/agents';
 import { createSessionService } from '../services/sessions';
 import { createBatchService } from '../services/batches';
@@ -84,7 +85,7 @@ export function createApp(
     }),
   );
 
-  const auth = createAuthenticator(deps.store, deps.cfg.API_KEY_CACHE_MS);
+  const auth = createAuthenticator(createKeyService(deps.store), deps.cfg.API_KEY_CACHE_MS);
   // Prometheus text format (labels hold route patterns only), for the operator: METRICS_TOKEN, an
   // operator's key, or a loopback peer when no token is set (api/metrics.ts, authorizeMetrics).
   app.get('/metrics', (req, res, next) => {

@@ -232,7 +232,7 @@ export async function startStack(o: StackOptions): Promise<Stack> {
         '--dynamic-config-value',
         'history.transferProcessorMaxPollRPS=1000',
         // Idle workers start a new long poll every 5 s instead of every minute, so the poll times
-        // Temporal lists tell a live worker from a dead one within seconds (/readyz, api/readiness.ts).
+        // Temporal lists tell a live worker from a dead one within seconds (/readyz, services/readiness.ts).
         '--dynamic-config-value',
         'matching.longPollExpirationInterval="5s"',
         '--log-level',

@@ -20,6 +20,8 @@ import {
   type BatchStatus,
 } from '../store/batches';
 import { readSession } from '../store/sessions';
+import { runningBatchCounts } from '../store/batches';
+import type { Store } from '../store';
 import { AGENT_ID, BATCH_ID, ORG_ID, batchSummary, type BatchWorkflowArgs } from '../workflows/defs';
 import type { AgentService } from './agents';
 import type { ServiceDeps } from './deps';
@@ -207,4 +209,12 @@ export function createBatchService(deps: ServiceDeps, agents: Pick<AgentService,
       return after;
     },
   };
+}
+
+/** The items of every running batch by state, summed (the API's sap_batch_items gauge). */
+export async function runningBatchItems(store: Store): Promise<Record<'pending' | 'running' | 'completed' | 'failed', number>> {
+  const counts = { pending: 0, running: 0, completed: 0, failed: 0 };
+  const running = await runningBatchCounts(store);
+  for (const c of running) for (const k of Object.keys(counts) as (keyof typeof counts)[]) counts[k] += (c as unknown as Record<string, number>)[k] ?? 0;
+  return counts;
 }

@@ -203,7 +203,7 @@ export function installTemporalRuntime(opts: { logger: Logger; prometheusPort: n
     const { sdkComponent, taskToken: _taskToken, ...meta } = (entry.meta ?? {}) as Record<string, unknown>;
     opts.logger[levels[entry.level]]({ sdk: sdkComponent ?? 'temporal', ...meta }, entry.message);
   });
-  // Worker heartbeats let the API's /readyz tell a live idle worker from a dead one (see api/readiness.ts).
+  // Worker heartbeats let the API's /readyz tell a live idle worker from a dead one (see services/readiness.ts).
   const workerHeartbeatInterval = opts.heartbeatMs ?? 60_000;
   if (opts.prometheusPort) {
     const bindAddress = `127.0.0.1:${opts.prometheusPort}`;
