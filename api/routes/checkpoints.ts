@@ -3,7 +3,7 @@ import type { ApiDeps } from '../deps';
 import type { RouteTable } from '../http';
 import '../http';
 import { checkpointStatus, type CheckpointDoc, type PatchDoc } from '../../services/checkpoints';
-import { sandboxServicesOf } from '../../services/sandbox-services';
+import type { SandboxServices } from '../../services/sandbox-services';
 import { CreateSandboxBody, SandboxParams, SandboxView } from '../../contract/sandboxes';
 import { sandboxView } from '../../services/views';
 import { CheckpointId, PatchId, CheckpointView, PatchView, SandboxCheckpointParams, PatchParams } from '../../contract/checkpoints';
@@ -43,8 +43,8 @@ export function patchView(p: PatchDoc): z.infer<typeof PatchView> {
  * - POST /api/sandboxes/from-checkpoint/{checkpointId}
  * - POST/GET /api/sandboxes/checkpoints/{checkpointId}/patches, DELETE …/patches/{patchId}
  */
-export function registerCheckpointRoutes(t: RouteTable, deps: ApiDeps): void {
-  const svc = sandboxServicesOf(deps).checkpoints;
+export function registerCheckpointRoutes(t: RouteTable, deps: ApiDeps, sandbox: SandboxServices): void {
+  const svc = sandbox.checkpoints;
   t.add({
     method: 'post',
     path: '/api/sandboxes/:id/checkpoints',

@@ -11,7 +11,7 @@ import type { HostClient } from '../../sandbox';
 import { writeRawFrame } from '../../sandbox';
 import type { ExecLive } from '../../services/exec-live';
 import { fromHostError } from '../../services/host-errors';
-import { sandboxServicesOf } from '../../services/sandbox-services';
+import type { SandboxServices } from '../../services/sandbox-services';
 import { closeWith, pauseSocket, resumeSocket } from '../ws';
 import { ExecSocketParams } from '../../contract/exec';
 
@@ -273,11 +273,11 @@ function relay(
  * Registers the WebSocket route (an express-ws route on the app). No-op when the app has no
  * WebSocket support (createApp without a server, in unit tests).
  */
-export function registerExecSocket(app: express.Express, deps: ApiDeps, auth: Authenticator): void {
+export function registerExecSocket(app: express.Express, deps: ApiDeps, auth: Authenticator, sandbox: SandboxServices): void {
   const wsApp = app as express.Express & { ws?: (path: string, h: (ws: WebSocket, req: Request) => void) => void };
   if (typeof wsApp.ws !== 'function') return;
   const log = deps.logger.child({ route: 'exec-ws' });
-  const live = sandboxServicesOf(deps).live;
+  const live = sandbox.live;
   wsApp.ws('/api/sandboxes/:id/exec/:sessionID', (ws, req) => {
     // Keep what the client sends while we check (stdin may follow the open at once), and stop
     // reading more until the relay is set up.

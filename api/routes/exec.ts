@@ -3,7 +3,7 @@ import type { ApiDeps } from '../deps';
 import type { RouteTable } from '../http';
 import '../http';
 import { RESULT_WAIT_MS } from '../../services/exec';
-import { sandboxServicesOf } from '../../services/sandbox-services';
+import type { SandboxServices } from '../../services/sandbox-services';
 import { KillBody, SandboxParams } from '../../contract/sandboxes';
 import { ExecSessionParams, CreateExecBody, RunExecBody, ExecSessionView, RunResultView, ExecResultView } from '../../contract/exec';
 
@@ -18,8 +18,8 @@ import { ExecSessionParams, CreateExecBody, RunExecBody, ExecSessionView, RunRes
  */
 
 /** /api/sandboxes/:id/exec: start, list, read, kill, run (the OpenComputer API's shapes). */
-export function registerExecRoutes(t: RouteTable, deps: ApiDeps): void {
-  const svc = sandboxServicesOf(deps).exec;
+export function registerExecRoutes(t: RouteTable, deps: ApiDeps, sandbox: SandboxServices): void {
+  const svc = sandbox.exec;
   svc.ensureIndexes();
 
   t.add({

@@ -6,7 +6,7 @@ import { z } from 'zod';
 import type { ApiDeps } from '../deps';
 import { publicBase, type RouteTable } from '../http';
 import { invalid } from '../../contract/errors';
-import { sandboxServicesOf } from '../../services/sandbox-services';
+import type { SandboxServices } from '../../services/sandbox-services';
 import { SandboxParams } from '../../contract/sandboxes';
 import { SandboxPath, PathQuery, OptionalPathQuery, Bool, FileEntry, RenameBody, SignedUrlBody, SignedUrlView, FileTokenParams } from '../../contract/files';
 
@@ -51,9 +51,9 @@ export function attachmentOf(path: string): string {
 const asyncWake = (req: Request): boolean => req.header('x-osb-async-wake') === '1';
 
 /** /api/sandboxes/:id/files…: the sandbox's filesystem. */
-export function registerFileRoutes(t: RouteTable, deps: ApiDeps): void {
+export function registerFileRoutes(t: RouteTable, deps: ApiDeps, sandbox: SandboxServices): void {
   const tag = 'files';
-  const files = sandboxServicesOf(deps).files;
+  const files = sandbox.files;
 
   t.add({
     method: 'get',

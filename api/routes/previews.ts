@@ -3,7 +3,7 @@ import type { ApiDeps } from '../deps';
 import type { RouteTable } from '../http';
 import '../http';
 import type { PreviewDoc } from '../../services/previews';
-import { sandboxServicesOf } from '../../services/sandbox-services';
+import type { SandboxServices } from '../../services/sandbox-services';
 import { SandboxParams } from '../../contract/sandboxes';
 import { Port, CreatePreviewBody, Preview } from '../../contract/previews';
 
@@ -23,8 +23,8 @@ function previewView(deps: ApiDeps, p: PreviewDoc, token?: string): z.infer<type
 }
 
 /** /api/sandboxes/:id/preview: expose a sandbox port at a hostname (served by the preview proxy). */
-export function registerPreviewRoutes(t: RouteTable, deps: ApiDeps): void {
-  const { previews, sandboxes } = sandboxServicesOf(deps);
+export function registerPreviewRoutes(t: RouteTable, deps: ApiDeps, sandbox: SandboxServices): void {
+  const { previews, sandboxes } = sandbox;
 
   t.add({
     method: 'post',

@@ -7,7 +7,7 @@ import type { RouteTable } from '../http';
 import { parseOrThrow } from '../http';
 import { ApiError } from '../../contract/errors';
 import { fromHostError } from '../../services/host-errors';
-import { sandboxServicesOf } from '../../services/sandbox-services';
+import type { SandboxServices } from '../../services/sandbox-services';
 import { SandboxParams } from '../../contract/sandboxes';
 import { closeWith } from '../ws';
 import { PtySessionParams, CreatePtyBody, PtyView } from '../../contract/exec';
@@ -21,7 +21,7 @@ import { PtySessionParams, CreatePtyBody, PtyView } from '../../contract/exec';
  */
 
 /** POST /api/sandboxes/:id/pty. */
-export function registerPtyRoutes(t: RouteTable, deps: ApiDeps): void {
+export function registerPtyRoutes(t: RouteTable, deps: ApiDeps, sandbox: SandboxServices): void {
   t.add({
     method: 'post',
     path: '/api/sandboxes/:id/pty',
@@ -33,7 +33,7 @@ export function registerPtyRoutes(t: RouteTable, deps: ApiDeps): void {
     responses: { 201: { description: 'The terminal', schema: PtyView } },
     errors: [409, 502, 503],
     handler: async ({ params, body, org, res }) => {
-      const info = await sandboxServicesOf(deps).pty.start(org.id, params.id, body);
+      const info = await sandbox.pty.start(org.id, params.id, body);
       res
         .status(201)
         .json({ sessionID: info.sessionID, sandboxID: params.id, cols: info.cols, rows: info.rows, running: info.running, startedAt: info.startedAt });
@@ -42,10 +42,10 @@ export function registerPtyRoutes(t: RouteTable, deps: ApiDeps): void {
 }
 
 /** The WebSocket route (express-ws); no-op without WebSocket support (unit tests). */
-export function registerPtySocket(app: express.Express, deps: ApiDeps, auth: Authenticator): void {
+export function registerPtySocket(app: express.Express, deps: ApiDeps, auth: Authenticator, sandbox: SandboxServices): void {
   const wsApp = app as express.Express & { ws?: (path: string, h: (ws: WebSocket, req: Request) => void) => void };
   if (typeof wsApp.ws !== 'function') return;
-  const pty = sandboxServicesOf(deps).pty;
+  const pty = sandbox.pty;
   wsApp.ws('/api/sandboxes/:id/pty/:sessionID', (client, req) => {
     // What the client types before the relay is up is kept, in order.
     const early: [Buffer, boolean][] = [];

@@ -2,7 +2,7 @@ import { z } from 'zod';
 import type { ApiDeps } from '../deps';
 import type { RouteTable } from '../http';
 import '../http';
-import { sandboxServicesOf } from '../../services/sandbox-services';
+import type { SandboxServices } from '../../services/sandbox-services';
 import { KillBody, SandboxParams } from '../../contract/sandboxes';
 import { CreateAgentSessionBody, AgentSessionParams, AgentSessionView } from '../../contract/exec';
 
@@ -15,8 +15,8 @@ import { CreateAgentSessionBody, AgentSessionParams, AgentSessionView } from '..
  */
 
 /** /api/sandboxes/:id/agent: start, list, read, kill. */
-export function registerSandboxAgentRoutes(t: RouteTable, deps: ApiDeps): void {
-  const svc = sandboxServicesOf(deps).agents;
+export function registerSandboxAgentRoutes(t: RouteTable, deps: ApiDeps, sandbox: SandboxServices): void {
+  const svc = sandbox.agents;
 
   t.add({
     method: 'post',

@@ -7,13 +7,13 @@ import { networkSchema } from '../../contract/network';
 import { AllowedHostsView, CreateSandboxBody, SandboxMetricsView, SandboxParams, SandboxView, ScaleBody, ScaleView } from '../../contract/sandboxes';
 import { sandboxView } from '../../services/views';
 import { sseIfAsked } from '../sse';
-import { sandboxServicesOf } from '../../services/sandbox-services';
+import type { SandboxServices } from '../../services/sandbox-services';
 import { sealedHostsOfStore } from '../../services/secret-stores';
 import { IdleTimeoutSeconds } from '../../contract/sandboxes';
 
 /** /api/sandboxes: create, list, read, kill (the OpenComputer API's shapes). */
-export function registerSandboxRoutes(t: RouteTable, deps: ApiDeps): void {
-  const svc = sandboxServicesOf(deps).sandboxes;
+export function registerSandboxRoutes(t: RouteTable, deps: ApiDeps, sandbox: SandboxServices): void {
+  const svc = sandbox.sandboxes;
   t.add({
     method: 'post',
     path: '/api/sandboxes',
@@ -78,7 +78,7 @@ export function registerSandboxRoutes(t: RouteTable, deps: ApiDeps): void {
     },
   });
 
-  const resources = sandboxServicesOf(deps).resources;
+  const resources = sandbox.resources;
   t.add({
     method: 'get',
     path: '/api/sandboxes/:id/metrics',

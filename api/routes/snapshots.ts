@@ -3,7 +3,7 @@ import type { ApiDeps } from '../deps';
 import type { RouteTable } from '../http';
 import '../http';
 import type { SnapshotDoc } from '../../services/snapshots';
-import { sandboxServicesOf } from '../../services/sandbox-services';
+import type { SandboxServices } from '../../services/sandbox-services';
 import { sse } from '../sse';
 
 export { ImageManifestSchema, ImageStepSchema } from '../../contract/image-schema';
@@ -26,8 +26,8 @@ export function snapshotView(s: SnapshotDoc): z.infer<typeof SnapshotView> {
 }
 
 /** /api/snapshots: build (from an image manifest) or take (from a checkpoint), list, read, delete. */
-export function registerSnapshotRoutes(t: RouteTable, deps: ApiDeps): void {
-  const svc = sandboxServicesOf(deps).snapshots;
+export function registerSnapshotRoutes(t: RouteTable, deps: ApiDeps, sandbox: SandboxServices): void {
+  const svc = sandbox.snapshots;
   t.add({
     method: 'post',
     path: '/api/snapshots',
