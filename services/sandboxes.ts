@@ -128,7 +128,7 @@ export function refuseUnsupported(body: { previewAuth?: unknown; webhooks?: unkn
  * Records a sandbox and creates it on a host. The record's insert and the host's create run at the
  * same time; if either fails, the other is undone (the host sandbox destroyed, the record removed) and
  * the error passed on. A sandbox left on a host without a record (the API died between the two) is
- * destroyed by the worker's reaper once it is older than its grace period (worker/reaper.ts).
+ * destroyed by the worker's reaper once it is older than its grace period (services/reaper.ts).
  * Limits above the operator's maxima are refused (400) before anything is created; absent ones get
  * the defaults, and the record holds the effective values the host is asked to apply.
  */

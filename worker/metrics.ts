@@ -77,7 +77,7 @@ export function createWorkerMetrics(deps: { host: HostClient; sandboxMetricsMax?
 
   const sweeps = new client.Counter({
     name: 'sap_reaper_sweeps_total',
-    help: "The reaper's sweeps of this worker's host (worker/reaper.ts), by outcome",
+    help: "The reaper's sweeps of this worker's host (services/reaper.ts), by outcome",
     labelNames: ['outcome'] as const,
     registers: [registry],
   });

@@ -10,7 +10,7 @@ import { loadLimits } from '../../config/limits';
 import { ApiError } from '../../contract/errors';
 import { HostError } from '../../sandbox/host-contract/client';
 import type { SandboxInfo } from '../../sandbox/host-contract/types';
-import { startReaper } from '../../worker/reaper';
+import { startReaper } from '../../services/reaper';
 
 const logger = pino({ level: 'silent' });
 

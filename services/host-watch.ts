@@ -4,8 +4,8 @@ import type { Store } from '../store';
 import type { HostClient, SandboxInfo } from '../sandbox';
 import { findHost, listHosts, markHostRejoined, markHostWrittenOff, type HostDoc } from '../store/hosts';
 import { findSandboxStates, instancesOnHost, markRunningSandboxes, runningSandboxIdsOnHost } from '../store/sandboxes';
-import { checkHostLost } from '../services/host-loss';
-import { hostAlive } from '../services/placement';
+import { checkHostLost } from './host-loss';
+import { hostAlive } from './placement';
 import { hostLostSignal } from '../workflows/defs';
 
 /**
