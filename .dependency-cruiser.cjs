@@ -3,8 +3,8 @@
  *   depcruise --config .dependency-cruiser.cjs api workflows activities worker sandbox store scripts lib config client cli contract services test
  * and fails naming each broken rule. The layout (top to bottom):
  *   api/ (HTTP only) → services/ (domain operations) → store/ (every MongoDB call) and the sandbox
- *   host's client (through sandbox/index.ts, its one entry point); activities/ call services/store/the
- *   sandbox client; workflows/ import activities' types only; contract/ (schemas, views, the error
+ *   host's client (through sandbox/index.ts, its one entry point); activities/ and worker/ call services/
+ *   (api/, activities/ and worker/ never store/: adapters-not-store); workflows/ import activities' types only; contract/ (schemas, views, the error
  *   registry) is pure data that everyone may import; client/ (the published client) imports contract/ only.
  * Workflow definition modules (signals, queries, argument types, search attributes: what services/
  * may import) are named workflows/defs*.ts or workflows/*.defs.ts.
@@ -69,9 +69,10 @@ module.exports = {
     {
       name: 'services-below-api',
       severity: 'error',
-      comment: 'services/ import workflows/ definition modules only (workflows/defs*.ts, workflows/*.defs.ts), never a workflow.',
+      comment:
+        'services/ import workflows/ definition modules only (workflows/defs*.ts, workflows/*.defs.ts), never a workflow; the workflows themselves as types only (services/workflow-control.ts checks a start against them).',
       from: { path: '^services/' },
-      to: { path: '^workflows/', pathNot: WORKFLOW_DEFS },
+      to: { path: '^workflows/', pathNot: WORKFLOW_DEFS, dependencyTypesNot: ['type-only'] },
     },
     {
       name: 'workflows-import-activity-types-only',
@@ -90,9 +91,22 @@ module.exports = {
     {
       name: 'store-below-services',
       severity: 'error',
-      comment: 'store/ never calls the sandbox host nor runs a workflow: it imports sandbox/ and workflows/ as types only.',
+      comment:
+        "store/ keeps queries and documents only: it imports nothing from sandbox/ or workflows/, not even types (the shapes it shares with them, a host's load or a workflow's arguments, are contract/'s).",
       from: { path: '^store/' },
-      to: { path: '^(sandbox|workflows)/', dependencyTypesNot: ['type-only'] },
+      to: { path: '^(sandbox|workflows)/' },
+    },
+    {
+      name: 'adapters-not-store',
+      severity: 'error',
+      comment:
+        "api/, activities/ and worker/ are adapters over services/ (HTTP, Temporal, the worker's loops): they reach the store through a service, never store/ itself. " +
+        'The files named in pathNot (activities/ and worker/) are the ones issue 43 has yet to move (their queries go into services/); no other file may join them.',
+      from: {
+        path: '^(api|activities|worker)/',
+        pathNot: ['^activities/(sessions|batches|instances|deps|conversations)[.]ts$', '^worker/main[.]ts$'],
+      },
+      to: { path: '^store/' },
     },
     {
       name: 'only-store-uses-mongodb',

@@ -1,5 +1,6 @@
 import type { SessionDoc } from '../store';
-import { BATCH_CHUNK_SIZE, findBatchChunk, recordBatchCounts, type BatchCounts, type BatchItemsDoc, type BatchStatus } from '../store/batches';
+import type { BatchCounts } from '../contract/workflows';
+import { BATCH_CHUNK_SIZE, findBatchChunk, recordBatchCounts, type BatchItemsDoc, type BatchStatus } from '../store/batches';
 import { deleteUnstartedSessions, insertSessionsOnce } from '../store/sessions';
 import { batchSessionId } from '../lib/batch-ids';
 import type { ActivityDeps } from './deps';

@@ -2,7 +2,7 @@ import { Context } from '@temporalio/activity';
 import type { TurnOutcome } from '../contract/conversations';
 import { effectiveResources } from '../config/limits';
 import { withoutOverridden, type SealedSecretSpec } from '../contract/sealed';
-import type { AgentRunSpec } from '../store';
+import type { AgentRunSpec } from '../contract/workflows';
 import { updateConversation } from '../store/conversations';
 import { deleteSandboxRecord, findSandbox, insertSandboxOnce, markSandboxStopped, recordHibernation, updateSandbox, type SandboxDoc } from '../store/sandboxes';
 import { HIBERNATION_LAYER_MARK } from '../sandbox';

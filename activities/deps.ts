@@ -29,7 +29,7 @@ export interface ActivityDeps {
   secrets: SecretBox;
   /**
    * Where a new session's sandbox should go: the task queue of another live host chosen by free
-   * capacity (store/hosts.ts chooseHost), or null for this one. Absent: always this one.
+   * capacity (services/placement.ts chooseHost), or null for this one. Absent: always this one.
    */
   placeElsewhere?: () => Promise<string | null>;
   /** True when more than one host is registered (runs of sessions are then claimed, see claimSessionRun). */

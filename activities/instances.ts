@@ -1,5 +1,5 @@
 import { Context } from '@temporalio/activity';
-import type { AgentRunSpec } from '../store';
+import type { AgentRunSpec } from '../contract/workflows';
 import { markInstanceRunning, markInstanceStoppedAt, recordInstanceStatus, sandboxIdForInstance } from '../store/instances';
 import { deleteSandboxRecord, insertSandboxOnce, markSandboxStopped, type SandboxDoc } from '../store/sandboxes';
 import type { ActivityDeps } from './deps';

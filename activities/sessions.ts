@@ -1,21 +1,21 @@
 import { Context } from '@temporalio/activity';
 import { failure } from './failures';
 import { saveSessionLog, sessionLogDoc, stderrTail, type HostLog } from '../store/session-logs';
-import type { AgentRunSpec } from '../store';
+import type { AgentRunSpec, SessionEnd } from '../contract/workflows';
 import { claimSessionRun, markSessionRunning, readSessionResult, recordSessionEnd, sessionInputOf } from '../store/sessions';
 import type { HostClient } from '../sandbox';
 import type { CreatedSandbox, EntrypointStatus } from '../sandbox';
-import type { SessionEnd } from '../store/sessions';
 import { sandboxIdForSession } from '../lib/naming';
-import { ImageError, resolveImage, type ResolvedImage } from '../store/checkpoints';
+import { ImageError, resolveImage, type ResolvedImage } from '../services/images';
 import { effectiveResources } from '../config/limits';
 import { storeSecretsOf, SecretStoreMissing, SecretUnreadable } from '../store/secrets';
 import { withoutOverridden, type SealedSecretSpec } from '../contract/sealed';
 import { AgentEnvUnreadable, openAgentEnv } from '../store/agent-env';
 
 import type { ActivityDeps } from './deps';
-import { checkHostLost, findHost, hostAlive } from '../store/hosts';
-import { hostAnswers } from './hosts';
+import { findHost } from '../store/hosts';
+import { checkHostLost } from '../services/host-loss';
+import { hostAlive } from '../services/placement';
 
 /** Where the agent's input and result live inside a session's sandbox. */
 export const AGENT_INPUT_PATH = '/tmp/agent_input.json';
@@ -267,7 +267,7 @@ export function decideEnd(
  */
 async function backToClaimant(deps: ActivityDeps, sandboxId: string, claimant: string): Promise<Provisioned> {
   const doc = await findHost(deps.store, claimant);
-  if (!doc || (await checkHostLost(deps.store, claimant, deps.hostDeadAfterMs ?? 15_000, (url) => hostAnswers(url, deps.hostToken ?? '')))) {
+  if (!doc || (await checkHostLost(deps.store, claimant, deps.hostDeadAfterMs ?? 15_000, deps.hostToken ?? ''))) {
     throw failure('host_lost', `sandbox host ${claimant} that provisioned this session is lost`, claimant);
   }
   return { sandboxId, taskQueue: doc.taskQueue, exit: null, end: null, redirect: doc.taskQueue };

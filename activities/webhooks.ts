@@ -1,7 +1,8 @@
 import { failure } from './failures';
 import { createWebhookService } from '../services/webhooks';
-import { signature, webhookContext, type StoredWebhook } from '../lib/webhooks';
-import { postChecked, targetPolicy, WebhookTargetRefused } from '../lib/webhook-target';
+import { signature, webhookContext } from '../services/webhook-rules';
+import type { StoredWebhook } from '../contract/workflows';
+import { postChecked, targetPolicy, WebhookTargetRefused } from '../services/webhook-target';
 import type { ActivityDeps } from './deps';
 
 /** WEBHOOK_TIMEOUT_MS, WEBHOOK_ANSWER_MAX_BYTES and WEBHOOK_ALLOWED_CIDRS when the worker passes none. */

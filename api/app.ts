@@ -4,7 +4,8 @@ import type http from 'node:http';
 import { OpenApiGeneratorV31 } from '@asteasolutions/zod-to-openapi';
 import { randomUUID } from 'node:crypto';
 import pinoHttp from 'pino-http';
-import { ApiError, unreachableService } from '../lib/errors';
+import { ApiError } from '../contract/errors';
+import { unreachableService } from '../lib/unreachable';
 import { scrubUrl } from '../lib/logger';
 import { createAuthenticator, Authenticator, pickSubprotocol } from './auth';
 import type { ApiDeps } from './deps';
@@ -33,18 +34,9 @@ import { registerPtyRoutes, registerPtySocket } from './routes/pty';
 import { registerConsoleRoutes } from './routes/console';
 import { registerConsole } from './console';
 import { codecCors, registerCodecRoutes } from './routes/codec';
-import { createCodecService } from '../services/codec';
 import { referenceOutline } from './docs-outline';
-import { notReadyMessage, Readiness } from './readiness';
-import { createAgentService } from '../services/agents';
-import { createSessionService } from '../services/sessions';
-import { createConversationService } from '../services/conversations';
-import { createBatchService } from '../services/batches';
-import { createInstanceService } from '../services/instances';
-import { createSecretStoreService } from '../services/secret-stores';
-import { createCapacityService } from '../services/capacity';
-import { createUsageService } from '../services/usage';
-import { createConsoleService } from '../services/console';
+import { notReadyMessage, Readiness } from '../services/readiness';
+import { createServices, type Services } from '../services';
 
 /** Body types the API reads; anything else on a request with a body is 415. */
 const JSON_TYPES = ['application/json', 'application/*+json'];
@@ -55,8 +47,10 @@ const JSON_TYPES = ['application/json', 'application/*+json'];
  */
 export function createApp(
   deps: ApiDeps,
-  opts: { server?: http.Server } = {},
+  opts: { server?: http.Server; services?: Services } = {},
 ): { app: express.Express; auth: Authenticator; openapi: object; metrics: ApiMetrics } {
+  // The services, built once (services/index.ts): the caller passes its set to share it (api/server.ts, with the preview proxy).
+  const services = opts.services ?? createServices(deps);
   const app = express();
   // WebSocket routes (router.ws) need the HTTP server; without one (unit tests) they are absent.
   if (opts.server) expressWs(app, opts.server, { wsOptions: { handleProtocols: pickSubprotocol } });
@@ -85,7 +79,7 @@ export function createApp(
     }),
   );
 
-  const auth = createAuthenticator(deps.store, deps.cfg.API_KEY_CACHE_MS);
+  const auth = createAuthenticator(services.keys, deps.cfg.API_KEY_CACHE_MS);
   // Prometheus text format (labels hold route patterns only), for the operator: METRICS_TOKEN, an
   // operator's key, or a loopback peer when no token is set (api/metrics.ts, authorizeMetrics).
   app.get('/metrics', (req, res, next) => {
@@ -141,29 +135,28 @@ export function createApp(
     express.text({ limit: deps.cfg.BODY_LIMIT_BYTES, type: (req) => !table.isRawBody(req as Request) && Boolean((req as Request).is('application/x-ndjson')) }),
   );
 
-  const secretStores = createSecretStoreService(deps);
-  const agents = createAgentService(deps, secretStores);
-  registerAgentRoutes(table, agents);
-  registerSessionRoutes(table, createSessionService(deps, agents));
-  registerConversationRoutes(table, createConversationService(deps, agents));
-  registerBatchRoutes(table, createBatchService(deps, agents));
-  registerSandboxRoutes(table, deps);
-  registerCheckpointRoutes(table, deps);
-  registerSnapshotRoutes(table, deps);
-  registerInstanceRoutes(table, createInstanceService(deps, agents));
-  registerCapacityRoutes(table, createCapacityService(deps));
-  registerUsageRoutes(table, createUsageService(deps));
-  registerPreviewRoutes(table, deps);
-  registerExecRoutes(table, deps);
-  registerSandboxAgentRoutes(table, deps);
-  registerSecretStoreRoutes(table, secretStores);
-  registerFileRoutes(table, deps);
-  registerUnimplementedRoutes(table, deps);
-  registerPtyRoutes(table, deps);
-  registerConsoleRoutes(table, createConsoleService(deps));
-  registerCodecRoutes(table, createCodecService(deps), deps.cfg);
-  registerExecSocket(app, deps, auth);
-  registerPtySocket(app, deps, auth);
+  const { sandbox } = services;
+  registerAgentRoutes(table, services.agents);
+  registerSessionRoutes(table, services.sessions);
+  registerConversationRoutes(table, services.conversations);
+  registerBatchRoutes(table, services.batches);
+  registerSandboxRoutes(table, deps, sandbox);
+  registerCheckpointRoutes(table, deps, sandbox);
+  registerSnapshotRoutes(table, deps, sandbox);
+  registerInstanceRoutes(table, services.instances);
+  registerCapacityRoutes(table, services.capacity);
+  registerUsageRoutes(table, services.usage);
+  registerPreviewRoutes(table, deps, sandbox);
+  registerExecRoutes(table, deps, sandbox);
+  registerSandboxAgentRoutes(table, deps, sandbox);
+  registerSecretStoreRoutes(table, services.secretStores);
+  registerFileRoutes(table, deps, sandbox);
+  registerUnimplementedRoutes(table, deps, sandbox);
+  registerPtyRoutes(table, deps, sandbox);
+  registerConsoleRoutes(table, services.console);
+  registerCodecRoutes(table, services.codec, deps.cfg);
+  registerExecSocket(app, deps, auth, sandbox);
+  registerPtySocket(app, deps, auth, sandbox);
 
   const openapi = new OpenApiGeneratorV31(table.registry.definitions).generateDocument({
     openapi: '3.1.0',

@@ -1,8 +1,7 @@
 import type { Request } from 'express';
-import { ApiError } from '../lib/errors';
+import { ApiError } from '../contract/errors';
 import { hashSecret } from '../lib/ids';
-import type { KeyRole, Store } from '../store';
-import { grantOfKeyHash } from '../store/orgs';
+import type { KeyRole, KeyService } from '../services/api-keys';
 
 /** The organisation a request acts for. */
 export interface OrgContext {
@@ -41,7 +40,7 @@ const KEY_CHECK_MS = 5_000;
  * revoked key stops working within `cacheMs`, and the WebSockets it opened are closed within
  * `cacheMs` plus one check (5 s, or `cacheMs` when shorter; see `watch`).
  */
-export function createAuthenticator(store: Store, cacheMs = DEFAULT_KEY_CACHE_MS): Authenticator {
+export function createAuthenticator(keys: KeyService, cacheMs = DEFAULT_KEY_CACHE_MS): Authenticator {
   const checkMs = Math.min(KEY_CHECK_MS, cacheMs);
   const cache = new Map<string, { org: OrgContext | null; until: number }>();
   async function resolve(key: string): Promise<OrgContext | null> {
@@ -49,7 +48,7 @@ export function createAuthenticator(store: Store, cacheMs = DEFAULT_KEY_CACHE_MS
     const hit = cache.get(id);
     const now = Date.now();
     if (hit && hit.until > now) return hit.org;
-    const found = await grantOfKeyHash(store, id);
+    const found = await keys.grantOf(id);
     const org: OrgContext | null = found ? { id: found.orgId, role: found.role } : null;
     if (cache.size > 10_000) cache.clear();
     cache.set(id, { org, until: now + cacheMs });

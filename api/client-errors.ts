@@ -1,12 +1,12 @@
 import http from 'node:http';
 import type { Duplex } from 'node:stream';
-import { ApiError, type ErrorType } from '../lib/errors';
+import { ApiError, type ApiErrorType } from '../contract/errors';
 
 /** How long a connection answered by answerClientErrors stays open for the client to read the answer. */
 const LINGER_MS = 2000;
 
 /** What a parse error of Node's HTTP server is answered with. */
-function classify(err: NodeJS.ErrnoException, maxHeaderSize: number): { type: ErrorType; message: string } {
+function classify(err: NodeJS.ErrnoException, maxHeaderSize: number): { type: ApiErrorType; message: string } {
   switch (err.code) {
     case 'HPE_HEADER_OVERFLOW':
       return {

@@ -1,5 +1,5 @@
 import type { Request } from 'express';
-import { invalid } from '../lib/errors';
+import { invalid } from '../contract/errors';
 
 const IDEMPOTENCY_KEY = /^[\x21-\x7e]{1,255}$/;
 

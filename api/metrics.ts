@@ -1,10 +1,10 @@
 import { createHash, timingSafeEqual } from 'node:crypto';
 import type { NextFunction, Request, Response } from 'express';
-import { ApiError } from '../lib/errors';
+import { ApiError } from '../contract/errors';
 import type { Authenticator } from './auth';
 import client from 'prom-client';
 import type { ApiDeps } from './deps';
-import { runningBatchCounts } from '../store/batches';
+import { runningBatchItems } from '../services/batches';
 
 /**
  * The API's Prometheus metrics (one registry per app): HTTP latency by route and status, sessions
@@ -63,10 +63,7 @@ export function createApiMetrics(deps: Pick<ApiDeps, 'store'>): ApiMetrics {
     registers: [registry],
     async collect() {
       if (!cached || Date.now() - cached.at > BATCH_GAUGE_TTL_MS) {
-        const counts: Record<string, number> = { pending: 0, running: 0, completed: 0, failed: 0 };
-        const running = await runningBatchCounts(deps.store as ApiDeps['store']);
-        for (const c of running) for (const k of Object.keys(counts)) counts[k]! += (c as unknown as Record<string, number>)[k] ?? 0;
-        cached = { at: Date.now(), counts };
+        cached = { at: Date.now(), counts: await runningBatchItems(deps.store as ApiDeps['store']) };
       }
       for (const [state, v] of Object.entries(cached.counts)) this.set({ state }, v);
     },

@@ -7,11 +7,9 @@
 import http from 'node:http';
 import net from 'node:net';
 import type { Duplex } from 'node:stream';
-import type { ApiDeps } from './deps';
-import { ApiError } from '../lib/errors';
+import { ApiError } from '../contract/errors';
 import { splice } from '../lib/splice';
 import { hostnameOf, type PortRoute, type PreviewDoc, type PreviewService } from '../services/previews';
-import { sandboxServicesOf } from '../services/sandbox-services';
 
 export { hostnameOf };
 
@@ -213,13 +211,4 @@ function rawError(socket: Duplex, err: unknown): void {
   socket.end(
     `HTTP/1.1 ${e.status} ${http.STATUS_CODES[e.status]}\r\ncontent-type: application/json; charset=utf-8\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`,
   );
-}
-
-const proxies = new WeakMap<ApiDeps, PreviewProxy>();
-
-/** The preview proxy of an API process (one per deps object: it shares the routes' preview service). */
-export function previewProxyOf(deps: ApiDeps): PreviewProxy {
-  let p = proxies.get(deps);
-  if (!p) proxies.set(deps, (p = new PreviewProxy(sandboxServicesOf(deps).previews)));
-  return p;
 }

@@ -2,7 +2,8 @@ import http from 'node:http';
 import { createApp } from './app';
 import { answerClientErrors } from './client-errors';
 import type { ApiDeps } from './deps';
-import { previewProxyOf } from './preview-proxy';
+import { PreviewProxy } from './preview-proxy';
+import { createServices } from '../services';
 
 /**
  * The API's HTTP server: the Express app (with WebSocket routes) and the preview proxy on one server.
@@ -13,8 +14,9 @@ import { previewProxyOf } from './preview-proxy';
  */
 export function createApiServer(deps: ApiDeps): { server: http.Server; previewServer?: http.Server; openapi: object } {
   const server = http.createServer();
-  const { app, openapi, metrics } = createApp(deps, { server });
-  const proxy = previewProxyOf(deps);
+  const services = createServices(deps);
+  const { app, openapi, metrics } = createApp(deps, { server, services });
+  const proxy = new PreviewProxy(services.sandbox.previews);
 
   server.on('request', (req: http.IncomingMessage, res: http.ServerResponse) => {
     const hostname = proxy.match(req.headers.host);

@@ -97,3 +97,6 @@ export const CreateBatchQuery = z.object({ concurrency: ConcurrencyNumber.option
 export type BatchView = z.infer<typeof Batch>;
 export type BatchResult = z.infer<typeof BatchResultLine>;
 export type CreateBatchInput = z.input<typeof CreateBatchObject>;
+
+/** A batch by its id alone (/v1/batches/{id}). */
+export const BatchById = z.object({ id: BatchParams.shape.id });

@@ -158,6 +158,11 @@ export class SandboxError extends CodedError<HostErrorType> {
   override readonly name = 'SandboxError';
 }
 
+/** True when `err` is a SandboxError (checked by name, so it works across module copies). */
+export function isSandboxError(err: unknown): err is SandboxError {
+  return typeof err === 'object' && err !== null && (err as { name?: unknown }).name === 'SandboxError';
+}
+
 /**
  * An error answered by a sandbox host, as its client receives it: the code of its body and the
  * HTTP status it came with (a code this registry does not know is kept as is).

@@ -184,3 +184,12 @@ export const WaitSeconds = z.coerce.number().min(0).max(60).optional();
 
 export const AgentParams = z.object({ agentId: AgentId });
 export const SessionParams = z.object({ agentId: AgentId, id: z.string().regex(/^sess_[a-z0-9]{1,64}$/, 'must be a session id (sess_…)') });
+
+export const LogsQuery = z.object({
+  stream: z.enum(['stdout', 'stderr', 'all']).default('all').describe('Which output (default all: both, interleaved as written)'),
+  follow: z
+    .enum(['true', 'false', '1', '0'])
+    .default('false')
+    .transform((v) => v === 'true' || v === '1')
+    .describe('Stream the output while the session runs (chunked), ending when the session ends'),
+});

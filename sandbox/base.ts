@@ -10,12 +10,12 @@ import { promises as fsp } from 'node:fs';
 import * as path from 'node:path';
 import type { Logger } from 'pino';
 import pino from 'pino';
-import { SandboxError } from './errors';
+import { SandboxError } from '../contract/errors';
 import { defaultScratchDir, makeSandboxDir, resolveScratchDir, scratchTarget } from './scratch';
 import { normaliseEgress, type Egress } from './network';
 import { AuditLog, defaultAuditLogPath } from './audit-log';
 import { readSandboxFile, writeSandboxFile, type RootMap } from './paths';
-import { isAlive, signalRef, type ProcRef } from './procs';
+import { isAlive, signalRef, type ProcRef } from './proc-refs-and-cgroups';
 import type { EntrypointLog, EntrypointLogChunk, CreateResult, ListFilter, ProviderKind, ProviderOptions, SandboxProvider, SpawnOptions } from './driver';
 import { type CreateSandboxRequest, type EntrypointSpec, type EntrypointStatus, type SandboxInfo } from './host-contract/types';
 import { assertId, DEFAULT_ENV, envPairs, KeyedLock, sleep } from './base/common';
@@ -24,7 +24,7 @@ import { Layers, type LayerScan } from './base/layers';
 import { infoOf, StateFile, type SandboxState } from './base/state-file';
 import { Hibernation } from './base/hibernation';
 import { adoptSandboxes, type AdoptionDeps } from './base/adoption';
-import { SandboxProcesses } from './base/processes';
+import { SandboxProcesses } from './base/sandbox-processes';
 import { SandboxResourceControl, type ResourceProbe } from './base/resources';
 
 // The parts' names, for the providers and the tests that import them from here.
@@ -63,7 +63,7 @@ export abstract class BaseProvider implements SandboxProvider {
   protected readonly stateFile: StateFile;
   /** Hibernated sandboxes and restores (see ./base/hibernation). */
   private readonly hibernation: Hibernation;
-  /** Processes in the sandboxes (see ./base/processes). */
+  /** Processes in the sandboxes (see ./base/sandbox-processes). */
   private readonly processes: SandboxProcesses;
   /** What adoption at start calls back (see ./base/adoption). */
   private readonly adoption: AdoptionDeps;
@@ -229,7 +229,7 @@ export abstract class BaseProvider implements SandboxProvider {
     return st;
   }
 
-  // Hibernation (./base/hibernation), processes (./base/processes), entrypoints (./base/entrypoint)
+  // Hibernation (./base/hibernation), processes (./base/sandbox-processes), entrypoints (./base/entrypoint)
   // and layers (./base/layers) are the parts' own; the provider's methods below hand them on.
   async hibernate(id: string, layerId: string): Promise<{ layerId: string; parents: string[] }> {
     return this.hibernation.hibernate(id, layerId);

@@ -22,7 +22,7 @@ import { promises as fsp, readFileSync } from 'node:fs';
 import * as path from 'node:path';
 import type { FileHandle } from 'node:fs/promises';
 import type { Readable } from 'node:stream';
-import { SandboxError } from './errors';
+import { SandboxError } from '../contract/errors';
 import { shownPath, type RootMap } from './paths';
 
 /** The helper: reads stdin, writes stdout (the file), says strerror on stderr when a write fails. */

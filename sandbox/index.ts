@@ -6,9 +6,9 @@
  * a host imports ./host/main (or ./host/server) itself.
  */
 export * from './host-contract/types';
-export { HostClient, HostError, decodeExecFrame, encodeStdinFrame, type ExecFrame, type HostCapacity, type HostClientOptions } from './host-contract/client';
+export { HostClient, HostError, decodeExecFrame, encodeStdinFrame, type ExecFrame, type HostClientOptions } from './host-contract/client';
+export type { HostCapacity } from '../contract/hosts';
 export { writeRawFrame } from './host-contract/frames';
 export { normaliseEgress, normaliseAllowEntry, type Egress } from '../contract/network';
-export { SandboxError, errorStatus, isSandboxError, type SandboxErrorType } from './errors';
 export { countRuns, defaultAuditLogPath } from './audit-log';
 export { defaultScratchDir } from './scratch';

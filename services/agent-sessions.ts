@@ -8,7 +8,7 @@
 import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import { z } from 'zod';
-import { notFound } from '../lib/errors';
+import { notFound } from '../contract/errors';
 import { randomId } from '../lib/ids';
 import type { HostClient } from '../sandbox';
 import type { ExecSessionInfo } from '../sandbox';

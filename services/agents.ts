@@ -1,9 +1,9 @@
 import type { z } from 'zod';
 import type { CreateAgentBody, UpdateAgentBody } from '../contract/schemas';
-import { conflict, invalid, notFound } from '../lib/errors';
+import { conflict, invalid, notFound } from '../contract/errors';
 import { overMaximum } from '../config/limits';
 import { randomId } from '../lib/ids';
-import { assertWebhookTarget, sealWebhook } from '../lib/webhooks';
+import { assertWebhookTarget, sealWebhook } from './webhook-rules';
 import { isDuplicateKey, type AgentDoc } from '../store';
 import { sealAgentEnv } from '../store/agent-env';
 import { agentKey, deleteAgent, findAgent, insertAgent, listAgents, updateAgent } from '../store/agents';

@@ -1,11 +1,12 @@
 import { createHash } from 'node:crypto';
 import type { z } from 'zod';
 import type { BatchResult, CreateBatchBody } from '../contract/batch-schemas';
-import { ApiError, conflict, notFound } from '../lib/errors';
+import { ApiError, conflict, notFound } from '../contract/errors';
 import { derivedId, randomId } from '../lib/ids';
 import { batchSessionId } from '../lib/batch-ids';
-import { assertWebhookTarget, sealWebhook, webhookSpec } from '../lib/webhooks';
-import { fromJsonText, isDuplicateKey, runSpecOf, type AgentDoc, type SessionDoc } from '../store';
+import { assertWebhookTarget, sealWebhook, webhookSpec } from './webhook-rules';
+import { fromJsonText, isDuplicateKey, type AgentDoc, type SessionDoc } from '../store';
+import { runSpecOf } from './run-spec';
 import {
   deleteBatch,
   ensureBatchIndexes,
@@ -19,6 +20,8 @@ import {
   type BatchStatus,
 } from '../store/batches';
 import { readSession } from '../store/sessions';
+import { runningBatchCounts } from '../store/batches';
+import type { Store } from '../store';
 import { AGENT_ID, BATCH_ID, ORG_ID, batchSummary, type BatchWorkflowArgs } from '../workflows/defs';
 import type { AgentService } from './agents';
 import type { ServiceDeps } from './deps';
@@ -206,4 +209,12 @@ export function createBatchService(deps: ServiceDeps, agents: Pick<AgentService,
       return after;
     },
   };
+}
+
+/** The items of every running batch by state, summed (the API's sap_batch_items gauge). */
+export async function runningBatchItems(store: Store): Promise<Record<'pending' | 'running' | 'completed' | 'failed', number>> {
+  const counts = { pending: 0, running: 0, completed: 0, failed: 0 };
+  const running = await runningBatchCounts(store);
+  for (const c of running) for (const k of Object.keys(counts) as (keyof typeof counts)[]) counts[k] += (c as unknown as Record<string, number>)[k] ?? 0;
+  return counts;
 }

@@ -1,9 +1,8 @@
-import { ApiError, conflict, invalid } from '../lib/errors';
+import { ApiError, conflict, invalid } from '../contract/errors';
 import { derivedId, randomId } from '../lib/ids';
 import {
   CapacityBusyError,
   CapacityExceededError,
-  INTERVAL_MS,
   listReservations,
   findReservation,
   reserve,
@@ -13,7 +12,7 @@ import {
 import { orgReservationLimitGb } from '../store/orgs';
 import type { ServiceDeps } from './deps';
 
-export { INTERVAL_MS } from '../store/capacity';
+import { INTERVAL_MS } from '../contract/capacity';
 
 const MAX_WINDOW_MS = 31 * 24 * 60 * 60 * 1000;
 /** A reservation may start at most this far ahead. */

@@ -4,7 +4,7 @@
  */
 import type { HostClient } from '../sandbox';
 import { MAX_CHECKPOINTS_PER_SANDBOX } from '../contract/limits';
-import { ApiError, conflict, invalid, notFound } from '../lib/errors';
+import { ApiError, conflict, invalid, notFound } from '../contract/errors';
 import { randomId } from '../lib/ids';
 import {
   CheckpointDoc,

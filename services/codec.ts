@@ -1,5 +1,5 @@
 import type { Payload } from '@temporalio/common';
-import { ApiError } from '../lib/errors';
+import { ApiError } from '../contract/errors';
 import { OrgPayloadCodec, PLATFORM_ORG } from '../lib/payload-codec';
 import type { KeyRole } from '../store';
 import { grantOfKeyHash } from '../store/orgs';

@@ -1,4 +1,5 @@
-import { hostAlive, listRecentHosts } from '../store/hosts';
+import { listRecentHosts } from '../store/hosts';
+import { hostAlive } from './placement';
 import type { ServiceDeps } from './deps';
 import type { HostView } from '../contract/views';
 import type { KeyRole } from '../store';

@@ -5,7 +5,7 @@
  * exec sessions of the runner, recorded in their own collection.
  */
 import { constants as osConstants } from 'node:os';
-import { ApiError, notFound } from '../lib/errors';
+import { ApiError, notFound } from '../contract/errors';
 import type { HostClient } from '../sandbox';
 import type { ExecSessionInfo } from '../sandbox';
 import { findAgentSession, findExec, updateSession, type SessionKind } from '../store/exec';

@@ -6,7 +6,7 @@
  * none (the command outlives every client). `exec/run` waits at most `timeout` seconds, default 60.
  */
 import { randomBytes } from 'node:crypto';
-import { ApiError, notFound } from '../lib/errors';
+import { ApiError, notFound } from '../contract/errors';
 import type { HostClient } from '../sandbox';
 import type { ExecSessionInfo } from '../sandbox';
 import { countOpenExecs, deleteExec, ensureExecIndexes, ExecDoc, findExec, insertExec, listOpenExecs, listSandboxExecs } from '../store/exec';

@@ -5,7 +5,7 @@
  */
 import type { IncomingMessage } from 'node:http';
 import type { Readable } from 'node:stream';
-import { ApiError, notFound } from '../lib/errors';
+import { ApiError, notFound } from '../contract/errors';
 import type { HostClient } from '../sandbox';
 import { findOrgSandbox } from '../store/sandboxes';
 import type { ExecLive } from './exec-live';

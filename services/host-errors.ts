@@ -1,5 +1,5 @@
 import { relayedFromHost } from '../contract/errors';
-import { ApiError } from '../lib/errors';
+import { ApiError } from '../contract/errors';
 
 /** The message of a relayed host error that came without one. */
 const DEFAULT_MESSAGE: Record<string, (what: string) => string> = {

@@ -1,7 +1,8 @@
 import { HostClient } from '../sandbox';
 import type { Store } from '../store';
-import { chooseHost, findHost, hostAlive, HostView, type HostDoc } from '../store/hosts';
-import { ApiError } from '../lib/errors';
+import { findHost, type HostDoc } from '../store/hosts';
+import { chooseHost, hostAlive, HostView } from './placement';
+import { ApiError } from '../contract/errors';
 
 /** How long a direct probe of a host whose heartbeat is late may take, and how long its answer is kept. */
 const PROBE_TIMEOUT_MS = 1_500;
@@ -124,7 +125,7 @@ export class HostDirectory {
 
   /**
    * A host to place a new sandbox on: a live one, at random in proportion to its free capacity
-   * (store/hosts.ts chooseHost). 503 when none is registered or none has room.
+   * (services/placement.ts chooseHost). 503 when none is registered or none has room.
    */
   async pick(): Promise<{ hostId: string; client: HostClient; taskQueue: string }> {
     const docs = await this.view.all();

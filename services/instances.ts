@@ -1,6 +1,6 @@
-import { ApiError, invalid, notFound } from '../lib/errors';
+import { ApiError, invalid, notFound } from '../contract/errors';
 import { randomId } from '../lib/ids';
-import { runSpecOf } from '../store';
+import { runSpecOf } from './run-spec';
 import {
   deleteInstance,
   findInstance,

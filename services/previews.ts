@@ -11,7 +11,7 @@
  */
 import { randomBytes, timingSafeEqual } from 'node:crypto';
 import type { IncomingHttpHeaders } from 'node:http';
-import { ApiError, conflict, invalid, notFound } from '../lib/errors';
+import { ApiError, conflict, invalid, notFound } from '../contract/errors';
 import { hashSecret, randomId } from '../lib/ids';
 import { machineName } from '../lib/machine';
 import type { HostClient } from '../sandbox';

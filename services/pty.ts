@@ -3,7 +3,7 @@
  * sandbox, kept by its host (see sandbox/host/pty.ts), recorded in MongoDB so that any API process
  * can attach a client.
  */
-import { notFound } from '../lib/errors';
+import { notFound } from '../contract/errors';
 import type { HostClient } from '../sandbox';
 import { findPty, insertPty } from '../store/pty';
 import type { ExecLive } from './exec-live';

@@ -1,5 +1,5 @@
 import { isTemplate, TEMPLATE_NAMES } from '../contract/templates';
-import { ApiError } from '../lib/errors';
+import { ApiError } from '../contract/errors';
 import type { ImageManifest } from '../store/checkpoints';
 import type { SandboxDoc } from '../store/sandboxes';
 import type { BuildLog } from './snapshot-builder';

@@ -1,7 +1,6 @@
 /**
- * The sandbox-side services, built once per API process from its deps and wired to each other:
- * sandboxes, checkpoints, snapshots, exec and agent sessions, files, terminals, previews.
- * Routes (api/routes/*) and the preview proxy take theirs from here.
+ * The sandbox-side services, wired to each other: sandboxes, checkpoints, snapshots, exec and agent
+ * sessions, files, terminals, previews. Built once per process by createServices (services/index.ts).
  */
 import { createAgentSessionService } from './agent-sessions';
 import { createCheckpointService } from './checkpoints';
@@ -14,7 +13,7 @@ import type { SandboxDeps } from './deps';
 import { createSandboxCreator } from './sandbox-create';
 import { createSandboxService } from './sandboxes';
 import { createSnapshotService } from './snapshots';
-import { createResourceService } from './metrics';
+import { createResourceService } from './sandbox-resources';
 
 /** Builds the sandbox-side services over `deps`. */
 export function createSandboxServices(deps: SandboxDeps) {
@@ -38,16 +37,3 @@ export function createSandboxServices(deps: SandboxDeps) {
 
 /** The sandbox-side services (see createSandboxServices). */
 export type SandboxServices = ReturnType<typeof createSandboxServices>;
-
-const built = new WeakMap<SandboxDeps, SandboxServices>();
-
-/**
- * The services of an API process: built on first use and kept with its deps object, so the routes,
- * the WebSocket routes and the preview proxy (api/server.ts) share one set (one preview cache, one
- * exec registry).
- */
-export function sandboxServicesOf(deps: SandboxDeps): SandboxServices {
-  let s = built.get(deps);
-  if (!s) built.set(deps, (s = createSandboxServices(deps)));
-  return s;
-}

@@ -4,10 +4,11 @@
  * timeout counts from.
  */
 import { effectiveResources, overMaximum } from '../config/limits';
-import { ApiError, invalid, notFound } from '../lib/errors';
+import { ApiError, invalid, notFound } from '../contract/errors';
 import { randomId } from '../lib/ids';
 import { normaliseEgress, type Egress } from '../contract/network';
-import { findOrgCheckpoint, ImageError, listPatches, resolveImage } from '../store/checkpoints';
+import { findOrgCheckpoint, listPatches } from '../store/checkpoints';
+import { ImageError, resolveImage } from './images';
 import { deleteSandboxRecord, findOrgSandbox, insertSandbox, listLiveOrgSandboxes, SandboxDoc, updateSandbox } from '../store/sandboxes';
 import { findSecretStore, storeSecretsOf, SecretStoreMissing, SecretUnreadable } from '../store/secrets';
 import { withoutOverridden, type SealedSecretSpec } from '../contract/sealed';
@@ -127,7 +128,7 @@ export function refuseUnsupported(body: { previewAuth?: unknown; webhooks?: unkn
  * Records a sandbox and creates it on a host. The record's insert and the host's create run at the
  * same time; if either fails, the other is undone (the host sandbox destroyed, the record removed) and
  * the error passed on. A sandbox left on a host without a record (the API died between the two) is
- * destroyed by the worker's reaper once it is older than its grace period (worker/reaper.ts).
+ * destroyed by the worker's reaper once it is older than its grace period (services/reaper.ts).
  * Limits above the operator's maxima are refused (400) before anything is created; absent ones get
  * the defaults, and the record holds the effective values the host is asked to apply.
  */

@@ -1,4 +1,4 @@
-import { conflict, invalid, notFound } from '../lib/errors';
+import { conflict, invalid, notFound } from '../contract/errors';
 import { randomId } from '../lib/ids';
 import { isDuplicateKey } from '../store';
 import { agentsNamingStore } from '../store/agents';

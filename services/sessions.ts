@@ -2,11 +2,12 @@ import type { z } from 'zod';
 import type { CreateSessionBody } from '../contract/schemas';
 import { snapshotRefOf } from './snapshots';
 import type { HostClient } from '../sandbox';
-import { ApiError, conflict, notFound } from '../lib/errors';
+import { ApiError, conflict, notFound } from '../contract/errors';
 import { derivedId, randomId } from '../lib/ids';
 import { sandboxIdForSession } from '../lib/naming';
-import { assertWebhookTarget, sealWebhook, webhookSpec } from '../lib/webhooks';
-import { isDuplicateKey, runSpecOf, type AgentDoc, type SessionDoc, type SessionStatus } from '../store';
+import { assertWebhookTarget, sealWebhook, webhookSpec } from './webhook-rules';
+import { isDuplicateKey, type AgentDoc, type SessionDoc, type SessionStatus } from '../store';
+import { runSpecOf } from './run-spec';
 import { encodeCursor } from '../store/page';
 import {
   deleteSession,

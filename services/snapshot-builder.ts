@@ -13,7 +13,7 @@ import { randomId } from '../lib/ids';
 import { decodeExecFrame, encodeStdinFrame, type HostClient } from '../sandbox';
 import type { ExecRequest } from '../sandbox';
 import { CheckpointDoc, ImageManifest, ImageStep, insertCheckpoint, SnapshotDoc, updateSnapshot } from '../store/checkpoints';
-import { ApiError } from '../lib/errors';
+import { ApiError } from '../contract/errors';
 import { reserveStorage, writableLayerBytes, type StorageHold } from './storage-quota';
 
 /** A build that has not written its heartbeat for this long is considered dead. */

@@ -4,7 +4,7 @@
  */
 import { createHash } from 'node:crypto';
 import { hostTaskQueue } from '../config';
-import { ApiError, conflict, invalid, notFound } from '../lib/errors';
+import { ApiError, conflict, invalid, notFound } from '../contract/errors';
 import { randomId } from '../lib/ids';
 import { isDuplicateKey } from '../store';
 import {

@@ -4,7 +4,7 @@
  * before they copy anything (store/storage-holds.ts), so that neither one capture nor many at once
  * can take an organisation past its quota.
  */
-import { ApiError } from '../lib/errors';
+import { ApiError } from '../contract/errors';
 import type { HostClient } from '../sandbox';
 import { randomId } from '../lib/ids';
 import { deleteStorageHold, insertStorageHold, listStorageHolds, updateStorageHold, type StorageHoldDoc } from '../store/storage-holds';

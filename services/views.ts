@@ -7,7 +7,10 @@ import type { BatchDoc } from '../store/batches';
 import type { InstanceDoc } from '../store/instances';
 import type { SecretEntryDoc, SecretStoreDoc } from '../store/secrets';
 import type { ReservationDoc } from '../store/capacity';
-import { webhookView } from '../lib/webhooks';
+import { webhookView } from './webhook-rules';
+import type { SandboxView } from '../contract/sandboxes';
+import type { SandboxDoc } from '../store/sandboxes';
+import { patchFields } from './patch-state';
 
 /** The public form of a session (2.1), plus `outcome` once it has ended: what GET answers and a webhook carries. */
 export function sessionView(s: SessionDoc): z.infer<typeof Session> {
@@ -123,3 +126,26 @@ export const reservationView = (r: ReservationDoc) => ({
   capacityGb: r.capacityGb,
   createdAt: r.createdAt.toISOString(),
 });
+
+/** The public form of a sandbox (OpenComputer's shape: `sandboxID`, camelCase fields). */
+export function sandboxView(deps: { cfg: { PREVIEW_DOMAIN: string } }, s: SandboxDoc & { hostLost?: boolean }): z.infer<typeof SandboxView> {
+  return {
+    sandboxID: s._id,
+    status: s.hostLost ? 'lost' : s.status,
+    templateID: s.templateID,
+    metadata: (JSON.parse(s.metadata) as Record<string, string> | null) ?? {},
+    timeout: s.timeout,
+    onTimeout: s.onTimeout ?? 'kill',
+    hibernatedAt: s.status === 'hibernated' && s.hibernation ? s.hibernation.at.toISOString() : null,
+    memoryMB: s.memoryMB,
+    cpuCount: s.cpuCount,
+    diskMB: s.diskMB ?? null,
+    fromCheckpoint: s.fromCheckpoint,
+    snapshot: s.snapshot,
+    sandboxDomain: deps.cfg.PREVIEW_DOMAIN,
+    network: s.network ?? { egress: 'internet' },
+    user: s.user ?? 'root',
+    createdAt: s.createdAt.toISOString(),
+    ...patchFields(s),
+  };
+}

@@ -1,17 +1,33 @@
 import { WorkflowExecutionAlreadyStartedError, WorkflowNotFoundError, type Client, type WorkflowHandle, type WorkflowStartOptions } from '@temporalio/client';
 import { WorkflowIdReusePolicy } from '@temporalio/common';
+import type * as workflows from '../workflows';
 
 /** How long ending a workflow by request waits for it to close before answering. */
 export const END_WAIT_MS = 15_000;
 
 /**
- * Starts a workflow whose id is its resource's id (a second start of the same id is refused by
- * Temporal, REJECT_DUPLICATE); starting one that already exists is not an error, so a retried
- * create makes sure its workflow runs. Anything else Temporal says is thrown.
+ * The workflows the worker runs, by the names it registers them under: the exports of
+ * workflows/index.ts (its workflowsPath). Imported as types only, so this process loads no workflow
+ * code, yet a start names a workflow that exists and passes the arguments its function takes.
  */
-export async function startWorkflowOnce(temporal: Client, workflowType: string, options: Omit<WorkflowStartOptions, 'workflowIdReusePolicy'>): Promise<void> {
+type Workflows = typeof workflows;
+export type WorkflowName = keyof Workflows;
+
+/**
+ * Starts the workflow `name` (checked against workflows/index.ts, with `options.args` checked
+ * against its function's parameters) whose id is its resource's id (a second start of the same id is
+ * refused by Temporal, REJECT_DUPLICATE); starting one that already exists is not an error, so a
+ * retried create makes sure its workflow runs. Anything else Temporal says is thrown.
+ */
+export async function startWorkflowOnce<N extends WorkflowName>(
+  temporal: Client,
+  name: N,
+  options: Omit<WorkflowStartOptions<Workflows[N]>, 'workflowIdReusePolicy'>,
+): Promise<void> {
+  // The spread of a generic conditional type is not seen as one again: its parts were checked above.
+  const started = { ...options, workflowIdReusePolicy: WorkflowIdReusePolicy.REJECT_DUPLICATE } as WorkflowStartOptions<Workflows[N]>;
   try {
-    await temporal.workflow.start(workflowType, { ...options, workflowIdReusePolicy: WorkflowIdReusePolicy.REJECT_DUPLICATE } as WorkflowStartOptions);
+    await temporal.workflow.start<Workflows[N]>(name, started);
   } catch (err) {
     if (err instanceof WorkflowExecutionAlreadyStartedError) return;
     throw err;

@@ -1,17 +1,9 @@
 import type { Collection } from 'mongodb';
 import { isDuplicateKey, type Store } from './index';
 import { addToList, listName, listUnlisted, pageListed, removeFromList } from './listing';
-import type { StoredWebhook } from '../lib/webhooks';
+import type { BatchCounts, StoredWebhook } from '../contract/workflows';
 
 export type BatchStatus = 'running' | 'completed' | 'cancelled';
-
-/** How many of a batch's items are in each state. */
-export interface BatchCounts {
-  pending: number;
-  running: number;
-  completed: number;
-  failed: number;
-}
 
 /**
  * A batch of sessions. `_id` is the batch id (`batch_<id>`), also its workflow id. The counts are

@@ -1,9 +1,8 @@
 import type { Collection } from 'mongodb';
 import type { Store } from './index';
 import { isDuplicateKey } from './index';
+import { INTERVAL_MS } from '../contract/capacity';
 
-/** Length of one calendar interval. */
-export const INTERVAL_MS = 15 * 60 * 1000;
 const DAY_MS = 24 * 60 * 60 * 1000;
 
 /** A capacity reservation. Append-only: never updated or deleted once written. */

@@ -1,7 +1,5 @@
 import { Collection, Db, MongoClient, MongoServerError } from 'mongodb';
-import type { StoredWebhook, WebhookSpec } from '../lib/webhooks';
-import type { SecretBox } from '../lib/secret-box';
-import { sealAgentEnv } from './agent-env';
+import type { AgentRunSpec, SessionOutcome, StoredWebhook } from '../contract/workflows';
 
 /** An organisation: the unit that owns every resource. */
 export interface OrgDoc {
@@ -24,35 +22,6 @@ export interface ApiKeyDoc {
   role?: KeyRole;
   prefix: string;
   createdAt: Date;
-}
-
-/** What a session needs to run an agent; copied into each session's workflow arguments. */
-export interface AgentRunSpec {
-  core: string;
-  entrypoint: string[];
-  files: Record<string, string>;
-  /** Names and values; each value sealed (store/agent-env.ts) when envSealed is set. */
-  env: Record<string, string>;
-  /** The env values are sealed; absent: plain values, written before they were sealed. */
-  envSealed?: boolean;
-  snapshot: string | null;
-  timeoutSeconds: number;
-  /** Limits of the agent's sandboxes; absent: the operator's defaults (config/limits.ts). */
-  memoryMB?: number;
-  cpuCount?: number;
-  diskMB?: number;
-  /** The agent's secret store (its secrets become environment variables when the sandbox is created). */
-  secretStore?: string;
-  /** What its sandboxes may reach (sandbox/network.ts); absent: the default, `internet`. */
-  network?: { egress: 'internet' | 'none' | { allow: string[] } };
-  /** Set at session creation when `snapshot` is: the snapshot's id and the task queue of the host that has its layer. */
-  snapshotRef?: { snapshotId: string; taskQueue: string };
-  /** Set at session (or batch) start when a webhook applies: the session's own, else the agent's. */
-  webhook?: WebhookSpec;
-  /** Run again from the start on another host when the sandbox's host is lost (else: failed, host_lost). */
-  retryOnHostLoss?: boolean;
-  /** Who its sandboxes' processes run as; absent: the operator's default (SANDBOX_USER, else root). */
-  user?: 'root' | 'sandbox';
 }
 
 /**
@@ -91,13 +60,6 @@ export interface AgentDoc extends Omit<
 }
 
 export type SessionStatus = 'creating' | 'running' | 'completed' | 'failed';
-
-/** Why a session ended (null while it runs, and for a clean exit 0). */
-export interface SessionOutcome {
-  reason: 'exit_code' | 'timeout' | 'cancelled' | 'invalid_result' | 'oom' | 'provisioning_failed' | 'host_lost' | null;
-  exit_code: number | null;
-  message: string | null;
-}
 
 /** A session. input, metadata and result are kept as JSON text (see AgentDoc). */
 export interface SessionDoc {
@@ -168,33 +130,6 @@ async function ensureIndexes(store: Store): Promise<void> {
     store.db.collection('secret_stores').createIndex({ orgId: 1, id: 1 }),
     store.db.collection('secret_entries').createIndex({ storeId: 1 }),
   ]);
-}
-
-/**
- * The run spec of an agent, as a session's workflow receives it. Its env values are sealed (an
- * agent written before they were sealed has them sealed here): the workflow's arguments, which
- * Temporal keeps in its history, never hold a value.
- */
-export function runSpecOf(a: AgentDoc, box: SecretBox): AgentRunSpec {
-  return {
-    core: a.core,
-    entrypoint: a.entrypoint,
-    files: Object.fromEntries(a.files.map((f) => [f.path, f.content])),
-    env: a.envSealed ? a.env : sealAgentEnv(box, a.orgId, a.id, a.env ?? {}),
-    envSealed: true,
-    snapshot: a.snapshot,
-    timeoutSeconds: a.timeoutSeconds,
-    // The name only: values are read by the worker when it creates the sandbox, never carried in
-    // workflow arguments (Temporal's history would keep them).
-    ...(a.secret_store ? { secretStore: a.secret_store } : {}),
-    // Only when set: the run spec travels in every session's workflow arguments.
-    ...(a.memoryMB != null ? { memoryMB: a.memoryMB } : {}),
-    ...(a.cpuCount != null ? { cpuCount: a.cpuCount } : {}),
-    ...(a.diskMB != null ? { diskMB: a.diskMB } : {}),
-    ...(a.network != null ? { network: a.network } : {}),
-    ...(a.retryOnHostLoss ? { retryOnHostLoss: true } : {}),
-    ...(a.user != null ? { user: a.user } : {}),
-  };
 }
 
 /** Parses JSON text written by this service; null stays null. */

@@ -1,5 +1,5 @@
 import type { Collection, Filter } from 'mongodb';
-import { invalid } from '../lib/errors';
+import { invalid } from '../contract/errors';
 
 /** Position after the last item of a page, ordered by (created_at desc, _id desc). */
 export interface PagePosition {

@@ -1,5 +1,6 @@
 import { MongoBulkWriteError } from 'mongodb';
-import type { Store, SessionDoc, SessionOutcome } from './index';
+import type { Store, SessionDoc } from './index';
+import type { SessionEnd, SessionOutcome } from '../contract/workflows';
 import { isDuplicateKey } from './index';
 import { addToList, listedAfter, listingsOf, listName, removeFromList, removeListed } from './listing';
 import { encodeCursor } from './page';
@@ -143,12 +144,6 @@ export async function markSessionRunning(store: Store, id: string, sandboxId: st
  * Records how a session ended. Only the first record counts: a retry or a second ending never
  * overwrites it. Returns whether this call recorded it.
  */
-/** How a session ended: what the activities hand back to the workflow and record. */
-export interface SessionEnd {
-  status: 'completed' | 'failed';
-  result: Record<string, unknown> | null;
-  outcome: SessionOutcome | null;
-}
 
 export async function recordSessionEnd(store: Store, id: string, end: SessionEnd, started?: { sandboxId: string; at: Date }): Promise<boolean> {
   try {

@@ -7,16 +7,17 @@ import { createActivities } from '../activities';
 import { createLogger } from '../lib/logger';
 import { HostClient } from '../sandbox';
 import { connectStore } from '../store';
-import { startReaper } from './reaper';
+import { startReaper } from '../services/reaper';
 import { createWorkerMetrics, installTemporalRuntime, serveWorkerMetrics } from './metrics';
-import { chooseHost, hostAlive, HostView, placementWeight, registerHost } from '../store/hosts';
+import { registerHost } from '../store/hosts';
+import { chooseHost, hostAlive, HostView, placementWeight } from '../services/placement';
 import { orgOfWorkflowId } from '../store/orgs';
 import { dataConverterOf, payloadCodecOf } from '../lib/payload-codec';
 
 /** A session stays on the host whose worker took it while that host has at least this share of the roomiest host's room. */
 const STAY_SHARE = 0.75;
 import { workerReadiness } from './readiness';
-import { rejoinIfLost, startHostWatch } from './host-watch';
+import { rejoinIfLost, startHostWatch } from '../services/host-watch';
 
 /** Where `npm run build` puts the prebundled workflow code (bundling at start costs ~2 s). */
 export const WORKFLOW_BUNDLE = path.join(PROJECT_ROOT, 'dist', 'workflow-bundle.js');

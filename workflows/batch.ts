@@ -11,7 +11,7 @@ import {
 } from '@temporalio/workflow';
 import { WorkflowIdReusePolicy } from '@temporalio/common';
 import type { Activities } from '../activities';
-import type { BatchCounts } from '../store/batches';
+import type { BatchCounts } from '../contract/workflows';
 import { batchSessionId } from '../lib/batch-ids';
 import { AGENT_ID, BATCH_ID, ORG_ID, SESSION_STATUS } from './search-attributes';
 import { sessionWorkflow } from './session';

@@ -13,7 +13,7 @@ import type { ActivityOptions } from '@temporalio/workflow';
 import type { Activities } from '../activities';
 import { nonRetryableFailureTypes } from '../contract/errors';
 import { CONVERSATION_BOUNDS, turnSummary, type ConversationWorkflowArgs, type ConversationWorkflowResult, type TurnOutcome } from '../contract/conversations';
-import type { AgentRunSpec } from '../store';
+import type { AgentRunSpec } from '../contract/workflows';
 import { archiveSignal, cancelUpdate, conversationStateQuery, forkedSignal, messageUpdate, rewindUpdate } from './conversation.defs';
 
 export { archiveSignal, cancelUpdate, conversationStateQuery, forkedSignal, messageUpdate, rewindUpdate } from './conversation.defs';

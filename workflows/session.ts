@@ -14,7 +14,7 @@ import type { ActivityOptions } from '@temporalio/workflow';
 import type { Activities } from '../activities';
 import { failureType, nonRetryableFailureTypes, provisioningOutcome } from '../contract/errors';
 import { SESSION_STATUS } from './search-attributes';
-import type { AgentRunSpec } from '../store';
+import type { AgentRunSpec } from '../contract/workflows';
 import type { SessionWorkflowResult, SessionEnd } from './types';
 import type { EntrypointExit, Provisioned } from '../activities';
 import { startWebhook } from './webhook';
@@ -166,7 +166,7 @@ async function finish(args: SessionWorkflowArgs, result: SessionWorkflowResult, 
   });
 }
 
-/** Thrown (and caught) inside the workflow when the sandbox's host is lost (store/hosts.ts checkHostLost). */
+/** Thrown (and caught) inside the workflow when the sandbox's host is lost (services/host-loss.ts checkHostLost). */
 class HostLost extends Error {
   constructor(readonly hostId: string) {
     super(`sandbox host ${hostId} was lost`);

@@ -11,6 +11,7 @@ import {
   BatchStatusEnum,
   CreateBatchBody,
   CreateBatchQuery,
+  BatchById,
 } from '../../contract/batch-schemas';
 import { batchView } from '../../services/views';
 import type { BatchService } from '../../services/batches';
@@ -102,13 +103,12 @@ export function registerBatchRoutes(t: RouteTable, batches: BatchService): void 
     },
   });
 
-  const ById = z.object({ id: BatchParams.shape.id });
   t.add({
     method: 'get',
     path: '/v1/batches/:id',
     tag: 'batches',
     summary: "Get a batch of the caller's organisation by id alone (same answer as …/agents/{agentId}/batches/{id})",
-    params: ById,
+    params: BatchById,
     responses: { 200: { description: 'The batch', schema: Batch } },
     handler: async ({ params, org, res }) => {
       res.json(batchView(await batches.get(org.id, null, params.id)));
@@ -119,7 +119,7 @@ export function registerBatchRoutes(t: RouteTable, batches: BatchService): void 
     path: '/v1/batches/:id',
     tag: 'batches',
     summary: 'Cancel a batch by id alone',
-    params: ById,
+    params: BatchById,
     responses: { 200: { description: 'The batch after cancelling', schema: Batch } },
     handler: async ({ params, org, res }) => {
       res.json(batchView(await batches.cancel(org.id, null, params.id)));

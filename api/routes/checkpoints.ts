@@ -3,37 +3,10 @@ import type { ApiDeps } from '../deps';
 import type { RouteTable } from '../http';
 import '../http';
 import { checkpointStatus, type CheckpointDoc, type PatchDoc } from '../../services/checkpoints';
-import { sandboxServicesOf } from '../../services/sandbox-services';
-import { CreateSandboxBody, SandboxParams, sandboxView, SandboxView } from '../sandbox-schemas';
-
-const CheckpointId = z.string().regex(/^cp-[a-z0-9]{1,64}$/, 'must be a checkpoint id (cp-…)');
-const PatchId = z.string().regex(/^pa-[a-z0-9]{1,64}-[0-9]{1,9}$/, 'must be a patch id (pa-…)');
-
-export const CheckpointView = z
-  .object({
-    id: z.string(),
-    sandboxId: z.string(),
-    orgId: z.string(),
-    name: z.string(),
-    status: z.enum(['processing', 'ready', 'failed']).describe('processing while its layer is copied, then ready (or failed, with error)'),
-    error: z.string().nullable(),
-    sizeBytes: z.number().int().describe("Bytes of the sandbox's own files it holds (its writable layer)"),
-    sandboxConfig: z.record(z.string(), z.unknown()),
-    createdAt: z.string(),
-  })
-  .openapi('Checkpoint');
-
-export const PatchView = z
-  .object({
-    id: z.string(),
-    checkpointId: z.string(),
-    script: z.string(),
-    description: z.string(),
-    strategy: z.literal('on_wake'),
-    sequence: z.number().int(),
-    createdAt: z.string(),
-  })
-  .openapi('Patch');
+import type { SandboxServices } from '../../services/sandbox-services';
+import { CreateSandboxBody, SandboxParams, SandboxView } from '../../contract/sandboxes';
+import { sandboxView } from '../../services/views';
+import { CheckpointId, PatchId, CheckpointView, PatchView, SandboxCheckpointParams, PatchParams } from '../../contract/checkpoints';
 
 /** The public form of a checkpoint (the OpenComputer client's CheckpointInfo). */
 export function checkpointView(c: CheckpointDoc): z.infer<typeof CheckpointView> {
@@ -70,9 +43,8 @@ export function patchView(p: PatchDoc): z.infer<typeof PatchView> {
  * - POST /api/sandboxes/from-checkpoint/{checkpointId}
  * - POST/GET /api/sandboxes/checkpoints/{checkpointId}/patches, DELETE …/patches/{patchId}
  */
-export function registerCheckpointRoutes(t: RouteTable, deps: ApiDeps): void {
-  const svc = sandboxServicesOf(deps).checkpoints;
-  const SandboxCheckpointParams = SandboxParams.extend({ checkpointId: CheckpointId });
+export function registerCheckpointRoutes(t: RouteTable, deps: ApiDeps, sandbox: SandboxServices): void {
+  const svc = sandbox.checkpoints;
   t.add({
     method: 'post',
     path: '/api/sandboxes/:id/checkpoints',
@@ -152,8 +124,6 @@ export function registerCheckpointRoutes(t: RouteTable, deps: ApiDeps): void {
       res.status(201).json(sandboxView(deps, doc));
     },
   });
-
-  const PatchParams = z.object({ checkpointId: CheckpointId });
 
   t.add({
     method: 'post',

@@ -1,18 +1,9 @@
 import type { NextFunction, Request, Response } from 'express';
-import { z } from 'zod';
 import { publicBase, type RouteTable } from '../http';
 import { hashSecret } from '../../lib/ids';
-import { invalid } from '../../lib/errors';
+import { invalid } from '../../contract/errors';
 import type { CodecService } from '../../services/codec';
-
-const Payloads = z.object({
-  payloads: z
-    .array(z.object({ metadata: z.record(z.string(), z.string()).optional(), data: z.string().optional() }))
-    .max(10_000)
-    .describe("Temporal's JSON payloads: metadata values and data in base64"),
-});
-const TokenParams = z.object({ token: z.string().min(1).max(2000) });
-const CodecLink = z.object({ endpoint: z.string(), expiresAt: z.string() }).openapi('CodecLink');
+import { Payloads, TokenParams, CodecLink } from '../../contract/codec';
 
 /**
  * The Temporal UI's codec endpoint (docs/threat-model.md, "Payloads per organisation"):

@@ -2,19 +2,18 @@ import type { Socket } from 'node:net';
 import type express from 'express';
 import type { Request } from 'express';
 import { WebSocket } from 'ws';
-import { z } from 'zod';
 import type { Authenticator } from '../auth';
 import type { ApiDeps } from '../deps';
 import { parseOrThrow } from '../http';
-import { ApiError, notFound } from '../../lib/errors';
+import { ApiError, notFound } from '../../contract/errors';
 import type { Logger } from '../../lib/logger';
 import type { HostClient } from '../../sandbox';
 import { writeRawFrame } from '../../sandbox';
 import type { ExecLive } from '../../services/exec-live';
 import { fromHostError } from '../../services/host-errors';
-import { sandboxServicesOf } from '../../services/sandbox-services';
-import { SandboxParams } from '../sandbox-schemas';
+import type { SandboxServices } from '../../services/sandbox-services';
 import { closeWith, pauseSocket, resumeSocket } from '../ws';
+import { ExecSocketParams } from '../../contract/exec';
 
 /* ------------------------------------------------------------------------------------------------
  * WebSocket attach: /api/sandboxes/:id/exec/:sessionID (es-… or an agent session's as-…).
@@ -25,10 +24,6 @@ import { closeWith, pauseSocket, resumeSocket } from '../ws';
  * once more than EXEC_WS_BACKLOG_MAX_BYTES wait for it, or once it has held its stream paused
  * (backpressure) for EXEC_WS_STALL_SECONDS.
  * --------------------------------------------------------------------------------------------- */
-
-const WsParams = SandboxParams.extend({
-  sessionID: z.string().regex(/^(es|as)-[a-z0-9]{1,64}$/, 'must be an exec or agent session id (es-… or as-…)'),
-});
 
 /** Bytes queued toward one side above which the relay stops reading the other side (until that side drains). */
 const RELAY_HIGH = 2 * 1024 * 1024;
@@ -278,11 +273,11 @@ function relay(
  * Registers the WebSocket route (an express-ws route on the app). No-op when the app has no
  * WebSocket support (createApp without a server, in unit tests).
  */
-export function registerExecSocket(app: express.Express, deps: ApiDeps, auth: Authenticator): void {
+export function registerExecSocket(app: express.Express, deps: ApiDeps, auth: Authenticator, sandbox: SandboxServices): void {
   const wsApp = app as express.Express & { ws?: (path: string, h: (ws: WebSocket, req: Request) => void) => void };
   if (typeof wsApp.ws !== 'function') return;
   const log = deps.logger.child({ route: 'exec-ws' });
-  const live = sandboxServicesOf(deps).live;
+  const live = sandbox.live;
   wsApp.ws('/api/sandboxes/:id/exec/:sessionID', (ws, req) => {
     // Keep what the client sends while we check (stdin may follow the open at once), and stop
     // reading more until the relay is set up.
@@ -294,7 +289,7 @@ export function registerExecSocket(app: express.Express, deps: ApiDeps, auth: Au
     void (async () => {
       try {
         const org = await auth.authenticate(req);
-        const params = parseOrThrow(WsParams, req.params, 'path');
+        const params = parseOrThrow(ExecSocketParams, req.params, 'path');
         const target = await live.attachTarget(params.sessionID);
         if (!target || target.orgId !== org.id || target.sandboxId !== params.id) throw notFound(`exec session ${params.sessionID}`);
         const host = await live.sandboxHost(org.id, params.id);

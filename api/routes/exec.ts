@@ -3,8 +3,9 @@ import type { ApiDeps } from '../deps';
 import type { RouteTable } from '../http';
 import '../http';
 import { RESULT_WAIT_MS } from '../../services/exec';
-import { sandboxServicesOf } from '../../services/sandbox-services';
-import { KillBody, SandboxParams } from '../sandbox-schemas';
+import type { SandboxServices } from '../../services/sandbox-services';
+import { KillBody, SandboxParams } from '../../contract/sandboxes';
+import { ExecSessionParams, CreateExecBody, RunExecBody, ExecSessionView, RunResultView, ExecResultView } from '../../contract/exec';
 
 /*
  * Exec sessions (services/exec.ts): a command started inside a sandbox, kept by the sandbox host,
@@ -16,92 +17,9 @@ import { KillBody, SandboxParams } from '../sandbox-schemas';
  * none (the command outlives every client). `exec/run` waits at most `timeout` seconds, default 60.
  */
 
-const EnvName = z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'must be a valid environment variable name');
-const MAX_SECONDS = 30 * 24 * 3600;
-
-export const ExecSessionParams = SandboxParams.extend({
-  sessionID: z.string().regex(/^es-[a-z0-9]{1,64}$/, 'must be an exec session id (es-…)'),
-});
-
-export const CreateExecBody = z
-  .object({
-    cmd: z.string().min(1).max(4096),
-    args: z
-      .array(z.string().max(128 * 1024))
-      .max(4096)
-      .default([]),
-    envs: z.record(EnvName, z.string().max(128 * 1024)).default({}),
-    cwd: z.string().startsWith('/', 'must be an absolute path').max(4096).optional(),
-    timeout: z.number().int().positive().max(MAX_SECONDS).optional().describe('Seconds before the command is killed; default none'),
-    maxRunAfterDisconnect: z
-      .number()
-      .int()
-      .min(0)
-      .max(MAX_SECONDS)
-      .optional()
-      .describe('Seconds the command keeps running after its last client detached; default none (it keeps running)'),
-  })
-  .openapi('CreateExecSession');
-
-export const RunExecBody = CreateExecBody.omit({ maxRunAfterDisconnect: true })
-  .extend({
-    timeout: z.number().int().positive().max(3600).default(60).describe('Seconds before the command is killed; default 60'),
-    stdin: z
-      .string()
-      .max(1024 * 1024)
-      .optional(),
-  })
-  .openapi('RunExec');
-
-export const ExecSessionView = z
-  .object({
-    sessionID: z.string(),
-    sandboxID: z.string(),
-    command: z.string(),
-    args: z.array(z.string()),
-    running: z.boolean(),
-    exitCode: z.number().int().nullable(),
-    startedAt: z.string(),
-    exitedAt: z.string().nullable(),
-    attachedClients: z.number().int(),
-    oomKilled: z
-      .boolean()
-      .optional()
-      .describe(
-        "Once exited: whether the sandbox's memory limit made the kernel kill a process of it while the command ran (present when the host reports it)",
-      ),
-  })
-  .openapi('ExecSession');
-
-export const RunResultView = z
-  .object({
-    exitCode: z.number().int(),
-    stdout: z.string(),
-    stderr: z.string(),
-    oomKilled: z.literal(true).optional().describe("Present (true) when the sandbox's memory limit made the kernel kill a process while the command ran"),
-    truncated: z
-      .literal(true)
-      .optional()
-      .describe('Present (true) when stdout or stderr printed more than EXEC_RUN_OUTPUT_MAX_BYTES (default 1 MiB): each holds its first bytes only'),
-  })
-  .openapi('ExecRunResult');
-
-export const ExecResultView = z
-  .object({
-    execId: z.string(),
-    running: z.boolean(),
-    exitCode: z.number().int().nullable(),
-    timedOut: z.boolean().describe('Killed by its timeout'),
-    stdout: z.string().describe('The last 1 MiB of its stdout (so far, while running)'),
-    stderr: z.string(),
-    truncated: z.literal(true).optional().describe('Present (true) when a stream printed more than its last 1 MiB kept here'),
-    error: z.string().optional(),
-  })
-  .openapi('ExecResult');
-
 /** /api/sandboxes/:id/exec: start, list, read, kill, run (the OpenComputer API's shapes). */
-export function registerExecRoutes(t: RouteTable, deps: ApiDeps): void {
-  const svc = sandboxServicesOf(deps).exec;
+export function registerExecRoutes(t: RouteTable, deps: ApiDeps, sandbox: SandboxServices): void {
+  const svc = sandbox.exec;
   svc.ensureIndexes();
 
   t.add({

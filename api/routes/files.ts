@@ -5,9 +5,10 @@ import type { Request, Response } from 'express';
 import { z } from 'zod';
 import type { ApiDeps } from '../deps';
 import { publicBase, type RouteTable } from '../http';
-import { invalid } from '../../lib/errors';
-import { sandboxServicesOf } from '../../services/sandbox-services';
-import { SandboxParams } from '../sandbox-schemas';
+import { invalid } from '../../contract/errors';
+import type { SandboxServices } from '../../services/sandbox-services';
+import { SandboxParams } from '../../contract/sandboxes';
+import { SandboxPath, PathQuery, OptionalPathQuery, Bool, FileEntry, RenameBody, SignedUrlBody, SignedUrlView, FileTokenParams } from '../../contract/files';
 
 /*
  * A sandbox's filesystem (OpenComputer's `sandbox.files`): content streamed both ways through the API
@@ -17,41 +18,6 @@ import { SandboxParams } from '../sandbox-schemas';
  * Paths are absolute paths inside the sandbox, resolved as the sandbox sees them (a symlink to /etc is
  * the sandbox's /etc); `..` components are refused (400), as are the sandbox's /proc and /dev.
  */
-
-const SandboxPath = z
-  .string()
-  .min(1, 'must be an absolute path')
-  .max(4096)
-  .refine((p) => p.startsWith('/'), 'must be an absolute path')
-  .refine((p) => !p.includes('\0'), 'must not contain NUL bytes')
-  .refine((p) => !p.split('/').includes('..'), "must not contain '..'");
-
-const PathQuery = z.object({ path: SandboxPath.describe('Absolute path inside the sandbox') });
-const OptionalPathQuery = z.object({ path: SandboxPath.optional() });
-const Bool = z.enum(['true', 'false']).transform((v) => v === 'true');
-
-export const FileEntry = z
-  .object({
-    name: z.string(),
-    path: z.string(),
-    isDir: z.boolean(),
-    type: z.enum(['file', 'dir', 'symlink', 'other']),
-    size: z.number().int().describe('Bytes (0 for directories)'),
-    mode: z.number().int().describe('Permission bits (e.g. 420 = 0644)'),
-    modTime: z.string(),
-    target: z.string().optional().describe('Where a symlink points'),
-  })
-  .openapi('FileEntry');
-
-const RenameBody = z.object({ from: SandboxPath, to: SandboxPath }).strict().openapi('RenameFile');
-const SignedUrlBody = z
-  .object({
-    path: SandboxPath,
-    expiresIn: z.number().int().min(1).max(86_400).default(3600).describe('Seconds the URL works (default 3600, at most 86400)'),
-  })
-  .strict()
-  .openapi('FileUrlRequest');
-const SignedUrlView = z.object({ url: z.string(), expiresAt: z.string() }).openapi('FileUrl');
 
 /**
  * Streams a file of the sandbox (opened by `open`, aborted with the client) as the answer, with
@@ -85,9 +51,9 @@ export function attachmentOf(path: string): string {
 const asyncWake = (req: Request): boolean => req.header('x-osb-async-wake') === '1';
 
 /** /api/sandboxes/:id/files…: the sandbox's filesystem. */
-export function registerFileRoutes(t: RouteTable, deps: ApiDeps): void {
+export function registerFileRoutes(t: RouteTable, deps: ApiDeps, sandbox: SandboxServices): void {
   const tag = 'files';
-  const files = sandboxServicesOf(deps).files;
+  const files = sandbox.files;
 
   t.add({
     method: 'get',
@@ -217,14 +183,13 @@ export function registerFileRoutes(t: RouteTable, deps: ApiDeps): void {
     });
   }
 
-  const TokenParams = z.object({ token: z.string().min(10).max(16_384) });
   t.add({
     method: 'get',
     path: '/api/files/:token',
     tag,
     summary: 'Download through a signed URL',
     public: true,
-    params: TokenParams,
+    params: FileTokenParams,
     responses: { 200: { description: 'The file' } },
     handler: async ({ params, res }) => {
       await sendFile(res, (signal) => files.downloadByToken(params.token, signal));
@@ -236,7 +201,7 @@ export function registerFileRoutes(t: RouteTable, deps: ApiDeps): void {
     tag,
     summary: 'Upload through a signed URL',
     public: true,
-    params: TokenParams,
+    params: FileTokenParams,
     rawBody: { contentType: 'application/octet-stream', description: 'The file content' },
     responses: { 204: { description: 'Written (no body)' } },
     handler: async ({ params, req, res }) => {

@@ -3,24 +3,7 @@ import type { RouteTable } from '../http';
 import { AgentParams } from '../../contract/schemas';
 import type { InstanceService } from '../../services/instances';
 import { instanceView } from '../../services/views';
-
-const InstanceId = z.string().regex(/^inst_[a-z0-9]{1,64}$/, 'must be an instance id (inst_…)');
-const InstanceParams = AgentParams.extend({ id: InstanceId });
-const StatusEnum = z.enum(['creating', 'running', 'failed', 'stopped']);
-
-export const InstanceView = z
-  .object({
-    id: z.string(),
-    agent_id: z.string(),
-    status: StatusEnum,
-    metadata: z.record(z.string(), z.unknown()),
-    sandbox_id: z.string().nullable(),
-    snapshot_id: z.string().nullable(),
-    error: z.string().nullable(),
-    created_at: z.string(),
-    updated_at: z.string(),
-  })
-  .openapi('Instance');
+import { InstanceParams, StatusEnum, InstanceView } from '../../contract/instances';
 
 /** /v1/agents/{agentId}/instances: create (provisioned in the background by `inst_<id>`), list, read, destroy. */
 export function registerInstanceRoutes(t: RouteTable, instances: InstanceService): void {

@@ -1,16 +1,16 @@
 import type express from 'express';
 import type { Request } from 'express';
 import { WebSocket } from 'ws';
-import { z } from 'zod';
 import type { Authenticator } from '../auth';
 import type { ApiDeps } from '../deps';
 import type { RouteTable } from '../http';
 import { parseOrThrow } from '../http';
-import { ApiError } from '../../lib/errors';
+import { ApiError } from '../../contract/errors';
 import { fromHostError } from '../../services/host-errors';
-import { sandboxServicesOf } from '../../services/sandbox-services';
-import { SandboxParams } from '../sandbox-schemas';
+import type { SandboxServices } from '../../services/sandbox-services';
+import { SandboxParams } from '../../contract/sandboxes';
 import { closeWith } from '../ws';
+import { PtySessionParams, CreatePtyBody, PtyView } from '../../contract/exec';
 
 /*
  * Terminals (the OpenComputer client's `sandbox.pty`): POST starts a login shell on a pseudo-terminal
@@ -20,23 +20,8 @@ import { closeWith } from '../ws';
  * any API process can attach a client.
  */
 
-const PtySessionParams = SandboxParams.extend({ sessionID: z.string().regex(/^pty-[a-z0-9]{1,64}$/, 'must be a terminal id (pty-…)') });
-
-const CreatePtyBody = z
-  .object({
-    cols: z.number().int().min(1).max(1000).default(80),
-    rows: z.number().int().min(1).max(1000).default(24),
-    envs: z.record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'must be a valid environment variable name'), z.string().max(128 * 1024)).optional(),
-    cwd: z.string().startsWith('/', 'must be an absolute path').max(4096).optional(),
-  })
-  .openapi('CreatePty');
-
-const PtyView = z
-  .object({ sessionID: z.string(), sandboxID: z.string(), cols: z.number().int(), rows: z.number().int(), running: z.boolean(), startedAt: z.string() })
-  .openapi('PtySession');
-
 /** POST /api/sandboxes/:id/pty. */
-export function registerPtyRoutes(t: RouteTable, deps: ApiDeps): void {
+export function registerPtyRoutes(t: RouteTable, deps: ApiDeps, sandbox: SandboxServices): void {
   t.add({
     method: 'post',
     path: '/api/sandboxes/:id/pty',
@@ -48,7 +33,7 @@ export function registerPtyRoutes(t: RouteTable, deps: ApiDeps): void {
     responses: { 201: { description: 'The terminal', schema: PtyView } },
     errors: [409, 502, 503],
     handler: async ({ params, body, org, res }) => {
-      const info = await sandboxServicesOf(deps).pty.start(org.id, params.id, body);
+      const info = await sandbox.pty.start(org.id, params.id, body);
       res
         .status(201)
         .json({ sessionID: info.sessionID, sandboxID: params.id, cols: info.cols, rows: info.rows, running: info.running, startedAt: info.startedAt });
@@ -57,10 +42,10 @@ export function registerPtyRoutes(t: RouteTable, deps: ApiDeps): void {
 }
 
 /** The WebSocket route (express-ws); no-op without WebSocket support (unit tests). */
-export function registerPtySocket(app: express.Express, deps: ApiDeps, auth: Authenticator): void {
+export function registerPtySocket(app: express.Express, deps: ApiDeps, auth: Authenticator, sandbox: SandboxServices): void {
   const wsApp = app as express.Express & { ws?: (path: string, h: (ws: WebSocket, req: Request) => void) => void };
   if (typeof wsApp.ws !== 'function') return;
-  const pty = sandboxServicesOf(deps).pty;
+  const pty = sandbox.pty;
   wsApp.ws('/api/sandboxes/:id/pty/:sessionID', (client, req) => {
     // What the client types before the relay is up is kept, in order.
     const early: [Buffer, boolean][] = [];

@@ -2,8 +2,9 @@ import { z } from 'zod';
 import type { ApiDeps } from '../deps';
 import type { RouteTable } from '../http';
 import '../http';
-import { sandboxServicesOf } from '../../services/sandbox-services';
-import { KillBody, SandboxParams } from '../sandbox-schemas';
+import type { SandboxServices } from '../../services/sandbox-services';
+import { KillBody, SandboxParams } from '../../contract/sandboxes';
+import { CreateAgentSessionBody, AgentSessionParams, AgentSessionView } from '../../contract/exec';
 
 /*
  * Sandbox agent sessions: an agent runner started inside the sandbox as an exec session, speaking
@@ -13,62 +14,9 @@ import { KillBody, SandboxParams } from '../sandbox-schemas';
  * line split on spaces) or the request's `runner` runs another program through it instead.
  */
 
-const McpServer = z
-  .object({
-    command: z.string().min(1).max(4096).optional(),
-    args: z.array(z.string().max(32768)).max(256).optional(),
-    env: z.record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'must be a valid environment variable name'), z.string().max(32768)).optional(),
-    type: z.enum(['stdio', 'http', 'sse']).optional(),
-    url: z.url().max(4096).optional(),
-    headers: z.record(z.string().max(256), z.string().max(8192)).optional(),
-  })
-  .refine((s) => Boolean(s.command) !== Boolean(s.url), { message: 'needs exactly one of command (stdio) or url (http, sse)' });
-
-export const CreateAgentBody = z
-  .object({
-    prompt: z
-      .string()
-      .max(1024 * 1024)
-      .optional(),
-    model: z.string().min(1).max(200).optional(),
-    systemPrompt: z
-      .string()
-      .max(1024 * 1024)
-      .optional(),
-    allowedTools: z.array(z.string().min(1).max(200)).max(500).optional(),
-    permissionMode: z.enum(['default', 'acceptEdits', 'bypassPermissions', 'plan']).optional(),
-    maxTurns: z.number().int().positive().max(10_000).optional(),
-    cwd: z.string().startsWith('/', 'must be an absolute path').max(4096).optional(),
-    mcpServers: z.record(z.string().regex(/^[\w.-]{1,64}$/, 'must be a server name (letters, digits, _ . -)'), McpServer).optional(),
-    resume: z.string().min(1).max(200).optional(),
-    runner: z
-      .array(z.string().max(32768))
-      .min(1)
-      .max(256)
-      .optional()
-      .describe('Program (argv) to run instead of the default runner; it must speak the same JSON-lines protocol'),
-  })
-  .openapi('CreateSandboxAgentSession');
-
-export const AgentSessionParams = SandboxParams.extend({
-  sessionID: z.string().regex(/^as-[a-z0-9]{1,64}$/, 'must be an agent session id (as-…)'),
-});
-
-export const AgentSessionView = z
-  .object({
-    sessionID: z.string(),
-    sandboxID: z.string(),
-    running: z.boolean(),
-    startedAt: z.string(),
-    agentSessionID: z.string(),
-    exitCode: z.number().int().nullable(),
-    exitedAt: z.string().nullable(),
-  })
-  .openapi('SandboxAgentSession');
-
 /** /api/sandboxes/:id/agent: start, list, read, kill. */
-export function registerSandboxAgentRoutes(t: RouteTable, deps: ApiDeps): void {
-  const svc = sandboxServicesOf(deps).agents;
+export function registerSandboxAgentRoutes(t: RouteTable, deps: ApiDeps, sandbox: SandboxServices): void {
+  const svc = sandbox.agents;
 
   t.add({
     method: 'post',
@@ -76,7 +24,7 @@ export function registerSandboxAgentRoutes(t: RouteTable, deps: ApiDeps): void {
     tag: 'agent',
     summary: 'Start an agent runner in the sandbox; attach with the exec WebSocket at /api/sandboxes/{id}/exec/{sessionID}',
     params: SandboxParams,
-    body: CreateAgentBody,
+    body: CreateAgentSessionBody,
     responses: { 201: { description: 'The running agent session', schema: AgentSessionView } },
     errors: [409, 502, 503],
     handler: async ({ params, body, org, res }) => {

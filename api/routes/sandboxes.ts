@@ -2,23 +2,18 @@ import { z } from 'zod';
 import type { ApiDeps } from '../deps';
 import type { RouteTable } from '../http';
 import '../http';
-import { ApiError } from '../../lib/errors';
+import { ApiError } from '../../contract/errors';
 import { networkSchema } from '../../contract/network';
-import { AllowedHostsView, CreateSandboxBody, SandboxMetricsView, SandboxParams, sandboxView, SandboxView, ScaleBody, ScaleView } from '../sandbox-schemas';
+import { AllowedHostsView, CreateSandboxBody, SandboxMetricsView, SandboxParams, SandboxView, ScaleBody, ScaleView } from '../../contract/sandboxes';
+import { sandboxView } from '../../services/views';
 import { sseIfAsked } from '../sse';
-import { sandboxServicesOf } from '../../services/sandbox-services';
+import type { SandboxServices } from '../../services/sandbox-services';
 import { sealedHostsOfStore } from '../../services/secret-stores';
-
-/** An idle timeout in seconds (0 = none), at most 30 days. */
-const IdleTimeoutSeconds = z
-  .number()
-  .int()
-  .min(0)
-  .max(30 * 24 * 3600);
+import { IdleTimeoutSeconds } from '../../contract/sandboxes';
 
 /** /api/sandboxes: create, list, read, kill (the OpenComputer API's shapes). */
-export function registerSandboxRoutes(t: RouteTable, deps: ApiDeps): void {
-  const svc = sandboxServicesOf(deps).sandboxes;
+export function registerSandboxRoutes(t: RouteTable, deps: ApiDeps, sandbox: SandboxServices): void {
+  const svc = sandbox.sandboxes;
   t.add({
     method: 'post',
     path: '/api/sandboxes',
@@ -83,7 +78,7 @@ export function registerSandboxRoutes(t: RouteTable, deps: ApiDeps): void {
     },
   });
 
-  const resources = sandboxServicesOf(deps).resources;
+  const resources = sandbox.resources;
   t.add({
     method: 'get',
     path: '/api/sandboxes/:id/metrics',

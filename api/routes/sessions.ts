@@ -5,15 +5,7 @@ import { idempotencyKeyOf } from '../idempotency';
 import { CreateSessionBody, Cursor, Limit, WaitSeconds, Session, SessionParams, SessionResult, SessionStatusEnum, AgentParams } from '../../contract/schemas';
 import { sessionResultView, sessionView } from '../../services/views';
 import { isTerminal, type LogStream, type LogWriter, type SessionLogDoc, type SessionService } from '../../services/sessions';
-
-const LogsQuery = z.object({
-  stream: z.enum(['stdout', 'stderr', 'all']).default('all').describe('Which output (default all: both, interleaved as written)'),
-  follow: z
-    .enum(['true', 'false', '1', '0'])
-    .default('false')
-    .transform((v) => v === 'true' || v === '1')
-    .describe('Stream the output while the session runs (chunked), ending when the session ends'),
-});
+import { LogsQuery } from '../../contract/schemas';
 
 /**
  * Writes a session's log: text/plain (the output as it was printed) by default, or NDJSON, one

@@ -3,40 +3,11 @@ import type { ApiDeps } from '../deps';
 import type { RouteTable } from '../http';
 import '../http';
 import type { SnapshotDoc } from '../../services/snapshots';
-import { sandboxServicesOf } from '../../services/sandbox-services';
+import type { SandboxServices } from '../../services/sandbox-services';
 import { sse } from '../sse';
 
 export { ImageManifestSchema, ImageStepSchema } from '../../contract/image-schema';
-import { ImageManifestSchema } from '../../contract/image-schema';
-
-const SnapshotName = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/, 'must be 1-128 letters, digits, ".", "_" or "-", starting with a letter or digit');
-
-export const CreateSnapshotBody = z
-  .object({
-    name: SnapshotName,
-    image: ImageManifestSchema.optional(),
-    checkpointId: z
-      .string()
-      .regex(/^cp-[a-z0-9]{1,64}$/, 'must be a checkpoint id (cp-…)')
-      .optional(),
-  })
-  .refine((b) => (b.image === undefined) !== (b.checkpointId === undefined), { message: 'give exactly one of image and checkpointId', path: ['image'] })
-  .openapi('CreateSnapshot');
-
-export const SnapshotView = z
-  .object({
-    id: z.string(),
-    orgId: z.string(),
-    name: z.string(),
-    status: z.enum(['building', 'ready', 'failed']),
-    contentHash: z.string().nullable(),
-    checkpointId: z.string().nullable(),
-    manifest: z.record(z.string(), z.unknown()),
-    error: z.string().nullable(),
-    createdAt: z.string(),
-    lastUsedAt: z.string(),
-  })
-  .openapi('Snapshot');
+import { CreateSnapshotBody, SnapshotView, IdOrName } from '../../contract/checkpoints';
 
 /** The public form of a snapshot (2.8). */
 export function snapshotView(s: SnapshotDoc): z.infer<typeof SnapshotView> {
@@ -54,11 +25,9 @@ export function snapshotView(s: SnapshotDoc): z.infer<typeof SnapshotView> {
   };
 }
 
-const IdOrName = z.object({ idOrName: SnapshotName });
-
 /** /api/snapshots: build (from an image manifest) or take (from a checkpoint), list, read, delete. */
-export function registerSnapshotRoutes(t: RouteTable, deps: ApiDeps): void {
-  const svc = sandboxServicesOf(deps).snapshots;
+export function registerSnapshotRoutes(t: RouteTable, deps: ApiDeps, sandbox: SandboxServices): void {
+  const svc = sandbox.snapshots;
   t.add({
     method: 'post',
     path: '/api/snapshots',

@@ -1,9 +1,9 @@
 import { z } from 'zod';
 import type { ApiDeps } from '../deps';
 import type { RouteTable } from '../http';
-import { ApiError } from '../../lib/errors';
-import { sandboxServicesOf } from '../../services/sandbox-services';
-import { SandboxParams } from '../sandbox-schemas';
+import { ApiError } from '../../contract/errors';
+import type { SandboxServices } from '../../services/sandbox-services';
+import { SandboxParams } from '../../contract/sandboxes';
 
 /**
  * Calls of the OpenComputer client (@opencomputer/sdk 0.12.4) that concern sandboxes and that this
@@ -33,8 +33,8 @@ export const UNIMPLEMENTED: { method: 'get' | 'post' | 'put' | 'delete'; path: s
 ];
 
 /** Registers the 501 answers of UNIMPLEMENTED. */
-export function registerUnimplementedRoutes(t: RouteTable, deps: ApiDeps): void {
-  const sandboxes = sandboxServicesOf(deps).sandboxes;
+export function registerUnimplementedRoutes(t: RouteTable, deps: ApiDeps, sandbox: SandboxServices): void {
+  const sandboxes = sandbox.sandboxes;
   for (const u of UNIMPLEMENTED) {
     const onSandbox = u.path.includes(':id');
     t.add({

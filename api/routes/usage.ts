@@ -1,21 +1,6 @@
-import { z } from 'zod';
 import type { RouteTable } from '../http';
 import type { UsageService } from '../../services/usage';
-
-const Usage = z
-  .object({
-    storage: z.object({
-      usedBytes: z.number().int().describe("Bytes of the organisation's checkpoint layers (snapshot builds make checkpoints too)"),
-      reservedBytes: z
-        .number()
-        .int()
-        .describe('Bytes reserved by captures under way (checkpoints, snapshot builds): what each will add, held until its size is recorded'),
-      quotaBytes: z.number().int().nullable().describe('Its storage quota (ORG_STORAGE_QUOTA_MB, or its own setting); null: unlimited'),
-      checkpoints: z.number().int(),
-      snapshots: z.number().int(),
-    }),
-  })
-  .openapi('Usage');
+import { Usage } from '../../contract/usage';
 
 /** GET /api/usage: what the caller's organisation stores, against its quota. */
 export function registerUsageRoutes(t: RouteTable, usage: UsageService): void {

@@ -2,8 +2,8 @@
 import { promises as fsp } from 'node:fs';
 import { constants as osConstants } from 'node:os';
 import * as path from 'node:path';
-import { SandboxError } from '../errors';
-import { procStart } from '../procs';
+import { SandboxError } from '../../contract/errors';
+import { procStart } from '../proc-refs-and-cgroups';
 
 /** Environment every process in a sandbox starts with (the sandbox's and the process's own envs are added). */
 export const DEFAULT_ENV: Record<string, string> = {

@@ -5,7 +5,7 @@
 import { promises as fsp } from 'node:fs';
 import type { Logger } from 'pino';
 import type { CreateResult } from '../driver';
-import { SandboxError } from '../errors';
+import { SandboxError } from '../../contract/errors';
 import { HIBERNATION_LAYER_MARK, type CreateSandboxRequest, type SandboxInfo } from '../host-contract/types';
 import { assertId, type KeyedLock } from './common';
 import type { Respawn, SandboxState, StateFile } from './state-file';

@@ -9,7 +9,7 @@ import { randomBytes } from 'node:crypto';
 import { promises as fsp } from 'node:fs';
 import * as path from 'node:path';
 import { pipeline } from 'node:stream/promises';
-import { SandboxError } from '../errors';
+import { SandboxError } from '../../contract/errors';
 import { assertId } from './common';
 import { LayerGc, type LayerGcDeps } from './layer-gc';
 

@@ -4,8 +4,8 @@
  * restart, a hibernate and a wake keep them).
  */
 import { promises as fsp, readFileSync } from 'node:fs';
-import { SandboxError } from '../errors';
-import { SandboxCgroups } from '../procs';
+import { SandboxError } from '../../contract/errors';
+import { SandboxCgroups } from '../proc-refs-and-cgroups';
 import type { SandboxMetrics, ScaleRequest, ScaleResult } from '../host-contract/types';
 import type { SandboxState } from './state-file';
 import { sleep, type KeyedLock } from './common';

@@ -10,7 +10,7 @@ import * as path from 'node:path';
 import type { Logger } from 'pino';
 import { SecretBox } from '../../lib/secret-box';
 import type { ProviderKind } from '../driver';
-import type { ProcRef, Limits } from '../procs';
+import type { ProcRef, Limits } from '../proc-refs-and-cgroups';
 import type { CreateSandboxRequest, PatchOutcome, SandboxInfo } from '../host-contract/types';
 
 /** What a host keeps about a sandbox, in state.json. */

@@ -3,6 +3,7 @@
  * Every method throws HostError for an error answer; a network failure is thrown as node:http reports
  * it (an Error with `code`, e.g. ECONNREFUSED).
  */
+import type { HostCapacity } from '../../contract/hosts';
 import * as http from 'node:http';
 import * as https from 'node:https';
 import { WebSocket } from 'ws';
@@ -46,16 +47,6 @@ function errorOf(res: http.IncomingMessage, fallback: string): Promise<HostError
       resolve(new HostError(err?.type ?? 'internal', res.statusCode ?? 0, err?.message ?? fallback));
     });
   });
-}
-
-/** A host's load as /healthz reports it. */
-export interface HostCapacity {
-  sandboxes: number;
-  maxSandboxes: number;
-  /** Sum of the live sandboxes' memory limits. */
-  reservedMB: number;
-  /** The machine's memory. */
-  memoryMB: number;
 }
 
 /** Where the host is and how to authenticate. */

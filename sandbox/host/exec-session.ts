@@ -7,7 +7,7 @@ import type { Socket } from 'node:net';
 import { constants as osConstants } from 'node:os';
 import type { Logger } from 'pino';
 import { WebSocket } from 'ws';
-import { SandboxCgroups } from '../procs';
+import { SandboxCgroups } from '../proc-refs-and-cgroups';
 import type { PipedProcess } from '../spawner';
 import type { ExecRequest, ExecSessionInfo } from '../host-contract/types';
 import { writeBinaryFrame } from '../host-contract/frames';

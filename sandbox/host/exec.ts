@@ -32,8 +32,8 @@ import type { Request, Response, NextFunction } from 'express';
 import type { Logger } from 'pino';
 import { WebSocketServer } from 'ws';
 import { z } from 'zod';
-import { errorStatus, isSandboxError, SandboxError } from '../errors';
-import { SandboxCgroups } from '../procs';
+import { HOST_ERROR_STATUS, isSandboxError, SandboxError } from '../../contract/errors';
+import { SandboxCgroups } from '../proc-refs-and-cgroups';
 import type { SandboxProvider } from '../driver';
 import type { PipedProcess } from '../spawner';
 import { EXEC_SESSION_ID, type ExecRequest, type ExecRunResult } from '../host-contract/types';
@@ -304,7 +304,7 @@ export function attachExec(
         },
         (err: Error & { type?: string }) => {
           const type = isSandboxError(err) ? err.type : 'internal';
-          reject(errorStatus[type as keyof typeof errorStatus] ?? 500, type, err.message);
+          reject(HOST_ERROR_STATUS[type as keyof typeof HOST_ERROR_STATUS] ?? 500, type, err.message);
         },
       );
       return;

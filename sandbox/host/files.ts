@@ -22,7 +22,7 @@ import type express from 'express';
 import type { Request, Response, NextFunction } from 'express';
 import { z } from 'zod';
 import { writeCharged } from '../charged-write';
-import { SandboxError } from '../errors';
+import { SandboxError } from '../../contract/errors';
 import {
   fsError,
   listSandboxDir,

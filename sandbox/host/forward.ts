@@ -11,7 +11,7 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import * as readline from 'node:readline';
 import type { Logger } from 'pino';
-import { SandboxError } from '../errors';
+import { SandboxError } from '../../contract/errors';
 import type { SandboxProvider } from '../driver';
 import type { ForwarderCommand, ForwarderReply } from './forwarder';
 

@@ -19,7 +19,7 @@ import type { Request, Response, NextFunction } from 'express';
 import type { Logger } from 'pino';
 import { WebSocket } from 'ws';
 import { z } from 'zod';
-import { SandboxError } from '../errors';
+import { SandboxError } from '../../contract/errors';
 import type { SandboxProvider } from '../driver';
 
 const SCROLLBACK_BYTES = 64 * 1024;

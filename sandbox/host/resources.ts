@@ -6,9 +6,9 @@ import type express from 'express';
 import type { Request, Response, NextFunction } from 'express';
 import type { z } from 'zod';
 import { overMaximum, type SandboxLimits } from '../../config/limits';
-import { isSandboxError, SandboxError } from '../errors';
+import { isSandboxError, SandboxError } from '../../contract/errors';
 import type { SandboxProvider } from '../driver';
-import { SandboxCgroups } from '../procs';
+import { SandboxCgroups } from '../proc-refs-and-cgroups';
 import type { SandboxMetricsEntry } from '../host-contract/types';
 import { schemas } from './server-schemas';
 

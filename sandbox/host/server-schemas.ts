@@ -2,7 +2,7 @@
 import type { Request } from 'express';
 import { z } from 'zod';
 import { networkSchema } from '../../contract/network';
-import { SandboxError } from '../errors';
+import { SandboxError } from '../../contract/errors';
 import { MIN_MEMORY_MB } from '../../contract/limits';
 
 const stringMap = z.record(z.string(), z.string());

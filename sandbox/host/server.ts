@@ -9,13 +9,14 @@ import express, { type NextFunction, type Request, type Response } from 'express
 import pino, { type Logger } from 'pino';
 import { effectiveResources, loadLimits, overMaximum, type SandboxLimits } from '../../config/limits';
 import { loadExecLimits, type ExecLimits } from '../../config/exec-limits';
-import { errorStatus, isSandboxError, SandboxError, type SandboxErrorType } from '../errors';
+import { HOST_ERROR_STATUS, isSandboxError, SandboxError, type HostErrorType } from '../../contract/errors';
 import type { ProviderKind, SandboxProvider } from '../driver';
 import { createSandboxProvider } from '../factory';
 import type { CreatedSandbox, WireEntrypointLog } from '../host-contract/types';
 import type { EntrypointLog } from '../base';
 import { bearerMatchesHeader } from './auth';
-import { HostClient, type HostCapacity } from '../host-contract/client';
+import { HostClient } from '../host-contract/client';
+import type { HostCapacity } from '../../contract/hosts';
 import { machineName } from '../../lib/machine';
 import { scrubUrl } from '../../lib/logger';
 import { attachExec, ExecManager } from './exec';
@@ -79,8 +80,8 @@ const h = (fn: Handler) => (req: Request, res: Response, next: NextFunction) => 
 /** Constant-time check of `Authorization: Bearer <token>`. */
 export const bearerMatches = bearerMatchesHeader;
 
-function sendError(res: Response, type: SandboxErrorType, message: string): void {
-  res.status(errorStatus[type]).json({ error: { type, message } });
+function sendError(res: Response, type: HostErrorType, message: string): void {
+  res.status(HOST_ERROR_STATUS[type]).json({ error: { type, message } });
 }
 
 /** A file for CreatedSandbox.file: its content, missing, too large, or undefined on any other failure. */

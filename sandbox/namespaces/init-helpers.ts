@@ -10,7 +10,7 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import type { Logger } from 'pino';
 import { DEFAULT_ENV } from '../base';
-import { procRef, SandboxCgroups, signalRef, type ProcRef } from '../procs';
+import { procRef, SandboxCgroups, signalRef, type ProcRef } from '../proc-refs-and-cgroups';
 import type { SandboxState } from '../base';
 import type { Spawner } from '../spawner';
 

@@ -10,10 +10,10 @@ import { promisify } from 'node:util';
 import type { Logger } from 'pino';
 import { PROJECT_ROOT } from '../../config';
 import type { LayerScan, SandboxState } from '../base';
-import { SandboxError } from '../errors';
+import { SandboxError } from '../../contract/errors';
 import { shiftIdsToSandbox, stripSetIds, type SetIdFile } from '../id-slots';
 import { openSandboxFileForRead, type RootMap } from '../paths';
-import { isAlive, SandboxCgroups } from '../procs';
+import { isAlive, SandboxCgroups } from '../proc-refs-and-cgroups';
 
 export const execFileP = promisify(execFile);
 

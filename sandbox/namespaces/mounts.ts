@@ -1,6 +1,6 @@
 /** The namespaces provider's mounts: what a sandbox left mounted on the host, and a sandbox's own trees. */
 import { promises as fsp } from 'node:fs';
-import { SandboxError } from '../errors';
+import { SandboxError } from '../../contract/errors';
 import type { Spawner } from '../spawner';
 
 /** Mount points under `dir` in the host's mount namespace, deepest first. */

@@ -10,8 +10,8 @@ import * as path from 'node:path';
 import { DEFAULT_DISK_MB } from '../../config/limits';
 import { ID_COUNT, type IdSlots } from '../id-slots';
 import { RESOLVER_ADDRESS, type Egress, type SandboxNetwork } from '../network';
-import { SandboxError } from '../errors';
-import { procRef, SandboxCgroups, signalRef, type ProcRef } from '../procs';
+import { SandboxError } from '../../contract/errors';
+import { procRef, SandboxCgroups, signalRef, type ProcRef } from '../proc-refs-and-cgroups';
 import type { DiskImages } from './disk';
 import { SPARE_PREFIX, type SpareKit, type Starting } from './init-helpers';
 

@@ -18,7 +18,7 @@ import type { Logger } from 'pino';
 import type { SandboxState } from '../base';
 import type { IdSlots } from '../id-slots';
 import type { SandboxNetwork } from '../network';
-import { isAlive, procRef, SandboxCgroups, signalRef, type ProcRef } from '../procs';
+import { isAlive, procRef, SandboxCgroups, signalRef, type ProcRef } from '../proc-refs-and-cgroups';
 import type { DiskImages } from './disk';
 
 /** What is left of a destroyed sandbox to remove (the names as they were moved by detach). */

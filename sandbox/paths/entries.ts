@@ -1,7 +1,7 @@
 /** The filesystem routes' operations on sandbox paths: stream, stat, list, mkdir, rename, remove (see ../paths.ts). */
 import { constants as fsc, promises as fsp } from 'node:fs';
 import type { FileHandle } from 'node:fs/promises';
-import { SandboxError } from '../errors';
+import { SandboxError } from '../../contract/errors';
 import type { SandboxEntry } from '../host-contract/types';
 import { DIR_FLAGS, type RootMap, closeAll, errCode, keepIfInside, openResolved, walk } from './resolve';
 import { guarded, resolveSandboxPathUnguarded } from './resolve';

@@ -5,7 +5,7 @@
 import { constants as fsc, promises as fsp } from 'node:fs';
 import type { FileHandle } from 'node:fs/promises';
 import * as path from 'node:path';
-import { isSandboxError, SandboxError } from '../errors';
+import { isSandboxError, SandboxError } from '../../contract/errors';
 
 /** Where the sandbox's tree lives on the host: mount points inside the sandbox → host directories. */
 export interface RootMap {

@@ -9,7 +9,7 @@ import type { Logger } from 'pino';
 import { MAX_SEALED_PER_SANDBOX, normaliseAllowedHost, normaliseInjectInto, PLACEHOLDER_PREFIX } from '../../contract/sealed';
 import type { CreateSandboxRequest } from '../host-contract/types';
 import type { SecretBox } from '../../lib/secret-box';
-import { SandboxError } from '../errors';
+import { SandboxError } from '../../contract/errors';
 import type { SandboxNetwork } from '../network';
 import { SealCa, TRUST_ENV } from './ca';
 import { sealedContext, SealProxy, type SealedEntry } from './proxy';

@@ -21,7 +21,9 @@ import {
 } from '../../contract/conversations';
 import { ApiError, conflict, invalid, notFound } from '../../contract/errors';
 import { derivedId, randomId } from '../../lib/ids';
-import { isDuplicateKey, runSpecOf, type AgentRunSpec } from '../../store';
+import { isDuplicateKey } from '../../store';
+import { runSpecOf } from '../run-spec';
+import type { AgentRunSpec } from '../../contract/workflows';
 import {
   deleteConversation,
   findConversation,

@@ -1,5 +1,6 @@
 import type { Request } from 'express';
 import { createAuthenticator, pickSubprotocol } from '../../api/auth';
+import { createKeyService } from '../../services/api-keys';
 import { hashSecret } from '../../lib/ids';
 import type { Store } from '../../store';
 
@@ -31,7 +32,7 @@ describe('the console WebSocket key (Sec-WebSocket-Protocol)', () => {
   });
 
   it('refuses a handshake that offers the key alone, without sap-console, saying what to offer', async () => {
-    const auth = createAuthenticator(storeWithKey('the-right-key'));
+    const auth = createAuthenticator(createKeyService(storeWithKey('the-right-key')));
     await expect(auth.authenticate(req({ 'sec-websocket-protocol': `sap-key.${b64('the-right-key')}` }))).rejects.toMatchObject({
       type: 'unauthorized',
       message: expect.stringContaining('must offer sap-console beside it'),
@@ -39,7 +40,7 @@ describe('the console WebSocket key (Sec-WebSocket-Protocol)', () => {
   });
 
   it('authenticates the key carried as sap-key.<base64url>, and refuses a wrong or empty one', async () => {
-    const auth = createAuthenticator(storeWithKey('the-right-key'));
+    const auth = createAuthenticator(createKeyService(storeWithKey('the-right-key')));
     await expect(auth.authenticate(req({ 'sec-websocket-protocol': `sap-console, sap-key.${b64('the-right-key')}` }))).resolves.toEqual({
       id: 'org-a',
       role: 'tenant',
@@ -57,7 +58,7 @@ describe('the key in the query', () => {
   const spellings = ['api_key', 'api%5Fkey', 'api%5fkey', '%61pi_key', '%61%70%69%5F%6B%65%79'];
 
   it.each(spellings)('is never taken from an HTTP request (%s): a header can be sent there', async (name) => {
-    const auth = createAuthenticator(storeWithKey('the-right-key'));
+    const auth = createAuthenticator(createKeyService(storeWithKey('the-right-key')));
     // Express's simple query parser decodes the name: every spelling arrives as api_key.
     const query = require('node:querystring').parse(`${name}=the-right-key`) as Record<string, string>;
     expect(query.api_key).toBe('the-right-key');
@@ -71,7 +72,7 @@ describe('the key in the query', () => {
   });
 
   it('is taken from a WebSocket handshake (OpenComputer’s client sends ?api_key=)', async () => {
-    const auth = createAuthenticator(storeWithKey('the-right-key'));
+    const auth = createAuthenticator(createKeyService(storeWithKey('the-right-key')));
     await expect(auth.authenticate(req({}, { api_key: 'the-right-key' }))).resolves.toEqual({ id: 'org-a', role: 'tenant' });
     await expect(auth.authenticate(req({ upgrade: 'WebSocket' }, { api_key: 'the-right-key' }))).resolves.toEqual({ id: 'org-a', role: 'tenant' });
     await expect(auth.authenticate(req({}, { api_key: 'wrong' }))).rejects.toMatchObject({ type: 'unauthorized', message: 'invalid API key' });
@@ -85,7 +86,7 @@ describe('watching an open socket’s key', () => {
     jest.useFakeTimers();
     const keys = new Map([[hashSecret('k1'), { _id: hashSecret('k1'), orgId: 'org-a' }]]);
     const apiKeys = { findOne: async (q: { _id: string }) => keys.get(q._id) ?? null };
-    const auth = createAuthenticator({ apiKeys, db: { collection: () => apiKeys } } as unknown as Store);
+    const auth = createAuthenticator(createKeyService({ apiKeys, db: { collection: () => apiKeys } } as unknown as Store));
     const r = req({ 'sec-websocket-protocol': `sap-console, sap-key.${b64('k1')}` });
     const org = await auth.authenticate(r);
     const revoked = jest.fn();
@@ -114,7 +115,7 @@ describe('the key cache’s lifetime (API_KEY_CACHE_MS)', () => {
     const keys = new Map([[hashSecret('k2'), { _id: hashSecret('k2'), orgId: 'org-a' }]]);
     let reads = 0;
     const apiKeys = { findOne: async (q: { _id: string }) => (reads++, keys.get(q._id) ?? null) };
-    const auth = createAuthenticator({ apiKeys, db: { collection: () => apiKeys } } as unknown as Store, 2_000);
+    const auth = createAuthenticator(createKeyService({ apiKeys, db: { collection: () => apiKeys } } as unknown as Store), 2_000);
     const r = req({ 'x-api-key': 'k2' });
     const org = await auth.authenticate(r);
     const revoked = jest.fn();

@@ -1,13 +1,13 @@
 import { MongoNetworkError, MongoServerError } from 'mongodb';
 import { ServiceError } from '@temporalio/client';
 import { toApiError } from '../../api/app';
-import { ApiError, ERROR_STATUS } from '../../lib/errors';
+import { ApiError, API_ERROR_STATUS } from '../../contract/errors';
 import { afterCursor, decodeCursor, encodeCursor } from '../../store/page';
 
 describe('error vocabulary', () => {
   it('maps every type to a status', () => {
-    for (const [type, status] of Object.entries(ERROR_STATUS)) {
-      expect(new ApiError(type as keyof typeof ERROR_STATUS, 'x').status).toBe(status);
+    for (const [type, status] of Object.entries(API_ERROR_STATUS)) {
+      expect(new ApiError(type as keyof typeof API_ERROR_STATUS, 'x').status).toBe(status);
     }
   });
 

@@ -3,7 +3,7 @@
  * relays keep their type and status; every other host code is a 502; an unreachable host is a 503.
  */
 import { API_ERROR_STATUS, HOST_ERROR_STATUS, HostError, relayedFromHost, type HostErrorType } from '../../contract/errors';
-import { ApiError } from '../../lib/errors';
+import { ApiError } from '../../contract/errors';
 import { fromHostError } from '../../services/host-errors';
 
 describe('fromHostError', () => {

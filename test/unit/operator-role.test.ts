@@ -1,5 +1,6 @@
 import type { Request } from 'express';
 import { createAuthenticator } from '../../api/auth';
+import { createKeyService } from '../../services/api-keys';
 import { authorizeMetrics, isLoopback } from '../../api/metrics';
 import { hashSecret } from '../../lib/ids';
 import type { Store } from '../../store';
@@ -17,7 +18,7 @@ function store(): Store {
 const req = (headers: Record<string, string>, remoteAddress = '10.1.2.3') => ({ headers, query: {}, socket: { remoteAddress } }) as unknown as Request;
 
 describe('the operator role of a key', () => {
-  const auth = createAuthenticator(store());
+  const auth = createAuthenticator(createKeyService(store()));
 
   it('is tenant for a key stored without a role, operator when stored so', async () => {
     await expect(auth.authenticate(req({ 'x-api-key': 'tenant-key' }))).resolves.toEqual({ id: 'org-a', role: 'tenant' });
@@ -32,7 +33,7 @@ describe('the operator role of a key', () => {
 });
 
 describe('GET /metrics access', () => {
-  const auth = createAuthenticator(store());
+  const auth = createAuthenticator(createKeyService(store()));
   const TOKEN = 'metrics-token-0123456789';
 
   it('with METRICS_TOKEN: the bearer token from anywhere, nothing else (loopback included); an operator key too', async () => {

@@ -8,7 +8,7 @@ import { MockActivityEnvironment } from '@temporalio/testing';
 import { createSessionActivities, type Provisioned } from '../../activities/sessions';
 import type { ActivityDeps } from '../../activities/deps';
 import { loadLimits } from '../../config/limits';
-import type { AgentRunSpec } from '../../store';
+import type { AgentRunSpec } from '../../contract/workflows';
 
 function fakeDeps(): { deps: ActivityDeps; inserted: string[] } {
   const inserted: string[] = [];

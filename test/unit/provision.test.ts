@@ -4,13 +4,13 @@
  */
 import pino from 'pino';
 import type { ApiDeps } from '../../api/deps';
-import { CreateSandboxBody } from '../../api/sandbox-schemas';
+import { CreateSandboxBody } from '../../contract/sandboxes';
 import { provisionSandbox } from '../../services/sandboxes';
 import { loadLimits } from '../../config/limits';
-import { ApiError } from '../../lib/errors';
+import { ApiError } from '../../contract/errors';
 import { HostError } from '../../sandbox/host-contract/client';
 import type { SandboxInfo } from '../../sandbox/host-contract/types';
-import { startReaper } from '../../worker/reaper';
+import { startReaper } from '../../services/reaper';
 
 const logger = pino({ level: 'silent' });
 

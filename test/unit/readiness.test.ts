@@ -1,4 +1,4 @@
-import { judgeWorkers } from '../../api/readiness';
+import { judgeWorkers } from '../../services/readiness';
 import { workerReadiness } from '../../worker/readiness';
 
 const NOW = 1_000_000;

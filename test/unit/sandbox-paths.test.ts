@@ -3,7 +3,7 @@ import { promises as fsp, existsSync, readdirSync, readlinkSync, realpathSync } 
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { envPairs, shq } from '../../sandbox/base';
-import { errorStatus } from '../../sandbox/errors';
+import { HOST_ERROR_STATUS } from '../../contract/errors';
 import {
   fsError,
   hostPathOf,
@@ -246,7 +246,7 @@ describe('sandbox path walks: descriptors, limits and errors', () => {
     for (const code of [...codes, 'EWHATEVER']) {
       const raw = Object.assign(new Error(`${code}: failed, open '/proc/self/fd/70/${'a'.repeat(300)}' in ${tmp}`), { code, path: `/proc/self/fd/70/x` });
       const e = fsError(raw, '/workspace/x');
-      const status = errorStatus[e.type];
+      const status = HOST_ERROR_STATUS[e.type];
       expect({ code, ok: hostFaults.has(code) ? status === 503 : status >= 400 && status < 500 }).toEqual({ code, ok: true });
       expect({ code, message: e.message.includes('/proc') || e.message.includes(tmp) }).toEqual({ code, message: false });
       expect(e.message).toContain('/workspace/x');

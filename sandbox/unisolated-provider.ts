@@ -7,9 +7,9 @@ import type { ChildProcess } from 'node:child_process';
 import { promises as fsp } from 'node:fs';
 import * as path from 'node:path';
 import { BaseProvider, DEFAULT_ENV, envPairs, type SandboxState } from './base';
-import { SandboxError } from './errors';
+import { SandboxError } from '../contract/errors';
 import { hostPathOf, sandboxPathComponents, type RootMap } from './paths';
-import { isAlive, SandboxCgroups } from './procs';
+import { isAlive, SandboxCgroups } from './proc-refs-and-cgroups';
 import type { ProviderOptions, SpawnOptions } from './driver';
 
 /** Unisolated sandboxes for development; see the module comment. */

@@ -1,10 +1,6 @@
 /**
- * The API's errors: its class, codes and statuses come from the one registry (contract/errors.ts);
- * re-exported here for the code that throws them. `unreachableService` tells an outage of a backing
- * service from a bug.
+ * Tells an outage of a backing service (MongoDB, Temporal, a socket) from a bug: `unreachableService`.
  */
-export { ApiError, notFound, conflict, invalid, API_ERROR_STATUS as ERROR_STATUS, type ApiErrorType as ErrorType, type ErrorBody } from '../contract/errors';
-
 /** Errors of the MongoDB driver that mean the database cannot be reached (not that a query was wrong). */
 const MONGO_UNREACHABLE = new Set([
   'MongoNetworkError',

@@ -5,9 +5,9 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import type { ProviderKind, SpawnOptions } from '../driver';
-import { SandboxError } from '../errors';
+import { SandboxError } from '../../contract/errors';
 import type { PatchOutcome } from '../host-contract/types';
-import { SandboxCgroups } from '../procs';
+import { SandboxCgroups } from '../proc-refs-and-cgroups';
 import type { PipedProcess, Spawner } from '../spawner';
 import { cgroupJoin, DEFAULT_ENV, PATCH_TAIL_BYTES } from './common';
 import type { EnterOptions } from './entrypoint';

@@ -4,7 +4,7 @@
  * answered by its host; a resize is also written to the sandbox's record.
  */
 import { overMaximum } from '../config/limits';
-import { ApiError, invalid } from '../lib/errors';
+import { ApiError, invalid } from '../contract/errors';
 import type { SandboxMetrics } from '../sandbox';
 import { updateSandbox, type SandboxDoc } from '../store/sandboxes';
 import type { SandboxDeps } from './deps';

@@ -4,7 +4,7 @@ import type { Logger } from '../lib/logger';
 import type { HostClient } from '../sandbox';
 import type { Store } from '../store';
 import { findSandbox, markSandboxStopped } from '../store/sandboxes';
-import { hibernateSandbox } from '../services/hibernation';
+import { hibernateSandbox } from './hibernation';
 import { readSession } from '../store/sessions';
 import type { SandboxInfo } from '../sandbox';
 

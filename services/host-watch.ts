@@ -2,14 +2,15 @@ import type { Client } from '@temporalio/client';
 import type { Logger } from 'pino';
 import type { Store } from '../store';
 import type { HostClient, SandboxInfo } from '../sandbox';
-import { checkHostLost, findHost, hostAlive, listHosts, markHostRejoined, markHostWrittenOff, type HostDoc } from '../store/hosts';
+import { findHost, listHosts, markHostRejoined, markHostWrittenOff, type HostDoc } from '../store/hosts';
 import { findSandboxStates, instancesOnHost, markRunningSandboxes, runningSandboxIdsOnHost } from '../store/sandboxes';
-import { hostAnswers } from '../activities/hosts';
+import { checkHostLost } from './host-loss';
+import { hostAlive } from './placement';
 import { hostLostSignal } from '../workflows/defs';
 
 /**
  * Watches the other hosts from each worker: a host silent for HOST_DEAD_AFTER that does not answer a
- * probe is marked lost (store/hosts.ts), and what lived on it is written off once: each instance
+ * probe is marked lost (services/host-loss.ts), and what lived on it is written off once: each instance
  * there gets the `hostLost` signal (it ends failed, reason host_lost). Sessions find out by
  * themselves (their host-bound steps time out; workflows/session.ts). A lost host's API sandboxes
  * answer 410 (services/hosts.ts) until the host rejoins (rejoinIfLost).
@@ -26,7 +27,7 @@ export function startHostWatch(o: { store: Store; client: Client; hostId: string
       for (const doc of docs) {
         if (doc._id === o.hostId) continue;
         if (!doc.lostAt && hostAlive(doc, o.deadAfterMs)) continue;
-        if (!doc.lostAt && !(await checkHostLost(o.store, doc._id, o.deadAfterMs, (url) => hostAnswers(url, o.token)))) continue;
+        if (!doc.lostAt && !(await checkHostLost(o.store, doc._id, o.deadAfterMs, o.token))) continue;
         if (!doc.writtenOff) await writeOffHost(o.store, o.client, doc._id, o.logger);
       }
     } catch (err) {

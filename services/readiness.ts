@@ -3,7 +3,7 @@ import { temporal } from '@temporalio/proto';
 import { optionalTsToMs } from '@temporalio/common/lib/time';
 import type { Store } from '../store';
 import { listRecentHosts } from '../store/hosts';
-import type { HostDirectory } from '../services/hosts';
+import type { HostDirectory } from './hosts';
 
 /** One check of /readyz: `ok`, or a message saying what is missing, plus details for the body. */
 export interface CheckResult {

@@ -1,15 +1,14 @@
-import { z } from 'zod';
-import type { ApiDeps } from './deps';
-import { MIN_MEMORY_MB } from '../config/limits';
-import { networkSchema } from '../contract/network';
-import { TEMPLATE_NAMES } from '../contract/templates';
-import type { SandboxDoc } from '../services/sandboxes';
-import { patchFields } from '../services/patch-state';
-import { ImageManifestSchema } from '../contract/image-schema';
-import './http';
+/**
+ * Sandboxes (/api/sandboxes): the create body, the public view, kill, metrics and scale.
+ */
+import { z } from './zod'; // zod with .openapi()
+import { MIN_MEMORY_MB } from './limits';
+import { networkSchema } from './network';
+import { TEMPLATE_NAMES } from './templates';
+import { ImageManifestSchema } from './image-schema';
 
 /*
- * Schemas and the public form of a sandbox, shared by the routes of sandboxes, checkpoints, exec,
+ * The schemas of a sandbox, shared by the routes of sandboxes, checkpoints, exec,
  * agent sessions, files, terminals, previews and the 501 answers.
  */
 
@@ -129,29 +128,6 @@ export const AllowedHostsView = z
 
 export const SandboxParams = z.object({ id: z.string().regex(/^sb-[a-z0-9-]{1,64}$/, 'must be a sandbox id (sb-…)') });
 
-/** The public form of a sandbox (OpenComputer's shape: `sandboxID`, camelCase fields). */
-export function sandboxView(deps: ApiDeps, s: SandboxDoc & { hostLost?: boolean }): z.infer<typeof SandboxView> {
-  return {
-    sandboxID: s._id,
-    status: s.hostLost ? 'lost' : s.status,
-    templateID: s.templateID,
-    metadata: (JSON.parse(s.metadata) as Record<string, string> | null) ?? {},
-    timeout: s.timeout,
-    onTimeout: s.onTimeout ?? 'kill',
-    hibernatedAt: s.status === 'hibernated' && s.hibernation ? s.hibernation.at.toISOString() : null,
-    memoryMB: s.memoryMB,
-    cpuCount: s.cpuCount,
-    diskMB: s.diskMB ?? null,
-    fromCheckpoint: s.fromCheckpoint,
-    snapshot: s.snapshot,
-    sandboxDomain: deps.cfg.PREVIEW_DOMAIN,
-    network: s.network ?? { egress: 'internet' },
-    user: s.user ?? 'root',
-    createdAt: s.createdAt.toISOString(),
-    ...patchFields(s),
-  };
-}
-
 /** The body of a kill (exec and agent sessions). */
 export const KillBody = z
   .object({
@@ -211,3 +187,10 @@ export const ScaleView = z
     cpuPercent: z.number().describe('100 per CPU of quota; 0: no quota'),
   })
   .openapi('ScaleResult');
+
+/** An idle timeout in seconds (0 = none), at most 30 days. */
+export const IdleTimeoutSeconds = z
+  .number()
+  .int()
+  .min(0)
+  .max(30 * 24 * 3600);

@@ -1,8 +1,9 @@
 import { createHmac } from 'node:crypto';
 import type { z } from 'zod';
 import { WebhookInput, WebhookView } from '../contract/webhooks';
-import type { SecretBox } from './secret-box';
-import { invalid } from './errors';
+import type { SecretBox } from '../lib/secret-box';
+import type { StoredWebhook, WebhookSpec } from '../contract/workflows';
+import { invalid } from '../contract/errors';
 import { refusedUrl, targetPolicy, type LookupAll } from './webhook-target';
 
 /**
@@ -10,18 +11,6 @@ import { refusedUrl, targetPolicy, type LookupAll } from './webhook-target';
  * (or a batch completes). The secret is kept sealed (lib/secret-box.ts, context `webhook:<org>`):
  * it travels sealed in workflow arguments and is opened only by the activity that signs a delivery.
  */
-
-/** How a webhook is stored and carried: its secret sealed. */
-export interface StoredWebhook {
-  url: string;
-  secretSealed?: string;
-}
-
-/** A webhook as workflows carry it: stored form plus the retry schedule the API set when it started them. */
-export interface WebhookSpec extends StoredWebhook {
-  /** attemptMs: WEBHOOK_TIMEOUT_MS, which bounds the activity's own time limit (absent in specs from before it existed). */
-  retry: { initialMs: number; maxIntervalMs: number; maxHours: number; attemptMs?: number };
-}
 
 export function webhookView(w: StoredWebhook | null | undefined): z.infer<typeof WebhookView> {
   return w ? { url: w.url, has_secret: !!w.secretSealed } : null;
@@ -52,7 +41,7 @@ export function sealWebhook(box: SecretBox, orgId: string, w: z.infer<typeof Web
 
 /**
  * Refuses (400) a webhook URL whose literal address, or whose name's current addresses, the
- * operator's policy refuses (WEBHOOK_ALLOWED_CIDRS; lib/webhook-target.ts). Each delivery checks again.
+ * operator's policy refuses (WEBHOOK_ALLOWED_CIDRS; services/webhook-target.ts). Each delivery checks again.
  */
 export async function assertWebhookTarget(
   cfg: { WEBHOOK_ALLOWED_CIDRS: string; WEBHOOK_RESOLVE_TIMEOUT_MS: number },

@@ -1,0 +1,42 @@
+/**
+ * The composition root of the control plane's services: `createServices(deps)` builds each service
+ * once and wires them to each other. The API process (api/server.ts) builds one set and hands it to
+ * its routes, WebSocket routes and preview proxy, so they share one preview cache and one exec registry.
+ */
+import { createAgentService } from './agents';
+import { createKeyService } from './api-keys';
+import { createBatchService } from './batches';
+import { createCapacityService } from './capacity';
+import { createCodecService } from './codec';
+import { createConsoleService } from './console';
+import { createConversationService } from './conversations';
+import type { ServiceDeps } from './deps';
+import { createInstanceService } from './instances';
+import { createSandboxServices } from './sandbox-services';
+import { createSecretStoreService } from './secret-stores';
+import { createSessionService } from './sessions';
+import { createUsageService } from './usage';
+
+/** Builds every service of the control plane over `deps`, once. */
+export function createServices(deps: ServiceDeps) {
+  const secretStores = createSecretStoreService(deps);
+  const agents = createAgentService(deps, secretStores);
+  return {
+    keys: createKeyService(deps.store),
+    secretStores,
+    agents,
+    sessions: createSessionService(deps, agents),
+    conversations: createConversationService(deps, agents),
+    batches: createBatchService(deps, agents),
+    instances: createInstanceService(deps, agents),
+    capacity: createCapacityService(deps),
+    usage: createUsageService(deps),
+    console: createConsoleService(deps),
+    codec: createCodecService(deps),
+    /** Sandboxes, checkpoints, snapshots, exec and agent sessions, files, terminals, previews, resources. */
+    sandbox: createSandboxServices(deps),
+  };
+}
+
+/** The services of the control plane (see createServices). */
+export type Services = ReturnType<typeof createServices>;

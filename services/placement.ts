@@ -1,0 +1,78 @@
+/**
+ * Where a new sandbox goes: which hosts are alive, how much each should get, the pick itself, and the
+ * hosts as one process sees them (read from the store at most once per interval).
+ */
+import type { HostCapacity } from '../contract/hosts';
+import type { Store } from '../store';
+import { listHosts, type HostDoc } from '../store/hosts';
+
+/** True while the host's heartbeat is younger than `deadAfterMs` (a host marked lost may be heard of again before it rejoins: see `lostAt`). */
+export const hostAlive = (doc: Pick<HostDoc, 'updatedAt'>, deadAfterMs: number, now = Date.now()): boolean =>
+  now - new Date(doc.updatedAt).getTime() < deadAfterMs;
+
+/**
+ * How much a host should get of new sandboxes: its free slots (HOST_MAX_SANDBOXES − live), scaled
+ * down by the share of its memory the live sandboxes' limits reserve (never below a tenth: limits
+ * are maxima and usually overcommitted). 0: the host is at its limit and takes nothing new.
+ */
+export function placementWeight(c: HostCapacity | undefined): number {
+  if (!c) return 1;
+  const free = c.maxSandboxes - c.sandboxes;
+  if (free <= 0) return 0;
+  const memory = c.memoryMB > 0 ? Math.max(0.1, 1 - c.reservedMB / c.memoryMB) : 1;
+  return free * memory;
+}
+
+/**
+ * Picks a host for a new sandbox among the live ones, at random in proportion to placementWeight:
+ * callers that see the same (seconds-old) loads still spread their sandboxes instead of all going
+ * to the emptiest host. A host marked lost gets nothing until it has rejoined. null: no live host has room.
+ */
+export function chooseHost<T extends HostDoc>(docs: T[], deadAfterMs: number, random = Math.random, now = Date.now()): T | null {
+  const candidates = docs
+    .filter((d) => hostAlive(d, deadAfterMs, now) && !d.lostAt)
+    .map((d) => ({ d, w: placementWeight(d.capacity) }))
+    .filter((x) => x.w > 0);
+  const total = candidates.reduce((sum, x) => sum + x.w, 0);
+  if (total <= 0) return null;
+  let r = random() * total;
+  for (const x of candidates) {
+    r -= x.w;
+    if (r < 0) return x.d;
+  }
+  return candidates[candidates.length - 1]!.d;
+}
+
+/**
+ * The hosts collection as one process sees it, read at most every `maxAgeMs` (a small collection,
+ * read whole: one query per interval, whatever the rate of creates).
+ */
+export class HostView {
+  private docs: HostDoc[] = [];
+  private at = 0;
+  private loading: Promise<HostDoc[]> | null = null;
+
+  constructor(
+    private readonly store: Store,
+    private readonly maxAgeMs = 1_000,
+  ) {}
+
+  async all(): Promise<HostDoc[]> {
+    if (Date.now() - this.at < this.maxAgeMs) return this.docs;
+    this.loading ??= listHosts(this.store)
+      .then((docs) => {
+        this.docs = docs;
+        this.at = Date.now();
+        return docs;
+      })
+      .finally(() => {
+        this.loading = null;
+      });
+    return this.loading;
+  }
+
+  /** Forgets what was read (after a host was found dead, say). */
+  invalidate(): void {
+    this.at = 0;
+  }
+}
