@@ -1,17 +1,14 @@
 import { Context } from '@temporalio/activity';
 import type { TurnOutcome } from '../contract/conversations';
-import { effectiveResources } from '../config/limits';
-import { withoutOverridden, type SealedSecretSpec } from '../contract/sealed';
 import type { AgentRunSpec } from '../contract/workflows';
 import { updateConversation } from '../store/conversations';
-import { deleteSandboxRecord, findSandbox, insertSandboxOnce, markSandboxStopped, recordHibernation, updateSandbox, type SandboxDoc } from '../store/sandboxes';
+import { findSandbox, markSandboxStopped, recordHibernation, updateSandbox } from '../store/sandboxes';
 import { HIBERNATION_LAYER_MARK } from '../sandbox';
 import { checkpointTurn, evaluateTurn, runTurn, type RunTurnArgs, type TurnDeps } from '../services/conversations/turns';
 import { rewindTo, turnEnded } from '../services/conversations/lifecycle';
 import type { ActivityDeps } from './deps';
-import { agentEnvOrFail, createOrExplain, imageOrFail, secretEnvOrFail, userOf } from './sessions';
-
-const sealedField = (s: SealedSecretSpec[]) => (s.length ? { sealedSecrets: s } : {});
+import { agentEnvOrFail, secretEnvOrFail } from './sessions';
+import { createAgentSandbox } from './agent-sandbox';
 
 /** A conversation's sandbox id (derived, so a retried provisioning finds the one it made). */
 export const sandboxIdForConversation = (conversationId: string): string => `sb-${conversationId.replace(/^conv_/, 'c')}`;
@@ -39,53 +36,9 @@ export const createConversationActivities = (deps: ActivityDeps) => ({
   }): Promise<{ sandboxId: string; taskQueue: string }> {
     Context.current().heartbeat();
     const sandboxId = sandboxIdForConversation(args.conversationId);
-    const image = !args.fromLayer && args.run.snapshot ? await imageOrFail(deps, args.orgId, args.run.snapshotRef?.snapshotId ?? args.run.snapshot) : null;
-    const { env: secretEnv, sealed } = await secretEnvOrFail(deps, args.orgId, args.run.secretStore);
-    const agentEnv = agentEnvOrFail(deps, args.orgId, args.agentId, args.run);
     const { hostId } = await turnDeps(deps);
-    const { memoryMB, cpuCount, diskMB } = effectiveResources(deps.limits, args.run);
-    const now = new Date();
-    const record: SandboxDoc = {
-      _id: sandboxId,
-      orgId: args.orgId,
-      hostId,
-      status: 'running',
-      templateID: 'base',
-      metadata: JSON.stringify({ conversationId: args.conversationId, agentId: args.agentId }),
-      fromCheckpoint: null,
-      snapshot: image?.snapshotId ?? null,
-      timeout: 0,
-      memoryMB,
-      cpuCount,
-      diskMB,
-      instanceId: null,
-      createdAt: now,
-      updatedAt: now,
-    };
-    await insertSandboxOnce(deps.store, record);
-    const layers = args.fromLayer ? [args.fromLayer] : (image?.layers ?? null);
-    try {
-      await createOrExplain(deps, {
-        id: sandboxId,
-        orgId: args.orgId,
-        owner: { kind: 'instance', id: args.conversationId },
-        envs: { ...image?.env, ...secretEnv, ...agentEnv, CONVERSATION_ID: args.conversationId, AGENT_ID: args.agentId },
-        ...sealedField(withoutOverridden(sealed, agentEnv, { CONVERSATION_ID: '', AGENT_ID: '' })),
-        // A fork's files are its parent's at the turn: the agent's files are already in the layer.
-        ...(args.fromLayer ? {} : { files: args.run.files }),
-        ...(layers ? { layers } : {}),
-        ...(image ? { patches: image.patches, ...(image.workdir ? { cwd: image.workdir } : {}) } : {}),
-        memoryMB,
-        cpuCount,
-        diskMB,
-        ...(args.run.network ? { network: args.run.network } : {}),
-        ...userOf(deps, args.run),
-        metadata: { conversationId: args.conversationId, agentId: args.agentId },
-      });
-    } catch (err) {
-      await deleteSandboxRecord(deps.store, sandboxId);
-      throw err;
-    }
+    const owner = { envName: 'CONVERSATION_ID', id: args.conversationId, instanceId: null, metadataKey: 'conversationId' } as const;
+    await createAgentSandbox(deps, { ...args, sandboxId, hostId, owner });
     await updateConversation(deps.store, args.conversationId, { sandboxId, hostId });
     return { sandboxId, taskQueue: deps.hostTaskQueue };
   },

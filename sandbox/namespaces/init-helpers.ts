@@ -382,13 +382,6 @@ export class InitHelpers {
     await this.deps.releaseSpare?.(kit);
   }
 
-  /** Idle spares' disks (MB): counted as taken by the host's disk room (see NamespaceProvider.checkDiskRoom). */
-  spareDiskMB(): number {
-    let mb = 0;
-    for (const s of this.pool) if (s.kit?.disk) mb += s.kit.diskMB;
-    return mb;
-  }
-
   /** Stops every spare of the pool (their processes and cgroups) and the helpers' socket. */
   async close(): Promise<void> {
     this.closed = true;

@@ -15,9 +15,9 @@ import { newSandbox, run } from '../helpers/sandboxes';
 import { attachReady, type Attached } from '../helpers/exec';
 import { runSdk } from '../helpers/sdk';
 import { TestHost } from '../helpers/test-host';
+import { startFakeMessagesApi } from '../helpers/fake-messages-api';
 import { FakeDns } from '../helpers/fake-dns';
 
-const FAKE_SCRIPT = path.join(__dirname, '..', 'helpers', 'fake-anthropic.js');
 const FAKE_PORT = 8080;
 const FAKE_LOG = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'sap-fake-anthropic-')), 'requests.ndjson');
 const KEY = `sk-ant-test-${randomBytes(12).toString('hex')}`;
@@ -90,15 +90,7 @@ async function stopAgent(id: string, a: Attached): Promise<void> {
 beforeAll(async () => {
   await dns.listen();
   testHost = new TestHost('198.18');
-  const fake = testHost.spawn(process.execPath, [FAKE_SCRIPT, '--host', testHost.addr, '--port', String(FAKE_PORT), '--log', FAKE_LOG, '--key', KEY]);
-  let out = '';
-  await new Promise<void>((resolve, reject) => {
-    fake.stdout!.on('data', (d: Buffer) => {
-      out += d.toString();
-      if (out.includes(`{"listening":${FAKE_PORT}}`)) resolve();
-    });
-    fake.once('exit', (code) => reject(new Error(`the fake Messages API exited (${code}) before listening`)));
-  });
+  await startFakeMessagesApi(testHost, { port: FAKE_PORT, log: FAKE_LOG, key: KEY });
   const store = await api('POST', '/api/secret-stores', { body: { name: STORE } });
   expect(store.status).toBe(201);
   expect((await api('PUT', `/api/secret-stores/${STORE}/secrets/ANTHROPIC_API_KEY`, { body: { value: KEY } })).status).toBe(200);
