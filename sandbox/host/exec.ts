@@ -155,6 +155,7 @@ export class ExecManager {
     const timer = req.timeout
       ? setTimeout(() => {
           timedOut = true;
+          if (child.signalGroup) return child.signalGroup('SIGKILL');
           try {
             process.kill(-(child.pid as number), 'SIGKILL');
           } catch {

@@ -44,6 +44,8 @@ export interface Starting {
   sock: net.Socket;
   /** A spare's disk image, mounted ahead: used unless the arguments name another (-I). */
   disk?: string;
+  /** What the helper said when it connected; its exec channel names it again ("exec KEY", see expectExec). */
+  key: string;
 }
 
 /** What InitHelpers needs of its provider. */
@@ -103,6 +105,8 @@ export class InitHelpers {
   private helperServer: net.Server | null = null;
   private helperSocket: string | null = null;
   private readonly helperWaiters = new Map<string, (sock: net.Socket) => void>();
+  /** Sandboxes whose exec channel is awaited, by their helper's key (see expectExec). */
+  private readonly execWaiters = new Map<string, (sock: net.Socket | null) => void>();
 
   constructor(private readonly deps: InitHelperDeps) {
     this.poolSize = deps.poolSize ?? poolSizeFromEnv(process.env);
@@ -155,6 +159,16 @@ export class InitHelpers {
       sock.off('data', onData);
       // Until a create reads the sandbox's info from it.
       sock.pause();
+      const exec = /^exec (\S+)$/.exec(text.slice(0, nl))?.[1];
+      if (exec !== undefined) {
+        const take = this.execWaiters.get(exec);
+        if (!take) return void sock.destroy();
+        this.execWaiters.delete(exec);
+        // What came after the line is the exec server's first frames.
+        const rest = chunk.subarray(chunk.length - (text.length - nl - 1));
+        if (rest.length) sock.unshift(rest);
+        return take(sock);
+      }
       const key = /^ready (\S+)$/.exec(text.slice(0, nl))?.[1];
       const waiter = key ? this.helperWaiters.get(key) : undefined;
       if (!key || !waiter) return void sock.destroy();
@@ -162,6 +176,27 @@ export class InitHelpers {
       waiter(sock);
     };
     sock.on('data', onData);
+  }
+
+  /**
+   * The exec channel of the helper that said "ready KEY": it connects again once it has its
+   * arguments, says "exec KEY", and its sandbox's pid 1 serves exec sessions on that connection
+   * (tools/sandbox-init/exec-server.h). Resolves with the connection (paused), or null when none
+   * came within 15 s (the sandbox's commands then start through sap-sandbox-enter). Register before
+   * handing the helper its arguments; a key is taken once.
+   */
+  expectExec(key: string): Promise<net.Socket | null> {
+    return new Promise((resolve) => {
+      const timer = setTimeout(() => {
+        this.execWaiters.delete(key);
+        resolve(null);
+      }, 15_000);
+      timer.unref();
+      this.execWaiters.set(key, (sock) => {
+        clearTimeout(timer);
+        resolve(sock);
+      });
+    });
   }
 
   /**
@@ -294,7 +329,7 @@ export class InitHelpers {
         return null;
       }
       spare.sock.ref();
-      return { pid: spare.proc.pid, sock: spare.sock, ...(spare.disk ? { disk: spare.disk } : {}) };
+      return { pid: spare.proc.pid, sock: spare.sock, key: spare.key!, ...(spare.disk ? { disk: spare.disk } : {}) };
     }
   }
 
@@ -322,7 +357,7 @@ export class InitHelpers {
       })
       .finally(() => clearTimeout(timer));
     sock.ref();
-    return { pid: proc.pid, sock };
+    return { pid: proc.pid, sock, key };
   }
 
   /** Kills a spare helper and removes its cgroups (under its own name and, if given, the name it was renamed to). */
@@ -349,6 +384,8 @@ export class InitHelpers {
     const server = this.helperServer;
     this.helperServer = null;
     if (server) {
+      for (const take of this.execWaiters.values()) take(null);
+      this.execWaiters.clear();
       // Connections of helpers still starting a sandbox are the host's own: ended, not waited for.
       for (const sock of this.helperConns) sock.destroy();
       await new Promise((r) => server.close(r));

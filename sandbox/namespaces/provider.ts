@@ -42,6 +42,8 @@ import type { ProviderOptions, SpawnOptions } from '../driver';
 import { captureLayer, migrateSetIds, restoreSetIds, scanLayer } from './layers';
 import { sandboxMountIds, unmountUnder } from './mounts';
 import { InitHelpers, SPARE_PREFIX } from './init-helpers';
+import { ExecChannel } from './exec-channel';
+import type { PipedProcess } from '../spawner';
 import { ensureBaseSkeleton } from './base-skeleton';
 import { sealedContext, startSealing, type SealProxy } from '../seal';
 import { ownerOf, SANDBOX_HOME, SANDBOX_UID, writeHostsFile } from './sandbox-user';
@@ -90,6 +92,12 @@ export class NamespaceProvider extends BaseProvider {
   private readonly idSlots: IdSlots;
   /** Per sandbox: the mount ids of its `/` and `/usr`, read once per init (key: pid and start time). */
   private readonly mountIds = new Map<string, { key: string; ids: ReadonlySet<number> }>();
+  /**
+   * Each running sandbox's exec channel (its pid 1 serves exec sessions, ./exec-channel), once it
+   * has said hello; null when it has none (adopted after a host restart, or its channel closed):
+   * its commands then start through sap-sandbox-enter.
+   */
+  private readonly execChannels = new Map<string, Promise<ExecChannel | null>>();
   /** Sandboxes' links out and their policies (null: SANDBOX_NETWORK=off, loopback only). */
   private readonly network: SandboxNetwork | null;
   /** Sealed secrets' egress proxy (../seal), with the network. */
@@ -346,6 +354,13 @@ export class NamespaceProvider extends BaseProvider {
     // Shuts down the host's side: the helper reads its arguments to the end. It answers with the
     // sandbox's pid 1 once the sandbox is ready, or closes the connection when a step failed.
     const sock = starting.sock;
+    // Awaited before the arguments go: the helper connects its exec channel once it has them.
+    const channel = this.helpers.expectExec(starting.key).then(async (execSock) => {
+      if (!execSock) return null;
+      const ch = new ExecChannel(execSock, id, this.log);
+      return (await ch.ready) ? ch : null;
+    });
+    this.execChannels.set(id, channel);
     sock.end(Buffer.from(args.map((a) => a + '\0').join('')));
     const nsPid = await new Promise<number>((resolve, reject) => {
       let text = '';
@@ -436,7 +451,36 @@ export class NamespaceProvider extends BaseProvider {
     return ['/usr/bin/nsenter', '-t', String(state.init!.ns.pid), '-n', '--'];
   }
 
+  /**
+   * A command with pipes: started by the sandbox's exec server when it has one (no helper, no setns
+   * per command), else as before. The isolation it ends with is the same (docs/exec-server.md).
+   */
+  override async spawnPiped(id: string, opts: SpawnOptions): Promise<PipedProcess> {
+    const pending = opts.pty ? undefined : this.execChannels.get(id);
+    const channel = pending ? await pending : null;
+    if (channel?.usable) {
+      const state = this.stateOf(id);
+      if (state.status !== 'running' || !this.isLive(state)) throw new SandboxError('conflict', `sandbox ${id} is not running`);
+      if (!opts.argv.length || opts.argv[0]!.includes('=')) {
+        throw new SandboxError('invalid_request', 'argv must be non-empty and argv[0] must not contain "="');
+      }
+      const { cwd, uid, env } = this.target(state, opts);
+      const proc = await channel.start({ uid, cwd, argv: opts.argv, env });
+      if (proc) return proc;
+    }
+    return super.spawnPiped(id, opts);
+  }
+
+  /** The exec channel's state, for tests and metrics: whether it serves, and how many commands it runs. */
+  async execChannelOf(id: string): Promise<{ usable: boolean; running: number; closedReason: string | null } | null> {
+    const ch = await this.execChannels.get(id);
+    return ch ? { usable: ch.usable, running: ch.running, closedReason: ch.closedReason } : null;
+  }
+
   protected async teardown(id: string, state: SandboxState | undefined): Promise<void> {
+    const channel = this.execChannels.get(id);
+    this.execChannels.delete(id);
+    void channel?.then((ch) => ch?.close());
     const cgroups = SandboxCgroups.of(id);
     signalRef(state?.init?.ns, 'SIGKILL');
     signalRef(state?.init?.outer, 'SIGKILL');
