@@ -175,11 +175,6 @@ static void exec_child(int fds[3], unsigned uid, const char *cwd, char **argv, c
   }
   syscall(SYS_close_range, 3U, ~0U, 0);
   if (setsid() < 0) _exit(125);
-  int adj = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
-  if (adj >= 0) {
-    (void)write(adj, "500", 3);
-    close(adj);
-  }
   if (uid) {
     gid_t groups[1] = {(gid_t)uid};
     struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
@@ -194,16 +189,32 @@ static void exec_child(int fds[3], unsigned uid, const char *cwd, char **argv, c
     dprintf(2, "sap-exec: no_new_privs: %s\n", strerror(errno));
     _exit(125);
   }
+  /*
+   * Dumpable (once its ids and no_new_privs are final), as any process the sandbox execs is:
+   * /proc/self is then the sandbox's (its files owned by its own user, not the host's root), so that
+   * it can raise its own oom_score_adj. What this copy of pid 1's memory holds until the exec below
+   * is the sandbox's own (its commands' requests).
+   */
+  prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
+  int adj = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+  if (adj >= 0) {
+    (void)write(adj, "500", 3);
+    close(adj);
+  }
   /* As the command's own user: a directory it cannot enter is refused. */
   if (chdir(cwd) != 0) {
     dprintf(2, "sap-exec: cannot change directory to %s: %s\n", cwd, strerror(errno));
     _exit(125);
   }
-  struct sigaction dfl;
-  memset(&dfl, 0, sizeof dfl);
-  dfl.sa_handler = SIG_DFL;
+  /* Every signal's default action, also glibc's own (32, 33: its sigaction refuses them). */
+  struct {
+    void *handler;
+    unsigned long flags;
+    void *restorer;
+    unsigned long mask;
+  } dfl = {SIG_DFL, 0, NULL, 0};
   for (int sig = 1; sig < NSIG; sig++) {
-    if (sig != SIGKILL && sig != SIGSTOP) sigaction(sig, &dfl, NULL);
+    if (sig != SIGKILL && sig != SIGSTOP) syscall(SYS_rt_sigaction, sig, &dfl, NULL, sizeof dfl.mask);
   }
   sigset_t none;
   sigemptyset(&none);
