@@ -226,6 +226,9 @@ export class ExecChannel {
   /** Resolves true once the server said hello, false when the channel is gone first. */
   readonly ready: Promise<boolean>;
   private settleReady!: (ok: boolean) => void;
+  /** Resolves with the reason once the channel has closed. */
+  readonly gone: Promise<string>;
+  private settleGone!: (why: string) => void;
 
   constructor(
     private readonly sock: net.Socket,
@@ -233,6 +236,7 @@ export class ExecChannel {
     private readonly log: Logger,
   ) {
     this.ready = new Promise<boolean>((resolve) => (this.settleReady = resolve));
+    this.gone = new Promise<string>((resolve) => (this.settleGone = resolve));
     sock.on('data', (chunk: Buffer) => {
       if (this.closedWhy) return;
       try {
@@ -364,6 +368,7 @@ export class ExecChannel {
     this.queue = [];
     this.sock.destroy();
     this.settleReady(false);
+    this.settleGone(why);
     const err = new SandboxError('conflict', `sandbox ${this.sandboxId}: ${why}`);
     for (const p of this.commands.values()) p.onLost(err);
     this.commands.clear();

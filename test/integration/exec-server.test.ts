@@ -118,4 +118,16 @@ describe('exec server (commands started by the sandbox pid 1)', () => {
     expect(await t.client.execRun(id, { cmd: 'echo', args: ['back'] })).toMatchObject({ exitCode: 0, stdout: 'back\n' });
     expect(await provider().execChannelOf(id)).toMatchObject({ usable: true });
   });
+
+  it('once its channel is gone, running commands are hung up and later ones start through sap-sandbox-enter', async () => {
+    const id = newId();
+    await t.client.createSandbox({ id, orgId: 'o' });
+    const running = await t.client.createExec(id, { cmd: 'sleep', args: ['300'] });
+    const channels = (provider() as unknown as { execChannels: Map<string, Promise<{ close(): void } | null>> }).execChannels;
+    (await channels.get(id))!.close();
+    expect(await t.client.execResult(id, running.sessionID, { waitMs: 20_000 })).toMatchObject({ running: false, exitCode: 129 });
+    expect(await provider().execChannelOf(id)).toMatchObject({ usable: false, closedReason: 'closed by the host' });
+    // PPid 0: entered from outside, as before the exec server
+    expect(await t.client.execRun(id, { cmd: 'bash', args: ['-c', 'echo $PPID'] })).toMatchObject({ exitCode: 0, stdout: '0\n' });
+  });
 });
