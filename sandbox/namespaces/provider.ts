@@ -98,6 +98,8 @@ export class NamespaceProvider extends BaseProvider {
    * its commands then start through sap-sandbox-enter.
    */
   private readonly execChannels = new Map<string, Promise<ExecChannel | null>>();
+  /** SANDBOX_EXEC_SERVER=off: exec sessions enter through sap-sandbox-enter as before (for comparison). */
+  private readonly execServer = process.env.SANDBOX_EXEC_SERVER !== 'off';
   /** Sandboxes' links out and their policies (null: SANDBOX_NETWORK=off, loopback only). */
   private readonly network: SandboxNetwork | null;
   /** Sealed secrets' egress proxy (../seal), with the network. */
@@ -354,13 +356,16 @@ export class NamespaceProvider extends BaseProvider {
     // Shuts down the host's side: the helper reads its arguments to the end. It answers with the
     // sandbox's pid 1 once the sandbox is ready, or closes the connection when a step failed.
     const sock = starting.sock;
-    // Awaited before the arguments go: the helper connects its exec channel once it has them.
-    const channel = this.helpers.expectExec(starting.key).then(async (execSock) => {
-      if (!execSock) return null;
-      const ch = new ExecChannel(execSock, id, this.log);
-      return (await ch.ready) ? ch : null;
-    });
-    this.execChannels.set(id, channel);
+    // Awaited before the arguments go: the helper connects its exec channel once it has them (one
+    // not awaited is refused: pid 1 then just reaps).
+    if (this.execServer) {
+      const channel = this.helpers.expectExec(starting.key).then(async (execSock) => {
+        if (!execSock) return null;
+        const ch = new ExecChannel(execSock, id, this.log);
+        return (await ch.ready) ? ch : null;
+      });
+      this.execChannels.set(id, channel);
+    }
     sock.end(Buffer.from(args.map((a) => a + '\0').join('')));
     const nsPid = await new Promise<number>((resolve, reject) => {
       let text = '';
