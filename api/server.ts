@@ -3,6 +3,8 @@ import { createApp } from './app';
 import { answerClientErrors } from './client-errors';
 import type { ApiDeps } from './deps';
 import { previewProxyOf } from './preview-proxy';
+import { followExecExits } from '../services/exec-exits';
+import { sandboxServicesOf } from '../services/sandbox-services';
 
 /**
  * The API's HTTP server: the Express app (with WebSocket routes) and the preview proxy on one server.
@@ -36,6 +38,15 @@ export function createApiServer(deps: ApiDeps): { server: http.Server; previewSe
   server.keepAliveTimeout = 65_000;
   answerClientErrors(server);
   server.on('close', () => proxy.close());
+  // Exec sessions' exits recorded as their hosts report them (services/exec-exits), while this serves.
+  let exits: { stop(): void } | null = null;
+  server.on('listening', () => {
+    exits ??= followExecExits(deps, sandboxServicesOf(deps).live);
+  });
+  server.on('close', () => {
+    exits?.stop();
+    exits = null;
+  });
 
   let previewServer: http.Server | undefined;
   if (deps.cfg.PREVIEW_PORT) {

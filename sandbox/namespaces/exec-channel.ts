@@ -56,22 +56,23 @@ class OutputStream extends Readable {
   }
 
   override _read(): void {
-    if (this.held > 0) {
-      const n = this.held;
-      this.held = 0;
-      this.inflight -= n;
-      this.credit(n);
-    }
+    this.flush();
   }
 
   receive(data: Buffer): void {
+    // Counted before the push: the stream may ask for more (_read) from inside it.
     this.inflight += data.length;
-    if (this.push(Buffer.from(data))) {
-      this.inflight -= data.length;
-      this.credit(data.length);
-    } else {
-      this.held += data.length;
-    }
+    this.held += data.length;
+    if (this.push(Buffer.from(data))) this.flush();
+  }
+
+  /** Credits what the stream has taken in below its high-water mark. */
+  private flush(): void {
+    if (this.held <= 0) return;
+    const n = this.held;
+    this.held = 0;
+    this.inflight -= n;
+    this.credit(n);
   }
 }
 

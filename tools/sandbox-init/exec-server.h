@@ -468,7 +468,10 @@ static void exec_serve(int ch) {
         continue;
       }
       if (c->out[j] < 0 || !exec_room(s, EXEC_CHUNK)) continue;
-      ssize_t r = read(c->out[j], chunk, sizeof chunk);
+      /* Never past the window: the host closes a channel that sends more. */
+      size_t want = sizeof chunk;
+      if ((long)want > EXEC_WINDOW - c->inflight[j]) want = (size_t)(EXEC_WINDOW - c->inflight[j]);
+      ssize_t r = read(c->out[j], chunk, want);
       if (r > 0) {
         c->inflight[j] += r;
         exec_send(s, j ? EXEC_T_STDERR : EXEC_T_STDOUT, c->id, chunk, (size_t)r, NULL, 0);
