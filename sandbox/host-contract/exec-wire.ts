@@ -117,6 +117,16 @@ export function encodeCredit(id: number, stream: 1 | 2, bytes: number): Buffer {
   return frame(T_CREDIT, id, p);
 }
 
+/** Text without control characters (a failure message is shown to the caller). */
+function printable(text: string): string {
+  let out = '';
+  for (const ch of text) {
+    const c = ch.codePointAt(0)!;
+    if (c >= 0x20 && c !== 0x7f) out += ch;
+  }
+  return out;
+}
+
 /** Checks one frame's payload against its type; throws ExecWireError. */
 function decode(type: number, id: number, p: Buffer): ServerFrame {
   const need = (n: number) => {
@@ -138,7 +148,12 @@ function decode(type: number, id: number, p: Buffer): ServerFrame {
       command();
       if (p.length < 4 || p.length > 4 + 512) throw new ExecWireError('malformed failure');
       // Shown to the caller as text: control characters dropped.
-      return { type, id, errno: p.readUInt32BE(0), message: p.subarray(4).toString('utf8').replace(/[\u0000-\u001f\u007f]/g, '') };
+      return {
+        type,
+        id,
+        errno: p.readUInt32BE(0),
+        message: printable(p.subarray(4).toString('utf8')),
+      };
     case T_STDOUT:
     case T_STDERR:
       command();

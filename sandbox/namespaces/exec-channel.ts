@@ -328,7 +328,10 @@ export class ExecChannel {
         if (proc.sandboxPid) return this.violation(`command ${f.id} failed after it started`);
         this.commands.delete(f.id);
         proc.onFailed(
-          new SandboxError(f.errno === 11 ? 'rate_limited' : 'internal', `the exec server of sandbox ${this.sandboxId} could not start the command: ${f.message}`),
+          new SandboxError(
+            f.errno === 11 ? 'rate_limited' : 'internal',
+            `the exec server of sandbox ${this.sandboxId} could not start the command: ${f.message}`,
+          ),
         );
         return;
       case T_STDOUT:
@@ -378,5 +381,75 @@ export class ExecChannel {
   /** Closes the channel (the sandbox is going): the server hangs up what still runs. */
   close(): void {
     this.lost('closed by the host');
+  }
+}
+
+/**
+ * The exec channels of a provider's sandboxes, by sandbox id: each once its server has said hello,
+ * null when it has none (adopted after a host restart, or its channel closed: the sandbox's commands
+ * then start through sap-sandbox-enter). SANDBOX_EXEC_SERVER=off expects none (exec enters as
+ * before, for comparison; a helper's channel is then refused and its pid 1 only reaps).
+ */
+export class ExecChannels {
+  private readonly channels = new Map<string, Promise<ExecChannel | null>>();
+
+  constructor(
+    private readonly log: Logger,
+    readonly enabled = process.env.SANDBOX_EXEC_SERVER !== 'off',
+  ) {}
+
+  /** Sandbox `id`'s channel will come on the connection `accept` resolves with (register before the helper has its arguments). */
+  expect(id: string, accept: () => Promise<net.Socket | null>): void {
+    if (!this.enabled) return;
+    const channel = accept().then(async (sock) => {
+      if (!sock) return null;
+      const ch = new ExecChannel(sock, id, this.log);
+      // Forgotten once closed (the sandbox's pid 1 is gone with the sandbox, or it broke the wire).
+      void ch.gone.then(() => {
+        if (this.channels.get(id) === channel) this.channels.delete(id);
+      });
+      return (await ch.ready) ? ch : null;
+    });
+    this.channels.set(id, channel);
+    void channel.then((ch) => {
+      if (!ch && this.channels.get(id) === channel) this.channels.delete(id);
+    });
+  }
+
+  /**
+   * Starts a command through sandbox `id`'s exec server; null when it has none serving, or the
+   * request does not fit a frame (the caller then enters the old way). `target` answers the
+   * command's working directory, user and environment (and throws when the sandbox's init is gone).
+   */
+  async spawn<S extends { id: string; status: string }>(
+    state: S,
+    opts: { argv: string[]; pty?: unknown },
+    target: (state: S) => { cwd: string; uid: number; env: string[] },
+  ): Promise<ChannelProcess | null> {
+    const id = state.id;
+    const channel = opts.pty ? null : await this.usable(id);
+    if (!channel) return null;
+    if (state.status !== 'running') throw new SandboxError('conflict', `sandbox ${id} is not running`);
+    const t = target(state);
+    if (!opts.argv.length || opts.argv[0]!.includes('=')) throw new SandboxError('invalid_request', 'argv must be non-empty and argv[0] must not contain "="');
+    return channel.start({ uid: t.uid, cwd: t.cwd, argv: opts.argv, env: t.env });
+  }
+
+  /** The sandbox's channel when it serves, else null. */
+  async usable(id: string): Promise<ExecChannel | null> {
+    const ch = await this.channels.get(id);
+    return ch?.usable ? ch : null;
+  }
+
+  async stateOf(id: string): Promise<{ usable: boolean; running: number; closedReason: string | null } | null> {
+    const ch = await this.channels.get(id);
+    return ch ? { usable: ch.usable, running: ch.running, closedReason: ch.closedReason } : null;
+  }
+
+  /** The sandbox is going: its channel closes (its server hangs up what still runs). */
+  close(id: string): void {
+    const ch = this.channels.get(id);
+    this.channels.delete(id);
+    void ch?.then((c) => c?.close());
   }
 }

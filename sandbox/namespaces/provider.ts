@@ -22,10 +22,7 @@
  * w/root…), so nothing the sandbox can read names a host path.
  * The host reaches a sandbox's files through /proc/<pid 1>/root (see rootMap and paths.ts), creating
  * what it writes as sandbox root, and its writable layer through /proc/<helper>/root/…/m/w (checkpoints).
- * Every other process (patches, entrypoint, exec) enters through `sap-sandbox-enter`
- * (tools/sandbox-enter: cgroups, the user namespace and then the others, root, capabilities,
- * no_new_privs, seccomp, environment, timeout and exit file in one exec). All processes of a sandbox
- * are in its cgroups, which is also how destroy finds and kills them.
+ * Exec sessions' commands are started by pid 1 (./exec-channel), the rest enters through `sap-sandbox-enter`; all are in its cgroups.
  */
 import { promises as fsp, constants as fsc } from 'node:fs';
 import * as path from 'node:path';
@@ -42,8 +39,7 @@ import type { ProviderOptions, SpawnOptions } from '../driver';
 import { captureLayer, migrateSetIds, restoreSetIds, scanLayer } from './layers';
 import { sandboxMountIds, unmountUnder } from './mounts';
 import { InitHelpers, SPARE_PREFIX } from './init-helpers';
-import { ExecChannel } from './exec-channel';
-import type { PipedProcess } from '../spawner';
+import { ExecChannels } from './exec-channel';
 import { ensureBaseSkeleton } from './base-skeleton';
 import { sealedContext, startSealing, type SealProxy } from '../seal';
 import { ownerOf, SANDBOX_HOME, SANDBOX_UID, writeHostsFile } from './sandbox-user';
@@ -92,14 +88,7 @@ export class NamespaceProvider extends BaseProvider {
   private readonly idSlots: IdSlots;
   /** Per sandbox: the mount ids of its `/` and `/usr`, read once per init (key: pid and start time). */
   private readonly mountIds = new Map<string, { key: string; ids: ReadonlySet<number> }>();
-  /**
-   * Each running sandbox's exec channel (its pid 1 serves exec sessions, ./exec-channel), once it
-   * has said hello; null when it has none (adopted after a host restart, or its channel closed):
-   * its commands then start through sap-sandbox-enter.
-   */
-  private readonly execChannels = new Map<string, Promise<ExecChannel | null>>();
-  /** SANDBOX_EXEC_SERVER=off: exec sessions enter through sap-sandbox-enter as before (for comparison). */
-  private readonly execServer = process.env.SANDBOX_EXEC_SERVER !== 'off';
+  private readonly execChannels = new ExecChannels(this.log); // pid 1 serves exec sessions (./exec-channel)
   /** Sandboxes' links out and their policies (null: SANDBOX_NETWORK=off, loopback only). */
   private readonly network: SandboxNetwork | null;
   /** Sealed secrets' egress proxy (../seal), with the network. */
@@ -356,16 +345,7 @@ export class NamespaceProvider extends BaseProvider {
     // Shuts down the host's side: the helper reads its arguments to the end. It answers with the
     // sandbox's pid 1 once the sandbox is ready, or closes the connection when a step failed.
     const sock = starting.sock;
-    // Awaited before the arguments go: the helper connects its exec channel once it has them (one
-    // not awaited is refused: pid 1 then just reaps).
-    if (this.execServer) {
-      const channel = this.helpers.expectExec(starting.key).then(async (execSock) => {
-        if (!execSock) return null;
-        const ch = new ExecChannel(execSock, id, this.log);
-        return (await ch.ready) ? ch : null;
-      });
-      this.execChannels.set(id, channel);
-    }
+    this.execChannels.expect(id, () => this.helpers.expectExec(starting.key)); // before the helper has its arguments
     sock.end(Buffer.from(args.map((a) => a + '\0').join('')));
     const nsPid = await new Promise<number>((resolve, reject) => {
       let text = '';
@@ -414,7 +394,6 @@ export class NamespaceProvider extends BaseProvider {
     return { nsPid: ns.pid, cwd, uid: asUser ? SANDBOX_UID : 0, env: envPairs(DEFAULT_ENV, who, { HOSTNAME: state.id }, state.envs, opts.env) };
   }
 
-  /** The entry helper without cgroups (every process enters through it). */
   protected innerArgv(state: SandboxState, opts: SpawnOptions): string[] {
     return this.enterArgv(state, opts, { cgroupProcs: [] });
   }
@@ -456,36 +435,11 @@ export class NamespaceProvider extends BaseProvider {
     return ['/usr/bin/nsenter', '-t', String(state.init!.ns.pid), '-n', '--'];
   }
 
-  /**
-   * A command with pipes: started by the sandbox's exec server when it has one (no helper, no setns
-   * per command), else as before. The isolation it ends with is the same (docs/exec-server.md).
-   */
-  override async spawnPiped(id: string, opts: SpawnOptions): Promise<PipedProcess> {
-    const pending = opts.pty ? undefined : this.execChannels.get(id);
-    const channel = pending ? await pending : null;
-    if (channel?.usable) {
-      const state = this.stateOf(id);
-      if (state.status !== 'running' || !this.isLive(state)) throw new SandboxError('conflict', `sandbox ${id} is not running`);
-      if (!opts.argv.length || opts.argv[0]!.includes('=')) {
-        throw new SandboxError('invalid_request', 'argv must be non-empty and argv[0] must not contain "="');
-      }
-      const { cwd, uid, env } = this.target(state, opts);
-      const proc = await channel.start({ uid, cwd, argv: opts.argv, env });
-      if (proc) return proc;
-    }
-    return super.spawnPiped(id, opts);
-  }
-
-  /** The exec channel's state, for tests and metrics: whether it serves, and how many commands it runs. */
-  async execChannelOf(id: string): Promise<{ usable: boolean; running: number; closedReason: string | null } | null> {
-    const ch = await this.execChannels.get(id);
-    return ch ? { usable: ch.usable, running: ch.running, closedReason: ch.closedReason } : null;
+  override async spawnPiped(id: string, opts: SpawnOptions): ReturnType<BaseProvider['spawnPiped']> {
+    return (await this.execChannels.spawn(this.stateOf(id), opts, (s) => this.target(s, opts))) ?? super.spawnPiped(id, opts);
   }
 
   protected async teardown(id: string, state: SandboxState | undefined): Promise<void> {
-    const channel = this.execChannels.get(id);
-    this.execChannels.delete(id);
-    void channel?.then((ch) => ch?.close());
     const cgroups = SandboxCgroups.of(id);
     signalRef(state?.init?.ns, 'SIGKILL');
     signalRef(state?.init?.outer, 'SIGKILL');

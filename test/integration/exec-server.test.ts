@@ -4,7 +4,7 @@
  * sap-sandbox-enter gets; and the sandbox, as root in it, attacks it: signals, ptrace, its
  * descriptors, the host's socket, a fork bomb. The host stays up and every other sandbox's exec works.
  */
-import type { NamespaceProvider } from '../../sandbox/namespaces/provider';
+import type { ExecChannels } from '../../sandbox/namespaces/exec-channel';
 import { providerRun, startTestHost, stopTestHost, type TestHost } from '../helpers/sandbox-host';
 
 /** What a process's isolation is, read from inside: the fields of /proc/self/status that say it, and the rest. */
@@ -22,7 +22,7 @@ describe('exec server (commands started by the sandbox pid 1)', () => {
   let t: TestHost;
   let n = 0;
   const newId = () => `sb-xs${process.pid}-${++n}`;
-  const provider = () => t.host.provider as unknown as NamespaceProvider;
+  const channels = () => (t.host.provider as unknown as { execChannels: ExecChannels }).execChannels;
 
   beforeAll(async () => {
     t = await startTestHost();
@@ -35,7 +35,7 @@ describe('exec server (commands started by the sandbox pid 1)', () => {
   it.each([['root'], ['sandbox']] as const)('starts commands as %s with the isolation sap-sandbox-enter gives them', async (user) => {
     const id = newId();
     await t.client.createSandbox({ id, orgId: 'o', user });
-    expect(await provider().execChannelOf(id)).toEqual({ usable: true, running: 0, closedReason: null });
+    expect(await channels().stateOf(id)).toEqual({ usable: true, running: 0, closedReason: null });
     const inside = await t.client.execRun(id, { cmd: 'bash', args: ['-c', `${PROBE}; echo ppid $PPID`] });
     const entered = await providerRun(t.host.provider, id, ['bash', '-c', `${PROBE}; echo ppid $PPID`]);
     expect(inside.exitCode).toBe(0);
@@ -70,7 +70,7 @@ describe('exec server (commands started by the sandbox pid 1)', () => {
     const big = 'x'.repeat(3 * 1024 * 1024);
     const r = await t.client.execRun(id, { cmd: 'bash', args: ['-c', 'wc -c; head -c 700000 /dev/zero | tr "\\0" y'], stdin: big });
     expect(r.stdout).toBe(`${big.length}\n${'y'.repeat(700000)}`);
-    expect((await provider().execChannelOf(id))?.running).toBe(0);
+    expect((await channels().stateOf(id))?.running).toBe(0);
   });
 
   it('cannot be killed, traced or reached from inside; exec goes on working', async () => {
@@ -100,7 +100,7 @@ describe('exec server (commands started by the sandbox pid 1)', () => {
       stdout: 'survived\n',
     });
     expect(await t.client.execRun(id, { cmd: 'echo', args: ['alive'] })).toMatchObject({ exitCode: 0, stdout: 'alive\n' });
-    expect(await provider().execChannelOf(id)).toMatchObject({ usable: true });
+    expect(await channels().stateOf(id)).toMatchObject({ usable: true });
     expect(await t.client.execRun(other, { cmd: 'echo', args: ['other'] })).toMatchObject({ stdout: 'other\n' });
   });
 
@@ -116,17 +116,16 @@ describe('exec server (commands started by the sandbox pid 1)', () => {
     expect(done).toMatchObject({ running: false, timedOut: true });
     // Its whole group was killed at the timeout: the sandbox execs again.
     expect(await t.client.execRun(id, { cmd: 'echo', args: ['back'] })).toMatchObject({ exitCode: 0, stdout: 'back\n' });
-    expect(await provider().execChannelOf(id)).toMatchObject({ usable: true });
+    expect(await channels().stateOf(id)).toMatchObject({ usable: true });
   });
 
   it('once its channel is gone, running commands are hung up and later ones start through sap-sandbox-enter', async () => {
     const id = newId();
     await t.client.createSandbox({ id, orgId: 'o' });
     const running = await t.client.createExec(id, { cmd: 'sleep', args: ['300'] });
-    const channels = (provider() as unknown as { execChannels: Map<string, Promise<{ close(): void } | null>> }).execChannels;
-    (await channels.get(id))!.close();
+    (await channels().usable(id))!.close();
     expect(await t.client.execResult(id, running.sessionID, { waitMs: 20_000 })).toMatchObject({ running: false, exitCode: 129 });
-    expect(await provider().execChannelOf(id)).toMatchObject({ usable: false, closedReason: 'closed by the host' });
+    expect(await channels().stateOf(id)).toBeNull(); // forgotten once closed
     // PPid 0: entered from outside, as before the exec server
     expect(await t.client.execRun(id, { cmd: 'bash', args: ['-c', 'echo $PPID'] })).toMatchObject({ exitCode: 0, stdout: '0\n' });
   });

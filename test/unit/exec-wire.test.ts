@@ -62,11 +62,14 @@ describe('exec wire: the frame reader', () => {
 
   it.each([
     ['a length past the bound', Buffer.from([0x7f, 0xff, 0xff, 0xff])],
-    ['a length just past the bound', (() => {
-      const b = Buffer.alloc(4);
-      b.writeUInt32BE(EXEC_OUT_MAX + 1, 0);
-      return b;
-    })()],
+    [
+      'a length just past the bound',
+      (() => {
+        const b = Buffer.alloc(4);
+        b.writeUInt32BE(EXEC_OUT_MAX + 1, 0);
+        return b;
+      })(),
+    ],
     ['a length too short for a header', Buffer.from([0, 0, 0, 2, 1, 2])],
     ['an unknown type', frame(0x42, 1)],
     ['a host-bound type', frame(T_START, 1)],
@@ -106,7 +109,7 @@ describe('exec wire: the frame reader', () => {
 describe('exec channel against a misbehaving exec server', () => {
   let dir: string;
   let server: net.Server;
-  let accepted: net.Socket[] = [];
+  const accepted: net.Socket[] = [];
   const log = pino({ level: 'silent' });
   const channels: ExecChannel[] = [];
 
@@ -147,7 +150,15 @@ describe('exec channel against a misbehaving exec server', () => {
     const started = ch.start({ uid: 0, cwd: '/', argv: ['/bin/true'], env: [] });
     while (!fromHost.length) await new Promise((r) => setImmediate(r));
     expect(Buffer.concat(fromHost)[4]).toBe(T_START);
-    srv.write(Buffer.concat([frame(T_STARTED, 1, u32s(42)), frame(T_STDOUT, 1, Buffer.from('out')), frame(T_EOF, 1, Buffer.from([1])), frame(T_EOF, 1, Buffer.from([2])), frame(T_EXIT, 1, u32s(0, 0))]));
+    srv.write(
+      Buffer.concat([
+        frame(T_STARTED, 1, u32s(42)),
+        frame(T_STDOUT, 1, Buffer.from('out')),
+        frame(T_EOF, 1, Buffer.from([1])),
+        frame(T_EOF, 1, Buffer.from([2])),
+        frame(T_EXIT, 1, u32s(0, 0)),
+      ]),
+    );
     const proc = (await started)!;
     const out: Buffer[] = [];
     proc.stdout.on('data', (d: Buffer) => out.push(d));
