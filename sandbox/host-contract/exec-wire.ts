@@ -20,7 +20,7 @@ export const EXEC_HEADER_BYTES = 9;
 /** Largest host → server frame (after the length): a START with its argv and environment. */
 export const EXEC_IN_MAX = 1024 * 1024;
 /** Largest output payload the server puts in one frame. */
-export const EXEC_CHUNK = 32 * 1024;
+export const EXEC_CHUNK = 64 * 1024;
 /** Largest server → host frame (after the length). */
 export const EXEC_OUT_MAX = EXEC_CHUNK + 16;
 /** Unacknowledged bytes per stream, each way. */
@@ -181,6 +181,13 @@ function decode(type: number, id: number, p: Buffer): ServerFrame {
   }
 }
 
+/** The length of the frame at `at`, checked against the bounds; throws ExecWireError. */
+function frameLength(buf: Buffer, at: number): number {
+  const len = buf.readUInt32BE(at);
+  if (len < 5 || len > EXEC_OUT_MAX) throw new ExecWireError(`frame of ${len} bytes (at most ${EXEC_OUT_MAX})`);
+  return len;
+}
+
 /**
  * Splits what the server sends into checked frames. Holds at most one frame (EXEC_OUT_MAX + 4
  * bytes) of what it has not yet parsed; `push` throws ExecWireError on the first violation (the
@@ -190,22 +197,37 @@ export class ExecFrameReader {
   private pending: Buffer | null = null;
 
   push(chunk: Buffer, onFrame: (f: ServerFrame) => void): void {
-    let buf = this.pending ? Buffer.concat([this.pending, chunk]) : chunk;
-    this.pending = null;
+    let buf = chunk;
+    if (this.pending) {
+      // The frame begun in an earlier chunk, completed from this one: only its own bytes are copied.
+      let head = this.pending;
+      let used = 0;
+      if (head.length < 4) {
+        used = Math.min(4 - head.length, chunk.length);
+        head = Buffer.concat([head, chunk.subarray(0, used)]);
+        if (head.length < 4) {
+          this.pending = head;
+          return;
+        }
+      }
+      const need = 4 + frameLength(head, 0) - head.length;
+      if (chunk.length - used < need) {
+        this.pending = Buffer.concat([head, chunk.subarray(used)]);
+        return;
+      }
+      this.pending = null;
+      const whole = Buffer.concat([head, chunk.subarray(used, used + need)]);
+      onFrame(decode(whole[4]!, whole.readUInt32BE(5), whole.subarray(EXEC_HEADER_BYTES)));
+      buf = chunk.subarray(used + need);
+    }
     let at = 0;
     while (buf.length - at >= 4) {
-      const len = buf.readUInt32BE(at);
-      if (len < 5 || len > EXEC_OUT_MAX) throw new ExecWireError(`frame of ${len} bytes (at most ${EXEC_OUT_MAX})`);
+      const len = frameLength(buf, at);
       if (buf.length - at - 4 < len) break;
-      const type = buf[at + 4]!;
-      const id = buf.readUInt32BE(at + 5);
-      onFrame(decode(type, id, buf.subarray(at + EXEC_HEADER_BYTES, at + 4 + len)));
+      onFrame(decode(buf[at + 4]!, buf.readUInt32BE(at + 5), buf.subarray(at + EXEC_HEADER_BYTES, at + 4 + len)));
       at += 4 + len;
     }
-    if (at < buf.length) {
-      buf = buf.subarray(at);
-      // Copied: the rest of a large chunk is not kept alive by a small tail.
-      this.pending = Buffer.from(buf);
-    }
+    // Copied: the rest of a large chunk is not kept alive by a small tail.
+    if (at < buf.length) this.pending = Buffer.from(buf.subarray(at));
   }
 }

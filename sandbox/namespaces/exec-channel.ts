@@ -63,7 +63,9 @@ class OutputStream extends Readable {
     // Counted before the push: the stream may ask for more (_read) from inside it.
     this.inflight += data.length;
     this.held += data.length;
-    if (this.push(Buffer.from(data))) this.flush();
+    // A large chunk stays a view of the socket's read (it is most of it); a small one is copied, so
+    // that a scrollback of small chunks never holds the larger reads they came in.
+    if (this.push(data.length >= 16 * 1024 ? data : Buffer.from(data))) this.flush();
   }
 
   /** Credits what the stream has taken in below its high-water mark. */

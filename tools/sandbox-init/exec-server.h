@@ -32,7 +32,7 @@
 #define EXEC_VERSION 1
 #define EXEC_HDR 9 /* u32 length + u8 type + u32 id */
 #define EXEC_IN_MAX (1024 * 1024) /* largest host -> server frame (a START with its argv and environment) */
-#define EXEC_CHUNK (32 * 1024) /* largest output payload per frame */
+#define EXEC_CHUNK (64 * 1024) /* largest output payload per frame (a pipe's default capacity) */
 #define EXEC_OUT_MAX (EXEC_CHUNK + 16) /* largest server -> host frame, after the length */
 #define EXEC_WINDOW (256 * 1024) /* unacknowledged bytes per stream, each way */
 #define EXEC_MAX_CMDS 64
