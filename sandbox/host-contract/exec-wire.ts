@@ -24,7 +24,7 @@ export const EXEC_CHUNK = 64 * 1024;
 /** Largest server → host frame (after the length). */
 export const EXEC_OUT_MAX = EXEC_CHUNK + 16;
 /** Unacknowledged bytes per stream, each way. */
-export const EXEC_WINDOW = 256 * 1024;
+export const EXEC_WINDOW = 1024 * 1024;
 /** Commands one exec server runs at once. */
 export const EXEC_MAX_COMMANDS = 64;
 

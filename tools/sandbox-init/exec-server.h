@@ -34,7 +34,7 @@
 #define EXEC_IN_MAX (1024 * 1024) /* largest host -> server frame (a START with its argv and environment) */
 #define EXEC_CHUNK (64 * 1024) /* largest output payload per frame (a pipe's default capacity) */
 #define EXEC_OUT_MAX (EXEC_CHUNK + 16) /* largest server -> host frame, after the length */
-#define EXEC_WINDOW (256 * 1024) /* unacknowledged bytes per stream, each way */
+#define EXEC_WINDOW (1024 * 1024) /* unacknowledged bytes per stream, each way */
 #define EXEC_MAX_CMDS 64
 #define EXEC_OUTBUF (EXEC_WINDOW) /* output the server queues toward the host at most (plus one frame) */
 /* The whole outgoing buffer: output up to EXEC_OUTBUF, and room beyond it for the small frames (starts, exits, credits). */
