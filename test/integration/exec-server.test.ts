@@ -4,8 +4,11 @@
  * sap-sandbox-enter gets; and the sandbox, as root in it, attacks it: signals, ptrace, its
  * descriptors, the host's socket, a fork bomb. The host stays up and every other sandbox's exec works.
  */
+import { readFileSync } from 'node:fs';
+import type { Socket } from 'node:net';
 import type { ExecChannels } from '../../sandbox/namespaces/exec-channel';
-import { providerRun, startTestHost, stopTestHost, type TestHost } from '../helpers/sandbox-host';
+import { eventually } from '../helpers/env';
+import { pidsOfCgroup, providerRun, readySpares, startTestHost, stopTestHost, type TestHost } from '../helpers/sandbox-host';
 
 /** What a process's isolation is, read from inside: the fields of /proc/self/status that say it, and the rest. */
 const PROBE = [
@@ -117,6 +120,37 @@ describe('exec server (commands started by the sandbox pid 1)', () => {
     // Its whole group was killed at the timeout: the sandbox execs again.
     expect(await t.client.execRun(id, { cmd: 'echo', args: ['back'] })).toMatchObject({ exitCode: 0, stdout: 'back\n' });
     expect(await channels().stateOf(id)).toMatchObject({ usable: true });
+  });
+
+  it('a spare made whole ahead (its pid 1 forked before the claim) serves exec from that pid 1, at the normal priority once claimed', async () => {
+    const spare = await eventually(async () => readySpares()[0] ?? null, 30_000, 20);
+    const [helper, init] = pidsOfCgroup(spare);
+    // Idle: both at nice 10, pid 1 already serving (the channel held by the host since the spare was made).
+    const nice = (pid: string | undefined) => readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ')[16];
+    expect([nice(helper), nice(init)]).toEqual(['10', '10']);
+    const id = newId();
+    await t.client.createSandbox({ id, orgId: 'o' });
+    expect(pidsOfCgroup(id)).toEqual(expect.arrayContaining([helper, init])); // this spare's, claimed
+    expect(await channels().stateOf(id)).toEqual({ usable: true, running: 0, closedReason: null });
+    // From pid 1, which (like the command) runs at nice 0 by the time any command can start.
+    const r = await t.client.execRun(id, { cmd: 'bash', args: ['-c', 'echo $PPID; cut -d" " -f19 /proc/1/stat; cut -d" " -f19 /proc/self/stat; hostname'] });
+    expect(r).toMatchObject({ exitCode: 0, stdout: `1\n0\n0\n${id}\n` });
+  });
+
+  it('a create of another disk size starts a helper of its own (the spares it discards close their channels), served by its pid 1 too', async () => {
+    await eventually(async () => readySpares().length >= 1, 30_000, 20);
+    const spares = new Set(readySpares().flatMap((n) => pidsOfCgroup(n)));
+    // The channels the host holds for its ready spares (each made whole, pid 1 serving since).
+    const pool = (t.host.provider as unknown as { helpers: { pool: { ready: boolean; exec?: Promise<Socket | null> | null }[] } }).helpers.pool;
+    const held = (await Promise.all(pool.filter((sp) => sp.ready).map((sp) => sp.exec))).filter((sock): sock is Socket => !!sock);
+    const id = newId();
+    await t.client.createSandbox({ id, orgId: 'o', diskMB: 300 });
+    expect(pidsOfCgroup(id).some((p) => spares.has(p))).toBe(false);
+    expect(await channels().stateOf(id)).toEqual({ usable: true, running: 0, closedReason: null });
+    expect(await t.client.execRun(id, { cmd: 'bash', args: ['-c', 'echo $PPID'] })).toMatchObject({ exitCode: 0, stdout: '1\n' });
+    // The spares it discarded: the channels the host held for them are closed.
+    expect(held.length).toBeGreaterThan(0);
+    await eventually(async () => held.every((sock) => sock.destroyed), 30_000, 20);
   });
 
   it('once its channel is gone, running commands are hung up and later ones start through sap-sandbox-enter', async () => {
