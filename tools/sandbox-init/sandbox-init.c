@@ -28,7 +28,10 @@
  * With -w the helper joins its cgroups ahead of a request (the first move of a process into a cgroup
  * waits for a kernel RCU grace period, 5-15 ms), connects to the unix socket SOCKET, writes
  * "ready KEY\n", reads the SETUP arguments (each ended by a NUL byte) until the host shuts down its
- * side, and keeps the socket as descriptor 3.
+ * side, and keeps the socket as descriptor 3. It then connects once more and writes "exec KEY\n":
+ * pid 1 inherits that descriptor and serves the sandbox's exec sessions on it (exec-server.h). A
+ * spare made whole ahead opens that channel first, before it builds anything (its pid 1 is forked
+ * before any claim).
  *
  * Steps, in this fixed order; a failing step names itself on stderr ("sap-sandbox-init: STEP: ...")
  * and the helper exits 1 (2 on bad usage):
