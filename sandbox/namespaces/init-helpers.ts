@@ -400,7 +400,12 @@ export class InitHelpers {
     spare.discarded = true;
     if (spare.key) this.helperWaiters.delete(spare.key);
     spare.sock?.destroy();
-    // Its exec channel (held, or still to come): nobody will serve on it.
+    // Its exec channel (held, or still to come: then no longer awaited): nobody will serve on it.
+    const take = spare.key ? this.execWaiters.get(spare.key) : undefined;
+    if (take) {
+      this.execWaiters.delete(spare.key!);
+      take(null);
+    }
     void spare.exec?.then((sock) => sock?.destroy());
     spare.exec = null;
     if (spare.proc) {
