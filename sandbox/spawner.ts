@@ -45,6 +45,11 @@ export interface PipedProcess extends EventEmitter {
   readonly stdin: Writable | null;
   readonly stdout: Readable | null;
   readonly stderr: Readable | null;
+  /**
+   * Signals the command's process group where it has no host pid (a command of a sandbox's exec
+   * server, sandbox/namespaces/exec-channel): `pid` is then undefined, and this is how it is signalled.
+   */
+  signalGroup?(signal: NodeJS.Signals | number): void;
 }
 
 const SIGNAL_NAMES = new Map<number, NodeJS.Signals>(Object.entries(osc.signals).map(([name, n]) => [n, name as NodeJS.Signals]));

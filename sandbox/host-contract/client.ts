@@ -18,6 +18,7 @@ import type {
   EntrypointStatus,
   ExecRequest,
   ExecRunResult,
+  ExecExitsAnswer,
   ExecSessionInfo,
   SandboxInfo,
   SandboxMetrics,
@@ -397,6 +398,11 @@ export class HostClient {
   /** Starts an exec session inside the sandbox; attach to its output with `execWebSocketUrl`. */
   createExec(id: string, req: ExecRequest): Promise<ExecSessionInfo> {
     return this.call('POST', `/sandboxes/${encodeURIComponent(id)}/exec`, { body: req });
+  }
+
+  /** Exec sessions' exits as they happen (see ExecExitsAnswer); waits up to waitMs (≤ 30000) for one. */
+  execExits(opts: { epoch?: string; after: number; waitMs?: number; signal?: AbortSignal }): Promise<ExecExitsAnswer> {
+    return this.call('GET', '/exec-exits', { query: { epoch: opts.epoch, after: opts.after, waitMs: opts.waitMs }, signal: opts.signal });
   }
 
   /** Exec sessions of a sandbox. */

@@ -255,3 +255,26 @@ export interface SandboxMetricsEntry {
   owner: string;
   metrics: SandboxMetrics;
 }
+
+/** One exec session's exit, as the host saw it happen (GET /exec-exits). */
+export interface ExecExit {
+  seq: number;
+  sandboxID: string;
+  sessionID: string;
+  exitCode: number;
+  exitedAt: string;
+  oomKilled: boolean;
+}
+
+/**
+ * GET /exec-exits?epoch=E&after=N&waitMs=M: the exits after `after` of this host's run `epoch`
+ * (oldest first; waits up to waitMs for one). `complete` is false when some were dropped before they
+ * were read (another epoch: the host restarted; or more than the host keeps): the caller then looks
+ * at its open sessions itself.
+ */
+export interface ExecExitsAnswer {
+  epoch: string;
+  seq: number;
+  exits: ExecExit[];
+  complete: boolean;
+}

@@ -139,7 +139,9 @@ export class ExecSession {
 
   /** Signals the command's whole process group; no-op once it exited. */
   kill(signal: NodeJS.Signals | number = 'SIGKILL'): void {
-    if (!this.running || !this.child.pid) return;
+    if (!this.running) return;
+    if (this.child.signalGroup) return this.child.signalGroup(signal);
+    if (!this.child.pid) return;
     try {
       process.kill(-this.child.pid, signal);
     } catch {

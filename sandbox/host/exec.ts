@@ -36,7 +36,8 @@ import { HOST_ERROR_STATUS, isSandboxError, SandboxError } from '../../contract/
 import { SandboxCgroups } from '../proc-refs-and-cgroups';
 import type { SandboxProvider } from '../driver';
 import type { PipedProcess } from '../spawner';
-import { EXEC_SESSION_ID, type ExecRequest, type ExecRunResult } from '../host-contract/types';
+import { randomBytes } from 'node:crypto';
+import { EXEC_SESSION_ID, type ExecExit, type ExecExitsAnswer, type ExecRequest, type ExecRunResult } from '../host-contract/types';
 import { bearerMatchesHeader } from './auth';
 import { splice } from '../../lib/splice';
 import type { ExecLimits } from '../../config/exec-limits';
@@ -61,9 +62,18 @@ const sessionParams = z.object({ id: z.string().min(1), sid: z.string().min(1) }
 type Wrap = (fn: (req: Request, res: Response) => Promise<void>) => (req: Request, res: Response, next: NextFunction) => void;
 type Parse = <S extends z.ZodType>(schema: S, req: Request) => z.infer<S>;
 
+/** Exits kept for GET /exec-exits (the oldest dropped beyond). */
+export const EXEC_EXITS_KEPT = 4096;
+
 /** Owns the exec sessions of every sandbox on this host. */
 export class ExecManager {
   private readonly sessions = new Map<string, Map<string, ExecSession>>();
+  /** Exits as they happen, for the control plane to record them at once (GET /exec-exits). */
+  private readonly exits: ExecExit[] = [];
+  private exitSeq = 0;
+  /** This run of the host: a reader of exits from an earlier run missed some. */
+  readonly exitEpoch = randomBytes(6).toString('hex');
+  private readonly exitWaiters = new Set<() => void>();
   /** Starts under way per sandbox (counted against EXEC_SESSIONS_PER_SANDBOX with the running ones). */
   private readonly starting = new Map<string, number>();
 
@@ -104,8 +114,53 @@ export class ExecManager {
     let map = this.sessions.get(sandboxId);
     if (!map) this.sessions.set(sandboxId, (map = new Map()));
     map.set(session.id, session);
-    void session.wait().then(() => this.prune(sandboxId));
+    void session.wait().then(() => {
+      this.noteExit(session);
+      this.prune(sandboxId);
+    });
     return session;
+  }
+
+  private noteExit(s: ExecSession): void {
+    this.exits.push({
+      seq: ++this.exitSeq,
+      sandboxID: s.sandboxId,
+      sessionID: s.id,
+      exitCode: s.exitCode as number,
+      exitedAt: s.exitedAt as string,
+      oomKilled: s.oomKilled,
+    });
+    if (this.exits.length > EXEC_EXITS_KEPT) this.exits.splice(0, this.exits.length - EXEC_EXITS_KEPT);
+    for (const wake of [...this.exitWaiters]) wake();
+  }
+
+  /** The exits after `after` of run `epoch` (see ExecExitsAnswer); at most 1000 at once. */
+  exitsAfter(epoch: string | undefined, after: number): ExecExitsAnswer {
+    const same = epoch === this.exitEpoch;
+    const from = same ? after : 0;
+    const exits = this.exits.filter((e) => e.seq > from).slice(0, 1000);
+    const oldest = this.exits[0]?.seq ?? this.exitSeq + 1;
+    return {
+      epoch: this.exitEpoch,
+      seq: exits.length ? exits[exits.length - 1]!.seq : Math.max(from, same ? after : this.exitSeq),
+      exits,
+      complete: same ? oldest <= after + 1 : oldest <= 1,
+    };
+  }
+
+  /** Resolves once an exit after `after` exists, or after `ms`, or when `gone` resolves. */
+  private waitExit(after: number, ms: number, gone: Promise<void>): Promise<void> {
+    if (this.exitSeq > after || ms <= 0) return Promise.resolve();
+    return new Promise<void>((resolve) => {
+      const done = () => {
+        clearTimeout(timer);
+        this.exitWaiters.delete(done);
+        resolve();
+      };
+      const timer = setTimeout(done, ms);
+      this.exitWaiters.add(done);
+      void gone.then(done);
+    });
   }
 
   private prune(sandboxId: string): void {
@@ -155,6 +210,7 @@ export class ExecManager {
     const timer = req.timeout
       ? setTimeout(() => {
           timedOut = true;
+          if (child.signalGroup) return child.signalGroup('SIGKILL');
           try {
             process.kill(-(child.pid as number), 'SIGKILL');
           } catch {
@@ -180,6 +236,27 @@ export class ExecManager {
 
   /** Registers the exec routes on the app. */
   routes(app: express.Express, h: Wrap, parse: Parse): void {
+    app.get(
+      '/exec-exits',
+      h(async (req, res) => {
+        const { query } = parse(
+          z.object({
+            query: z.object({
+              epoch: z.string().max(64).optional(),
+              after: z.coerce.number().int().min(0).default(0),
+              waitMs: z.coerce.number().int().min(0).max(30_000).default(0),
+            }),
+          }),
+          req,
+        );
+        const same = query.epoch === this.exitEpoch;
+        if (same) {
+          const gone = new Promise<void>((resolve) => res.on('close', resolve));
+          await this.waitExit(query.after, query.waitMs, gone);
+        }
+        res.json(this.exitsAfter(query.epoch, query.after));
+      }),
+    );
     app.post(
       '/sandboxes/:id/exec/run',
       h(async (req, res) => {

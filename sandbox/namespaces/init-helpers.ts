@@ -36,6 +36,8 @@ interface Spare {
   failed?: (why: string) => void;
   /** What it was made whole with (see InitHelperDeps.prepareSpare); released unless a claim took it. */
   kit?: SpareKit | null;
+  /** A spare made whole: its exec channel, held until a claim takes it (see Starting.exec); closed if discarded. */
+  exec?: Promise<net.Socket | null> | null;
 }
 
 /**
@@ -60,6 +62,13 @@ export interface Starting {
   sock: net.Socket;
   /** A spare made whole ahead: what it holds (the claim hands it only its name, see NamespaceProvider). */
   kit?: SpareKit;
+  /** What the helper said when it connected; its exec channel names it again ("exec KEY", see expectExec). */
+  key: string;
+  /**
+   * A spare made whole ahead: its exec channel, accepted (and held) while it was made, since its
+   * pid 1 was forked before the claim (null: none came). Otherwise the caller expects it (expectExec).
+   */
+  exec?: Promise<net.Socket | null>;
 }
 
 /** What InitHelpers needs of its provider. */
@@ -82,6 +91,8 @@ export interface InitHelperDeps {
   prepareSpare?(name: string): Promise<SpareKit | null>;
   /** Gives back what prepareSpare took (the spare's processes are gone). */
   releaseSpare?(kit: SpareKit): Promise<void>;
+  /** Whether sandboxes' pid 1 serves exec sessions (SANDBOX_EXEC_SERVER): a spare made whole then has its channel held. */
+  execServer?: boolean;
 }
 
 /** Limits of an idle spare's cgroups: its helper and the sandbox's idle pid 1 (a claim sets the sandbox's). */
@@ -124,6 +135,8 @@ export class InitHelpers {
   private helperServer: net.Server | null = null;
   private helperSocket: string | null = null;
   private readonly helperWaiters = new Map<string, (sock: net.Socket) => void>();
+  /** Sandboxes whose exec channel is awaited, by their helper's key (see expectExec). */
+  private readonly execWaiters = new Map<string, (sock: net.Socket | null) => void>();
 
   constructor(private readonly deps: InitHelperDeps) {
     this.poolSize = deps.poolSize ?? poolSizeFromEnv(process.env);
@@ -176,6 +189,16 @@ export class InitHelpers {
       sock.off('data', onData);
       // Until a create reads the sandbox's info from it.
       sock.pause();
+      const exec = /^exec (\S+)$/.exec(text.slice(0, nl))?.[1];
+      if (exec !== undefined) {
+        const take = this.execWaiters.get(exec);
+        if (!take) return void sock.destroy();
+        this.execWaiters.delete(exec);
+        // What came after the line is the exec server's first frames.
+        const rest = chunk.subarray(chunk.length - (text.length - nl - 1));
+        if (rest.length) sock.unshift(rest);
+        return take(sock);
+      }
       const key = /^ready (\S+)$/.exec(text.slice(0, nl))?.[1];
       const waiter = key ? this.helperWaiters.get(key) : undefined;
       if (!key || !waiter) return void sock.destroy();
@@ -183,6 +206,28 @@ export class InitHelpers {
       waiter(sock);
     };
     sock.on('data', onData);
+  }
+
+  /**
+   * The exec channel of the helper that said "ready KEY": it connects again once it has its
+   * arguments, says "exec KEY", and its sandbox's pid 1 serves exec sessions on that connection
+   * (tools/sandbox-init/exec-server.h); a spare made whole connects it before it forks pid 1.
+   * Resolves with the connection (paused), or null when none came within `ms` (the sandbox's
+   * commands then start through sap-sandbox-enter). Register before handing the helper its
+   * arguments (a spare: before starting it); a key is taken once.
+   */
+  expectExec(key: string, ms = 15_000): Promise<net.Socket | null> {
+    return new Promise((resolve) => {
+      const timer = setTimeout(() => {
+        this.execWaiters.delete(key);
+        resolve(null);
+      }, ms);
+      timer.unref();
+      this.execWaiters.set(key, (sock) => {
+        clearTimeout(timer);
+        resolve(sock);
+      });
+    });
   }
 
   /**
@@ -267,6 +312,9 @@ export class InitHelpers {
       pending.kit = (await this.deps.prepareSpare?.(name)) ?? null;
       if (!this.pool.includes(pending)) return void this.discardSpare(pending).finally(settle);
       pending.key = `${name}.${randomBytes(8).toString('hex')}`;
+      // A spare made whole forks its pid 1 (the exec server) before any claim: its helper connects
+      // "exec KEY" first, and the channel is held here until a claim re-keys it to its sandbox.
+      if (pending.kit && this.deps.execServer) pending.exec = this.expectExec(pending.key, 30_000);
       const connected = (sock: net.Socket) => {
         if (pending.discarded || done) return void sock.destroy();
         pending.sock = sock;
@@ -316,7 +364,7 @@ export class InitHelpers {
         return null;
       }
       spare.sock.ref();
-      return { pid: spare.proc.pid, sock: spare.sock, ...(spare.kit ? { kit: spare.kit } : {}) };
+      return { pid: spare.proc.pid, sock: spare.sock, key: spare.key!, ...(spare.kit ? { kit: spare.kit } : {}), ...(spare.exec ? { exec: spare.exec } : {}) };
     }
   }
 
@@ -344,7 +392,7 @@ export class InitHelpers {
       })
       .finally(() => clearTimeout(timer));
     sock.ref();
-    return { pid: proc.pid, sock };
+    return { pid: proc.pid, sock, key };
   }
 
   /** Kills a spare helper and removes its cgroups (under its own name and, if given, the name it was renamed to). */
@@ -352,6 +400,14 @@ export class InitHelpers {
     spare.discarded = true;
     if (spare.key) this.helperWaiters.delete(spare.key);
     spare.sock?.destroy();
+    // Its exec channel (held, or still to come: then no longer awaited): nobody will serve on it.
+    const take = spare.key ? this.execWaiters.get(spare.key) : undefined;
+    if (take) {
+      this.execWaiters.delete(spare.key!);
+      take(null);
+    }
+    void spare.exec?.then((sock) => sock?.destroy());
+    spare.exec = null;
     if (spare.proc) {
       signalRef(spare.proc, 'SIGKILL');
       await this.deps.waitGone([spare.proc]);
@@ -392,6 +448,8 @@ export class InitHelpers {
     const server = this.helperServer;
     this.helperServer = null;
     if (server) {
+      for (const take of this.execWaiters.values()) take(null);
+      this.execWaiters.clear();
       // Connections of helpers still starting a sandbox are the host's own: ended, not waited for.
       for (const sock of this.helperConns) sock.destroy();
       await new Promise((r) => server.close(r));

@@ -22,10 +22,7 @@
  * w/root…), so nothing the sandbox can read names a host path.
  * The host reaches a sandbox's files through /proc/<pid 1>/root (see rootMap and paths.ts), creating
  * what it writes as sandbox root, and its writable layer through /proc/<helper>/root/…/m/w (checkpoints).
- * Every other process (patches, entrypoint, exec) enters through `sap-sandbox-enter`
- * (tools/sandbox-enter: cgroups, the user namespace and then the others, root, capabilities,
- * no_new_privs, seccomp, environment, timeout and exit file in one exec). All processes of a sandbox
- * are in its cgroups, which is also how destroy finds and kills them.
+ * Exec sessions' commands are started by pid 1 (./exec-channel), the rest enters through `sap-sandbox-enter`; all are in its cgroups.
  */
 import { promises as fsp, constants as fsc } from 'node:fs';
 import * as path from 'node:path';
@@ -42,6 +39,7 @@ import type { ProviderOptions, SpawnOptions } from '../driver';
 import { captureLayer, migrateSetIds, restoreSetIds, scanLayer } from './layers';
 import { sandboxMountIds, unmountUnder } from './mounts';
 import { InitHelpers, type SpareKit, type Starting } from './init-helpers';
+import { ExecChannels } from './exec-channel';
 import { ensureBaseSkeleton } from './base-skeleton';
 import { sealedContext, startSealing, type SealProxy } from '../seal';
 import { ownerOf, SANDBOX_HOME, SANDBOX_UID, writeHostsFile } from './sandbox-user';
@@ -92,6 +90,7 @@ export class NamespaceProvider extends BaseProvider {
   private readonly idSlots: IdSlots;
   /** Per sandbox: the mount ids of its `/` and `/usr`, read once per init (key: pid and start time). */
   private readonly mountIds = new Map<string, { key: string; ids: ReadonlySet<number> }>();
+  private readonly execChannels = new ExecChannels(this.log); // pid 1 serves exec sessions (./exec-channel)
   /** Sandboxes' links out and their policies (null: SANDBOX_NETWORK=off, loopback only). */
   private readonly network: SandboxNetwork | null;
   /** Sealed secrets' egress proxy (../seal), with the network. */
@@ -125,6 +124,7 @@ export class NamespaceProvider extends BaseProvider {
       ...(opts.poolSize !== undefined ? { poolSize: opts.poolSize } : {}),
       prepareSpare: (name) => this.kits.prepare(name),
       releaseSpare: (kit) => this.kits.release(kit),
+      execServer: this.execChannels.enabled,
     });
     this.enterHelper = opts.enterHelper ?? DEFAULT_ENTER_HELPER;
     this.seccompFilter = opts.seccompFilter ?? DEFAULT_SECCOMP;
@@ -340,7 +340,11 @@ export class NamespaceProvider extends BaseProvider {
     // a checkpoint's layers go under the overlay, which the spare has already mounted (and its pid 1
     // has pivoted into), so such a create starts a helper of its own.
     const whole = state.layers.length === 0 ? await this.helpers.claimSpare(id, state.limits, (kit) => kit?.diskMB === diskMB) : null;
-    if (whole?.kit) return this.finishClaim(state, whole, whole.kit, egress);
+    if (whole?.kit) {
+      // Its exec channel came while it was made (pid 1 was forked then): now the sandbox's.
+      this.execChannels.expect(id, () => whole.exec ?? Promise.resolve(null));
+      return this.finishClaim(state, whole, whole.kit, egress);
+    }
     // Spares follow the disk size asked for last (as ./disk's do): those of another size go, and the pool refills.
     if (state.layers.length === 0 && !whole) this.helpers.discardWhere((kit) => kit !== null && kit.diskMB !== diskMB);
     state.idBase = this.idSlots.allocate();
@@ -360,6 +364,7 @@ export class NamespaceProvider extends BaseProvider {
     // Everything the helper does, in order (see tools/sandbox-init); its log comes first, so that any
     // failure is in init.log. Each argument ends with a NUL byte.
     const args = this.kits.setupArgs({ staging: dir, idBase: state.idBase, layers: state.layers, realData, diskMB, image, name: id, link: link ?? null });
+    this.execChannels.expect(id, () => this.helpers.expectExec(starting.key)); // before the helper has its arguments
     const nsPid = await handOver(starting.sock, args, failure);
     const outer = procRef(starting.pid);
     const ns = procRef(nsPid);
@@ -393,7 +398,6 @@ export class NamespaceProvider extends BaseProvider {
     return { nsPid: ns.pid, cwd, uid: asUser ? SANDBOX_UID : 0, env: envPairs(DEFAULT_ENV, who, { HOSTNAME: state.id }, state.envs, opts.env) };
   }
 
-  /** The entry helper without cgroups (every process enters through it). */
   protected innerArgv(state: SandboxState, opts: SpawnOptions): string[] {
     return this.enterArgv(state, opts, { cgroupProcs: [] });
   }
@@ -433,6 +437,10 @@ export class NamespaceProvider extends BaseProvider {
 
   protected override networkPrefix(state: SandboxState): string[] {
     return ['/usr/bin/nsenter', '-t', String(state.init!.ns.pid), '-n', '--'];
+  }
+
+  override async spawnPiped(id: string, opts: SpawnOptions): ReturnType<BaseProvider['spawnPiped']> {
+    return (await this.execChannels.spawn(this.stateOf(id), opts, (s) => this.target(s, opts))) ?? super.spawnPiped(id, opts);
   }
 
   /**

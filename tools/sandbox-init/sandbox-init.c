@@ -28,7 +28,10 @@
  * With -w the helper joins its cgroups ahead of a request (the first move of a process into a cgroup
  * waits for a kernel RCU grace period, 5-15 ms), connects to the unix socket SOCKET, writes
  * "ready KEY\n", reads the SETUP arguments (each ended by a NUL byte) until the host shuts down its
- * side, and keeps the socket as descriptor 3.
+ * side, and keeps the socket as descriptor 3. It then connects once more and writes "exec KEY\n":
+ * pid 1 inherits that descriptor and serves the sandbox's exec sessions on it (exec-server.h). A
+ * spare made whole ahead opens that channel first, before it builds anything (its pid 1 is forked
+ * before any claim).
  *
  * Steps, in this fixed order; a failing step names itself on stderr ("sap-sandbox-init: STEP: ...")
  * and the helper exits 1 (2 on bad usage):
@@ -546,6 +549,8 @@ static void child_die(const char *fmt, ...) {
   _exit(1);
 }
 
+#include "exec-server.h"
+
 static void bind_onto(const char *src, const char *dst, unsigned long extra) {
   if (mount(src, dst, NULL, MS_BIND | MS_REC, NULL) != 0) child_die("bind %s", dst);
   if (extra && mount(NULL, dst, NULL, MS_BIND | MS_REMOUNT | extra, NULL) != 0) child_die("remount %s", dst);
@@ -640,6 +645,8 @@ static void run_pid1(const struct setup *o) {
   if (syscall(SYS_pivot_root, ".", ".") != 0) child_die("pivot_root");
   if (umount2(".", MNT_DETACH) != 0) child_die("detach the host's tree");
   if (chdir("/") != 0) child_die("chdir /");
+  /* With an exec channel pid 1 serves the sandbox's exec sessions (exec-server.h); it does not return. */
+  if (exec_channel >= 0) exec_server_main(&o->filter, report_fd);
   step = "capabilities";
   char err[256];
   if (sap_lock_down(&o->filter, o->seccomp, err, sizeof err) != 0) {
@@ -873,6 +880,10 @@ int main(int argc, char **argv) {
       whole_spare.key = key;
       /* Made at a low priority (creates come first); the claim gives the sandbox the normal one. */
       if (setpriority(PRIO_PROCESS, 0, 10) != 0) die("nice");
+      /* Its pid 1 is forked before the claim and inherits the exec channel: opened now, and held by
+       * the host until a claim hands it to the sandbox (exec-server.h). pid 1 serves at nice 10 until
+       * whole_spare_claim gives it the normal priority, before the host learns pid 1. */
+      exec_channel_open(sock_path, key);
       return run(&o);
     }
     if (o.image) {
@@ -904,6 +915,7 @@ int main(int argc, char **argv) {
     int n = read_args(3, &args);
     if (n < 0) die("read arguments");
     if (n == 0) return 0; /* the host let go of this spare */
+    exec_channel_open(sock_path, key);
     code = parse(args, n, &o, 1);
     if (code) return code;
     return run(&o);
