@@ -302,9 +302,7 @@ export class NamespaceProvider extends BaseProvider {
   private async checkDiskRoom(state: SandboxState): Promise<number> {
     if (!this.disks || this.diskOvercommit === 0) return 0;
     const sizeOf = (s: SandboxState) => s.limits.diskMB ?? DEFAULT_DISK_MB;
-    // Creates under way are not in `states` yet: counted apart.
-    // Idle spares are not counted: each holds a fresh sparse image (~230 KB) until a create claims it,
-    // and then counts as that create (counting it before too would count a claimed spare twice).
+    // Creates under way are not in `states` yet: counted apart. Idle spares are not (a claimed one counts as its create).
     let liveMB = this.creatingDiskMB;
     for (const s of this.states.values()) if (s.id !== state.id && this.isLive(s)) liveMB += sizeOf(s);
     const problem = diskRoomProblem({ askMB: sizeOf(state), liveMB, freeMB: await freeMBOf(this.disks.dir), ratio: this.diskOvercommit });
