@@ -399,13 +399,24 @@ describe('conversations', () => {
     const { body } = await create({ input: 'sleep 3' });
     const id: string = body.id;
     const url = `${T.api()}/v1/conversations/${id}/events?level=internal`;
-    const following = readSse(url, {}, () => false);
-    await eventually(async () => (await events(id)).some((e) => e.type === 'system'), 60_000);
-    await control('kill', 'api', 'SIGKILL');
-    const part1 = await following;
-    expect(part1.length).toBeGreaterThan(0);
-    await control('start', 'api');
-    await eventually(async () => (await api('GET', '/healthz').catch(() => ({ status: 0 }))).status === 200, 60_000);
+    // The API is killed once this client has seen an event (not once the store has one: the stream
+    // may not have sent it yet), and started again whatever happens, so later tests have their API.
+    let sawOne!: () => void;
+    const seen = new Promise<void>((resolve) => (sawOne = resolve));
+    const following = readSse(url, {}, (got) => {
+      if (got.length) sawOne();
+      return false;
+    });
+    let part1: { id: number; data: Ev }[];
+    try {
+      await seen;
+      await control('kill', 'api', 'SIGKILL');
+      part1 = await following;
+      expect(part1.length).toBeGreaterThan(0);
+    } finally {
+      await control('start', 'api');
+      await eventually(async () => (await api('GET', '/healthz').catch(() => ({ status: 0 }))).status === 200, 60_000);
+    }
     const part2 = await readSse(url, { 'last-event-id': String(part1.at(-1)!.id) }, (g) => g.some((e) => e.data.type === 'turn_complete'));
     const seqs = [...part1, ...part2].map((e) => ({ seq: e.id }));
     expectContiguous(seqs, 1);
