@@ -10,7 +10,7 @@ import type { Browser, BrowserContext, Page } from 'playwright-core';
 import { api, control, eventually, T } from '../helpers/env';
 import { bashAgentsDeletedAfterAll } from '../helpers/sessions';
 import { newSandbox } from '../helpers/sandboxes';
-import { launchChromium, withScreenshot } from '../helpers/browser';
+import { launchChromium, watchPage, withScreenshot } from '../helpers/browser';
 import { otherOrgKey } from '../helpers/checkpoints';
 
 jest.setTimeout(90_000);
@@ -28,6 +28,7 @@ beforeAll(async () => {
   browser = await launchChromium();
   context = await browser.newContext({ acceptDownloads: true, viewport: { width: 1280, height: 900 } });
   page = await context.newPage();
+  watchPage(page);
   page.setDefaultTimeout(20_000);
   page.on('pageerror', (e) => pageErrors.push(`pageerror: ${e.message}`));
   page.on('console', (m) => {
@@ -198,6 +199,8 @@ describe('web console', () => {
     const rows = async () => (await page.textContent('.terminal .xterm-rows')) ?? '';
     const name = `console-cp-${Date.now().toString(36)}`;
     await step('checkpoint', async () => {
+      // The page may already show this sandbox (the test before): going to the same URL would not load it again.
+      await page.goto('about:blank');
       await page.goto(consoleUrl(`/sandboxes/${sb}`));
       await page.waitForSelector('.sandbox-status:has-text("running")', { timeout: 45_000 });
       await page.fill('input[name=checkpointName]', name);
@@ -232,6 +235,7 @@ describe('web console', () => {
     const other = await browser!.newContext();
     try {
       const p = await other.newPage();
+      watchPage(p);
       await withScreenshot(p, 'key-revoked', async () => {
         await p.goto(consoleUrl('/signin'));
         await p.fill('input[name=apiKey]', await otherOrgKey());
@@ -256,6 +260,7 @@ describe('web console', () => {
     const other = await browser!.newContext();
     try {
       const p = await other.newPage();
+      watchPage(p);
       await withScreenshot(p, 'other-org', async () => {
         await p.goto(consoleUrl('/signin'));
         await p.fill('input[name=apiKey]', await otherOrgKey());
@@ -307,6 +312,7 @@ describe('web console', () => {
       const session = await api('POST', `/v1/agents/${opAgent}/sessions`, { key: opKey, body: { input: {} } });
       expect(session.status).toBe(201);
       const p = await other.newPage();
+      watchPage(p);
       await withScreenshot(p, 'hosts', async () => {
         await p.goto(consoleUrl('/signin'));
         await p.fill('input[name=apiKey]', opKey);

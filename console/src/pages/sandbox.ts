@@ -29,6 +29,8 @@ export const sandboxPage: Page = async (el, { params, signal }) => {
   const filesBox = h('div');
   const previewsBox = h('div');
   const checkpointsBox = h('div');
+  // The form stands apart from the list: a list that fails to load does not take the form with it.
+  const checkpointFormBox = h('div');
   fill(
     el,
     h('h1', null, 'Sandbox ', h('code', null, id)),
@@ -41,6 +43,7 @@ export const sandboxPage: Page = async (el, { params, signal }) => {
     h('h2', null, 'Previews'),
     previewsBox,
     h('h2', null, 'Checkpoints'),
+    checkpointFormBox,
     checkpointsBox,
   );
   const refresh = async (): Promise<Sandbox | undefined> => {
@@ -93,7 +96,6 @@ export const sandboxPage: Page = async (el, { params, signal }) => {
       (cps) => [
         // A checkpoint being copied is read again until it is ready or failed.
         cps.some((c) => c.status === 'processing') ? void setTimeout(() => signal.aborted || loadCheckpoints(), 2000) : null,
-        checkpointForm(path, loadCheckpoints),
         table(
           ['Checkpoint', 'Name', 'Status', 'Size', 'Created', ''],
           cps.map((c) => [
@@ -121,6 +123,7 @@ export const sandboxPage: Page = async (el, { params, signal }) => {
       ],
       signal,
     );
+  fill(checkpointFormBox, checkpointForm(path, loadCheckpoints));
   loadCheckpoints();
 };
 
