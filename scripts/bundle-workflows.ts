@@ -33,6 +33,20 @@ export function hashInputs(files: string[]): string {
 }
 
 /**
+ * Packages that must never be in the workflow bundle. The worker evaluates the bundle for its
+ * workflows and the SDK maps every workflow promise's stack through its source map, so its size
+ * costs CPU on every workflow of every kind: zod alone (reached once through a schema module of
+ * contract/) doubled the bundle and added 10–20 ms of worker CPU per session (docs/performance.md).
+ * The rest have side effects no workflow may have.
+ */
+export const NOT_IN_WORKFLOW_BUNDLE = ['zod', '@asteasolutions/zod-to-openapi', 'mongodb', 'express', 'pino', 'ws'];
+
+/** The packages of NOT_IN_WORKFLOW_BUNDLE that a bundle's code includes. */
+export function forbiddenInBundle(code: string): string[] {
+  return NOT_IN_WORKFLOW_BUNDLE.filter((pkg) => code.includes(`./node_modules/${pkg}/`));
+}
+
+/**
  * Bundles the workflow code once at build time, so workers start in ~0.4 s instead of ~2 s; skipped
  * (about 3 s saved) when the bundle's inputs are those of the bundle there (their hash beside it).
  */
@@ -48,6 +62,13 @@ async function main(): Promise<void> {
     workflowsPath: entry,
     logger: { log() {}, info() {}, warn: console.warn, error: console.error, debug() {}, trace() {} } as never,
   });
+  const forbidden = forbiddenInBundle(code);
+  if (forbidden.length > 0) {
+    throw new Error(
+      `the workflow bundle includes ${forbidden.join(', ')}: a workflow imports a module that reaches ${forbidden.length > 1 ? 'them' : 'it'} ` +
+        '(import such modules as types only, or move the values a workflow needs to a module without them, as contract/conversation-rules.ts)',
+    );
+  }
   fs.rmSync(stamp, { force: true });
   fs.writeFileSync(out, code);
   fs.writeFileSync(stamp, hash);

@@ -12,7 +12,8 @@ import {
 import type { ActivityOptions } from '@temporalio/workflow';
 import type { Activities } from '../activities';
 import { nonRetryableFailureTypes } from '../contract/errors';
-import { CONVERSATION_BOUNDS, turnSummary, type ConversationWorkflowArgs, type ConversationWorkflowResult, type TurnOutcome } from '../contract/conversations';
+import { CONVERSATION_BOUNDS, turnSummary } from '../contract/conversation-rules';
+import type { ConversationWorkflowArgs, ConversationWorkflowResult, TurnOutcome } from '../contract/conversations';
 import type { AgentRunSpec } from '../contract/workflows';
 import { archiveSignal, cancelUpdate, conversationStateQuery, forkedSignal, messageUpdate, rewindUpdate } from './conversation.defs';
 

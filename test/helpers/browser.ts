@@ -42,11 +42,7 @@ export async function withScreenshot<T>(page: Page, name: string, fn: () => Prom
     const shown = await page
       .$$eval('.error, .loading', (els) => els.map((e) => `${e.className}: ${(e.textContent ?? '').trim().slice(0, 300)}`))
       .catch((e: Error) => [`(the page could not be read: ${e.message})`]);
-    const lines = [
-      `(screenshot: ${file}; url ${page.url()})`,
-      ...shown.map((s) => `page shows ${s}`),
-      ...(seen.get(page) ?? []).map((s) => `browser: ${s}`),
-    ];
+    const lines = [`(screenshot: ${file}; url ${page.url()})`, ...shown.map((s) => `page shows ${s}`), ...(seen.get(page) ?? []).map((s) => `browser: ${s}`)];
     throw Object.assign(err as Error, { message: `${(err as Error).message}\n${lines.join('\n')}` });
   }
 }

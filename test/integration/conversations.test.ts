@@ -445,29 +445,32 @@ describe('conversations', () => {
     expect(fork.forkedFrom).toEqual({ conversationId: id, turn: 1 });
   });
 
-  test('a worker killed with SIGKILL mid-turn: the turn runs again from its starting checkpoint, completes once, the first attempt superseded', async () => {
-    const { body } = await create({ input: 'first' });
-    const id: string = body.id;
-    await turnDone(id, 1);
-    expect((await say(id, 'sleep 4')).status).toBe(202);
-    await eventually(async () => (await events(id)).some((e) => e.turn === 2 && e.type === 'system'), 60_000);
-    await control('kill', 'worker', 'SIGKILL');
-    try {
-      await control('start', 'worker');
-    } catch {
-      /* the supervisor restarts it itself */
-    }
-    const t2 = await turnDone(id, 2, 180_000);
-    expect(t2.yieldReason).toBe('completed');
-    expect(t2.attempt).toBeGreaterThan(1);
-    const ev = await events(id);
-    expectContiguous(ev, 1);
-    const second = ev.filter((e) => e.turn === 2);
-    expect(second.some((e) => e.superseded)).toBe(true);
-    expect(second.filter((e) => !e.superseded && e.type === 'turn_complete')).toHaveLength(1);
-    expect(second.some((e) => e.type === 'turn_restarted')).toBe(true);
-    // The first attempt's half-turn was undone: the memory holds the turn once.
-    const conv = (await api('GET', `/v1/conversations/${id}`)).body;
-    expect((await readFile(conv.sandboxId, '/root/.claude/memory.txt')).text).toBe('first\nsleep 4\n');
-  });
+  test.each(['worker', 'host'] as const)(
+    'a %s killed with SIGKILL mid-turn: the turn runs again from its starting checkpoint, completes once, the first attempt superseded',
+    async (proc) => {
+      const { body } = await create({ input: 'first' });
+      const id: string = body.id;
+      await turnDone(id, 1);
+      expect((await say(id, 'sleep 4')).status).toBe(202);
+      await eventually(async () => (await events(id)).some((e) => e.turn === 2 && e.type === 'system'), 60_000);
+      await control('kill', proc, 'SIGKILL');
+      try {
+        await control('start', proc);
+      } catch {
+        /* the supervisor restarts it itself */
+      }
+      const t2 = await turnDone(id, 2, 180_000);
+      expect(t2.yieldReason).toBe('completed');
+      expect(t2.attempt).toBeGreaterThan(1);
+      const ev = await events(id);
+      expectContiguous(ev, 1);
+      const second = ev.filter((e) => e.turn === 2);
+      expect(second.some((e) => e.superseded)).toBe(true);
+      expect(second.filter((e) => !e.superseded && e.type === 'turn_complete')).toHaveLength(1);
+      expect(second.some((e) => e.type === 'turn_restarted')).toBe(true);
+      // The first attempt's half-turn was undone: the memory holds the turn once.
+      const conv = (await api('GET', `/v1/conversations/${id}`)).body;
+      expect((await readFile(conv.sandboxId, '/root/.claude/memory.txt')).text).toBe('first\nsleep 4\n');
+    },
+  );
 });
