@@ -5,6 +5,7 @@
  * too). contract/conversations.ts re-exports them beside the schemas.
  */
 
+/** A conversation's status (OpenComputer's Durable Agent Sessions statuses). */
 export const CONVERSATION_STATUSES = ['queued', 'running', 'awaiting_input', 'idle', 'failed', 'archived'] as const;
 export type ConversationStatus = (typeof CONVERSATION_STATUSES)[number];
 
@@ -40,7 +41,6 @@ export const CONVERSATION_BOUNDS = {
   metadataBytes: 16 * 1024,
 } as const;
 
-/** Per-conversation limits (OpenComputer's `limits`). */
 /** The level of an event the runner printed, by its type. */
 export function eventLevel(type: string): EventLevel {
   if (['assistant', 'result', 'message', 'turn_started', 'turn_complete', 'error', 'interrupted', 'turn_restarted', 'evaluation'].includes(type)) return 'user';

@@ -8,7 +8,7 @@ import { CONVERSATION_BOUNDS, CONVERSATION_STATUSES, EVENT_LEVELS, YIELD_REASONS
 
 export * from './conversation-rules';
 
-/** A conversation's status (OpenComputer's Durable Agent Sessions statuses). */
+/** Per-conversation limits (OpenComputer's `limits`). */
 export const ConversationLimits = z
   .object({
     tokens: z
