@@ -1,4 +1,5 @@
 import os from 'node:os';
+import { trace, traceNow } from '../lib/trace';
 import { findStackRoot, poolMemory, stackCpuMs } from './bench-cpu';
 
 /** One JSON request to the API: bench.ts's node:http client (kept-alive connections). */
@@ -202,11 +203,15 @@ export async function benchSpawn(opts: {
     const creates: number[] = [];
     const cpu0 = burstRoot === null ? null : stackCpuMs(burstRoot);
     const { latencies, ...run } = await atOnce(opts.burst, async () => {
+      const at0 = traceNow();
       const s0 = performance.now();
       const id = await create();
+      trace(id, 'client:send', at0);
+      trace(id, 'client:created');
       ids.push(id);
       creates.push(performance.now() - s0);
       await nodeV(id);
+      trace(id, 'client:ran');
       return performance.now() - s0;
     });
     const cpu = cpu0 && burstRoot !== null ? cpuSince(cpu0, stackCpuMs(burstRoot), ids.length) : undefined;

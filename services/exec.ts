@@ -5,6 +5,7 @@
  * Defaults: `timeout` none (the command runs until it exits or is killed); `maxRunAfterDisconnect`
  * none (the command outlives every client). `exec/run` waits at most `timeout` seconds, default 60.
  */
+import { trace } from '../lib/trace';
 import { randomBytes } from 'node:crypto';
 import { ApiError, notFound } from '../contract/errors';
 import type { HostClient } from '../sandbox';
@@ -239,9 +240,12 @@ export function createExecService(deps: SandboxDeps, live: ExecLive) {
 
     /** Runs a short command to completion; a non-zero exit is a result. */
     async run(orgId: string, sandboxId: string, body: ExecStartRequest & { timeout: number; stdin?: string }) {
+      trace(sandboxId, 'api:exec-run');
       const host = await live.sandboxHost(orgId, sandboxId);
+      trace(sandboxId, 'api:exec-host-found');
       try {
         const r = await host.execRun(sandboxId, body);
+        trace(sandboxId, 'api:exec-ran');
         return {
           exitCode: r.exitCode,
           stdout: r.stdout,

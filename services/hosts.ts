@@ -128,7 +128,7 @@ export class HostDirectory {
    * (services/placement.ts chooseHost). 503 when none is registered or none has room.
    */
   async pick(): Promise<{ hostId: string; client: HostClient; taskQueue: string }> {
-    const docs = await this.view.all();
+    const docs = await this.view.all(true);
     if (docs.length === 0) throw new ApiError('unavailable', 'no sandbox host is registered; is a worker running?');
     let doc = chooseHost(docs, this.deadAfterMs);
     if (!doc) {

@@ -43,6 +43,9 @@ export function chooseHost<T extends HostDoc>(docs: T[], deadAfterMs: number, ra
   return candidates[candidates.length - 1]!.d;
 }
 
+/** How many times its maxAgeMs a HostView answers its last read while it reads again (see all). */
+const STALE_SERVED = 5;
+
 /**
  * The hosts collection as one process sees it, read at most every `maxAgeMs` (a small collection,
  * read whole: one query per interval, whatever the rate of creates).
@@ -57,8 +60,23 @@ export class HostView {
     private readonly maxAgeMs = 1_000,
   ) {}
 
-  async all(): Promise<HostDoc[]> {
-    if (Date.now() - this.at < this.maxAgeMs) return this.docs;
+  /**
+   * The hosts as read at most maxAgeMs ago. With `staleOk` (placement: a pick that lands on a host
+   * that just died fails its create with a 503), between maxAgeMs and STALE_SERVED × maxAgeMs the
+   * last read is answered at once while a new one is made behind it, so that a burst of creates does
+   * not wait for the store each second. Otherwise, or older, or after invalidate(), the caller waits
+   * for the new read (whether a host is lost or back is never answered from an old read).
+   */
+  async all(staleOk = false): Promise<HostDoc[]> {
+    const age = Date.now() - this.at;
+    if (age < this.maxAgeMs) return this.docs;
+    const loading = this.load();
+    if (!staleOk || age >= this.maxAgeMs * STALE_SERVED) return loading;
+    loading.catch(() => undefined); // a failed read behind the answer: the next call reads again
+    return this.docs;
+  }
+
+  private load(): Promise<HostDoc[]> {
     this.loading ??= listHosts(this.store)
       .then((docs) => {
         this.docs = docs;

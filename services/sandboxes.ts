@@ -3,6 +3,7 @@
  * waking, their egress policy and idle timeout, and the throttled "last active" write that the idle
  * timeout counts from.
  */
+import { trace } from '../lib/trace';
 import { effectiveResources, overMaximum } from '../config/limits';
 import { ApiError, invalid, notFound } from '../contract/errors';
 import { randomId } from '../lib/ids';
@@ -138,6 +139,8 @@ export async function provisionSandbox(
   body: SandboxCreateRequest,
   origin: SandboxOrigin = {},
 ): Promise<SandboxDoc> {
+  const sandboxId = `sb-${randomId()}`;
+  trace(sandboxId, 'api:provision');
   refuseUnsupported(body);
   const over = overMaximum(deps.cfg.limits, body, 'body.');
   if (over) throw invalid(over);
@@ -152,12 +155,14 @@ export async function provisionSandbox(
     if (err instanceof SecretUnreadable) throw new ApiError('internal', err.message);
     throw err;
   }
+  trace(sandboxId, 'api:secrets-read');
   const { hostId, client } = await deps.hosts.pick();
+  trace(sandboxId, 'api:host-picked');
   if (origin.hostId && origin.layers?.length && origin.hostId !== hostId) await deps.hosts.bringLayers(hostId, origin.hostId, origin.layers);
   const now = new Date();
   const user = body.user ?? deps.cfg.SANDBOX_USER ?? 'sandbox';
   const doc: SandboxDoc = {
-    _id: `sb-${randomId()}`,
+    _id: sandboxId,
     orgId,
     hostId,
     status: 'running',
@@ -179,7 +184,7 @@ export async function provisionSandbox(
     updatedAt: now,
   };
   const [recorded, created] = await Promise.allSettled([
-    insertSandbox(deps.store, doc),
+    insertSandbox(deps.store, doc).then(() => trace(sandboxId, 'api:inserted')),
     client.createSandbox({
       id: doc._id,
       orgId,
@@ -200,6 +205,7 @@ export async function provisionSandbox(
       metadata: body.metadata,
     }),
   ]);
+  trace(sandboxId, 'api:host-created');
   if (recorded.status === 'rejected') {
     if (created.status === 'fulfilled') {
       await client

@@ -23,6 +23,7 @@
  * neither to send it nor to keep it in the scrollback (which holds the chunks themselves, trimmed by
  * views, until the command exits: then what it holds is copied out and the reused memory freed).
  */
+import { trace } from '../../lib/trace';
 import * as http from 'node:http';
 import * as net from 'node:net';
 import type { Socket } from 'node:net';
@@ -58,6 +59,17 @@ const execSchema = z.object({
 });
 const idParams = z.object({ id: z.string().min(1) });
 const sessionParams = z.object({ id: z.string().min(1), sid: z.string().min(1) });
+const waitMs = z.coerce.number().int().min(0).max(30_000).default(0);
+/** The exec routes' request schemas, built once (a schema built per request costs zod's compile each time). */
+const routeSchemas = {
+  exits: z.object({ query: z.object({ epoch: z.string().max(64).optional(), after: z.coerce.number().int().min(0).default(0), waitMs }) }),
+  run: z.object({ params: idParams, body: execSchema.extend({ stdin: z.string().optional() }) }),
+  start: z.object({ params: idParams, body: execSchema }),
+  list: z.object({ params: idParams }),
+  get: z.object({ params: sessionParams }),
+  result: z.object({ params: sessionParams, query: z.object({ waitMs }) }),
+  kill: z.object({ params: sessionParams, body: z.object({ signal: z.string().optional() }).optional() }),
+};
 
 type Wrap = (fn: (req: Request, res: Response) => Promise<void>) => (req: Request, res: Response, next: NextFunction) => void;
 type Parse = <S extends z.ZodType>(schema: S, req: Request) => z.infer<S>;
@@ -187,7 +199,9 @@ export class ExecManager {
    * the command prints (even with JSON's 6-byte escapes of control bytes).
    */
   async run(sandboxId: string, req: ExecRequest & { stdin?: string }): Promise<ExecRunResult> {
+    trace(sandboxId, 'host:exec-run');
     const oomBefore = SandboxCgroups.of(sandboxId).oomKills();
+    trace(sandboxId, 'host:exec-oom-read');
     const child = await this.provider.spawnPiped(sandboxId, { argv: [req.cmd, ...(req.args ?? [])], env: req.envs, cwd: req.cwd });
     const max = this.limits.EXEC_RUN_OUTPUT_MAX_BYTES;
     const out: Buffer[] = [];
@@ -203,6 +217,7 @@ export class ExecManager {
       into.push(part);
       kept[which] += part.length;
     };
+    trace(sandboxId, 'host:exec-spawned');
     child.stdout?.on('data', keep(out, 'out'));
     child.stderr?.on('data', keep(err, 'err'));
     child.stdin?.on('error', () => undefined);
@@ -223,6 +238,7 @@ export class ExecManager {
       child.on('close', (c: number | null, s: NodeJS.Signals | null) => resolve([c, s]));
     });
     if (timer) clearTimeout(timer);
+    trace(sandboxId, 'host:exec-closed');
     return {
       exitCode: exitCodeOf(code, signal),
       signal,
@@ -239,16 +255,7 @@ export class ExecManager {
     app.get(
       '/exec-exits',
       h(async (req, res) => {
-        const { query } = parse(
-          z.object({
-            query: z.object({
-              epoch: z.string().max(64).optional(),
-              after: z.coerce.number().int().min(0).default(0),
-              waitMs: z.coerce.number().int().min(0).max(30_000).default(0),
-            }),
-          }),
-          req,
-        );
+        const { query } = parse(routeSchemas.exits, req);
         const same = query.epoch === this.exitEpoch;
         if (same) {
           const gone = new Promise<void>((resolve) => res.on('close', resolve));
@@ -260,21 +267,21 @@ export class ExecManager {
     app.post(
       '/sandboxes/:id/exec/run',
       h(async (req, res) => {
-        const { params, body } = parse(z.object({ params: idParams, body: execSchema.extend({ stdin: z.string().optional() }) }), req);
+        const { params, body } = parse(routeSchemas.run, req);
         res.json(await this.run(params.id, body));
       }),
     );
     app.post(
       '/sandboxes/:id/exec',
       h(async (req, res) => {
-        const { params, body } = parse(z.object({ params: idParams, body: execSchema }), req);
+        const { params, body } = parse(routeSchemas.start, req);
         res.status(201).json((await this.start(params.id, body)).info());
       }),
     );
     app.get(
       '/sandboxes/:id/exec',
       h(async (req, res) => {
-        const { params } = parse(z.object({ params: idParams }), req);
+        const { params } = parse(routeSchemas.list, req);
         if (!this.provider.get(params.id)) throw new SandboxError('not_found', `sandbox ${params.id} not found`);
         res.json(this.list(params.id).map((s) => s.info()));
       }),
@@ -282,7 +289,7 @@ export class ExecManager {
     app.get(
       '/sandboxes/:id/exec/:sid',
       h(async (req, res) => {
-        const { params } = parse(z.object({ params: sessionParams }), req);
+        const { params } = parse(routeSchemas.get, req);
         res.json(this.get(params.id, params.sid).info());
       }),
     );
@@ -290,10 +297,7 @@ export class ExecManager {
     app.get(
       '/sandboxes/:id/exec/:sid/result',
       h(async (req, res) => {
-        const { params, query } = parse(
-          z.object({ params: sessionParams, query: z.object({ waitMs: z.coerce.number().int().min(0).max(30_000).default(0) }) }),
-          req,
-        );
+        const { params, query } = parse(routeSchemas.result, req);
         const s = this.get(params.id, params.sid);
         if (s.running && query.waitMs > 0) {
           let timer: NodeJS.Timeout | undefined;
@@ -307,7 +311,7 @@ export class ExecManager {
     app.post(
       '/sandboxes/:id/exec/:sid/kill',
       h(async (req, res) => {
-        const { params, body } = parse(z.object({ params: sessionParams, body: z.object({ signal: z.string().optional() }).optional() }), req);
+        const { params, body } = parse(routeSchemas.kill, req);
         const signal = body?.signal ?? 'SIGKILL';
         if (!(signal in osConstants.signals)) throw new SandboxError('invalid_request', `unknown signal ${signal}`);
         const s = this.get(params.id, params.sid);

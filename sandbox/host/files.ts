@@ -42,6 +42,23 @@ const REMOVE_TREE_TIMEOUT_MS = 120_000;
 const idParams = z.object({ id: z.string().min(1) });
 const pathQuery = z.object({ path: z.string().min(1) });
 const bool = z.enum(['true', 'false']).transform((v) => v === 'true');
+/** The file routes' request schemas, built once (a schema built per request costs zod's compile each time). */
+const routeSchemas = {
+  path: z.object({ params: idParams, query: pathQuery }),
+  write: z.object({
+    params: idParams,
+    query: pathQuery.extend({
+      mode: z
+        .string()
+        .regex(/^[0-7]{3,4}$/, 'must be octal, e.g. 644')
+        .optional(),
+    }),
+  }),
+  stat: z.object({ params: idParams, query: pathQuery.extend({ noFollow: bool.optional() }) }),
+  mkdir: z.object({ params: idParams, body: z.object({ path: z.string().min(1) }) }),
+  rename: z.object({ params: idParams, body: z.object({ from: z.string().min(1), to: z.string().min(1) }) }),
+  remove: z.object({ params: idParams, query: pathQuery.extend({ recursive: bool.default(true) }) }),
+};
 
 /** ENOSPC and EDQUOT: the sandbox's writable layer is full. */
 function diskFull(err: unknown): SandboxError | null {
@@ -84,7 +101,7 @@ export function fileRoutes(app: express.Express, provider: SandboxProvider, h: W
   app.get(
     '/sandboxes/:id/fs',
     h(async (req, res) => {
-      const { params, query } = parse(z.object({ params: idParams, query: pathQuery }), req);
+      const { params, query } = parse(routeSchemas.path, req);
       const { fh, size } = await openSandboxFileForRead(await provider.fileRoot(params.id), query.path);
       try {
         res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': size });
@@ -106,18 +123,7 @@ export function fileRoutes(app: express.Express, provider: SandboxProvider, h: W
   app.put(
     '/sandboxes/:id/fs',
     h(async (req, res) => {
-      const { params, query } = parse(
-        z.object({
-          params: idParams,
-          query: pathQuery.extend({
-            mode: z
-              .string()
-              .regex(/^[0-7]{3,4}$/, 'must be octal, e.g. 644')
-              .optional(),
-          }),
-        }),
-        req,
-      );
+      const { params, query } = parse(routeSchemas.write, req);
       const root = await provider.fileRoot(params.id);
       const fh = await openSandboxFileForWrite(root, query.path, query.mode ? parseInt(query.mode, 8) : 0o644);
       let size = 0;
@@ -145,7 +151,7 @@ export function fileRoutes(app: express.Express, provider: SandboxProvider, h: W
   app.get(
     '/sandboxes/:id/fs/list',
     h(async (req, res) => {
-      const { params, query } = parse(z.object({ params: idParams, query: pathQuery }), req);
+      const { params, query } = parse(routeSchemas.path, req);
       res.json(await listSandboxDir(await provider.fileRoot(params.id), query.path));
     }),
   );
@@ -153,7 +159,7 @@ export function fileRoutes(app: express.Express, provider: SandboxProvider, h: W
   app.get(
     '/sandboxes/:id/fs/stat',
     h(async (req, res) => {
-      const { params, query } = parse(z.object({ params: idParams, query: pathQuery.extend({ noFollow: bool.optional() }) }), req);
+      const { params, query } = parse(routeSchemas.stat, req);
       res.json(await statSandboxPath(await provider.fileRoot(params.id), query.path, { noFollow: query.noFollow }));
     }),
   );
@@ -161,7 +167,7 @@ export function fileRoutes(app: express.Express, provider: SandboxProvider, h: W
   app.post(
     '/sandboxes/:id/fs/mkdir',
     h(async (req, res) => {
-      const { params, body } = parse(z.object({ params: idParams, body: z.object({ path: z.string().min(1) }) }), req);
+      const { params, body } = parse(routeSchemas.mkdir, req);
       const root = await provider.fileRoot(params.id);
       await makeSandboxDir(root, body.path);
       res.json(await statSandboxPath(root, body.path));
@@ -171,7 +177,7 @@ export function fileRoutes(app: express.Express, provider: SandboxProvider, h: W
   app.post(
     '/sandboxes/:id/fs/rename',
     h(async (req, res) => {
-      const { params, body } = parse(z.object({ params: idParams, body: z.object({ from: z.string().min(1), to: z.string().min(1) }) }), req);
+      const { params, body } = parse(routeSchemas.rename, req);
       const root = await provider.fileRoot(params.id);
       await renameSandboxPath(root, body.from, body.to);
       res.json(await statSandboxPath(root, body.to, { noFollow: true }));
@@ -181,7 +187,7 @@ export function fileRoutes(app: express.Express, provider: SandboxProvider, h: W
   app.delete(
     '/sandboxes/:id/fs',
     h(async (req, res) => {
-      const { params, query } = parse(z.object({ params: idParams, query: pathQuery.extend({ recursive: bool.default(true) }) }), req);
+      const { params, query } = parse(routeSchemas.remove, req);
       const outcome = await removeSandboxEntry(await provider.fileRoot(params.id), query.path);
       if (outcome === 'notEmpty') {
         if (!query.recursive) throw new SandboxError('conflict', `directory not empty: ${query.path} (remove with recursive=true)`);

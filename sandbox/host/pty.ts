@@ -44,6 +44,11 @@ export const createPtySchema = z.object({
   envs: z.record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/), z.string()).optional(),
   cwd: z.string().startsWith('/').optional(),
 });
+/** The terminal routes' request schemas, built once. */
+const ptyRouteSchemas = {
+  create: z.object({ params: z.object({ id: z.string().min(1) }), body: createPtySchema }),
+  get: z.object({ params: z.object({ id: z.string().min(1), sid: z.string().min(1) }) }),
+};
 const resizeMessage = z.object({ type: z.literal('resize'), cols: z.number().int().min(1).max(1000), rows: z.number().int().min(1).max(1000) });
 
 /** One shell on a terminal inside a sandbox. */
@@ -204,18 +209,17 @@ export class PtyManager {
   }
 
   routes(app: express.Express, h: Wrap, parse: Parse): void {
-    const params = z.object({ id: z.string().min(1) });
     app.post(
       '/sandboxes/:id/pty',
       h(async (req, res) => {
-        const { params: p, body } = parse(z.object({ params, body: createPtySchema }), req);
+        const { params: p, body } = parse(ptyRouteSchemas.create, req);
         res.status(201).json(this.create(p.id, body).info());
       }),
     );
     app.get(
       '/sandboxes/:id/pty/:sid',
       h(async (req, res) => {
-        const { params: p } = parse(z.object({ params: params.extend({ sid: z.string().min(1) }) }), req);
+        const { params: p } = parse(ptyRouteSchemas.get, req);
         res.json(this.get(p.id, p.sid).info());
       }),
     );

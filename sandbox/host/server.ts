@@ -19,6 +19,7 @@ import { HostClient } from '../host-contract/client';
 import type { HostCapacity } from '../../contract/hosts';
 import { machineName } from '../../lib/machine';
 import { scrubUrl } from '../../lib/logger';
+import { trace } from '../../lib/trace';
 import { attachExec, ExecManager } from './exec';
 import { PortForwarder } from './forward';
 import { fileRoutes } from './files';
@@ -122,6 +123,7 @@ export function createApp(deps: HostDeps): express.Express {
     '/sandboxes',
     h(async (req, res) => {
       const { body } = parse(schemas.create, req);
+      trace(body.id, 'host:create-parsed');
       const { awaitExit, ...given } = body;
       const over = overMaximum(deps.limits, given, 'body.');
       if (over) throw new SandboxError('invalid_request', over);
@@ -141,6 +143,7 @@ export function createApp(deps: HostDeps): express.Express {
         if (want && answer.entrypoint.state === 'exited') answer.file = await readIfPossible(provider, info.id, want.path, want.maxBytes);
         if (awaitExit.readLog && answer.entrypoint.state === 'exited') answer.log = wireLog(await provider.entrypointLog(info.id, awaitExit.readLog.maxBytes));
       }
+      trace(info.id, 'host:create-answer');
       res.status(created ? 201 : 200).json(answer);
     }),
   );

@@ -302,9 +302,10 @@ export class NamespaceProvider extends BaseProvider {
   private async checkDiskRoom(state: SandboxState): Promise<number> {
     if (!this.disks || this.diskOvercommit === 0) return 0;
     const sizeOf = (s: SandboxState) => s.limits.diskMB ?? DEFAULT_DISK_MB;
-    // Creates under way are not in `states` yet: counted apart. Idle spares are not (a claimed one counts as its create).
+    // Creates under way are not in `states` yet: counted apart; idle spares not (a claimed one counts as its create); a
+    // running sandbox by its status (one whose processes died holds its disk until destroyed), without a /proc read each.
     let liveMB = this.creatingDiskMB;
-    for (const s of this.states.values()) if (s.id !== state.id && this.isLive(s)) liveMB += sizeOf(s);
+    for (const s of this.states.values()) if (s.id !== state.id && s.status === 'running') liveMB += sizeOf(s);
     const problem = diskRoomProblem({ askMB: sizeOf(state), liveMB, freeMB: await freeMBOf(this.disks.dir), ratio: this.diskOvercommit });
     if (problem) throw new SandboxError('unavailable', `sandbox host has no room for a disk of ${sizeOf(state)} MB: ${problem}`);
     return sizeOf(state);
@@ -375,13 +376,13 @@ export class NamespaceProvider extends BaseProvider {
   /** A spare made whole ahead, claimed by sandbox `state`: see SpareKits.claim. */
   private async finishClaim(state: SandboxState, starting: Starting, kit: SpareKit, egress: Egress): Promise<void> {
     const undo = (id: string) => this.helpers.discardClaimed(id, { ...kit, disk: kit.disk && this.disks ? this.disks.fileOf(id) : null });
-    state.init = await this.kits.claim(state.id, starting, kit, egress, this.dirOf(state.id), undo);
+    // The sandbox user's /etc/hosts is written by the helper at the claim (-E).
+    state.init = await this.kits.claim(state.id, starting, kit, egress, this.dirOf(state.id), undo, state.user === 'sandbox');
     state.idBase = kit.idBase;
     if (kit.link) {
       state.link = kit.link;
       if (state.sealed?.length) this.registerSealed(state);
     }
-    if (state.user === 'sandbox') await writeHostsFile(await this.rootMap(state), state.idBase, state.id);
   }
 
   /** The init to enter, the working directory, the user and the environment of a process to run in the sandbox. */

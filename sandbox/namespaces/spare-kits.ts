@@ -4,6 +4,7 @@
  * (`${dataDir}/spares/<spare>`) and the helper's SETUP arguments, all before any create; and the
  * helper's hand-over (arguments in, the sandbox's pid 1 out).
  */
+import { trace } from '../../lib/trace';
 import { promises as fsp } from 'node:fs';
 import type * as net from 'node:net';
 import * as path from 'node:path';
@@ -111,6 +112,7 @@ export class SpareKits {
     egress: Egress,
     dir: string,
     undo: (id: string) => Promise<void>,
+    hostsFile: boolean,
   ): Promise<{ outer: ProcRef; ns: ProcRef }> {
     const failure = async (why: string) => {
       const logText = await fsp.readFile(path.join(kit.staging, 'init.log'), 'utf8').catch(() => '');
@@ -118,13 +120,21 @@ export class SpareKits {
     };
     try {
       if (kit.link) await this.deps.network!.apply(kit.link.address, egress);
+      trace(id, 'host:egress-applied');
       if (kit.disk) await this.deps.disks()!.claim(id, kit.disk);
-      const nsPid = await handOver(starting.sock, ['-H', id, '-m', path.join(dir, 'm')], failure);
+      trace(id, 'host:disk-claimed');
+      // -E 1: the helper writes /etc/hosts naming the sandbox (as writeHostsFile would, without a walk through /proc).
+      const nsPid = await handOver(starting.sock, ['-H', id, '-m', path.join(dir, 'm'), ...(hostsFile ? ['-E', '1'] : [])], failure);
+      trace(id, 'host:handed-over');
       const outer = procRef(starting.pid);
       const ns = procRef(nsPid);
       if (!outer || !ns) throw new SandboxError('internal', `sandbox ${id} init exited right after start`);
-      await fsp.rename(path.join(kit.staging, 'init.log'), path.join(dir, 'init.log')).catch(() => undefined);
-      await fsp.rm(kit.staging, { recursive: true, force: true });
+      // The log and the staging directory's leftovers follow behind the answer (a host start sweeps what a crash leaves).
+      void fsp
+        .rename(path.join(kit.staging, 'init.log'), path.join(dir, 'init.log'))
+        .catch(() => undefined)
+        .then(() => fsp.rm(kit.staging, { recursive: true, force: true }))
+        .catch(() => undefined);
       return { outer, ns };
     } catch (err) {
       signalRef(procRef(starting.pid), 'SIGKILL');

@@ -680,14 +680,47 @@ static void run_pid1(const struct setup *o) {
  * idmapped layers, writable layer, overlays, pid 1 in its namespaces, the link and its addresses),
  * then connects, writes "ready KEY\n" and waits for its claim: arguments ended by NUL bytes until
  * the host shuts down its side, of which only `-H NAME` (the sandbox's hostname, set through pid 1's
- * UTS namespace) and `-m DIR` (the sandbox's staging directory, where the spare's is moved) are
- * taken. No argument at all: the host let go of the spare, which then ends with its sandbox. The
+ * UTS namespace), `-m DIR` (the sandbox's staging directory, where the spare's is moved) and `-E 1`
+ * (write /etc/hosts naming it, see write_hosts) are taken. No argument at all: the host let go of the spare, which then ends with its sandbox. The
  * helper (and so pid 1) runs at nice 10 until the claim. Kept apart from run(), which calls
  * whole_spare_claim once pid 1 is ready.
  */
 static struct {
   const char *sock_path, *key;
 } whole_spare;
+
+/*
+ * /etc/hosts naming the sandbox (sudo resolves its host name at every call), written at a claim
+ * through the overlay the helper holds (root/ in its staging directory) and owned by the sandbox's
+ * root. Nothing of the sandbox has run yet: its files are the base layer's, none followed.
+ */
+static int write_hosts(const char *name, long base) {
+  for (const char *c = name; *c; c++) {
+    if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || *c == '-' || *c == '.' || *c == '_')) {
+      errno = EINVAL;
+      return -1;
+    }
+  }
+  int etc = open("root/etc", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (etc < 0) return -1;
+  int fd = openat(etc, "hosts", O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+  int e = errno;
+  close(etc);
+  if (fd < 0) {
+    errno = e;
+    return -1;
+  }
+  char text[256];
+  int len = snprintf(text, sizeof text, "127.0.0.1\tlocalhost\n127.0.1.1\t%s\n::1\tlocalhost ip6-localhost ip6-loopback\n", name);
+  int rc = (len > 0 && (size_t)len < sizeof text && sap_write_all(fd, text, (size_t)len) == 0 && fchown(fd, (uid_t)base, (gid_t)base) == 0 &&
+            fchmod(fd, 0644) == 0)
+               ? 0
+               : -1;
+  e = errno;
+  close(fd);
+  errno = e;
+  return rc;
+}
 
 static void whole_spare_claim(const struct setup *o, pid_t init) {
   step = "connect";
@@ -714,9 +747,11 @@ static void whole_spare_claim(const struct setup *o, pid_t init) {
     die("read the claim");
   }
   const char *name = NULL, *staging = NULL;
+  int hosts = 0;
   for (int i = 0; i + 1 < n; i += 2) {
     if (strcmp(args[i], "-H") == 0) name = args[i + 1];
     else if (strcmp(args[i], "-m") == 0) staging = args[i + 1];
+    else if (strcmp(args[i], "-E") == 0) hosts = strcmp(args[i + 1], "1") == 0;
   }
   /* The staging directory moves to the sandbox's own (-m), in the helper's mount namespace only: the
    * host finds the sandbox's writable layer where it finds every other's (/proc/HELPER/root/DIR/w). */
@@ -744,6 +779,12 @@ static void whole_spare_claim(const struct setup *o, pid_t init) {
     die("set the hostname");
   }
   close(uts);
+  if (hosts && write_hosts(name, o->base) != 0) {
+    int e = errno;
+    kill(init, SIGKILL);
+    errno = e;
+    die("write /etc/hosts");
+  }
   if (setpriority(PRIO_PROCESS, 0, 0) != 0 || setpriority(PRIO_PROCESS, init, 0) != 0) {
     int e = errno;
     kill(init, SIGKILL);
