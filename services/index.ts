@@ -8,23 +8,18 @@
 import { createAgentService } from './agents';
 import { createKeyService } from './api-keys';
 import { createBatchService } from './batches';
-import { createBatchRunService } from './batch-runs';
 import { createCapacityService } from './capacity';
 import { createCodecService } from './codec';
 import { createConsoleService } from './console';
 import { createConversationService } from './conversations';
-import { createConversationRunService } from './conversations/runs';
 import type { ServiceDeps } from './deps';
-import { checkHostLost } from './host-loss';
 import { createInstanceService } from './instances';
-import { createInstanceRunService } from './instance-runs';
 import type { LocalHost } from './local-host';
 import { createSandboxServices } from './sandbox-services';
 import { createSecretStoreService } from './secret-stores';
+import { createStepServices } from './step-services';
 import { createSessionService } from './sessions';
-import { createSessionRunService } from './session-runs';
 import { createUsageService } from './usage';
-import { createWebhookService } from './webhooks';
 
 /** Builds every service of the control plane over `deps`, once. */
 export function createServices(deps: ServiceDeps) {
@@ -52,22 +47,10 @@ export type Services = ReturnType<typeof createServices>;
 
 /**
  * The worker's services: the control plane's (createServices) and those of the workflows' steps on
- * `local`, the sandbox host beside the worker, which the activities call.
+ * `local`, the sandbox host beside the worker (services/step-services.ts), which the activities call.
  */
 export function createWorkerServices(deps: ServiceDeps, local: LocalHost) {
-  const runDeps = { ...local, store: deps.store };
-  return {
-    ...createServices(deps),
-    sessionRuns: createSessionRunService(runDeps),
-    batchRuns: createBatchRunService(runDeps),
-    instanceRuns: createInstanceRunService(runDeps),
-    conversationRuns: createConversationRunService(runDeps),
-    webhooks: createWebhookService(deps),
-    hostLoss: {
-      /** True when host `hostId` is lost (services/host-loss.ts checkHostLost). */
-      isLost: (hostId: string): Promise<boolean> => checkHostLost(deps.store, hostId, local.hostDeadAfterMs ?? 15_000, local.hostToken ?? ''),
-    },
-  };
+  return { ...createServices(deps), ...createStepServices(deps, local) };
 }
 
 /** The worker's services (see createWorkerServices). */
