@@ -1,37 +1,15 @@
-import type { Store } from '../store';
+import type { StepServices } from '../services/step-services';
 import type { HostClient } from '../sandbox';
-import type { SandboxLimits } from '../config/limits';
 import type { SecretBox } from '../lib/secret-box';
 
 /** What the activities need from the process that runs them (the worker beside a sandbox host). */
 export interface ActivityDeps {
-  store: Store;
-  /** The sandbox host on this machine. */
+  /** The services of the workflows' steps, as the worker built them (services/index.ts createWorkerServices): each activity calls one. */
+  services: StepServices;
+  /** The sandbox host on this machine (an entrypoint's exit is awaited on it). */
   host: HostClient;
-  /** The id of `host` (layers made elsewhere are fetched to it); absent: never fetch. */
-  hostId?: string;
-  /** HOST_TOKEN, for probing other hosts. */
-  hostToken?: string;
-  /** HOST_DEAD_AFTER in ms (a layer's source host silent this long is lost). */
-  hostDeadAfterMs?: number;
-  /** Task queue of the worker beside `host`; returned by provisioning so later steps land here. */
-  hostTaskQueue: string;
-  resultMaxBytes: number;
-  /** How much of each of a session's stdout and stderr is kept (SESSION_LOG_MAX_BYTES). */
-  logMaxBytes: number;
-  /** The sandbox limits' defaults and maxima (the same SANDBOX_* variables as the host beside it). */
-  limits: SandboxLimits;
-  /** SANDBOX_USER: who agents' sandboxes run as when the agent does not say (absent: root). */
-  sandboxUser?: 'root' | 'sandbox';
   /** Webhook deliveries: the allow list (WEBHOOK_ALLOWED_CIDRS), the attempt's time limit and how much of the answer is read. Absent: the defaults. */
   webhooks?: { allowedCidrs: string; timeoutMs: number; answerMaxBytes: number };
-  /** Opens secret-store values (the same SECRETS_KEY as the API's). */
+  /** Opens webhook secrets (the same SECRETS_KEY as the API's). */
   secrets: SecretBox;
-  /**
-   * Where a new session's sandbox should go: the task queue of another live host chosen by free
-   * capacity (services/placement.ts chooseHost), or null for this one. Absent: always this one.
-   */
-  placeElsewhere?: () => Promise<string | null>;
-  /** True when more than one host is registered (runs of sessions are then claimed, see claimSessionRun). */
-  severalHosts?: () => Promise<boolean>;
 }

@@ -1,4 +1,3 @@
-import { checkHostLost } from '../services/host-loss';
 import type { ActivityDeps } from './deps';
 
 /** Activities about hosts; they run on the shared task queue (any live worker). */
@@ -8,6 +7,6 @@ export const createHostActivities = (deps: ActivityDeps) => ({
    * was not taken in time asks this before it writes the step off.
    */
   async isHostLost(args: { hostId: string }): Promise<boolean> {
-    return checkHostLost(deps.store, args.hostId, deps.hostDeadAfterMs ?? 15_000, deps.hostToken ?? '');
+    return deps.services.hostLoss.isLost(args.hostId);
   },
 });

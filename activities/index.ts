@@ -8,7 +8,6 @@ import { createWebhookActivities } from './webhooks';
 
 export type { ActivityDeps } from './deps';
 export type { EntrypointExit, Provisioned } from './sessions';
-export { AGENT_INPUT_PATH, AGENT_RESULT_PATH, decideEnd } from './sessions';
 
 /**
  * Every activity the worker registers, built from its dependencies. Workflows import the type

@@ -1,5 +1,4 @@
 import { failure } from './failures';
-import { createWebhookService } from '../services/webhooks';
 import { signature, webhookContext } from '../services/webhook-rules';
 import type { StoredWebhook } from '../contract/workflows';
 import { postChecked, targetPolicy, WebhookTargetRefused } from '../services/webhook-target';
@@ -18,7 +17,7 @@ export interface WebhookEvent {
   deliveryId: string;
 }
 
-export const createWebhookActivities = (deps: ActivityDeps, webhooks = createWebhookService(deps)) => ({
+export const createWebhookActivities = (deps: ActivityDeps, webhooks = deps.services.webhooks) => ({
   /**
    * One delivery attempt: POSTs the session's (or batch's) public form, as GET returns it, signed
    * when the webhook has a secret, to an address the operator's policy allows (checked after

@@ -182,6 +182,25 @@ export class HostError extends CodedError<HostErrorType | (string & {})> {
   }
 }
 
+/**
+ * An expected failure of a workflow's step, thrown by the service that does the step with a registry
+ * failure code: the activity that called the service reports it as that code's failure type
+ * (activities/failures.ts). `details` travel with it (e.g. the lost host's id).
+ */
+export class StepFailure extends CodedError<FailureCode> {
+  override readonly name = 'StepFailure';
+  readonly details: unknown[];
+  constructor(type: FailureCode, message: string, ...details: unknown[]) {
+    super(type, message);
+    this.details = details;
+  }
+}
+
+/** True when `err` is a StepFailure (checked by name, so it works across module copies). */
+export function isStepFailure(err: unknown): err is StepFailure {
+  return typeof err === 'object' && err !== null && (err as { name?: unknown }).name === 'StepFailure';
+}
+
 export const notFound = (what: string): ApiError => new ApiError('not_found', `${what} not found`);
 export const conflict = (message: string): ApiError => new ApiError('conflict', message);
 export const invalid = (message: string): ApiError => new ApiError('invalid_request', message);

@@ -6,7 +6,7 @@ import type { SecretBox } from '../lib/secret-box';
 import type { HostDirectory } from './hosts';
 import type { OrgPayloadCodec } from '../lib/payload-codec';
 
-/** What the services of the control plane are built from (api/main.ts builds it once; tests build their own). */
+/** What the services of the control plane are built from (api/main.ts and worker/main.ts build it once each; tests build their own). */
 export interface ServiceDeps {
   cfg: Config;
   store: Store;

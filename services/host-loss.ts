@@ -1,7 +1,7 @@
 /**
  * Whether a sandbox host is lost: silent past its heartbeat's deadline and not answering a direct
  * probe either. Asked by the session and instance workflows (through activities/hosts.ts and
- * activities/sessions.ts) and by the worker's host watch.
+ * services/session-runs.ts) and by the worker's host watch.
  */
 import { HostClient } from '../sandbox';
 import type { Store } from '../store';

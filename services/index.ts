@@ -2,6 +2,8 @@
  * The composition root of the control plane's services: `createServices(deps)` builds each service
  * once and wires them to each other. The API process (api/server.ts) builds one set and hands it to
  * its routes, WebSocket routes and preview proxy, so they share one preview cache and one exec registry.
+ * The worker process (worker/main.ts) builds the same set with `createWorkerServices`, which adds the
+ * services of the workflows' steps on the sandbox host beside it.
  */
 import { createAgentService } from './agents';
 import { createKeyService } from './api-keys';
@@ -12,8 +14,10 @@ import { createConsoleService } from './console';
 import { createConversationService } from './conversations';
 import type { ServiceDeps } from './deps';
 import { createInstanceService } from './instances';
+import type { LocalHost } from './local-host';
 import { createSandboxServices } from './sandbox-services';
 import { createSecretStoreService } from './secret-stores';
+import { createStepServices } from './step-services';
 import { createSessionService } from './sessions';
 import { createUsageService } from './usage';
 
@@ -40,3 +44,14 @@ export function createServices(deps: ServiceDeps) {
 
 /** The services of the control plane (see createServices). */
 export type Services = ReturnType<typeof createServices>;
+
+/**
+ * The worker's services: the control plane's (createServices) and those of the workflows' steps on
+ * `local`, the sandbox host beside the worker (services/step-services.ts), which the activities call.
+ */
+export function createWorkerServices(deps: ServiceDeps, local: LocalHost) {
+  return { ...createServices(deps), ...createStepServices(deps, local) };
+}
+
+/** The worker's services (see createWorkerServices). */
+export type WorkerServices = ReturnType<typeof createWorkerServices>;

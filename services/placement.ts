@@ -94,3 +94,32 @@ export class HostView {
     this.at = 0;
   }
 }
+
+/** A session stays on the host whose worker took it while that host has at least this share of the roomiest host's room. */
+const STAY_SHARE = 0.75;
+
+/**
+ * The placement of new sessions as the worker beside host `hostId` decides it, from the hosts
+ * collection read at most every `refreshMs`: `placeElsewhere` answers the task queue of another live
+ * host with clearly more room (chosen by chooseHost), or null for this one; `severalHosts` whether
+ * more than one host is registered.
+ */
+export function placementFrom(store: Store, o: { hostId: string; deadAfterMs: number; refreshMs: number }) {
+  const hosts = new HostView(store, o.refreshMs);
+  return {
+    async placeElsewhere(): Promise<string | null> {
+      const docs = await hosts.all();
+      if (docs.length < 2) return null;
+      // Workflow tasks already spread over the workers that poll the shared queue: sending a session
+      // elsewhere costs an extra activity task, so it stays here unless this host has clearly less room.
+      const own = docs.find((d) => d._id === o.hostId);
+      const best = Math.max(...docs.filter((d) => hostAlive(d, o.deadAfterMs)).map((d) => placementWeight(d.capacity)));
+      if (own && placementWeight(own.capacity) > 0 && placementWeight(own.capacity) >= STAY_SHARE * best) return null;
+      const chosen = chooseHost(docs, o.deadAfterMs);
+      return chosen && chosen._id !== o.hostId ? chosen.taskQueue : null;
+    },
+    async severalHosts(): Promise<boolean> {
+      return (await hosts.all()).length > 1;
+    },
+  };
+}

@@ -1,7 +1,7 @@
 /**
  * What the API process does with the store when it starts, before it listens: connects, makes sure
  * the bootstrap key exists, and brings records written by older versions up to date (each a no-op
- * once done).
+ * once done). The worker process only connects (openWorkerStore).
  */
 import type { Logger } from '../lib/logger';
 import type { SecretBox } from '../lib/secret-box';
@@ -17,6 +17,11 @@ export async function openApiStore(url: string, bootstrapKey: string | null | un
   const store = await connectStore(url);
   if (bootstrapKey) await ensureApiKey(store, 'default', bootstrapKey);
   return store;
+}
+
+/** Connects the worker to MongoDB at `url`; the API made the indexes when it started. */
+export function openWorkerStore(url: string): Promise<Store> {
+  return connectStore(url, { ensureIndexes: false });
 }
 
 /** The organisation a workflow belongs to (by its id), for the per-organisation payload codec. */

@@ -6,18 +6,16 @@ import { hostTaskQueue, hostUrlOf, loadConfigOrExit, PROJECT_ROOT, resolveHostTo
 import { createActivities } from '../activities';
 import { createLogger } from '../lib/logger';
 import { HostClient } from '../sandbox';
-import { connectStore } from '../store';
+import { createWorkerServices } from '../services';
 import { startReaper } from '../services/reaper';
 import { createWorkerMetrics, installTemporalRuntime, serveWorkerMetrics } from './metrics';
-import { registerHost } from '../store/hosts';
-import { chooseHost, hostAlive, HostView, placementWeight } from '../services/placement';
-import { orgOfWorkflowId } from '../store/orgs';
+import { joinHosts, startHostHeartbeat } from '../services/host-heartbeat';
+import { HostDirectory } from '../services/hosts';
+import { placementFrom } from '../services/placement';
+import { openWorkerStore, workflowOrgLookup } from '../services/startup';
 import { dataConverterOf, payloadCodecOf } from '../lib/payload-codec';
-
-/** A session stays on the host whose worker took it while that host has at least this share of the roomiest host's room. */
-const STAY_SHARE = 0.75;
 import { workerReadiness } from './readiness';
-import { rejoinIfLost, startHostWatch } from '../services/host-watch';
+import { startHostWatch } from '../services/host-watch';
 
 /** Where `npm run build` puts the prebundled workflow code (bundling at start costs ~2 s). */
 export const WORKFLOW_BUNDLE = path.join(PROJECT_ROOT, 'dist', 'workflow-bundle.js');
@@ -30,62 +28,45 @@ export const WORKFLOW_BUNDLE = path.join(PROJECT_ROOT, 'dist', 'workflow-bundle.
 async function main(): Promise<void> {
   const cfg = loadConfigOrExit();
   const logger = createLogger('worker', cfg.LOG_LEVEL);
-  const store = await connectStore(cfg.MONGO_URL, { ensureIndexes: false });
+  const store = await openWorkerStore(cfg.MONGO_URL);
   const host = new HostClient({ url: `http://${cfg.HOST_LISTEN}`, token: resolveHostToken(cfg) });
   // The host says who it is; its sandboxes' steps are routed to that host's task queue.
   const { hostId, ok: _ok, provider: _provider, ...capacity } = await host.health();
   const hostEntry = { id: hostId, url: hostUrlOf(cfg), taskQueue: hostTaskQueue(cfg, hostId) };
   // Temporal payloads per organisation (PAYLOAD_ENCRYPTION): the workers encode and decode outside the workflow isolate.
-  const codec = payloadCodecOf(cfg, resolveSecretBox(cfg), (id) => orgOfWorkflowId(store, id));
+  const secrets = resolveSecretBox(cfg);
+  const codec = payloadCodecOf(cfg, secrets, workflowOrgLookup(store));
   const clientConnection = await Connection.connect({ address: cfg.TEMPORAL_ADDRESS });
   const client = new Client({ connection: clientConnection, namespace: cfg.TEMPORAL_NAMESPACE, ...dataConverterOf(codec) });
   // Written off while away: its old sandboxes go before it takes anything new.
-  await rejoinIfLost(store, client, host, hostId, logger);
-  await registerHost(store, { ...hostEntry, capacity });
-  // The heartbeat: the host's liveness and load, as long as the host answers (a host that stops
-  // answering stops being heard of, and is dead HOST_DEAD_AFTER later).
-  // A host written off while it was frozen or cut off hears of it here, at its first heartbeat back, and rejoins.
-  let rejoining = false;
-  const heartbeat = setInterval(() => {
-    host
-      .health({ signal: AbortSignal.timeout(cfg.HOST_HEARTBEAT_MS) })
-      .then(async ({ hostId: _id, ok: _o, provider: _p, ...load }) => {
-        const { lostAt } = await registerHost(store, { ...hostEntry, capacity: load });
-        if (!lostAt || rejoining) return;
-        rejoining = true;
-        await rejoinIfLost(store, client, host, hostId, logger).finally(() => (rejoining = false));
-      })
-      .catch((err: Error) => logger.warn({ err: err.message }, 'host heartbeat failed'));
-  }, cfg.HOST_HEARTBEAT_MS);
-  const hosts = new HostView(store, cfg.HOST_HEARTBEAT_MS / 2);
+  const ownHost = { store, client, host, entry: hostEntry, logger };
+  await joinHosts(ownHost, capacity);
+  const heartbeat = startHostHeartbeat({ ...ownHost, intervalMs: cfg.HOST_HEARTBEAT_MS });
   const deadAfterMs = cfg.HOST_DEAD_AFTER * 1000;
-  const placeElsewhere = async (): Promise<string | null> => {
-    const docs = await hosts.all();
-    if (docs.length < 2) return null;
-    // Workflow tasks already spread over the workers that poll the shared queue: sending a session
-    // elsewhere costs an extra activity task, so it stays here unless this host has clearly less room.
-    const own = docs.find((d) => d._id === hostId);
-    const best = Math.max(...docs.filter((d) => hostAlive(d, deadAfterMs)).map((d) => placementWeight(d.capacity)));
-    if (own && placementWeight(own.capacity) > 0 && placementWeight(own.capacity) >= STAY_SHARE * best) return null;
-    const chosen = chooseHost(docs, deadAfterMs);
-    return chosen && chosen._id !== hostId ? chosen.taskQueue : null;
-  };
-  const severalHosts = async (): Promise<boolean> => (await hosts.all()).length > 1;
+  const placement = placementFrom(store, { hostId, deadAfterMs, refreshMs: cfg.HOST_HEARTBEAT_MS / 2 });
+  // The same services as the API's (createServices), and those of the workflows' steps on this host.
+  const services = createWorkerServices(
+    { cfg, store, temporal: client, logger, hosts: new HostDirectory(store, resolveHostToken(cfg), deadAfterMs), secrets, codec },
+    {
+      host,
+      hostTaskQueue: hostEntry.taskQueue,
+      resultMaxBytes: cfg.RESULT_MAX_BYTES,
+      logMaxBytes: cfg.SESSION_LOG_MAX_BYTES,
+      limits: cfg.limits,
+      ...(cfg.SANDBOX_USER ? { sandboxUser: cfg.SANDBOX_USER } : {}),
+      secrets,
+      placeElsewhere: placement.placeElsewhere,
+      severalHosts: placement.severalHosts,
+      hostId,
+      hostDeadAfterMs: deadAfterMs,
+      hostToken: resolveHostToken(cfg),
+    },
+  );
   const activities = createActivities({
-    store,
+    services,
     host,
-    hostTaskQueue: hostEntry.taskQueue,
-    resultMaxBytes: cfg.RESULT_MAX_BYTES,
-    logMaxBytes: cfg.SESSION_LOG_MAX_BYTES,
-    limits: cfg.limits,
-    ...(cfg.SANDBOX_USER ? { sandboxUser: cfg.SANDBOX_USER } : {}),
     webhooks: { allowedCidrs: cfg.WEBHOOK_ALLOWED_CIDRS, timeoutMs: cfg.WEBHOOK_TIMEOUT_MS, answerMaxBytes: cfg.WEBHOOK_ANSWER_MAX_BYTES },
-    secrets: resolveSecretBox(cfg),
-    placeElsewhere,
-    severalHosts,
-    hostId,
-    hostDeadAfterMs: deadAfterMs,
-    hostToken: resolveHostToken(cfg),
+    secrets,
   });
 
   // Before any NativeConnection: SDK logs through pino, SDK metrics to a Prometheus exporter (port + 1).
@@ -131,7 +112,7 @@ async function main(): Promise<void> {
   await Promise.all([shared.run(), local.run()]);
   reaper.stop();
   watch.stop();
-  clearInterval(heartbeat);
+  heartbeat.stop();
   await Promise.allSettled([store.close(), connection.close(), clientConnection.close()]);
   logger.info('worker stopped');
 }

@@ -91,7 +91,7 @@ async function provision(args: ProvisionArgs): Promise<Provisioned> {
     }
     return result;
   } catch (err) {
-    // The host that claimed this run is lost (activities/sessions.ts backToClaimant).
+    // The host that claimed this run is lost (services/session-runs.ts backToClaimant).
     const lost = failureOfType(err, failureType('host_lost'));
     if (lost) throw new HostLost(String(lost.details?.[0] ?? 'unknown'));
     throw err;

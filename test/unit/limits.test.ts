@@ -4,7 +4,7 @@
  */
 import { ConfigError, loadConfig } from '../../config';
 import { effectiveResources, loadLimits, overMaximum, resolveLimits } from '../../config/limits';
-import { decideEnd } from '../../activities/sessions';
+import { decideEnd } from '../../services/session-runs';
 
 const machine = { totalMemoryMB: 8000, cores: 4 };
 

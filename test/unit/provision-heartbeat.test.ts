@@ -7,6 +7,8 @@
 import { MockActivityEnvironment } from '@temporalio/testing';
 import { createSessionActivities, type Provisioned } from '../../activities/sessions';
 import type { ActivityDeps } from '../../activities/deps';
+import { createSessionRunService } from '../../services/session-runs';
+import type { LocalRunDeps } from '../../services/local-host';
 import { loadLimits } from '../../config/limits';
 import type { AgentRunSpec } from '../../contract/workflows';
 
@@ -28,7 +30,7 @@ function fakeDeps(): { deps: ActivityDeps; inserted: string[] } {
     }),
     destroySandbox: async () => true,
   };
-  const deps = {
+  const runDeps = {
     store: { db: { collection: () => collection }, sessions: collection },
     host,
     hostTaskQueue: 'q@h1',
@@ -36,7 +38,8 @@ function fakeDeps(): { deps: ActivityDeps; inserted: string[] } {
     logMaxBytes: 1024,
     limits: loadLimits({}),
     secrets: {},
-  } as unknown as ActivityDeps;
+  } as unknown as LocalRunDeps;
+  const deps = { services: { sessionRuns: createSessionRunService(runDeps) }, host } as unknown as ActivityDeps;
   return { deps, inserted };
 }
 

@@ -1,0 +1,32 @@
+/**
+ * The services of the workflows' steps on the sandbox host beside the worker: what the activities
+ * call (activities/deps.ts). Built by services/index.ts createWorkerServices beside the control
+ * plane's; apart from them, so that the activities' types do not reach the workflows through
+ * services/workflow-control.ts.
+ */
+import { createBatchRunService } from './batch-runs';
+import { createConversationRunService } from './conversations/runs';
+import type { ServiceDeps } from './deps';
+import { checkHostLost } from './host-loss';
+import { createInstanceRunService } from './instance-runs';
+import type { LocalHost } from './local-host';
+import { createSessionRunService } from './session-runs';
+import { createWebhookService } from './webhooks';
+
+export function createStepServices(deps: Pick<ServiceDeps, 'store'>, local: LocalHost) {
+  const runDeps = { ...local, store: deps.store };
+  return {
+    sessionRuns: createSessionRunService(runDeps),
+    batchRuns: createBatchRunService(runDeps),
+    instanceRuns: createInstanceRunService(runDeps),
+    conversationRuns: createConversationRunService(runDeps),
+    webhooks: createWebhookService(deps),
+    hostLoss: {
+      /** True when host `hostId` is lost (services/host-loss.ts checkHostLost). */
+      isLost: (hostId: string): Promise<boolean> => checkHostLost(deps.store, hostId, local.hostDeadAfterMs ?? 15_000, local.hostToken ?? ''),
+    },
+  };
+}
+
+/** The services of the workflows' steps (see createStepServices). */
+export type StepServices = ReturnType<typeof createStepServices>;
