@@ -57,6 +57,21 @@ export async function addToList(store: Store, list: string, items: { _id: string
   }
 }
 
+/** Adds the keys of many items, each to its own list (one insert); keys already there are left as they are. */
+export async function addToLists(store: Store, entries: { list: string; item: { _id: string; created_at: Date } }[]): Promise<void> {
+  if (entries.length === 0) return;
+  try {
+    await listingsOf(store).insertMany(
+      entries.map((e) => ({ _id: keyOf(e.list, e.item.created_at, e.item._id) })),
+      { ordered: false },
+    );
+  } catch (err) {
+    if (isDuplicateKey(err)) return;
+    const dupOnly = err instanceof MongoBulkWriteError && [err.writeErrors].flat().every((e) => e.code === 11000);
+    if (!dupOnly) throw err;
+  }
+}
+
 /** Removes an item's key from a list. */
 export async function removeFromList(store: Store, list: string, item: { _id: string; created_at: Date }): Promise<void> {
   await listingsOf(store).deleteOne({ _id: keyOf(list, item.created_at, item._id) });

@@ -1,5 +1,7 @@
 import { isDuplicateKey, type Store } from './index';
-import { addToList, listName, listUnlisted, pageListed } from './listing';
+import { MongoBulkWriteError, MongoServerError } from 'mongodb';
+import { GroupWriter } from './group-writer';
+import { addToList, addToLists, listName, listUnlisted, pageListed } from './listing';
 
 /**
  * A sandbox created through /api/sandboxes (or an instance's): which organisation owns it and
@@ -70,10 +72,38 @@ async function listLive(store: Store, doc: SandboxDoc): Promise<void> {
   if (isLive(doc)) await addToList(store, liveList(doc.orgId), [listedAs(doc)]);
 }
 
-/** Records a new sandbox. */
-export async function insertSandbox(store: Store, doc: SandboxDoc): Promise<void> {
-  await sandboxesOf(store).insertOne(doc);
-  await listLive(store, doc);
+/** The group writer of new sandboxes' records, one per store (see insertSandbox). */
+const inserts = new WeakMap<Store, GroupWriter<SandboxDoc>>();
+
+/** One write of many new sandboxes (an unordered insert, then their keys in the live lists): each one's error, or undefined. */
+async function insertSandboxes(store: Store, docs: SandboxDoc[]): Promise<(unknown | undefined)[]> {
+  if (docs.length === 1) {
+    await sandboxesOf(store).insertOne(docs[0]!);
+    await listLive(store, docs[0]!);
+    return [undefined];
+  }
+  const errors: (unknown | undefined)[] = docs.map(() => undefined);
+  try {
+    await sandboxesOf(store).insertMany(docs, { ordered: false });
+  } catch (err) {
+    if (!(err instanceof MongoBulkWriteError)) throw err;
+    const failed = [err.writeErrors].flat();
+    if (failed.length === 0) throw err;
+    for (const e of failed) errors[e.index] = new MongoServerError({ message: e.errmsg ?? 'write failed', code: e.code });
+  }
+  const written = docs.filter((d, i) => errors[i] === undefined && isLive(d));
+  await addToLists(store, written.map((d) => ({ list: liveList(d.orgId), item: listedAs(d) })));
+  return errors;
+}
+
+/**
+ * Records a new sandbox. Records created at the same time are written together (group commit:
+ * see store/group-writer.ts), so a burst of creates costs the store a few writes, not two each.
+ */
+export function insertSandbox(store: Store, doc: SandboxDoc): Promise<void> {
+  let writer = inserts.get(store);
+  if (!writer) inserts.set(store, (writer = new GroupWriter((docs) => insertSandboxes(store, docs))));
+  return writer.add(doc);
 }
 
 /** Records a sandbox hibernated (status `hibernated`, its layer) and returns it as recorded. */
