@@ -1,11 +1,15 @@
-import { Context } from '@temporalio/activity';
+import { ApplicationFailure, Context } from '@temporalio/activity';
+import { ApiError } from '../contract/errors';
+import { createLogger } from '../lib/logger';
+import { HostDirectory } from '../services/hosts';
+import { collectConversationCheckpoints, type GcDeps } from '../services/conversations/checkpoint-gc';
 import type { TurnOutcome } from '../contract/conversations';
 import type { AgentRunSpec } from '../contract/workflows';
 import { updateConversation } from '../store/conversations';
 import { findSandbox, markSandboxStopped, recordHibernation, updateSandbox } from '../store/sandboxes';
 import { HIBERNATION_LAYER_MARK } from '../sandbox';
 import { checkpointTurn, evaluateTurn, runTurn, type RunTurnArgs, type TurnDeps } from '../services/conversations/turns';
-import { rewindTo, turnEnded } from '../services/conversations/lifecycle';
+import { claimRewindTarget, rewindTo, turnEnded } from '../services/conversations/lifecycle';
 import type { ActivityDeps } from './deps';
 import { agentEnvOrFail, secretEnvOrFail } from './sessions';
 import { createAgentSandbox } from './agent-sandbox';
@@ -21,107 +25,134 @@ async function turnDeps(deps: ActivityDeps): Promise<TurnDeps> {
  * The conversation activities: adapters from Temporal's calls to services/conversations/. Each is
  * idempotent (Temporal may run it again after a crash).
  */
-export const createConversationActivities = (deps: ActivityDeps) => ({
-  /**
-   * Creates the conversation's sandbox on this worker's host, from the agent's image, or over a
-   * parent's turn checkpoint (`fromLayer`) for a fork; recorded as a sandbox of the organisation
-   * (owner `instance`, no idle timeout) before it is created.
-   */
-  async provisionConversation(args: {
-    conversationId: string;
-    orgId: string;
-    agentId: string;
-    run: AgentRunSpec;
-    fromLayer: string | null;
-  }): Promise<{ sandboxId: string; taskQueue: string }> {
-    Context.current().heartbeat();
-    const sandboxId = sandboxIdForConversation(args.conversationId);
-    const { hostId } = await turnDeps(deps);
-    const owner = { envName: 'CONVERSATION_ID', id: args.conversationId, instanceId: null, metadataKey: 'conversationId' } as const;
-    await createAgentSandbox(deps, { ...args, sandboxId, hostId, owner });
-    await updateConversation(deps.store, args.conversationId, { sandboxId, hostId });
-    return { sandboxId, taskQueue: deps.hostTaskQueue };
-  },
+export const createConversationActivities = (deps: ActivityDeps) => {
+  let gcDeps: GcDeps | undefined;
+  /** What the checkpoint garbage collection needs: the hosts' directory (a released layer is released on every live host), else this host. */
+  const gc = async (): Promise<GcDeps> => {
+    if (gcDeps) return gcDeps;
+    const hostId = (await turnDeps(deps)).hostId;
+    const hosts = deps.hostToken
+      ? new HostDirectory(deps.store, deps.hostToken, deps.hostDeadAfterMs)
+      : { liveHosts: async () => [{ hostId, client: deps.host }], get: async () => deps.host };
+    gcDeps = { store: deps.store, logger: createLogger('worker'), hosts };
+    return gcDeps;
+  };
+  return {
+    /**
+     * Creates the conversation's sandbox on this worker's host, from the agent's image, or over a
+     * parent's turn checkpoint (`fromLayer`) for a fork; recorded as a sandbox of the organisation
+     * (owner `instance`, no idle timeout) before it is created.
+     */
+    async provisionConversation(args: {
+      conversationId: string;
+      orgId: string;
+      agentId: string;
+      run: AgentRunSpec;
+      fromLayer: string | null;
+    }): Promise<{ sandboxId: string; taskQueue: string }> {
+      Context.current().heartbeat();
+      const sandboxId = sandboxIdForConversation(args.conversationId);
+      const { hostId } = await turnDeps(deps);
+      const owner = { envName: 'CONVERSATION_ID', id: args.conversationId, instanceId: null, metadataKey: 'conversationId' } as const;
+      await createAgentSandbox(deps, { ...args, sandboxId, hostId, owner });
+      await updateConversation(deps.store, args.conversationId, { sandboxId, hostId });
+      return { sandboxId, taskQueue: deps.hostTaskQueue };
+    },
 
-  /** The sandbox is up: the conversation is `idle` (or `running` when a message waits). */
-  async markConversationReady(args: { conversationId: string; sandboxId: string; queued: boolean }): Promise<void> {
-    await updateConversation(deps.store, args.conversationId, { status: args.queued ? 'running' : 'idle' });
-  },
+    /** The sandbox is up: the conversation is `idle` (or `running` when a message waits). */
+    async markConversationReady(args: { conversationId: string; sandboxId: string; queued: boolean }): Promise<void> {
+      await updateConversation(deps.store, args.conversationId, { status: args.queued ? 'running' : 'idle' });
+    },
 
-  /** Runs one turn (services/conversations/turns.ts runTurn), heartbeating; a retry is the next attempt. */
-  async runConversationTurn(args: Omit<RunTurnArgs, 'attempt' | 'scrub' | 'heartbeat'> & { agentId: string; run: AgentRunSpec }): Promise<TurnOutcome> {
-    const ctx = Context.current();
-    const { agentId, run, ...turn } = args;
-    // What the sandbox was given as secrets (its store's and the agent's env) is never stored in an event.
-    const { env: secretEnv } = await secretEnvOrFail(deps, args.orgId, run.secretStore);
-    const agentEnv = agentEnvOrFail(deps, args.orgId, agentId, run);
-    const scrub = [...Object.values(secretEnv), ...Object.values(agentEnv)].filter((v) => v.length >= 8);
-    return runTurn(await turnDeps(deps), { ...turn, attempt: ctx.info.attempt, scrub, heartbeat: () => ctx.heartbeat() });
-  },
+    /** Runs one turn (services/conversations/turns.ts runTurn), heartbeating; a retry is the next attempt. */
+    async runConversationTurn(args: Omit<RunTurnArgs, 'attempt' | 'scrub' | 'heartbeat'> & { agentId: string; run: AgentRunSpec }): Promise<TurnOutcome> {
+      const ctx = Context.current();
+      const { agentId, run, ...turn } = args;
+      // What the sandbox was given as secrets (its store's and the agent's env) is never stored in an event.
+      const { env: secretEnv } = await secretEnvOrFail(deps, args.orgId, run.secretStore);
+      const agentEnv = agentEnvOrFail(deps, args.orgId, agentId, run);
+      const scrub = [...Object.values(secretEnv), ...Object.values(agentEnv)].filter((v) => v.length >= 8);
+      return runTurn(await turnDeps(deps), { ...turn, attempt: ctx.info.attempt, scrub, heartbeat: () => ctx.heartbeat() });
+    },
 
-  /** The checkpoint at a turn's end (turn 0: the conversation's starting point). */
-  async checkpointConversationTurn(args: {
-    conversationId: string;
-    orgId: string;
-    sandboxId: string;
-    turn: number;
-    after: number;
-    outcome: TurnOutcome | null;
-  }) {
-    return checkpointTurn(await turnDeps(deps), args);
-  },
+    /** The checkpoint at a turn's end (turn 0: the conversation's starting point). */
+    async checkpointConversationTurn(args: {
+      conversationId: string;
+      orgId: string;
+      sandboxId: string;
+      turn: number;
+      after: number;
+      outcome: TurnOutcome | null;
+    }) {
+      return checkpointTurn(await turnDeps(deps), args);
+    },
 
-  /** Records a turn's end on the conversation (status, head, tokens). */
-  async recordTurnEnd(args: { conversationId: string; turn: number; outcome: TurnOutcome; tokensUsed: number; queued: boolean }): Promise<void> {
-    await turnEnded(deps.store, args);
-  },
+    /** Records a turn's end on the conversation (status, head, tokens). */
+    async recordTurnEnd(args: { conversationId: string; turn: number; outcome: TurnOutcome; tokensUsed: number; queued: boolean }): Promise<void> {
+      await turnEnded(deps.store, args);
+    },
 
-  /** Best-of-N: the evaluation command in the sandbox, its exit code and output tail recorded on the turn. */
-  async evaluateConversationTurn(args: { conversationId: string; orgId: string; sandboxId: string; turn: number; command: string }) {
-    return evaluateTurn(await turnDeps(deps), args);
-  },
+    /** Best-of-N: the evaluation command in the sandbox, its exit code and output tail recorded on the turn. */
+    async evaluateConversationTurn(args: { conversationId: string; orgId: string; sandboxId: string; turn: number; command: string }) {
+      return evaluateTurn(await turnDeps(deps), args);
+    },
 
-  /** Puts the sandbox back to a turn's checkpoint; later turns are marked left. */
-  async rewindConversation(args: {
-    conversationId: string;
-    orgId: string;
-    sandboxId: string;
-    turn: number;
-    layerId: string;
-    sleeping: boolean;
-  }): Promise<void> {
-    if (args.sleeping) await deps.host.wake(args.sandboxId);
-    await deps.host.restore(args.sandboxId, args.layerId);
-    await updateSandbox(deps.store, args.sandboxId, { status: 'running', updatedAt: new Date() });
-    await rewindTo(deps.store, args.conversationId, args.turn);
-  },
+    /** Puts the sandbox back to a turn's checkpoint; later turns are marked left. */
+    async rewindConversation(args: {
+      conversationId: string;
+      orgId: string;
+      sandboxId: string;
+      turn: number;
+      layerId: string;
+      sleeping: boolean;
+    }): Promise<void> {
+      // The turn's checkpoint is claimed first: the garbage collection cannot free it under the rewind (409 when it was freed).
+      const release = await claimRewindTarget(deps.store, args.conversationId, args.turn).catch((err: unknown) => {
+        if (err instanceof ApiError && err.type === 'conflict') throw ApplicationFailure.nonRetryable(err.message, 'CheckpointFreed');
+        throw err;
+      });
+      try {
+        if (args.sleeping) await deps.host.wake(args.sandboxId);
+        await deps.host.restore(args.sandboxId, args.layerId);
+        await updateSandbox(deps.store, args.sandboxId, { status: 'running', updatedAt: new Date() });
+        await rewindTo(deps.store, args.conversationId, args.turn);
+      } finally {
+        await release();
+      }
+    },
 
-  /** Hibernates the idle conversation's sandbox to disk. */
-  async sleepConversation(args: { conversationId: string; sandboxId: string }): Promise<void> {
-    const doc = await findSandbox(deps.store, args.sandboxId);
-    if (doc && doc.status === 'running') {
-      const r = await deps.host.hibernate(args.sandboxId, `${args.sandboxId}${HIBERNATION_LAYER_MARK}${Date.now().toString(36)}`);
-      await recordHibernation(deps.store, doc, r.layerId);
-    }
-    await updateConversation(deps.store, args.conversationId, { sleeping: true });
-  },
+    /** Frees the checkpoints of left turns that nothing reaches (services/conversations/checkpoint-gc.ts); answers their turns. */
+    async collectConversationCheckpoints(args: { conversationId: string }): Promise<number[]> {
+      return collectConversationCheckpoints(await gc(), args.conversationId);
+    },
 
-  /** Wakes the conversation's hibernated sandbox. */
-  async wakeConversation(args: { conversationId: string; sandboxId: string }): Promise<void> {
-    await deps.host.wake(args.sandboxId);
-    await updateSandbox(deps.store, args.sandboxId, { status: 'running', updatedAt: new Date() });
-    await updateConversation(deps.store, args.conversationId, { sleeping: false });
-  },
+    /** Hibernates the idle conversation's sandbox to disk. */
+    async sleepConversation(args: { conversationId: string; sandboxId: string }): Promise<void> {
+      const doc = await findSandbox(deps.store, args.sandboxId);
+      if (doc && doc.status === 'running') {
+        const r = await deps.host.hibernate(args.sandboxId, `${args.sandboxId}${HIBERNATION_LAYER_MARK}${Date.now().toString(36)}`);
+        await recordHibernation(deps.store, doc, r.layerId);
+      }
+      await updateConversation(deps.store, args.conversationId, { sleeping: true });
+    },
 
-  /** Destroys the conversation's sandbox (its turn checkpoints stay) and records it archived. */
-  async endConversation(args: { conversationId: string; sandboxId: string; sleeping: boolean }): Promise<void> {
-    await deps.host.destroySandbox(args.sandboxId);
-    await markSandboxStopped(deps.store, args.sandboxId);
-    await updateConversation(deps.store, args.conversationId, { status: 'archived', sleeping: false });
-  },
+    /** Wakes the conversation's hibernated sandbox. */
+    async wakeConversation(args: { conversationId: string; sandboxId: string }): Promise<void> {
+      await deps.host.wake(args.sandboxId);
+      await updateSandbox(deps.store, args.sandboxId, { status: 'running', updatedAt: new Date() });
+      await updateConversation(deps.store, args.conversationId, { sleeping: false });
+    },
 
-  /** Records a conversation that ended without a sandbox. */
-  async recordConversationEnd(args: { conversationId: string; status: 'failed' | 'archived'; error: string | null }): Promise<void> {
-    await updateConversation(deps.store, args.conversationId, { status: args.status, error: args.error });
-  },
-});
+    /** Destroys the conversation's sandbox (its turn checkpoints stay) and records it archived. */
+    async endConversation(args: { conversationId: string; sandboxId: string; sleeping: boolean }): Promise<void> {
+      await deps.host.destroySandbox(args.sandboxId);
+      await markSandboxStopped(deps.store, args.sandboxId);
+      await updateConversation(deps.store, args.conversationId, { status: 'archived', sleeping: false });
+    },
+
+    /** Records a conversation that ended without a sandbox. */
+    async recordConversationEnd(args: { conversationId: string; status: 'failed' | 'archived'; error: string | null }): Promise<void> {
+      await updateConversation(deps.store, args.conversationId, { status: args.status, error: args.error });
+    },
+  };
+};
