@@ -558,7 +558,9 @@ describe('conversation checkpoints: garbage collection and the storage quota', (
     const sandboxId: string = (await as('GET', `/v1/conversations/${id}`)).body.sandboxId;
     const before = await turnsOf(id);
     const cp4 = before.find((t) => t.turn === 4)!.checkpointId!;
-    const size4: number = (await as('GET', `/api/sandboxes/${sandboxId}/checkpoints/${cp4}`)).body.sizeBytes;
+    // (A turn checkpoint's id is not one the checkpoint routes take by id: the sandbox's list shows it.)
+    const listed = async () => (await as('GET', `/api/sandboxes/${sandboxId}/checkpoints`)).body as { id: string; sizeBytes: number }[];
+    const size4 = (await listed()).find((c) => c.id === cp4)!.sizeBytes;
     expect(size4).toBeGreaterThan(0);
     const used = await usedBytes();
 
@@ -576,7 +578,13 @@ describe('conversation checkpoints: garbage collection and the storage quota', (
       [3, true, false],
       [4, true, true],
     ]);
-    expect((await as('GET', `/api/sandboxes/${sandboxId}/checkpoints/${cp4}`)).status).toBe(404);
+    const cps = (await listed()).map((c) => c.id);
+    expect(cps).not.toContain(cp4);
+    for (const t of after.filter((x) => x.turn < 4)) expect(cps).toContain(t.checkpointId);
+    // On the host: turn 4's layer is removed (nothing stands on it); turn 3's, under the fork, and turn 2's, under turn 3's, stay.
+    const onHost = (cpId: string) => fs.existsSync(path.join(T.dataDir(), 'layers', cpId, 'layer.json'));
+    await eventually(async () => !onHost(cp4), 30_000);
+    for (const t of after.filter((x) => x.turn === 2 || x.turn === 3)) expect(onHost(t.checkpointId!)).toBe(true);
     expect(await usedBytes()).toBe(used - size4);
 
     // A freed turn is refused, with the reason; a kept left turn still forks.
