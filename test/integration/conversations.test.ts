@@ -644,6 +644,52 @@ describe('conversation checkpoints: garbage collection and the storage quota', (
     expect(ok.body.turn).toBe(2);
     await done(id, 2);
     expect(await memory(id)).toBe('one\ntwo\n');
+    await setQuota(null);
+  });
+
+  test('at the quota, garbage collection frees what only a deleted fork kept, and the message is admitted; while the fork stands it is not', async () => {
+    await setQuota(null);
+    const id = await start('p');
+    await done(id, 1);
+    const sandboxId: string = (await as('GET', `/v1/conversations/${id}`)).body.sandboxId;
+    // Turn 2's checkpoint holds 3 MB.
+    await hostSh(sandboxId, 'head -c 3000000 /dev/urandom > /workspace/big');
+    expect((await as('POST', `/v1/conversations/${id}/messages`, { text: 'q' })).status).toBe(202);
+    await done(id, 2);
+    expect((await as('POST', `/v1/conversations/${id}/messages`, { text: 'r' })).status).toBe(202);
+    await done(id, 3);
+    const f = await as('POST', `/v1/conversations/${id}/fork`, { turn: 3 });
+    expect(f.status).toBe(201);
+    const fid: string = f.body.forks[0].id;
+    mine.push(fid);
+    await eventually(async () => (await as('GET', `/v1/conversations/${fid}`)).body.status === 'idle', 60_000);
+    // Turns 2 and 3 are left, but the fork stands on turn 3 (and so on turn 2): nothing is freed.
+    expect((await as('POST', `/v1/conversations/${id}/rewind`, { turn: 1 })).status).toBe(200);
+    const t2 = (await turnsOf(id)).find((t) => t.turn === 2)!;
+    const size2 = ((await as('GET', `/api/sandboxes/${sandboxId}/checkpoints`)).body as { id: string; sizeBytes: number }[]).find(
+      (c) => c.id === t2.checkpointId,
+    )!.sizeBytes;
+    expect(size2).toBeGreaterThan(2 * MIB);
+    // A quota that what is stored reaches, and that freeing turn 2's checkpoint gets under.
+    const used = await usedBytes();
+    await setQuota(Math.floor((used - size2) / MIB) + 1);
+    expect((await as('POST', `/v1/conversations/${id}/messages`, { text: 's' })).status).toBe(507);
+    expect((await turnsOf(id)).map((t) => [t.turn, t.left, t.checkpointFreed])).toEqual([
+      [1, false, false],
+      [2, true, false],
+      [3, true, false],
+    ]);
+    // The fork deleted, nothing stands on turns 2 and 3: the next message frees them first, then is a turn.
+    await as('POST', `/v1/conversations/${fid}/archive`);
+    expect((await as('DELETE', `/v1/conversations/${fid}`)).status).toBe(200);
+    const ok = await as('POST', `/v1/conversations/${id}/messages`, { text: 's' });
+    expect(ok.status).toBe(202);
+    expect(ok.body.turn).toBe(4);
+    expect((await turnsOf(id)).filter((t) => t.checkpointFreed).map((t) => t.turn)).toEqual([2, 3]);
+    expect(await usedBytes()).toBeLessThan(used - size2);
+    await done(id, 4);
+    expect(await memory(id)).toBe('p\ns\n');
+    await setQuota(null);
   });
 });
 
