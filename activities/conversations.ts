@@ -1,4 +1,4 @@
-import { ApplicationFailure, Context } from '@temporalio/activity';
+import { Context } from '@temporalio/activity';
 import { ApiError } from '../contract/errors';
 import { createLogger } from '../lib/logger';
 import { HostDirectory } from '../services/hosts';
@@ -12,6 +12,7 @@ import { checkpointTurn, evaluateTurn, runTurn, type RunTurnArgs, type TurnDeps 
 import { claimRewindTarget, rewindTo, turnEnded } from '../services/conversations/lifecycle';
 import type { ActivityDeps } from './deps';
 import { agentEnvOrFail, secretEnvOrFail } from './sessions';
+import { failure } from './failures';
 import { createAgentSandbox } from './agent-sandbox';
 
 /** A conversation's sandbox id (derived, so a retried provisioning finds the one it made). */
@@ -108,7 +109,7 @@ export const createConversationActivities = (deps: ActivityDeps) => {
     }): Promise<void> {
       // The turn's checkpoint is claimed first: the garbage collection cannot free it under the rewind (409 when it was freed).
       const release = await claimRewindTarget(deps.store, args.conversationId, args.turn).catch((err: unknown) => {
-        if (err instanceof ApiError && err.type === 'conflict') throw ApplicationFailure.nonRetryable(err.message, 'CheckpointFreed');
+        if (err instanceof ApiError && err.type === 'conflict') throw failure('checkpoint_freed', err.message);
         throw err;
       });
       try {

@@ -12,7 +12,7 @@ import {
 } from '@temporalio/workflow';
 import type { ActivityOptions } from '@temporalio/workflow';
 import type { Activities } from '../activities';
-import { nonRetryableFailureTypes } from '../contract/errors';
+import { failureType, nonRetryableFailureTypes } from '../contract/errors';
 import { CONVERSATION_BOUNDS, turnSummary } from '../contract/conversation-rules';
 import type { ConversationWorkflowArgs, ConversationWorkflowResult, TurnOutcome } from '../contract/conversations';
 import type { AgentRunSpec } from '../contract/workflows';
@@ -132,8 +132,8 @@ export async function conversationWorkflow(args: ConversationWorkflowArgs<AgentR
         await host(`rewind to turn ${turn}`).rewindConversation({ ...ids(), turn, layerId: layer, sleeping });
       } catch (err) {
         // Its checkpoint was freed (the garbage collection got it first): 409 with the reason.
-        if (err instanceof ActivityFailure && err.cause instanceof ApplicationFailure && err.cause.type === 'CheckpointFreed')
-          throw ApplicationFailure.nonRetryable(err.cause.message, 'CheckpointFreed');
+        if (err instanceof ActivityFailure && err.cause instanceof ApplicationFailure && err.cause.type === failureType('checkpoint_freed'))
+          throw ApplicationFailure.nonRetryable(err.cause.message, failureType('checkpoint_freed'));
         throw err;
       }
       sleeping = false;
