@@ -69,6 +69,11 @@ export const createConversationActivities = (deps: ActivityDeps) => {
       await withFailureTypes(runs.rewind(args));
     },
 
+    /** Frees the checkpoints of left turns that nothing reaches; answers their turns. */
+    async collectConversationCheckpoints(args: { conversationId: string }): Promise<number[]> {
+      return withFailureTypes(runs.collectCheckpoints(args));
+    },
+
     /** Hibernates the idle conversation's sandbox to disk. */
     async sleepConversation(args: { conversationId: string; sandboxId: string }): Promise<void> {
       await withFailureTypes(runs.sleep(args));

@@ -111,7 +111,12 @@ export const TurnView = z
     after: z.number().int().describe('The turn this one continued from'),
     left: z.boolean().describe('A rewind went back past it: kept, no longer on the conversation’s line'),
     attempt: z.number().int(),
-    checkpointId: z.string().nullable(),
+    checkpointId: z.string().nullable().describe('The checkpoint taken at its end (a copy-on-write layer over the one before)'),
+    checkpointFreed: z
+      .boolean()
+      .describe(
+        'Its checkpoint was freed by garbage collection (a rewind left the turn and nothing stood on it): the turn stays in the history, but a fork of it or a rewind to it is refused (409)',
+      ),
     startSeq: z.number().int(),
     endSeq: z.number().int().nullable(),
     result: z.string().nullable(),

@@ -69,6 +69,8 @@ export const ERRORS = {
   sandbox_lost: { status: 410, retryable: false, on: none, failure: 'SandboxLost' },
   /** The sandbox host that owns a sandbox is lost (its sandboxes are written off). */
   host_lost: { status: 503, retryable: false, on: none, failure: 'HostLost', outcome: 'host_lost' },
+  /** A rewind's turn has no checkpoint any more: garbage collection freed it (the API answers 409 conflict with the reason). */
+  checkpoint_freed: { status: 409, retryable: false, on: none, failure: 'CheckpointFreed' },
   /** The session or batch a webhook is about no longer exists. */
   webhook_subject_not_found: { status: 404, retryable: false, on: none, failure: 'NotFound' },
   /** The webhook's address is refused by the operator's policy (WEBHOOK_ALLOWED_CIDRS). */

@@ -83,7 +83,10 @@ export async function checkpointInUse(deps: Pick<SandboxDeps, 'store'>, cp: Chec
  * took it and those that copied it): a host removes it at once where nothing uses it, else once the
  * last sandbox or layer standing on it there is gone (sandbox/base/layer-gc.ts).
  */
-export async function deleteCheckpoint(deps: Pick<SandboxDeps, 'store' | 'hosts' | 'logger'>, cp: CheckpointDoc): Promise<void> {
+export async function deleteCheckpoint(
+  deps: Pick<SandboxDeps, 'store' | 'logger'> & { hosts: Pick<SandboxDeps['hosts'], 'liveHosts' | 'get'> },
+  cp: CheckpointDoc,
+): Promise<void> {
   await deleteCheckpointRecords(deps.store, cp._id);
   await releaseCheckpointName(deps.store, cp);
   const hosts: { hostId: string; client: HostClient }[] = await deps.hosts.liveHosts().catch(() => []);

@@ -13,13 +13,13 @@ import type { LocalHost } from './local-host';
 import { createSessionRunService } from './session-runs';
 import { createWebhookService } from './webhooks';
 
-export function createStepServices(deps: Pick<ServiceDeps, 'store'>, local: LocalHost) {
+export function createStepServices(deps: Pick<ServiceDeps, 'store' | 'hosts' | 'logger'>, local: LocalHost) {
   const runDeps = { ...local, store: deps.store };
   return {
     sessionRuns: createSessionRunService(runDeps),
     batchRuns: createBatchRunService(runDeps),
     instanceRuns: createInstanceRunService(runDeps),
-    conversationRuns: createConversationRunService(runDeps),
+    conversationRuns: createConversationRunService(runDeps, { store: deps.store, hosts: deps.hosts, logger: deps.logger }),
     webhooks: createWebhookService(deps),
     hostLoss: {
       /** True when host `hostId` is lost (services/host-loss.ts checkHostLost). */

@@ -275,6 +275,14 @@ export function findChildCheckpoint(store: Store, orgId: string, layerId: string
   return checkpointsOf(store).findOne({ orgId, parents: layerId }, { projection: { _id: 1 } });
 }
 
+/** The organisation's checkpoints taken over layer `layerId` (id, layer and parents; at most 1000). */
+export function listChildCheckpoints(store: Store, orgId: string, layerId: string): Promise<Pick<CheckpointDoc, '_id' | 'layerId' | 'parents'>[]> {
+  return checkpointsOf(store)
+    .find({ orgId, parents: layerId }, { projection: { _id: 1, layerId: 1, parents: 1 } })
+    .limit(1000)
+    .toArray();
+}
+
 /** Removes a checkpoint's record and its patches' records. */
 export async function deleteCheckpointRecords(store: Store, id: string): Promise<void> {
   await checkpointsOf(store).deleteOne({ _id: id });

@@ -51,6 +51,12 @@ export interface TurnDoc {
   /** The checkpoint taken at its end (record id and layer). */
   checkpointId: string | null;
   layerId: string | null;
+  /**
+   * Its checkpoint was freed by the checkpoint garbage collection (services/conversations/checkpoint-gc.ts):
+   * a rewind left the turn and nothing stood on its checkpoint. The turn stays; it can no longer be
+   * forked or rewound to. Absent: false.
+   */
+  checkpointFreed?: boolean;
   startSeq: number;
   endSeq: number | null;
   result: string | null;
@@ -80,6 +86,21 @@ export const eventId = (conversationId: string, seq: number): string => `${conve
 const conversationsOf = (s: Store) => s.db.collection<ConversationDoc>('conversations');
 const turnsOf = (s: Store) => s.db.collection<TurnDoc>('conversation_turns');
 const eventsOf = (s: Store) => s.db.collection<EventDoc>('conversation_events');
+const turnLocksOf = (s: Store) => s.db.collection<TurnLockDoc>('conversation_turn_locks');
+
+/**
+ * Who holds a turn's checkpoint: the garbage collection freeing it (kept for good: the mark that it
+ * is freed), or a rewind to the turn (removed once the rewind is done). `_id` is the turn's id: the
+ * unique index is what lets only one of them have it (FerretDB runs a conditional update as a read
+ * and a write, so an insert is the one atomic claim).
+ */
+export interface TurnLockDoc {
+  _id: string;
+  conversationId: string;
+  turn: number;
+  by: 'gc' | 'rewind';
+  at: Date;
+}
 
 /** The indexes conversations are read by. */
 export async function ensureConversationIndexes(store: Store): Promise<void> {
@@ -129,6 +150,55 @@ export function findTurn(store: Store, conversationId: string, turn: number): Pr
 
 export async function updateTurn(store: Store, conversationId: string, turn: number, set: Partial<TurnDoc>): Promise<void> {
   await turnsOf(store).updateOne({ _id: turnId(conversationId, turn) }, { $set: set });
+}
+
+/** All of a conversation's own turn records, turn 0 included, in order. */
+export function listAllTurns(store: Store, conversationId: string): Promise<TurnDoc[]> {
+  return turnsOf(store).find({ conversationId }).sort({ turn: 1 }).limit(1000).toArray();
+}
+
+/** The organisation's conversations with a left turn whose checkpoint is not freed (ids, at most `limit`). */
+export async function conversationsWithLeftCheckpoints(store: Store, orgId: string, limit: number): Promise<string[]> {
+  const docs = await turnsOf(store)
+    .find({ orgId, left: true, checkpointFreed: { $ne: true }, layerId: { $ne: null } }, { projection: { conversationId: 1 } })
+    .limit(1000)
+    .toArray();
+  return [...new Set(docs.map((d) => d.conversationId))].slice(0, limit);
+}
+
+/** Sets turns of a conversation back on its line (a rewind to a turn a rewind had left). */
+export async function markTurnsLive(store: Store, conversationId: string, turns: number[]): Promise<void> {
+  if (turns.length) await turnsOf(store).updateMany({ conversationId, turn: { $in: turns } }, { $set: { left: false } });
+}
+
+/**
+ * Claims turn `turn`'s checkpoint for `by`: answers who holds it now (`by` itself when the claim was
+ * taken now or was its already, the other holder when not).
+ */
+export async function lockTurn(store: Store, conversationId: string, turn: number, by: TurnLockDoc['by']): Promise<TurnLockDoc['by']> {
+  const _id = turnId(conversationId, turn);
+  for (let attempt = 0; ; attempt++) {
+    try {
+      await turnLocksOf(store).insertOne({ _id, conversationId, turn, by, at: new Date() });
+      return by;
+    } catch (err) {
+      if (!isDuplicateKey(err)) throw err;
+    }
+    const held = await turnLocksOf(store).findOne({ _id });
+    // Removed meanwhile (a rewind finished): try again, a few times.
+    if (held) return held.by;
+    if (attempt >= 4) throw new Error(`turn ${turn} of ${conversationId}: its checkpoint's claim keeps changing hands`);
+  }
+}
+
+/** Who holds turn `turn`'s checkpoint, or null. */
+export async function turnLockHolder(store: Store, conversationId: string, turn: number): Promise<TurnLockDoc['by'] | null> {
+  return (await turnLocksOf(store).findOne({ _id: turnId(conversationId, turn) }))?.by ?? null;
+}
+
+/** Gives up `by`'s claim of turn `turn`'s checkpoint. */
+export async function unlockTurn(store: Store, conversationId: string, turn: number, by: TurnLockDoc['by']): Promise<void> {
+  await turnLocksOf(store).deleteOne({ _id: turnId(conversationId, turn), by });
 }
 
 /** A conversation's turns from 1 on, in order (turn 0, its start, is not listed). */
@@ -184,6 +254,7 @@ export function readEvents(store: Store, conversationId: string, after: number, 
 /** Removes a conversation's turns and events (its record last, so a retry finds it). */
 export async function deleteConversationData(store: Store, conversationId: string): Promise<void> {
   await eventsOf(store).deleteMany({ conversationId });
+  await turnLocksOf(store).deleteMany({ conversationId });
   await turnsOf(store).deleteMany({ conversationId });
   await conversationsOf(store).deleteOne({ _id: conversationId });
 }

@@ -4,6 +4,7 @@ import {
   CancellationScope,
   condition,
   isCancellation,
+  patched,
   proxyActivities,
   setCurrentDetails,
   setHandler,
@@ -11,7 +12,7 @@ import {
 } from '@temporalio/workflow';
 import type { ActivityOptions } from '@temporalio/workflow';
 import type { Activities } from '../activities';
-import { nonRetryableFailureTypes } from '../contract/errors';
+import { failureType, nonRetryableFailureTypes } from '../contract/errors';
 import { CONVERSATION_BOUNDS, turnSummary } from '../contract/conversation-rules';
 import type { ConversationWorkflowArgs, ConversationWorkflowResult, TurnOutcome } from '../contract/conversations';
 import type { AgentRunSpec } from '../contract/workflows';
@@ -49,6 +50,9 @@ export async function conversationWorkflow(args: ConversationWorkflowArgs<AgentR
   let sleeping = false;
   let tokensUsed = 0;
   let rewinding = false;
+  /** A rewind left turns: their checkpoints are collected next, behind its answer. */
+  let collect = false;
+  let collecting = false;
   const recent: string[] = [];
   const forks: { conversationId: string; turn: number }[] = [];
   if (args.input) queue.push({ turn: nextTurn++, text: args.input });
@@ -122,11 +126,20 @@ export async function conversationWorkflow(args: ConversationWorkflowArgs<AgentR
     if (layer === undefined) throw ApplicationFailure.nonRetryable(`turn ${turn} has no checkpoint in this conversation`, 'InvalidRewind');
     rewinding = true;
     try {
-      await condition(() => running === null);
+      await condition(() => running === null && !collecting);
       const left = [...layers.keys()].filter((t) => t > turn);
-      await host(`rewind to turn ${turn}`).rewindConversation({ ...ids(), turn, layerId: layer, sleeping });
+      try {
+        await host(`rewind to turn ${turn}`).rewindConversation({ ...ids(), turn, layerId: layer, sleeping });
+      } catch (err) {
+        // Its checkpoint was freed (the garbage collection got it first): 409 with the reason.
+        if (err instanceof ActivityFailure && err.cause instanceof ApplicationFailure && err.cause.type === failureType('checkpoint_freed'))
+          throw ApplicationFailure.nonRetryable(err.cause.message, failureType('checkpoint_freed'));
+        throw err;
+      }
       sleeping = false;
       head = turn;
+      // (patched: a history from before the collection replays without it)
+      collect = left.length > 0 && patched('checkpoint-gc-after-rewind');
       return { headTurn: turn, left };
     } finally {
       rewinding = false;
@@ -140,9 +153,24 @@ export async function conversationWorkflow(args: ConversationWorkflowArgs<AgentR
   let firstTurnDone = false;
   try {
     for (;;) {
-      const ready = () => (queue.length > 0 && !rewinding) || archived;
+      const ready = () => (queue.length > 0 && !rewinding) || archived || (collect && !rewinding);
       const woke = sleeping ? (await condition(ready), true) : await condition(ready, args.idleSeconds * 1000);
       if (archived) break;
+      if (collect && !rewinding) {
+        // Behind a rewind's answer: the checkpoints of the turns it left that nothing stands on are freed.
+        collect = false;
+        collecting = true;
+        try {
+          const freed = await host('gc: free the checkpoints of left turns').collectConversationCheckpoints({ conversationId: args.conversationId });
+          for (const t of freed) layers.delete(t);
+        } catch (err) {
+          // Not fatal: the next collection (another rewind, or a turn at the storage quota) frees them.
+          if (isCancellation(err)) throw err;
+        } finally {
+          collecting = false;
+        }
+        continue;
+      }
       if (!woke) {
         await host('sleep: hibernate the idle sandbox').sleepConversation(ids());
         sleeping = true;

@@ -74,7 +74,7 @@ export function registerConversationRoutes(t: RouteTable, svc: ConversationServi
       201: { description: 'The conversation', schema: ConversationView },
       200: { description: 'The conversation an earlier request with the same Idempotency-Key created', schema: ConversationView },
     },
-    errors: [409],
+    errors: [409, 507],
     handler: async ({ params, body, org, req, res }) => {
       const { conversation, created } = await svc.create(org.id, params.agentId, body, idempotencyKeyOf(req));
       res.status(created ? 201 : 200).json(conversation);
@@ -110,7 +110,9 @@ export function registerConversationRoutes(t: RouteTable, svc: ConversationServi
     method: 'post',
     path: '/v1/conversations/:conversationId/messages',
     tag: 'conversations',
-    summary: 'Send a message: a Workflow Update, validated before it is accepted; the next turn. Idempotency-Key makes a repeat answer the first.',
+    summary:
+      'Send a message: a Workflow Update, validated before it is accepted; the next turn. Idempotency-Key makes a repeat answer the first. ' +
+      '507 when the organisation is at its storage quota after garbage collection (nothing is stored).',
     params: ConversationParams,
     body: MessageBody,
     responses: {
@@ -119,7 +121,7 @@ export function registerConversationRoutes(t: RouteTable, svc: ConversationServi
         schema: z.object({ turn: z.number().int(), queued: z.number().int() }),
       },
     },
-    errors: [409],
+    errors: [409, 507],
     handler: async ({ params, body, org, req, res }) => {
       res.status(202).json(await svc.message(org.id, params.conversationId, body.text, idempotencyKeyOf(req)));
     },
@@ -236,7 +238,9 @@ export function registerConversationRoutes(t: RouteTable, svc: ConversationServi
     method: 'post',
     path: '/v1/conversations/:conversationId/rewind',
     tag: 'conversations',
-    summary: 'Rewind to the end of a turn: the sandbox (files and agent memory) goes back to its checkpoint; later turns are kept, marked left',
+    summary:
+      'Rewind to the end of a turn: the sandbox (files and agent memory) goes back to its checkpoint; later turns are kept, marked left. ' +
+      'Behind the answer, the checkpoints of left turns nothing stands on are freed; 409 for a turn whose checkpoint was freed.',
     params: ConversationParams,
     body: RewindBody,
     responses: { 200: { description: 'The new head and the turns left', schema: z.object({ headTurn: z.number().int(), left: z.array(z.number().int()) }) } },
@@ -259,7 +263,7 @@ export function registerConversationRoutes(t: RouteTable, svc: ConversationServi
         schema: z.object({ group: z.string().nullable(), forks: z.array(ConversationView) }),
       },
     },
-    errors: [409],
+    errors: [409, 507],
     handler: async ({ params, body, org, req, res }) => {
       res.status(201).json(await svc.fork(org.id, params.conversationId, body, idempotencyKeyOf(req)));
     },

@@ -29,6 +29,7 @@ import {
   findConversation,
   findTurn,
   insertConversation,
+  turnLockHolder,
   listConversations,
   listForks,
   listGroup,
@@ -50,6 +51,7 @@ import { snapshotRefOf } from '../snapshots';
 import { endWorkflowAndWait } from '../workflow-control';
 import { deleteCheckpoint } from '../checkpoints';
 import { listSandboxCheckpoints } from '../../store/checkpoints';
+import { assertTurnRoom, checkpointFreedMessage } from './checkpoint-gc';
 
 /** Default idle seconds before a conversation's sandbox hibernates (CONVERSATION_IDLE_SECONDS). */
 const DEFAULT_IDLE_SECONDS = 300;
@@ -67,6 +69,7 @@ function turnView(t: TurnDoc): TurnView {
     left: t.left,
     attempt: t.attempt,
     checkpointId: t.checkpointId,
+    checkpointFreed: t.checkpointFreed === true,
     startSeq: t.startSeq,
     endSeq: t.endSeq,
     result: t.result,
@@ -136,6 +139,7 @@ export function createConversationService(deps: ServiceDeps, agents: Pick<AgentS
       if (!cur.forkedFrom || turn > cur.forkedFrom.turn) {
         const t = await findTurn(deps.store, cur._id, turn);
         if (!t || !t.layerId) throw invalid(`turn ${turn} of conversation ${doc._id} has no checkpoint (yet)`);
+        if (t.checkpointFreed) throw conflict(checkpointFreedMessage(cur._id, turn));
         return { turn: t, owner: cur };
       }
       cur = await findConversation(deps.store, cur.forkedFrom.conversationId);
@@ -149,6 +153,8 @@ export function createConversationService(deps: ServiceDeps, agents: Pick<AgentS
     body: z.infer<typeof CreateConversationBody>;
     id: string;
     from?: ForkOrigin;
+    /** A fork's base: the conversation that owns the checkpoint it stands on (the fork is refused once garbage collection claimed it). */
+    base?: { conversationId: string; turn: number };
     evaluate?: string;
     forkGroup?: string;
   }
@@ -190,6 +196,11 @@ export function createConversationService(deps: ServiceDeps, agents: Pick<AgentS
       const known = await own(s.orgId, s.id);
       if (known.agentId !== agent.id) throw conflict('Idempotency-Key was used for a conversation of another agent');
       return { doc: known, created: false };
+    }
+    // Recorded first, then looked at: a garbage collection of the base turn either sees this fork or has claimed the turn (services/conversations/checkpoint-gc.ts).
+    if (s.base && (await turnLockHolder(deps.store, s.base.conversationId, s.base.turn)) === 'gc') {
+      await deleteConversation(deps.store, doc._id);
+      throw conflict(checkpointFreedMessage(s.base.conversationId, s.base.turn));
     }
     try {
       await deps.temporal.workflow.start<ConversationWorkflow<AgentRunSpec>>('conversationWorkflow', {
@@ -233,6 +244,8 @@ export function createConversationService(deps: ServiceDeps, agents: Pick<AgentS
     /** Creates a conversation; with an Idempotency-Key a repeat answers the first (created false). */
     async create(orgId: string, agentId: string, body: z.infer<typeof CreateConversationBody>, key: string | undefined) {
       const id = key ? `conv_${derivedId('conversation', orgId, key)}` : `conv_${randomId()}`;
+      // A new conversation stores checkpoints from its start: none at the storage quota (after garbage collection).
+      await assertTurnRoom(deps, orgId);
       const { doc, created } = await start({ orgId, agentId, body, id });
       return { conversation: await view(doc), created };
     },
@@ -248,7 +261,11 @@ export function createConversationService(deps: ServiceDeps, agents: Pick<AgentS
 
     /** Sends a message (the Update's id is the Idempotency-Key: a repeat is answered with the first's turn). */
     async message(orgId: string, id: string, text: string, key: string | undefined): Promise<MessageAccepted> {
-      const doc = await own(orgId, id);
+      // At the storage quota (after garbage collection) the turn is refused (507) before anything of it is stored.
+      const [found, room] = await Promise.allSettled([own(orgId, id), assertTurnRoom(deps, orgId)]);
+      if (found.status === 'rejected') throw found.reason;
+      if (room.status === 'rejected') throw room.reason;
+      const doc = found.value;
       if (doc.status === 'archived' || doc.status === 'failed') throw conflict(`the conversation is ${doc.status}`);
       try {
         return await handle(id).executeUpdate(messageUpdate, { args: [{ text }], ...(key ? { updateId: `msg-${key}` } : {}) });
@@ -358,6 +375,7 @@ export function createConversationService(deps: ServiceDeps, agents: Pick<AgentS
     async rewind(orgId: string, id: string, turn: number) {
       const doc = await own(orgId, id);
       if (doc.status === 'archived' || doc.status === 'failed') throw conflict(`the conversation is ${doc.status}`);
+      if (turn > (doc.forkedFrom?.turn ?? -1) && (await findTurn(deps.store, id, turn))?.checkpointFreed) throw conflict(checkpointFreedMessage(id, turn));
       try {
         return await handle(id).executeUpdate(rewindUpdate, { args: [{ turn }] });
       } catch (err) {
@@ -373,6 +391,7 @@ export function createConversationService(deps: ServiceDeps, agents: Pick<AgentS
     async fork(orgId: string, id: string, body: z.infer<typeof ForkBody>, key: string | undefined) {
       const doc = await own(orgId, id);
       const { turn, owner } = await turnWithCheckpoint(doc, body.turn);
+      await assertTurnRoom(deps, orgId);
       const host = await findHost(deps.store, owner.hostId ?? '');
       if (!host) throw conflict(`the host that has turn ${body.turn}'s checkpoint is gone`);
       // The sequence number the fork's own events start after: the turn's last event (turn 0: the start of the owner's log).
@@ -394,6 +413,7 @@ export function createConversationService(deps: ServiceDeps, agents: Pick<AgentS
             options: doc.options,
           },
           from,
+          base: { conversationId: owner._id, turn: body.turn },
           ...(body.evaluate ? { evaluate: body.evaluate } : {}),
           ...(group ? { forkGroup: group } : {}),
         });

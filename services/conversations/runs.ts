@@ -5,13 +5,15 @@
  * activity again after a crash).
  */
 import type { TurnOutcome } from '../../contract/conversations';
+import { ApiError, StepFailure } from '../../contract/errors';
 import type { AgentRunSpec } from '../../contract/workflows';
 import { HIBERNATION_LAYER_MARK } from '../../sandbox';
 import { updateConversation } from '../../store/conversations';
 import { findSandbox, markSandboxStopped, recordHibernation, updateSandbox } from '../../store/sandboxes';
 import { agentEnvOrFail, createAgentSandbox, secretEnvOrFail } from '../agent-sandbox';
 import type { LocalRunDeps } from '../local-host';
-import { rewindTo, turnEnded } from './lifecycle';
+import { claimRewindTarget, rewindTo, turnEnded } from './lifecycle';
+import { collectConversationCheckpoints, type GcDeps } from './checkpoint-gc';
 import { checkpointTurn, evaluateTurn, runTurn, type RunTurnArgs, type TurnDeps } from './turns';
 
 /** A conversation's sandbox id (derived, so a retried provisioning finds the one it made). */
@@ -21,7 +23,11 @@ async function turnDeps(deps: LocalRunDeps): Promise<TurnDeps> {
   return { store: deps.store, host: deps.host, hostId: deps.hostId ?? (await deps.host.health()).hostId };
 }
 
-export function createConversationRunService(deps: LocalRunDeps) {
+/**
+ * The conversation steps' service: `gcDeps` (the hosts' directory, a released layer is released on
+ * every live host) for the checkpoint garbage collection.
+ */
+export function createConversationRunService(deps: LocalRunDeps, gcDeps: GcDeps) {
   return {
     /**
      * Creates the conversation's sandbox on this worker's host, from the agent's image, or over a
@@ -77,10 +83,24 @@ export function createConversationRunService(deps: LocalRunDeps) {
 
     /** Puts the sandbox back to a turn's checkpoint; later turns are marked left. */
     async rewind(args: { conversationId: string; orgId: string; sandboxId: string; turn: number; layerId: string; sleeping: boolean }): Promise<void> {
-      if (args.sleeping) await deps.host.wake(args.sandboxId);
-      await deps.host.restore(args.sandboxId, args.layerId);
-      await updateSandbox(deps.store, args.sandboxId, { status: 'running', updatedAt: new Date() });
-      await rewindTo(deps.store, args.conversationId, args.turn);
+      // The turn's checkpoint is claimed first: the garbage collection cannot free it under the rewind (409 when it was freed).
+      const release = await claimRewindTarget(deps.store, args.conversationId, args.turn).catch((err: unknown) => {
+        if (err instanceof ApiError && err.type === 'conflict') throw new StepFailure('checkpoint_freed', err.message);
+        throw err;
+      });
+      try {
+        if (args.sleeping) await deps.host.wake(args.sandboxId);
+        await deps.host.restore(args.sandboxId, args.layerId);
+        await updateSandbox(deps.store, args.sandboxId, { status: 'running', updatedAt: new Date() });
+        await rewindTo(deps.store, args.conversationId, args.turn);
+      } finally {
+        await release();
+      }
+    },
+
+    /** Frees the checkpoints of left turns that nothing reaches (./checkpoint-gc.ts); answers their turns. */
+    collectCheckpoints(args: { conversationId: string }): Promise<number[]> {
+      return collectConversationCheckpoints(gcDeps, args.conversationId);
     },
 
     /** Hibernates the idle conversation's sandbox to disk. */

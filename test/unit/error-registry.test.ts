@@ -98,13 +98,14 @@ describe('the error registry', () => {
         'WebhookTargetRefused',
         'WebhookUnreachable',
         'WebhookRefused',
+        'CheckpointFreed',
       ]),
     );
   });
 
   it("derives the non-retryable failure types, and a failed provisioning's outcome reason", () => {
     expect(new Set(nonRetryableFailureTypes())).toEqual(
-      new Set(['PatchFailed', 'SnapshotNotFound', 'InvalidAgent', 'SandboxLost', 'HostLost', 'NotFound', 'WebhookTargetRefused']),
+      new Set(['PatchFailed', 'SnapshotNotFound', 'InvalidAgent', 'SandboxLost', 'HostLost', 'NotFound', 'WebhookTargetRefused', 'CheckpointFreed']),
     );
     expect(provisioningOutcome('PatchFailed')).toBe('provisioning_failed');
     expect(provisioningOutcome('InvalidAgent')).toBe('provisioning_failed');
