@@ -92,7 +92,10 @@ async function insertSandboxes(store: Store, docs: SandboxDoc[]): Promise<(unkno
     for (const e of failed) errors[e.index] = new MongoServerError({ message: e.errmsg ?? 'write failed', code: e.code });
   }
   const written = docs.filter((d, i) => errors[i] === undefined && isLive(d));
-  await addToLists(store, written.map((d) => ({ list: liveList(d.orgId), item: listedAs(d) })));
+  await addToLists(
+    store,
+    written.map((d) => ({ list: liveList(d.orgId), item: listedAs(d) })),
+  );
   return errors;
 }
 
