@@ -109,6 +109,10 @@ export async function killAndWait(host: HostClient, sandboxId: string, execId: s
   return info;
 }
 
+/** How many times an exit is written to a record not there yet, and how far apart (see recordOnce). */
+const RECORD_RETRIES = 20;
+const RECORD_RETRY_MS = 250;
+
 /**
  * The live-session registry of an API process: sandbox owners and attach targets (both immutable,
  * so cached), and which exits were recorded already.
@@ -129,12 +133,19 @@ export function createExecLive(deps: SandboxDeps, sandboxes: SandboxService) {
    * Sets `fields` in a session's record once per session per process (`seen` remembers which; a failed
    * write is forgotten so that the next look retries).
    */
-  async function recordOnce(kind: SessionKind, id: string, seen: Set<string>, fields: Record<string, unknown>): Promise<void> {
+  async function recordOnce(kind: SessionKind, id: string, seen: Set<string>, fields: Record<string, unknown>, attempt = 1): Promise<void> {
     if (seen.has(id)) return;
     if (seen.size > 100_000) seen.clear();
     seen.add(id);
     try {
-      await updateSession(deps.store, kind, id, fields);
+      if (await updateSession(deps.store, kind, id, fields)) return;
+      // No record yet: a start writes it while its host starts the command, and a command that ends
+      // at once can be reported first. Tried again a few times (RECORD_RETRY_MS apart) before it is
+      // left to the session's next read.
+      seen.delete(id);
+      if (attempt < RECORD_RETRIES) {
+        setTimeout(() => void recordOnce(kind, id, seen, fields, attempt + 1), RECORD_RETRY_MS).unref();
+      }
     } catch (err) {
       seen.delete(id);
       deps.logger.warn({ err, id }, 'could not record an exec exit');

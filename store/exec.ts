@@ -102,7 +102,8 @@ export function listOpenExecs(store: Store, orgId: string): Promise<Pick<ExecDoc
 }
 
 /** Sets fields (exit, oomKilled, agentSessionID) of a session record of either kind. */
-export async function updateSession(store: Store, kind: SessionKind, id: string, fields: Record<string, unknown>): Promise<void> {
+export async function updateSession(store: Store, kind: SessionKind, id: string, fields: Record<string, unknown>): Promise<boolean> {
   const coll = kind === 'exec' ? execSessionsOf(store) : agentSessionsOf(store);
-  await (coll as ReturnType<typeof execSessionsOf>).updateOne({ _id: id }, { $set: fields });
+  const r = await (coll as ReturnType<typeof execSessionsOf>).updateOne({ _id: id }, { $set: fields });
+  return r.matchedCount > 0;
 }
