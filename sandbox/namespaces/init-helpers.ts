@@ -99,9 +99,6 @@ export interface InitHelperDeps {
 /** Limits of an idle spare's cgroups: its helper and the sandbox's idle pid 1 (a claim sets the sandbox's). */
 const SPARE_LIMITS = { maxProcesses: 8, memoryMB: 16 };
 
-/** How long the pool waits after the last create before it refills (see InitHelpers.createEnded). */
-export const REFILL_QUIET_MS = 150;
-
 /** SANDBOX_POOL_SIZE's default: see docs/operations/configuration.md. */
 export const DEFAULT_POOL_SIZE = 8;
 /** The largest pool a host keeps. */
@@ -124,8 +121,6 @@ export class InitHelpers {
   private refilling = 0;
   /** Creates running: the pool does not refill while there are any. */
   private creates = 0;
-  /** The refill that waits for REFILL_QUIET_MS without a create (see createEnded). */
-  private quietTimer: NodeJS.Timeout | null = null;
   private readonly poolSize: number;
   private readonly startingTasks = new Set<Promise<void>>();
   private readonly refillsInFlight: number;
@@ -257,13 +252,13 @@ export class InitHelpers {
   /**
    * Fills the pool: starts spare init helpers (`sap-sandbox-init -w`, each in cgroups of its own)
    * until `poolSize` are ready or starting, at most `refillsInFlight` at a time, and none while a
-   * create is running (creates come first: the pool refills once the last one has ended and none
-   * has for REFILL_QUIET_MS, see createEnded). Joining cgroups waits for a kernel RCU grace period (5–15 ms), so it is done
+   * create is running (creates come first: the pool refills once the last one has ended, see
+   * createStarted). Joining cgroups waits for a kernel RCU grace period (5–15 ms), so it is done
    * ahead of a create, which renames the groups to its sandbox's and hands the helper the rest of
    * its arguments. Gives up after three failures in a row (creates then start a helper each time).
    */
   refill(): void {
-    if (!this.helperSocket || this.closed || this.spareFailures >= 3 || this.creates > 0 || this.quietTimer) return;
+    if (!this.helperSocket || this.closed || this.spareFailures >= 3 || this.creates > 0) return;
     while (this.pool.length < this.poolSize && this.refilling < this.refillsInFlight) this.startSpare();
   }
 
@@ -272,20 +267,10 @@ export class InitHelpers {
     this.creates++;
   }
 
-  /**
-   * A create has ended (either way): the pool refills once none has run for REFILL_QUIET_MS, so that
-   * the gaps between a burst's creates are not filled with the making of spares (each costs the host
-   * a few ms of its one thread and the kernel's mount work, which the creates still coming would wait for).
-   */
+  /** A create has ended (either way): the pool refills once none is running. */
   createEnded(): void {
     this.creates = Math.max(0, this.creates - 1);
-    if (this.creates > 0 || this.closed) return;
-    if (this.quietTimer) clearTimeout(this.quietTimer);
-    this.quietTimer = setTimeout(() => {
-      this.quietTimer = null;
-      this.refill();
-    }, REFILL_QUIET_MS);
-    this.quietTimer.unref();
+    this.refill();
   }
 
   /** How many spares are ready to be claimed, and how many are starting. */
@@ -460,8 +445,6 @@ export class InitHelpers {
   /** Stops every spare of the pool (their processes and cgroups) and the helpers' socket. */
   async close(): Promise<void> {
     this.closed = true;
-    if (this.quietTimer) clearTimeout(this.quietTimer);
-    this.quietTimer = null;
     const spares = this.pool;
     this.pool = [];
     await Promise.all(spares.map((s) => this.discardSpare(s)));
