@@ -2,6 +2,7 @@ import { Context } from '@temporalio/activity';
 import type { TurnOutcome } from '../contract/conversations';
 import type { AgentRunSpec } from '../contract/workflows';
 import type { RunTurnArgs } from '../services/conversations/turns';
+import type { ConversationProvision } from '../services/conversations/runs';
 import { withFailureTypes } from './failures';
 import type { ActivityDeps } from './deps';
 
@@ -13,13 +14,7 @@ export const createConversationActivities = (deps: ActivityDeps) => {
   const runs = deps.services.conversationRuns;
   return {
     /** Creates the conversation's sandbox on this worker's host, from the agent's image or over a fork's turn checkpoint. */
-    async provisionConversation(args: {
-      conversationId: string;
-      orgId: string;
-      agentId: string;
-      run: AgentRunSpec;
-      fromLayer: string | null;
-    }): Promise<{ sandboxId: string; taskQueue: string }> {
+    async provisionConversation(args: ConversationProvision): Promise<{ sandboxId: string; taskQueue: string }> {
       Context.current().heartbeat();
       return withFailureTypes(runs.provision(args));
     },

@@ -16,6 +16,15 @@ import { claimRewindTarget, rewindTo, turnEnded } from './lifecycle';
 import { collectConversationCheckpoints, type GcDeps } from './checkpoint-gc';
 import { checkpointTurn, evaluateTurn, runTurn, type RunTurnArgs, type TurnDeps } from './turns';
 
+/** What a conversation's sandbox is made from: the agent's run spec, or a fork's parent turn checkpoint (`fromLayer`). */
+export interface ConversationProvision {
+  conversationId: string;
+  orgId: string;
+  agentId: string;
+  run: AgentRunSpec;
+  fromLayer: string | null;
+}
+
 /** A conversation's sandbox id (derived, so a retried provisioning finds the one it made). */
 export const sandboxIdForConversation = (conversationId: string): string => `sb-${conversationId.replace(/^conv_/, 'c')}`;
 
@@ -34,13 +43,7 @@ export function createConversationRunService(deps: LocalRunDeps, gcDeps: GcDeps)
      * parent's turn checkpoint (`fromLayer`) for a fork; recorded as a sandbox of the organisation
      * (owner `instance`, no idle timeout) before it is created.
      */
-    async provision(args: {
-      conversationId: string;
-      orgId: string;
-      agentId: string;
-      run: AgentRunSpec;
-      fromLayer: string | null;
-    }): Promise<{ sandboxId: string; taskQueue: string }> {
+    async provision(args: ConversationProvision): Promise<{ sandboxId: string; taskQueue: string }> {
       const sandboxId = sandboxIdForConversation(args.conversationId);
       const { hostId } = await turnDeps(deps);
       const owner = { envName: 'CONVERSATION_ID', id: args.conversationId, instanceId: null, metadataKey: 'conversationId' } as const;
