@@ -64,7 +64,11 @@ export class HostDirectory {
     return doc ? this.lostReasonOf(doc) : null;
   }
 
-  private async lostReasonOf(doc: HostDoc): Promise<string | null> {
+  private async lostReasonOf(cached: HostDoc): Promise<string | null> {
+    if (!cached.lostAt && hostAlive(cached, this.deadAfterMs)) return null;
+    // Lost as the cached view has it: read again before saying so (a host that rejoined a moment ago
+    // is back at once; the view is up to a second old, and a 410 is rare enough to afford the read).
+    const doc = (await findHost(this.store, cached._id)) ?? cached;
     if (doc.lostAt)
       return `sandbox host ${doc._id} is lost (since ${new Date(doc.lostAt).toISOString()}, not rejoined yet): its sandboxes are gone while it is`;
     if (hostAlive(doc, this.deadAfterMs) || (await this.probe(doc))) return null;
