@@ -132,9 +132,15 @@ export class HostDirectory {
    * (services/placement.ts chooseHost). 503 when none is registered or none has room.
    */
   async pick(): Promise<{ hostId: string; client: HostClient; taskQueue: string }> {
-    const docs = await this.view.all(true);
-    if (docs.length === 0) throw new ApiError('unavailable', 'no sandbox host is registered; is a worker running?');
+    let docs = await this.view.all(true);
     let doc = chooseHost(docs, this.deadAfterMs);
+    if (!doc) {
+      // The view may be a few seconds old (a host registered since, or its room freed): read again first.
+      this.view.invalidate();
+      docs = await this.view.all();
+      doc = chooseHost(docs, this.deadAfterMs);
+    }
+    if (docs.length === 0) throw new ApiError('unavailable', 'no sandbox host is registered; is a worker running?');
     if (!doc) {
       // No heartbeat is fresh (workers down, say): hosts that answer a probe themselves still count.
       const answering = (await Promise.all(docs.map(async (d) => ((await this.probe(d)) ? { ...d, updatedAt: new Date() } : null)))).filter(
