@@ -429,6 +429,11 @@ export class HostClient {
     return this.request(hostRoutes.createPty, { params: { id }, body: req });
   }
 
+  /** A terminal of the sandbox. Throws HostError not_found. */
+  getPty(id: string, sessionId: string): Promise<PtyInfo> {
+    return this.request(hostRoutes.getPty, { params: { id, sid: sessionId } });
+  }
+
   /** Opens a WebSocket attached to a terminal: binary frames of output; send keystrokes or a resize message. */
   openPtySocket(id: string, sessionId: string): WebSocket {
     const url = this.base.replace(/^http/, 'ws') + hostPath(hostSockets.pty, { id, sid: sessionId });
