@@ -35,7 +35,7 @@ export type HostMethod = 'GET' | 'POST' | 'PUT' | 'DELETE';
 
 /** The type of a route's answer, carried by the declaration at the type level only (nothing at run time). */
 export interface Answer<A> {
-  readonly __answer?: (a: A) => A;
+  readonly __answer: A;
 }
 /** A route whose answer is a stream of bytes, not JSON (a file's content, a layer's archive). */
 export interface Streamed {
@@ -58,8 +58,7 @@ export type RouteRequest<R extends HostRoute> = z.input<R['request']>;
 /** The JSON a route answers with. */
 export type RouteAnswer<R extends HostRoute> = R extends HostRoute<z.ZodType, infer A> ? A : never;
 
-const ANSWER: Answer<never> = Object.freeze({});
-const answer = <A>(): Answer<A> => ANSWER as Answer<A>;
+const answer = <A>(): Answer<A> => ({}) as Answer<A>;
 const route = <S extends z.ZodType, A>(method: HostMethod, path: string, request: S, _answer: Answer<A>): HostRoute<S, A> => ({
   method,
   path,

@@ -221,7 +221,7 @@ export class ExecManager {
 
   /** Registers the exec routes on the app. */
   routes(serve: Serve): void {
-    serve(hostRoutes.execExits, async ({ query }, req, res) => {
+    serve(hostRoutes.execExits, async ({ query }, res) => {
       const same = query.epoch === this.exitEpoch;
       if (same) {
         const gone = new Promise<void>((resolve) => res.on('close', resolve));
@@ -229,21 +229,21 @@ export class ExecManager {
       }
       res.json(this.exitsAfter(query.epoch, query.after));
     });
-    serve(hostRoutes.execRun, async ({ params, body }, req, res) => {
+    serve(hostRoutes.execRun, async ({ params, body }, res) => {
       res.json(await this.run(params.id, body));
     });
-    serve(hostRoutes.createExec, async ({ params, body }, req, res) => {
+    serve(hostRoutes.createExec, async ({ params, body }, res) => {
       res.status(201).json((await this.start(params.id, body)).info());
     });
-    serve(hostRoutes.listExec, async ({ params }, req, res) => {
+    serve(hostRoutes.listExec, async ({ params }, res) => {
       if (!this.provider.get(params.id)) throw new SandboxError('not_found', `sandbox ${params.id} not found`);
       res.json(this.list(params.id).map((s) => s.info()));
     });
-    serve(hostRoutes.getExec, async ({ params }, req, res) => {
+    serve(hostRoutes.getExec, async ({ params }, res) => {
       res.json(this.get(params.id, params.sid).info());
     });
     // The result so far: waits up to waitMs (at most 30 s) for the command to exit first.
-    serve(hostRoutes.execResult, async ({ params, query }, req, res) => {
+    serve(hostRoutes.execResult, async ({ params, query }, res) => {
       const s = this.get(params.id, params.sid);
       if (s.running && query.waitMs > 0) {
         let timer: NodeJS.Timeout | undefined;
@@ -253,7 +253,7 @@ export class ExecManager {
       }
       res.json({ ...s.info(), timedOut: s.timedOut, ...s.collected() });
     });
-    serve(hostRoutes.killExec, async ({ params, body }, req, res) => {
+    serve(hostRoutes.killExec, async ({ params, body }, res) => {
       const signal = body?.signal ?? 'SIGKILL';
       if (!(signal in osConstants.signals)) throw new SandboxError('invalid_request', `unknown signal ${signal}`);
       const s = this.get(params.id, params.sid);

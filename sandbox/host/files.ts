@@ -75,7 +75,7 @@ function removeTree(provider: SandboxProvider, id: string, p: string): Promise<v
 
 /** Registers the filesystem routes on the host's app. */
 export function fileRoutes(serve: Serve, provider: SandboxProvider): void {
-  serve(hostRoutes.downloadFile, async ({ params, query }, req, res) => {
+  serve(hostRoutes.downloadFile, async ({ params, query }, res) => {
     const { fh, size } = await openSandboxFileForRead(await provider.fileRoot(params.id), query.path);
     try {
       res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': size });
@@ -93,7 +93,7 @@ export function fileRoutes(serve: Serve, provider: SandboxProvider): void {
     }
   });
 
-  serve(hostRoutes.uploadFile, async ({ params, query }, req, res) => {
+  serve(hostRoutes.uploadFile, async ({ params, query }, res, req) => {
     const root = await provider.fileRoot(params.id);
     const fh = await openSandboxFileForWrite(root, query.path, query.mode ? parseInt(query.mode, 8) : 0o644);
     let size = 0;
@@ -117,27 +117,27 @@ export function fileRoutes(serve: Serve, provider: SandboxProvider): void {
     res.json({ path: query.path, size });
   });
 
-  serve(hostRoutes.listDir, async ({ params, query }, req, res) => {
+  serve(hostRoutes.listDir, async ({ params, query }, res) => {
     res.json(await listSandboxDir(await provider.fileRoot(params.id), query.path));
   });
 
-  serve(hostRoutes.statPath, async ({ params, query }, req, res) => {
+  serve(hostRoutes.statPath, async ({ params, query }, res) => {
     res.json(await statSandboxPath(await provider.fileRoot(params.id), query.path, { noFollow: query.noFollow }));
   });
 
-  serve(hostRoutes.makeDir, async ({ params, body }, req, res) => {
+  serve(hostRoutes.makeDir, async ({ params, body }, res) => {
     const root = await provider.fileRoot(params.id);
     await makeSandboxDir(root, body.path);
     res.json(await statSandboxPath(root, body.path));
   });
 
-  serve(hostRoutes.renamePath, async ({ params, body }, req, res) => {
+  serve(hostRoutes.renamePath, async ({ params, body }, res) => {
     const root = await provider.fileRoot(params.id);
     await renameSandboxPath(root, body.from, body.to);
     res.json(await statSandboxPath(root, body.to, { noFollow: true }));
   });
 
-  serve(hostRoutes.removePath, async ({ params, query }, req, res) => {
+  serve(hostRoutes.removePath, async ({ params, query }, res) => {
     const outcome = await removeSandboxEntry(await provider.fileRoot(params.id), query.path);
     if (outcome === 'notEmpty') {
       if (!query.recursive) throw new SandboxError('conflict', `directory not empty: ${query.path} (remove with recursive=true)`);

@@ -183,10 +183,10 @@ export class PtyManager {
   }
 
   routes(serve: Serve): void {
-    serve(hostRoutes.createPty, async ({ params: p, body }, req, res) => {
+    serve(hostRoutes.createPty, async ({ params: p, body }, res) => {
       res.status(201).json(this.create(p.id, body).info());
     });
-    serve(hostRoutes.getPty, async ({ params: p }, req, res) => {
+    serve(hostRoutes.getPty, async ({ params: p }, res) => {
       res.json(this.get(p.id, p.sid).info());
     });
   }

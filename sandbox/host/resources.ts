@@ -17,11 +17,11 @@ function memoryUsed(id: string): number {
 
 /** Registers the resource routes on the host's app. */
 export function resourceRoutes(serve: Serve, provider: SandboxProvider, limits: SandboxLimits): void {
-  serve(hostRoutes.sandboxMetrics, async ({ params }, req, res) => {
+  serve(hostRoutes.sandboxMetrics, async ({ params }, res) => {
     res.json(await provider.resources.metrics(params.id));
   });
 
-  serve(hostRoutes.scaleSandbox, async ({ params, body }, req, res) => {
+  serve(hostRoutes.scaleSandbox, async ({ params, body }, res) => {
     const over = overMaximum(limits, body, 'body.');
     if (over) throw new SandboxError('invalid_request', over);
     res.json(await provider.resources.scale(params.id, body));
@@ -29,7 +29,7 @@ export function resourceRoutes(serve: Serve, provider: SandboxProvider, limits: 
 
   // At most `limit` running sandboxes, the largest memory users first (bounded label cardinality for
   // the worker's gauges); `total` says how many there are.
-  serve(hostRoutes.busiestSandboxes, async ({ query }, req, res) => {
+  serve(hostRoutes.busiestSandboxes, async ({ query }, res) => {
     const running = provider.list().filter((s) => s.status === 'running');
     const top = running
       .map((s) => ({ s, used: memoryUsed(s.id) }))

@@ -4,7 +4,7 @@
  * SandboxError `invalid_request`, answered 400 by the app's error handler).
  */
 import type express from 'express';
-import type { Request, Response } from 'express';
+import type { NextFunction, Request, Response } from 'express';
 import type { z } from 'zod';
 import { SandboxError } from '../../contract/errors';
 import type { HostMethod, HostRoute, RouteInput } from '../host-contract/wire';
@@ -20,24 +20,25 @@ export function parse<S extends z.ZodType>(schema: S, req: Request): z.output<S>
 }
 
 /** A route's handler: gets the validated request; what it throws (or rejects with) goes to the app's error handler. */
-export type RouteHandler<R extends HostRoute> = (input: RouteInput<R>, req: Request, res: Response) => Promise<void>;
+export type RouteHandler<R extends HostRoute> = (input: RouteInput<R>, res: Response, req: Request) => Promise<void>;
 
 /** Registers a declared route's handler on the app. */
 export type Serve = <R extends HostRoute>(route: R, handler: RouteHandler<R>) => void;
 
 const EXPRESS_METHOD: Record<HostMethod, 'get' | 'post' | 'put' | 'delete'> = { GET: 'get', POST: 'post', PUT: 'put', DELETE: 'delete' };
 
-/** The Serve of an app. */
+/** The Serve of an app: `app.get(route.path, …)` (or post, put, delete) with the route's parse first. */
 export function serveOn(app: express.Express): Serve {
-  return (route, handler) => {
-    app.route(route.path)[EXPRESS_METHOD[route.method]]((req, res, next) => {
-      let input;
+  return function serve<R extends HostRoute>(route: R, handler: RouteHandler<R>): void {
+    app.route(route.path)[EXPRESS_METHOD[route.method]]((req: Request, res: Response, next: NextFunction) => {
+      let input: RouteInput<R>;
       try {
         input = parse(route.request, req);
       } catch (err) {
-        return next(err);
+        next(err);
+        return;
       }
-      handler(input, req, res).catch(next);
+      handler(input, res, req).catch(next);
     });
   };
 }

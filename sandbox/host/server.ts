@@ -119,7 +119,7 @@ export function createApp(deps: HostDeps): express.Express {
   });
   app.use(express.json({ limit: '256mb' }));
 
-  serve(hostRoutes.createSandbox, async ({ body }, req, res) => {
+  serve(hostRoutes.createSandbox, async ({ body }, res) => {
     trace(body.id, 'host:create-parsed');
     const { awaitExit, ...given } = body;
     const over = overMaximum(deps.limits, given, 'body.');
@@ -144,92 +144,92 @@ export function createApp(deps: HostDeps): express.Express {
     res.status(created ? 201 : 200).json(answer);
   });
 
-  serve(hostRoutes.listSandboxes, async ({ query }, req, res) => {
+  serve(hostRoutes.listSandboxes, async ({ query }, res) => {
     const [ownerKind, ownerId] = (query.owner ?? '').split(':');
     res.json(provider.list({ ownerKind: ownerKind || undefined, ownerId: ownerId || undefined }));
   });
 
-  serve(hostRoutes.getSandbox, async ({ params }, req, res) => {
+  serve(hostRoutes.getSandbox, async ({ params }, res) => {
     const info = provider.get(params.id);
     if (!info) throw new SandboxError('not_found', `sandbox ${params.id} not found`);
     res.json(info);
   });
 
-  serve(hostRoutes.setNetwork, async ({ params, body }, req, res) => {
+  serve(hostRoutes.setNetwork, async ({ params, body }, res) => {
     res.json(await provider.setNetwork(params.id, body));
   });
 
-  serve(hostRoutes.destroySandbox, async ({ params }, req, res) => {
+  serve(hostRoutes.destroySandbox, async ({ params }, res) => {
     deps.exec.dropSandbox(params.id);
     deps.pty?.dropSandbox(params.id);
     deps.forward?.dropSandbox(params.id);
     res.json({ destroyed: await provider.destroy(params.id) });
   });
 
-  serve(hostRoutes.writeFile, async ({ params, body }, req, res) => {
+  serve(hostRoutes.writeFile, async ({ params, body }, res) => {
     const content = Buffer.from(body.content, body.encoding === 'base64' ? 'base64' : 'utf8');
     await provider.writeFile(params.id, body.path, content, body.mode);
     res.json({ path: body.path, size: content.length });
   });
 
-  serve(hostRoutes.readFile, async ({ params, query }, req, res) => {
+  serve(hostRoutes.readFile, async ({ params, query }, res) => {
     const buf = await provider.readFile(params.id, query.path, query.maxBytes ?? DEFAULT_READ_MAX);
     res.json({ content: buf.toString('base64'), size: buf.length });
   });
 
-  serve(hostRoutes.startEntrypoint, async ({ params, body }, req, res) => {
+  serve(hostRoutes.startEntrypoint, async ({ params, body }, res) => {
     res.status(201).json(await provider.startEntrypoint(params.id, body));
   });
 
-  serve(hostRoutes.entrypointStatus, async ({ params, query }, req, res) => {
+  serve(hostRoutes.entrypointStatus, async ({ params, query }, res) => {
     const ac = new AbortController();
     res.on('close', () => ac.abort());
     const status = await provider.waitEntrypoint(params.id, Math.min(query.waitMs ?? 0, MAX_WAIT_MS), ac.signal);
     res.json(status);
   });
 
-  serve(hostRoutes.entrypointLog, async ({ params, query }, req, res) => {
+  serve(hostRoutes.entrypointLog, async ({ params, query }, res) => {
     res.json(wireLog(await provider.entrypointLog(params.id, query.maxBytes, { stdout: query.sinceStdout, stderr: query.sinceStderr })));
   });
 
-  serve(hostRoutes.entrypointOutput, async ({ params, query }, req, res) => {
+  serve(hostRoutes.entrypointOutput, async ({ params, query }, res) => {
     const buf = await provider.entrypointOutput(params.id, query.stream, query.maxBytes ?? 1024 * 1024);
     res.json({ content: buf.toString('base64'), size: buf.length });
   });
 
-  serve(hostRoutes.createCheckpoint, async ({ params, body }, req, res) => {
+  serve(hostRoutes.createCheckpoint, async ({ params, body }, res) => {
     res.status(201).json(await provider.checkpoint(params.id, body.checkpointId));
   });
 
   // Hibernate and restore end the sandbox's processes: its exec sessions and forwards go first.
-  serve(hostRoutes.hibernate, async ({ params, body }, req, res) => {
+  serve(hostRoutes.hibernate, async ({ params, body }, res) => {
     deps.exec.dropSandbox(params.id);
     deps.pty?.dropSandbox(params.id);
     deps.forward?.dropSandbox(params.id);
     res.json(await provider.hibernate(params.id, body.layerId));
   });
 
-  serve(hostRoutes.wake, async ({ params, body }, req, res) => {
+  serve(hostRoutes.wake, async ({ params, body }, res) => {
     res.json(await provider.wake(params.id, body.patches, { keepOnPatchFailure: body.keepOnPatchFailure }));
   });
 
-  serve(hostRoutes.restore, async ({ params, body }, req, res) => {
+  serve(hostRoutes.restore, async ({ params, body }, res) => {
     deps.exec.dropSandbox(params.id);
     deps.pty?.dropSandbox(params.id);
     deps.forward?.dropSandbox(params.id);
     res.json(await provider.restore(params.id, body.layerId, body.patches));
   });
 
-  serve(hostRoutes.deleteLayer, async ({ params }, req, res) => {
+  serve(hostRoutes.deleteLayer, async ({ params }, res) => {
     res.json({ deleted: await provider.deleteLayer(params.layerId) });
   });
 
-  serve(hostRoutes.layerHash, async ({ params }, req, res) => {
+  serve(hostRoutes.layerHash, async ({ params }, res) => {
     res.json({ layerId: params.layerId, sha256: await provider.layerHash(params.layerId) });
   });
 
   // Layers move between hosts: another host streams this one's archive (x-layer-sha256 = its content hash)…
-  serve(hostRoutes.layerArchive, async ({ params }, req, res) => {
+  serve(hostRoutes.layerArchive, async ({ params }, res) => {
     const { sha256, stream, done } = await provider.exportLayer(params.layerId);
     res.writeHead(200, { 'content-type': 'application/x-tar', 'x-layer-sha256': sha256 });
     stream.pipe(res);
@@ -240,21 +240,21 @@ export function createApp(deps: HostDeps): express.Express {
   });
 
   // …and fetches a layer it lacks (with its parents) from the host that has it.
-  serve(hostRoutes.fetchLayer, async ({ params, body }, req, res) => {
+  serve(hostRoutes.fetchLayer, async ({ params, body }, res) => {
     const started = Date.now();
     const fetched = await fetchLayer(provider, new HostClient({ url: body.from, token: deps.token }), params.layerId, inflight);
     res.json({ layerId: params.layerId, fetched, ms: Date.now() - started });
   });
 
   // Port forwarding for previews: a Unix socket on this machine that reaches 127.0.0.1:<port> inside.
-  serve(hostRoutes.openPortForward, async ({ params }, req, res) => {
+  serve(hostRoutes.openPortForward, async ({ params }, res) => {
     if (!deps.forward) throw new SandboxError('internal', 'port forwarding is not available on this host');
     // The machine's name tells a client whether it can use the socket itself (same machine) or must
     // tunnel through this host (GET …/ports/:port/tunnel with Upgrade: sap-tunnel, see exec.ts).
     res.json({ socketPath: await deps.forward.open(params.id, params.port), machine: machineName() });
   });
 
-  serve(hostRoutes.closePortForward, async ({ params }, req, res) => {
+  serve(hostRoutes.closePortForward, async ({ params }, res) => {
     await deps.forward?.close(params.id, params.port);
     res.json({ closed: true });
   });
