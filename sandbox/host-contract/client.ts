@@ -103,7 +103,7 @@ export class HostClient {
   /** Sends a declared route's request (`params` fill its path); resolves with its JSON answer. */
   private request<R extends HostRoute>(route: R, req: RouteRequest<R>, opts: { signal?: AbortSignal } = {}): Promise<RouteAnswer<R>> {
     const { params, query, body } = req as { params?: Record<string, unknown>; query?: Query; body?: unknown };
-    return this.call(route.method, hostPath(route.path, params), { body, query, signal: opts.signal });
+    return this.call<RouteAnswer<R>>(route.method, hostPath(route.path, params), { body, query, signal: opts.signal });
   }
 
   /** One HTTP exchange on the client's keep-alive agent; resolves with the status and the body as text. */

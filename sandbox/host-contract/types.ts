@@ -1,7 +1,8 @@
 /**
- * The contract between the sandbox host (one long-lived process per machine that owns every
- * sandbox on it) and its clients: the worker's activities and the API's sandbox routes.
- * The host serves it as JSON over HTTP (see sandbox/host/server.ts); HostClient speaks it.
+ * The types of the contract between the sandbox host (one long-lived process per machine that owns
+ * every sandbox on it) and its clients: the worker's activities and the API's sandbox routes. The
+ * routes are declared in ./wire.ts; the request types here are inferred from the schemas the host
+ * validates with (./wire-schemas.ts), the answers' are written out. HostClient speaks it.
  */
 
 import type { CreateSandboxBody, CreatePtyBody, EntrypointSpecBody, ExecBody, ScaleBody, sandboxUser } from './wire-schemas';
