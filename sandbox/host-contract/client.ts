@@ -299,12 +299,12 @@ export class HostClient {
   /** A request whose answer is streamed back (2xx) or thrown as HostError; `body` is streamed out. */
   private raw<R extends HostRoute>(
     route: R,
-    req: RouteRequest<R>,
+    args: RouteRequest<R>,
     body: Readable | undefined,
     signal: AbortSignal | undefined,
   ): Promise<http.IncomingMessage> {
     const { method } = route;
-    const { params, query = {} } = req as { params?: Record<string, unknown>; query?: Query };
+    const { params, query = {} } = args as { params?: Record<string, unknown>; query?: Query };
     const q = Object.entries(query).filter(([, v]) => v !== undefined) as [string, string | number][];
     const url = this.base + hostPath(route.path, params) + (q.length ? '?' + new URLSearchParams(q.map(([k, v]): [string, string] => [k, String(v)])).toString() : '');
     const headers: Record<string, string> = { authorization: `Bearer ${this.token}` };
