@@ -306,7 +306,8 @@ export class HostClient {
     const { method } = route;
     const { params, query = {} } = args as { params?: Record<string, unknown>; query?: Query };
     const q = Object.entries(query).filter(([, v]) => v !== undefined) as [string, string | number][];
-    const url = this.base + hostPath(route.path, params) + (q.length ? '?' + new URLSearchParams(q.map(([k, v]): [string, string] => [k, String(v)])).toString() : '');
+    const url =
+      this.base + hostPath(route.path, params) + (q.length ? '?' + new URLSearchParams(q.map(([k, v]): [string, string] => [k, String(v)])).toString() : '');
     const headers: Record<string, string> = { authorization: `Bearer ${this.token}` };
     if (body) headers['content-type'] = 'application/octet-stream';
     return new Promise((resolve, reject) => {

@@ -254,6 +254,8 @@ export function hostPath(path: string, params: Readonly<Record<string, unknown>>
  * `pattern[name]` overrides a parameter's pattern (default: one path segment).
  */
 export function hostPathPattern(path: string, pattern: Readonly<Record<string, string>> = {}): RegExp {
-  const parts = path.split(/(:\w+)/).map((part) => (part.startsWith(':') ? `(${pattern[part.slice(1)] ?? '[^/]+'})` : part.replace(/[.*+?^${}()|[\]\\/]/g, '\\$&')));
+  const parts = path
+    .split(/(:\w+)/)
+    .map((part) => (part.startsWith(':') ? `(${pattern[part.slice(1)] ?? '[^/]+'})` : part.replace(/[.*+?^${}()|[\]\\/]/g, '\\$&')));
   return new RegExp(`^${parts.join('')}$`);
 }

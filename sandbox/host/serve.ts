@@ -33,7 +33,7 @@ export function serveOn(app: express.Express): Serve {
     app.route(route.path)[EXPRESS_METHOD[route.method]]((req: Request, res: Response, next: NextFunction) => {
       let input: RouteInput<R>;
       try {
-        input = parse(route.request, req);
+        input = parse<R['request']>(route.request, req);
       } catch (err) {
         next(err);
         return;
