@@ -126,6 +126,21 @@ module.exports = {
       to: { path: '^sandbox/', pathNot: '^sandbox/(index|host/main)[.]ts$' },
     },
     {
+      name: 'host-contract-is-pure',
+      severity: 'error',
+      comment:
+        "sandbox/host-contract/ (the host's wire contract, declared once in wire.ts, and its client) imports nothing of the host or the sandbox runtime: only itself and contract/.",
+      from: { path: '^sandbox/host-contract/' },
+      to: { path: PROJECT, pathNot: '^(sandbox/host-contract|contract)/' },
+    },
+    {
+      name: 'host-contract-is-pure',
+      severity: 'error',
+      comment: 'sandbox/host-contract/ imports of packages: zod and ws only (and node builtins).',
+      from: { path: '^sandbox/host-contract/' },
+      to: { path: 'node_modules/', pathNot: 'node_modules/(zod|ws|@types/(ws|node))/' },
+    },
+    {
       name: 'client-imports-contract-only',
       severity: 'error',
       comment: 'The published client depends on the public contract only.',

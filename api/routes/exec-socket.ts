@@ -8,7 +8,7 @@ import { parseOrThrow } from '../http';
 import { ApiError, notFound } from '../../contract/errors';
 import type { Logger } from '../../lib/logger';
 import type { HostClient } from '../../sandbox';
-import { writeRawFrame } from '../../sandbox';
+import { FRAME_EXIT, FRAME_STDIN, writeRawFrame } from '../../sandbox';
 import type { ExecLive } from '../../services/exec-live';
 import { fromHostError } from '../../services/host-errors';
 import type { SandboxServices } from '../../services/sandbox-services';
@@ -166,7 +166,7 @@ function relay(
     onFrame: (f) => {
       if (client.readyState !== WebSocket.OPEN) return;
       touch();
-      if (f.first === 0x03 && f.payload && f.payload.length >= 5) void live.recordExit(kind, sessionID, f.payload.readInt32BE(1), new Date());
+      if (f.first === FRAME_EXIT && f.payload && f.payload.length >= 5) void live.recordExit(kind, sessionID, f.payload.readInt32BE(1), new Date());
       // Held until the client reads (see ReadGate), in order.
       if (held.length || !gate.open) {
         held.push(f.raw);
@@ -242,7 +242,7 @@ function relay(
   const onMessage = (data: string | Buffer | ArrayBuffer | Buffer[], binaryFlag?: boolean) => {
     const isBinary = typeof binaryFlag === 'boolean' ? binaryFlag : typeof data !== 'string';
     const buf = Buffer.isBuffer(data) ? data : Array.isArray(data) ? Buffer.concat(data) : typeof data === 'string' ? Buffer.from(data) : Buffer.from(data);
-    if (!isBinary || buf.length === 0 || buf[0] !== 0x00) {
+    if (!isBinary || buf.length === 0 || buf[0] !== FRAME_STDIN) {
       const why = !isBinary ? 'text frames are not accepted' : buf.length === 0 ? 'empty frame' : `unknown stream 0x${buf[0]!.toString(16).padStart(2, '0')}`;
       closeWith(client, 1003, 'invalid_request', `bad frame: ${why}; send binary frames 0x00 + stdin bytes`);
       upstream.terminate();

@@ -1,5 +1,7 @@
 /**
- * Typed client of the sandbox host's HTTP API (see server.ts), over node:http with a keep-alive agent.
+ * Typed client of the sandbox host's HTTP API, over node:http with a keep-alive agent. Each call goes
+ * to the method and path its route declares in ./wire.ts; its request and answer types are the
+ * declaration's (the request's inferred from the schema the host validates it with).
  * Every method throws HostError for an error answer; a network failure is thrown as node:http reports
  * it (an Error with `code`, e.g. ECONNREFUSED).
  */
@@ -9,24 +11,9 @@ import * as https from 'node:https';
 import { WebSocket } from 'ws';
 import { ExecStream, type ExecStreamHandlers } from './exec-stream';
 import type { Readable } from 'node:stream';
-import type { SandboxEntry } from './types';
 import { HostError } from '../../contract/errors';
-import type {
-  CreatedSandbox,
-  CreateSandboxRequest,
-  EntrypointSpec,
-  EntrypointStatus,
-  ExecRequest,
-  ExecRunResult,
-  ExecExitsAnswer,
-  ExecSessionInfo,
-  SandboxInfo,
-  SandboxMetrics,
-  SandboxMetricsEntry,
-  ScaleRequest,
-  ScaleResult,
-  WireEntrypointLog,
-} from './types';
+import type { CreateSandboxRequest, EntrypointSpec, ExecRequest, PtyInfo, ScaleRequest, SandboxEntry, SandboxInfo } from './types';
+import { hostPath, hostRoutes, hostSockets, TUNNEL_PROTOCOL, type HostRoute, type RouteAnswer, type RouteRequest } from './wire';
 
 export { HostError };
 
@@ -113,6 +100,12 @@ export class HostClient {
     return parsed as T;
   }
 
+  /** Sends a declared route's request (`params` fill its path); resolves with its JSON answer. */
+  private request<R extends HostRoute>(route: R, req: RouteRequest<R>, opts: { signal?: AbortSignal } = {}): Promise<RouteAnswer<R>> {
+    const { params, query, body } = req as { params?: Record<string, unknown>; query?: Query; body?: unknown };
+    return this.call<RouteAnswer<R>>(route.method, hostPath(route.path, params), { body, query, signal: opts.signal });
+  }
+
   /** One HTTP exchange on the client's keep-alive agent; resolves with the status and the body as text. */
   private send(
     url: string,
@@ -138,23 +131,23 @@ export class HostClient {
 
   /** Liveness of the host; `signal` bounds the wait (readiness probes). */
   health(opts: { signal?: AbortSignal } = {}): Promise<{ ok: boolean; hostId: string; provider: string } & HostCapacity> {
-    return this.call('GET', '/healthz', { signal: opts.signal });
+    return this.request(hostRoutes.health, {}, opts);
   }
 
   /** Creates a sandbox (idempotent on `req.id`: an existing one is returned as is). Throws HostError patch_failed, not_found (layer), invalid_request. */
-  createSandbox(req: CreateSandboxRequest): Promise<CreatedSandbox> {
-    return this.call('POST', '/sandboxes', { body: req });
+  createSandbox(req: CreateSandboxRequest) {
+    return this.request(hostRoutes.createSandbox, { body: req });
   }
 
   /** Sandboxes of the host; `owner` is an owner kind (`session`) or `kind:id`. */
-  listSandboxes(filter: { owner?: string } = {}): Promise<SandboxInfo[]> {
-    return this.call('GET', '/sandboxes', { query: { owner: filter.owner } });
+  listSandboxes(filter: { owner?: string } = {}) {
+    return this.request(hostRoutes.listSandboxes, { query: { owner: filter.owner } });
   }
 
   /** The sandbox, or null when the host does not know it. */
   async getSandbox(id: string): Promise<SandboxInfo | null> {
     try {
-      return await this.call<SandboxInfo>('GET', `/sandboxes/${encodeURIComponent(id)}`);
+      return await this.request(hostRoutes.getSandbox, { params: { id } });
     } catch (err) {
       if (err instanceof HostError && err.status === 404) return null;
       throw err;
@@ -163,19 +156,19 @@ export class HostClient {
 
   /** Replaces a running sandbox's egress policy at once; answers the sandbox with its new policy. */
   async setNetwork(id: string, network: { egress: 'internet' | 'none' | { allow: string[] } }): Promise<SandboxInfo> {
-    return this.call<SandboxInfo>('PUT', `/sandboxes/${encodeURIComponent(id)}/network`, { body: network });
+    return this.request(hostRoutes.setNetwork, { params: { id }, body: network });
   }
 
   /** A running sandbox's metrics (see SandboxMetrics); 409 when it is not running. */
-  sandboxMetrics = (id: string) => this.call<SandboxMetrics>('GET', `/sandboxes/${encodeURIComponent(id)}/metrics`);
+  sandboxMetrics = (id: string) => this.request(hostRoutes.sandboxMetrics, { params: { id } });
   /** Resizes a running sandbox's memory and CPU limits at once; answers the limits in force. */
-  scaleSandbox = (id: string, req: ScaleRequest) => this.call<ScaleResult>('POST', `/sandboxes/${encodeURIComponent(id)}/scale`, { body: req });
+  scaleSandbox = (id: string, req: ScaleRequest) => this.request(hostRoutes.scaleSandbox, { params: { id }, body: req });
   /** The metrics of at most `limit` running sandboxes of the host, the largest memory users first, and how many run. */
-  busiestSandboxes = (limit: number) => this.call<{ total: number; sandboxes: SandboxMetricsEntry[] }>('GET', '/metrics/sandboxes', { query: { limit } });
+  busiestSandboxes = (limit: number) => this.request(hostRoutes.busiestSandboxes, { query: { limit } });
 
   /** Kills everything in the sandbox and removes it; false when it did not exist. */
   async destroySandbox(id: string): Promise<boolean> {
-    const r = await this.call<{ destroyed: boolean }>('DELETE', `/sandboxes/${encodeURIComponent(id)}`);
+    const r = await this.request(hostRoutes.destroySandbox, { params: { id } });
     return r.destroyed;
   }
 
@@ -188,14 +181,14 @@ export class HostClient {
   }
 
   /** Like openPortForward, with the name of the host's machine (lib/machine.ts), to tell whether the socket is reachable from here. */
-  portForward(id: string, port: number): Promise<{ socketPath: string; machine?: string }> {
-    return this.call('POST', `/sandboxes/${encodeURIComponent(id)}/ports/${port}/forward`);
+  portForward(id: string, port: number) {
+    return this.request(hostRoutes.openPortForward, { params: { id, port } });
   }
 
   /** Streams layer `layerId` as a tar archive, with the content hash the receiver checks. Throws HostError not_found. */
   layerArchive(layerId: string): Promise<{ sha256: string; stream: http.IncomingMessage }> {
     return new Promise((resolve, reject) => {
-      const req = (this.secure ? https : http).request(`${this.base}/layers/${encodeURIComponent(layerId)}/archive`, {
+      const req = (this.secure ? https : http).request(this.base + hostPath(hostRoutes.layerArchive.path, { layerId }), {
         headers: { authorization: `Bearer ${this.token}` },
       });
       req.once('response', (res) => {
@@ -209,8 +202,8 @@ export class HostClient {
   }
 
   /** Makes layer `layerId` (and its parents) present on this host, fetched from the host at `from` when missing. */
-  fetchLayer(layerId: string, from: string): Promise<{ layerId: string; fetched: string[]; ms: number }> {
-    return this.call('POST', `/layers/${encodeURIComponent(layerId)}/fetch`, { body: { from } });
+  fetchLayer(layerId: string, from: string) {
+    return this.request(hostRoutes.fetchLayer, { params: { layerId }, body: { from } });
   }
 
   /**
@@ -220,8 +213,8 @@ export class HostClient {
    */
   openTunnel(id: string, port: number, timeoutMs = 10_000): Promise<import('node:net').Socket> {
     return new Promise((resolve, reject) => {
-      const req = (this.secure ? https : http).request(`${this.base}/sandboxes/${encodeURIComponent(id)}/ports/${port}/tunnel`, {
-        headers: { authorization: `Bearer ${this.token}`, connection: 'Upgrade', upgrade: 'sap-tunnel' },
+      const req = (this.secure ? https : http).request(this.base + hostPath(hostSockets.tunnel, { id, port }), {
+        headers: { authorization: `Bearer ${this.token}`, connection: 'Upgrade', upgrade: TUNNEL_PROTOCOL },
         timeout: timeoutMs,
       });
       req.once('upgrade', (_res, socket, head) => {
@@ -240,24 +233,22 @@ export class HostClient {
 
   /** Stops forwarding `port`: its socket is removed. */
   async closePortForward(id: string, port: number): Promise<void> {
-    await this.call('DELETE', `/sandboxes/${encodeURIComponent(id)}/ports/${port}/forward`);
+    await this.request(hostRoutes.closePortForward, { params: { id, port } });
   }
 
   /** Writes a file (parents created) at an absolute path inside the sandbox. */
   async writeFile(id: string, path: string, content: string | Buffer, opts: { mode?: number } = {}): Promise<void> {
     const body =
       typeof content === 'string'
-        ? { path, content, encoding: 'utf8', mode: opts.mode }
-        : { path, content: content.toString('base64'), encoding: 'base64', mode: opts.mode };
-    await this.call('PUT', `/sandboxes/${encodeURIComponent(id)}/files`, { body });
+        ? { path, content, encoding: 'utf8' as const, mode: opts.mode }
+        : { path, content: content.toString('base64'), encoding: 'base64' as const, mode: opts.mode };
+    await this.request(hostRoutes.writeFile, { params: { id }, body });
   }
 
   /** Reads a file; null when it (or the sandbox) does not exist. Throws HostError payload_too_large over maxBytes. */
   async readFile(id: string, path: string, opts: { maxBytes?: number } = {}): Promise<Buffer | null> {
     try {
-      const r = await this.call<{ content: string }>('GET', `/sandboxes/${encodeURIComponent(id)}/files`, {
-        query: { path, maxBytes: opts.maxBytes },
-      });
+      const r = await this.request(hostRoutes.readFile, { params: { id }, query: { path, maxBytes: opts.maxBytes } });
       return Buffer.from(r.content, 'base64');
     } catch (err) {
       if (err instanceof HostError && err.type === 'not_found') return null;
@@ -271,44 +262,52 @@ export class HostClient {
    * it. Throws HostError (not_found, invalid_request for a directory…).
    */
   openFileStream(id: string, path: string, opts: { signal?: AbortSignal } = {}): Promise<http.IncomingMessage> {
-    return this.raw('GET', `/sandboxes/${encodeURIComponent(id)}/fs`, { path }, undefined, opts.signal);
+    return this.raw(hostRoutes.downloadFile, { params: { id }, query: { path } }, undefined, opts.signal);
   }
 
   /** Streams `body` into a file of the sandbox (parents created, truncated first); resolves with its size. */
   async uploadFile(id: string, path: string, body: Readable, opts: { mode?: number; signal?: AbortSignal } = {}): Promise<{ path: string; size: number }> {
-    const res = await this.raw('PUT', `/sandboxes/${encodeURIComponent(id)}/fs`, { path, mode: opts.mode?.toString(8) }, body, opts.signal);
-    return JSON.parse((await readAll(res)).toString('utf8')) as { path: string; size: number };
+    const res = await this.raw(hostRoutes.uploadFile, { params: { id }, query: { path, mode: opts.mode?.toString(8) } }, body, opts.signal);
+    return JSON.parse((await readAll(res)).toString('utf8')) as RouteAnswer<typeof hostRoutes.uploadFile>;
   }
 
   /** Entries of a directory of the sandbox (lstat of each). */
   listDir(id: string, path: string): Promise<SandboxEntry[]> {
-    return this.call('GET', `/sandboxes/${encodeURIComponent(id)}/fs/list`, { query: { path } });
+    return this.request(hostRoutes.listDir, { params: { id }, query: { path } });
   }
 
   /** stat of a path of the sandbox (`noFollow`: lstat). Throws HostError not_found. */
   statPath(id: string, path: string, opts: { noFollow?: boolean } = {}): Promise<SandboxEntry> {
-    return this.call('GET', `/sandboxes/${encodeURIComponent(id)}/fs/stat`, { query: { path, noFollow: opts.noFollow ? 'true' : undefined } });
+    return this.request(hostRoutes.statPath, { params: { id }, query: { path, noFollow: opts.noFollow ? 'true' : undefined } });
   }
 
   /** mkdir -p inside the sandbox; answers the directory's entry. */
   makeDir(id: string, path: string): Promise<SandboxEntry> {
-    return this.call('POST', `/sandboxes/${encodeURIComponent(id)}/fs/mkdir`, { body: { path } });
+    return this.request(hostRoutes.makeDir, { params: { id }, body: { path } });
   }
 
   /** Renames a path inside the sandbox; answers the entry at its new path. */
   renamePath(id: string, from: string, to: string): Promise<SandboxEntry> {
-    return this.call('POST', `/sandboxes/${encodeURIComponent(id)}/fs/rename`, { body: { from, to } });
+    return this.request(hostRoutes.renamePath, { params: { id }, body: { from, to } });
   }
 
   /** Removes a path (a tree too, unless `recursive` is false). Throws HostError not_found. */
   async removePath(id: string, path: string, opts: { recursive?: boolean } = {}): Promise<void> {
-    await this.call('DELETE', `/sandboxes/${encodeURIComponent(id)}/fs`, { query: { path, recursive: opts.recursive === false ? 'false' : undefined } });
+    await this.request(hostRoutes.removePath, { params: { id }, query: { path, recursive: opts.recursive === false ? 'false' : undefined } });
   }
 
   /** A request whose answer is streamed back (2xx) or thrown as HostError; `body` is streamed out. */
-  private raw(method: string, path: string, query: Query, body: Readable | undefined, signal: AbortSignal | undefined): Promise<http.IncomingMessage> {
+  private raw<R extends HostRoute>(
+    route: R,
+    args: RouteRequest<R>,
+    body: Readable | undefined,
+    signal: AbortSignal | undefined,
+  ): Promise<http.IncomingMessage> {
+    const { method } = route;
+    const { params, query = {} } = args as { params?: Record<string, unknown>; query?: Query };
     const q = Object.entries(query).filter(([, v]) => v !== undefined) as [string, string | number][];
-    const url = this.base + path + (q.length ? '?' + new URLSearchParams(q.map(([k, v]): [string, string] => [k, String(v)])).toString() : '');
+    const url =
+      this.base + hostPath(route.path, params) + (q.length ? '?' + new URLSearchParams(q.map(([k, v]): [string, string] => [k, String(v)])).toString() : '');
     const headers: Record<string, string> = { authorization: `Bearer ${this.token}` };
     if (body) headers['content-type'] = 'application/octet-stream';
     return new Promise((resolve, reject) => {
@@ -336,38 +335,34 @@ export class HostClient {
   }
 
   /** Starts the sandbox's entrypoint. Throws HostError conflict when one was started already. */
-  startEntrypoint(id: string, spec: EntrypointSpec): Promise<EntrypointStatus> {
-    return this.call('POST', `/sandboxes/${encodeURIComponent(id)}/entrypoint`, { body: spec });
+  startEntrypoint(id: string, spec: EntrypointSpec) {
+    return this.request(hostRoutes.startEntrypoint, { params: { id }, body: spec });
   }
 
   /** The entrypoint's status; with `waitMs` (max 30000) the host waits for a running entrypoint to exit. */
-  entrypointStatus(id: string, opts: { waitMs?: number; signal?: AbortSignal } = {}): Promise<EntrypointStatus> {
-    return this.call('GET', `/sandboxes/${encodeURIComponent(id)}/entrypoint`, { query: { waitMs: opts.waitMs }, signal: opts.signal });
+  entrypointStatus(id: string, opts: { waitMs?: number; signal?: AbortSignal } = {}) {
+    return this.request(hostRoutes.entrypointStatus, { params: { id }, query: { waitMs: opts.waitMs } }, opts);
   }
 
   /** The entrypoint's stdout and stderr in the order written: the last `maxBytes` of each. */
-  entrypointLog(id: string, maxBytes: number, since: { stdout?: number; stderr?: number } = {}): Promise<WireEntrypointLog> {
-    return this.call('GET', `/sandboxes/${encodeURIComponent(id)}/entrypoint/log`, {
-      query: { maxBytes, sinceStdout: since.stdout, sinceStderr: since.stderr },
-    });
+  entrypointLog(id: string, maxBytes: number, since: { stdout?: number; stderr?: number } = {}) {
+    return this.request(hostRoutes.entrypointLog, { params: { id }, query: { maxBytes, sinceStdout: since.stdout, sinceStderr: since.stderr } });
   }
 
   /** The last `maxBytes` (default 1 MiB) of the entrypoint's stdout or stderr. */
   async entrypointOutput(id: string, opts: { stream?: 'stdout' | 'stderr'; maxBytes?: number } = {}): Promise<Buffer> {
-    const r = await this.call<{ content: string }>('GET', `/sandboxes/${encodeURIComponent(id)}/entrypoint/output`, {
-      query: { stream: opts.stream, maxBytes: opts.maxBytes },
-    });
+    const r = await this.request(hostRoutes.entrypointOutput, { params: { id }, query: { stream: opts.stream, maxBytes: opts.maxBytes } });
     return Buffer.from(r.content, 'base64');
   }
 
   /** Captures the sandbox's writable layer as read-only layer `checkpointId`. Throws HostError conflict when it exists. */
-  createCheckpoint(id: string, checkpointId: string): Promise<{ layerId: string; parents: string[]; sizeBytes?: number }> {
-    return this.call('POST', `/sandboxes/${encodeURIComponent(id)}/checkpoints`, { body: { checkpointId } });
+  createCheckpoint(id: string, checkpointId: string) {
+    return this.request(hostRoutes.createCheckpoint, { params: { id }, body: { checkpointId } });
   }
 
   /** Hibernates a running sandbox into layer `layerId` (see BaseProvider.hibernate); idempotent. */
-  hibernate(id: string, layerId: string): Promise<{ layerId: string; parents: string[] }> {
-    return this.call('POST', `/sandboxes/${encodeURIComponent(id)}/hibernate`, { body: { layerId } });
+  hibernate(id: string, layerId: string) {
+    return this.request(hostRoutes.hibernate, { params: { id }, body: { layerId } });
   }
 
   /**
@@ -375,76 +370,74 @@ export class HostClient {
    * patch_failed (not with `keepOnPatchFailure`: the chain stops and the answer's `patches` say where).
    */
   wake(id: string, patches: { id: string; script: string }[] = [], opts: { keepOnPatchFailure?: boolean } = {}): Promise<SandboxInfo> {
-    return this.call('POST', `/sandboxes/${encodeURIComponent(id)}/wake`, { body: { patches, ...opts } });
+    return this.request(hostRoutes.wake, { params: { id }, body: { patches, ...opts } });
   }
 
   /** Puts a running sandbox back to checkpoint layer `layerId` in place (its processes end), then runs `patches`. */
   restore(id: string, layerId: string, patches: { id: string; script: string }[] = []): Promise<SandboxInfo> {
-    return this.call('POST', `/sandboxes/${encodeURIComponent(id)}/restore`, { body: { layerId, patches } });
+    return this.request(hostRoutes.restore, { params: { id }, body: { layerId, patches } });
   }
 
   /** Deletes a layer (kept until its last user on the host is gone); false when it did not exist. */
   async deleteLayer(layerId: string): Promise<boolean> {
-    const r = await this.call<{ deleted: boolean }>('DELETE', `/layers/${encodeURIComponent(layerId)}`);
+    const r = await this.request(hostRoutes.deleteLayer, { params: { layerId } });
     return r.deleted;
   }
 
   /** sha256 (hex) over the layer's own files. Throws HostError not_found. */
   async layerHash(layerId: string): Promise<string> {
-    const r = await this.call<{ sha256: string }>('GET', `/layers/${encodeURIComponent(layerId)}/hash`);
+    const r = await this.request(hostRoutes.layerHash, { params: { layerId } });
     return r.sha256;
   }
 
   /** Starts an exec session inside the sandbox; attach to its output with `execWebSocketUrl`. */
-  createExec(id: string, req: ExecRequest): Promise<ExecSessionInfo> {
-    return this.call('POST', `/sandboxes/${encodeURIComponent(id)}/exec`, { body: req });
+  createExec(id: string, req: ExecRequest) {
+    return this.request(hostRoutes.createExec, { params: { id }, body: req });
   }
 
   /** Exec sessions' exits as they happen (see ExecExitsAnswer); waits up to waitMs (≤ 30000) for one. */
-  execExits(opts: { epoch?: string; after: number; waitMs?: number; signal?: AbortSignal }): Promise<ExecExitsAnswer> {
-    return this.call('GET', '/exec-exits', { query: { epoch: opts.epoch, after: opts.after, waitMs: opts.waitMs }, signal: opts.signal });
+  execExits(opts: { epoch?: string; after: number; waitMs?: number; signal?: AbortSignal }) {
+    return this.request(hostRoutes.execExits, { query: { epoch: opts.epoch, after: opts.after, waitMs: opts.waitMs } }, opts);
   }
 
   /** Exec sessions of a sandbox. */
-  listExec(id: string): Promise<ExecSessionInfo[]> {
-    return this.call('GET', `/sandboxes/${encodeURIComponent(id)}/exec`);
+  listExec(id: string) {
+    return this.request(hostRoutes.listExec, { params: { id } });
   }
 
   /** One exec session. Throws HostError not_found. */
-  getExec(id: string, sessionId: string): Promise<ExecSessionInfo> {
-    return this.call('GET', `/sandboxes/${encodeURIComponent(id)}/exec/${encodeURIComponent(sessionId)}`);
+  getExec(id: string, sessionId: string) {
+    return this.request(hostRoutes.getExec, { params: { id, sid: sessionId } });
   }
 
   /** An exec session with its output so far (the last 1 MiB of each stream); `waitMs` (≤ 30000) waits for its exit first. */
-  execResult(
-    id: string,
-    sessionId: string,
-    opts: { waitMs?: number; signal?: AbortSignal } = {},
-  ): Promise<ExecSessionInfo & { timedOut: boolean; stdout: string; stderr: string; truncated?: boolean }> {
-    return this.call('GET', `/sandboxes/${encodeURIComponent(id)}/exec/${encodeURIComponent(sessionId)}/result`, {
-      query: { waitMs: opts.waitMs },
-      signal: opts.signal,
-    });
+  execResult(id: string, sessionId: string, opts: { waitMs?: number; signal?: AbortSignal } = {}) {
+    return this.request(hostRoutes.execResult, { params: { id, sid: sessionId }, query: { waitMs: opts.waitMs } }, opts);
   }
 
   /** Signals an exec session's process group (default SIGKILL). */
-  killExec(id: string, sessionId: string, signal?: string): Promise<ExecSessionInfo> {
-    return this.call('POST', `/sandboxes/${encodeURIComponent(id)}/exec/${encodeURIComponent(sessionId)}/kill`, { body: { signal } });
+  killExec(id: string, sessionId: string, signal?: string) {
+    return this.request(hostRoutes.killExec, { params: { id, sid: sessionId }, body: { signal } });
   }
 
   /** Runs a command to completion and returns its output; a non-zero exit is a result, not an error. */
-  execRun(id: string, req: ExecRequest & { stdin?: string }, opts: { signal?: AbortSignal } = {}): Promise<ExecRunResult> {
-    return this.call('POST', `/sandboxes/${encodeURIComponent(id)}/exec/run`, { body: req, signal: opts.signal });
+  execRun(id: string, req: ExecRequest & { stdin?: string }, opts: { signal?: AbortSignal } = {}) {
+    return this.request(hostRoutes.execRun, { params: { id }, body: req }, opts);
   }
 
-  /** Starts a login shell on a terminal of the sandbox (see ./pty). */
-  createPty(id: string, req: { cols?: number; rows?: number; envs?: Record<string, string>; cwd?: string }): Promise<import('../host/pty').PtyInfo> {
-    return this.call('POST', `/sandboxes/${encodeURIComponent(id)}/pty`, { body: req });
+  /** Starts a login shell on a terminal of the sandbox. */
+  createPty(id: string, req: RouteRequest<typeof hostRoutes.createPty>['body']): Promise<PtyInfo> {
+    return this.request(hostRoutes.createPty, { params: { id }, body: req });
+  }
+
+  /** A terminal of the sandbox. Throws HostError not_found. */
+  getPty(id: string, sessionId: string): Promise<PtyInfo> {
+    return this.request(hostRoutes.getPty, { params: { id, sid: sessionId } });
   }
 
   /** Opens a WebSocket attached to a terminal: binary frames of output; send keystrokes or a resize message. */
   openPtySocket(id: string, sessionId: string): WebSocket {
-    const url = `${this.base.replace(/^http/, 'ws')}/sandboxes/${encodeURIComponent(id)}/pty/${encodeURIComponent(sessionId)}/ws`;
+    const url = this.base.replace(/^http/, 'ws') + hostPath(hostSockets.pty, { id, sid: sessionId });
     return new WebSocket(url, { headers: { authorization: `Bearer ${this.token}` }, perMessageDeflate: false });
   }
 
@@ -463,7 +456,7 @@ export class HostClient {
 
   /** The WebSocket address to attach to an exec session (send the same bearer token in `authorization`). */
   execWebSocketUrl(id: string, sessionId: string): string {
-    return `${this.base.replace(/^http/, 'ws')}/sandboxes/${encodeURIComponent(id)}/exec/${encodeURIComponent(sessionId)}/ws`;
+    return this.base.replace(/^http/, 'ws') + hostPath(hostSockets.exec, { id, sid: sessionId });
   }
 }
 

@@ -1,74 +1,22 @@
 /**
- * The contract between the sandbox host (one long-lived process per machine that owns every
- * sandbox on it) and its clients: the worker's activities and the API's sandbox routes.
- * The host serves it as JSON over HTTP (see sandbox/host/server.ts); HostClient speaks it.
+ * The types of the contract between the sandbox host (one long-lived process per machine that owns
+ * every sandbox on it) and its clients: the worker's activities and the API's sandbox routes. The
+ * routes are declared in ./wire.ts; the request types here are inferred from the schemas the host
+ * validates with (./wire-schemas.ts), the answers' are written out. HostClient speaks it.
  */
 
-/** Who a sandbox's processes run as (see CreateSandboxRequest.user). */
-export type SandboxUser = 'root' | 'sandbox';
+import type { CreateSandboxBody, CreatePtyBody, EntrypointSpecBody, ExecBody, ScaleBody, sandboxUser } from './wire-schemas';
+import type { z } from 'zod';
 
-/** What to create. Everything but `id` is optional. */
-export interface CreateSandboxRequest {
-  /** `sb-<id>`; chosen by the caller so that a retried create is idempotent. */
-  id: string;
-  /** Organisation that owns the sandbox (recorded, never interpreted by the host). */
-  orgId: string;
-  /** Who asked for it, so leftovers can be reaped: e.g. { kind: 'session', id: 'sess_…' }. */
-  owner?: { kind: 'session' | 'instance' | 'api' | 'snapshot'; id: string };
-  /** Read-only layers to stack under the sandbox's writable layer, topmost first (checkpoint ids). */
-  layers?: string[];
-  /** Environment of every process started in the sandbox. */
-  envs?: Record<string, string>;
-  /**
-   * Sealed secrets (docs/sealed-secrets.md): each becomes the env variable `name` holding a
-   * placeholder made by the host; the host's egress proxy keeps the value (sealed with its own key)
-   * and puts it into requests to `allowedHosts` only. Never echoed in any answer.
-   */
-  sealedSecrets?: { name: string; value: string; allowedHosts: string[]; injectInto?: string[] }[];
+export { EXEC_SESSION_ID } from './wire-schemas';
+
+/** Who a sandbox's processes run as (see CreateSandboxRequest.user). */
+export type SandboxUser = z.infer<typeof sandboxUser>;
+
+/** What to create (the body of `POST /sandboxes`, ./wire-schemas.ts `createSandboxBody`). */
+export interface CreateSandboxRequest extends CreateSandboxBody {
   /** Host-internal (a hibernated sandbox made again; never accepted over HTTP): its sealed secrets as they were kept. */
   restoredSealed?: { placeholder: string; name: string; hosts: string[]; inject?: string[]; box: string }[];
-  /** Default working directory (absolute) of every process started in the sandbox; default /workspace. */
-  cwd?: string;
-  /**
-   * Who its processes run as (patches excepted: they run as root): `root` (default) or `sandbox`
-   * (uid 1000, HOME=/home/sandbox, no capabilities, passwordless sudo to sandbox root; docs/isolation.md).
-   * Files the host writes for it (the files API, `files`) are then owned by that user.
-   */
-  user?: SandboxUser;
-  /**
-   * Resource limits (cgroups and the writable layer's size). Absent: the host's defaults
-   * (SANDBOX_MEMORY_MB, SANDBOX_DISK_MB, …); the host clamps nothing: callers check the operator's maxima.
-   */
-  memoryMB?: number;
-  cpuCount?: number;
-  maxProcesses?: number;
-  /** Size of the writable layer (everything the sandbox writes to its filesystem); writes past it get ENOSPC. */
-  diskMB?: number;
-  /**
-   * What the sandbox may reach over the network (see sandbox/network.ts): `internet` (default),
-   * `none`, or `{ allow: [IPv4 CIDR, host name or *.wildcard…] }`. The host itself, link-local, other sandboxes and private
-   * ranges are refused whatever the policy.
-   */
-  network?: { egress: 'internet' | 'none' | { allow: string[] } };
-  /** Files written before anything runs: absolute path inside the sandbox → UTF-8 content. */
-  files?: Record<string, string>;
-  /** Scripts run with bash, in order, before anything else (checkpoint patches). */
-  patches?: { id: string; script: string }[];
-  /**
-   * A patch that exits non-zero: by default the create fails with patch_failed (nothing is left);
-   * with true the chain stops there and the sandbox is kept with the patches before it (the failed
-   * one's outcome is the last of the answer's `patches`; the ones after it did not run).
-   */
-  keepOnPatchFailure?: boolean;
-  /** Started right after creation, detached: the sandbox's main process (a session's entrypoint). */
-  entrypoint?: EntrypointSpec;
-  /** Free-form labels kept with the sandbox. */
-  metadata?: Record<string, string>;
-  /**
-   * With an entrypoint: wait up to `waitMs` for it to exit before answering and, when it has,
-   * read `readFile` too, so that a short task is one call (see CreatedSandbox).
-   */
-  awaitExit?: { waitMs: number; readFile?: { path: string; maxBytes: number }; readLog?: { maxBytes: number } };
 }
 
 /** What a create answers: the sandbox and, when asked for with `awaitExit`, its entrypoint's state and file. */
@@ -90,14 +38,8 @@ export interface WireEntrypointLog {
   truncated: { stdout: boolean; stderr: boolean };
 }
 
-/** The main process of a sandbox. It survives restarts of the host's clients (and of the host). */
-export interface EntrypointSpec {
-  argv: string[];
-  env?: Record<string, string>;
-  cwd?: string;
-  /** Killed after this many seconds; its exit is then reported with `timedOut: true`. */
-  timeoutSeconds?: number;
-}
+/** The main process of a sandbox (./wire-schemas.ts `entrypointSpec`). */
+export type EntrypointSpec = EntrypointSpecBody;
 
 export interface PatchOutcome {
   id: string;
@@ -141,25 +83,8 @@ export interface HostErrorBody {
   error: { type: string; message: string };
 }
 
-/** Body of `POST /sandboxes/:id/exec` (a command run inside a live sandbox). */
-export interface ExecRequest {
-  cmd: string;
-  args?: string[];
-  envs?: Record<string, string>;
-  cwd?: string;
-  /** Seconds before the command is killed (SIGKILL to its process group); default: no limit. */
-  timeout?: number;
-  /** Seconds the command keeps running once its last WebSocket client has left; default: no limit. */
-  maxRunAfterDisconnect?: number;
-  /**
-   * The session's id (`es-` and 16 hex digits), chosen by the control plane so that it records the
-   * session while the host starts the command; absent: the host makes one. A host that has it already answers conflict.
-   */
-  sessionID?: string;
-}
-
-/** What ExecRequest.sessionID must look like. */
-export const EXEC_SESSION_ID = /^es-[0-9a-f]{16}$/;
+/** Body of `POST /sandboxes/:id/exec` (./wire-schemas.ts `execBody`). */
+export type ExecRequest = ExecBody;
 
 /** An exec session (the public API's Exec session object). */
 export interface ExecSessionInfo {
@@ -236,11 +161,8 @@ export interface SandboxMetrics {
   processes: { current: number | null; limit: number | null };
 }
 
-/** A live resize (POST /sandboxes/:id/scale): the fields given change, the others stay. */
-export interface ScaleRequest {
-  memoryMB?: number;
-  cpuCount?: number;
-}
+/** A live resize (POST /sandboxes/:id/scale, ./wire-schemas.ts `scaleBody`): the fields given change, the others stay. */
+export type ScaleRequest = ScaleBody;
 
 /** The limits in force after a resize. */
 export interface ScaleResult {
@@ -277,4 +199,19 @@ export interface ExecExitsAnswer {
   seq: number;
   exits: ExecExit[];
   complete: boolean;
+}
+
+/** Body of `POST /sandboxes/:id/pty` as the host has it (sizes defaulted). */
+export type PtyRequest = CreatePtyBody;
+
+/** A terminal (POST /sandboxes/:id/pty, GET /sandboxes/:id/pty/:sid). */
+export interface PtyInfo {
+  sessionID: string;
+  sandboxID: string;
+  cols: number;
+  rows: number;
+  running: boolean;
+  exitCode: number | null;
+  startedAt: string;
+  attachedClients: number;
 }

@@ -11,13 +11,8 @@ import { SandboxCgroups } from '../proc-refs-and-cgroups';
 import type { PipedProcess } from '../spawner';
 import type { ExecRequest, ExecSessionInfo } from '../host-contract/types';
 import { writeBinaryFrame } from '../host-contract/frames';
+import { FRAME_EXIT, FRAME_SCROLLBACK_END, FRAME_STDERR, FRAME_STDIN, FRAME_STDOUT } from '../host-contract/exec-frames';
 import { readOutput, type OutputReader, type Slab } from './output-reader';
-
-export const FRAME_STDIN = 0x00;
-export const FRAME_STDOUT = 0x01;
-export const FRAME_STDERR = 0x02;
-export const FRAME_EXIT = 0x03;
-export const FRAME_SCROLLBACK_END = 0x04;
 
 const SCROLLBACK_BYTES = 1024 * 1024;
 const HIGH_WATER = 1024 * 1024;

@@ -2,13 +2,10 @@
  * Exec sessions: commands started inside a live sandbox (through the provider's nsenter path), kept by
  * the host, attachable by any number of WebSocket clients at `/sandboxes/:id/exec/:sessionId/ws`.
  *
- * WebSocket protocol, binary frames, first byte the kind:
- *   client → server  0x00 + bytes   stdin (an empty 0x00 frame closes stdin)
- *   server → client  0x01 + bytes   stdout
- *                    0x02 + bytes   stderr
- *                    0x03 + int32BE exit code (128 + n when killed by signal n); the socket then closes
- *                    0x04           end of scrollback: what follows is live
- * A new client first gets the scrollback (the last 1 MiB of each stream, in the order produced), then 0x04.
+ * WebSocket protocol: binary frames, first byte the kind (declared in ../host-contract/exec-frames.ts):
+ * stdin one way, stdout, stderr, the exit code and the end of the scrollback the other. A new client
+ * first gets the scrollback (the last 1 MiB of each stream, in the order produced), then FRAME_SCROLLBACK_END.
+ * The routes, their schemas and the WebSocket's path are declared in ../host-contract/wire.ts.
  *
  * Limits: `timeout` (seconds) kills the command's process group with SIGKILL; default none.
  * `maxRunAfterDisconnect` (seconds) kills it that long after its last client left (counting starts
@@ -28,51 +25,23 @@ import * as http from 'node:http';
 import * as net from 'node:net';
 import type { Socket } from 'node:net';
 import { constants as osConstants } from 'node:os';
-import type express from 'express';
-import type { Request, Response, NextFunction } from 'express';
 import type { Logger } from 'pino';
 import { WebSocketServer } from 'ws';
-import { z } from 'zod';
 import { HOST_ERROR_STATUS, isSandboxError, SandboxError } from '../../contract/errors';
 import { SandboxCgroups } from '../proc-refs-and-cgroups';
 import type { SandboxProvider } from '../driver';
 import type { PipedProcess } from '../spawner';
 import { randomBytes } from 'node:crypto';
-import { EXEC_SESSION_ID, type ExecExit, type ExecExitsAnswer, type ExecRequest, type ExecRunResult } from '../host-contract/types';
+import type { ExecExit, ExecExitsAnswer, ExecRequest, ExecRunResult } from '../host-contract/types';
+import { hostPathPattern, hostRoutes, hostSockets, TUNNEL_PROTOCOL } from '../host-contract/wire';
+import type { Serve } from './serve';
 import { bearerMatchesHeader } from './auth';
 import { splice } from '../../lib/splice';
 import type { ExecLimits } from '../../config/exec-limits';
 
 import { KEEP_EXITED, exitCodeOf, ExecSession } from './exec-session';
 
-export { FRAME_EXIT, FRAME_SCROLLBACK_END, FRAME_STDERR, FRAME_STDIN, FRAME_STDOUT, ExecSession } from './exec-session';
-
-const execSchema = z.object({
-  cmd: z.string().min(1),
-  args: z.array(z.string()).optional(),
-  envs: z.record(z.string(), z.string()).optional(),
-  cwd: z.string().startsWith('/').optional(),
-  timeout: z.number().int().positive().optional(),
-  maxRunAfterDisconnect: z.number().int().min(0).optional(),
-  /** The session's id, chosen by the control plane (so that it records the session while the host starts it). */
-  sessionID: z.string().regex(EXEC_SESSION_ID, 'must be es- and 16 hex digits').optional(),
-});
-const idParams = z.object({ id: z.string().min(1) });
-const sessionParams = z.object({ id: z.string().min(1), sid: z.string().min(1) });
-const waitMs = z.coerce.number().int().min(0).max(30_000).default(0);
-/** The exec routes' request schemas, built once (a schema built per request costs zod's compile each time). */
-const routeSchemas = {
-  exits: z.object({ query: z.object({ epoch: z.string().max(64).optional(), after: z.coerce.number().int().min(0).default(0), waitMs }) }),
-  run: z.object({ params: idParams, body: execSchema.extend({ stdin: z.string().optional() }) }),
-  start: z.object({ params: idParams, body: execSchema }),
-  list: z.object({ params: idParams }),
-  get: z.object({ params: sessionParams }),
-  result: z.object({ params: sessionParams, query: z.object({ waitMs }) }),
-  kill: z.object({ params: sessionParams, body: z.object({ signal: z.string().optional() }).optional() }),
-};
-
-type Wrap = (fn: (req: Request, res: Response) => Promise<void>) => (req: Request, res: Response, next: NextFunction) => void;
-type Parse = <S extends z.ZodType>(schema: S, req: Request) => z.infer<S>;
+export { ExecSession } from './exec-session';
 
 /** Exits kept for GET /exec-exits (the oldest dropped beyond). */
 export const EXEC_EXITS_KEPT = 4096;
@@ -251,74 +220,46 @@ export class ExecManager {
   }
 
   /** Registers the exec routes on the app. */
-  routes(app: express.Express, h: Wrap, parse: Parse): void {
-    app.get(
-      '/exec-exits',
-      h(async (req, res) => {
-        const { query } = parse(routeSchemas.exits, req);
-        const same = query.epoch === this.exitEpoch;
-        if (same) {
-          const gone = new Promise<void>((resolve) => res.on('close', resolve));
-          await this.waitExit(query.after, query.waitMs, gone);
-        }
-        res.json(this.exitsAfter(query.epoch, query.after));
-      }),
-    );
-    app.post(
-      '/sandboxes/:id/exec/run',
-      h(async (req, res) => {
-        const { params, body } = parse(routeSchemas.run, req);
-        res.json(await this.run(params.id, body));
-      }),
-    );
-    app.post(
-      '/sandboxes/:id/exec',
-      h(async (req, res) => {
-        const { params, body } = parse(routeSchemas.start, req);
-        res.status(201).json((await this.start(params.id, body)).info());
-      }),
-    );
-    app.get(
-      '/sandboxes/:id/exec',
-      h(async (req, res) => {
-        const { params } = parse(routeSchemas.list, req);
-        if (!this.provider.get(params.id)) throw new SandboxError('not_found', `sandbox ${params.id} not found`);
-        res.json(this.list(params.id).map((s) => s.info()));
-      }),
-    );
-    app.get(
-      '/sandboxes/:id/exec/:sid',
-      h(async (req, res) => {
-        const { params } = parse(routeSchemas.get, req);
-        res.json(this.get(params.id, params.sid).info());
-      }),
-    );
+  routes(serve: Serve): void {
+    serve(hostRoutes.execExits, async ({ query }, res) => {
+      const same = query.epoch === this.exitEpoch;
+      if (same) {
+        const gone = new Promise<void>((resolve) => res.on('close', resolve));
+        await this.waitExit(query.after, query.waitMs, gone);
+      }
+      res.json(this.exitsAfter(query.epoch, query.after));
+    });
+    serve(hostRoutes.execRun, async ({ params, body }, res) => {
+      res.json(await this.run(params.id, body));
+    });
+    serve(hostRoutes.createExec, async ({ params, body }, res) => {
+      res.status(201).json((await this.start(params.id, body)).info());
+    });
+    serve(hostRoutes.listExec, async ({ params }, res) => {
+      if (!this.provider.get(params.id)) throw new SandboxError('not_found', `sandbox ${params.id} not found`);
+      res.json(this.list(params.id).map((s) => s.info()));
+    });
+    serve(hostRoutes.getExec, async ({ params }, res) => {
+      res.json(this.get(params.id, params.sid).info());
+    });
     // The result so far: waits up to waitMs (at most 30 s) for the command to exit first.
-    app.get(
-      '/sandboxes/:id/exec/:sid/result',
-      h(async (req, res) => {
-        const { params, query } = parse(routeSchemas.result, req);
-        const s = this.get(params.id, params.sid);
-        if (s.running && query.waitMs > 0) {
-          let timer: NodeJS.Timeout | undefined;
-          const gone = new Promise<void>((resolve) => res.on('close', resolve));
-          await Promise.race([s.wait(), gone, new Promise<void>((resolve) => (timer = setTimeout(resolve, query.waitMs)))]);
-          clearTimeout(timer);
-        }
-        res.json({ ...s.info(), timedOut: s.timedOut, ...s.collected() });
-      }),
-    );
-    app.post(
-      '/sandboxes/:id/exec/:sid/kill',
-      h(async (req, res) => {
-        const { params, body } = parse(routeSchemas.kill, req);
-        const signal = body?.signal ?? 'SIGKILL';
-        if (!(signal in osConstants.signals)) throw new SandboxError('invalid_request', `unknown signal ${signal}`);
-        const s = this.get(params.id, params.sid);
-        s.kill(signal as NodeJS.Signals);
-        res.json(s.info());
-      }),
-    );
+    serve(hostRoutes.execResult, async ({ params, query }, res) => {
+      const s = this.get(params.id, params.sid);
+      if (s.running && query.waitMs > 0) {
+        let timer: NodeJS.Timeout | undefined;
+        const gone = new Promise<void>((resolve) => res.on('close', resolve));
+        await Promise.race([s.wait(), gone, new Promise<void>((resolve) => (timer = setTimeout(resolve, query.waitMs)))]);
+        clearTimeout(timer);
+      }
+      res.json({ ...s.info(), timedOut: s.timedOut, ...s.collected() });
+    });
+    serve(hostRoutes.killExec, async ({ params, body }, res) => {
+      const signal = body?.signal ?? 'SIGKILL';
+      if (!(signal in osConstants.signals)) throw new SandboxError('invalid_request', `unknown signal ${signal}`);
+      const s = this.get(params.id, params.sid);
+      s.kill(signal as NodeJS.Signals);
+      res.json(s.info());
+    });
   }
 
   /** Kills and forgets the exec sessions of a sandbox (before it is destroyed). */
@@ -336,13 +277,12 @@ export class ExecManager {
   }
 }
 
-const WS_PATH = /^\/sandboxes\/([^/]+)\/exec\/([^/]+)\/ws$/;
-const PTY_WS_PATH = /^\/sandboxes\/([^/]+)\/pty\/([^/]+)\/ws$/;
+const WS_PATH = hostPathPattern(hostSockets.exec);
+const PTY_WS_PATH = hostPathPattern(hostSockets.pty);
 
 /** Handles WebSocket upgrades for exec (and terminal) attachment (bearer token in the `authorization` header). */
 /** `GET /sandboxes/:id/ports/:port/tunnel` with `Upgrade: sap-tunnel`: a raw byte pipe to a sandbox port. */
-const TUNNEL_PATH = /^\/sandboxes\/([^/]+)\/ports\/(\d{1,5})\/tunnel$/;
-export const TUNNEL_PROTOCOL = 'sap-tunnel';
+const TUNNEL_PATH = hostPathPattern(hostSockets.tunnel, { port: '\\d{1,5}' });
 
 /**
  * Attaches the host's upgrade routes: exec and pty WebSockets, and port tunnels (previews served by

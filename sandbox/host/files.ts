@@ -16,11 +16,9 @@
  *   POST   /sandboxes/:id/fs/mkdir            { path }        mkdir -p
  *   POST   /sandboxes/:id/fs/rename           { from, to }
  *   DELETE /sandboxes/:id/fs?path=&recursive= (recursive default true)
+ * (declared, with their schemas, in ../host-contract/wire.ts)
  */
 import { pipeline } from 'node:stream/promises';
-import type express from 'express';
-import type { Request, Response, NextFunction } from 'express';
-import { z } from 'zod';
 import { writeCharged } from '../charged-write';
 import { SandboxError } from '../../contract/errors';
 import {
@@ -34,31 +32,10 @@ import {
   statSandboxPath,
 } from '../paths';
 import type { SandboxProvider } from '../driver';
-
-type Wrap = (fn: (req: Request, res: Response) => Promise<void>) => (req: Request, res: Response, next: NextFunction) => void;
-type Parse = <S extends z.ZodType>(schema: S, req: Request) => z.infer<S>;
+import { hostRoutes } from '../host-contract/wire';
+import type { Serve } from './serve';
 
 const REMOVE_TREE_TIMEOUT_MS = 120_000;
-const idParams = z.object({ id: z.string().min(1) });
-const pathQuery = z.object({ path: z.string().min(1) });
-const bool = z.enum(['true', 'false']).transform((v) => v === 'true');
-/** The file routes' request schemas, built once (a schema built per request costs zod's compile each time). */
-const routeSchemas = {
-  path: z.object({ params: idParams, query: pathQuery }),
-  write: z.object({
-    params: idParams,
-    query: pathQuery.extend({
-      mode: z
-        .string()
-        .regex(/^[0-7]{3,4}$/, 'must be octal, e.g. 644')
-        .optional(),
-    }),
-  }),
-  stat: z.object({ params: idParams, query: pathQuery.extend({ noFollow: bool.optional() }) }),
-  mkdir: z.object({ params: idParams, body: z.object({ path: z.string().min(1) }) }),
-  rename: z.object({ params: idParams, body: z.object({ from: z.string().min(1), to: z.string().min(1) }) }),
-  remove: z.object({ params: idParams, query: pathQuery.extend({ recursive: bool.default(true) }) }),
-};
 
 /** ENOSPC and EDQUOT: the sandbox's writable layer is full. */
 function diskFull(err: unknown): SandboxError | null {
@@ -97,103 +74,75 @@ function removeTree(provider: SandboxProvider, id: string, p: string): Promise<v
 }
 
 /** Registers the filesystem routes on the host's app. */
-export function fileRoutes(app: express.Express, provider: SandboxProvider, h: Wrap, parse: Parse): void {
-  app.get(
-    '/sandboxes/:id/fs',
-    h(async (req, res) => {
-      const { params, query } = parse(routeSchemas.path, req);
-      const { fh, size } = await openSandboxFileForRead(await provider.fileRoot(params.id), query.path);
-      try {
-        res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': size });
-        if (size === 0) {
-          res.end();
-          return;
-        }
-        // The size read at open: a file that grows meanwhile is cut there, one that shrinks ends the
-        // answer short (the client sees a truncated body, never bytes of another file).
-        await pipeline(fh.createReadStream({ start: 0, end: size - 1, autoClose: true, highWaterMark: 256 * 1024 }), res).catch(() => {
-          res.destroy();
+export function fileRoutes(serve: Serve, provider: SandboxProvider): void {
+  serve(hostRoutes.downloadFile, async ({ params, query }, res) => {
+    const { fh, size } = await openSandboxFileForRead(await provider.fileRoot(params.id), query.path);
+    try {
+      res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': size });
+      if (size === 0) {
+        res.end();
+        return;
+      }
+      // The size read at open: a file that grows meanwhile is cut there, one that shrinks ends the
+      // answer short (the client sees a truncated body, never bytes of another file).
+      await pipeline(fh.createReadStream({ start: 0, end: size - 1, autoClose: true, highWaterMark: 256 * 1024 }), res).catch(() => {
+        res.destroy();
+      });
+    } finally {
+      await fh.close().catch(() => undefined);
+    }
+  });
+
+  serve(hostRoutes.uploadFile, async ({ params, query }, res, req) => {
+    const root = await provider.fileRoot(params.id);
+    const fh = await openSandboxFileForWrite(root, query.path, query.mode ? parseInt(query.mode, 8) : 0o644);
+    let size = 0;
+    try {
+      if (root.charge) {
+        // Written by a helper in the sandbox's cgroups: the bytes count against its memory (../charged-write).
+        size = await writeCharged(req, fh, root.charge, query.path).catch((err) => {
+          // Answered before the body's end: the rest of it is read and dropped, so the answer reaches the client.
+          req.resume();
+          throw err;
         });
-      } finally {
-        await fh.close().catch(() => undefined);
+      } else {
+        req.on('data', (b: Buffer) => (size += b.length));
+        await pipeline(req, fh.createWriteStream({ autoClose: true, highWaterMark: 256 * 1024 })).catch((err) => {
+          throw diskFull(err) ?? (req.aborted || req.destroyed ? new SandboxError('invalid_request', 'upload interrupted') : fsError(err, query.path));
+        });
       }
-    }),
-  );
+    } finally {
+      await fh.close().catch(() => undefined);
+    }
+    res.json({ path: query.path, size });
+  });
 
-  app.put(
-    '/sandboxes/:id/fs',
-    h(async (req, res) => {
-      const { params, query } = parse(routeSchemas.write, req);
-      const root = await provider.fileRoot(params.id);
-      const fh = await openSandboxFileForWrite(root, query.path, query.mode ? parseInt(query.mode, 8) : 0o644);
-      let size = 0;
-      try {
-        if (root.charge) {
-          // Written by a helper in the sandbox's cgroups: the bytes count against its memory (../charged-write).
-          size = await writeCharged(req, fh, root.charge, query.path).catch((err) => {
-            // Answered before the body's end: the rest of it is read and dropped, so the answer reaches the client.
-            req.resume();
-            throw err;
-          });
-        } else {
-          req.on('data', (b: Buffer) => (size += b.length));
-          await pipeline(req, fh.createWriteStream({ autoClose: true, highWaterMark: 256 * 1024 })).catch((err) => {
-            throw diskFull(err) ?? (req.aborted || req.destroyed ? new SandboxError('invalid_request', 'upload interrupted') : fsError(err, query.path));
-          });
-        }
-      } finally {
-        await fh.close().catch(() => undefined);
-      }
-      res.json({ path: query.path, size });
-    }),
-  );
+  serve(hostRoutes.listDir, async ({ params, query }, res) => {
+    res.json(await listSandboxDir(await provider.fileRoot(params.id), query.path));
+  });
 
-  app.get(
-    '/sandboxes/:id/fs/list',
-    h(async (req, res) => {
-      const { params, query } = parse(routeSchemas.path, req);
-      res.json(await listSandboxDir(await provider.fileRoot(params.id), query.path));
-    }),
-  );
+  serve(hostRoutes.statPath, async ({ params, query }, res) => {
+    res.json(await statSandboxPath(await provider.fileRoot(params.id), query.path, { noFollow: query.noFollow }));
+  });
 
-  app.get(
-    '/sandboxes/:id/fs/stat',
-    h(async (req, res) => {
-      const { params, query } = parse(routeSchemas.stat, req);
-      res.json(await statSandboxPath(await provider.fileRoot(params.id), query.path, { noFollow: query.noFollow }));
-    }),
-  );
+  serve(hostRoutes.makeDir, async ({ params, body }, res) => {
+    const root = await provider.fileRoot(params.id);
+    await makeSandboxDir(root, body.path);
+    res.json(await statSandboxPath(root, body.path));
+  });
 
-  app.post(
-    '/sandboxes/:id/fs/mkdir',
-    h(async (req, res) => {
-      const { params, body } = parse(routeSchemas.mkdir, req);
-      const root = await provider.fileRoot(params.id);
-      await makeSandboxDir(root, body.path);
-      res.json(await statSandboxPath(root, body.path));
-    }),
-  );
+  serve(hostRoutes.renamePath, async ({ params, body }, res) => {
+    const root = await provider.fileRoot(params.id);
+    await renameSandboxPath(root, body.from, body.to);
+    res.json(await statSandboxPath(root, body.to, { noFollow: true }));
+  });
 
-  app.post(
-    '/sandboxes/:id/fs/rename',
-    h(async (req, res) => {
-      const { params, body } = parse(routeSchemas.rename, req);
-      const root = await provider.fileRoot(params.id);
-      await renameSandboxPath(root, body.from, body.to);
-      res.json(await statSandboxPath(root, body.to, { noFollow: true }));
-    }),
-  );
-
-  app.delete(
-    '/sandboxes/:id/fs',
-    h(async (req, res) => {
-      const { params, query } = parse(routeSchemas.remove, req);
-      const outcome = await removeSandboxEntry(await provider.fileRoot(params.id), query.path);
-      if (outcome === 'notEmpty') {
-        if (!query.recursive) throw new SandboxError('conflict', `directory not empty: ${query.path} (remove with recursive=true)`);
-        await removeTree(provider, params.id, query.path);
-      }
-      res.json({ removed: true, path: query.path });
-    }),
-  );
+  serve(hostRoutes.removePath, async ({ params, query }, res) => {
+    const outcome = await removeSandboxEntry(await provider.fileRoot(params.id), query.path);
+    if (outcome === 'notEmpty') {
+      if (!query.recursive) throw new SandboxError('conflict', `directory not empty: ${query.path} (remove with recursive=true)`);
+      await removeTree(provider, params.id, query.path);
+    }
+    res.json({ removed: true, path: query.path });
+  });
 }

@@ -6,7 +6,8 @@
  * keystrokes written to the terminal as they are, except a text frame that is the JSON
  * `{"type":"resize","cols":N,"rows":M}`, which resizes it (the shell gets SIGWINCH); server → client,
  * binary frames of terminal output. A client that attaches first gets the last 64 KiB of output.
- * When the shell exits, every socket is closed with 1000.
+ * When the shell exits, every socket is closed with 1000. Routes, schemas and the socket's path:
+ * ../host-contract/wire.ts.
  *
  * A terminal whose last client left is killed after `PTY_DETACHED_MS` (30 s) unless one attaches
  * again; destroying (or hibernating) the sandbox kills it at once.
@@ -14,42 +15,18 @@
 import { randomBytes } from 'node:crypto';
 import type { ChildProcess } from 'node:child_process';
 import type { Writable } from 'node:stream';
-import type express from 'express';
-import type { Request, Response, NextFunction } from 'express';
 import type { Logger } from 'pino';
 import { WebSocket } from 'ws';
-import { z } from 'zod';
 import { SandboxError } from '../../contract/errors';
 import type { SandboxProvider } from '../driver';
+import type { PtyInfo, PtyRequest } from '../host-contract/types';
+import { hostRoutes } from '../host-contract/wire';
+import { ptyResizeMessage } from '../host-contract/wire-schemas';
+import type { Serve } from './serve';
 
 const SCROLLBACK_BYTES = 64 * 1024;
 export const PTY_DETACHED_MS = 30_000;
 const KEEP_EXITED_MS = 60_000;
-
-/** What a terminal reports. */
-export interface PtyInfo {
-  sessionID: string;
-  sandboxID: string;
-  cols: number;
-  rows: number;
-  running: boolean;
-  exitCode: number | null;
-  startedAt: string;
-  attachedClients: number;
-}
-
-const sizeSchema = { cols: z.number().int().min(1).max(1000).default(80), rows: z.number().int().min(1).max(1000).default(24) };
-export const createPtySchema = z.object({
-  ...sizeSchema,
-  envs: z.record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/), z.string()).optional(),
-  cwd: z.string().startsWith('/').optional(),
-});
-/** The terminal routes' request schemas, built once. */
-const ptyRouteSchemas = {
-  create: z.object({ params: z.object({ id: z.string().min(1) }), body: createPtySchema }),
-  get: z.object({ params: z.object({ id: z.string().min(1), sid: z.string().min(1) }) }),
-};
-const resizeMessage = z.object({ type: z.literal('resize'), cols: z.number().int().min(1).max(1000), rows: z.number().int().min(1).max(1000) });
 
 /** One shell on a terminal inside a sandbox. */
 export class PtySession {
@@ -122,7 +99,7 @@ export class PtySession {
       } catch {
         parsed = undefined;
       }
-      const r = resizeMessage.safeParse(parsed);
+      const r = ptyResizeMessage.safeParse(parsed);
       if (r.success) {
         this.resize(r.data.rows, r.data.cols);
         return;
@@ -174,9 +151,6 @@ export class PtySession {
   }
 }
 
-type Wrap = (fn: (req: Request, res: Response) => Promise<void>) => (req: Request, res: Response, next: NextFunction) => void;
-type Parse = <S extends z.ZodType>(schema: S, req: Request) => z.infer<S>;
-
 /** Owns the terminals of every sandbox on this host. */
 export class PtyManager {
   private readonly sessions = new Map<string, PtySession>();
@@ -186,7 +160,7 @@ export class PtyManager {
     private readonly logger: Logger,
   ) {}
 
-  create(sandboxId: string, opts: z.infer<typeof createPtySchema>): PtySession {
+  create(sandboxId: string, opts: PtyRequest): PtySession {
     if (!this.provider.get(sandboxId)) throw new SandboxError('not_found', `sandbox ${sandboxId} not found`);
     const child = this.provider.spawn(sandboxId, {
       argv: ['/bin/bash', '-l'],
@@ -208,21 +182,13 @@ export class PtyManager {
     return s;
   }
 
-  routes(app: express.Express, h: Wrap, parse: Parse): void {
-    app.post(
-      '/sandboxes/:id/pty',
-      h(async (req, res) => {
-        const { params: p, body } = parse(ptyRouteSchemas.create, req);
-        res.status(201).json(this.create(p.id, body).info());
-      }),
-    );
-    app.get(
-      '/sandboxes/:id/pty/:sid',
-      h(async (req, res) => {
-        const { params: p } = parse(ptyRouteSchemas.get, req);
-        res.json(this.get(p.id, p.sid).info());
-      }),
-    );
+  routes(serve: Serve): void {
+    serve(hostRoutes.createPty, async ({ params: p, body }, res) => {
+      res.status(201).json(this.create(p.id, body).info());
+    });
+    serve(hostRoutes.getPty, async ({ params: p }, res) => {
+      res.json(this.get(p.id, p.sid).info());
+    });
   }
 
   /** Kills the terminals of a sandbox (it is being destroyed or hibernated). */

@@ -1,5 +1,6 @@
 /**
- * The sandbox host's HTTP API: JSON over HTTP, bearer-token auth, one zod schema per route.
+ * The sandbox host's HTTP API: JSON over HTTP, bearer-token auth; its routes and their schemas are
+ * declared in ../host-contract/wire.ts (served through ./serve.ts).
  * `createApp(deps)` builds the express app; `startHost(opts)` adopts existing sandboxes and listens.
  * Sandboxes outlive the host: closing it stops only the HTTP server.
  */
@@ -25,6 +26,8 @@ import { PortForwarder } from './forward';
 import { fileRoutes } from './files';
 import { resourceRoutes } from './resources';
 import { PtyManager } from './pty';
+import { serveOn } from './serve';
+import { hostRoutes } from '../host-contract/wire';
 import type { SandboxNetwork } from '../network';
 
 /** What the app needs. */
@@ -73,11 +76,6 @@ export function defaultMaxSandboxes(totalMemoryBytes = os.totalmem()): number {
 const MAX_WAIT_MS = 30_000;
 const DEFAULT_READ_MAX = 16 * 1024 * 1024;
 
-import { parse, schemas } from './server-schemas';
-
-type Handler = (req: Request, res: Response) => Promise<void>;
-const h = (fn: Handler) => (req: Request, res: Response, next: NextFunction) => fn(req, res).catch(next);
-
 /** Constant-time check of `Authorization: Bearer <token>`. */
 export const bearerMatches = bearerMatchesHeader;
 
@@ -103,8 +101,10 @@ export function createApp(deps: HostDeps): express.Express {
   app.disable('x-powered-by');
   /** Layer fetches under way, by layer id (POST /layers/:id/fetch). */
   const inflight = new Map<string, Promise<string[]>>();
+  const serve = serveOn(app);
 
-  app.get('/healthz', (_req, res) => {
+  // Before the token's check: liveness needs none.
+  app.get(hostRoutes.health.path, (_req, res) => {
     const capacity: HostCapacity = {
       ...provider.load(),
       maxSandboxes: deps.maxSandboxes,
@@ -119,234 +119,150 @@ export function createApp(deps: HostDeps): express.Express {
   });
   app.use(express.json({ limit: '256mb' }));
 
-  app.post(
-    '/sandboxes',
-    h(async (req, res) => {
-      const { body } = parse(schemas.create, req);
-      trace(body.id, 'host:create-parsed');
-      const { awaitExit, ...given } = body;
-      const over = overMaximum(deps.limits, given, 'body.');
-      if (over) throw new SandboxError('invalid_request', over);
-      // A host at its limit takes nothing new (placement should not have sent it; this is the guard).
-      if (!provider.get(given.id) && provider.load().sandboxes >= deps.maxSandboxes) {
-        throw new SandboxError('unavailable', `sandbox host ${deps.hostId} is at its limit of ${deps.maxSandboxes} sandboxes (HOST_MAX_SANDBOXES)`);
-      }
-      // Every sandbox gets limits: the caller's, else this host's defaults.
-      const spec = { ...given, ...effectiveResources(deps.limits, given) };
-      const { info, created } = await provider.create(spec);
-      const answer: CreatedSandbox = info;
-      if (awaitExit && spec.entrypoint) {
-        const ac = new AbortController();
-        res.on('close', () => ac.abort());
-        answer.entrypoint = await provider.waitEntrypoint(info.id, Math.min(awaitExit.waitMs, MAX_WAIT_MS), ac.signal);
-        const want = awaitExit.readFile;
-        if (want && answer.entrypoint.state === 'exited') answer.file = await readIfPossible(provider, info.id, want.path, want.maxBytes);
-        if (awaitExit.readLog && answer.entrypoint.state === 'exited') answer.log = wireLog(await provider.entrypointLog(info.id, awaitExit.readLog.maxBytes));
-      }
-      trace(info.id, 'host:create-answer');
-      res.status(created ? 201 : 200).json(answer);
-    }),
-  );
-
-  app.get(
-    '/sandboxes',
-    h(async (req, res) => {
-      const { query } = parse(schemas.list, req);
-      const [ownerKind, ownerId] = (query.owner ?? '').split(':');
-      res.json(provider.list({ ownerKind: ownerKind || undefined, ownerId: ownerId || undefined }));
-    }),
-  );
-
-  app.get(
-    '/sandboxes/:id',
-    h(async (req, res) => {
-      const { params } = parse(schemas.byId, req);
-      const info = provider.get(params.id);
-      if (!info) throw new SandboxError('not_found', `sandbox ${params.id} not found`);
-      res.json(info);
-    }),
-  );
-
-  app.put(
-    '/sandboxes/:id/network',
-    h(async (req, res) => {
-      const { params, body } = parse(schemas.setNetwork, req);
-      res.json(await provider.setNetwork(params.id, body));
-    }),
-  );
-
-  app.delete(
-    '/sandboxes/:id',
-    h(async (req, res) => {
-      const { params } = parse(schemas.byId, req);
-      deps.exec.dropSandbox(params.id);
-      deps.pty?.dropSandbox(params.id);
-      deps.forward?.dropSandbox(params.id);
-      res.json({ destroyed: await provider.destroy(params.id) });
-    }),
-  );
-
-  app.put(
-    '/sandboxes/:id/files',
-    h(async (req, res) => {
-      const { params, body } = parse(schemas.writeFile, req);
-      const content = Buffer.from(body.content, body.encoding === 'base64' ? 'base64' : 'utf8');
-      await provider.writeFile(params.id, body.path, content, body.mode);
-      res.json({ path: body.path, size: content.length });
-    }),
-  );
-
-  app.get(
-    '/sandboxes/:id/files',
-    h(async (req, res) => {
-      const { params, query } = parse(schemas.readFile, req);
-      const buf = await provider.readFile(params.id, query.path, query.maxBytes ?? DEFAULT_READ_MAX);
-      res.json({ content: buf.toString('base64'), size: buf.length });
-    }),
-  );
-
-  app.post(
-    '/sandboxes/:id/entrypoint',
-    h(async (req, res) => {
-      const { params, body } = parse(schemas.startEntrypoint, req);
-      res.status(201).json(await provider.startEntrypoint(params.id, body));
-    }),
-  );
-
-  app.get(
-    '/sandboxes/:id/entrypoint',
-    h(async (req, res) => {
-      const { params, query } = parse(schemas.entrypointStatus, req);
+  serve(hostRoutes.createSandbox, async ({ body }, res) => {
+    trace(body.id, 'host:create-parsed');
+    const { awaitExit, ...given } = body;
+    const over = overMaximum(deps.limits, given, 'body.');
+    if (over) throw new SandboxError('invalid_request', over);
+    // A host at its limit takes nothing new (placement should not have sent it; this is the guard).
+    if (!provider.get(given.id) && provider.load().sandboxes >= deps.maxSandboxes) {
+      throw new SandboxError('unavailable', `sandbox host ${deps.hostId} is at its limit of ${deps.maxSandboxes} sandboxes (HOST_MAX_SANDBOXES)`);
+    }
+    // Every sandbox gets limits: the caller's, else this host's defaults.
+    const spec = { ...given, ...effectiveResources(deps.limits, given) };
+    const { info, created } = await provider.create(spec);
+    const answer: CreatedSandbox = info;
+    if (awaitExit && spec.entrypoint) {
       const ac = new AbortController();
       res.on('close', () => ac.abort());
-      const status = await provider.waitEntrypoint(params.id, Math.min(query.waitMs ?? 0, MAX_WAIT_MS), ac.signal);
-      res.json(status);
-    }),
-  );
+      answer.entrypoint = await provider.waitEntrypoint(info.id, Math.min(awaitExit.waitMs, MAX_WAIT_MS), ac.signal);
+      const want = awaitExit.readFile;
+      if (want && answer.entrypoint.state === 'exited') answer.file = await readIfPossible(provider, info.id, want.path, want.maxBytes);
+      if (awaitExit.readLog && answer.entrypoint.state === 'exited') answer.log = wireLog(await provider.entrypointLog(info.id, awaitExit.readLog.maxBytes));
+    }
+    trace(info.id, 'host:create-answer');
+    res.status(created ? 201 : 200).json(answer);
+  });
 
-  app.get(
-    '/sandboxes/:id/entrypoint/log',
-    h(async (req, res) => {
-      const { params, query } = parse(schemas.entrypointLog, req);
-      res.json(wireLog(await provider.entrypointLog(params.id, query.maxBytes, { stdout: query.sinceStdout, stderr: query.sinceStderr })));
-    }),
-  );
+  serve(hostRoutes.listSandboxes, async ({ query }, res) => {
+    const [ownerKind, ownerId] = (query.owner ?? '').split(':');
+    res.json(provider.list({ ownerKind: ownerKind || undefined, ownerId: ownerId || undefined }));
+  });
 
-  app.get(
-    '/sandboxes/:id/entrypoint/output',
-    h(async (req, res) => {
-      const { params, query } = parse(schemas.entrypointOutput, req);
-      const buf = await provider.entrypointOutput(params.id, query.stream, query.maxBytes ?? 1024 * 1024);
-      res.json({ content: buf.toString('base64'), size: buf.length });
-    }),
-  );
+  serve(hostRoutes.getSandbox, async ({ params }, res) => {
+    const info = provider.get(params.id);
+    if (!info) throw new SandboxError('not_found', `sandbox ${params.id} not found`);
+    res.json(info);
+  });
 
-  app.post(
-    '/sandboxes/:id/checkpoints',
-    h(async (req, res) => {
-      const { params, body } = parse(schemas.checkpoint, req);
-      res.status(201).json(await provider.checkpoint(params.id, body.checkpointId));
-    }),
-  );
+  serve(hostRoutes.setNetwork, async ({ params, body }, res) => {
+    res.json(await provider.setNetwork(params.id, body));
+  });
+
+  serve(hostRoutes.destroySandbox, async ({ params }, res) => {
+    deps.exec.dropSandbox(params.id);
+    deps.pty?.dropSandbox(params.id);
+    deps.forward?.dropSandbox(params.id);
+    res.json({ destroyed: await provider.destroy(params.id) });
+  });
+
+  serve(hostRoutes.writeFile, async ({ params, body }, res) => {
+    const content = Buffer.from(body.content, body.encoding === 'base64' ? 'base64' : 'utf8');
+    await provider.writeFile(params.id, body.path, content, body.mode);
+    res.json({ path: body.path, size: content.length });
+  });
+
+  serve(hostRoutes.readFile, async ({ params, query }, res) => {
+    const buf = await provider.readFile(params.id, query.path, query.maxBytes ?? DEFAULT_READ_MAX);
+    res.json({ content: buf.toString('base64'), size: buf.length });
+  });
+
+  serve(hostRoutes.startEntrypoint, async ({ params, body }, res) => {
+    res.status(201).json(await provider.startEntrypoint(params.id, body));
+  });
+
+  serve(hostRoutes.entrypointStatus, async ({ params, query }, res) => {
+    const ac = new AbortController();
+    res.on('close', () => ac.abort());
+    const status = await provider.waitEntrypoint(params.id, Math.min(query.waitMs ?? 0, MAX_WAIT_MS), ac.signal);
+    res.json(status);
+  });
+
+  serve(hostRoutes.entrypointLog, async ({ params, query }, res) => {
+    res.json(wireLog(await provider.entrypointLog(params.id, query.maxBytes, { stdout: query.sinceStdout, stderr: query.sinceStderr })));
+  });
+
+  serve(hostRoutes.entrypointOutput, async ({ params, query }, res) => {
+    const buf = await provider.entrypointOutput(params.id, query.stream, query.maxBytes ?? 1024 * 1024);
+    res.json({ content: buf.toString('base64'), size: buf.length });
+  });
+
+  serve(hostRoutes.createCheckpoint, async ({ params, body }, res) => {
+    res.status(201).json(await provider.checkpoint(params.id, body.checkpointId));
+  });
 
   // Hibernate and restore end the sandbox's processes: its exec sessions and forwards go first.
-  app.post(
-    '/sandboxes/:id/hibernate',
-    h(async (req, res) => {
-      const { params, body } = parse(schemas.hibernate, req);
-      deps.exec.dropSandbox(params.id);
-      deps.pty?.dropSandbox(params.id);
-      deps.forward?.dropSandbox(params.id);
-      res.json(await provider.hibernate(params.id, body.layerId));
-    }),
-  );
+  serve(hostRoutes.hibernate, async ({ params, body }, res) => {
+    deps.exec.dropSandbox(params.id);
+    deps.pty?.dropSandbox(params.id);
+    deps.forward?.dropSandbox(params.id);
+    res.json(await provider.hibernate(params.id, body.layerId));
+  });
 
-  app.post(
-    '/sandboxes/:id/wake',
-    h(async (req, res) => {
-      const { params, body } = parse(schemas.wake, req);
-      res.json(await provider.wake(params.id, body.patches, { keepOnPatchFailure: body.keepOnPatchFailure }));
-    }),
-  );
+  serve(hostRoutes.wake, async ({ params, body }, res) => {
+    res.json(await provider.wake(params.id, body.patches, { keepOnPatchFailure: body.keepOnPatchFailure }));
+  });
 
-  app.post(
-    '/sandboxes/:id/restore',
-    h(async (req, res) => {
-      const { params, body } = parse(schemas.restore, req);
-      deps.exec.dropSandbox(params.id);
-      deps.pty?.dropSandbox(params.id);
-      deps.forward?.dropSandbox(params.id);
-      res.json(await provider.restore(params.id, body.layerId, body.patches));
-    }),
-  );
+  serve(hostRoutes.restore, async ({ params, body }, res) => {
+    deps.exec.dropSandbox(params.id);
+    deps.pty?.dropSandbox(params.id);
+    deps.forward?.dropSandbox(params.id);
+    res.json(await provider.restore(params.id, body.layerId, body.patches));
+  });
 
-  app.delete(
-    '/layers/:layerId',
-    h(async (req, res) => {
-      const { params } = parse(schemas.layer, req);
-      res.json({ deleted: await provider.deleteLayer(params.layerId) });
-    }),
-  );
+  serve(hostRoutes.deleteLayer, async ({ params }, res) => {
+    res.json({ deleted: await provider.deleteLayer(params.layerId) });
+  });
 
-  app.get(
-    '/layers/:layerId/hash',
-    h(async (req, res) => {
-      const { params } = parse(schemas.layer, req);
-      res.json({ layerId: params.layerId, sha256: await provider.layerHash(params.layerId) });
-    }),
-  );
+  serve(hostRoutes.layerHash, async ({ params }, res) => {
+    res.json({ layerId: params.layerId, sha256: await provider.layerHash(params.layerId) });
+  });
 
   // Layers move between hosts: another host streams this one's archive (x-layer-sha256 = its content hash)…
-  app.get(
-    '/layers/:layerId/archive',
-    h(async (req, res) => {
-      const { params } = parse(schemas.layer, req);
-      const { sha256, stream, done } = await provider.exportLayer(params.layerId);
-      res.writeHead(200, { 'content-type': 'application/x-tar', 'x-layer-sha256': sha256 });
-      stream.pipe(res);
-      done.catch((err: Error) => {
-        logger.error({ err, layerId: params.layerId }, 'layer archive failed');
-        res.destroy(err);
-      });
-    }),
-  );
+  serve(hostRoutes.layerArchive, async ({ params }, res) => {
+    const { sha256, stream, done } = await provider.exportLayer(params.layerId);
+    res.writeHead(200, { 'content-type': 'application/x-tar', 'x-layer-sha256': sha256 });
+    stream.pipe(res);
+    done.catch((err: Error) => {
+      logger.error({ err, layerId: params.layerId }, 'layer archive failed');
+      res.destroy(err);
+    });
+  });
 
   // …and fetches a layer it lacks (with its parents) from the host that has it.
-  app.post(
-    '/layers/:layerId/fetch',
-    h(async (req, res) => {
-      const { params, body } = parse(schemas.fetchLayer, req);
-      const started = Date.now();
-      const fetched = await fetchLayer(provider, new HostClient({ url: body.from, token: deps.token }), params.layerId, inflight);
-      res.json({ layerId: params.layerId, fetched, ms: Date.now() - started });
-    }),
-  );
+  serve(hostRoutes.fetchLayer, async ({ params, body }, res) => {
+    const started = Date.now();
+    const fetched = await fetchLayer(provider, new HostClient({ url: body.from, token: deps.token }), params.layerId, inflight);
+    res.json({ layerId: params.layerId, fetched, ms: Date.now() - started });
+  });
 
   // Port forwarding for previews: a Unix socket on this machine that reaches 127.0.0.1:<port> inside.
-  app.post(
-    '/sandboxes/:id/ports/:port/forward',
-    h(async (req, res) => {
-      const { params } = parse(schemas.port, req);
-      if (!deps.forward) throw new SandboxError('internal', 'port forwarding is not available on this host');
-      // The machine's name tells a client whether it can use the socket itself (same machine) or must
-      // tunnel through this host (GET …/ports/:port/tunnel with Upgrade: sap-tunnel, see exec.ts).
-      res.json({ socketPath: await deps.forward.open(params.id, params.port), machine: machineName() });
-    }),
-  );
+  serve(hostRoutes.openPortForward, async ({ params }, res) => {
+    if (!deps.forward) throw new SandboxError('internal', 'port forwarding is not available on this host');
+    // The machine's name tells a client whether it can use the socket itself (same machine) or must
+    // tunnel through this host (GET …/ports/:port/tunnel with Upgrade: sap-tunnel, see exec.ts).
+    res.json({ socketPath: await deps.forward.open(params.id, params.port), machine: machineName() });
+  });
 
-  app.delete(
-    '/sandboxes/:id/ports/:port/forward',
-    h(async (req, res) => {
-      const { params } = parse(schemas.port, req);
-      await deps.forward?.close(params.id, params.port);
-      res.json({ closed: true });
-    }),
-  );
+  serve(hostRoutes.closePortForward, async ({ params }, res) => {
+    await deps.forward?.close(params.id, params.port);
+    res.json({ closed: true });
+  });
 
-  deps.exec.routes(app, h, parse);
-  fileRoutes(app, provider, h, parse);
-  resourceRoutes(app, provider, deps.limits, h, parse);
-  deps.pty?.routes(app, h, parse);
+  deps.exec.routes(serve);
+  fileRoutes(serve, provider);
+  resourceRoutes(serve, provider, deps.limits);
+  deps.pty?.routes(serve);
 
   app.use((_req: Request, res: Response) => sendError(res, 'not_found', 'no such route'));
 
