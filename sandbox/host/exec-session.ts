@@ -186,8 +186,12 @@ export class ExecSession {
 
   private readonly onDrain = () => this.checkPressure();
 
-  /** The exit frame (0x03 + int32 BE), then a normal close. */
+  /**
+   * The exit frame (0x03 + int32 BE), then a normal close. The client is no longer attached from
+   * here: it gets nothing more, so a read of the session right after its exit does not count it.
+   */
   private sendExit(ws: WebSocket, socket: Socket): void {
+    this.clients.delete(ws);
     if (ws.readyState !== WebSocket.OPEN) return;
     const code = Buffer.alloc(4);
     code.writeInt32BE(this.exitCode as number, 0);
