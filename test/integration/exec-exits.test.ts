@@ -1,5 +1,5 @@
 /**
- * Exec sessions' exits recorded when they happen (services/exec-exits: each API process follows the
+ * Exec sessions' exits recorded when they happen (services/exec/exec-exits: each API process follows the
  * hosts' GET /exec-exits), not when someone reads the session.
  */
 import { api, eventually, withMongo } from '../helpers/env';

@@ -110,9 +110,9 @@ describe('exec sessions over raw HTTP and WebSocket', () => {
     for (let i = 0; i < 3; i++) expect((await api('POST', `/api/sandboxes/${fresh}/exec/run`, { body: { cmd: 'true' } })).body.exitCode).toBe(0);
     // No event marks a write that was never made, so this negative check has to wait a bound. The
     // write, had one been made, would have been started (not awaited) before the API called the
-    // host (services/exec-live.ts, sandboxHost), so it has been in FerretDB's queue for the whole
+    // host (services/exec/exec-live.ts, sandboxHost), so it has been in FerretDB's queue for the whole
     // command's run and answer; 300 ms more is many times a one-document write. What makes it hold
-    // is the synchronous check in services/sandboxes.ts `touch` (a new sandbox's first minute writes
+    // is the synchronous check in services/sandboxes/sandboxes.ts `touch` (a new sandbox's first minute writes
     // nothing): had it made a write, the comparison below would see lastActiveAt on most runs.
     await new Promise((r) => setTimeout(r, 300));
     expect(await record()).toEqual(before);
