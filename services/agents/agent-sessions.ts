@@ -48,7 +48,7 @@ export function parseRunnerSetting(value: string | undefined): string[] | undefi
 let runnerSource: Buffer | undefined;
 /** The compiled runner (dist/sandbox/runners/agent.js), read once. */
 export function runnerFile(): Buffer {
-  runnerSource ??= readFileSync(path.join(__dirname, '..', 'sandbox', 'runners', 'agent.js'));
+  runnerSource ??= readFileSync(path.join(__dirname, '..', '..', 'sandbox', 'runners', 'agent.js'));
   return runnerSource;
 }
 
