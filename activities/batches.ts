@@ -1,13 +1,13 @@
 import type { BatchCounts } from '../contract/workflows';
-import type { BatchJob, BatchStatus } from '../services/batch-runs';
+import type { BatchJob, BatchStatus } from '../services/sessions/batch-runs';
 import { withFailureTypes } from './failures';
 import type { ActivityDeps } from './deps';
 
-export type { BatchJob } from '../services/batch-runs';
+export type { BatchJob } from '../services/sessions/batch-runs';
 
 /**
  * The batch activities: adapters from Temporal's calls to the batch-run service
- * (services/batch-runs.ts). Each is harmless to retry.
+ * (services/sessions/batch-runs.ts). Each is harmless to retry.
  */
 export const createBatchActivities = (deps: ActivityDeps) => ({
   /** Creates the session documents of items `from … to-1` (attempt 1) and of `jobs`; existing ones are left as they are. */

@@ -5,7 +5,7 @@ import type { ActivityDeps } from './deps';
 
 /**
  * The instance activities: adapters from Temporal's calls to the instance-run service
- * (services/instance-runs.ts). Each is idempotent (Temporal may run it again after a crash).
+ * (services/instances/instance-runs.ts). Each is idempotent (Temporal may run it again after a crash).
  */
 export const createInstanceActivities = (deps: ActivityDeps) => ({
   /** Creates the instance's sandbox on this worker's host and marks the instance `running`. */

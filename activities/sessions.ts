@@ -1,18 +1,18 @@
 import { Context } from '@temporalio/activity';
 import { failure, withFailureTypes } from './failures';
 import type { SessionEnd } from '../contract/workflows';
-import { exitOf, type EntrypointExit, type FinishArgs, type ProvisionArgs, type Provisioned } from '../services/session-runs';
+import { exitOf, type EntrypointExit, type FinishArgs, type ProvisionArgs, type Provisioned } from '../services/sessions/session-runs';
 import type { ActivityDeps } from './deps';
 
-export type { EntrypointExit, Provisioned } from '../services/session-runs';
+export type { EntrypointExit, Provisioned } from '../services/sessions/session-runs';
 
 /**
  * The session activities: adapters from Temporal's calls to the session-run service
- * (services/session-runs.ts). Each is idempotent, since Temporal may run it again after a crash.
+ * (services/sessions/session-runs.ts). Each is idempotent, since Temporal may run it again after a crash.
  */
 export const createSessionActivities = (deps: ActivityDeps) => ({
   /**
-   * Provisions the session's sandbox and starts its entrypoint (services/session-runs.ts provision):
+   * Provisions the session's sandbox and starts its entrypoint (services/sessions/session-runs.ts provision):
    * a quick entrypoint is finished here too, and placement may send the provisioning to another host.
    */
   async provisionSandboxAndRunEntrypoint(args: ProvisionArgs): Promise<Provisioned> {
@@ -38,7 +38,7 @@ export const createSessionActivities = (deps: ActivityDeps) => ({
     }
   },
 
-  /** Reads the result, records how the session ended, then destroys the sandbox (services/session-runs.ts finish). */
+  /** Reads the result, records how the session ended, then destroys the sandbox (services/sessions/session-runs.ts finish). */
   async captureResultAndDestroySandbox(args: FinishArgs): Promise<SessionEnd> {
     return withFailureTypes(deps.services.sessionRuns.finish(args));
   },

@@ -1,7 +1,7 @@
 import { failure } from './failures';
-import { signature, webhookContext } from '../services/webhook-rules';
+import { signature, webhookContext } from '../services/webhooks/webhook-rules';
 import type { StoredWebhook } from '../contract/workflows';
-import { postChecked, targetPolicy, WebhookTargetRefused } from '../services/webhook-target';
+import { postChecked, targetPolicy, WebhookTargetRefused } from '../services/webhooks/webhook-target';
 import type { ActivityDeps } from './deps';
 
 /** WEBHOOK_TIMEOUT_MS, WEBHOOK_ANSWER_MAX_BYTES and WEBHOOK_ALLOWED_CIDRS when the worker passes none. */

@@ -35,7 +35,7 @@ import { registerConsoleRoutes } from './routes/console';
 import { registerConsole } from './console';
 import { codecCors, registerCodecRoutes } from './routes/codec';
 import { referenceOutline } from './docs-outline';
-import { notReadyMessage, Readiness } from '../services/readiness';
+import { notReadyMessage, Readiness } from '../services/ops/readiness';
 import { createServices, type Services } from '../services';
 
 /** Body types the API reads; anything else on a request with a body is 415. */

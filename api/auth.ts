@@ -1,7 +1,7 @@
 import type { Request } from 'express';
 import { ApiError } from '../contract/errors';
 import { hashSecret } from '../lib/ids';
-import type { KeyRole, KeyService } from '../services/api-keys';
+import type { KeyRole, KeyService } from '../services/orgs/api-keys';
 
 /** The organisation a request acts for. */
 export interface OrgContext {

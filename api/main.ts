@@ -3,9 +3,9 @@ import { bootstrapApiKey, loadConfigOrExit } from '../config';
 import { createLogger } from '../lib/logger';
 import { dataConverterOf, payloadCodecOf } from '../lib/payload-codec';
 import { createApiServer } from './server';
-import { HostDirectory } from '../services/hosts';
+import { HostDirectory } from '../services/hosts/hosts';
 import { resolveHostToken, resolveSecretBox } from '../config';
-import { migrateOnStart, openApiStore, workflowOrgLookup } from '../services/startup';
+import { migrateOnStart, openApiStore, workflowOrgLookup } from '../services/ops/startup';
 
 /** The API process: validates configuration, connects, listens, and shuts down on SIGTERM. */
 async function main(): Promise<void> {

@@ -4,7 +4,7 @@ import { ApiError } from '../contract/errors';
 import type { Authenticator } from './auth';
 import client from 'prom-client';
 import type { ApiDeps } from './deps';
-import { runningBatchItems } from '../services/batches';
+import { runningBatchItems } from '../services/sessions/batches';
 
 /**
  * The API's Prometheus metrics (one registry per app): HTTP latency by route and status, sessions

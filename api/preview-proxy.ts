@@ -2,14 +2,14 @@
  * The preview proxy: routes a request by its Host header to a sandbox port. Plain HTTP (streamed both
  * ways, kept alive) and WebSocket upgrades (raw byte pipe after the upgrade request). Which port a
  * hostname names, its bearer check and the way to the port are the preview service's
- * (services/previews.ts); this file is the HTTP side only.
+ * (services/sandboxes/previews.ts); this file is the HTTP side only.
  */
 import http from 'node:http';
 import net from 'node:net';
 import type { Duplex } from 'node:stream';
 import { ApiError } from '../contract/errors';
 import { splice } from '../lib/splice';
-import { hostnameOf, type PortRoute, type PreviewDoc, type PreviewService } from '../services/previews';
+import { hostnameOf, type PortRoute, type PreviewDoc, type PreviewService } from '../services/sandboxes/previews';
 
 export { hostnameOf };
 

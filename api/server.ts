@@ -4,7 +4,7 @@ import { answerClientErrors } from './client-errors';
 import type { ApiDeps } from './deps';
 import { PreviewProxy } from './preview-proxy';
 import { createServices } from '../services';
-import { followExecExits } from '../services/exec-exits';
+import { followExecExits } from '../services/exec/exec-exits';
 
 /**
  * The API's HTTP server: the Express app (with WebSocket routes) and the preview proxy on one server.
@@ -39,7 +39,7 @@ export function createApiServer(deps: ApiDeps): { server: http.Server; previewSe
   server.keepAliveTimeout = 65_000;
   answerClientErrors(server);
   server.on('close', () => proxy.close());
-  // Exec sessions' exits recorded as their hosts report them (services/exec-exits), while this serves.
+  // Exec sessions' exits recorded as their hosts report them (services/exec/exec-exits), while this serves.
   let exits: { stop(): void } | null = null;
   server.on('listening', () => {
     exits ??= followExecExits(deps, services.sandbox.live);

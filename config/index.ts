@@ -3,7 +3,7 @@ import { z } from 'zod';
 import { limitsEnvShape, resolveLimits, type SandboxLimits } from './limits';
 import { execLimitsEnvShape } from './exec-limits';
 import { parseSecretsKey, SecretBox } from '../lib/secret-box';
-import { validCidrList } from '../services/webhook-target';
+import { validCidrList } from '../services/webhooks/webhook-target';
 
 /** Directory of this checkout: the nearest parent holding package.json (from source or dist/). */
 export const PROJECT_ROOT = ((): string => {
@@ -134,7 +134,7 @@ export const configSchema = z.object({
     .default(24),
   /**
    * CIDR ranges (comma- or space-separated) that webhooks may reach although they are loopback,
-   * private, link-local, … (refused by default: services/webhook-target.ts), e.g. an on-premise receiver's
+   * private, link-local, … (refused by default: services/webhooks/webhook-target.ts), e.g. an on-premise receiver's
    * `10.1.2.0/24`. Empty: public addresses only.
    */
   WEBHOOK_ALLOWED_CIDRS: z.string().trim().default('').refine(validCidrList, 'must be CIDR ranges separated by commas, e.g. 10.1.2.0/24,fd00::/8'),

@@ -1,4 +1,4 @@
-/** The webhook of a create body and of an answer (their rules are services/webhook-rules.ts, the delivery activities/webhooks.ts). */
+/** The webhook of a create body and of an answer (their rules are services/webhooks/webhook-rules.ts, the delivery activities/webhooks.ts). */
 import { z } from './zod';
 
 const MAX_URL = 2048;

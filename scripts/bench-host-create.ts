@@ -10,7 +10,7 @@ import { HostClient } from '../sandbox';
  *  - `create_ms`: create a sandbox from the base image;
  *  - `create_entrypoint_ms`: create one with the entrypoint `true`, then wait for its exit (exit code 0);
  *  - `destroy_ms`: destroy that second sandbox.
- * (Formerly printed by test/integration/sandbox-host-restart.test.ts, which asserted nothing of it.)
+ * (Formerly printed by test/integration/sandbox-host/sandbox-host-restart.test.ts, which asserted nothing of it.)
  */
 export async function benchHostCreate(opts: { n: number }): Promise<Record<string, unknown>> {
   const dataDir = path.resolve(process.env.DATA_DIR ?? path.join(__dirname, '..', '..', '.data'));

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The production profile's servers (`npm run start:production`, scripts/production.ts; its test,
-# test/integration/production.test.ts, through the tests' global setup), on top of scripts/toolchain.sh,
+# test/integration/ops/production.test.ts, through the tests' global setup), on top of scripts/toolchain.sh,
 # cached by version like it:
 #   - PostgreSQL's server (Debian's postgresql), for Temporal and FerretDB, when the system lacks it
 #   - the Temporal server and temporal-sql-tool, built from the go.temporal.io/server module (the

@@ -17,7 +17,7 @@
 # when it fails.
 # Not here: what only the tests need (scripts/toolchain-test.sh, run by npm test) and the production
 # profile's servers (scripts/toolchain-production.sh, run by npm run start:production and, when
-# test/integration/production.test.ts is among the files run, by the tests' global setup).
+# test/integration/ops/production.test.ts is among the files run, by the tests' global setup).
 set -euo pipefail
 # shellcheck source=scripts/toolchain-lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/toolchain-lib.sh"

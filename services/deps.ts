@@ -3,7 +3,7 @@ import type { Config } from '../config';
 import type { Logger } from '../lib/logger';
 import type { Store } from '../store';
 import type { SecretBox } from '../lib/secret-box';
-import type { HostDirectory } from './hosts';
+import type { HostDirectory } from './hosts/hosts';
 import type { OrgPayloadCodec } from '../lib/payload-codec';
 
 /** What the services of the control plane are built from (api/main.ts and worker/main.ts build it once each; tests build their own). */

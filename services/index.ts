@@ -5,21 +5,21 @@
  * The worker process (worker/main.ts) builds the same set with `createWorkerServices`, which adds the
  * services of the workflows' steps on the sandbox host beside it.
  */
-import { createAgentService } from './agents';
-import { createKeyService } from './api-keys';
-import { createBatchService } from './batches';
-import { createCapacityService } from './capacity';
+import { createAgentService } from './agents/agents';
+import { createKeyService } from './orgs/api-keys';
+import { createBatchService } from './sessions/batches';
+import { createCapacityService } from './orgs/capacity';
 import { createCodecService } from './codec';
-import { createConsoleService } from './console';
+import { createConsoleService } from './ops/console';
 import { createConversationService } from './conversations';
 import type { ServiceDeps } from './deps';
-import { createInstanceService } from './instances';
-import type { LocalHost } from './local-host';
-import { createSandboxServices } from './sandbox-services';
-import { createSecretStoreService } from './secret-stores';
+import { createInstanceService } from './instances/instances';
+import type { LocalHost } from './hosts/local-host';
+import { createSandboxServices } from './sandboxes/sandbox-services';
+import { createSecretStoreService } from './orgs/secret-stores';
 import { createStepServices } from './step-services';
-import { createSessionService } from './sessions';
-import { createUsageService } from './usage';
+import { createSessionService } from './sessions/sessions';
+import { createUsageService } from './orgs/usage';
 
 /** Builds every service of the control plane over `deps`, once. */
 export function createServices(deps: ServiceDeps) {

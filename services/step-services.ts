@@ -4,14 +4,14 @@
  * plane's; apart from them, so that the activities' types do not reach the workflows through
  * services/workflow-control.ts.
  */
-import { createBatchRunService } from './batch-runs';
+import { createBatchRunService } from './sessions/batch-runs';
 import { createConversationRunService } from './conversations/runs';
 import type { ServiceDeps } from './deps';
-import { checkHostLost } from './host-loss';
-import { createInstanceRunService } from './instance-runs';
-import type { LocalHost } from './local-host';
-import { createSessionRunService } from './session-runs';
-import { createWebhookService } from './webhooks';
+import { checkHostLost } from './hosts/host-loss';
+import { createInstanceRunService } from './instances/instance-runs';
+import type { LocalHost } from './hosts/local-host';
+import { createSessionRunService } from './sessions/session-runs';
+import { createWebhookService } from './webhooks/webhooks';
 
 export function createStepServices(deps: Pick<ServiceDeps, 'store' | 'hosts' | 'logger'>, local: LocalHost) {
   const runDeps = { ...local, store: deps.store };
@@ -22,7 +22,7 @@ export function createStepServices(deps: Pick<ServiceDeps, 'store' | 'hosts' | '
     conversationRuns: createConversationRunService(runDeps, { store: deps.store, hosts: deps.hosts, logger: deps.logger }),
     webhooks: createWebhookService(deps),
     hostLoss: {
-      /** True when host `hostId` is lost (services/host-loss.ts checkHostLost). */
+      /** True when host `hostId` is lost (services/hosts/host-loss.ts checkHostLost). */
       isLost: (hostId: string): Promise<boolean> => checkHostLost(deps.store, hostId, local.hostDeadAfterMs ?? 15_000, local.hostToken ?? ''),
     },
   };

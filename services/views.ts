@@ -7,10 +7,10 @@ import type { BatchDoc } from '../store/batches';
 import type { InstanceDoc } from '../store/instances';
 import type { SecretEntryDoc, SecretStoreDoc } from '../store/secrets';
 import type { ReservationDoc } from '../store/capacity';
-import { webhookView } from './webhook-rules';
+import { webhookView } from './webhooks/webhook-rules';
 import type { SandboxView } from '../contract/sandboxes';
 import type { SandboxDoc } from '../store/sandboxes';
-import { patchFields } from './patch-state';
+import { patchFields } from './checkpoints/patch-state';
 
 /** The public form of a session (2.1), plus `outcome` once it has ended: what GET answers and a webhook carries. */
 export function sessionView(s: SessionDoc): z.infer<typeof Session> {

@@ -16,7 +16,7 @@ export interface HostDoc {
   capacity?: HostCapacity;
   /** Set when the host was found dead (by whoever noticed first): its sandboxes are written off. */
   lostAt?: Date | null;
-  /** Set once what ran on the lost host was written off (services/host-watch.ts). */
+  /** Set once what ran on the lost host was written off (services/hosts/host-watch.ts). */
   writtenOff?: boolean;
 }
 
@@ -38,7 +38,7 @@ export async function registerHost(
 
 /**
  * Records that host `hostId` was found lost (once: the first finder wins). Answers true for the
- * process that marked it, which then writes off what ran there (instances, see services/host-watch.ts).
+ * process that marked it, which then writes off what ran there (instances, see services/hosts/host-watch.ts).
  */
 export async function markHostLost(store: Store, hostId: string): Promise<boolean> {
   const r = await hostsOf(store).updateOne({ _id: hostId, $or: [{ lostAt: null }, { lostAt: { $exists: false } }] }, { $set: { lostAt: new Date() } });

@@ -1,7 +1,7 @@
 import type { Store } from './index';
 
 /**
- * Room reserved by one capture under way (services/storage-quota.ts): a document of its own, written
+ * Room reserved by one capture under way (services/checkpoints/storage-quota.ts): a document of its own, written
  * only by its capture (inserted, renewed, admitted, deleted) and deleted by others only once it has
  * lapsed. FerretDB (SQLite, PostgreSQL) runs an update as a read and a write of the whole document,
  * not atomically, so concurrent updates of one shared document (a counter) lose some; an insert, a

@@ -54,10 +54,10 @@ export default async function globalSetup(globalConfig?: { maxWorkers?: number; 
   process.stderr.write(`[global setup] ${count} test stack${count > 1 ? 's' : ''} started in ${((Date.now() - t0) / 1000).toFixed(1)} s\n`);
 }
 
-const PRODUCTION_TEST = path.resolve(__dirname, 'integration', 'production.test.ts');
+const PRODUCTION_TEST = path.resolve(__dirname, 'integration', 'ops', 'production.test.ts');
 
 /**
- * Whether this run may include test/integration/production.test.ts: jest selects the files whose path
+ * Whether this run may include test/integration/ops/production.test.ts: jest selects the files whose path
  * matches its testPathPattern (the command line's file arguments, case-insensitively; none: every file).
  */
 export function runsProductionTest(testPathPattern: string | undefined, file = PRODUCTION_TEST): boolean {
@@ -150,15 +150,15 @@ async function startTestStack(k: number): Promise<TestStack> {
       // Webhook receivers of the tests listen on 127.0.0.2: only that address is opened, so the tests
       // can show that the rest of loopback (127.0.0.1, localhost, ::1, …) stays refused.
       WEBHOOK_ALLOWED_CIDRS: '127.0.0.2/32',
-      // Exec limits a test can reach (test/integration/exec-limits.test.ts; defaults 256 and 30 s).
+      // Exec limits a test can reach (test/integration/exec/exec-limits.test.ts; defaults 256 and 30 s).
       EXEC_SESSIONS_PER_ORG: '48',
       EXEC_WS_STALL_SECONDS: '5',
-      // The console's link to a session's workflow (test/integration/console.test.ts checks its href; no UI runs here).
+      // The console's link to a session's workflow (test/integration/console/console.test.ts checks its href; no UI runs here).
       TEMPORAL_UI_URL: 'http://temporal-ui.test.invalid:8233',
-      // Lets test/integration/entrypoint-once.test.ts stop the host at a point of an entrypoint's start (off without the file).
+      // Lets test/integration/hosts/entrypoint-once.test.ts stop the host at a point of an entrypoint's start (off without the file).
       SANDBOX_TEST_PAUSE_FILE: path.join(dataDir, 'test-pause-entrypoint'),
     },
-    // As under npm start: a process that dies unexpectedly comes back (test/integration/supervision.test.ts).
+    // As under npm start: a process that dies unexpectedly comes back (test/integration/ops/supervision.test.ts).
     supervise: true,
     log: (line) => process.stderr.write(`[stack ${k} supervisor] ${line}\n`),
   });

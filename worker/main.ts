@@ -7,15 +7,15 @@ import { createActivities } from '../activities';
 import { createLogger } from '../lib/logger';
 import { HostClient } from '../sandbox';
 import { createWorkerServices } from '../services';
-import { startReaper } from '../services/reaper';
+import { startReaper } from '../services/sandboxes/reaper';
 import { createWorkerMetrics, installTemporalRuntime, serveWorkerMetrics } from './metrics';
-import { joinHosts, startHostHeartbeat } from '../services/host-heartbeat';
-import { HostDirectory } from '../services/hosts';
-import { placementFrom } from '../services/placement';
-import { openWorkerStore, workflowOrgLookup } from '../services/startup';
+import { joinHosts, startHostHeartbeat } from '../services/hosts/host-heartbeat';
+import { HostDirectory } from '../services/hosts/hosts';
+import { placementFrom } from '../services/hosts/placement';
+import { openWorkerStore, workflowOrgLookup } from '../services/ops/startup';
 import { dataConverterOf, payloadCodecOf } from '../lib/payload-codec';
 import { workerReadiness } from './readiness';
-import { startHostWatch } from '../services/host-watch';
+import { startHostWatch } from '../services/hosts/host-watch';
 
 /** Where `npm run build` puts the prebundled workflow code (bundling at start costs ~2 s). */
 export const WORKFLOW_BUNDLE = path.join(PROJECT_ROOT, 'dist', 'workflow-bundle.js');

@@ -77,7 +77,7 @@ export function createWorkerMetrics(deps: { host: HostClient; sandboxMetricsMax?
 
   const sweeps = new client.Counter({
     name: 'sap_reaper_sweeps_total',
-    help: "The reaper's sweeps of this worker's host (services/reaper.ts), by outcome",
+    help: "The reaper's sweeps of this worker's host (services/sandboxes/reaper.ts), by outcome",
     labelNames: ['outcome'] as const,
     registers: [registry],
   });
@@ -203,7 +203,7 @@ export function installTemporalRuntime(opts: { logger: Logger; prometheusPort: n
     const { sdkComponent, taskToken: _taskToken, ...meta } = (entry.meta ?? {}) as Record<string, unknown>;
     opts.logger[levels[entry.level]]({ sdk: sdkComponent ?? 'temporal', ...meta }, entry.message);
   });
-  // Worker heartbeats let the API's /readyz tell a live idle worker from a dead one (see services/readiness.ts).
+  // Worker heartbeats let the API's /readyz tell a live idle worker from a dead one (see services/ops/readiness.ts).
   const workerHeartbeatInterval = opts.heartbeatMs ?? 60_000;
   if (opts.prometheusPort) {
     const bindAddress = `127.0.0.1:${opts.prometheusPort}`;

@@ -23,5 +23,5 @@ export const batchCountsQuery = defineQuery<BatchCounts>('batchCounts');
 /** Asks the instance to destroy its sandbox and end (DELETE …/instances/{id}). */
 export const destroyInstanceSignal = defineSignal('destroyInstance');
 
-/** Its sandbox's host was lost (services/host-watch.ts): the instance ends failed, reason host_lost. */
+/** Its sandbox's host was lost (services/hosts/host-watch.ts): the instance ends failed, reason host_lost. */
 export const hostLostSignal = defineSignal<[{ hostId: string }]>('hostLost');

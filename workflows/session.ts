@@ -91,7 +91,7 @@ async function provision(args: ProvisionArgs): Promise<Provisioned> {
     }
     return result;
   } catch (err) {
-    // The host that claimed this run is lost (services/session-runs.ts backToClaimant).
+    // The host that claimed this run is lost (services/sessions/session-runs.ts backToClaimant).
     const lost = failureOfType(err, failureType('host_lost'));
     if (lost) throw new HostLost(String(lost.details?.[0] ?? 'unknown'));
     throw err;
@@ -166,7 +166,7 @@ async function finish(args: SessionWorkflowArgs, result: SessionWorkflowResult, 
   });
 }
 
-/** Thrown (and caught) inside the workflow when the sandbox's host is lost (services/host-loss.ts checkHostLost). */
+/** Thrown (and caught) inside the workflow when the sandbox's host is lost (services/hosts/host-loss.ts checkHostLost). */
 class HostLost extends Error {
   constructor(readonly hostId: string) {
     super(`sandbox host ${hostId} was lost`);

@@ -1,7 +1,7 @@
 import { z } from 'zod';
 import type { RouteTable } from '../http';
 import { Agent, AgentParams, CreateAgentBody, Cursor, Limit, UpdateAgentBody } from '../../contract/schemas';
-import type { AgentService } from '../../services/agents';
+import type { AgentService } from '../../services/agents/agents';
 import { agentView } from '../../services/views';
 
 /** /v1/agents: create, list, read, update, delete. */

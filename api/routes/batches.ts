@@ -14,7 +14,7 @@ import {
   BatchById,
 } from '../../contract/batch-schemas';
 import { batchView } from '../../services/views';
-import type { BatchService } from '../../services/batches';
+import type { BatchService } from '../../services/sessions/batches';
 
 /** /v1/agents/{agentId}/batches: create, list, read, results, cancel. */
 export function registerBatchRoutes(t: RouteTable, batches: BatchService): void {

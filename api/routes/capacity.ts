@@ -1,7 +1,7 @@
 import { z } from 'zod';
 import type { RouteTable } from '../http';
 import { idempotencyKeyOf } from '../idempotency';
-import type { CapacityService } from '../../services/capacity';
+import type { CapacityService } from '../../services/orgs/capacity';
 import { reservationView } from '../../services/views';
 import { CalendarQuery, Calendar, CreateReservationBody, Reservation } from '../../contract/capacity';
 

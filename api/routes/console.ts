@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import type { RouteTable } from '../http';
-import type { ConsoleService } from '../../services/console';
+import type { ConsoleService } from '../../services/ops/console';
 import { ConsoleConfig, Host } from '../../contract/console';
 
 /** GET /api/console/config and GET /api/hosts (operators only): what the web console reads besides the resources. */

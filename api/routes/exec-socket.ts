@@ -9,9 +9,9 @@ import { ApiError, notFound } from '../../contract/errors';
 import type { Logger } from '../../lib/logger';
 import type { HostClient } from '../../sandbox';
 import { FRAME_EXIT, FRAME_STDIN, writeRawFrame } from '../../sandbox';
-import type { ExecLive } from '../../services/exec-live';
-import { fromHostError } from '../../services/host-errors';
-import type { SandboxServices } from '../../services/sandbox-services';
+import type { ExecLive } from '../../services/exec/exec-live';
+import { fromHostError } from '../../services/hosts/host-errors';
+import type { SandboxServices } from '../../services/sandboxes/sandbox-services';
 import { closeWith, pauseSocket, resumeSocket } from '../ws';
 import { ExecSocketParams } from '../../contract/exec';
 

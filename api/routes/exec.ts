@@ -2,13 +2,13 @@ import { z } from 'zod';
 import type { ApiDeps } from '../deps';
 import type { RouteTable } from '../http';
 import '../http';
-import { RESULT_WAIT_MS } from '../../services/exec';
-import type { SandboxServices } from '../../services/sandbox-services';
+import { RESULT_WAIT_MS } from '../../services/exec/exec';
+import type { SandboxServices } from '../../services/sandboxes/sandbox-services';
 import { KillBody, SandboxParams } from '../../contract/sandboxes';
 import { ExecSessionParams, CreateExecBody, RunExecBody, ExecSessionView, RunResultView, ExecResultView } from '../../contract/exec';
 
 /*
- * Exec sessions (services/exec.ts): a command started inside a sandbox, kept by the sandbox host,
+ * Exec sessions (services/exec/exec.ts): a command started inside a sandbox, kept by the sandbox host,
  * recorded in MongoDB. The API relays every public WebSocket client to the host through a socket of
  * its own (./exec-socket.ts), so each public client is exactly one host client and
  * `attachedClients` (read from the host) counts them.

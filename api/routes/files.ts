@@ -6,7 +6,7 @@ import { z } from 'zod';
 import type { ApiDeps } from '../deps';
 import { publicBase, type RouteTable } from '../http';
 import { invalid } from '../../contract/errors';
-import type { SandboxServices } from '../../services/sandbox-services';
+import type { SandboxServices } from '../../services/sandboxes/sandbox-services';
 import { SandboxParams } from '../../contract/sandboxes';
 import { SandboxPath, PathQuery, OptionalPathQuery, Bool, FileEntry, RenameBody, SignedUrlBody, SignedUrlView, FileTokenParams } from '../../contract/files';
 
@@ -47,7 +47,7 @@ export function attachmentOf(path: string): string {
   return `attachment; filename="${ascii}"; filename*=UTF-8''${encodeURIComponent(name)}`;
 }
 
-/** Whether the client asked for the async wake (X-OSB-Async-Wake: 1, see services/files.ts). */
+/** Whether the client asked for the async wake (X-OSB-Async-Wake: 1, see services/sandboxes/files.ts). */
 const asyncWake = (req: Request): boolean => req.header('x-osb-async-wake') === '1';
 
 /** /api/sandboxes/:id/files…: the sandbox's filesystem. */

@@ -1,7 +1,7 @@
 import { z } from 'zod';
 import type { RouteTable } from '../http';
 import { AgentParams } from '../../contract/schemas';
-import type { InstanceService } from '../../services/instances';
+import type { InstanceService } from '../../services/instances/instances';
 import { instanceView } from '../../services/views';
 import { InstanceParams, StatusEnum, InstanceView } from '../../contract/instances';
 

@@ -2,8 +2,8 @@ import { z } from 'zod';
 import type { ApiDeps } from '../deps';
 import type { RouteTable } from '../http';
 import '../http';
-import type { PreviewDoc } from '../../services/previews';
-import type { SandboxServices } from '../../services/sandbox-services';
+import type { PreviewDoc } from '../../services/sandboxes/previews';
+import type { SandboxServices } from '../../services/sandboxes/sandbox-services';
 import { SandboxParams } from '../../contract/sandboxes';
 import { Port, CreatePreviewBody, Preview } from '../../contract/previews';
 

@@ -6,8 +6,8 @@ import type { ApiDeps } from '../deps';
 import type { RouteTable } from '../http';
 import { parseOrThrow } from '../http';
 import { ApiError } from '../../contract/errors';
-import { fromHostError } from '../../services/host-errors';
-import type { SandboxServices } from '../../services/sandbox-services';
+import { fromHostError } from '../../services/hosts/host-errors';
+import type { SandboxServices } from '../../services/sandboxes/sandbox-services';
 import { SandboxParams } from '../../contract/sandboxes';
 import { closeWith } from '../ws';
 import { PtySessionParams, CreatePtyBody, PtyView } from '../../contract/exec';
@@ -16,7 +16,7 @@ import { PtySessionParams, CreatePtyBody, PtyView } from '../../contract/exec';
  * Terminals (the OpenComputer client's `sandbox.pty`): POST starts a login shell on a pseudo-terminal
  * of the sandbox (kept by its host, see sandbox/host/pty.ts); the WebSocket at
  * /api/sandboxes/{id}/pty/{sessionID} relays keystrokes (and `{"type":"resize","cols","rows"}` text
- * frames) to it and its output (binary frames) back. Recorded in MongoDB (services/pty.ts) so that
+ * frames) to it and its output (binary frames) back. Recorded in MongoDB (services/exec/pty.ts) so that
  * any API process can attach a client.
  */
 

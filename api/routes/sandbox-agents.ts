@@ -2,7 +2,7 @@ import { z } from 'zod';
 import type { ApiDeps } from '../deps';
 import type { RouteTable } from '../http';
 import '../http';
-import type { SandboxServices } from '../../services/sandbox-services';
+import type { SandboxServices } from '../../services/sandboxes/sandbox-services';
 import { KillBody, SandboxParams } from '../../contract/sandboxes';
 import { CreateAgentSessionBody, AgentSessionParams, AgentSessionView } from '../../contract/exec';
 

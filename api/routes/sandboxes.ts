@@ -7,8 +7,8 @@ import { networkSchema } from '../../contract/network';
 import { AllowedHostsView, CreateSandboxBody, SandboxMetricsView, SandboxParams, SandboxView, ScaleBody, ScaleView } from '../../contract/sandboxes';
 import { sandboxView } from '../../services/views';
 import { sseIfAsked } from '../sse';
-import type { SandboxServices } from '../../services/sandbox-services';
-import { sealedHostsOfStore } from '../../services/secret-stores';
+import type { SandboxServices } from '../../services/sandboxes/sandbox-services';
+import { sealedHostsOfStore } from '../../services/orgs/secret-stores';
 import { IdleTimeoutSeconds } from '../../contract/sandboxes';
 
 /** /api/sandboxes: create, list, read, kill (the OpenComputer API's shapes). */

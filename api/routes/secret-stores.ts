@@ -1,7 +1,7 @@
 import { z } from 'zod';
 import type { RouteTable } from '../http';
 import '../http';
-import type { SecretStoreService } from '../../services/secret-stores';
+import type { SecretStoreService } from '../../services/orgs/secret-stores';
 import { secretEntryView as entryView, secretStoreView as storeView } from '../../services/views';
 import { CreateSecretStoreBody, SetSecretBody, SecretStoreView, SecretEntryView, StoreParams, EntryParams } from '../../contract/secret-stores';
 

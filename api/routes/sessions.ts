@@ -4,7 +4,7 @@ import type { RouteTable } from '../http';
 import { idempotencyKeyOf } from '../idempotency';
 import { CreateSessionBody, Cursor, Limit, WaitSeconds, Session, SessionParams, SessionResult, SessionStatusEnum, AgentParams } from '../../contract/schemas';
 import { sessionResultView, sessionView } from '../../services/views';
-import { isTerminal, type LogStream, type LogWriter, type SessionLogDoc, type SessionService } from '../../services/sessions';
+import { isTerminal, type LogStream, type LogWriter, type SessionLogDoc, type SessionService } from '../../services/sessions/sessions';
 import { LogsQuery } from '../../contract/schemas';
 
 /**

@@ -2,8 +2,8 @@ import { z } from 'zod';
 import type { ApiDeps } from '../deps';
 import type { RouteTable } from '../http';
 import '../http';
-import type { SnapshotDoc } from '../../services/snapshots';
-import type { SandboxServices } from '../../services/sandbox-services';
+import type { SnapshotDoc } from '../../services/checkpoints/snapshots';
+import type { SandboxServices } from '../../services/sandboxes/sandbox-services';
 import { sse } from '../sse';
 
 export { ImageManifestSchema, ImageStepSchema } from '../../contract/image-schema';

@@ -2,7 +2,7 @@ import { z } from 'zod';
 import type { ApiDeps } from '../deps';
 import type { RouteTable } from '../http';
 import { ApiError } from '../../contract/errors';
-import type { SandboxServices } from '../../services/sandbox-services';
+import type { SandboxServices } from '../../services/sandboxes/sandbox-services';
 import { SandboxParams } from '../../contract/sandboxes';
 
 /**

@@ -1,5 +1,5 @@
 import type { RouteTable } from '../http';
-import type { UsageService } from '../../services/usage';
+import type { UsageService } from '../../services/orgs/usage';
 import { Usage } from '../../contract/usage';
 
 /** GET /api/usage: what the caller's organisation stores, against its quota. */

@@ -17,7 +17,7 @@ _IDS = json.loads(os.environ.get("SAP_FUZZ_IDS", "{}"))
 _TALLY = os.environ.get("SAP_FUZZ_TALLY")
 _lock = threading.Lock()
 
-# Path parameter, by the segment before it and its name → fixture kind (as in test/integration/auth-walk.test.ts).
+# Path parameter, by the segment before it and its name → fixture kind (as in test/integration/security/auth-walk.test.ts).
 _FILL = {
     "agents/{agentId}": "agent",
     "sessions/{id}": "session",

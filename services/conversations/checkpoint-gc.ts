@@ -32,8 +32,8 @@ import {
   type TurnDoc,
 } from '../../store/conversations';
 import { ApiError } from '../../contract/errors';
-import { deleteCheckpoint } from '../checkpoints';
-import { assertStorageRoom } from '../storage-quota';
+import { deleteCheckpoint } from '../checkpoints/checkpoints';
+import { assertStorageRoom } from '../checkpoints/storage-quota';
 import type { SandboxDeps } from '../deps';
 import { unreachableTurns } from './reachability';
 

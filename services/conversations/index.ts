@@ -22,7 +22,7 @@ import {
 import { ApiError, conflict, invalid, notFound } from '../../contract/errors';
 import { derivedId, randomId } from '../../lib/ids';
 import { isDuplicateKey } from '../../store';
-import { runSpecOf } from '../run-spec';
+import { runSpecOf } from '../sessions/run-spec';
 import type { AgentRunSpec } from '../../contract/workflows';
 import {
   deleteConversation,
@@ -45,11 +45,11 @@ import {
 import { findHost } from '../../store/hosts';
 import { AGENT_ID, ORG_ID } from '../../workflows/defs';
 import { archiveSignal, cancelUpdate, conversationStateQuery, forkedSignal, messageUpdate, rewindUpdate } from '../../workflows/conversation.defs';
-import type { AgentService } from '../agents';
+import type { AgentService } from '../agents/agents';
 import type { ServiceDeps } from '../deps';
-import { snapshotRefOf } from '../snapshots';
+import { snapshotRefOf } from '../checkpoints/snapshots';
 import { endWorkflowAndWait } from '../workflow-control';
-import { deleteCheckpoint } from '../checkpoints';
+import { deleteCheckpoint } from '../checkpoints/checkpoints';
 import { listSandboxCheckpoints } from '../../store/checkpoints';
 import { assertTurnRoom, checkpointFreedMessage } from './checkpoint-gc';
 

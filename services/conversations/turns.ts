@@ -25,7 +25,7 @@ import {
   upsertTurn,
   type TurnDoc,
 } from '../../store/conversations';
-import { parseRunnerSetting, RUNNER_PATH, runnerFile, STATE_DIR } from '../agent-sessions';
+import { parseRunnerSetting, RUNNER_PATH, runnerFile, STATE_DIR } from '../agents/agent-sessions';
 
 /** What running turns needs: the store, and the sandbox host beside this worker. */
 export interface TurnDeps {

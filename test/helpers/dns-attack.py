@@ -1,5 +1,5 @@
 """
-Attacks on the sandboxes' resolver, run inside a sandbox by test/integration/network.test.ts:
+Attacks on the sandboxes' resolver, run inside a sandbox by test/integration/security/network.test.ts:
 
   raw SRC SPORT NAME             one DNS query for NAME to the resolver (169.254.53.53:53) in a
                                  hand-built IPv4/UDP packet with source SRC:SPORT (a raw socket: a

@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 /*
- * An upstream for the sealed-secrets proxy's attack tests (test/integration/sealed-proxy.test.ts):
+ * An upstream for the sealed-secrets proxy's attack tests (test/integration/security/sealed-proxy.test.ts):
  * HTTPS on --port with --cert/--cert-key. It logs every request it parses, as it parsed it (method,
  * target, raw headers, body), one JSON line each to --log, so a test sees exactly what the proxy
  * forwarded (a second request smuggled in a body shows up as a line of its own). Every answer echoes

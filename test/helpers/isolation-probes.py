@@ -1,5 +1,5 @@
 """
-Escape probes for the sandbox isolation suite (test/integration/isolation.test.ts).
+Escape probes for the sandbox isolation suite (test/integration/security/isolation.test.ts).
 
 Run inside a sandbox as `python3 isolation-probes.py '<json config>'` (or `python3 -c SCRIPT
 '<json config>'`). Config: {"dataDir": host DATA_DIR, "out": optional path to write the result to}.

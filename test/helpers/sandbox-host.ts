@@ -1,5 +1,5 @@
 /**
- * Helpers of the sandbox host's tests (test/integration/sandbox-host*.test.ts): run a program inside a
+ * Helpers of the sandbox host's tests (test/integration/sandbox-host/*.test.ts): run a program inside a
  * sandbox straight through the provider, and look at the host's cgroups, mounts and processes.
  */
 import { promises as fsp, existsSync } from 'node:fs';

@@ -1,5 +1,5 @@
 import { sdkOptions, sessionIdOf } from '../../sandbox/runners/agent';
-import { parseRunnerSetting } from '../../services/agent-sessions';
+import { parseRunnerSetting } from '../../services/agents/agent-sessions';
 
 describe('the Claude Agent SDK runner', () => {
   it('passes the session options, the sandbox environment and resume to query()', () => {

@@ -1,6 +1,6 @@
 import type { Request } from 'express';
 import { createAuthenticator, pickSubprotocol } from '../../api/auth';
-import { createKeyService } from '../../services/api-keys';
+import { createKeyService } from '../../services/orgs/api-keys';
 import { hashSecret } from '../../lib/ids';
 import type { Store } from '../../store';
 

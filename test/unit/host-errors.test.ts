@@ -4,7 +4,7 @@
  */
 import { API_ERROR_STATUS, HOST_ERROR_STATUS, HostError, relayedFromHost, type HostErrorType } from '../../contract/errors';
 import { ApiError } from '../../contract/errors';
-import { fromHostError } from '../../services/host-errors';
+import { fromHostError } from '../../services/hosts/host-errors';
 
 describe('fromHostError', () => {
   const hostCodes = Object.keys(HOST_ERROR_STATUS) as HostErrorType[];

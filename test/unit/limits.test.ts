@@ -4,7 +4,7 @@
  */
 import { ConfigError, loadConfig } from '../../config';
 import { effectiveResources, loadLimits, overMaximum, resolveLimits } from '../../config/limits';
-import { decideEnd } from '../../services/session-runs';
+import { decideEnd } from '../../services/sessions/session-runs';
 
 const machine = { totalMemoryMB: 8000, cores: 4 };
 

@@ -1,5 +1,5 @@
 import type { HostDoc } from '../../store/hosts';
-import { chooseHost, hostAlive, placementWeight } from '../../services/placement';
+import { chooseHost, hostAlive, placementWeight } from '../../services/hosts/placement';
 
 const now = Date.parse('2026-11-24T00:00:00Z');
 const doc = (id: string, ageMs: number, sandboxes: number, maxSandboxes = 10, reservedMB = 0, memoryMB = 8192): HostDoc => ({

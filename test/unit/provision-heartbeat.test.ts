@@ -7,8 +7,8 @@
 import { MockActivityEnvironment } from '@temporalio/testing';
 import { createSessionActivities, type Provisioned } from '../../activities/sessions';
 import type { ActivityDeps } from '../../activities/deps';
-import { createSessionRunService } from '../../services/session-runs';
-import type { LocalRunDeps } from '../../services/local-host';
+import { createSessionRunService } from '../../services/sessions/session-runs';
+import type { LocalRunDeps } from '../../services/hosts/local-host';
 import { loadLimits } from '../../config/limits';
 import type { AgentRunSpec } from '../../contract/workflows';
 

@@ -5,12 +5,12 @@
 import pino from 'pino';
 import type { ApiDeps } from '../../api/deps';
 import { CreateSandboxBody } from '../../contract/sandboxes';
-import { provisionSandbox } from '../../services/sandboxes';
+import { provisionSandbox } from '../../services/sandboxes/sandboxes';
 import { loadLimits } from '../../config/limits';
 import { ApiError } from '../../contract/errors';
 import { HostError } from '../../sandbox/host-contract/client';
 import type { SandboxInfo } from '../../sandbox/host-contract/types';
-import { startReaper } from '../../services/reaper';
+import { startReaper } from '../../services/sandboxes/reaper';
 
 const logger = pino({ level: 'silent' });
 

@@ -1,4 +1,4 @@
-import { judgeWorkers } from '../../services/readiness';
+import { judgeWorkers } from '../../services/ops/readiness';
 import { workerReadiness } from '../../worker/readiness';
 
 const NOW = 1_000_000;

@@ -64,21 +64,21 @@ describe('the test suite’s stacks on one machine (two jest workers)', () => {
 });
 
 describe('the production toolchain in the global setup', () => {
-  const file = '/repo/test/integration/production.test.ts';
+  const file = '/repo/test/integration/ops/production.test.ts';
   it('is run when the production test may be among the files: all of them, or a pattern that matches it', () => {
     for (const pattern of [
       undefined,
       '',
-      'test/integration/production.test.ts',
+      'test/integration/ops/production.test.ts',
       'production',
       'PRODUCTION',
-      'test/integration/(exec|production)\\.test\\.ts',
+      'test/integration/(exec|ops)/(exec|production)\\.test\\.ts',
     ]) {
       expect(runsProductionTest(pattern, file)).toBe(true);
     }
   });
   it('is not run when only other files are', () => {
-    for (const pattern of ['test/integration/exec.test.ts', 'test/unit', 'test/integration/(exec|network)\\.test\\.ts']) {
+    for (const pattern of ['test/integration/exec/exec.test.ts', 'test/unit', 'test/integration/(exec|security)/(exec|network)\\.test\\.ts']) {
       expect(runsProductionTest(pattern, file)).toBe(false);
     }
   });

@@ -1,12 +1,12 @@
 /**
- * Where webhooks may go (services/webhook-target.ts), as an attacker who names the receiver would try:
+ * Where webhooks may go (services/webhooks/webhook-target.ts), as an attacker who names the receiver would try:
  * every spelling of loopback, private, link-local (cloud metadata), multicast and unspecified
  * addresses, names that resolve to them, and a resolver that answers differently the second time.
  */
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { loadConfig } from '../../config';
-import { postChecked, refusedAddress, refusedUrl, targetPolicy, urlHost, WebhookTargetRefused, type LookupAll } from '../../services/webhook-target';
+import { postChecked, refusedAddress, refusedUrl, targetPolicy, urlHost, WebhookTargetRefused, type LookupAll } from '../../services/webhooks/webhook-target';
 
 const DEFAULT = targetPolicy(loadConfig({}).WEBHOOK_ALLOWED_CIDRS);
 
