@@ -2,9 +2,9 @@
  * An exec exit reported before its session's record is written (the start writes the record while
  * the host starts the command; `exit 7` can end first): written once the record is there, not lost.
  */
-import { createExecLive } from '../../services/exec-live';
+import { createExecLive } from '../../services/exec/exec-live';
 import type { SandboxDeps } from '../../services/deps';
-import type { SandboxService } from '../../services/sandboxes';
+import type { SandboxService } from '../../services/sandboxes/sandboxes';
 
 function fakes(matchedAfter: number) {
   const calls: { filter: unknown; update: unknown }[] = [];
