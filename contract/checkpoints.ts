@@ -5,7 +5,17 @@ import { z } from './zod'; // zod with .openapi()
 import { ImageManifestSchema } from './image-schema';
 import { SandboxParams } from './sandboxes';
 
-export const CheckpointId = z.string().regex(/^cp-[a-z0-9]{1,64}$/, 'must be a checkpoint id (cp-…)');
+/** A conversation turn's checkpoint id: `cp-c<the conversation id's body>-t<turn>` (taken at the turn's end). */
+export const turnCheckpointId = (conversationId: string, turn: number): string => `cp-${conversationId.replace(/^conv_/, 'c')}-t${turn}`;
+
+/** The conversation and turn a turn checkpoint's id names, or null for any other checkpoint. */
+export function turnOfCheckpoint(id: string): { conversationId: string; turn: number } | null {
+  const m = /^cp-c([a-z0-9]{1,64})-t([0-9]{1,9})$/.exec(id);
+  return m ? { conversationId: `conv_${m[1]}`, turn: Number(m[2]) } : null;
+}
+
+/** A checkpoint's id: `cp-` and its body, or a conversation turn's (`cp-c…-t<turn>`). */
+export const CheckpointId = z.string().regex(/^cp-[a-z0-9]{1,64}(-t[0-9]{1,9})?$/, 'must be a checkpoint id (cp-…)');
 
 export const PatchId = z.string().regex(/^pa-[a-z0-9]{1,64}-[0-9]{1,9}$/, 'must be a patch id (pa-…)');
 

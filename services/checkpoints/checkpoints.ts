@@ -5,6 +5,8 @@
 import type { HostClient } from '../../sandbox';
 import { MAX_CHECKPOINTS_PER_SANDBOX } from '../../contract/limits';
 import { ApiError, conflict, invalid, notFound } from '../../contract/errors';
+import { turnOfCheckpoint } from '../../contract/checkpoints';
+import { findConversation } from '../../store/conversations';
 import { randomId } from '../../lib/ids';
 import {
   CheckpointDoc,
@@ -211,6 +213,12 @@ export function createCheckpointService(deps: SandboxDeps, sandboxes: SandboxSer
       if (checkpointStatus(cp).status === 'processing') throw conflict(`checkpoint ${cp._id} is still processing`);
       const snap = await findSnapshotOfCheckpoint(deps.store, cp.orgId, cp._id);
       if (snap) throw conflict(`checkpoint ${cp._id} is in use: snapshot ${snap._id} uses it`);
+      // A turn's checkpoint belongs to its conversation: its rewinds, forks and deletion free it (services/conversations/checkpoint-gc.ts).
+      const turn = turnOfCheckpoint(cp._id);
+      if (turn && (await findConversation(deps.store, turn.conversationId)))
+        throw conflict(
+          `checkpoint ${cp._id} is turn ${turn.turn} of conversation ${turn.conversationId}: it is freed by a rewind past it or by deleting the conversation`,
+        );
       await deleteCheckpoint(deps, cp);
       return cp;
     },

@@ -240,12 +240,22 @@ export function createConversationService(deps: ServiceDeps, agents: Pick<AgentS
 
   const handle = (id: string) => deps.temporal.workflow.getHandle(id);
 
+  /** The answer to the message sent before with Idempotency-Key `key`, or null when none was accepted. */
+  async function acceptedBefore(id: string, key: string): Promise<MessageAccepted | null> {
+    try {
+      return await handle(id).getUpdateHandle<MessageAccepted>(`msg-${key}`).result();
+    } catch {
+      return null;
+    }
+  }
+
   return {
     /** Creates a conversation; with an Idempotency-Key a repeat answers the first (created false). */
     async create(orgId: string, agentId: string, body: z.infer<typeof CreateConversationBody>, key: string | undefined) {
       const id = key ? `conv_${derivedId('conversation', orgId, key)}` : `conv_${randomId()}`;
-      // A new conversation stores checkpoints from its start: none at the storage quota (after garbage collection).
-      await assertTurnRoom(deps, orgId);
+      // A new conversation stores checkpoints from its start: none at the storage quota (after garbage
+      // collection). A repeat of a create (its Idempotency-Key) stores nothing: it is answered the first.
+      if (!(key && (await findConversation(deps.store, id)))) await assertTurnRoom(deps, orgId);
       const { doc, created } = await start({ orgId, agentId, body, id });
       return { conversation: await view(doc), created };
     },
@@ -264,8 +274,13 @@ export function createConversationService(deps: ServiceDeps, agents: Pick<AgentS
       // At the storage quota (after garbage collection) the turn is refused (507) before anything of it is stored.
       const [found, room] = await Promise.allSettled([own(orgId, id), assertTurnRoom(deps, orgId)]);
       if (found.status === 'rejected') throw found.reason;
-      if (room.status === 'rejected') throw room.reason;
       const doc = found.value;
+      // A repeat of a message that was accepted (its Idempotency-Key) is answered its turn, even at the quota.
+      if (room.status === 'rejected') {
+        const before = key ? await acceptedBefore(id, key) : null;
+        if (before) return before;
+        throw room.reason;
+      }
       if (doc.status === 'archived' || doc.status === 'failed') throw conflict(`the conversation is ${doc.status}`);
       try {
         return await handle(id).executeUpdate(messageUpdate, { args: [{ text }], ...(key ? { updateId: `msg-${key}` } : {}) });

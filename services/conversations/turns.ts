@@ -10,6 +10,7 @@
 import type { HostClient } from '../../sandbox';
 import { decodeExecFrame, encodeStdinFrame } from '../../sandbox';
 import { CONVERSATION_BOUNDS, eventLevel, type RunnerOptions, type TurnOutcome, type YieldReason } from '../../contract/conversations';
+import { turnCheckpointId } from '../../contract/checkpoints';
 import type { Store } from '../../store';
 import { insertCheckpoint, type CheckpointDoc } from '../../store/checkpoints';
 import {
@@ -314,7 +315,7 @@ export async function checkpointTurn(
 ): Promise<{ checkpointId: string; layerId: string }> {
   const known = await findTurn(deps.store, a.conversationId, a.turn);
   if (known?.checkpointId && known.layerId) return { checkpointId: known.checkpointId, layerId: known.layerId };
-  const checkpointId = `cp-${a.conversationId.replace(/^conv_/, 'c')}-t${a.turn}`;
+  const checkpointId = turnCheckpointId(a.conversationId, a.turn);
   let layer: { layerId: string; parents: string[]; sizeBytes?: number };
   try {
     layer = await deps.host.createCheckpoint(a.sandboxId, checkpointId);

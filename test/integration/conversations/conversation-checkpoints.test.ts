@@ -94,7 +94,11 @@ describe('conversation checkpoints: garbage collection and the storage quota', (
     const sandboxId: string = (await as('GET', `/v1/conversations/${id}`)).body.sandboxId;
     const before = await turnsOf(id);
     const cp4 = before.find((t) => t.turn === 4)!.checkpointId!;
-    // (A turn checkpoint's id is not one the checkpoint routes take by id: the sandbox's list shows it.)
+    // A turn's checkpoint is read by id like any other; it is freed by its conversation only (409 to a delete).
+    expect((await as('GET', `/api/sandboxes/${sandboxId}/checkpoints/${cp4}`)).body).toMatchObject({ id: cp4, status: 'ready' });
+    const del = await as('DELETE', `/api/sandboxes/${sandboxId}/checkpoints/${cp4}`);
+    expect(del.status).toBe(409);
+    expect(del.body.error.message).toContain(`turn 4 of conversation ${id}`);
     const listed = async () => (await as('GET', `/api/sandboxes/${sandboxId}/checkpoints`)).body as { id: string; sizeBytes: number }[];
     const size4 = (await listed()).find((c) => c.id === cp4)!.sizeBytes;
     expect(size4).toBeGreaterThan(0);
@@ -148,9 +152,23 @@ describe('conversation checkpoints: garbage collection and the storage quota', (
     expect(await memory(id)).toBe('a\nb\nc\n');
   });
 
-  test('at the storage quota a message is refused with 507 and nothing is stored; once space is freed it is accepted', async () => {
-    const id = await start('one');
+  test('at the storage quota a message is refused with 507 and nothing is stored, a repeated create or message is answered as before; once space is freed it is accepted', async () => {
+    const createKey = unique('create');
+    const created = await as(
+      'POST',
+      `/v1/agents/${agent}/conversations`,
+      { runner: ['bash', '/opt/runner.sh'], idleSeconds: 3600, input: 'one' },
+      { 'idempotency-key': createKey },
+    );
+    expect(created.status).toBe(201);
+    const id: string = created.body.id;
+    mine.push(id);
     await done(id, 1);
+    const messageKey = unique('two');
+    const two = await as('POST', `/v1/conversations/${id}/messages`, { text: 'two' }, { 'idempotency-key': messageKey });
+    expect(two.status).toBe(202);
+    expect(two.body.turn).toBe(2);
+    await done(id, 2);
     // Fill the organisation: a sandbox checkpoint of 3 MB, then a quota just above what the conversations use.
     const sb = await newSandbox({}, { key, created: sandboxes });
     await hostSh(sb, 'mkdir -p /workspace && head -c 3000000 /dev/urandom > /workspace/blob');
@@ -162,7 +180,20 @@ describe('conversation checkpoints: garbage collection and the storage quota', (
     const c0 = (await as('GET', `/v1/conversations/${id}`)).body;
     const e0 = (await as('GET', `/v1/conversations/${id}/events?after=0&level=internal&limit=500`)).body.events.length;
 
-    const refused = await as('POST', `/v1/conversations/${id}/messages`, { text: 'two' }, { 'idempotency-key': unique('full') });
+    // Repeats store nothing: they are answered as the first time.
+    const again = await as(
+      'POST',
+      `/v1/agents/${agent}/conversations`,
+      { runner: ['bash', '/opt/runner.sh'], idleSeconds: 3600, input: 'one' },
+      { 'idempotency-key': createKey },
+    );
+    expect(again.status).toBe(200);
+    expect(again.body.id).toBe(id);
+    const twoAgain = await as('POST', `/v1/conversations/${id}/messages`, { text: 'two' }, { 'idempotency-key': messageKey });
+    expect(twoAgain.status).toBe(202);
+    expect(twoAgain.body).toEqual(two.body);
+
+    const refused = await as('POST', `/v1/conversations/${id}/messages`, { text: 'three' }, { 'idempotency-key': unique('full') });
     expect(refused.status).toBe(507);
     expect(refused.body.error.type).toBe('insufficient_storage');
     expect(refused.body.error.message).toMatch(/storage quota reached/);
@@ -175,11 +206,11 @@ describe('conversation checkpoints: garbage collection and the storage quota', (
 
     // Space freed: the message is a turn again.
     expect((await as('DELETE', `/api/sandboxes/${sb}/checkpoints/${cp.body.id}`)).status).toBe(200);
-    const ok = await as('POST', `/v1/conversations/${id}/messages`, { text: 'two' });
+    const ok = await as('POST', `/v1/conversations/${id}/messages`, { text: 'three' });
     expect(ok.status).toBe(202);
-    expect(ok.body.turn).toBe(2);
-    await done(id, 2);
-    expect(await memory(id)).toBe('one\ntwo\n');
+    expect(ok.body.turn).toBe(3);
+    await done(id, 3);
+    expect(await memory(id)).toBe('one\ntwo\nthree\n');
     await setQuota(null);
   });
 
