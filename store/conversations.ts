@@ -152,9 +152,18 @@ export async function updateTurn(store: Store, conversationId: string, turn: num
   await turnsOf(store).updateOne({ _id: turnId(conversationId, turn) }, { $set: set });
 }
 
-/** All of a conversation's own turn records, turn 0 included, in order. */
-export function listAllTurns(store: Store, conversationId: string): Promise<TurnDoc[]> {
-  return turnsOf(store).find({ conversationId }).sort({ turn: 1 }).limit(1000).toArray();
+/**
+ * All of a conversation's own turn records, turn 0 included, in order. Read as the range of their
+ * `_id`s (`<conversation>:t<turn>`): FerretDB serves that through its index, where a filter on
+ * `conversationId` would scan every conversation's turns. (`_id` order is not turn order: sorted here.)
+ */
+export async function listAllTurns(store: Store, conversationId: string): Promise<TurnDoc[]> {
+  const docs = await turnsOf(store)
+    .find({ _id: { $gt: `${conversationId}:t`, $lt: `${conversationId}:u` } })
+    .sort({ _id: 1 })
+    .limit(1001)
+    .toArray();
+  return docs.sort((a, b) => a.turn - b.turn);
 }
 
 /** The organisation's conversations with a left turn whose checkpoint is not freed (ids, at most `limit`). */
@@ -202,12 +211,8 @@ export async function unlockTurn(store: Store, conversationId: string, turn: num
 }
 
 /** A conversation's turns from 1 on, in order (turn 0, its start, is not listed). */
-export function listTurns(store: Store, conversationId: string): Promise<TurnDoc[]> {
-  return turnsOf(store)
-    .find({ conversationId, turn: { $gt: 0 } })
-    .sort({ turn: 1 })
-    .limit(1000)
-    .toArray();
+export async function listTurns(store: Store, conversationId: string): Promise<TurnDoc[]> {
+  return (await listAllTurns(store, conversationId)).filter((t) => t.turn > 0);
 }
 
 export async function markTurnsLeft(store: Store, conversationId: string, afterTurn: number): Promise<void> {
@@ -225,14 +230,24 @@ export async function insertEvent(store: Store, doc: EventDoc): Promise<boolean>
   }
 }
 
+/**
+ * A conversation's own events are read as ranges of their `_id`s (`<conversation>:<seq, 10 digits>`),
+ * which FerretDB serves through its index; a filter on `conversationId` would scan every
+ * conversation's events, and grow with all of them. `;` is the character after `:`.
+ */
+const eventRange = (conversationId: string, after: number, upTo: number | null) => ({
+  $gt: eventId(conversationId, after),
+  ...(upTo === null ? { $lt: `${conversationId};` } : { $lte: eventId(conversationId, upTo) }),
+});
+
 /** The highest sequence number among a conversation's own events, or null. */
 export async function lastEventSeq(store: Store, conversationId: string): Promise<number | null> {
-  const last = await eventsOf(store).find({ conversationId }).sort({ seq: -1 }).limit(1).toArray();
+  const last = await eventsOf(store)
+    .find({ _id: eventRange(conversationId, 0, null) })
+    .sort({ _id: -1 })
+    .limit(1)
+    .toArray();
   return last[0]?.seq ?? null;
-}
-
-export function countEvents(store: Store, conversationId: string): Promise<number> {
-  return eventsOf(store).countDocuments({ conversationId });
 }
 
 /** Marks the events of a turn's earlier attempts superseded. */
@@ -240,15 +255,35 @@ export async function supersedeAttempts(store: Store, conversationId: string, tu
   await eventsOf(store).updateMany({ conversationId, turn, attempt: { $lt: beforeAttempt } }, { $set: { superseded: true } });
 }
 
-/** A conversation's own events with after < seq ≤ upTo, of the given levels, in order. */
-export function readEvents(store: Store, conversationId: string, after: number, upTo: number | null, levels: EventLevel[], limit: number): Promise<EventDoc[]> {
-  const seq: Record<string, number> = { $gt: after };
-  if (upTo !== null) seq.$lte = upTo;
-  return eventsOf(store)
-    .find({ conversationId, seq, level: { $in: levels } })
-    .sort({ seq: 1 })
-    .limit(limit)
-    .toArray();
+/**
+ * A conversation's own events with after < seq ≤ upTo, of the given levels, in order (at most
+ * `limit`). The levels are filtered here, page by page, so that the read stays an `_id` range.
+ */
+export async function readEvents(
+  store: Store,
+  conversationId: string,
+  after: number,
+  upTo: number | null,
+  levels: EventLevel[],
+  limit: number,
+): Promise<EventDoc[]> {
+  const out: EventDoc[] = [];
+  if (limit <= 0) return out;
+  const page = Math.max(limit, 100);
+  for (let from = after; ;) {
+    const docs = await eventsOf(store)
+      .find({ _id: eventRange(conversationId, from, upTo) })
+      .sort({ _id: 1 })
+      .limit(page)
+      .toArray();
+    for (const d of docs) {
+      if (!levels.includes(d.level)) continue;
+      out.push(d);
+      if (out.length === limit) return out;
+    }
+    if (docs.length < page) return out;
+    from = docs[docs.length - 1]!.seq;
+  }
 }
 
 /** Removes a conversation's turns and events (its record last, so a retry finds it). */

@@ -14,7 +14,6 @@ import { turnCheckpointId } from '../../contract/checkpoints';
 import type { Store } from '../../store';
 import { insertCheckpoint, type CheckpointDoc } from '../../store/checkpoints';
 import {
-  countEvents,
   findConversation,
   findTurn,
   insertEvent,
@@ -145,11 +144,9 @@ async function resumeId(host: HostClient, sandboxId: string): Promise<string | u
  * marks the first attempt's events superseded, so the runner never sees a half-applied turn.
  */
 export async function runTurn(deps: TurnDeps, a: RunTurnArgs): Promise<TurnOutcome> {
-  const [existing, lastSeq, count] = await Promise.all([
-    findTurn(deps.store, a.conversationId, a.turn),
-    lastEventSeq(deps.store, a.conversationId),
-    countEvents(deps.store, a.conversationId),
-  ]);
+  const [existing, lastSeq] = await Promise.all([findTurn(deps.store, a.conversationId, a.turn), lastEventSeq(deps.store, a.conversationId)]);
+  // Its own events are numbered on from baseSeq without gaps (each takes the next, written in order): this many.
+  const count = lastSeq === null ? 0 : Math.max(0, lastSeq - a.baseSeq);
   if (existing && existing.status !== 'running') {
     return { yieldReason: existing.yieldReason ?? 'completed', usage: existing.usage, endSeq: existing.endSeq ?? existing.startSeq, error: null };
   }
