@@ -1,5 +1,6 @@
 import type { Store } from './index';
 import { isDuplicateKey } from './index';
+import { countedBytes, putStorageEntry } from './storage-entries';
 
 /**
  * A checkpoint: a copy of a sandbox's writable layer, kept as read-only layer `layerId` on the
@@ -217,8 +218,9 @@ export async function touchSnapshot(store: Store, id: string): Promise<void> {
   await snapshotsOf(store).updateOne({ _id: id }, { $set: { lastUsedAt: new Date(now) } });
 }
 
-/** Records a checkpoint. */
+/** Records a checkpoint (its storage entry first: see store/storage-entries.ts). */
 export async function insertCheckpoint(store: Store, doc: CheckpointDoc): Promise<void> {
+  await putStorageEntry(store, doc.orgId, doc._id, countedBytes(doc));
   await checkpointsOf(store).insertOne(doc);
 }
 
@@ -227,9 +229,23 @@ export function findCheckpoint(store: Store, id: string): Promise<CheckpointDoc 
   return checkpointsOf(store).findOne({ _id: id });
 }
 
-/** Sets fields of a checkpoint's record. */
+/**
+ * Sets fields of a checkpoint's record. A change of its size or status moves its storage entry too:
+ * before the record when it counts more, after it when it counts less (store/storage-entries.ts).
+ */
 export async function updateCheckpoint(store: Store, id: string, set: Partial<CheckpointDoc>): Promise<void> {
+  const counts = 'sizeBytes' in set || 'status' in set;
+  const before = counts ? await checkpointsOf(store).findOne({ _id: id }, { projection: { orgId: 1, status: 1, sizeBytes: 1 } }) : null;
+  if (!before) {
+    await checkpointsOf(store).updateOne({ _id: id }, { $set: set });
+    return;
+  }
+  const was = countedBytes(before) ?? -1;
+  const bytes = countedBytes({ ...before, ...set });
+  const grows = (bytes ?? -1) > was;
+  if (grows) await putStorageEntry(store, before.orgId, id, bytes);
   await checkpointsOf(store).updateOne({ _id: id }, { $set: set });
+  if (!grows) await putStorageEntry(store, before.orgId, id, bytes);
 }
 
 /** The checkpoints taken of a sandbox, oldest first (at most 1000). */
@@ -283,10 +299,12 @@ export function listChildCheckpoints(store: Store, orgId: string, layerId: strin
     .toArray();
 }
 
-/** Removes a checkpoint's record and its patches' records. */
+/** Removes a checkpoint's record, its patches' records and its storage entry (last: see store/storage-entries.ts). */
 export async function deleteCheckpointRecords(store: Store, id: string): Promise<void> {
+  const doc = await checkpointsOf(store).findOne({ _id: id }, { projection: { orgId: 1 } });
   await checkpointsOf(store).deleteOne({ _id: id });
   await patchesOf(store).deleteMany({ checkpointId: id });
+  if (doc) await putStorageEntry(store, doc.orgId, id, null);
 }
 
 /** A patch by id (tombstones included), or null. */

@@ -1,5 +1,6 @@
 import type { Store } from './index';
 import { checkpointsOf, snapshotsOf } from './checkpoints';
+import { countedBytes, ENTRY_SETTLE_MS, putStorageEntry, readStorageEntries } from './storage-entries';
 
 /** What an organisation's checkpoints and snapshots hold on the hosts' disks. */
 export interface StorageUsage {
@@ -12,17 +13,49 @@ export interface StorageUsage {
 /**
  * The organisation's storage use: the sum of its checkpoints' recorded sizes (a checkpoint still
  * being copied counts 0 until its size is known), and how many checkpoints and snapshots it has.
+ * Read from the storage entries (one `_id` range: store/storage-entries.ts), which may count more
+ * than the records after a crash, never less: a decision at the quota takes `exactUsage`.
  * `exceptCheckpoint` is left out (a capture judging whether the others leave room for it).
  */
 export async function storageUsage(store: Store, orgId: string, exceptCheckpoint?: string): Promise<StorageUsage> {
-  const filter = { orgId, status: { $ne: 'failed' as const }, ...(exceptCheckpoint ? { _id: { $ne: exceptCheckpoint } } : {}) };
-  const [docs, snapshots] = await Promise.all([
+  const [entries, snapshots] = await Promise.all([readStorageEntries(store, orgId), snapshotsOf(store).countDocuments({ orgId })]);
+  if (exceptCheckpoint) entries.delete(exceptCheckpoint);
+  let usedBytes = 0;
+  for (const e of entries.values()) usedBytes += e.bytes;
+  return { usedBytes, checkpoints: entries.size, snapshots };
+}
+
+/**
+ * The organisation's storage use read from its checkpoint records (a scan: for decisions at the
+ * quota only). Entries that count otherwise than their records and were written more than
+ * ENTRY_SETTLE_MS ago (no write in flight can explain them) are corrected on the way.
+ */
+export async function exactUsage(store: Store, orgId: string, exceptCheckpoint?: string, now = Date.now()): Promise<StorageUsage> {
+  const [docs, entries, snapshots] = await Promise.all([
     checkpointsOf(store)
-      .find(filter, { projection: { sizeBytes: 1 } })
+      .find({ orgId }, { projection: { status: 1, sizeBytes: 1 } })
       .toArray(),
+    readStorageEntries(store, orgId),
     snapshotsOf(store).countDocuments({ orgId }),
   ]);
-  return { usedBytes: docs.reduce((n, d) => n + (d.sizeBytes ?? 0), 0), checkpoints: docs.length, snapshots };
+  const settled = (id: string) => {
+    const e = entries.get(id);
+    return !e || now - e.at.getTime() > ENTRY_SETTLE_MS;
+  };
+  let usedBytes = 0;
+  let checkpoints = 0;
+  for (const d of docs) {
+    const bytes = countedBytes(d);
+    const entry = entries.get(d._id);
+    entries.delete(d._id);
+    if ((entry?.bytes ?? null) !== bytes && settled(d._id)) await putStorageEntry(store, orgId, d._id, bytes);
+    if (bytes === null || d._id === exceptCheckpoint) continue;
+    usedBytes += bytes;
+    checkpoints++;
+  }
+  // What is left has no record: an entry of a crash (or of a record about to be written, if recent).
+  for (const [id, e] of entries) if (now - e.at.getTime() > ENTRY_SETTLE_MS) await putStorageEntry(store, orgId, id, null);
+  return { usedBytes, checkpoints, snapshots };
 }
 
 /** The organisation's own storage quota setting in MB (settings.storageQuotaMB), or undefined. */

@@ -8,7 +8,7 @@ import { ApiError } from '../../contract/errors';
 import type { HostClient } from '../../sandbox';
 import { randomId } from '../../lib/ids';
 import { deleteStorageHold, insertStorageHold, listStorageHolds, updateStorageHold, type StorageHoldDoc } from '../../store/storage-holds';
-import { orgStorageQuotaMB, storageUsage, type StorageUsage } from '../../store/usage';
+import { exactUsage, orgStorageQuotaMB, storageUsage, type StorageUsage } from '../../store/usage';
 import type { SandboxDeps } from '../deps';
 
 const MIB = 1024 * 1024;
@@ -69,8 +69,18 @@ export async function assertStorageRoom(deps: QuotaDeps, orgId: string): Promise
   const quota = await storageQuotaOf(deps, orgId);
   if (quota === null) return;
   const held = sum(await liveHolds(deps, orgId));
-  const { usedBytes } = await storageUsage(deps.store, orgId);
+  const usedBytes = await storedBytes(deps, orgId, (used) => used + held >= quota);
   if (usedBytes + held >= quota) throw quotaExceeded(usedBytes, quota, held);
+}
+
+/**
+ * What the organisation stores, as a decision needs it: the storage entries' sum (one `_id` range
+ * read), or, when that sum would refuse, the records' (a scan): entries may count more than their
+ * records after a crash, never less (store/storage-entries.ts), so only a refusal needs the records.
+ */
+async function storedBytes(deps: QuotaDeps, orgId: string, refuses: (usedBytes: number) => boolean): Promise<number> {
+  const { usedBytes } = await storageUsage(deps.store, orgId);
+  return refuses(usedBytes) ? (await exactUsage(deps.store, orgId)).usedBytes : usedBytes;
 }
 
 /** Room reserved for one capture (see reserveStorage). */
@@ -121,8 +131,8 @@ async function admitHold(deps: QuotaDeps, orgId: string, quota: number, holdId: 
         await new Promise((r) => setTimeout(r, DECIDE_POLL_MS));
         continue;
       }
-      const { usedBytes } = await storageUsage(deps.store, orgId);
       const held = sum(others);
+      const usedBytes = await storedBytes(deps, orgId, (used) => used + held + bytes > quota);
       if (usedBytes + held + bytes > quota) {
         throw captureRefused(ownBytes + bytes, usedBytes, held - sum(others.filter((h) => own.has(h._id))), quota);
       }
@@ -191,9 +201,12 @@ export async function writableLayerBytes(host: Pick<HostClient, 'sandboxMetrics'
   return m.disk.usedBytes ?? 0;
 }
 
-/** What GET /api/usage shows: what is stored, what captures under way hold, the quota. */
+/**
+ * What GET /api/usage shows: what is stored (from the records: exact, and it corrects the storage
+ * entries; not a hot path), what captures under way hold, the quota.
+ */
 export async function usageOf(deps: QuotaDeps, orgId: string): Promise<StorageUsage & { reservedBytes: number; quotaBytes: number | null }> {
-  const [usage, holds, quotaBytes] = await Promise.all([storageUsage(deps.store, orgId), listStorageHolds(deps.store, orgId), storageQuotaOf(deps, orgId)]);
+  const [usage, holds, quotaBytes] = await Promise.all([exactUsage(deps.store, orgId), listStorageHolds(deps.store, orgId), storageQuotaOf(deps, orgId)]);
   const now = Date.now();
   return { ...usage, reservedBytes: sum(holds.filter((h) => !lapsed(h, now))), quotaBytes };
 }

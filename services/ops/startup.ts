@@ -3,6 +3,7 @@
  * the bootstrap key exists, and brings records written by older versions up to date (each a no-op
  * once done). The worker process only connects (openWorkerStore).
  */
+import { backfillStorageEntries } from '../../store/storage-entries';
 import type { Logger } from '../../lib/logger';
 import type { SecretBox } from '../../lib/secret-box';
 import { connectStore, type Store } from '../../store';
@@ -41,4 +42,7 @@ export async function migrateOnStart(store: Store, secrets: SecretBox, logger: L
   // So are agents, batches and live sandboxes.
   const more = { agents: await listUnlistedAgents(store), batches: await listUnlistedBatches(store), sandboxes: await listUnlistedSandboxes(store) };
   if (more.agents + more.batches + more.sandboxes > 0) logger.info(more, 'listed the agents, batches and live sandboxes stored before they were listed by key');
+  // Checkpoints recorded before storage entries existed (store/storage-entries.ts): counted there now, once.
+  const counted = await backfillStorageEntries(store);
+  if (counted > 0) logger.info({ checkpoints: counted }, 'gave the checkpoints recorded before storage entries existed theirs');
 }

@@ -11,6 +11,9 @@ import path from 'node:path';
 import { api, eventually, T, unique, withMongo, type Res } from '../../helpers/env';
 import { hostSh, newSandbox } from '../../helpers/sandboxes';
 import { otherOrgKey } from '../../helpers/checkpoints';
+import { connectStore } from '../../../store';
+import { checkpointsOf, deleteCheckpointRecords } from '../../../store/checkpoints';
+import { backfillStorageEntries, readStorageEntries, storageEntriesOf } from '../../../store/storage-entries';
 
 jest.setTimeout(300_000);
 
@@ -153,6 +156,70 @@ describe('storage quota', () => {
     o.checkpoints.shift();
     expect(await usage(o)).toEqual({ usedBytes: 0, reservedBytes: 0, quotaBytes: 8 * MIB, checkpoints: 0, snapshots: 0 });
     expect((await capture(o, sb)).status).toBe(201);
+  });
+
+  it('use is read from the storage entries; an entry a crash left (no record) never refuses: at the quota the records decide, and the entry is removed', async () => {
+    const o = await orgWithQuota(8);
+    const sb = await sandboxWith(o, 'head -c 3000000 /dev/urandom > /workspace/blob');
+    const first = await capture(o, sb);
+    expect(first.status).toBe(201);
+    const entries = () =>
+      withMongo((c) =>
+        c
+          .db()
+          .collection<{ _id: string; bytes: number }>('storage_entries')
+          .find({ _id: { $gt: `${o.id}\u0001`, $lt: `${o.id}\u0002` } })
+          .toArray(),
+      );
+    // One entry per checkpoint, counting its size.
+    expect(await entries()).toEqual([expect.objectContaining({ _id: `${o.id}\u0001${first.body.id}`, bytes: first.body.sizeBytes })]);
+    // What an API killed between an entry and its record leaves: an entry of 7 MiB with no record, written long ago.
+    const stray = `${o.id}\u0001cp-${unique('stray').replace(/[^a-z0-9]/g, '')}`;
+    await withMongo((c) =>
+      c
+        .db()
+        .collection('storage_entries')
+        .insertOne({ _id: stray as never, bytes: 7 * MIB, at: new Date(Date.now() - 3_600_000) }),
+    );
+    // The entries alone would refuse (3 + 7 MiB of 8); the records say 3 MiB are stored: admitted.
+    const second = await capture(o, sb);
+    expect(second.status).toBe(201);
+    expect((await entries()).map((e) => e._id).sort()).toEqual([`${o.id}\u0001${first.body.id}`, `${o.id}\u0001${second.body.id}`].sort());
+    expect(await usage(o)).toMatchObject({ usedBytes: first.body.sizeBytes + second.body.sizeBytes, checkpoints: 2 });
+    // Deleting a checkpoint removes its entry.
+    expect((await api('DELETE', `/api/sandboxes/${sb}/checkpoints/${first.body.id}`, { key: o.key })).status).toBe(200);
+    o.checkpoints.shift();
+    expect((await entries()).map((e) => e._id)).toEqual([`${o.id}\u0001${second.body.id}`]);
+  });
+
+  it('gives checkpoints recorded before storage entries existed theirs (once per database, at the API start)', async () => {
+    const o = await orgWithQuota(8);
+    const legacy = `cp-${unique('legacy').replace(/[^a-z0-9]/g, '')}`;
+    const store = await connectStore(T.mongo(), { ensureIndexes: false });
+    try {
+      await checkpointsOf(store).insertOne({
+        _id: legacy,
+        orgId: o.id,
+        sandboxId: 'sb-legacy',
+        hostId: 'h',
+        name: legacy,
+        layerId: legacy,
+        parents: [],
+        patchSeq: 0,
+        sizeBytes: 5 * MIB,
+        createdAt: new Date(),
+      });
+      await storageEntriesOf(store).deleteOne({ _id: '\u0000backfilled-v1' });
+      expect(await backfillStorageEntries(store)).toBeGreaterThanOrEqual(1);
+      expect((await readStorageEntries(store, o.id)).get(legacy)).toMatchObject({ bytes: 5 * MIB });
+      expect(await backfillStorageEntries(store)).toBe(0);
+      // Counted: 5 of 8 MiB are used, so a capture of 6 MB is refused.
+      const sb = await sandboxWith(o, 'head -c 6000000 /dev/urandom > /workspace/blob');
+      expect(answer(await capture(o, sb))).toEqual(REFUSED);
+    } finally {
+      await deleteCheckpointRecords(store, legacy);
+      await store.close();
+    }
   });
 
   it('never lets captures at the same time pass the quota together', async () => {
