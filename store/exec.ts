@@ -1,4 +1,5 @@
 import type { Store } from './index';
+import { isDuplicateKey } from './index';
 
 /**
  * An exec session started through the public API. The process itself lives on the sandbox host
@@ -42,6 +43,28 @@ export interface AgentSessionDoc {
 }
 
 const execSessionsOf = (store: Store) => store.db.collection<ExecDoc>('exec_sessions');
+
+/**
+ * Open-exec entries: one small document per exec session without a recorded exit, its `_id` the
+ * organisation's id and the session's joined by SEP. How many an organisation runs is then one `_id`
+ * range read (FerretDB answers it from its index), where a filter on `orgId` and `exitedAt` scans
+ * every exec session ever recorded, exited ones included, and grows with them all. An entry is
+ * written before its record and removed after the exit is recorded, so it never counts less than
+ * the records; an entry whose record has an exit (an API killed in between) is removed when the
+ * organisation's sessions are checked against their hosts (listOpenExecs).
+ */
+interface OpenExecDoc {
+  _id: string;
+  /** When it was written: one without a record is removed only once no start in flight can explain it. */
+  at: Date;
+}
+/** An entry older than this whose record is missing belongs to no start in flight (a start writes its record right after it). */
+const OPEN_SETTLE_MS = 60_000;
+const openExecsOf = (store: Store) => store.db.collection<OpenExecDoc>('open_execs');
+const SEP = '\u0001';
+const END = '\u0002';
+const openId = (orgId: string, execId: string): string => orgId + SEP + execId;
+const openRange = (orgId: string) => ({ _id: { $gt: orgId + SEP, $lt: orgId + END } });
 const agentSessionsOf = (store: Store) => store.db.collection<AgentSessionDoc>('sandbox_agent_sessions');
 
 /** Indexes for the per-sandbox lists (MongoDB uses them; FerretDB scans regardless). */
@@ -54,14 +77,28 @@ export async function ensureExecIndexes(store: Store): Promise<void> {
 /** A session record of either kind: `exec` (es-…) or `agent` (as-…). */
 export type SessionKind = 'exec' | 'agent';
 
-/** Records a new exec session. */
-export async function insertExec(store: Store, doc: ExecDoc): Promise<void> {
+/**
+ * Records a new exec session: its open-exec entry first (`counted` is called once it is written:
+ * from then on countOpenExecs counts the session), then its record.
+ */
+export async function insertExec(store: Store, doc: ExecDoc, counted?: () => void): Promise<void> {
+  if (doc.exitedAt === null) await insertOpenExec(store, doc.orgId, doc._id);
+  counted?.();
   await execSessionsOf(store).insertOne(doc);
 }
 
-/** Removes an exec session's record (one whose command the host did not start). */
-export async function deleteExec(store: Store, id: string): Promise<void> {
-  await execSessionsOf(store).deleteOne({ _id: id });
+async function insertOpenExec(store: Store, orgId: string, execId: string): Promise<void> {
+  try {
+    await openExecsOf(store).insertOne({ _id: openId(orgId, execId), at: new Date() });
+  } catch (err) {
+    if (!isDuplicateKey(err)) throw err;
+  }
+}
+
+/** Removes an exec session's record (one whose command the host did not start), then its open-exec entry. */
+export async function deleteExec(store: Store, doc: Pick<ExecDoc, '_id' | 'orgId'>): Promise<void> {
+  await execSessionsOf(store).deleteOne({ _id: doc._id });
+  await openExecsOf(store).deleteOne({ _id: openId(doc.orgId, doc._id) });
 }
 
 /** Records a new agent session. */
@@ -89,21 +126,67 @@ export function listSandboxAgentSessions(store: Store, sandboxId: string): Promi
   return agentSessionsOf(store).find({ sandboxId }).sort({ startedAt: -1 }).limit(1000).toArray();
 }
 
-/** How many of the organisation's exec sessions have no recorded exit, counting at most `limit`. */
-export function countOpenExecs(store: Store, orgId: string, limit: number): Promise<number> {
-  return execSessionsOf(store).countDocuments({ orgId, exitedAt: null }, { limit });
+/** How many of the organisation's exec sessions have no recorded exit (by their open-exec entries), counting at most `limit`. */
+export async function countOpenExecs(store: Store, orgId: string, limit: number): Promise<number> {
+  const docs = await openExecsOf(store).find(openRange(orgId)).sort({ _id: 1 }).limit(limit).toArray();
+  return docs.length;
 }
 
-/** The organisation's exec sessions without a recorded exit (the fields an exit check needs). */
-export function listOpenExecs(store: Store, orgId: string): Promise<Pick<ExecDoc, '_id' | 'sandboxId' | 'exitedAt' | 'oomKilled'>[]> {
-  return execSessionsOf(store)
-    .find({ orgId, exitedAt: null }, { projection: { _id: 1, sandboxId: 1, exitedAt: 1, oomKilled: 1 } })
-    .toArray();
+/**
+ * The organisation's exec sessions without a recorded exit (the fields an exit check needs), read
+ * by their open-exec entries (at most 100,000); an entry whose record has an exit, or has none, is removed.
+ */
+export async function listOpenExecs(store: Store, orgId: string): Promise<Pick<ExecDoc, '_id' | 'sandboxId' | 'exitedAt' | 'oomKilled'>[]> {
+  const entries = await openExecsOf(store).find(openRange(orgId)).sort({ _id: 1 }).limit(100_000).toArray();
+  const out: Pick<ExecDoc, '_id' | 'sandboxId' | 'exitedAt' | 'oomKilled'>[] = [];
+  for (let i = 0; i < entries.length; i += 50) {
+    await Promise.all(
+      entries.slice(i, i + 50).map(async (e) => {
+        const id = e._id.slice(e._id.indexOf(SEP) + 1);
+        const doc = await execSessionsOf(store).findOne({ _id: id }, { projection: { _id: 1, sandboxId: 1, exitedAt: 1, oomKilled: 1 } });
+        if (doc && doc.exitedAt === null) out.push(doc);
+        // An exit recorded but its entry left, or an entry whose record was never written (or was
+        // removed) long ago: an API died between the two writes.
+        else if (doc || Date.now() - e.at.getTime() > OPEN_SETTLE_MS) await openExecsOf(store).deleteOne({ _id: e._id });
+      }),
+    );
+  }
+  return out;
 }
 
-/** Sets fields (exit, oomKilled, agentSessionID) of a session record of either kind. */
+/**
+ * Sets fields (exit, oomKilled, agentSessionID) of a session record of either kind; false when there
+ * is no record. An exec's recorded exit removes its open-exec entry (after the record's write).
+ */
 export async function updateSession(store: Store, kind: SessionKind, id: string, fields: Record<string, unknown>): Promise<boolean> {
+  if (kind === 'exec' && fields.exitedAt) {
+    const before = await execSessionsOf(store).findOneAndUpdate({ _id: id }, { $set: fields }, { returnDocument: 'before' });
+    if (!before) return false;
+    await openExecsOf(store).deleteOne({ _id: openId(before.orgId, id) });
+    return true;
+  }
   const coll = kind === 'exec' ? execSessionsOf(store) : agentSessionsOf(store);
   const r = await (coll as ReturnType<typeof execSessionsOf>).updateOne({ _id: id }, { $set: fields });
   return r.matchedCount > 0;
+}
+
+/** The marker of a database whose exec sessions recorded before open-exec entries existed have theirs. */
+const BACKFILLED = '\u0000backfilled-v1';
+
+/**
+ * Gives every exec session without a recorded exit, recorded before open-exec entries existed, its
+ * entry: once per database (a marker says it was done). Answers how many it wrote.
+ */
+export async function backfillOpenExecs(store: Store): Promise<number> {
+  if (await openExecsOf(store).findOne({ _id: BACKFILLED })) return 0;
+  const open = await execSessionsOf(store)
+    .find({ exitedAt: null }, { projection: { _id: 1, orgId: 1 } })
+    .toArray();
+  for (const d of open) await insertOpenExec(store, d.orgId, d._id);
+  await openExecsOf(store)
+    .insertOne({ _id: BACKFILLED, at: new Date() })
+    .catch((err: unknown) => {
+      if (!isDuplicateKey(err)) throw err;
+    });
+  return open.length;
 }

@@ -58,8 +58,8 @@ function view(doc: ExecDoc, info: ExecSessionInfo | null): ExecSessionState {
 /** The exec session operations of the API, over the live-session registry. */
 export function createExecService(deps: SandboxDeps, live: ExecLive) {
   /**
-   * Exec sessions this process is starting, per organisation, until their record is written (then the
-   * store counts them): counted with the recorded ones against EXEC_SESSIONS_PER_ORG.
+   * Exec sessions this process is starting, per organisation, until their open-exec entry is written
+   * (then the store counts them): counted with the recorded ones against EXEC_SESSIONS_PER_ORG.
    */
   const startingByOrg = new Map<string, Set<{ recorded: boolean }>>();
 
@@ -160,7 +160,7 @@ export function createExecService(deps: SandboxDeps, live: ExecLive) {
       exitCode: null,
     };
     const [recorded, started] = await Promise.allSettled([
-      insertExec(deps.store, doc).then(() => {
+      insertExec(deps.store, doc, () => {
         mine.recorded = true;
       }),
       host.createExec(sandboxId, { ...body, sessionID: doc._id }),
@@ -170,7 +170,7 @@ export function createExecService(deps: SandboxDeps, live: ExecLive) {
       throw recorded.reason;
     }
     if (started.status === 'rejected') {
-      await deleteExec(deps.store, doc._id).catch((err: unknown) =>
+      await deleteExec(deps.store, doc).catch((err: unknown) =>
         deps.logger.warn({ err, execId: doc._id }, 'could not remove the record of an exec that did not start'),
       );
       throw fromHostError(started.reason, `sandbox ${sandboxId}`);
@@ -178,7 +178,7 @@ export function createExecService(deps: SandboxDeps, live: ExecLive) {
     const info = started.value;
     if (info.sessionID !== doc._id) {
       // A host of an older version chose its own id: the record follows it.
-      await deleteExec(deps.store, doc._id).catch(() => undefined);
+      await deleteExec(deps.store, doc).catch(() => undefined);
       doc._id = info.sessionID;
       await insertExec(deps.store, doc).catch(async (err: unknown) => {
         await host.killExec(sandboxId, info.sessionID).catch(() => undefined);

@@ -4,6 +4,7 @@
  * once done). The worker process only connects (openWorkerStore).
  */
 import { backfillStorageEntries } from '../../store/storage-entries';
+import { backfillOpenExecs } from '../../store/exec';
 import type { Logger } from '../../lib/logger';
 import type { SecretBox } from '../../lib/secret-box';
 import { connectStore, type Store } from '../../store';
@@ -45,4 +46,7 @@ export async function migrateOnStart(store: Store, secrets: SecretBox, logger: L
   // Checkpoints recorded before storage entries existed (store/storage-entries.ts): counted there now, once.
   const counted = await backfillStorageEntries(store);
   if (counted > 0) logger.info({ checkpoints: counted }, 'gave the checkpoints recorded before storage entries existed theirs');
+  // Exec sessions without an exit recorded before open-exec entries existed (store/exec.ts): entered now, once.
+  const open = await backfillOpenExecs(store);
+  if (open > 0) logger.info({ execSessions: open }, 'entered the open exec sessions recorded before open-exec entries existed');
 }

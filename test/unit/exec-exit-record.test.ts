@@ -8,11 +8,13 @@ import type { SandboxService } from '../../services/sandboxes/sandboxes';
 
 function fakes(matchedAfter: number) {
   const calls: { filter: unknown; update: unknown }[] = [];
+  // An exit's write: the record's update (answering the record before it, or null without one), then its open-exec entry's removal.
   const collection = {
-    updateOne: jest.fn(async (filter: unknown, update: unknown) => {
+    findOneAndUpdate: jest.fn(async (filter: unknown, update: unknown) => {
       calls.push({ filter, update });
-      return { matchedCount: calls.length > matchedAfter ? 1 : 0 };
+      return calls.length > matchedAfter ? { _id: 'es-0123456789abcdef', orgId: 'org' } : null;
     }),
+    deleteOne: jest.fn(async () => ({ deletedCount: 1 })),
   };
   const deps = { store: { db: { collection: () => collection } }, logger: { warn: jest.fn() } } as unknown as SandboxDeps;
   return { live: createExecLive(deps, { onCreated: () => undefined } as unknown as SandboxService), calls };
