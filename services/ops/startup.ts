@@ -5,6 +5,7 @@
  */
 import { backfillStorageEntries } from '../../store/storage-entries';
 import { backfillOpenExecs } from '../../store/exec';
+import { backfillPreviewEntries } from '../../store/previews';
 import type { Logger } from '../../lib/logger';
 import type { SecretBox } from '../../lib/secret-box';
 import { connectStore, type Store } from '../../store';
@@ -49,4 +50,7 @@ export async function migrateOnStart(store: Store, secrets: SecretBox, logger: L
   // Exec sessions without an exit recorded before open-exec entries existed (store/exec.ts): entered now, once.
   const open = await backfillOpenExecs(store);
   if (open > 0) logger.info({ execSessions: open }, 'entered the open exec sessions recorded before open-exec entries existed');
+  // Previews recorded before sandbox-preview entries existed (store/previews.ts): entered now, once.
+  const previews = await backfillPreviewEntries(store);
+  if (previews > 0) logger.info({ previews }, 'entered the previews recorded before sandbox-preview entries existed');
 }

@@ -183,7 +183,7 @@ export class PreviewService {
     const docs = (await listSandboxPreviews(deps.store, sandbox._id)).filter((p) => p.port === port);
     if (docs.length === 0) throw notFound(`preview of port ${port} on sandbox ${sandbox._id}`);
     for (const d of docs) {
-      await deletePreview(deps.store, d._id);
+      await deletePreview(deps.store, d);
       this.invalidate(d._id);
     }
     this.forgetSocket(sandbox._id, port);
@@ -203,7 +203,7 @@ export class PreviewService {
   async removeAll(sandboxId: string): Promise<number> {
     const docs = await listSandboxPreviews(this.deps.store, sandboxId);
     for (const d of docs) {
-      await deletePreview(this.deps.store, d._id);
+      await deletePreview(this.deps.store, d);
       this.invalidate(d._id);
       this.forgetSocket(d.sandboxId, d.port);
     }
