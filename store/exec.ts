@@ -170,8 +170,8 @@ export async function updateSession(store: Store, kind: SessionKind, id: string,
   return r.matchedCount > 0;
 }
 
-/** The marker of a database whose exec sessions recorded before open-exec entries existed have theirs. */
-const BACKFILLED = '\u0000backfilled-v1';
+/** The marker of a database whose exec sessions recorded before open-exec entries existed have theirs (no NUL in it: FerretDB's PostgreSQL backend refuses \u0000). */
+export const BACKFILLED = 'migrated:backfilled-v1';
 
 /**
  * Gives every exec session without a recorded exit, recorded before open-exec entries existed, its

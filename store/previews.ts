@@ -57,8 +57,8 @@ export async function listSandboxPreviews(store: Store, sandboxId: string): Prom
   return docs.sort((a, b) => a.port - b.port || a._id.localeCompare(b._id));
 }
 
-/** The marker of a database whose previews recorded before sandbox-preview entries existed have theirs. */
-const BACKFILLED = '\u0000backfilled-v1';
+/** The marker of a database whose previews recorded before sandbox-preview entries existed have theirs (no NUL in it: FerretDB's PostgreSQL backend refuses \u0000). */
+export const BACKFILLED = 'migrated:backfilled-v1';
 
 /** Gives every preview recorded before sandbox-preview entries existed its entry, once per database. Answers how many. */
 export async function backfillPreviewEntries(store: Store): Promise<number> {

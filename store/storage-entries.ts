@@ -60,8 +60,8 @@ export async function readStorageEntries(store: Store, orgId: string): Promise<M
   return new Map(docs.map((d) => [checkpointOf(d._id), d]));
 }
 
-/** The marker of a database whose checkpoints written before entries existed have theirs. */
-const BACKFILLED = '\u0000backfilled-v1';
+/** The marker of a database whose checkpoints written before entries existed have theirs (no NUL in it: FerretDB's PostgreSQL backend refuses \u0000). */
+export const BACKFILLED = 'migrated:backfilled-v1';
 
 /**
  * Gives every checkpoint recorded before entries existed its entry, once per database (a marker

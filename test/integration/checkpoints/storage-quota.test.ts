@@ -13,7 +13,7 @@ import { hostSh, newSandbox } from '../../helpers/sandboxes';
 import { otherOrgKey } from '../../helpers/checkpoints';
 import { connectStore } from '../../../store';
 import { checkpointsOf, deleteCheckpointRecords } from '../../../store/checkpoints';
-import { backfillStorageEntries, readStorageEntries, storageEntriesOf } from '../../../store/storage-entries';
+import { BACKFILLED, backfillStorageEntries, readStorageEntries, storageEntriesOf } from '../../../store/storage-entries';
 
 jest.setTimeout(300_000);
 
@@ -209,7 +209,7 @@ describe('storage quota', () => {
         sizeBytes: 5 * MIB,
         createdAt: new Date(),
       });
-      await storageEntriesOf(store).deleteOne({ _id: '\u0000backfilled-v1' });
+      await storageEntriesOf(store).deleteOne({ _id: BACKFILLED });
       expect(await backfillStorageEntries(store)).toBeGreaterThanOrEqual(1);
       expect((await readStorageEntries(store, o.id)).get(legacy)).toMatchObject({ bytes: 5 * MIB });
       expect(await backfillStorageEntries(store)).toBe(0);

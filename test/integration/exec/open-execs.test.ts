@@ -5,7 +5,7 @@
  */
 import { T, unique } from '../../helpers/env';
 import { connectStore, type Store } from '../../../store';
-import { backfillOpenExecs, countOpenExecs, deleteExec, insertExec, listOpenExecs, updateSession, type ExecDoc } from '../../../store/exec';
+import { BACKFILLED, backfillOpenExecs, countOpenExecs, deleteExec, insertExec, listOpenExecs, updateSession, type ExecDoc } from '../../../store/exec';
 
 describe('open-exec entries', () => {
   let store: Store;
@@ -82,7 +82,7 @@ describe('open-exec entries', () => {
   it('gives the sessions recorded before entries existed theirs, once per database', async () => {
     const legacy = newId();
     await records().insertOne(doc(legacy));
-    await open().deleteOne({ _id: '\u0000backfilled-v1' });
+    await open().deleteOne({ _id: BACKFILLED });
     expect(await backfillOpenExecs(store)).toBeGreaterThanOrEqual(1);
     expect(await countOpenExecs(store, org, 100)).toBe(2); // the legacy one, and the start in flight above
     expect(await backfillOpenExecs(store)).toBe(0);

@@ -5,7 +5,7 @@
  */
 import { T, unique } from '../../helpers/env';
 import { connectStore, type Store } from '../../../store';
-import { backfillPreviewEntries, deletePreview, insertPreview, listSandboxPreviews, type PreviewDoc } from '../../../store/previews';
+import { BACKFILLED, backfillPreviewEntries, deletePreview, insertPreview, listSandboxPreviews, type PreviewDoc } from '../../../store/previews';
 
 describe('sandbox-preview entries', () => {
   let store: Store;
@@ -49,7 +49,7 @@ describe('sandbox-preview entries', () => {
 
   it('gives previews recorded before entries existed theirs, once per database', async () => {
     await previews().insertOne(preview(9000));
-    await entries().deleteOne({ _id: '\u0000backfilled-v1' });
+    await entries().deleteOne({ _id: BACKFILLED });
     expect(await backfillPreviewEntries(store)).toBeGreaterThanOrEqual(1);
     expect((await listSandboxPreviews(store, sandboxId)).map((p) => p.port)).toEqual([3000, 9000]);
     expect(await backfillPreviewEntries(store)).toBe(0);
