@@ -49,9 +49,10 @@ const execSessionsOf = (store: Store) => store.db.collection<ExecDoc>('exec_sess
  * organisation's id and the session's joined by SEP. How many an organisation runs is then one `_id`
  * range read (FerretDB answers it from its index), where a filter on `orgId` and `exitedAt` scans
  * every exec session ever recorded, exited ones included, and grows with them all. An entry is
- * written before its record and removed after the exit is recorded, so it never counts less than
- * the records; an entry whose record has an exit (an API killed in between) is removed when the
- * organisation's sessions are checked against their hosts (listOpenExecs).
+ * written with its record and removed after the exit is recorded. An entry whose record has an exit,
+ * or never got one (an API killed in between), is removed when the organisation's sessions are
+ * checked against their hosts (listOpenExecs); a record whose entry was not written (the same) is
+ * not counted until it exits: at most the starts in flight when an API dies.
  */
 interface OpenExecDoc {
   _id: string;
@@ -78,13 +79,15 @@ export async function ensureExecIndexes(store: Store): Promise<void> {
 export type SessionKind = 'exec' | 'agent';
 
 /**
- * Records a new exec session: its open-exec entry first (`counted` is called once it is written:
- * from then on countOpenExecs counts the session), then its record.
+ * Records a new exec session: its open-exec entry and its record, written at the same time (the
+ * start's answer waits for them; one after the other cost its first byte 1.5 ms). `counted` is called
+ * once the entry is written: from then on countOpenExecs counts the session.
  */
 export async function insertExec(store: Store, doc: ExecDoc, counted?: () => void): Promise<void> {
-  if (doc.exitedAt === null) await insertOpenExec(store, doc.orgId, doc._id);
-  counted?.();
-  await execSessionsOf(store).insertOne(doc);
+  await Promise.all([
+    doc.exitedAt === null ? insertOpenExec(store, doc.orgId, doc._id).then(() => counted?.()) : counted?.(),
+    execSessionsOf(store).insertOne(doc),
+  ]);
 }
 
 async function insertOpenExec(store: Store, orgId: string, execId: string): Promise<void> {
