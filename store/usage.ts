@@ -46,9 +46,10 @@ export async function exactUsage(store: Store, orgId: string, exceptCheckpoint?:
   let checkpoints = 0;
   for (const d of docs) {
     const bytes = countedBytes(d);
-    const entry = entries.get(d._id);
+    // Judged before the entry leaves the map: a recent entry may be ahead of its record on purpose.
+    const correct = (entries.get(d._id)?.bytes ?? null) !== bytes && settled(d._id);
     entries.delete(d._id);
-    if ((entry?.bytes ?? null) !== bytes && settled(d._id)) await putStorageEntry(store, orgId, d._id, bytes);
+    if (correct) await putStorageEntry(store, orgId, d._id, bytes);
     if (bytes === null || d._id === exceptCheckpoint) continue;
     usedBytes += bytes;
     checkpoints++;
