@@ -129,10 +129,10 @@ export function listSandboxAgentSessions(store: Store, sandboxId: string): Promi
   return agentSessionsOf(store).find({ sandboxId }).sort({ startedAt: -1 }).limit(1000).toArray();
 }
 
-/** How many of the organisation's exec sessions have no recorded exit (by their open-exec entries), counting at most `limit`. */
-export async function countOpenExecs(store: Store, orgId: string, limit: number): Promise<number> {
+/** The ids of the organisation's exec sessions without a recorded exit (by their open-exec entries), at most `limit`. */
+export async function countOpenExecs(store: Store, orgId: string, limit: number): Promise<string[]> {
   const docs = await openExecsOf(store).find(openRange(orgId)).sort({ _id: 1 }).limit(limit).toArray();
-  return docs.length;
+  return docs.map((d) => d._id.slice(d._id.indexOf(SEP) + 1));
 }
 
 /**

@@ -61,7 +61,7 @@ export function createExecService(deps: SandboxDeps, live: ExecLive) {
    * Exec sessions this process is starting, per organisation, until their open-exec entry is written
    * (then the store counts them): counted with the recorded ones against EXEC_SESSIONS_PER_ORG.
    */
-  const startingByOrg = new Map<string, Set<{ recorded: boolean }>>();
+  const startingByOrg = new Map<string, Set<{ recorded: boolean; id: string }>>();
 
   /**
    * Per organisation, its last count of running exec sessions (runningExecsOfOrg), when it was read,
@@ -116,12 +116,18 @@ export function createExecService(deps: SandboxDeps, live: ExecLive) {
    * A session whose sandbox or host is gone counts as exited.
    */
   async function runningExecsOfOrg(orgId: string, max: number): Promise<number> {
-    const open = await countOpenExecs(deps.store, orgId, max);
+    // This process's starts not yet marked counted are counted by the caller: left out here, judged
+    // once the store has answered (the caller reads them with no wait in between), so a start whose
+    // entry the store already shows is counted once, not twice.
+    const uncounted = () => new Set([...(startingByOrg.get(orgId) ?? [])].filter((s) => !s.recorded).map((s) => s.id));
+    const ids = await countOpenExecs(deps.store, orgId, max + (startingByOrg.get(orgId)?.size ?? 0));
+    const skip = uncounted();
+    const open = ids.filter((id) => !skip.has(id)).length;
     if (open < max) return open;
     const docs = await listOpenExecs(deps.store, orgId);
+    const runningIds: string[] = [];
     const bySandbox = new Map<string, typeof docs>();
     for (const d of docs) bySandbox.set(d.sandboxId, [...(bySandbox.get(d.sandboxId) ?? []), d]);
-    let running = 0;
     for (const [sandboxId, list] of bySandbox) {
       let byId: Map<string, ExecSessionInfo> | null;
       try {
@@ -133,11 +139,12 @@ export function createExecService(deps: SandboxDeps, live: ExecLive) {
       }
       for (const d of list) {
         const info = byId.get(d._id) ?? null;
-        if (info?.running) running++;
+        if (info?.running) runningIds.push(d._id);
         else await live.recordExit('exec', d._id, info ? info.exitCode : null, info?.exitedAt ? new Date(info.exitedAt) : new Date(), info?.oomKilled);
       }
     }
-    return running;
+    const skipNow = uncounted();
+    return runningIds.filter((id) => !skipNow.has(id)).length;
   }
 
   async function startAndRecord(
@@ -145,12 +152,12 @@ export function createExecService(deps: SandboxDeps, live: ExecLive) {
     orgId: string,
     sandboxId: string,
     body: ExecStartRequest,
-    mine: { recorded: boolean },
+    mine: { recorded: boolean; id: string },
   ): Promise<{ doc: ExecDoc; info: ExecSessionInfo }> {
     // The id is chosen here, so the record is written while the host starts the command (one round
     // trip less before the answer); whichever fails undoes the other.
     const doc: ExecDoc = {
-      _id: `es-${randomBytes(8).toString('hex')}`,
+      _id: mine.id,
       orgId,
       sandboxId,
       command: body.cmd,
@@ -203,7 +210,7 @@ export function createExecService(deps: SandboxDeps, live: ExecLive) {
     }
     let starting = startingByOrg.get(orgId);
     if (!starting) startingByOrg.set(orgId, (starting = new Set()));
-    const mine = { recorded: false };
+    const mine = { recorded: false, id: `es-${randomBytes(8).toString('hex')}` };
     starting.add(mine);
     try {
       return await startAndRecord(host, orgId, sandboxId, body, mine);
