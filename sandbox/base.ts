@@ -14,6 +14,7 @@ import { SandboxError } from '../contract/errors';
 import { defaultScratchDir, makeSandboxDir, resolveScratchDir, scratchTarget } from './scratch';
 import { normaliseEgress, type Egress } from './network';
 import { AuditLog, defaultAuditLogPath } from './audit-log';
+import { existsNoFollow, removeDir } from './quick-fs';
 import { readSandboxFile, writeSandboxFile, type RootMap } from './paths';
 import { isAlive, signalRef, type ProcRef } from './proc-refs-and-cgroups';
 import type { EntrypointLog, EntrypointLogChunk, CreateResult, ListFilter, ProviderKind, ProviderOptions, SandboxProvider, SpawnOptions } from './driver';
@@ -365,7 +366,7 @@ export abstract class BaseProvider implements SandboxProvider {
       const live = await this.destroyUnlocked(id);
       const w = this.waitingCreates.get(id);
       if (w && live) w.destroys++;
-      const wasHibernated = this.hibernated.has(id) || (await this.hibernation.readRespawn(id)) !== null;
+      const wasHibernated = this.hibernated.has(id) || this.stateFile.hasRespawn(id);
       if (wasHibernated) await this.hibernation.dropRespawn(id);
       await this.hibernation.dropHibernationLayers(id);
       await this.layers.gc.collect();
@@ -377,12 +378,7 @@ export abstract class BaseProvider implements SandboxProvider {
     const state = this.states.get(id);
     const dir = this.dirOf(id);
     // lstat: a link into the scratch directory whose target is gone (the machine rebooted) still counts.
-    const exists =
-      state !== undefined ||
-      (await fsp.lstat(dir).then(
-        () => true,
-        () => false,
-      ));
+    const exists = state !== undefined || existsNoFollow(dir);
     if (!exists) return false;
     const scratch = await scratchTarget(this.scratchDir, dir);
     let onDisk = state;
@@ -390,7 +386,7 @@ export abstract class BaseProvider implements SandboxProvider {
     if (onDisk?.entrypoint) signalRef(onDisk.entrypoint.wrapper, 'SIGKILL');
     await this.teardown(id, onDisk);
     if (scratch) await fsp.rm(scratch, { recursive: true, force: true });
-    await fsp.rm(dir, { recursive: true, force: true });
+    await removeDir(dir); // usually moved away by the teardown already (./namespaces/teardowns)
     this.states.delete(id);
     this.layers.gc.drop(id);
     this.resources.drop(id);

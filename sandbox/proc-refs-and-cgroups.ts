@@ -2,8 +2,9 @@
  * Process and cgroup helpers: identify a process by pid + start time (so a recycled pid is never
  * mistaken for ours), per-sandbox cgroup v1 groups for limits and for killing every process of a sandbox.
  */
-import { promises as fsp, readFileSync } from 'node:fs';
+import { promises as fsp, readFileSync, rmdirSync } from 'node:fs';
 import * as path from 'node:path';
+import { mkdirNow, renameNow, writeSmall } from './quick-fs';
 
 /** A process recorded in a sandbox's state: pid plus its start time in clock ticks since boot. */
 export interface ProcRef {
@@ -80,21 +81,19 @@ export class SandboxCgroups {
     return new SandboxCgroups(dirs);
   }
 
-  /** Creates the groups and applies the limits; a controller that is missing or not writable is skipped. */
-  static async create(id: string, limits: Limits, root = CGROUP_ROOT): Promise<SandboxCgroups> {
+  /** Creates the groups and applies the limits; a controller that is missing or not writable is skipped. (cgroupfs: see ./quick-fs.) */
+  static create(id: string, limits: Limits, root = CGROUP_ROOT): SandboxCgroups {
     const dirs: Partial<Record<Controller, string>> = {};
-    await Promise.all(
-      CONTROLLERS.map(async (c) => {
-        const dir = path.join(root, c, 'sap', id);
-        try {
-          await fsp.mkdir(dir, { recursive: true });
-          await writeLimits(c, dir, limits);
-          dirs[c] = dir;
-        } catch {
-          /* controller not available here */
-        }
-      }),
-    );
+    for (const c of CONTROLLERS) {
+      const dir = path.join(root, c, 'sap', id);
+      try {
+        mkdirNow(dir, 0o755, true);
+        writeLimitsNow(c, dir, limits);
+        dirs[c] = dir;
+      } catch {
+        /* controller not available here */
+      }
+    }
     return new SandboxCgroups(dirs);
   }
 
@@ -108,24 +107,22 @@ export class SandboxCgroups {
     );
   }
 
-  /** Writes the limits into the existing groups. Throws when one cannot be written. */
-  async applyLimits(limits: Limits): Promise<void> {
-    await Promise.all(Object.entries(this.dirs).map(([c, dir]) => writeLimits(c as Controller, dir as string, limits)));
+  /** Writes the limits into the existing groups of a sandbox not yet running anything. Throws when one cannot be written. */
+  applyLimits(limits: Limits): void {
+    for (const [c, dir] of Object.entries(this.dirs)) writeLimitsNow(c as Controller, dir as string, limits);
   }
 
   /**
    * Gives the groups the names of sandbox `id` (cgroup v1 renames a group, with its processes, within
    * its parent) and returns them under those names. Throws when a rename fails.
    */
-  async renameTo(id: string): Promise<SandboxCgroups> {
+  renameTo(id: string): SandboxCgroups {
     const dirs: Partial<Record<Controller, string>> = {};
-    await Promise.all(
-      Object.entries(this.dirs).map(async ([c, dir]) => {
-        const to = path.join(path.dirname(dir as string), id);
-        await fsp.rename(dir as string, to);
-        dirs[c as Controller] = to;
-      }),
-    );
+    for (const [c, dir] of Object.entries(this.dirs)) {
+      const to = path.join(path.dirname(dir as string), id);
+      renameNow(dir as string, to);
+      dirs[c as Controller] = to;
+    }
     return new SandboxCgroups(dirs);
   }
 
@@ -193,23 +190,23 @@ export class SandboxCgroups {
     else await fsp.writeFile(path.join(this.dirs.cpu, 'cpu.cfs_quota_us'), '-1');
   }
 
-  private async freeze(state: 'FROZEN' | 'THAWED'): Promise<void> {
+  private freeze(state: 'FROZEN' | 'THAWED'): void {
     if (!this.dirs.freezer) return;
     try {
-      await fsp.writeFile(path.join(this.dirs.freezer, 'freezer.state'), state);
+      writeSmall(path.join(this.dirs.freezer, 'freezer.state'), state);
     } catch {
       /* absent */
     }
   }
 
   /** Freezes the sandbox's processes (e.g. for a consistent copy of its writable layer). */
-  async pause(): Promise<void> {
-    await this.freeze('FROZEN');
+  pause(): void {
+    this.freeze('FROZEN');
   }
 
   /** Thaws the sandbox's processes. */
-  async resume(): Promise<void> {
-    await this.freeze('THAWED');
+  resume(): void {
+    this.freeze('THAWED');
   }
 
   /** SIGKILLs every process in the groups (freezing first so none can fork away) and waits until they are gone. */
@@ -219,7 +216,7 @@ export class SandboxCgroups {
       const pids = await this.pids();
       if (pids.length === 0) return true;
       if (Date.now() > deadline) return false;
-      await this.freeze('FROZEN');
+      this.freeze('FROZEN');
       for (const pid of await this.pids()) {
         try {
           process.kill(pid, 'SIGKILL');
@@ -227,28 +224,36 @@ export class SandboxCgroups {
           /* gone */
         }
       }
-      await this.freeze('THAWED');
+      this.freeze('THAWED');
       await new Promise((r) => setTimeout(r, 5));
     }
   }
 
   /** Removes the groups (they must be empty). */
   async remove(): Promise<void> {
-    await Promise.all(
-      Object.values(this.dirs).map(async (dir) => {
-        for (let i = 0; i < 50; i++) {
-          try {
-            await fsp.rmdir(dir as string);
-            return;
-          } catch (err) {
-            const code = (err as NodeJS.ErrnoException).code;
-            if (code === 'ENOENT') return;
-            if (code !== 'EBUSY') return;
-            await new Promise((r) => setTimeout(r, 10));
-          }
+    let left = Object.values(this.dirs) as string[];
+    for (let i = 0; i < 50 && left.length; i++) {
+      if (i > 0) await new Promise((r) => setTimeout(r, 10));
+      left = left.filter((dir) => {
+        try {
+          rmdirSync(dir);
+          return false;
+        } catch (err) {
+          // Gone already, or not removable for good (not EBUSY): nothing more to do.
+          return (err as NodeJS.ErrnoException).code === 'EBUSY';
         }
-      }),
-    );
+      });
+    }
+  }
+}
+
+/** writeLimits, synchronously: for groups whose sandbox runs nothing yet (no reclaim to wait for; see ./quick-fs). */
+function writeLimitsNow(c: Controller, dir: string, limits: Limits): void {
+  if (c === 'memory' && limits.memoryMB) writeSmall(path.join(dir, 'memory.limit_in_bytes'), String(Math.floor(limits.memoryMB * 1024 * 1024)));
+  if (c === 'pids') writeSmall(path.join(dir, 'pids.max'), String(limits.maxProcesses));
+  if (c === 'cpu' && limits.cpuCount) {
+    writeSmall(path.join(dir, 'cpu.cfs_period_us'), '100000');
+    writeSmall(path.join(dir, 'cpu.cfs_quota_us'), String(Math.max(1000, Math.round(limits.cpuCount * 100000))));
   }
 }
 

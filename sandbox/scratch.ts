@@ -4,6 +4,7 @@
  */
 import { createHash } from 'node:crypto';
 import { promises as fsp } from 'node:fs';
+import { readlinkOrNull } from './quick-fs';
 import * as path from 'node:path';
 
 /** statfs type of a tmpfs. */
@@ -32,10 +33,10 @@ export async function resolveScratchDir(option: string | null | undefined, dataD
 }
 
 /** The scratch directory a sandbox's directory links to, if it is such a link (and points there). */
-export async function scratchTarget(scratchDir: string | null, dir: string): Promise<string | null> {
-  if (!scratchDir) return null;
-  const target = await fsp.readlink(dir).catch(() => null);
-  return target && path.dirname(target) === scratchDir ? target : null;
+export function scratchTarget(scratchDir: string | null, dir: string): Promise<string | null> {
+  if (!scratchDir) return Promise.resolve(null);
+  const target = readlinkOrNull(dir);
+  return Promise.resolve(target && path.dirname(target) === scratchDir ? target : null);
 }
 
 /** Removes scratch directories no sandbox links to (the host died between making one and linking it). */

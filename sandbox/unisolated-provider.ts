@@ -41,7 +41,7 @@ export class ProcessProvider extends BaseProvider {
   protected async provision(state: SandboxState): Promise<void> {
     const root = this.rootOf(state.id);
     await Promise.all(['tmp', 'workspace', 'root', 'home', 'etc'].map((d) => fsp.mkdir(path.join(root, d), { recursive: true })));
-    await SandboxCgroups.create(state.id, state.limits);
+    SandboxCgroups.create(state.id, state.limits);
   }
 
   protected innerArgv(state: SandboxState, opts: SpawnOptions): string[] {

@@ -8,6 +8,7 @@ import { promises as fsp, readFileSync, writeFileSync, mkdirSync } from 'node:fs
 import { randomBytes } from 'node:crypto';
 import * as path from 'node:path';
 import type { Logger } from 'pino';
+import { existsNoFollow, writeSmallAtomically } from '../quick-fs';
 import { SecretBox } from '../../lib/secret-box';
 import type { ProviderKind } from '../driver';
 import type { ProcRef, Limits } from '../proc-refs-and-cgroups';
@@ -148,11 +149,15 @@ export class StateFile {
     }
   }
 
-  async save(state: SandboxState): Promise<void> {
+  save(state: SandboxState): Promise<void> {
     const file = path.join(this.dirOf(state.id), 'state.json');
-    // Mode 0600, and its environment (secret-store values included) sealed.
-    await fsp.writeFile(`${file}.tmp`, JSON.stringify(this.withSealedEnvs(state), null, 1), { mode: 0o600 });
-    await fsp.rename(`${file}.tmp`, file);
+    // Mode 0600, and its environment (secret-store values included) sealed. A small file: written at once (see ../quick-fs).
+    try {
+      writeSmallAtomically(file, JSON.stringify(this.withSealedEnvs(state), null, 1));
+      return Promise.resolve();
+    } catch (err) {
+      return Promise.reject(err as Error);
+    }
   }
 
   /** The state.json of sandbox `id` as it lies on disk (envs still sealed), or undefined. */
@@ -194,6 +199,11 @@ export class StateFile {
       await fh.close();
     }
     await fsp.rename(`${file}.tmp`, file);
+  }
+
+  /** True when sandbox `id` has a respawn record (hibernated, or a restore under way). */
+  hasRespawn(id: string): boolean {
+    return existsNoFollow(path.join(this.respawnDir(), `${id}.json`));
   }
 
   async dropRespawn(id: string): Promise<void> {

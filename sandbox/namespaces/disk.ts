@@ -16,6 +16,7 @@ import { promises as fsp, constants as fsc } from 'node:fs';
 import * as path from 'node:path';
 import { promisify } from 'node:util';
 import type { Logger } from 'pino';
+import { renameNow } from '../quick-fs';
 
 const execFileP = promisify(execFile);
 
@@ -294,8 +295,8 @@ export class DiskImages {
   }
 
   /** Makes `file` (a spare's image, mounted by its helper) sandbox `id`'s image. */
-  async claim(id: string, file: string): Promise<void> {
-    await fsp.rename(file, this.fileOf(id));
+  claim(id: string, file: string): void {
+    renameNow(file, this.fileOf(id));
   }
 
   /** Makes `file`: a copy of the template of `diskMB` (made on first use), or, without one, mkfs.ext4's own. */

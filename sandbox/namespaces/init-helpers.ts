@@ -14,6 +14,7 @@ import { DEFAULT_ENV } from '../base';
 import { procRef, SandboxCgroups, signalRef, type ProcRef } from '../proc-refs-and-cgroups';
 import type { SandboxState } from '../base';
 import type { Spawner } from '../spawner';
+import { writeSmall } from '../quick-fs';
 
 /** Cgroup names of spare init helpers: `spare-<host pid>-<n>`. */
 export const SPARE_PREFIX = 'spare-';
@@ -305,7 +306,7 @@ export class InitHelpers {
     pending.failed = failed;
     const task = (async () => {
       // Bounded while idle: a spare is one waiting process; a claim sets the sandbox's own limits.
-      const cgroups = await SandboxCgroups.create(name, SPARE_LIMITS);
+      const cgroups = SandboxCgroups.create(name, SPARE_LIMITS);
       pending.cgroups = cgroups;
       if (!this.pool.includes(pending)) return void this.discardSpare(pending).finally(settle);
       // Its id slot, link, disk and staging directory: the helper builds the whole sandbox with them
@@ -356,12 +357,12 @@ export class InitHelpers {
       spare.sock.removeAllListeners('close');
       try {
         trace(id, 'host:spare-found');
-        const cgroups = await spare.cgroups.renameTo(id);
+        const cgroups = spare.cgroups.renameTo(id);
         trace(id, 'host:cgroups-renamed');
-        await cgroups.applyLimits(limits);
+        cgroups.applyLimits(limits);
         trace(id, 'host:limits-applied');
-        // The idle cap on memory goes unless the sandbox has a limit of its own.
-        if (!limits.memoryMB && cgroups.dirs.memory) await fsp.writeFile(path.join(cgroups.dirs.memory, 'memory.limit_in_bytes'), '-1');
+        // The idle cap on memory goes unless the sandbox has a limit of its own (raised: nothing to reclaim).
+        if (!limits.memoryMB && cgroups.dirs.memory) writeSmall(path.join(cgroups.dirs.memory, 'memory.limit_in_bytes'), '-1');
       } catch (err) {
         this.deps.log.warn({ sandboxId: id, err: (err as Error).message }, 'could not use the spare sandbox init');
         await this.discardSpare(spare, id);
@@ -377,7 +378,7 @@ export class InitHelpers {
    * spare, in the sandbox's cgroups, and waited for.
    */
   async startHelperFor(id: string, limits: SandboxState['limits'], failure: (why: string) => Promise<Error>): Promise<Starting> {
-    const cgroups = await SandboxCgroups.create(id, limits);
+    const cgroups = SandboxCgroups.create(id, limits);
     const key = `${id}.${randomBytes(8).toString('hex')}`;
     let connected!: (sock: net.Socket) => void;
     const sockP = new Promise<net.Socket>((r) => (connected = r));

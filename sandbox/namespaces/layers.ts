@@ -51,11 +51,11 @@ export async function captureLayer(
     const outer = state.init?.outer;
     if (!outer || !isAlive(outer) || state.idBase === undefined) throw new SandboxError('conflict', `sandbox ${id} is not running`);
     const upper = path.join(`/proc/${outer.pid}/root`, sandboxDir, 'm', 'w');
-    await cgroups.pause();
+    cgroups.pause();
     try {
       await execFileP('cp', ['-a', '--sparse=always', path.join(upper, 'root'), path.join(upper, 'usr'), tmp]);
     } finally {
-      await cgroups.resume();
+      cgroups.resume();
     }
     // On disk, a layer holds the sandbox's own ids (0..65535), not the host ids of this sandbox's slot.
     const setIds = await shiftIdsToSandbox(tmp, state.idBase);

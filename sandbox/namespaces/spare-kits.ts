@@ -14,6 +14,7 @@ import { RESOLVER_ADDRESS, type Egress, type SandboxNetwork } from '../network';
 import { SandboxError } from '../../contract/errors';
 import { procRef, SandboxCgroups, signalRef, type ProcRef } from '../proc-refs-and-cgroups';
 import type { DiskImages } from './disk';
+import { removeDir, renameNow } from '../quick-fs';
 import { SPARE_PREFIX, type SpareKit, type Starting } from './init-helpers';
 
 /** What SpareKits needs of its provider (getters: some are known only once the provider has prepared). */
@@ -121,7 +122,7 @@ export class SpareKits {
     try {
       if (kit.link) await this.deps.network!.apply(kit.link.address, egress);
       trace(id, 'host:egress-applied');
-      if (kit.disk) await this.deps.disks()!.claim(id, kit.disk);
+      if (kit.disk) this.deps.disks()!.claim(id, kit.disk);
       trace(id, 'host:disk-claimed');
       // -E 1: the helper writes /etc/hosts naming the sandbox (as writeHostsFile would, without a walk through /proc).
       const nsPid = await handOver(starting.sock, ['-H', id, '-m', path.join(dir, 'm'), ...(hostsFile ? ['-E', '1'] : [])], failure);
@@ -129,12 +130,13 @@ export class SpareKits {
       const outer = procRef(starting.pid);
       const ns = procRef(nsPid);
       if (!outer || !ns) throw new SandboxError('internal', `sandbox ${id} init exited right after start`);
-      // The log and the staging directory's leftovers follow behind the answer (a host start sweeps what a crash leaves).
-      void fsp
-        .rename(path.join(kit.staging, 'init.log'), path.join(dir, 'init.log'))
-        .catch(() => undefined)
-        .then(() => fsp.rm(kit.staging, { recursive: true, force: true }))
-        .catch(() => undefined);
+      // The log joins the sandbox's directory; the staging directory's leftovers (an empty mount point) go (a host start sweeps what a crash leaves).
+      try {
+        renameNow(path.join(kit.staging, 'init.log'), path.join(dir, 'init.log'));
+      } catch {
+        /* gone, or the sandbox's directory is on the scratch tmpfs (EXDEV): the log goes with the staging directory */
+      }
+      void removeDir(kit.staging).catch(() => undefined);
       return { outer, ns };
     } catch (err) {
       signalRef(procRef(starting.pid), 'SIGKILL');

@@ -11,8 +11,7 @@
  * answered).
  */
 import { randomBytes } from 'node:crypto';
-import { existsSync, promises as fsp } from 'node:fs';
-import type { FileHandle } from 'node:fs/promises';
+import { closeSync, existsSync, openSync, promises as fsp, unlinkSync } from 'node:fs';
 import * as path from 'node:path';
 import type { Logger } from 'pino';
 import type { SandboxState } from '../base';
@@ -20,6 +19,7 @@ import type { IdSlots } from '../id-slots';
 import type { SandboxNetwork } from '../network';
 import { isAlive, procRef, SandboxCgroups, signalRef, type ProcRef } from '../proc-refs-and-cgroups';
 import type { DiskImages } from './disk';
+import { readlinkOrNull, removeDir, renameIfThere, renameNow, writeSmallAtomically } from '../quick-fs';
 
 /** What is left of a destroyed sandbox to remove (the names as they were moved by detach). */
 export interface TeardownRecord {
@@ -63,10 +63,8 @@ export class PendingTeardowns {
   }
 
   /** Writes the record (atomically: a temporary file renamed into place). */
-  async record(rec: TeardownRecord): Promise<void> {
-    const file = path.join(this.dir, `${rec.token}.json`);
-    await fsp.writeFile(`${file}.tmp`, JSON.stringify(rec), { mode: 0o600 });
-    await fsp.rename(`${file}.tmp`, file);
+  record(rec: TeardownRecord): void {
+    writeSmallAtomically(path.join(this.dir, `${rec.token}.json`), JSON.stringify(rec));
   }
 
   /** Teardowns queued or running (for tests and the host's metrics). */
@@ -102,7 +100,11 @@ export class PendingTeardowns {
   private async finishOne(rec: TeardownRecord): Promise<void> {
     try {
       await this.finish(rec);
-      await fsp.rm(path.join(this.dir, `${rec.token}.json`), { force: true });
+      try {
+        unlinkSync(path.join(this.dir, `${rec.token}.json`));
+      } catch {
+        /* gone already */
+      }
     } catch (err) {
       // Left in the directory: the next start tries again.
       this.log.error({ err: (err as Error).message, sandboxId: rec.id }, 'teardown failed; retried at the next start');
@@ -149,8 +151,8 @@ export interface SandboxTeardownDeps {
 /** The namespaces provider's side of destroy: detach now, the rest behind the answer (see the module comment). */
 export class SandboxTeardowns {
   private readonly queue: PendingTeardowns;
-  /** Mount namespaces of detached sandboxes, held open until their teardown (see detach). */
-  private readonly held = new Map<string, FileHandle[]>();
+  /** Mount namespaces of detached sandboxes (descriptors), held open until their teardown (see detach). */
+  private readonly held = new Map<string, number[]>();
 
   constructor(private readonly deps: SandboxTeardownDeps) {
     this.queue = new PendingTeardowns(deps.dir, (rec) => this.finish(rec), deps.log, TEARDOWNS_IN_FLIGHT, deps.pauseFile ?? null);
@@ -183,23 +185,26 @@ export class SandboxTeardowns {
     const procs = [state.init.ns, state.init.outer, state.entrypoint?.wrapper, ...(await groups.pids()).map((p) => procRef(p) ?? undefined)];
     // Their mount namespaces, held open: the last process of each would otherwise unmount the
     // sandbox's overlays and disk as it exits; they are let go behind the answer (finish).
-    const held = await Promise.all(
-      [state.init.ns, state.init.outer].map((ref) => (isAlive(ref) ? fsp.open(`/proc/${ref.pid}/ns/mnt`, 'r').catch(() => null) : null)),
-    );
+    const held = [state.init.ns, state.init.outer].map((ref) => (isAlive(ref) ? openOrNull(`/proc/${ref.pid}/ns/mnt`) : null));
     signalRef(state.init.ns, 'SIGKILL');
     signalRef(state.init.outer, 'SIGKILL');
     await groups.killAll();
     await this.deps.waitGone(procs);
     // A session's directory is a link into the scratch directory (see ../scratch).
-    const scratch = await fsp.readlink(dir).catch(() => null);
+    const scratch = readlinkOrNull(dir);
     const rec = this.recordFor(id, `${id}.${randomBytes(6).toString('hex')}`, state, scratch);
-    await fsp.rename(dir, rec.dir);
+    try {
+      renameNow(dir, rec.dir);
+    } catch (err) {
+      for (const fd of held) if (fd !== null) closeSync(fd);
+      throw err;
+    }
     this.held.set(
       rec.token,
       held.filter((h) => h !== null),
     );
-    await this.moveNames(rec, scratch);
-    await this.queue.record(rec);
+    this.moveNames(rec, scratch);
+    this.queue.record(rec);
     this.queue.enqueue(rec);
     return true;
   }
@@ -218,13 +223,10 @@ export class SandboxTeardowns {
   }
 
   /** Moves a detached sandbox's cgroups, disk image and scratch directory to the record's names (a name already gone is skipped). */
-  private async moveNames(rec: TeardownRecord, scratch: string | null): Promise<void> {
-    const skipGone = (err: NodeJS.ErrnoException) => {
-      if (err.code !== 'ENOENT') throw err;
-    };
-    await Promise.all(Object.values(SandboxCgroups.of(rec.id).dirs).map((d) => fsp.rename(d!, path.join(path.dirname(d!), rec.groups)).catch(skipGone)));
-    if (rec.disk && this.deps.disks) await fsp.rename(this.deps.disks.fileOf(rec.id), rec.disk).catch(skipGone);
-    if (scratch && rec.scratch) await fsp.rename(scratch, rec.scratch).catch(skipGone);
+  private moveNames(rec: TeardownRecord, scratch: string | null): void {
+    for (const d of Object.values(SandboxCgroups.of(rec.id).dirs)) renameIfThere(d!, path.join(path.dirname(d!), rec.groups));
+    if (rec.disk && this.deps.disks) renameIfThere(this.deps.disks.fileOf(rec.id), rec.disk);
+    if (scratch && rec.scratch) renameIfThere(scratch, rec.scratch);
   }
 
   /**
@@ -239,10 +241,10 @@ export class SandboxTeardowns {
       .readFile(path.join(dir, 'state.json'), 'utf8')
       .then((t) => JSON.parse(t) as SandboxState)
       .catch(() => null);
-    const scratch = await fsp.readlink(dir).catch(() => null);
+    const scratch = readlinkOrNull(dir);
     const rec = this.recordFor(id, token, state, scratch);
     await SandboxCgroups.of(id).killAll();
-    await this.moveNames(rec, scratch);
+    this.moveNames(rec, scratch);
     return rec;
   }
 
@@ -251,14 +253,25 @@ export class SandboxTeardowns {
     const held = this.held.get(rec.token) ?? [];
     this.held.delete(rec.token);
     // The sandbox's mounts go with the last hold of their namespaces (the disk's loop device with them).
-    await Promise.all(held.map((h) => h.close()));
+    for (const fd of held) closeSync(fd);
     const groups = SandboxCgroups.of(rec.groups);
     await groups.killAll();
     await groups.remove();
     if (rec.address) await this.deps.network?.release(rec.address);
+    // The image and the scratch directory hold what the sandbox wrote (any size): through the pool.
     if (rec.disk) await fsp.rm(rec.disk, { force: true });
-    for (const d of [rec.scratch, rec.dir]) if (d) await fsp.rm(d, { recursive: true, force: true });
+    if (rec.scratch) await fsp.rm(rec.scratch, { recursive: true, force: true });
+    await removeDir(rec.dir);
     // Last: the slot (and its link's address) may be taken again once everything of it is gone.
     if (rec.idBase !== undefined) this.deps.idSlots.release(rec.idBase);
+  }
+}
+
+/** A read-only descriptor of `file`, or null when it cannot be opened (the process is gone). */
+function openOrNull(file: string): number | null {
+  try {
+    return openSync(file, 'r');
+  } catch {
+    return null;
   }
 }
