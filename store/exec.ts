@@ -1,5 +1,5 @@
 import type { Store } from './index';
-import { isDuplicateKey } from './index';
+import { BACKFILLED, backfillOnce, entryKey, groupRange, insertEntries, memberOf, settled } from './entry-keys';
 
 /**
  * An exec session started through the public API. The process itself lives on the sandbox host
@@ -45,9 +45,9 @@ export interface AgentSessionDoc {
 const execSessionsOf = (store: Store) => store.db.collection<ExecDoc>('exec_sessions');
 
 /**
- * Open-exec entries: one small document per exec session without a recorded exit, its `_id` the
- * organisation's id and the session's joined by SEP. How many an organisation runs is then one `_id`
- * range read (FerretDB answers it from its index), where a filter on `orgId` and `exitedAt` scans
+ * Open-exec entries: one small document per exec session without a recorded exit, keyed by the
+ * organisation and the session (./entry-keys). How many an organisation runs is then one `_id`
+ * range read, where a filter on `orgId` and `exitedAt` scans
  * every exec session ever recorded, exited ones included, and grows with them all. An entry is
  * written with its record and removed after the exit is recorded. An entry whose record has an exit,
  * or never got one (an API killed in between), is removed when the organisation's sessions are
@@ -59,13 +59,7 @@ interface OpenExecDoc {
   /** When it was written: one without a record is removed only once no start in flight can explain it. */
   at: Date;
 }
-/** An entry older than this whose record is missing belongs to no start in flight (a start writes its record right after it). */
-const OPEN_SETTLE_MS = 60_000;
 const openExecsOf = (store: Store) => store.db.collection<OpenExecDoc>('open_execs');
-const SEP = '\u0001';
-const END = '\u0002';
-const openId = (orgId: string, execId: string): string => orgId + SEP + execId;
-const openRange = (orgId: string) => ({ _id: { $gt: orgId + SEP, $lt: orgId + END } });
 const agentSessionsOf = (store: Store) => store.db.collection<AgentSessionDoc>('sandbox_agent_sessions');
 
 /** Indexes for the per-sandbox lists (MongoDB uses them; FerretDB scans regardless). */
@@ -91,17 +85,13 @@ export async function insertExec(store: Store, doc: ExecDoc, counted?: () => voi
 }
 
 async function insertOpenExec(store: Store, orgId: string, execId: string): Promise<void> {
-  try {
-    await openExecsOf(store).insertOne({ _id: openId(orgId, execId), at: new Date() });
-  } catch (err) {
-    if (!isDuplicateKey(err)) throw err;
-  }
+  await insertEntries(openExecsOf(store), [{ _id: entryKey(orgId, execId), at: new Date() }]);
 }
 
 /** Removes an exec session's record (one whose command the host did not start), then its open-exec entry. */
 export async function deleteExec(store: Store, doc: Pick<ExecDoc, '_id' | 'orgId'>): Promise<void> {
   await execSessionsOf(store).deleteOne({ _id: doc._id });
-  await openExecsOf(store).deleteOne({ _id: openId(doc.orgId, doc._id) });
+  await openExecsOf(store).deleteOne({ _id: entryKey(doc.orgId, doc._id) });
 }
 
 /** Records a new agent session. */
@@ -131,8 +121,8 @@ export function listSandboxAgentSessions(store: Store, sandboxId: string): Promi
 
 /** The ids of the organisation's exec sessions without a recorded exit (by their open-exec entries), at most `limit`. */
 export async function countOpenExecs(store: Store, orgId: string, limit: number): Promise<string[]> {
-  const docs = await openExecsOf(store).find(openRange(orgId)).sort({ _id: 1 }).limit(limit).toArray();
-  return docs.map((d) => d._id.slice(d._id.indexOf(SEP) + 1));
+  const docs = await openExecsOf(store).find(groupRange(orgId)).sort({ _id: 1 }).limit(limit).toArray();
+  return docs.map((d) => memberOf(d._id));
 }
 
 /**
@@ -140,17 +130,17 @@ export async function countOpenExecs(store: Store, orgId: string, limit: number)
  * by their open-exec entries (at most 100,000); an entry whose record has an exit, or has none, is removed.
  */
 export async function listOpenExecs(store: Store, orgId: string): Promise<Pick<ExecDoc, '_id' | 'sandboxId' | 'exitedAt' | 'oomKilled'>[]> {
-  const entries = await openExecsOf(store).find(openRange(orgId)).sort({ _id: 1 }).limit(100_000).toArray();
+  const entries = await openExecsOf(store).find(groupRange(orgId)).sort({ _id: 1 }).limit(100_000).toArray();
   const out: Pick<ExecDoc, '_id' | 'sandboxId' | 'exitedAt' | 'oomKilled'>[] = [];
   for (let i = 0; i < entries.length; i += 50) {
     await Promise.all(
       entries.slice(i, i + 50).map(async (e) => {
-        const id = e._id.slice(e._id.indexOf(SEP) + 1);
+        const id = memberOf(e._id);
         const doc = await execSessionsOf(store).findOne({ _id: id }, { projection: { _id: 1, sandboxId: 1, exitedAt: 1, oomKilled: 1 } });
         if (doc && doc.exitedAt === null) out.push(doc);
         // An exit recorded but its entry left, or an entry whose record was never written (or was
         // removed) long ago: an API died between the two writes.
-        else if (doc || Date.now() - e.at.getTime() > OPEN_SETTLE_MS) await openExecsOf(store).deleteOne({ _id: e._id });
+        else if (doc || settled(e.at)) await openExecsOf(store).deleteOne({ _id: e._id });
       }),
     );
   }
@@ -165,7 +155,7 @@ export async function updateSession(store: Store, kind: SessionKind, id: string,
   if (kind === 'exec' && fields.exitedAt) {
     const before = await execSessionsOf(store).findOneAndUpdate({ _id: id }, { $set: fields }, { returnDocument: 'before' });
     if (!before) return false;
-    await openExecsOf(store).deleteOne({ _id: openId(before.orgId, id) });
+    await openExecsOf(store).deleteOne({ _id: entryKey(before.orgId, id) });
     return true;
   }
   const coll = kind === 'exec' ? execSessionsOf(store) : agentSessionsOf(store);
@@ -173,23 +163,18 @@ export async function updateSession(store: Store, kind: SessionKind, id: string,
   return r.matchedCount > 0;
 }
 
-/** The marker of a database whose exec sessions recorded before open-exec entries existed have theirs (no NUL in it: FerretDB's PostgreSQL backend refuses \u0000). */
-export const BACKFILLED = 'migrated:backfilled-v1';
+export { BACKFILLED };
 
 /**
  * Gives every exec session without a recorded exit, recorded before open-exec entries existed, its
  * entry: once per database (a marker says it was done). Answers how many it wrote.
  */
 export async function backfillOpenExecs(store: Store): Promise<number> {
-  if (await openExecsOf(store).findOne({ _id: BACKFILLED })) return 0;
-  const open = await execSessionsOf(store)
-    .find({ exitedAt: null }, { projection: { _id: 1, orgId: 1 } })
-    .toArray();
-  for (const d of open) await insertOpenExec(store, d.orgId, d._id);
-  await openExecsOf(store)
-    .insertOne({ _id: BACKFILLED, at: new Date() })
-    .catch((err: unknown) => {
-      if (!isDuplicateKey(err)) throw err;
-    });
-  return open.length;
+  return backfillOnce(openExecsOf(store), { _id: BACKFILLED, at: new Date() }, async () => {
+    const open = await execSessionsOf(store)
+      .find({ exitedAt: null }, { projection: { _id: 1, orgId: 1 } })
+      .toArray();
+    for (const d of open) await insertOpenExec(store, d.orgId, d._id);
+    return open.length;
+  });
 }

@@ -1,25 +1,18 @@
-import { MongoBulkWriteError } from 'mongodb';
 import type { Store } from './index';
-import { isDuplicateKey } from './index';
+import { backfillOnce, END, insertEntries, SEP } from './entry-keys';
 import { decodeCursor, encodeCursor } from './page';
 
 /**
  * Listing keys: one small document per listed item in the `listings` collection, its `_id` the
  * list's name, the item's creation time (milliseconds, 13 digits) and the item's id, joined by
- * SEP. A page of a list, newest first by (created_at, _id), is then one `_id` range read in
- * descending `_id` order with a limit, which our FerretDB patch (tools/ferretdb/patches/
- * sqlite-id-range.patch) answers from an index: its cost does not grow with the list's length.
- * Without that patch (MongoDB, FerretDB on PostgreSQL) the same query is still right.
+ * SEP (an entry collection: ./entry-keys). A page of a list, newest first by (created_at, _id), is
+ * then one `_id` range read in descending `_id` order with a limit, answered from an index: its cost
+ * does not grow with the list's length.
  * A key is written after its item and deleted with it; a key whose item is gone is skipped.
  */
 export interface ListingDoc {
   _id: string;
 }
-
-/** Joins the parts of a key; ids never contain it (they are generated or validated slugs). */
-const SEP = '\u0001';
-/** Just after SEP: `list + END` is past every key of `list`. */
-const END = '\u0002';
 
 export const listingsOf = (store: Store) => store.db.collection<ListingDoc>('listings');
 
@@ -45,31 +38,18 @@ function listedOf(key: string): Listed {
 
 /** Adds items to a list; keys that exist already are left as they are. */
 export async function addToList(store: Store, list: string, items: { _id: string; created_at: Date }[]): Promise<void> {
-  if (items.length === 0) return;
-  const docs = items.map((i) => ({ _id: keyOf(list, i.created_at, i._id) }));
-  try {
-    if (docs.length === 1) await listingsOf(store).insertOne(docs[0]!);
-    else await listingsOf(store).insertMany(docs, { ordered: false });
-  } catch (err) {
-    if (isDuplicateKey(err)) return;
-    const dupOnly = err instanceof MongoBulkWriteError && [err.writeErrors].flat().every((e) => e.code === 11000);
-    if (!dupOnly) throw err;
-  }
+  await insertEntries(
+    listingsOf(store),
+    items.map((i) => ({ _id: keyOf(list, i.created_at, i._id) })),
+  );
 }
 
 /** Adds the keys of many items, each to its own list (one insert); keys already there are left as they are. */
 export async function addToLists(store: Store, entries: { list: string; item: { _id: string; created_at: Date } }[]): Promise<void> {
-  if (entries.length === 0) return;
-  try {
-    await listingsOf(store).insertMany(
-      entries.map((e) => ({ _id: keyOf(e.list, e.item.created_at, e.item._id) })),
-      { ordered: false },
-    );
-  } catch (err) {
-    if (isDuplicateKey(err)) return;
-    const dupOnly = err instanceof MongoBulkWriteError && [err.writeErrors].flat().every((e) => e.code === 11000);
-    if (!dupOnly) throw err;
-  }
+  await insertEntries(
+    listingsOf(store),
+    entries.map((e) => ({ _id: keyOf(e.list, e.item.created_at, e.item._id) })),
+  );
 }
 
 /** Removes an item's key from a list. */
@@ -164,23 +144,19 @@ export async function listUnlisted<T extends { created_at: Date }>(
   items: AsyncIterable<T>,
   listOf: (item: T) => { list: string; id: string },
 ): Promise<number> {
-  if (await listingsOf(store).findOne({ _id: marker })) return 0;
-  let n = 0;
-  let byList = new Map<string, { _id: string; created_at: Date }[]>();
-  const flush = async () => {
-    for (const [list, keyed] of byList) await addToList(store, list, keyed);
-    byList = new Map();
-  };
-  for await (const item of items) {
-    const { list, id } = listOf(item);
-    byList.set(list, [...(byList.get(list) ?? []), { _id: id, created_at: item.created_at }]);
-    if (++n % 1000 === 0) await flush();
-  }
-  await flush();
-  try {
-    await listingsOf(store).insertOne({ _id: marker });
-  } catch (err) {
-    if (!isDuplicateKey(err)) throw err;
-  }
-  return n;
+  return backfillOnce(listingsOf(store), { _id: marker }, async () => {
+    let n = 0;
+    let byList = new Map<string, { _id: string; created_at: Date }[]>();
+    const flush = async () => {
+      for (const [list, keyed] of byList) await addToList(store, list, keyed);
+      byList = new Map();
+    };
+    for await (const item of items) {
+      const { list, id } = listOf(item);
+      byList.set(list, [...(byList.get(list) ?? []), { _id: id, created_at: item.created_at }]);
+      if (++n % 1000 === 0) await flush();
+    }
+    await flush();
+    return n;
+  });
 }

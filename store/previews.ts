@@ -1,6 +1,6 @@
 import type { Collection } from 'mongodb';
 import type { Store } from './index';
-import { isDuplicateKey } from './index';
+import { BACKFILLED, backfillOnce, entryKey, groupRange, insertEntries, memberOf, settled } from './entry-keys';
 
 /**
  * A preview URL: one sandbox port served at a hostname. `_id` is the hostname without any port,
@@ -26,57 +26,42 @@ export interface PreviewDoc {
 const previewsOf = (store: Store): Collection<PreviewDoc> => store.db.collection<PreviewDoc>('previews');
 
 /**
- * Sandbox-preview entries: one small document per preview, its `_id` the sandbox's id and the
- * preview's hostname joined by SEP, so a sandbox's previews are one `_id` range read (FerretDB answers
- * it from its index; a filter on `sandboxId` scanned every sandbox's previews, at every sandbox's
- * delete). An entry is written before its preview and removed after it: an entry without a preview
+ * Sandbox-preview entries: one small document per preview, keyed by the sandbox and the preview's
+ * hostname (./entry-keys), so a sandbox's previews are one `_id` range read (a filter on `sandboxId`
+ * scanned every sandbox's previews, at every sandbox's delete). An entry is written before its preview and removed after it: an entry without a preview
  * (an API killed in between, or a create refused for a hostname another sandbox has) is skipped when
  * read, and removed then once it is a minute old.
  */
 const entriesOf = (store: Store) => store.db.collection<{ _id: string; at: Date }>('sandbox_previews');
-/** An entry without its preview this old belongs to no create in flight (a create writes its preview right after it). */
-const SETTLE_MS = 60_000;
-const SEP = '\u0001';
-const END = '\u0002';
-const entryId = (sandboxId: string, hostname: string) => sandboxId + SEP + hostname;
 
 /** The previews of a sandbox, by port. */
 export async function listSandboxPreviews(store: Store, sandboxId: string): Promise<PreviewDoc[]> {
-  const entries = await entriesOf(store)
-    .find({ _id: { $gt: sandboxId + SEP, $lt: sandboxId + END } })
-    .sort({ _id: 1 })
-    .limit(10_000)
-    .toArray();
+  const entries = await entriesOf(store).find(groupRange(sandboxId)).sort({ _id: 1 }).limit(10_000).toArray();
   const docs: PreviewDoc[] = [];
   for (const e of entries) {
-    const hostname = e._id.slice(sandboxId.length + 1);
+    const hostname = memberOf(e._id);
     const doc = await previewsOf(store).findOne({ _id: hostname });
     if (doc && doc.sandboxId === sandboxId) docs.push(doc);
-    else if (Date.now() - e.at.getTime() > SETTLE_MS) await entriesOf(store).deleteOne({ _id: e._id });
+    else if (settled(e.at)) await entriesOf(store).deleteOne({ _id: e._id });
   }
   return docs.sort((a, b) => a.port - b.port || a._id.localeCompare(b._id));
 }
 
-/** The marker of a database whose previews recorded before sandbox-preview entries existed have theirs (no NUL in it: FerretDB's PostgreSQL backend refuses \u0000). */
-export const BACKFILLED = 'migrated:backfilled-v1';
+export { BACKFILLED };
 
 /** Gives every preview recorded before sandbox-preview entries existed its entry, once per database. Answers how many. */
 export async function backfillPreviewEntries(store: Store): Promise<number> {
-  if (await entriesOf(store).findOne({ _id: BACKFILLED })) return 0;
-  const docs = await previewsOf(store)
-    .find({}, { projection: { _id: 1, sandboxId: 1 } })
-    .toArray();
-  for (const d of docs) await insertEntry(store, entryId(d.sandboxId, d._id));
-  await insertEntry(store, BACKFILLED);
-  return docs.length;
+  return backfillOnce(entriesOf(store), { _id: BACKFILLED, at: new Date() }, async () => {
+    const docs = await previewsOf(store)
+      .find({}, { projection: { _id: 1, sandboxId: 1 } })
+      .toArray();
+    for (const d of docs) await insertEntry(store, entryKey(d.sandboxId, d._id));
+    return docs.length;
+  });
 }
 
 async function insertEntry(store: Store, _id: string): Promise<void> {
-  try {
-    await entriesOf(store).insertOne({ _id, at: new Date() });
-  } catch (err) {
-    if (!isDuplicateKey(err)) throw err;
-  }
+  await insertEntries(entriesOf(store), [{ _id, at: new Date() }]);
 }
 
 /** The preview served at `hostname` (lowercase, no port), or null. */
@@ -86,12 +71,12 @@ export function findPreview(store: Store, hostname: string): Promise<PreviewDoc 
 
 /** Records a preview, its sandbox-preview entry first (a duplicate hostname throws the store's duplicate-key error). */
 export async function insertPreview(store: Store, doc: PreviewDoc): Promise<void> {
-  await insertEntry(store, entryId(doc.sandboxId, doc._id));
+  await insertEntry(store, entryKey(doc.sandboxId, doc._id));
   await previewsOf(store).insertOne(doc);
 }
 
 /** Removes a preview, then its sandbox-preview entry. */
 export async function deletePreview(store: Store, doc: Pick<PreviewDoc, '_id' | 'sandboxId'>): Promise<void> {
   await previewsOf(store).deleteOne({ _id: doc._id });
-  await entriesOf(store).deleteOne({ _id: entryId(doc.sandboxId, doc._id) });
+  await entriesOf(store).deleteOne({ _id: entryKey(doc.sandboxId, doc._id) });
 }

@@ -1,11 +1,11 @@
 import type { Store } from './index';
 import { isDuplicateKey } from './index';
+import { BACKFILLED, backfillOnce, entryKey, groupRange, insertEntries, memberOf } from './entry-keys';
 
 /**
  * Storage entries: one small document per checkpoint that counts against its organisation's storage
- * quota, its `_id` the organisation's id and the checkpoint's joined by SEP, holding the bytes it
- * counts. An organisation's use is then one `_id` range read (FerretDB answers it from its index:
- * tools/ferretdb/patches/sqlite-id-range.patch), where a filter on `orgId` scans every
+ * quota, keyed by the organisation and the checkpoint (./entry-keys), holding the bytes it counts.
+ * An organisation's use is then one `_id` range read, where a filter on `orgId` scans every
  * organisation's checkpoints and grows with all of them (28 ms at 186 checkpoints, on every message
  * of a conversation and every capture).
  *
@@ -20,15 +20,7 @@ export interface StorageEntryDoc {
   at: Date;
 }
 
-const SEP = '\u0001';
-/** Just after SEP: `orgId + END` is past every entry of the organisation. */
-const END = '\u0002';
-/** An entry written this recently may be ahead of its record on purpose (a write in flight): left as it is. */
-export const ENTRY_SETTLE_MS = 60_000;
-
 export const storageEntriesOf = (store: Store) => store.db.collection<StorageEntryDoc>('storage_entries');
-const entryId = (orgId: string, checkpointId: string): string => orgId + SEP + checkpointId;
-const checkpointOf = (id: string): string => id.slice(id.indexOf(SEP) + 1);
 
 /** The bytes a checkpoint record counts against its organisation's quota: none when failed, 0 until its size is known. */
 export function countedBytes(c: { status?: string; sizeBytes?: number | null }): number | null {
@@ -37,7 +29,7 @@ export function countedBytes(c: { status?: string; sizeBytes?: number | null }):
 
 /** Sets the entry of a checkpoint (null: none). An insert first (one write); an update only when it exists. */
 export async function putStorageEntry(store: Store, orgId: string, checkpointId: string, bytes: number | null, now = new Date()): Promise<void> {
-  const _id = entryId(orgId, checkpointId);
+  const _id = entryKey(orgId, checkpointId);
   if (bytes === null) {
     await storageEntriesOf(store).deleteOne({ _id });
     return;
@@ -52,44 +44,28 @@ export async function putStorageEntry(store: Store, orgId: string, checkpointId:
 
 /** The organisation's entries: checkpoint id → bytes (at most 100,000). */
 export async function readStorageEntries(store: Store, orgId: string): Promise<Map<string, StorageEntryDoc>> {
-  const docs = await storageEntriesOf(store)
-    .find({ _id: { $gt: orgId + SEP, $lt: orgId + END } })
-    .sort({ _id: 1 })
-    .limit(100_000)
-    .toArray();
-  return new Map(docs.map((d) => [checkpointOf(d._id), d]));
+  const docs = await storageEntriesOf(store).find(groupRange(orgId)).sort({ _id: 1 }).limit(100_000).toArray();
+  return new Map(docs.map((d) => [memberOf(d._id), d]));
 }
 
-/** The marker of a database whose checkpoints written before entries existed have theirs (no NUL in it: FerretDB's PostgreSQL backend refuses \u0000). */
-export const BACKFILLED = 'migrated:backfilled-v1';
+export { BACKFILLED };
 
 /**
  * Gives every checkpoint recorded before entries existed its entry, once per database (a marker
  * entry says it was done). Entries that exist are left as they are.
  */
 export async function backfillStorageEntries(store: Store): Promise<number> {
-  if (await storageEntriesOf(store).findOne({ _id: BACKFILLED })) return 0;
   const now = new Date();
-  const docs = await store.db
-    .collection<{ _id: string; orgId: string; status?: string; sizeBytes?: number | null }>('checkpoints')
-    .find({}, { projection: { orgId: 1, status: 1, sizeBytes: 1 } })
-    .toArray();
-  const entries = docs.flatMap((d) => {
-    const bytes = countedBytes(d);
-    return bytes === null ? [] : [{ _id: entryId(d.orgId, d._id), bytes, at: now }];
-  });
-  for (let i = 0; i < entries.length; i += 1000) {
-    await storageEntriesOf(store)
-      .insertMany(entries.slice(i, i + 1000), { ordered: false })
-      .catch((err: unknown) => {
-        const codes = [(err as { writeErrors?: { code: number }[] | { code: number } }).writeErrors ?? []].flat().map((e) => e.code);
-        if (!(isDuplicateKey(err) || (codes.length > 0 && codes.every((c) => c === 11000)))) throw err;
-      });
-  }
-  await storageEntriesOf(store)
-    .insertOne({ _id: BACKFILLED, bytes: 0, at: now })
-    .catch((err: unknown) => {
-      if (!isDuplicateKey(err)) throw err;
+  return backfillOnce(storageEntriesOf(store), { _id: BACKFILLED, bytes: 0, at: now }, async () => {
+    const docs = await store.db
+      .collection<{ _id: string; orgId: string; status?: string; sizeBytes?: number | null }>('checkpoints')
+      .find({}, { projection: { orgId: 1, status: 1, sizeBytes: 1 } })
+      .toArray();
+    const entries = docs.flatMap((d) => {
+      const bytes = countedBytes(d);
+      return bytes === null ? [] : [{ _id: entryKey(d.orgId, d._id), bytes, at: now }];
     });
-  return entries.length;
+    for (let i = 0; i < entries.length; i += 1000) await insertEntries(storageEntriesOf(store), entries.slice(i, i + 1000));
+    return entries.length;
+  });
 }

@@ -1,6 +1,7 @@
 import type { Store } from './index';
 import { checkpointsOf, snapshotsOf } from './checkpoints';
-import { countedBytes, ENTRY_SETTLE_MS, putStorageEntry, readStorageEntries } from './storage-entries';
+import { settled } from './entry-keys';
+import { countedBytes, putStorageEntry, readStorageEntries } from './storage-entries';
 
 /** What an organisation's checkpoints and snapshots hold on the hosts' disks. */
 export interface StorageUsage {
@@ -38,16 +39,16 @@ export async function exactUsage(store: Store, orgId: string, exceptCheckpoint?:
     readStorageEntries(store, orgId),
     snapshotsOf(store).countDocuments({ orgId }),
   ]);
-  const settled = (id: string) => {
+  const settledEntry = (id: string) => {
     const e = entries.get(id);
-    return !e || now - e.at.getTime() > ENTRY_SETTLE_MS;
+    return !e || settled(e.at, now);
   };
   let usedBytes = 0;
   let checkpoints = 0;
   for (const d of docs) {
     const bytes = countedBytes(d);
     // Judged before the entry leaves the map: a recent entry may be ahead of its record on purpose.
-    const correct = (entries.get(d._id)?.bytes ?? null) !== bytes && settled(d._id);
+    const correct = (entries.get(d._id)?.bytes ?? null) !== bytes && settledEntry(d._id);
     entries.delete(d._id);
     if (correct) await putStorageEntry(store, orgId, d._id, bytes);
     if (bytes === null || d._id === exceptCheckpoint) continue;
@@ -55,7 +56,7 @@ export async function exactUsage(store: Store, orgId: string, exceptCheckpoint?:
     checkpoints++;
   }
   // What is left has no record: an entry of a crash (or of a record about to be written, if recent).
-  for (const [id, e] of entries) if (now - e.at.getTime() > ENTRY_SETTLE_MS) await putStorageEntry(store, orgId, id, null);
+  for (const [id, e] of entries) if (settled(e.at, now)) await putStorageEntry(store, orgId, id, null);
   return { usedBytes, checkpoints, snapshots };
 }
 

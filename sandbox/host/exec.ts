@@ -83,6 +83,7 @@ export class ExecManager {
       throw new SandboxError('conflict', `exec session ${req.sessionID} already exists in sandbox ${sandboxId}`);
     }
     this.starting.set(sandboxId, starting + 1);
+    trace(sandboxId, 'host:exec-start');
     let child: PipedProcess;
     try {
       child = await this.provider.spawnPiped(sandboxId, { argv: [req.cmd, ...(req.args ?? [])], env: req.envs, cwd: req.cwd });
@@ -91,6 +92,7 @@ export class ExecManager {
       if (n > 0) this.starting.set(sandboxId, n);
       else this.starting.delete(sandboxId);
     }
+    trace(sandboxId, 'host:exec-started');
     const session = new ExecSession(sandboxId, req, child, this.logger, this.limits.EXEC_WS_BACKLOG_MAX_BYTES, req.sessionID);
     let map = this.sessions.get(sandboxId);
     if (!map) this.sessions.set(sandboxId, (map = new Map()));

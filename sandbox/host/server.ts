@@ -114,6 +114,7 @@ export function createApp(deps: HostDeps): express.Express {
   });
 
   app.use((req, res, next) => {
+    trace(req.path.split('/')[2] ?? '-', 'host:request-in');
     if (!bearerMatches(req.headers.authorization, deps.token)) return sendError(res, 'unauthorized', 'missing or wrong bearer token');
     next();
   });

@@ -169,8 +169,8 @@ export function createExecService(deps: SandboxDeps, live: ExecLive) {
     const [recorded, started] = await Promise.allSettled([
       insertExec(deps.store, doc, () => {
         mine.recorded = true;
-      }),
-      host.createExec(sandboxId, { ...body, sessionID: doc._id }),
+      }).finally(() => trace(sandboxId, 'api:exec-recorded')),
+      host.createExec(sandboxId, { ...body, sessionID: doc._id }).finally(() => trace(sandboxId, 'api:exec-host-answered')),
     ]);
     if (recorded.status === 'rejected') {
       if (started.status === 'fulfilled') await host.killExec(sandboxId, started.value.sessionID).catch(() => undefined);
@@ -198,13 +198,16 @@ export function createExecService(deps: SandboxDeps, live: ExecLive) {
 
   /** Starts an exec session on the sandbox's host and records it (the command is killed if the record fails); 429 over EXEC_SESSIONS_PER_ORG. */
   async function startRecorded(orgId: string, sandboxId: string, body: ExecStartRequest): Promise<{ doc: ExecDoc; info: ExecSessionInfo }> {
+    trace(sandboxId, 'api:exec-start');
     const host = await live.sandboxHost(orgId, sandboxId);
+    trace(sandboxId, 'api:exec-host-found');
     const max = deps.cfg.EXEC_SESSIONS_PER_ORG;
     const unrecordedNow = () => [...(startingByOrg.get(orgId) ?? [])].filter((s) => !s.recorded).length;
     const recorded = await runningForStart(orgId, max, unrecordedNow);
     // Read after the count (no await between this and the add): a start whose record the count may
     // include is marked recorded, so it is not counted twice.
     const unrecorded = unrecordedNow();
+    trace(sandboxId, 'api:exec-counted');
     if (recorded + unrecorded >= max) {
       throw new ApiError('rate_limited', `the organisation already runs ${max} exec sessions (EXEC_SESSIONS_PER_ORG); wait for one to exit or kill one`);
     }
