@@ -14,6 +14,7 @@ import { fromHostError } from '../../services/hosts/host-errors';
 import type { SandboxServices } from '../../services/sandboxes/sandbox-services';
 import { closeWith, pauseSocket, resumeSocket } from '../ws';
 import { ExecSocketParams } from '../../contract/exec';
+import { trace } from '../../lib/trace';
 
 /* ------------------------------------------------------------------------------------------------
  * WebSocket attach: /api/sandboxes/:id/exec/:sessionID (es-… or an agent session's as-…).
@@ -154,8 +155,10 @@ function relay(
     upstream.resume();
   };
 
+  trace(target.sandboxId, 'api:ws-relay');
   const upstream = host.openExecStream(target.sandboxId, target.execId, {
     onOpen: () => {
+      trace(target.sandboxId, 'api:ws-upstream-open');
       opened = true;
       for (const b of pending.splice(0)) upstream.send(b);
       // The client may have been paused while its frames waited for the host.
@@ -165,6 +168,7 @@ function relay(
     },
     onFrame: (f) => {
       if (client.readyState !== WebSocket.OPEN) return;
+      trace(target.sandboxId, 'api:ws-host-frame');
       touch();
       if (f.first === FRAME_EXIT && f.payload && f.payload.length >= 5) void live.recordExit(kind, sessionID, f.payload.readInt32BE(1), new Date());
       // Held until the client reads (see ReadGate), in order.
@@ -178,6 +182,7 @@ function relay(
         }
         if (held.length === 1) {
           gate.whenOpen(() => {
+            trace(target.sandboxId, 'api:ws-gate-open');
             for (const raw of held.splice(0)) if (client.readyState === WebSocket.OPEN) writeRawFrame(clientSocket, raw);
             heldBytes = 0;
             if (upstreamPausedByUs && !dropped) {
@@ -279,6 +284,7 @@ export function registerExecSocket(app: express.Express, deps: ApiDeps, auth: Au
   const log = deps.logger.child({ route: 'exec-ws' });
   const live = sandbox.live;
   wsApp.ws('/api/sandboxes/:id/exec/:sessionID', (ws, req) => {
+    trace(req.params.id ?? '-', 'api:ws-upgraded');
     // Keep what the client sends while we check (stdin may follow the open at once), and stop
     // reading more until the relay is set up.
     const gate = new ReadGate(ws);
@@ -289,6 +295,7 @@ export function registerExecSocket(app: express.Express, deps: ApiDeps, auth: Au
     void (async () => {
       try {
         const org = await auth.authenticate(req);
+        trace(req.params.id ?? '-', 'api:ws-authenticated');
         const params = parseOrThrow(ExecSocketParams, req.params, 'path');
         const target = await live.attachTarget(params.sessionID);
         if (!target || target.orgId !== org.id || target.sandboxId !== params.id) throw notFound(`exec session ${params.sessionID}`);

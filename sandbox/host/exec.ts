@@ -346,6 +346,7 @@ export function attachExec(
     }
     const m = WS_PATH.exec(url.pathname);
     if (!m) return reject(404, 'not_found', 'no such route');
+    trace(decodeURIComponent(m[1]), 'host:ws-upgrade');
     if (!bearerMatchesHeader(req.headers.authorization, token)) return reject(401, 'unauthorized', 'missing or wrong bearer token');
     let session: ExecSession;
     try {
@@ -369,6 +370,7 @@ export function attachExec(
       uncount();
       socket.off('close', uncount);
       session.attach(ws, socket as Socket);
+      trace(session.sandboxId, 'host:ws-attached');
     });
   });
 }

@@ -166,11 +166,13 @@ export function createExecService(deps: SandboxDeps, live: ExecLive) {
       exitedAt: null,
       exitCode: null,
     };
-    const [recorded, started] = await Promise.allSettled([
+    // The host's request goes out first: the record's encoding and write happen while the host works.
+    const startedP = host.createExec(sandboxId, { ...body, sessionID: doc._id }).finally(() => trace(sandboxId, 'api:exec-host-answered'));
+    const [started, recorded] = await Promise.allSettled([
+      startedP,
       insertExec(deps.store, doc, () => {
         mine.recorded = true;
       }).finally(() => trace(sandboxId, 'api:exec-recorded')),
-      host.createExec(sandboxId, { ...body, sessionID: doc._id }).finally(() => trace(sandboxId, 'api:exec-host-answered')),
     ]);
     if (recorded.status === 'rejected') {
       if (started.status === 'fulfilled') await host.killExec(sandboxId, started.value.sessionID).catch(() => undefined);
