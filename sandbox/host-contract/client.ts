@@ -314,6 +314,10 @@ export class HostClient {
       const req = (this.secure ? https : http).request(url, { method, headers, agent: this.agent, signal }, (res) => {
         const status = res.statusCode ?? 0;
         if (status >= 200 && status < 300) return resolve(res);
+        // Refused (a full disk, say), maybe before the body's end: the rest of the body is not sent,
+        // so the caller's own client is not read further either (the API answers it with
+        // `Connection: close`, api/app.ts) instead of the whole body passing through to be dropped.
+        if (body) body.unpipe(req);
         readAll(res).then((buf) => {
           let err: { type?: string; message?: string } | undefined;
           try {
@@ -322,6 +326,8 @@ export class HostClient {
             err = undefined;
           }
           reject(new HostError(err?.type ?? 'internal', status, err?.message ?? `host answered ${status}`));
+          // A request whose body will never end cannot be followed by another on its connection: drop it.
+          if (body && !req.writableEnded) req.destroy();
         }, reject);
       });
       req.on('error', reject);

@@ -101,8 +101,11 @@ export function fileRoutes(serve: Serve, provider: SandboxProvider): void {
       if (root.charge) {
         // Written by a helper in the sandbox's cgroups: the bytes count against its memory (../charged-write).
         size = await writeCharged(req, fh, root.charge, query.path).catch((err) => {
-          // Answered before the body's end: the rest of it is read and dropped, so the answer reaches the client.
-          req.resume();
+          // Refused before the body's end: the rest of it is read and dropped once the answer is out, so
+          // that the answer reaches the client and the connection stays usable. Not before: draining
+          // while the answer waited (on the file's close, say) let the client send the whole body
+          // first, and the API, having read it to its end, answered the refusal with keep-alive.
+          res.once('finish', () => req.resume());
           throw err;
         });
       } else {

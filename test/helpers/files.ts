@@ -53,18 +53,38 @@ export function patterned(n: number): { stream: Readable; sha256: () => string }
  * PUTs a stream to a sandbox's file through the API; the answer's status and body. An answer that
  * comes before the whole body went out (a refusal) is no failure here.
  */
-export function putStream(sandbox: string, p: string, body: Readable): Promise<{ status: number; body: string }> {
+export async function putStream(sandbox: string, p: string, body: Readable): Promise<{ status: number; body: string }> {
+  const r = await putStreamAnswer(sandbox, p, body);
+  return { status: r.status, body: r.body };
+}
+
+/**
+ * putStream with the answer's headers too, and whether it came over a connection of `agent` that an
+ * earlier call had left open (`reused`).
+ */
+export function putStreamAnswer(
+  sandbox: string,
+  p: string,
+  body: Readable,
+  opts: { agent?: http.Agent } = {},
+): Promise<{ status: number; body: string; headers: http.IncomingHttpHeaders; reused: boolean }> {
   return new Promise((resolve, reject) => {
     const req = http.request(`${T.api()}/api/sandboxes/${sandbox}/files?path=${q(p)}`, {
       method: 'PUT',
       headers: { 'x-api-key': T.key(), 'content-type': 'application/octet-stream' },
+      ...(opts.agent ? { agent: opts.agent } : {}),
     });
+    let answered = false;
     req.on('response', (res) => {
+      answered = true;
       let text = '';
       res.on('data', (c: Buffer) => (text += c.toString()));
-      res.on('end', () => resolve({ status: res.statusCode ?? 0, body: text }));
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, body: text, headers: res.headers, reused: req.reusedSocket }));
+      res.on('error', reject);
     });
-    req.on('error', (err) => (req.writableEnded ? undefined : reject(err)));
+    // Once an answer has come, the body's writes may fail (a refusal closed the connection under
+    // them): the answer decides, and it ends (or fails) on its own.
+    req.on('error', (err) => (req.writableEnded || answered ? undefined : reject(err)));
     body.pipe(req);
   });
 }

@@ -26,6 +26,28 @@ class S(http.server.${base}):
 S(("${addr}", ${port}), ${name}).serve_forever()`;
 }
 
+/**
+ * Puts on `hostIf` the host's end of a /30 that no other interface of this machine holds, and answers
+ * both ends. The kernel takes an address in a /30 already on another link without a word, and routes
+ * the /30 to the older link: a test host's address would then reach the other's server (every one
+ * serves on port 8080), and listening() would pass on it. Every test host (of this file, of the other
+ * jest worker, or left by a killed run) holds its /30 on the host's side, so: add ours, then look; two
+ * that took the same /30 at the same moment both see the other, and both let go and pick again.
+ */
+function claimNet(prefix: string, hostIf: string, ip: (...args: string[]) => string): { hostAddr: string; addr: string } {
+  const held = (net: string) => ip('-4', '-o', 'addr', 'show', 'to', `${net}/30`).split('\n').filter(Boolean).length;
+  for (let attempt = 0; attempt < 100; attempt++) {
+    const third = 1 + Math.floor(Math.random() * 250);
+    const quad = 4 * Math.floor(Math.random() * 60);
+    const at = (n: number) => `${prefix}.${third}.${quad + n}`;
+    if (held(at(0)) > 0) continue;
+    ip('addr', 'add', `${at(1)}/30`, 'dev', hostIf);
+    if (held(at(0)) === 1) return { hostAddr: at(1), addr: at(2) };
+    ip('addr', 'del', `${at(1)}/30`, 'dev', hostIf);
+  }
+  throw new Error(`no free /30 in ${prefix}.0.0/16 for a test host`);
+}
+
 /** A network namespace with one address (`addr`) reached through a veth from the host, serving HTTP on `port`. */
 export class TestHost {
   readonly ns: string;
@@ -44,21 +66,16 @@ export class TestHost {
     // host's link named like that would fall under the rules of any default-named stack on the machine.
     this.ns = `tnh-${tag}`;
     this.hostIf = `tnh${tag}`;
-    const third = 1 + Math.floor(Math.random() * 250);
-    const quad = 4 * Math.floor(Math.random() * 60);
-    this.hostAddr = `${prefix}.${third}.${quad + 1}`;
-    const hostAddr = this.hostAddr;
-    this.addr = `${prefix}.${third}.${quad + 2}`;
-    const ip = (...args: string[]) => execFileSync('ip', args, { stdio: ['ignore', 'ignore', 'pipe'] });
+    const ip = (...args: string[]) => execFileSync('ip', args, { stdio: ['ignore', 'pipe', 'pipe'] }).toString();
     try {
       ip('netns', 'add', this.ns);
       ip('link', 'add', this.hostIf, 'type', 'veth', 'peer', 'name', 'eth0', 'netns', this.ns);
-      ip('addr', 'add', `${hostAddr}/30`, 'dev', this.hostIf);
+      ({ hostAddr: this.hostAddr, addr: this.addr } = claimNet(prefix, this.hostIf, ip));
       ip('link', 'set', this.hostIf, 'up');
       ip('-n', this.ns, 'addr', 'add', `${this.addr}/30`, 'dev', 'eth0');
       ip('-n', this.ns, 'link', 'set', 'eth0', 'up');
       ip('-n', this.ns, 'link', 'set', 'lo', 'up');
-      ip('-n', this.ns, 'route', 'add', 'default', 'via', hostAddr);
+      ip('-n', this.ns, 'route', 'add', 'default', 'via', this.hostAddr);
     } catch (err) {
       this.remove(); // a half-made host leaves nothing behind
       throw err;
