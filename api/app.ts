@@ -1,3 +1,4 @@
+import { trace } from '../lib/trace';
 import express, { NextFunction, Request, Response } from 'express';
 import expressWs from 'express-ws';
 import type http from 'node:http';
@@ -55,6 +56,7 @@ export function createApp(
   // WebSocket routes (router.ws) need the HTTP server; without one (unit tests) they are absent.
   if (opts.server) expressWs(app, opts.server, { wsOptions: { handleProtocols: pickSubprotocol } });
   app.disable('x-powered-by');
+  if (process.env.SAP_TRACE_DIR) app.use((req, _res, next) => (trace(req.url.split('/')[3] ?? '-', 'api:request-in'), next()));
   app.use(dataAnswerHeaders);
   app.set('etag', false);
   app.set('query parser', 'simple');
