@@ -363,13 +363,15 @@ export abstract class BaseProvider implements SandboxProvider {
   async destroy(id: string): Promise<boolean> {
     assertId(id);
     return this.lock.run(id, async () => {
+      // What the sandbox stood on, known here when it runs; a directory not adopted or a respawn record is read by a full collection.
+      const stoodOn = this.states.get(id)?.layers;
       const live = await this.destroyUnlocked(id);
       const w = this.waitingCreates.get(id);
       if (w && live) w.destroys++;
       const wasHibernated = this.hibernated.has(id) || this.stateFile.hasRespawn(id);
       if (wasHibernated) await this.hibernation.dropRespawn(id);
       await this.hibernation.dropHibernationLayers(id);
-      await this.layers.gc.collect();
+      await (stoodOn && !wasHibernated ? this.layers.gc.collectAfter(stoodOn) : this.layers.gc.collect());
       return live || wasHibernated;
     });
   }

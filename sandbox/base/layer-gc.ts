@@ -5,8 +5,9 @@
  * layers), a create under way (the layers it asked for), a hibernated sandbox or a restore under way
  * (the layer of its respawn record), a sandbox directory that was not adopted (its state.json), and
  * any other layer that names it as a parent (a checkpoint, a snapshot or a hibernation taken over it).
- * Collection runs after a destroy or a restore and at the host's start; it reads nothing while no
- * layer is released.
+ * Collection runs after a restore, a release and at the host's start, and after a destroy whose
+ * sandbox stood on a released layer (collectAfter): a destroy that frees none reads nothing, so a
+ * released layer that waits for its users does not make every destroy read every layer.
  */
 import { randomBytes } from 'node:crypto';
 import { promises as fsp } from 'node:fs';
@@ -51,6 +52,10 @@ export class LayerGc {
   private readonly holds = new Map<string, string[]>();
   /** Collections run one at a time. */
   private running: Promise<unknown> = Promise.resolve();
+  /** The released layers as the last collection found them (this process writes every mark); undefined before the first. */
+  private marks: Set<string> | undefined;
+  /** True when a user of a released layer may have gone since the last collection: the next collectAfter runs one. */
+  private stale = true;
 
   constructor(private readonly deps: LayerGcDeps) {}
 
@@ -65,7 +70,24 @@ export class LayerGc {
 
   /** Forgets the hold of sandbox `id` (it failed or was destroyed; a running one counts by its state). */
   drop(id: string): void {
+    const held = this.holds.get(id);
     this.holds.delete(id);
+    if (held) this.freed(held);
+  }
+
+  /** Notes that a user of `layers` went: a collection is due if one of them is released (or none has been read yet). */
+  private freed(layers: readonly string[]): void {
+    const marks = this.marks;
+    if (!marks || layers.some((l) => marks.has(l))) this.stale = true;
+  }
+
+  /**
+   * Collects after sandbox whose (expanded) layers were `layers` went: only when one of them, or a
+   * hold dropped since, is released, or a collection was left to the next one; else answers [] at once.
+   */
+  collectAfter(layers: readonly string[]): Promise<string[]> {
+    this.freed(layers);
+    return this.stale ? this.collect() : Promise.resolve([]);
   }
 
   /**
@@ -77,6 +99,7 @@ export class LayerGc {
     if (!(await exists(path.join(this.deps.layersDir(), layerId, 'layer.json')))) return 'absent';
     await fsp.mkdir(this.releasedDir(), { recursive: true, mode: 0o700 });
     await fsp.writeFile(path.join(this.releasedDir(), layerId), '', { mode: 0o600 });
+    this.marks?.add(layerId);
     const removed = await this.collect();
     return removed.includes(layerId) ? 'deleted' : 'released';
   }
@@ -92,19 +115,27 @@ export class LayerGc {
     const run = this.running.then(() => this.collectNow());
     this.running = run.catch(() => undefined);
     return run.catch((err: unknown) => {
+      this.stale = true;
       this.deps.log.warn({ err: String(err) }, 'collecting released layers failed; the next destroy or start retries');
       return [];
     });
   }
 
   private async collectNow(): Promise<string[]> {
+    // Cleared before reading: a user that goes while this runs sets it again.
+    this.stale = false;
     const marks = await fsp.readdir(this.releasedDir()).catch(() => [] as string[]);
+    this.marks = new Set(marks);
     if (marks.length === 0) return [];
     const layersDir = this.deps.layersDir();
     const onDisk = (await fsp.readdir(layersDir)).filter((n) => !n.startsWith('.') && !n.includes('.tmp-'));
     const present = new Set(onDisk);
     // A mark whose layer is gone (removed by hand, say) goes too.
-    for (const m of marks) if (!present.has(m)) await fsp.rm(path.join(this.releasedDir(), m), { force: true });
+    for (const m of marks)
+      if (!present.has(m)) {
+        await fsp.rm(path.join(this.releasedDir(), m), { force: true });
+        this.marks.delete(m);
+      }
     let removable = new Set(marks.filter((m) => present.has(m)));
     if (removable.size === 0) return [];
 
@@ -120,7 +151,11 @@ export class LayerGc {
       removable = next;
     }
     // A create that began meanwhile and names one of them: leave them all to the next collection.
-    for (const h of this.holds.values()) if (h.some((l) => removable.has(l))) return [];
+    for (const h of this.holds.values())
+      if (h.some((l) => removable.has(l))) {
+        this.stale = true;
+        return [];
+      }
     const removed: string[] = [];
     for (const id of removable) {
       const dir = path.join(layersDir, id);
@@ -128,6 +163,7 @@ export class LayerGc {
       const doomed = `${dir}.tmp-delete-${randomBytes(4).toString('hex')}`;
       await fsp.rename(dir, doomed);
       await fsp.rm(path.join(this.releasedDir(), id), { force: true });
+      this.marks.delete(id);
       await fsp.rm(doomed, { recursive: true, force: true });
       removed.push(id);
     }

@@ -41,6 +41,23 @@ function gcWith(states = new Map<string, SandboxState>()): LayerGc {
   });
 }
 
+/** A LayerGc whose collections read a sandbox directory not adopted (sb-9), calling `during` as they do. */
+async function gcDuringRead(states: Map<string, SandboxState>, during: (gc: LayerGc) => void): Promise<LayerGc> {
+  await fsp.mkdir(path.join(sandboxes(), 'sb-9'), { recursive: true });
+  const gc: LayerGc = new LayerGc({
+    log: pino({ level: 'silent' }),
+    layersDir: layers,
+    sandboxesDir: sandboxes,
+    respawnDir: respawn,
+    states,
+    readPlain: async () => {
+      during(gc);
+      return undefined;
+    },
+  });
+  return gc;
+}
+
 const running = (id: string, ls: string[]) => [id, { id, layers: ls } as unknown as SandboxState] as const;
 
 beforeEach(async () => {
@@ -116,5 +133,80 @@ describe('released layers', () => {
     expect(await next.collect()).toEqual([]);
     expect(await fsp.readdir(path.join(layers(), RELEASED_DIR))).toEqual([]);
     expect(await has('cp-c')).toBe(true);
+  });
+
+  it('after a destroy, reads nothing unless the sandbox (or a hold dropped since) stood on a released layer', async () => {
+    for (const l of ['cp-a', 'cp-b', 'cp-c']) await layer(l);
+    const states = new Map([running('sb-1', ['cp-a']), running('sb-2', ['cp-b'])]);
+    const gc = gcWith(states);
+    gc.hold('sb-3', ['cp-c']);
+    expect(await gc.release('cp-a')).toBe('released');
+    expect(await gc.release('cp-c')).toBe('released');
+    const readdir = jest.spyOn(fsp, 'readdir');
+    try {
+      // sb-2 stood on nothing released: no collection, nothing read.
+      states.delete('sb-2');
+      expect(await gc.collectAfter(['cp-b'])).toEqual([]);
+      expect(readdir).not.toHaveBeenCalled();
+      // The create that held cp-c failed: its layer goes with the next destroy's collection.
+      gc.drop('sb-3');
+      expect(await gc.collectAfter([])).toEqual(['cp-c']);
+      expect(readdir).toHaveBeenCalled();
+      readdir.mockClear();
+      expect(await gc.collectAfter([])).toEqual([]);
+      expect(readdir).not.toHaveBeenCalled();
+      // sb-1 stood on cp-a: collected.
+      states.delete('sb-1');
+      expect(await gc.collectAfter(['cp-a'])).toEqual(['cp-a']);
+    } finally {
+      readdir.mockRestore();
+    }
+    expect(await has('cp-a')).toBe(false);
+    expect(await has('cp-b')).toBe(true);
+    expect(await has('cp-c')).toBe(false);
+  });
+
+  it('after a destroy, collects when a create that began during the last collection held one of its layers', async () => {
+    for (const l of ['cp-a', 'cp-b']) await layer(l);
+    const states = new Map([running('sb-1', ['cp-a']), running('sb-2', ['cp-b'])]);
+    // The collection after sb-1 goes reads a sandbox directory not adopted, and meanwhile a create names cp-a.
+    let begun = false;
+    const gc = await gcDuringRead(states, (g) => {
+      if (begun || states.has('sb-1')) return;
+      begun = true;
+      g.hold('sb-3', ['cp-a']);
+    });
+    expect(await gc.release('cp-a')).toBe('released');
+    expect(await gc.release('cp-b')).toBe('released');
+    // sb-1 goes while sb-3's create begins: that collection leaves cp-a (and cp-b) to the next.
+    states.delete('sb-1');
+    expect(await gc.collectAfter(['cp-a'])).toEqual([]);
+    expect(begun).toBe(true);
+    // sb-3's create failed; sb-2 goes later: its collection removes cp-a and cp-b.
+    gc.drop('sb-3');
+    states.delete('sb-2');
+    expect((await gc.collectAfter(['cp-b'])).sort()).toEqual(['cp-a', 'cp-b']);
+  });
+
+  it('after a destroy, collects what a collection left for a create that then ran', async () => {
+    for (const l of ['cp-a', 'cp-b']) await layer(l);
+    const states = new Map([running('sb-1', ['cp-a']), running('sb-2', ['cp-b'])]);
+    let begun = false;
+    const gc = await gcDuringRead(states, (g) => {
+      if (begun || states.has('sb-2')) return;
+      begun = true;
+      g.hold('sb-3', ['cp-b']);
+    });
+    expect(await gc.release('cp-a')).toBe('released');
+    expect(await gc.release('cp-b')).toBe('released');
+    // sb-1 and sb-2 go; sb-3's create begins over cp-b during the collection: nothing removed yet.
+    states.delete('sb-1');
+    states.delete('sb-2');
+    expect(await gc.collectAfter(['cp-a', 'cp-b'])).toEqual([]);
+    expect(begun).toBe(true);
+    // sb-3 runs on cp-b: a destroy of a sandbox that stood on nothing released still collects cp-a.
+    states.set(...running('sb-3', ['cp-b']));
+    expect(await gc.collectAfter(['cp-x'])).toEqual(['cp-a']);
+    expect(await has('cp-b')).toBe(true);
   });
 });
