@@ -60,6 +60,24 @@ async function gcDuringRead(states: Map<string, SandboxState>, during: (gc: Laye
 
 const running = (id: string, ls: string[]) => [id, { id, layers: ls } as unknown as SandboxState] as const;
 
+/**
+ * cp-a under sb-1 and cp-b under sb-2, both released. Once `gone` is no longer running, the next
+ * collection's read of a sandbox directory starts a create (sb-3) over `held`: a create that began meanwhile.
+ */
+async function createDuringCollection(gone: string, held: string) {
+  for (const l of ['cp-a', 'cp-b']) await layer(l);
+  const states = new Map([running('sb-1', ['cp-a']), running('sb-2', ['cp-b'])]);
+  let begun = false;
+  const gc = await gcDuringRead(states, (g) => {
+    if (begun || states.has(gone)) return;
+    begun = true;
+    g.hold('sb-3', [held]);
+  });
+  expect(await gc.release('cp-a')).toBe('released');
+  expect(await gc.release('cp-b')).toBe('released');
+  return { gc, states, begun: () => begun };
+}
+
 beforeEach(async () => {
   dir = await fsp.mkdtemp(path.join(os.tmpdir(), 'layer-gc-'));
   for (const d of [layers(), sandboxes(), respawn()]) await fsp.mkdir(d, { recursive: true });
@@ -167,21 +185,11 @@ describe('released layers', () => {
   });
 
   it('after a destroy, collects when a create that began during the last collection held one of its layers', async () => {
-    for (const l of ['cp-a', 'cp-b']) await layer(l);
-    const states = new Map([running('sb-1', ['cp-a']), running('sb-2', ['cp-b'])]);
-    // The collection after sb-1 goes reads a sandbox directory not adopted, and meanwhile a create names cp-a.
-    let begun = false;
-    const gc = await gcDuringRead(states, (g) => {
-      if (begun || states.has('sb-1')) return;
-      begun = true;
-      g.hold('sb-3', ['cp-a']);
-    });
-    expect(await gc.release('cp-a')).toBe('released');
-    expect(await gc.release('cp-b')).toBe('released');
-    // sb-1 goes while sb-3's create begins: that collection leaves cp-a (and cp-b) to the next.
+    const { gc, states, begun } = await createDuringCollection('sb-1', 'cp-a');
+    // sb-1 goes while sb-3's create begins over cp-a: that collection leaves cp-a (and cp-b) to the next.
     states.delete('sb-1');
     expect(await gc.collectAfter(['cp-a'])).toEqual([]);
-    expect(begun).toBe(true);
+    expect(begun()).toBe(true);
     // sb-3's create failed; sb-2 goes later: its collection removes cp-a and cp-b.
     gc.drop('sb-3');
     states.delete('sb-2');
@@ -189,21 +197,12 @@ describe('released layers', () => {
   });
 
   it('after a destroy, collects what a collection left for a create that then ran', async () => {
-    for (const l of ['cp-a', 'cp-b']) await layer(l);
-    const states = new Map([running('sb-1', ['cp-a']), running('sb-2', ['cp-b'])]);
-    let begun = false;
-    const gc = await gcDuringRead(states, (g) => {
-      if (begun || states.has('sb-2')) return;
-      begun = true;
-      g.hold('sb-3', ['cp-b']);
-    });
-    expect(await gc.release('cp-a')).toBe('released');
-    expect(await gc.release('cp-b')).toBe('released');
+    const { gc, states, begun } = await createDuringCollection('sb-2', 'cp-b');
     // sb-1 and sb-2 go; sb-3's create begins over cp-b during the collection: nothing removed yet.
     states.delete('sb-1');
     states.delete('sb-2');
     expect(await gc.collectAfter(['cp-a', 'cp-b'])).toEqual([]);
-    expect(begun).toBe(true);
+    expect(begun()).toBe(true);
     // sb-3 runs on cp-b: a destroy of a sandbox that stood on nothing released still collects cp-a.
     states.set(...running('sb-3', ['cp-b']));
     expect(await gc.collectAfter(['cp-x'])).toEqual(['cp-a']);
