@@ -43,6 +43,11 @@ export interface SandboxDoc {
   secretStore?: string | null;
   /** Who its processes run as; absent: root (a sandbox recorded before the option existed). */
   user?: 'root' | 'sandbox';
+  /**
+   * True from its create until a preview is made for it: its delete then looks for no previews (one
+   * read fewer). Absent in records from before, and once a preview was made: the delete looks.
+   */
+  noPreviews?: boolean;
   /** Last time a caller used it (exec, files, previews); the idle timeout counts from here. */
   lastActiveAt?: Date;
   createdAt: Date;
@@ -185,6 +190,19 @@ export async function insertSandboxOnce(store: Store, doc: SandboxDoc): Promise<
 /** Reads a sandbox's record; null when there is none. */
 export function findSandbox(store: Store, id: string): Promise<SandboxDoc | null> {
   return sandboxesOf(store).findOne({ _id: id });
+}
+
+/**
+ * Notes that running sandbox `id` gets a preview (its delete will look for previews); answers its
+ * record, or null when it is not running.
+ */
+export function markSandboxPreviewed(store: Store, id: string): Promise<SandboxDoc | null> {
+  return sandboxesOf(store).findOneAndUpdate({ _id: id, status: 'running' }, { $unset: { noPreviews: '' } }, { returnDocument: 'after' });
+}
+
+/** Records a sandbox stopped; answers its record as it is then, or null when there is none. */
+export function stopSandboxRecord(store: Store, id: string, at: Date): Promise<SandboxDoc | null> {
+  return sandboxesOf(store).findOneAndUpdate({ _id: id }, { $set: { status: 'stopped', updatedAt: at } }, { returnDocument: 'after' });
 }
 
 /** Records a sandbox stopped. */

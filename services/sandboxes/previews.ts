@@ -17,7 +17,7 @@ import { machineName } from '../../lib/machine';
 import type { HostClient } from '../../sandbox';
 import { isDuplicateKey } from '../../store';
 import { deletePreview, findPreview, insertPreview, listSandboxPreviews, type PreviewDoc } from '../../store/previews';
-import type { SandboxDoc } from '../../store/sandboxes';
+import { markSandboxPreviewed, type SandboxDoc } from '../../store/sandboxes';
 import type { SandboxDeps } from '../deps';
 
 export type { PreviewDoc };
@@ -151,6 +151,8 @@ export class PreviewService {
       auth: token ? { type: 'bearer', tokenHash: hashSecret(token) } : null,
       createdAt: new Date(),
     };
+    // Marked before the port opens: the sandbox's delete from now on looks for its previews.
+    if (!(await markSandboxPreviewed(deps.store, sandbox._id))) throw conflict(`sandbox ${sandbox._id} is not running`);
     // The port becomes reachable only now: open its forwarder first, so a failure leaves no record.
     const host = await deps.hosts.get(sandbox.hostId);
     let forward: { socketPath: string; machine?: string };

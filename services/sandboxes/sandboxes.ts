@@ -10,7 +10,7 @@ import { randomId } from '../../lib/ids';
 import { normaliseEgress, type Egress } from '../../contract/network';
 import { findOrgCheckpoint, listPatches } from '../../store/checkpoints';
 import { ImageError, resolveImage } from '../checkpoints/images';
-import { deleteSandboxRecord, findOrgSandbox, insertSandbox, listLiveOrgSandboxes, SandboxDoc, updateSandbox } from '../../store/sandboxes';
+import { deleteSandboxRecord, findOrgSandbox, insertSandbox, listLiveOrgSandboxes, SandboxDoc, stopSandboxRecord, updateSandbox } from '../../store/sandboxes';
 import { findSecretStore, storeSecretsOf, SecretStoreMissing, SecretUnreadable } from '../../store/secrets';
 import { withoutOverridden, type SealedSecretSpec } from '../../contract/sealed';
 import { assertStoreUnused, removeSecretStore } from '../orgs/secret-stores';
@@ -180,6 +180,7 @@ export async function provisionSandbox(
     secretStore: body.secretStore ?? null,
     ...(origin.patches ? { patchesApplied: [], patchFailed: null } : {}),
     user,
+    noPreviews: true,
     createdAt: now,
     updatedAt: now,
   };
@@ -303,11 +304,17 @@ export function createSandboxService(deps: SandboxDeps, previews: PreviewService
    * On a lost host the record alone is marked: the host destroys the sandbox when it rejoins.
    */
   async function destroy(doc: SandboxDoc): Promise<SandboxDoc> {
-    if (doc.status === 'stopped') return doc;
+    if (doc.status === 'stopped') {
+      // A delete cut short after the record was marked: its previews go now.
+      if (!doc.noPreviews) await previews.removeAll(doc._id);
+      return doc;
+    }
     if (!(await deps.hosts.lostReason(doc.hostId))) await (await deps.hosts.get(doc.hostId)).destroySandbox(doc._id);
-    await previews.removeAll(doc._id);
     const now = new Date();
-    await updateSandbox(deps.store, doc._id, { status: 'stopped', updatedAt: now });
+    // Previews are looked for where one was made, as the record says once stopped: a preview's create
+    // marks the record before it opens the port (previews.create), so one made meanwhile is seen here.
+    const after = await stopSandboxRecord(deps.store, doc._id, now);
+    if (!after?.noPreviews) await previews.removeAll(doc._id);
     return { ...doc, status: 'stopped', updatedAt: now };
   }
 

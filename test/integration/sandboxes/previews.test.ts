@@ -238,4 +238,34 @@ describe('preview URLs through the proxy', () => {
     expect((await api('GET', `/api/sandboxes/${sb}/preview`, { key })).status).toBe(404);
     expect((await api('DELETE', `/api/sandboxes/${sb}/preview/8001`, { key })).status).toBe(404);
   });
+
+  it("removes a sandbox's previews with it: one made on it, and those a delete cut short left", async () => {
+    const record = (id: string) => withMongo((c) => c.db().collection<{ _id: string; noPreviews?: boolean; status: string }>('sandboxes').findOne({ _id: id }));
+    const previewsOf = (id: string) => withMongo((c) => c.db().collection('previews').countDocuments({ sandboxId: id }));
+    // A new sandbox's record says it has no preview (its delete then reads none); the view does not show it.
+    const plain = await newSandbox();
+    expect((await record(plain))?.noPreviews).toBe(true);
+    expect((await api('GET', `/api/sandboxes/${plain}`)).body).not.toHaveProperty('noPreviews');
+    expect((await api('DELETE', `/api/sandboxes/${plain}`)).status).toBe(200);
+
+    // A preview's create marks the record first: the delete looks, and finds it.
+    const withPreview = await newSandbox();
+    const made = await api('POST', `/api/sandboxes/${withPreview}/preview`, { body: { port: 8000 } });
+    expect(made.status).toBe(201);
+    expect((await record(withPreview))?.noPreviews).toBeUndefined();
+    expect((await api('DELETE', `/api/sandboxes/${withPreview}`)).status).toBe(200);
+    expect(await previewsOf(withPreview)).toBe(0);
+    expect((await viaHost(made.body.hostname)).status).toBe(404);
+
+    // A delete cut short after the record was marked stopped: deleting it again removes its previews.
+    const cut = await newSandbox();
+    const left = await api('POST', `/api/sandboxes/${cut}/preview`, { body: { port: 8000 } });
+    expect(left.status).toBe(201);
+    await new HostClient({ url: T.hostUrl(), token: T.hostToken() }).destroySandbox(cut);
+    await withMongo((c) => c.db().collection<{ _id: string }>('sandboxes').updateOne({ _id: cut }, { $set: { status: 'stopped' } }));
+    expect(await previewsOf(cut)).toBe(1);
+    expect((await api('DELETE', `/api/sandboxes/${cut}`)).status).toBe(200);
+    expect(await previewsOf(cut)).toBe(0);
+    expect((await viaHost(left.body.hostname)).status).toBe(404);
+  });
 });
