@@ -262,7 +262,12 @@ describe('preview URLs through the proxy', () => {
     const left = await api('POST', `/api/sandboxes/${cut}/preview`, { body: { port: 8000 } });
     expect(left.status).toBe(201);
     await new HostClient({ url: T.hostUrl(), token: T.hostToken() }).destroySandbox(cut);
-    await withMongo((c) => c.db().collection<{ _id: string }>('sandboxes').updateOne({ _id: cut }, { $set: { status: 'stopped' } }));
+    await withMongo((c) =>
+      c
+        .db()
+        .collection<{ _id: string }>('sandboxes')
+        .updateOne({ _id: cut }, { $set: { status: 'stopped' } }),
+    );
     expect(await previewsOf(cut)).toBe(1);
     expect((await api('DELETE', `/api/sandboxes/${cut}`)).status).toBe(200);
     expect(await previewsOf(cut)).toBe(0);
