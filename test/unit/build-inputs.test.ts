@@ -38,3 +38,26 @@ describe('the workflow bundle’s inputs', () => {
     expect(hashInputs(bundleInputs(entry))).not.toBe(before);
   });
 });
+
+describe('the server build’s inputs', () => {
+  // `tsc -b` decides whether to build again from the files its `include` names: a folder compiled only
+  // because another imports it is built on a clean build, and not again when it alone changes (npm
+  // start would then run the old code). Every top-level folder of TypeScript sources is named.
+  const root = path.join(__dirname, '..', '..');
+  const hasTs = (dir: string): boolean =>
+    fs.readdirSync(dir, { withFileTypes: true }).some((e) => (e.isDirectory() ? hasTs(path.join(dir, e.name)) : e.name.endsWith('.ts')));
+  // Not the server's: the tests (tsconfig.test.json), the console (its own tsconfig and build).
+  const elsewhere = new Set(['node_modules', 'dist', 'test', 'console']);
+  const folders = fs
+    .readdirSync(root, { withFileTypes: true })
+    .filter((e) => e.isDirectory() && !e.name.startsWith('.') && !elsewhere.has(e.name) && hasTs(path.join(root, e.name)))
+    .map((e) => e.name)
+    .sort();
+  const include = (file: string) => (JSON.parse(fs.readFileSync(path.join(root, file), 'utf8')) as { include: string[] }).include;
+
+  it('name every top-level folder of sources in tsconfig.json, and with the tests in tsconfig.test.json', () => {
+    expect(folders).toEqual(expect.arrayContaining(['api', 'services', 'store']));
+    expect(folders.filter((f) => !include('tsconfig.json').includes(f))).toEqual([]);
+    expect([...folders, 'test'].filter((f) => !include('tsconfig.test.json').includes(f))).toEqual([]);
+  });
+});
