@@ -201,13 +201,8 @@ export function markSandboxPreviewed(store: Store, id: string): Promise<SandboxD
 }
 
 /** Records a sandbox stopped; answers its record as it is then, or null when there is none. */
-export function stopSandboxRecord(store: Store, id: string, at: Date): Promise<SandboxDoc | null> {
+export function markSandboxStopped(store: Store, id: string, at = new Date()): Promise<SandboxDoc | null> {
   return sandboxesOf(store).findOneAndUpdate({ _id: id }, { $set: { status: 'stopped', updatedAt: at } }, { returnDocument: 'after' });
-}
-
-/** Records a sandbox stopped. */
-export async function markSandboxStopped(store: Store, id: string, at = new Date()): Promise<void> {
-  await sandboxesOf(store).updateOne({ _id: id }, { $set: { status: 'stopped', updatedAt: at } });
 }
 
 /** The instances whose sandboxes run on host `hostId`. */

@@ -10,7 +10,7 @@ import { randomId } from '../../lib/ids';
 import { normaliseEgress, type Egress } from '../../contract/network';
 import { findOrgCheckpoint, listPatches } from '../../store/checkpoints';
 import { ImageError, resolveImage } from '../checkpoints/images';
-import { deleteSandboxRecord, findOrgSandbox, insertSandbox, listLiveOrgSandboxes, SandboxDoc, stopSandboxRecord, updateSandbox } from '../../store/sandboxes';
+import { deleteSandboxRecord, findOrgSandbox, insertSandbox, listLiveOrgSandboxes, markSandboxStopped, SandboxDoc, updateSandbox } from '../../store/sandboxes';
 import { findSecretStore, storeSecretsOf, SecretStoreMissing, SecretUnreadable } from '../../store/secrets';
 import { withoutOverridden, type SealedSecretSpec } from '../../contract/sealed';
 import { assertStoreUnused, removeSecretStore } from '../orgs/secret-stores';
@@ -313,7 +313,7 @@ export function createSandboxService(deps: SandboxDeps, previews: PreviewService
     const now = new Date();
     // Previews are looked for where one was made, as the record says once stopped: a preview's create
     // marks the record before it opens the port (previews.create), so one made meanwhile is seen here.
-    const after = await stopSandboxRecord(deps.store, doc._id, now);
+    const after = await markSandboxStopped(deps.store, doc._id, now);
     if (!after?.noPreviews) await previews.removeAll(doc._id);
     return { ...doc, status: 'stopped', updatedAt: now };
   }

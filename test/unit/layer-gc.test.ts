@@ -7,7 +7,7 @@ import { promises as fsp } from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import pino from 'pino';
-import { LayerGc, RELEASED_DIR } from '../../sandbox/base/layer-gc';
+import { LayerGc, RELEASED_DIR, type LayerGcDeps } from '../../sandbox/base/layer-gc';
 import type { SandboxState } from '../../sandbox/base/state-file';
 
 let dir: string;
@@ -26,34 +26,29 @@ async function layer(id: string, parents: string[] = []): Promise<void> {
   await fsp.writeFile(path.join(layers(), id, 'layer.json'), JSON.stringify({ parents }));
 }
 
-function gcWith(states = new Map<string, SandboxState>()): LayerGc {
+function gcWith(states = new Map<string, SandboxState>(), readPlain?: LayerGcDeps['readPlain']): LayerGc {
   return new LayerGc({
     log: pino({ level: 'silent' }),
     layersDir: layers,
     sandboxesDir: sandboxes,
     respawnDir: respawn,
     states,
-    readPlain: async (id) =>
-      fsp
-        .readFile(path.join(sandboxes(), id, 'state.json'), 'utf8')
-        .then((t) => JSON.parse(t) as SandboxState)
-        .catch(() => undefined),
+    readPlain:
+      readPlain ??
+      (async (id) =>
+        fsp
+          .readFile(path.join(sandboxes(), id, 'state.json'), 'utf8')
+          .then((t) => JSON.parse(t) as SandboxState)
+          .catch(() => undefined)),
   });
 }
 
 /** A LayerGc whose collections read a sandbox directory not adopted (sb-9), calling `during` as they do. */
 async function gcDuringRead(states: Map<string, SandboxState>, during: (gc: LayerGc) => void): Promise<LayerGc> {
   await fsp.mkdir(path.join(sandboxes(), 'sb-9'), { recursive: true });
-  const gc: LayerGc = new LayerGc({
-    log: pino({ level: 'silent' }),
-    layersDir: layers,
-    sandboxesDir: sandboxes,
-    respawnDir: respawn,
-    states,
-    readPlain: async () => {
-      during(gc);
-      return undefined;
-    },
+  const gc: LayerGc = gcWith(states, async () => {
+    during(gc);
+    return undefined;
   });
   return gc;
 }
