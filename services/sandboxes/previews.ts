@@ -17,7 +17,7 @@ import { machineName } from '../../lib/machine';
 import type { HostClient } from '../../sandbox';
 import { isDuplicateKey } from '../../store';
 import { deletePreview, findPreview, insertPreview, listSandboxPreviews, type PreviewDoc } from '../../store/previews';
-import { markSandboxPreviewed, type SandboxDoc } from '../../store/sandboxes';
+import { findSandbox, markSandboxPreviewed, type SandboxDoc } from '../../store/sandboxes';
 import type { SandboxDeps } from '../deps';
 
 export type { PreviewDoc };
@@ -168,6 +168,15 @@ export class PreviewService {
     } catch (err) {
       if (isDuplicateKey(err)) throw conflict(`port ${body.port} already has a preview at ${hostname}; delete it first`);
       throw err;
+    }
+    // A delete may have destroyed the sandbox while its port opened, and looked for its previews
+    // before this insert: it marks the record stopped before it looks, so this read sees it, and
+    // the preview it missed goes here.
+    const after = await findSandbox(deps.store, sandbox._id);
+    if (!after || (after.status !== 'running' && after.status !== 'hibernated')) {
+      await deletePreview(deps.store, doc);
+      this.invalidate(doc._id);
+      throw conflict(`sandbox ${sandbox._id} is ${after?.status ?? 'gone'}`);
     }
     this.rememberSocket(sandbox._id, body.port, forward.socketPath, forward.machine, host);
     this.invalidate(doc._id);
