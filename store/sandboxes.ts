@@ -196,8 +196,22 @@ export function findSandbox(store: Store, id: string): Promise<SandboxDoc | null
  * Notes that running sandbox `id` gets a preview (its delete will look for previews); answers its
  * record, or null when it is not running.
  */
-export function markSandboxPreviewed(store: Store, id: string): Promise<SandboxDoc | null> {
-  return sandboxesOf(store).findOneAndUpdate({ _id: id, status: 'running' }, { $unset: { noPreviews: '' } }, { returnDocument: 'after' });
+export async function markSandboxPreviewed(store: Store, id: string): Promise<SandboxDoc | null> {
+  // By `_id` alone (see markSandboxStoppedOnce); the mark left on a record that is not running only
+  // makes its next delete look for previews.
+  const doc = await sandboxesOf(store).findOneAndUpdate({ _id: id }, { $unset: { noPreviews: '' } }, { returnDocument: 'after' });
+  return doc?.status === 'running' ? doc : null;
+}
+
+/**
+ * Records a sandbox stopped and answers its record as it was before (null: there is none). A record
+ * stopped already keeps its `updatedAt` (written back, on that rare path). The filter is the `_id`
+ * alone: FerretDB answers that from its index, and a filter with any other field scans every record.
+ */
+export async function markSandboxStoppedOnce(store: Store, id: string, at = new Date()): Promise<SandboxDoc | null> {
+  const before = await sandboxesOf(store).findOneAndUpdate({ _id: id }, { $set: { status: 'stopped', updatedAt: at } }, { returnDocument: 'before' });
+  if (before?.status === 'stopped') await sandboxesOf(store).updateOne({ _id: id }, { $set: { updatedAt: before.updatedAt } });
+  return before;
 }
 
 /** Records a sandbox stopped; answers its record as it is then, or null when there is none. */

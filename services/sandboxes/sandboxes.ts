@@ -10,7 +10,16 @@ import { randomId } from '../../lib/ids';
 import { normaliseEgress, type Egress } from '../../contract/network';
 import { findOrgCheckpoint, listPatches } from '../../store/checkpoints';
 import { ImageError, resolveImage } from '../checkpoints/images';
-import { deleteSandboxRecord, findOrgSandbox, insertSandbox, listLiveOrgSandboxes, markSandboxStopped, SandboxDoc, updateSandbox } from '../../store/sandboxes';
+import {
+  deleteSandboxRecord,
+  findOrgSandbox,
+  insertSandbox,
+  listLiveOrgSandboxes,
+  markSandboxStoppedOnce,
+  markSandboxStopped,
+  SandboxDoc,
+  updateSandbox,
+} from '../../store/sandboxes';
 import { findSecretStore, storeSecretsOf, SecretStoreMissing, SecretUnreadable } from '../../store/secrets';
 import { withoutOverridden, type SealedSecretSpec } from '../../contract/sealed';
 import { assertStoreUnused, removeSecretStore } from '../orgs/secret-stores';
@@ -245,11 +254,35 @@ export function createSandboxService(deps: SandboxDeps, previews: PreviewService
   const created = (doc: SandboxDoc): SandboxDoc => {
     if (touched.size > 10_000) touched.clear();
     touched.set(doc._id, doc.createdAt.getTime());
+    if (owners.size > 10_000) owners.clear();
+    owners.set(doc._id, { orgId: doc.orgId, hostId: doc.hostId });
     for (const fn of createdListeners) fn(doc);
     return doc;
   };
   /** When each sandbox's last-active time was last written (by this process). */
   const touched = new Map<string, number>();
+  /**
+   * The organisation and host of each sandbox this process created (neither ever changes): its delete
+   * needs no read of the record before it destroys the sandbox.
+   */
+  const owners = new Map<string, { orgId: string; hostId: string }>();
+
+  /**
+   * Destroys a sandbox known from its create (`owner`) without reading its record first: the host's
+   * destroy (idempotent), then the record marked stopped (one write that answers it as it was), then
+   * its previews. A sandbox stopped already (by its reaper, another API process) answers as recorded.
+   */
+  async function destroyKnown(orgId: string, id: string, owner: { orgId: string; hostId: string }): Promise<SandboxDoc> {
+    if (owner.orgId !== orgId) throw notFound(`sandbox ${id}`);
+    if (!(await deps.hosts.lostReason(owner.hostId))) await (await deps.hosts.get(owner.hostId)).destroySandbox(id);
+    const now = new Date();
+    const before = await markSandboxStoppedOnce(deps.store, id, now);
+    owners.delete(id);
+    if (!before) throw notFound(`sandbox ${id}`);
+    // Previews are looked for as in destroy (the stop and the record's mark are read in one operation).
+    if (!before.noPreviews) await previews.removeAll(id);
+    return before.status === 'stopped' ? before : { ...before, status: 'stopped', updatedAt: now };
+  }
 
   /**
    * Wakes a hibernated sandbox on its host and records it running; answers the fields it set. `patches`
@@ -339,6 +372,8 @@ export function createSandboxService(deps: SandboxDeps, previews: PreviewService
      * (409, and nothing killed, while an agent names that store).
      */
     async kill(orgId: string, id: string, deleteSecretStore: boolean): Promise<SandboxDoc> {
+      const owner = owners.get(id);
+      if (owner && !deleteSecretStore) return destroyKnown(orgId, id, owner);
       const doc = await getOrgSandbox(deps, orgId, id);
       const store = deleteSecretStore && doc.secretStore ? await findSecretStore(deps.store, orgId, doc.secretStore) : null;
       const secretDeps = deps;
