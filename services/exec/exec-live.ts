@@ -114,19 +114,12 @@ const RECORD_RETRIES = 20;
 const RECORD_RETRY_MS = 250;
 
 /**
- * The live-session registry of an API process: sandbox owners and attach targets (both immutable,
- * so cached), and which exits were recorded already.
+ * The live-session registry of an API process: attach targets (immutable, so cached; a sandbox's
+ * owner and host come from the sandbox service's cache), and which exits were recorded already.
  */
 export function createExecLive(deps: SandboxDeps, sandboxes: SandboxService) {
-  /** A sandbox's owner and host never change, so they are cached (the host says whether it is running). */
-  const owners = new Map<string, { orgId: string; hostId: string }>();
   const targets = new Map<string, AttachTarget>();
   const recordedExits = new Set<string>();
-  // Known from the create: a sandbox's first exec needs no lookup of its record.
-  sandboxes.onCreated((doc) => {
-    if (owners.size > 10_000) owners.clear();
-    owners.set(doc._id, { orgId: doc.orgId, hostId: doc.hostId });
-  });
   const recordedOom = new Set<string>();
 
   /**
@@ -176,13 +169,12 @@ export function createExecLive(deps: SandboxDeps, sandboxes: SandboxService) {
    * Marks the sandbox used (resets its idle timeout) without waiting for the write.
    */
   async function sandboxHost(orgId: string, sandboxId: string): Promise<HostClient> {
-    let owner = owners.get(sandboxId);
+    let owner = sandboxes.ownerOf(sandboxId);
     if (!owner) {
       const doc = await findOrgSandbox(deps.store, orgId, sandboxId);
       if (!doc) throw notFound(`sandbox ${sandboxId}`);
       owner = { orgId: doc.orgId, hostId: doc.hostId };
-      if (owners.size > 10_000) owners.clear();
-      owners.set(sandboxId, owner);
+      sandboxes.rememberOwner(doc);
     }
     if (owner.orgId !== orgId) throw notFound(`sandbox ${sandboxId}`);
     sandboxes.touch(sandboxId);

@@ -246,7 +246,6 @@ export async function provisionSandbox(
 export function createSandboxService(deps: SandboxDeps, previews: PreviewService) {
   /** Wakes in flight, by sandbox: concurrent requests that wake one sandbox share one wake. */
   const waking = new Map<string, Promise<unknown>>();
-  const createdListeners: ((doc: SandboxDoc) => void)[] = [];
   /**
    * A sandbox just created: its record's createdAt is its last activity (the reaper reads
    * `lastActiveAt ?? createdAt`), so its first minute's touches write nothing (one write less per create).
@@ -254,18 +253,20 @@ export function createSandboxService(deps: SandboxDeps, previews: PreviewService
   const created = (doc: SandboxDoc): SandboxDoc => {
     if (touched.size > 10_000) touched.clear();
     touched.set(doc._id, doc.createdAt.getTime());
-    if (owners.size > 10_000) owners.clear();
-    owners.set(doc._id, { orgId: doc.orgId, hostId: doc.hostId });
-    for (const fn of createdListeners) fn(doc);
+    rememberOwner(doc);
     return doc;
   };
   /** When each sandbox's last-active time was last written (by this process). */
   const touched = new Map<string, number>();
   /**
-   * The organisation and host of each sandbox this process created (neither ever changes): its delete
-   * needs no read of the record before it destroys the sandbox.
+   * The organisation and host of the sandboxes this process created or read (neither ever changes):
+   * an exec needs no lookup of the record, and a delete no read before it destroys the sandbox.
    */
   const owners = new Map<string, { orgId: string; hostId: string }>();
+  const rememberOwner = (doc: Pick<SandboxDoc, '_id' | 'orgId' | 'hostId'>): void => {
+    if (owners.size > 10_000) owners.clear();
+    owners.set(doc._id, { orgId: doc.orgId, hostId: doc.hostId });
+  };
 
   /**
    * Destroys a sandbox known from its create (`owner`) without reading its record first: the host's
@@ -360,10 +361,9 @@ export function createSandboxService(deps: SandboxDeps, previews: PreviewService
     /** Provisions a sandbox from a snapshot (id or name); 400 for an unusable snapshot. */
     provisionFromSnapshot: async (orgId: string, body: SandboxCreateRequest, ref: string) =>
       created(await provisionSandbox(deps, orgId, body, await snapshotOrigin(deps, orgId, ref))),
-    /** Calls `fn` with each sandbox this process creates (exec-live caches its owner: no lookup at its first exec). */
-    onCreated(fn: (doc: SandboxDoc) => void): void {
-      createdListeners.push(fn);
-    },
+    /** A sandbox's organisation and host as this process knows them (from its create or an earlier read), or undefined. */
+    ownerOf: (id: string) => owners.get(id),
+    rememberOwner,
     destroy,
     wakeWithPatches,
 
