@@ -11,7 +11,7 @@
  * answered).
  */
 import { randomBytes } from 'node:crypto';
-import { closeSync, existsSync, openSync, promises as fsp, unlinkSync } from 'node:fs';
+import { close, closeSync, existsSync, openSync, promises as fsp, unlinkSync } from 'node:fs';
 import * as path from 'node:path';
 import type { Logger } from 'pino';
 import type { SandboxState } from '../base';
@@ -253,7 +253,9 @@ export class SandboxTeardowns {
     const held = this.held.get(rec.token) ?? [];
     this.held.delete(rec.token);
     // The sandbox's mounts go with the last hold of their namespaces (the disk's loop device with them).
-    for (const fd of held) closeSync(fd);
+    // Through the thread pool: the kernel unmounts inside that close, and waits there for RCU grace
+    // periods (milliseconds, tens of them under load), which must not stop the host's thread.
+    await Promise.all(held.map((fd) => new Promise<void>((resolve) => close(fd, () => resolve()))));
     const groups = SandboxCgroups.of(rec.groups);
     await groups.killAll();
     await groups.remove();
