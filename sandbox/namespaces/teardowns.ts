@@ -188,6 +188,10 @@ export class SandboxTeardowns {
     const held = [state.init.ns, state.init.outer].map((ref) => (isAlive(ref) ? openOrNull(`/proc/${ref.pid}/ns/mnt`) : null));
     signalRef(state.init.ns, 'SIGKILL');
     signalRef(state.init.outer, 'SIGKILL');
+    // The init's death takes every process of its pid namespace with it: waited for first, the
+    // groups are then usually empty, and killAll does not freeze and thaw them (two cgroupfs writes
+    // per round, each waiting on the kernel's cgroup locks while other sandboxes start).
+    await this.deps.waitGone([state.init.ns, state.init.outer]);
     await groups.killAll();
     await this.deps.waitGone(procs);
     // A session's directory is a link into the scratch directory (see ../scratch).
