@@ -2,7 +2,7 @@
  * Process and cgroup helpers: identify a process by pid + start time (so a recycled pid is never
  * mistaken for ours), per-sandbox cgroup v1 groups for limits and for killing every process of a sandbox.
  */
-import { promises as fsp, readFileSync, rmdirSync } from 'node:fs';
+import { promises as fsp, readFileSync } from 'node:fs';
 import * as path from 'node:path';
 import { mkdirNow, renameNow, writeSmall } from './quick-fs';
 
@@ -234,15 +234,15 @@ export class SandboxCgroups {
     let left = Object.values(this.dirs) as string[];
     for (let i = 0; i < 50 && left.length; i++) {
       if (i > 0) await new Promise((r) => setTimeout(r, 10));
-      left = left.filter((dir) => {
-        try {
-          rmdirSync(dir);
-          return false;
-        } catch (err) {
-          // Gone already, or not removable for good (not EBUSY): nothing more to do.
-          return (err as NodeJS.ErrnoException).code === 'EBUSY';
-        }
-      });
+      const busy = await Promise.all(
+        left.map((dir) =>
+          fsp.rmdir(dir).then(
+            () => false,
+            (err: NodeJS.ErrnoException) => err.code === 'EBUSY',
+          ),
+        ),
+      );
+      left = left.filter((_, i) => busy[i]);
     }
   }
 }

@@ -19,7 +19,7 @@ import type { IdSlots } from '../id-slots';
 import type { SandboxNetwork } from '../network';
 import { isAlive, procRef, SandboxCgroups, signalRef, type ProcRef } from '../proc-refs-and-cgroups';
 import type { DiskImages } from './disk';
-import { readlinkOrNull, removeDir, renameIfThere, renameNow, writeSmallAtomically } from '../quick-fs';
+import { readlinkOrNull, removeDir, renameNow, writeSmallAtomically } from '../quick-fs';
 
 /** What is left of a destroyed sandbox to remove (the names as they were moved by detach). */
 export interface TeardownRecord {
@@ -207,7 +207,7 @@ export class SandboxTeardowns {
       rec.token,
       held.filter((h) => h !== null),
     );
-    this.moveNames(rec, scratch);
+    await this.moveNames(rec, scratch);
     this.queue.record(rec);
     this.queue.enqueue(rec);
     return true;
@@ -227,10 +227,17 @@ export class SandboxTeardowns {
   }
 
   /** Moves a detached sandbox's cgroups, disk image and scratch directory to the record's names (a name already gone is skipped). */
-  private moveNames(rec: TeardownRecord, scratch: string | null): void {
-    for (const d of Object.values(SandboxCgroups.of(rec.id).dirs)) renameIfThere(d!, path.join(path.dirname(d!), rec.groups));
-    if (rec.disk && this.deps.disks) renameIfThere(this.deps.disks.fileOf(rec.id), rec.disk);
-    if (scratch && rec.scratch) renameIfThere(scratch, rec.scratch);
+  private async moveNames(rec: TeardownRecord, scratch: string | null): Promise<void> {
+    const moves: [string, string][] = Object.values(SandboxCgroups.of(rec.id).dirs).map((d) => [d!, path.join(path.dirname(d!), rec.groups)]);
+    if (rec.disk && this.deps.disks) moves.push([this.deps.disks.fileOf(rec.id), rec.disk]);
+    if (scratch && rec.scratch) moves.push([scratch, rec.scratch]);
+    await Promise.all(
+      moves.map(([a, b]) =>
+        fsp.rename(a, b).catch((err: NodeJS.ErrnoException) => {
+          if (err.code !== 'ENOENT') throw err;
+        }),
+      ),
+    );
   }
 
   /**
@@ -248,7 +255,7 @@ export class SandboxTeardowns {
     const scratch = readlinkOrNull(dir);
     const rec = this.recordFor(id, token, state, scratch);
     await SandboxCgroups.of(id).killAll();
-    this.moveNames(rec, scratch);
+    await this.moveNames(rec, scratch);
     return rec;
   }
 
