@@ -149,7 +149,7 @@ export function createApp(
   registerCapacityRoutes(table, services.capacity);
   registerUsageRoutes(table, services.usage);
   registerPreviewRoutes(table, deps, sandbox);
-  registerExecRoutes(table, deps, sandbox);
+  registerExecRoutes(table, deps, sandbox, auth);
   registerSandboxAgentRoutes(table, deps, sandbox);
   registerSecretStoreRoutes(table, services.secretStores);
   registerFileRoutes(table, deps, sandbox);

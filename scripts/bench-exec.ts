@@ -5,6 +5,8 @@ import { WebSocket } from 'ws';
  * `npm run bench -- exec`: exec sessions through the API against a running stack.
  *  - first byte: POST /api/sandboxes/:id/exec (`echo`), then attach over WebSocket, until the first
  *    stdout byte arrives; n times in sequence; p50/p95/p99 in ms.
+ *  - first byte, streamed (first_byte_stream_ms): the same POST with `Accept: text/event-stream`,
+ *    until its first `stdout` event (one request); n times, alternated with the above.
  *  - throughput: one client attached to `cat` of a file of `mb` MiB written beforehand in the
  *    sandbox (a 63-byte line repeated); MB/s from the first byte to the exit frame (1 MB = 10^6
  *    bytes); `runs` times, the median reported. The client checks every byte against the pattern
@@ -45,9 +47,33 @@ export async function benchExec(opts: { url: string; key: string; n: number; mb:
   const sb = (await call('POST', '/api/sandboxes', { metadata: { bench: 'exec' } })).sandboxID as string;
   try {
     // Warm-up (first spawn in a sandbox, connection pools).
-    for (let i = 0; i < 3; i++) await firstByte();
+    for (let i = 0; i < 3; i++) (await firstByte(), await firstByteStreamed());
     const lat: number[] = [];
-    for (let i = 0; i < opts.n; i++) lat.push(await firstByte());
+    const latStreamed: number[] = [];
+    for (let i = 0; i < opts.n; i++) {
+      lat.push(await firstByte());
+      latStreamed.push(await firstByteStreamed());
+    }
+
+    /** POST with `Accept: text/event-stream` to the first `stdout` event; the rest of the answer is read to its end. */
+    async function firstByteStreamed(): Promise<number> {
+      const t0 = performance.now();
+      const res = await fetch(`${opts.url}/api/sandboxes/${sb}/exec`, {
+        method: 'POST',
+        headers: { ...headers, accept: 'text/event-stream' },
+        body: JSON.stringify({ cmd: 'echo', args: ['x'] }),
+      });
+      if (res.status !== 201) throw new Error(`streamed exec: ${res.status} ${await res.text()}`);
+      const dec = new TextDecoder();
+      let text = '';
+      let ms = 0;
+      for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
+        text += dec.decode(chunk, { stream: true });
+        if (!ms && text.includes('event: stdout')) ms = performance.now() - t0;
+      }
+      if (!ms || !text.includes('event: exit')) throw new Error(`streamed exec: no output or no exit in ${JSON.stringify(text.slice(0, 500))}`);
+      return ms;
+    }
 
     async function firstByte(): Promise<number> {
       const t0 = performance.now();
@@ -103,13 +129,17 @@ export async function benchExec(opts: { url: string; key: string; n: number; mb:
         ws.on('error', reject);
       });
     }
-    const sorted = [...lat].sort((a, b) => a - b);
-    const pct = (p: number) => Math.round(sorted[Math.min(sorted.length - 1, Math.ceil((p / 100) * sorted.length) - 1)]! * 10) / 10;
+    const pcts = (xs: number[]) => {
+      const sorted = [...xs].sort((a, b) => a - b);
+      const pct = (p: number) => Math.round(sorted[Math.min(sorted.length - 1, Math.ceil((p / 100) * sorted.length) - 1)]! * 10) / 10;
+      return { p50: pct(50), p95: pct(95), p99: pct(99) };
+    };
     return {
       bench: 'exec',
       n: opts.n,
       cores: os.cpus().length,
-      first_byte_ms: { p50: pct(50), p95: pct(95), p99: pct(99) },
+      first_byte_ms: pcts(lat),
+      first_byte_stream_ms: pcts(latStreamed),
       stream_bytes: bytes,
       stream_runs: opts.runs,
       stream_intact: streams.every((x) => x.intact),

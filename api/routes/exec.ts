@@ -1,6 +1,8 @@
 import { z } from 'zod';
 import type { ApiDeps } from '../deps';
 import type { RouteTable } from '../http';
+import type { Authenticator } from '../auth';
+import { wantsEventStream, writeExecEvents } from '../exec-events';
 import '../http';
 import { RESULT_WAIT_MS } from '../../services/exec/exec';
 import type { SandboxServices } from '../../services/sandboxes/sandbox-services';
@@ -18,7 +20,7 @@ import { ExecSessionParams, CreateExecBody, RunExecBody, ExecSessionView, RunRes
  */
 
 /** /api/sandboxes/:id/exec: start, list, read, kill, run (the OpenComputer API's shapes). */
-export function registerExecRoutes(t: RouteTable, deps: ApiDeps, sandbox: SandboxServices): void {
+export function registerExecRoutes(t: RouteTable, deps: ApiDeps, sandbox: SandboxServices, auth: Authenticator): void {
   const svc = sandbox.exec;
   svc.ensureIndexes();
 
@@ -26,13 +28,20 @@ export function registerExecRoutes(t: RouteTable, deps: ApiDeps, sandbox: Sandbo
     method: 'post',
     path: '/api/sandboxes/:id/exec',
     tag: 'exec',
-    summary: 'Start a command in the sandbox as an exec session; attach with the WebSocket at /api/sandboxes/{id}/exec/{sessionID}',
+    summary:
+      'Start a command in the sandbox as an exec session; attach with the WebSocket at /api/sandboxes/{id}/exec/{sessionID}. ' +
+      'With `Accept: text/event-stream` the answer is the session as server-sent events: `session`, then `stdout` and `stderr` ({"data": text}), then `exit` ({"exitCode"}) or `error`',
     params: SandboxParams,
     body: CreateExecBody,
     responses: { 201: { description: 'The running exec session', schema: ExecSessionView } },
     errors: [409, 429, 502, 503],
-    handler: async ({ params, body, org, res }) => {
-      res.status(201).json(await svc.start(org.id, params.id, body));
+    handler: async ({ params, body, org, req, res }) => {
+      if (!wantsEventStream(req)) {
+        res.status(201).json(await svc.start(org.id, params.id, body));
+        return;
+      }
+      const { session, pipe } = await svc.startStreamed(org.id, params.id, body);
+      await writeExecEvents(req, res, auth, org, session, pipe);
     },
   });
 

@@ -447,9 +447,14 @@ export class HostClient {
     return new WebSocket(url, { headers: { authorization: `Bearer ${this.token}` }, perMessageDeflate: false });
   }
 
-  /** Opens a WebSocket attached to an exec session (decode its messages with `decodeExecFrame`). */
-  openExecSocket(id: string, sessionId: string): WebSocket {
-    return new WebSocket(this.execWebSocketUrl(id, sessionId), { headers: { authorization: `Bearer ${this.token}` }, perMessageDeflate: false });
+  /**
+   * Opens a WebSocket attached to an exec session (decode its messages with `decodeExecFrame`).
+   * `awaitStartMs`: the session may not have started yet (its create is on its way, with the id the
+   * control plane chose): the host waits that long (at most 10 s) for it before answering 404.
+   */
+  openExecSocket(id: string, sessionId: string, opts: { awaitStartMs?: number } = {}): WebSocket {
+    const url = this.execWebSocketUrl(id, sessionId) + (opts.awaitStartMs ? `?awaitStartMs=${opts.awaitStartMs}` : '');
+    return new WebSocket(url, { headers: { authorization: `Bearer ${this.token}` }, perMessageDeflate: false });
   }
 
   /**

@@ -32,7 +32,7 @@ import { SandboxCgroups } from '../proc-refs-and-cgroups';
 import type { SandboxProvider } from '../driver';
 import type { PipedProcess } from '../spawner';
 import { randomBytes } from 'node:crypto';
-import type { ExecExit, ExecExitsAnswer, ExecRequest, ExecRunResult } from '../host-contract/types';
+import { EXEC_SESSION_ID, type ExecExit, type ExecExitsAnswer, type ExecRequest, type ExecRunResult } from '../host-contract/types';
 import { hostPathPattern, hostRoutes, hostSockets, TUNNEL_PROTOCOL } from '../host-contract/wire';
 import type { Serve } from './serve';
 import { bearerMatchesHeader } from './auth';
@@ -42,6 +42,11 @@ import type { ExecLimits } from '../../config/exec-limits';
 import { KEEP_EXITED, exitCodeOf, ExecSession } from './exec-session';
 
 export { ExecSession } from './exec-session';
+
+/** Attaches waiting for their session's start at once, per host (see ExecManager.whenStarted). */
+export const START_WAITERS_MAX = 4096;
+/** The longest an attach waits for its session's start (`awaitStartMs`). */
+export const START_WAIT_MAX_MS = 10_000;
 
 /** Exits kept for GET /exec-exits (the oldest dropped beyond). */
 export const EXEC_EXITS_KEPT = 4096;
@@ -55,6 +60,12 @@ export class ExecManager {
   /** This run of the host: a reader of exits from an earlier run missed some. */
   readonly exitEpoch = randomBytes(6).toString('hex');
   private readonly exitWaiters = new Set<() => void>();
+  /**
+   * Attaches that came before their session's start (`awaitStartMs`), by `sandboxId/sessionId`: the
+   * control plane sends a streamed start's create and attach at once (one round trip, not two).
+   */
+  private readonly startWaiters = new Map<string, Set<(s: ExecSession | null) => void>>();
+  private startWaiterCount = 0;
   /** Starts under way per sandbox (counted against EXEC_SESSIONS_PER_SANDBOX with the running ones). */
   private readonly starting = new Map<string, number>();
 
@@ -97,6 +108,8 @@ export class ExecManager {
     let map = this.sessions.get(sandboxId);
     if (!map) this.sessions.set(sandboxId, (map = new Map()));
     map.set(session.id, session);
+    const waiting = this.startWaiters.get(`${sandboxId}/${session.id}`);
+    if (waiting) for (const wake of [...waiting]) wake(session);
     void session.wait().then(() => {
       this.noteExit(session);
       this.prune(sandboxId);
@@ -151,6 +164,35 @@ export class ExecManager {
     if (!map) return;
     const exited = [...map.values()].filter((s) => !s.running);
     for (const s of exited.slice(0, Math.max(0, exited.length - KEEP_EXITED))) map.delete(s.id);
+  }
+
+  /**
+   * The session, or the one started under this id within `ms` (null if none was, or `gone` resolved
+   * first). At most START_WAITERS_MAX attaches wait at once on a host (rate_limited beyond).
+   */
+  async whenStarted(sandboxId: string, sessionId: string, ms: number, gone: Promise<void>): Promise<ExecSession | null> {
+    const now = this.sessions.get(sandboxId)?.get(sessionId);
+    if (now) return now;
+    if (this.startWaiterCount >= START_WAITERS_MAX) {
+      throw new SandboxError('rate_limited', `${START_WAITERS_MAX} attaches already wait for their session's start on this host`);
+    }
+    const key = `${sandboxId}/${sessionId}`;
+    let set = this.startWaiters.get(key);
+    if (!set) this.startWaiters.set(key, (set = new Set()));
+    const waiters = set;
+    this.startWaiterCount++;
+    return new Promise<ExecSession | null>((resolve) => {
+      const wake = (s: ExecSession | null) => {
+        if (!waiters.delete(wake)) return;
+        this.startWaiterCount--;
+        if (waiters.size === 0) this.startWaiters.delete(key);
+        clearTimeout(timer);
+        resolve(s);
+      };
+      const timer = setTimeout(() => wake(null), ms);
+      waiters.add(wake);
+      void gone.then(() => wake(null));
+    });
   }
 
   /** The session, or throws not_found. */
@@ -348,30 +390,46 @@ export function attachExec(
     if (!m) return reject(404, 'not_found', 'no such route');
     trace(decodeURIComponent(m[1]), 'host:ws-upgrade');
     if (!bearerMatchesHeader(req.headers.authorization, token)) return reject(401, 'unauthorized', 'missing or wrong bearer token');
-    let session: ExecSession;
-    try {
-      session = exec.get(decodeURIComponent(m[1]), decodeURIComponent(m[2]));
-    } catch (err) {
-      return reject(404, 'not_found', (err as Error).message);
-    }
-    const maxAttaches = exec.limits.EXEC_ATTACHES_PER_SESSION;
-    if (session.running && session.clients.size + session.attaching >= maxAttaches) {
-      return reject(429, 'rate_limited', `exec session ${session.id} already has ${maxAttaches} attached clients (EXEC_ATTACHES_PER_SESSION)`);
-    }
-    // Counted until the upgrade completes or the socket goes (an upgrade ws refuses never calls back).
-    let counted = true;
-    const uncount = () => {
-      if (counted) session.attaching--;
-      counted = false;
+    const sandboxId = decodeURIComponent(m[1]);
+    const sessionId = decodeURIComponent(m[2]);
+    // `awaitStartMs`: the control plane sent this attach with the session's create; wait for the start.
+    const awaitMs = Math.min(Number(url.searchParams.get('awaitStartMs') ?? 0) || 0, START_WAIT_MAX_MS);
+    if (awaitMs > 0 && !EXEC_SESSION_ID.test(sessionId)) return reject(400, 'invalid_request', 'awaitStartMs needs an exec session id (es- and 16 hex digits)');
+    const gone = new Promise<void>((resolve) => socket.once('close', () => resolve()));
+    socket.on('error', () => socket.destroy());
+    (awaitMs > 0 ? exec.whenStarted(sandboxId, sessionId, awaitMs, gone) : Promise.resolve(null)).then(
+      (started) => {
+        if (socket.destroyed) return;
+        let session: ExecSession;
+        try {
+          session = started ?? exec.get(sandboxId, sessionId);
+        } catch (err) {
+          return reject(404, 'not_found', (err as Error).message);
+        }
+        attachTo(session);
+      },
+      (err: Error & { type?: string }) => reject(429, 'rate_limited', err.message),
+    );
+    const attachTo = (session: ExecSession): void => {
+      const maxAttaches = exec.limits.EXEC_ATTACHES_PER_SESSION;
+      if (session.running && session.clients.size + session.attaching >= maxAttaches) {
+        return reject(429, 'rate_limited', `exec session ${session.id} already has ${maxAttaches} attached clients (EXEC_ATTACHES_PER_SESSION)`);
+      }
+      // Counted until the upgrade completes or the socket goes (an upgrade ws refuses never calls back).
+      let counted = true;
+      const uncount = () => {
+        if (counted) session.attaching--;
+        counted = false;
+      };
+      session.attaching++;
+      socket.once('close', uncount);
+      wss.handleUpgrade(req, socket, head, (ws) => {
+        uncount();
+        socket.off('close', uncount);
+        session.attach(ws, socket as Socket);
+        trace(session.sandboxId, 'host:ws-attached');
+      });
     };
-    session.attaching++;
-    socket.once('close', uncount);
-    wss.handleUpgrade(req, socket, head, (ws) => {
-      uncount();
-      socket.off('close', uncount);
-      session.attach(ws, socket as Socket);
-      trace(session.sandboxId, 'host:ws-attached');
-    });
   });
 }
 

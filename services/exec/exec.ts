@@ -13,6 +13,7 @@ import type { ExecSessionInfo } from '../../sandbox';
 import { countOpenExecs, deleteExec, ensureExecIndexes, ExecDoc, findExec, insertExec, listOpenExecs, listSandboxExecs } from '../../store/exec';
 import { type ExecLive, killAndWait, liveExec, liveExecsOf, liveFields, type LiveFields, signalName } from './exec-live';
 import { fromHostError } from '../hosts/host-errors';
+import { HostExecStream, pipeExecStream, type ExecStreamOut } from './exec-stream';
 import type { SandboxDeps } from '../deps';
 
 /** What a start asks for (the parsed body). */
@@ -199,7 +200,12 @@ export function createExecService(deps: SandboxDeps, live: ExecLive) {
   }
 
   /** Starts an exec session on the sandbox's host and records it (the command is killed if the record fails); 429 over EXEC_SESSIONS_PER_ORG. */
-  async function startRecorded(orgId: string, sandboxId: string, body: ExecStartRequest): Promise<{ doc: ExecDoc; info: ExecSessionInfo }> {
+  async function startRecorded(
+    orgId: string,
+    sandboxId: string,
+    body: ExecStartRequest,
+    id = `es-${randomBytes(8).toString('hex')}`,
+  ): Promise<{ doc: ExecDoc; info: ExecSessionInfo; host: HostClient }> {
     trace(sandboxId, 'api:exec-start');
     const host = await live.sandboxHost(orgId, sandboxId);
     trace(sandboxId, 'api:exec-host-found');
@@ -215,10 +221,10 @@ export function createExecService(deps: SandboxDeps, live: ExecLive) {
     }
     let starting = startingByOrg.get(orgId);
     if (!starting) startingByOrg.set(orgId, (starting = new Set()));
-    const mine = { recorded: false, id: `es-${randomBytes(8).toString('hex')}` };
+    const mine = { recorded: false, id };
     starting.add(mine);
     try {
-      return await startAndRecord(host, orgId, sandboxId, body, mine);
+      return { ...(await startAndRecord(host, orgId, sandboxId, body, mine)), host };
     } finally {
       starting.delete(mine);
       if (starting.size === 0) startingByOrg.delete(orgId);
@@ -235,6 +241,36 @@ export function createExecService(deps: SandboxDeps, live: ExecLive) {
     async start(orgId: string, sandboxId: string, body: ExecStartRequest): Promise<ExecSessionState> {
       const { doc, info } = await startRecorded(orgId, sandboxId, body);
       return view(doc, info);
+    },
+
+    /**
+     * Starts a command as an exec session and answers it with a `pipe` that reads its output into
+     * `out` until it exits (see ./exec-stream.ts): the start's errors are thrown before anything is
+     * streamed.
+     */
+    async startStreamed(
+      orgId: string,
+      sandboxId: string,
+      body: ExecStartRequest,
+    ): Promise<{ session: ExecSessionState; pipe: (out: ExecStreamOut) => Promise<void> }> {
+      // The host's stream is opened with the create (the host waits for the start): one round trip.
+      const id = `es-${randomBytes(8).toString('hex')}`;
+      const stream = new HostExecStream(await live.sandboxHost(orgId, sandboxId), sandboxId, id);
+      let started;
+      try {
+        started = await startRecorded(orgId, sandboxId, body, id);
+      } catch (err) {
+        stream.abandon();
+        throw err;
+      }
+      let attached = stream;
+      if (started.doc._id !== id) {
+        // A host of an older version chose its own id: attach to that one.
+        stream.abandon();
+        attached = new HostExecStream(started.host, sandboxId, started.doc._id);
+      }
+      const stallMs = deps.cfg.EXEC_WS_STALL_SECONDS * 1000;
+      return { session: view(started.doc, started.info), pipe: (out) => pipeExecStream(live, attached, out, stallMs) };
     },
 
     /** Starts a command to completion in the background; answers its id. */
