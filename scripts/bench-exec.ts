@@ -47,7 +47,10 @@ export async function benchExec(opts: { url: string; key: string; n: number; mb:
   const sb = (await call('POST', '/api/sandboxes', { metadata: { bench: 'exec' } })).sandboxID as string;
   try {
     // Warm-up (first spawn in a sandbox, connection pools).
-    for (let i = 0; i < 3; i++) (await firstByte(), await firstByteStreamed());
+    for (let i = 0; i < 3; i++) {
+      await firstByte();
+      await firstByteStreamed();
+    }
     const lat: number[] = [];
     const latStreamed: number[] = [];
     for (let i = 0; i < opts.n; i++) {
