@@ -10,6 +10,7 @@ import * as http from 'node:http';
 import * as https from 'node:https';
 import { WebSocket } from 'ws';
 import { ExecStream, type ExecStreamHandlers } from './exec-stream';
+import { ExecFramesReader, type ExecFramesHandlers } from './exec-frames-reader';
 import type { Readable } from 'node:stream';
 import { HostError } from '../../contract/errors';
 import type { CreateSandboxRequest, EntrypointSpec, ExecRequest, PtyInfo, ScaleRequest, SandboxEntry, SandboxInfo } from './types';
@@ -447,14 +448,19 @@ export class HostClient {
     return new WebSocket(url, { headers: { authorization: `Bearer ${this.token}` }, perMessageDeflate: false });
   }
 
+  /** Opens a WebSocket attached to an exec session (decode its messages with `decodeExecFrame`). */
+  openExecSocket(id: string, sessionId: string): WebSocket {
+    return new WebSocket(this.execWebSocketUrl(id, sessionId), { headers: { authorization: `Bearer ${this.token}` }, perMessageDeflate: false });
+  }
+
   /**
-   * Opens a WebSocket attached to an exec session (decode its messages with `decodeExecFrame`).
-   * `awaitStartMs`: the session may not have started yet (its create is on its way, with the id the
-   * control plane chose): the host waits that long (at most 10 s) for it before answering 404.
+   * Reads an exec session's frames as an HTTP answer on the kept-alive connections (`execFrames`):
+   * no new connection and no upgrade before the first byte. `awaitStartMs`: the session's create is
+   * on its way with this id; the host waits that long (at most 10 s) for the start.
    */
-  openExecSocket(id: string, sessionId: string, opts: { awaitStartMs?: number } = {}): WebSocket {
-    const url = this.execWebSocketUrl(id, sessionId) + (opts.awaitStartMs ? `?awaitStartMs=${opts.awaitStartMs}` : '');
-    return new WebSocket(url, { headers: { authorization: `Bearer ${this.token}` }, perMessageDeflate: false });
+  openExecFrames(id: string, sessionId: string, opts: { awaitStartMs?: number }, handlers: ExecFramesHandlers): ExecFramesReader {
+    const q = opts.awaitStartMs ? `?awaitStartMs=${opts.awaitStartMs}` : '';
+    return new ExecFramesReader(this.base + hostPath(hostRoutes.execFrames.path, { id, sid: sessionId }) + q, this.token, this.agent, handlers);
   }
 
   /**

@@ -155,6 +155,9 @@ export const execBody = z.object({
 /** Body of `POST /sandboxes/:id/exec/run`: an exec, and what its stdin gets. */
 export const execRunBody = execBody.extend({ stdin: z.string().optional() });
 
+/** `awaitStartMs` of `execFrames`: how long to wait for the session's start (at most 10 s; 0: not at all). */
+export const execAwaitStartMs = z.coerce.number().int().min(0).max(10_000).default(0);
+
 /** `waitMs` of the exec routes that wait (at most 30 s). */
 export const execWaitMs = z.coerce.number().int().min(0).max(30_000).default(0);
 

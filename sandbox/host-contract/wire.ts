@@ -185,6 +185,19 @@ export const hostRoutes = {
     z.object({ params: s.sessionParams, query: z.object({ waitMs: s.execWaitMs }) }),
     answer<ExecSessionInfo & { timedOut: boolean; stdout: string; stderr: string; truncated?: boolean }>(),
   ),
+  /**
+   * An exec session's output as an HTTP answer on the kept-alive connections (no new connection, no
+   * upgrade): 200 with `EXEC_FRAMES_TYPE`, then the WebSocket's server frames as its body, until the
+   * exit frame ends it. The reader counts as an attached client. `awaitStartMs`: the session's create
+   * is on its way with this id (an `es-` id the control plane chose); the host waits that long for
+   * the start before answering 404.
+   */
+  execFrames: route(
+    'GET',
+    '/sandboxes/:id/exec/:sid/frames',
+    z.object({ params: s.sessionParams, query: z.object({ awaitStartMs: s.execAwaitStartMs }) }),
+    answer<never>(),
+  ),
   killExec: route(
     'POST',
     '/sandboxes/:id/exec/:sid/kill',
@@ -228,6 +241,9 @@ export const hostRoutes = {
 } as const;
 
 export type HostRoutes = typeof hostRoutes;
+
+/** The content type of `execFrames` answers: WebSocket server frames, one after the other (./frames.ts). */
+export const EXEC_FRAMES_TYPE = 'application/x-sap-exec-frames';
 
 /** The upgrade with which `hostSockets.tunnel` is asked for (`Upgrade: sap-tunnel`). */
 export const TUNNEL_PROTOCOL = 'sap-tunnel';

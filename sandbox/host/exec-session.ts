@@ -3,14 +3,13 @@
  * attached WebSocket clients and the backpressure between them.
  */
 import { randomBytes } from 'node:crypto';
-import type { Socket } from 'node:net';
 import { constants as osConstants } from 'node:os';
 import type { Logger } from 'pino';
 import { WebSocket } from 'ws';
 import { SandboxCgroups } from '../proc-refs-and-cgroups';
 import type { PipedProcess } from '../spawner';
 import type { ExecRequest, ExecSessionInfo } from '../host-contract/types';
-import { writeBinaryFrame } from '../host-contract/frames';
+import { writeBinaryFrame, type FrameSink } from '../host-contract/frames';
 import { FRAME_EXIT, FRAME_SCROLLBACK_END, FRAME_STDERR, FRAME_STDIN, FRAME_STDOUT } from '../host-contract/exec-frames';
 import { readOutput, type OutputReader, type Slab } from './output-reader';
 
@@ -30,12 +29,28 @@ export function newExecSessionId(): string {
   return `es-${randomBytes(8).toString('hex')}`;
 }
 
+/**
+ * An attached client as the session uses it: a `ws` WebSocket, or an HTTP answer that carries the
+ * same frames (./exec-frames-client.ts).
+ */
+export interface ExecClient {
+  readonly readyState: number;
+  readonly bufferedAmount: number;
+  close(code?: number, reason?: string): void;
+  terminate(): void;
+  on(event: 'message', fn: (data: Buffer, isBinary: boolean) => void): unknown;
+  on(event: 'close' | 'error', fn: () => void): unknown;
+}
+
+/** Where a client's frames are written (its connection, or its HTTP answer). */
+export type ClientSink = FrameSink & { once(event: 'drain', fn: () => void): unknown; off(event: 'drain', fn: () => void): unknown };
+
 /** One command running (or finished) inside a sandbox. */
 export class ExecSession {
   readonly id: string;
   readonly startedAt = new Date().toISOString();
-  /** Attached clients and the sockets their output frames are written on. */
-  readonly clients = new Map<WebSocket, Socket>();
+  /** Attached clients and where their output frames are written. */
+  readonly clients = new Map<ExecClient, ClientSink>();
   exitCode: number | null = null;
   exitedAt: string | null = null;
   signal: NodeJS.Signals | null = null;
@@ -190,7 +205,7 @@ export class ExecSession {
    * The exit frame (0x03 + int32 BE), then a normal close. The client is no longer attached from
    * here: it gets nothing more, so a read of the session right after its exit does not count it.
    */
-  private sendExit(ws: WebSocket, socket: Socket): void {
+  private sendExit(ws: ExecClient, socket: ClientSink): void {
     this.clients.delete(ws);
     if (ws.readyState !== WebSocket.OPEN) return;
     const code = Buffer.alloc(4);
@@ -199,7 +214,7 @@ export class ExecSession {
   }
 
   /** A client with more than backlogMax unsent is dropped (close 1008), so that it cannot pin memory. */
-  private checkBacklog(ws: WebSocket): void {
+  private checkBacklog(ws: ExecClient): void {
     if (ws.bufferedAmount <= this.backlogMax || !this.clients.delete(ws)) return;
     this.log.info({ sandboxId: this.sandboxId, execId: this.id, unsent: ws.bufferedAmount }, 'exec client dropped: not reading');
     ws.close(1008, `client not reading: more than ${this.backlogMax} bytes unsent`);
@@ -228,9 +243,10 @@ export class ExecSession {
 
   /**
    * Attaches a WebSocket client: scrollback, end-of-scrollback marker, then live output and stdin.
-   * `socket` is the connection `ws` was upgraded on (output frames are written on it directly).
+   * `socket` is the connection `ws` was upgraded on (output frames are written on it directly), or
+   * the HTTP answer of a frames client.
    */
-  attach(ws: WebSocket, socket: Socket): void {
+  attach(ws: ExecClient, socket: ClientSink): void {
     if (this.disconnectTimer) {
       clearTimeout(this.disconnectTimer);
       this.disconnectTimer = undefined;

@@ -33,7 +33,8 @@ import type { SandboxProvider } from '../driver';
 import type { PipedProcess } from '../spawner';
 import { randomBytes } from 'node:crypto';
 import { EXEC_SESSION_ID, type ExecExit, type ExecExitsAnswer, type ExecRequest, type ExecRunResult } from '../host-contract/types';
-import { hostPathPattern, hostRoutes, hostSockets, TUNNEL_PROTOCOL } from '../host-contract/wire';
+import { EXEC_FRAMES_TYPE, hostPathPattern, hostRoutes, hostSockets, TUNNEL_PROTOCOL } from '../host-contract/wire';
+import { HttpFramesClient } from './exec-frames-client';
 import type { Serve } from './serve';
 import { bearerMatchesHeader } from './auth';
 import { splice } from '../../lib/splice';
@@ -45,8 +46,6 @@ export { ExecSession } from './exec-session';
 
 /** Attaches waiting for their session's start at once, per host (see ExecManager.whenStarted). */
 export const START_WAITERS_MAX = 4096;
-/** The longest an attach waits for its session's start (`awaitStartMs`). */
-export const START_WAIT_MAX_MS = 10_000;
 
 /** Exits kept for GET /exec-exits (the oldest dropped beyond). */
 export const EXEC_EXITS_KEPT = 4096;
@@ -276,6 +275,21 @@ export class ExecManager {
     serve(hostRoutes.execRun, async ({ params, body }, res) => {
       res.json(await this.run(params.id, body));
     });
+    serve(hostRoutes.execFrames, async ({ params, query }, res) => {
+      if (query.awaitStartMs > 0 && !EXEC_SESSION_ID.test(params.sid)) {
+        throw new SandboxError('invalid_request', 'awaitStartMs needs an exec session id (es- and 16 hex digits)');
+      }
+      const gone = new Promise<void>((resolve) => res.once('close', () => resolve()));
+      const started = query.awaitStartMs > 0 ? await this.whenStarted(params.id, params.sid, query.awaitStartMs, gone) : null;
+      if (res.destroyed) return;
+      const s = started ?? this.get(params.id, params.sid);
+      const max = this.limits.EXEC_ATTACHES_PER_SESSION;
+      if (s.running && s.clients.size + s.attaching >= max) {
+        throw new SandboxError('rate_limited', `exec session ${s.id} already has ${max} attached clients (EXEC_ATTACHES_PER_SESSION)`);
+      }
+      res.writeHead(200, { 'content-type': EXEC_FRAMES_TYPE, 'cache-control': 'no-store' });
+      s.attach(new HttpFramesClient(res), res);
+    });
     serve(hostRoutes.createExec, async ({ params, body }, res) => {
       res.status(201).json((await this.start(params.id, body)).info());
     });
@@ -390,46 +404,30 @@ export function attachExec(
     if (!m) return reject(404, 'not_found', 'no such route');
     trace(decodeURIComponent(m[1]), 'host:ws-upgrade');
     if (!bearerMatchesHeader(req.headers.authorization, token)) return reject(401, 'unauthorized', 'missing or wrong bearer token');
-    const sandboxId = decodeURIComponent(m[1]);
-    const sessionId = decodeURIComponent(m[2]);
-    // `awaitStartMs`: the control plane sent this attach with the session's create; wait for the start.
-    const awaitMs = Math.min(Number(url.searchParams.get('awaitStartMs') ?? 0) || 0, START_WAIT_MAX_MS);
-    if (awaitMs > 0 && !EXEC_SESSION_ID.test(sessionId)) return reject(400, 'invalid_request', 'awaitStartMs needs an exec session id (es- and 16 hex digits)');
-    const gone = new Promise<void>((resolve) => socket.once('close', () => resolve()));
-    socket.on('error', () => socket.destroy());
-    (awaitMs > 0 ? exec.whenStarted(sandboxId, sessionId, awaitMs, gone) : Promise.resolve(null)).then(
-      (started) => {
-        if (socket.destroyed) return;
-        let session: ExecSession;
-        try {
-          session = started ?? exec.get(sandboxId, sessionId);
-        } catch (err) {
-          return reject(404, 'not_found', (err as Error).message);
-        }
-        attachTo(session);
-      },
-      (err: Error & { type?: string }) => reject(429, 'rate_limited', err.message),
-    );
-    const attachTo = (session: ExecSession): void => {
-      const maxAttaches = exec.limits.EXEC_ATTACHES_PER_SESSION;
-      if (session.running && session.clients.size + session.attaching >= maxAttaches) {
-        return reject(429, 'rate_limited', `exec session ${session.id} already has ${maxAttaches} attached clients (EXEC_ATTACHES_PER_SESSION)`);
-      }
-      // Counted until the upgrade completes or the socket goes (an upgrade ws refuses never calls back).
-      let counted = true;
-      const uncount = () => {
-        if (counted) session.attaching--;
-        counted = false;
-      };
-      session.attaching++;
-      socket.once('close', uncount);
-      wss.handleUpgrade(req, socket, head, (ws) => {
-        uncount();
-        socket.off('close', uncount);
-        session.attach(ws, socket as Socket);
-        trace(session.sandboxId, 'host:ws-attached');
-      });
+    let session: ExecSession;
+    try {
+      session = exec.get(decodeURIComponent(m[1]), decodeURIComponent(m[2]));
+    } catch (err) {
+      return reject(404, 'not_found', (err as Error).message);
+    }
+    const maxAttaches = exec.limits.EXEC_ATTACHES_PER_SESSION;
+    if (session.running && session.clients.size + session.attaching >= maxAttaches) {
+      return reject(429, 'rate_limited', `exec session ${session.id} already has ${maxAttaches} attached clients (EXEC_ATTACHES_PER_SESSION)`);
+    }
+    // Counted until the upgrade completes or the socket goes (an upgrade ws refuses never calls back).
+    let counted = true;
+    const uncount = () => {
+      if (counted) session.attaching--;
+      counted = false;
     };
+    session.attaching++;
+    socket.once('close', uncount);
+    wss.handleUpgrade(req, socket, head, (ws) => {
+      uncount();
+      socket.off('close', uncount);
+      session.attach(ws, socket as Socket);
+      trace(session.sandboxId, 'host:ws-attached');
+    });
   });
 }
 

@@ -1,14 +1,13 @@
 /**
  * An exec session streamed in the answer to its own start (`POST …/exec` with `Accept:
  * text/event-stream`): one request from the caller to its first output, where the start and a
- * WebSocket attach are two. The API reads the host's exec stream for the caller, as the WebSocket
- * relay does for a public client, so the caller counts as one attached client
- * (`maxRunAfterDisconnect` applies once it leaves). Output is text here: each stream is decoded as
+ * WebSocket attach are two. The API asks the host for the session's output with its create, on
+ * the same kept-alive connections (the host's `execFrames`: it waits for the start), and reads it
+ * for the caller, who counts as one attached client (`maxRunAfterDisconnect` applies once it leaves). Output is text here: each stream is decoded as
  * UTF-8 across chunk boundaries (a character split between two reads is sent whole); a client that
  * needs the exact bytes attaches by WebSocket.
  */
 import { StringDecoder } from 'node:string_decoder';
-import type { WebSocket } from 'ws';
 import { ApiError } from '../../contract/errors';
 import { trace } from '../../lib/trace';
 import type { HostClient } from '../../sandbox';
@@ -28,67 +27,90 @@ export interface ExecStreamOut {
   readonly signal: AbortSignal;
 }
 
-/** Bytes of output kept before the stream is piped, above which the host's stream is paused. */
+/** Bytes of output kept before the stream is piped, above which the host's answer is read no more until then. */
 const EARLY_MAX = 1024 * 1024;
 
+/** The host's output of one session as the piping reads it (an `execFrames` answer, or a WebSocket). */
+interface FrameSource {
+  pause(): void;
+  resume(): void;
+  close(): void;
+}
+
+/** Where the frames go once piped. */
+interface FrameSinkFns {
+  frame(payload: Buffer): void;
+  end(err?: Error): void;
+}
+
 /**
- * The host's stream of a session being started, opened with the session's create (the host waits
- * for the start, `awaitStartMs`): the first output can come before the create's answer. What
- * arrives is kept until `pipeExecStream` takes it (reading pauses beyond EARLY_MAX).
+ * The host's output of a session being started, asked for with the session's create (`execFrames`
+ * with `awaitStartMs`: the host waits for the start), on the host client's kept-alive connections:
+ * the first output can come with the create's answer. What arrives is kept until `pipeExecStream`
+ * takes it (reading pauses beyond EARLY_MAX).
  */
 export class HostExecStream {
-  readonly ws: WebSocket;
-  readonly early: Buffer[] = [];
+  readonly source: FrameSource;
+  private readonly early: Buffer[] = [];
   private earlyBytes = 0;
+  /** The host answered 200 (frames follow). */
   opened = false;
-  closed = false;
+  private ended: { err?: Error } | null = null;
+  private sink: FrameSinkFns | null = null;
 
   constructor(
     readonly host: HostClient,
     readonly sandboxId: string,
     readonly execId: string,
   ) {
-    this.ws = host.openExecSocket(sandboxId, execId, { awaitStartMs: 5000 });
-    this.ws.on('error', () => undefined);
-    this.ws.once('open', () => {
-      this.opened = true;
-      trace(sandboxId, 'api:stream-open');
-    });
-    this.ws.once('close', () => (this.closed = true));
-    this.ws.on('message', this.keep);
+    trace(sandboxId, 'api:stream-asked');
+    this.source = host.openExecFrames(
+      sandboxId,
+      execId,
+      { awaitStartMs: 5000 },
+      {
+        onOpen: () => {
+          this.opened = true;
+          trace(sandboxId, 'api:stream-open');
+        },
+        onFrame: (payload) => {
+          if (this.sink) return this.sink.frame(payload);
+          this.early.push(payload);
+          this.earlyBytes += payload.length;
+          if (this.earlyBytes > EARLY_MAX) this.source.pause();
+        },
+        onEnd: (err) => {
+          if (this.sink) this.sink.end(err);
+          else this.ended = { err };
+        },
+      },
+    );
   }
 
-  private readonly keep = (data: Buffer, isBinary: boolean): void => {
-    if (!isBinary) return;
-    this.early.push(data);
-    this.earlyBytes += data.length;
-    if (this.earlyBytes > EARLY_MAX) this.ws.pause();
-  };
-
-  /** Stops keeping output: the piping reads it from here. */
-  takeOver(): void {
-    this.ws.off('message', this.keep);
+  /** Hands what was kept, and what comes, to `sink`. */
+  takeOver(sink: FrameSinkFns): void {
+    this.sink = sink;
+    for (const p of this.early.splice(0)) sink.frame(p);
+    if (this.ended) sink.end(this.ended.err);
   }
 
-  /** The start failed: the host's wait ends with the socket. */
+  /** The start failed: the host's wait ends with the request. */
   abandon(): void {
-    this.ws.off('message', this.keep);
-    this.ws.terminate();
+    this.source.close();
   }
 }
 
 /**
- * Reads the host's stream of exec session `execId` into `out` until the command exits, the host's
- * stream ends, the reader leaves, or the reader has held the stream paused `stallMs` (then `end`
- * says so: a reader that reads nothing does not keep the command paused for ever). Resolves when done.
- * A host that refused the early attach (one that does not wait for starts) is attached to again.
+ * Reads the host's output of exec session `execId` into `out` until the command exits, the host's
+ * answer ends, the reader leaves, or the reader has held the stream paused `stallMs` (then `end`
+ * says so: a reader that reads nothing does not keep the command paused for ever). Resolves when
+ * done. A host that refused the early request (one without `execFrames`) is attached to by WebSocket.
  */
 export function pipeExecStream(live: ExecLive, stream: HostExecStream, out: ExecStreamOut, stallMs: number): Promise<void> {
   const { host, sandboxId, execId } = stream;
-  stream.takeOver();
   return new Promise<void>((resolve) => {
     const text = { stdout: new StringDecoder('utf8'), stderr: new StringDecoder('utf8') };
-    let ws = stream.ws;
+    let source = stream.source;
     let done = false;
     /** The exit frame came: the end waits for the host's record of the session, nothing else counts. */
     let exiting = false;
@@ -99,11 +121,7 @@ export function pipeExecStream(live: ExecLive, stream: HostExecStream, out: Exec
       done = true;
       clearTimeout(stall);
       out.signal.removeEventListener('abort', onAbort);
-      ws.removeAllListeners('message');
-      ws.removeAllListeners('close');
-      ws.on('error', () => undefined);
-      if (ws.readyState === ws.OPEN) ws.close(1000, 'client left');
-      else ws.terminate();
+      source.close();
       resolve();
     };
     const finish = (last: Parameters<ExecStreamOut['end']>[0]) => {
@@ -119,8 +137,8 @@ export function pipeExecStream(live: ExecLive, stream: HostExecStream, out: Exec
       if (!done) stop();
     };
     out.signal.addEventListener('abort', onAbort);
-    const onFrame = (data: Buffer, isBinary: boolean) => {
-      if (!isBinary || done || exiting) return;
+    const onFrame = (data: Buffer) => {
+      if (done || exiting) return;
       const f = decodeExecFrame(data);
       if (!f) return;
       if (f.kind === 'stdout' || f.kind === 'stderr') {
@@ -129,7 +147,7 @@ export function pipeExecStream(live: ExecLive, stream: HostExecStream, out: Exec
         const s = text[f.kind].write(f.data);
         if (!s || out.output(f.kind, s) || waiting) return;
         waiting = true;
-        ws.pause();
+        source.pause();
         stall = setTimeout(
           () => finish({ error: new ApiError('rate_limited', `the stream stayed paused ${stallMs / 1000} s: the client reads nothing`) }),
           stallMs,
@@ -137,7 +155,7 @@ export function pipeExecStream(live: ExecLive, stream: HostExecStream, out: Exec
         void out.drained().then(() => {
           waiting = false;
           clearTimeout(stall);
-          if (!done) ws.resume();
+          if (!done) source.resume();
         });
       } else if (f.kind === 'exit') {
         // The exit frame has the code; the host's record of the session adds whether the OOM killer struck.
@@ -155,27 +173,25 @@ export function pipeExecStream(live: ExecLive, stream: HostExecStream, out: Exec
     };
     const lost = () => {
       if (exiting || done) return;
-      if (ws === stream.ws && !stream.opened) {
-        // The host refused the early attach (a host that does not wait for starts answers 404 before
-        // the start): the session has started now, so attach again.
-        ws.removeAllListeners('message');
-        ws.removeAllListeners('close');
-        use(host.openExecSocket(sandboxId, execId));
+      if (source === stream.source && !stream.opened) {
+        // The host refused the early request (a host of an older version has no execFrames): the
+        // session has started now, so attach to it by WebSocket.
+        const ws = host.openExecSocket(sandboxId, execId);
+        source = {
+          pause: () => ws.pause(),
+          resume: () => ws.resume(),
+          close: () => (ws.readyState === ws.OPEN ? ws.close(1000, 'client left') : ws.terminate()),
+        };
+        ws.on('message', (d: Buffer, isBinary: boolean) => isBinary && onFrame(d));
+        ws.on('close', lost);
+        ws.on('error', () => undefined);
         return;
       }
       finish({
         error: new ApiError('bad_gateway', 'the sandbox host ended the stream before the command exited (the sandbox was deleted, or its host restarted)'),
       });
     };
-    const use = (w: WebSocket) => {
-      ws = w;
-      ws.on('message', onFrame);
-      ws.on('close', lost);
-      ws.on('error', () => undefined);
-    };
-    for (const data of stream.early.splice(0)) onFrame(data, true);
-    use(ws);
-    if (ws.isPaused && !waiting && !done) ws.resume();
-    if (stream.closed) lost();
+    stream.takeOver({ frame: onFrame, end: lost });
+    if (!waiting && !done && source === stream.source) source.resume();
   });
 }

@@ -1,58 +1,72 @@
 /**
  * The API's reading of a streamed exec (services/exec/exec-stream.ts), against a stand-in for the
- * host's socket: output kept before the piping starts, a reader that stops reading (the stream ends
- * after the stall, the host's socket is closed), a host that refused the early attach.
+ * host's answer: output kept before the piping starts, a reader that stops reading (the stream ends
+ * after the stall, the host's answer is dropped), a host that refused the early request (an older
+ * host: the WebSocket attach is used instead).
  */
 import { EventEmitter } from 'node:events';
 import { HostExecStream, pipeExecStream, type ExecStreamOut } from '../../services/exec/exec-stream';
 import type { ExecLive } from '../../services/exec/exec-live';
 import type { HostClient } from '../../sandbox';
+import type { ExecFramesHandlers } from '../../sandbox/host-contract/exec-frames-reader';
 
-/** Stands in for the `ws` WebSocket to the host. */
-class FakeSocket extends EventEmitter {
+/** Stands in for the host's `execFrames` answer being read (and, as a fallback, its WebSocket). */
+class FakeSource extends EventEmitter {
   readonly OPEN = 1;
-  readyState = 0;
-  isPaused = false;
-  closedWith: number | null = null;
-  terminated = false;
+  readyState = 1;
+  paused = false;
+  closed = false;
+  constructor(readonly h?: ExecFramesHandlers) {
+    super();
+  }
   pause(): void {
-    this.isPaused = true;
+    this.paused = true;
   }
   resume(): void {
-    this.isPaused = false;
+    this.paused = false;
   }
-  close(code: number): void {
-    this.closedWith = code;
-    this.readyState = 3;
+  close(): void {
+    this.closed = true;
   }
   terminate(): void {
-    this.terminated = true;
-    this.readyState = 3;
+    this.closed = true;
   }
   open(): void {
-    this.readyState = 1;
-    this.emit('open');
+    this.h?.onOpen();
+  }
+  send(payload: Buffer): void {
+    if (this.h) this.h.onFrame(payload);
+    else this.emit('message', payload, true);
   }
   frame(kind: number, data: string | Buffer): void {
-    const payload = typeof data === 'string' ? Buffer.from(data) : data;
-    this.emit('message', Buffer.concat([Buffer.from([kind]), payload]), true);
+    this.send(Buffer.concat([Buffer.from([kind]), typeof data === 'string' ? Buffer.from(data) : data]));
   }
   exit(code: number): void {
     const b = Buffer.alloc(5);
     b[0] = 3;
     b.writeInt32BE(code, 1);
-    this.emit('message', b, true);
+    this.send(b);
+  }
+  end(err?: Error): void {
+    if (this.h) this.h.onEnd(err);
+    else this.emit('close');
   }
 }
 
 function setup() {
-  const sockets: FakeSocket[] = [];
+  const sockets: FakeSource[] = [];
   const urls: { awaitStartMs?: number }[] = [];
   const host = {
-    openExecSocket: (_id: string, _sid: string, opts: { awaitStartMs?: number } = {}) => {
-      const s = new FakeSocket();
+    openExecFrames: (_id: string, _sid: string, opts: { awaitStartMs?: number }, h: ExecFramesHandlers) => {
+      const s = new FakeSource(h);
       sockets.push(s);
       urls.push(opts);
+      return s;
+    },
+    openExecSocket: () => {
+      const s = new FakeSource();
+      sockets.push(s);
+      urls.push({});
       return s;
     },
     getExec: async () => ({ sessionID: 'es-0', running: false, exitCode: 0, exitedAt: new Date().toISOString(), oomKilled: false }),
@@ -113,7 +127,7 @@ describe('a streamed exec read by the API', () => {
     ]);
     expect(t.ends).toEqual([{ exit: { exitCode: 7 } }]);
     expect(t.recorded[0]!.slice(0, 3)).toEqual(['exec', 'es-0123456789abcdef', 7]);
-    expect(ws.closedWith).toBe(1000);
+    expect(ws.closed).toBe(true);
   });
 
   it('pauses the host while the reader is behind, and ends the stream once it has stalled too long', async () => {
@@ -126,19 +140,19 @@ describe('a streamed exec read by the API', () => {
       const done = pipeExecStream(t.live, stream, t.out, 1000);
       t.block();
       ws.frame(1, 'a');
-      expect(ws.isPaused).toBe(true);
+      expect(ws.paused).toBe(true);
       ws.frame(1, 'b');
       // Drained in time: reading goes on.
       t.drainNow();
       await Promise.resolve();
-      expect(ws.isPaused).toBe(false);
+      expect(ws.paused).toBe(false);
       t.block();
       ws.frame(1, 'c');
       jest.advanceTimersByTime(1001);
       await done;
       expect(t.ends).toHaveLength(1);
       expect(t.ends[0]).toMatchObject({ error: { type: 'rate_limited' } });
-      expect(ws.closedWith).toBe(1000);
+      expect(ws.closed).toBe(true);
     } finally {
       jest.useRealTimers();
     }
@@ -155,20 +169,19 @@ describe('a streamed exec read by the API', () => {
     ws.frame(1, 'late');
     expect(t.written).toEqual([]);
     expect(t.ends).toEqual([]);
-    expect(ws.closedWith).toBe(1000);
+    expect(ws.closed).toBe(true);
   });
 
-  it('attaches again when the host refused the early attach, and reports a stream lost after it opened', async () => {
+  it('attaches by WebSocket when the host refused the early request, and reports a stream lost after that', async () => {
     const t = setup();
     const stream = new HostExecStream(t.host, 'sb-1', 'es-0123456789abcdef');
-    t.sockets[0]!.emit('close');
+    t.sockets[0]!.end(Object.assign(new Error('no such route'), { status: 404 }));
     const done = pipeExecStream(t.live, stream, t.out, 30_000);
     expect(t.sockets).toHaveLength(2);
     expect(t.urls[1]).toEqual({});
     const again = t.sockets[1]!;
-    again.open();
     again.frame(1, 'x');
-    again.emit('close');
+    again.end();
     await done;
     expect(t.written).toEqual([['stdout', 'x']]);
     expect(t.ends).toEqual([{ error: expect.objectContaining({ type: 'bad_gateway' }) }]);

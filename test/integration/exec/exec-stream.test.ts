@@ -1,10 +1,9 @@
 /**
  * An exec session streamed in its own start's answer (`POST …/exec` with `Accept: text/event-stream`,
- * api/routes/exec-events.ts): one request to the first output. And the host's side of it: an attach
- * that waits for its session's start (`awaitStartMs`), bounded in time.
+ * api/exec-events.ts): one request to the first output. And the host's side of it: the session's
+ * frames as an HTTP answer (`execFrames`), asked for before the start (`awaitStartMs`, bounded in time).
  */
 import { randomBytes } from 'node:crypto';
-import { WebSocket } from 'ws';
 import { api, eventually, T } from '../../helpers/env';
 import { hostClient, newSandbox } from '../../helpers/sandboxes';
 import { getExec } from '../../helpers/exec';
@@ -156,7 +155,7 @@ describe('exec session streamed in its start answer', () => {
   });
 });
 
-describe("the host's attach that waits for its session's start (awaitStartMs)", () => {
+describe("the host's execFrames: a session's output as an HTTP answer, asked for before its start", () => {
   const host = hostClient();
   const created: string[] = [];
   let sb: string;
@@ -171,39 +170,52 @@ describe("the host's attach that waits for its session's start (awaitStartMs)", 
 
   const newId = () => `es-${randomBytes(8).toString('hex')}`;
 
-  /** The attach's outcome: the frames' first bytes until it closes, or the HTTP status it was refused with. */
-  function attachOutcome(ws: WebSocket): Promise<{ status?: number; kinds: number[] }> {
+  /** The answer's outcome: the frames' first bytes until it ended, or the error it was refused with. */
+  function read(id: string, awaitStartMs?: number): Promise<{ err?: Error & { status?: number }; kinds: number[]; text: string }> {
     return new Promise((resolve) => {
       const kinds: number[] = [];
-      ws.on('unexpected-response', (_req, res) => {
-        resolve({ status: res.statusCode, kinds });
-        ws.terminate();
-      });
-      ws.on('message', (d: Buffer) => kinds.push(d[0]!));
-      ws.on('error', () => undefined);
-      ws.on('close', () => resolve({ kinds }));
+      let text = '';
+      host.openExecFrames(
+        sb,
+        id,
+        { awaitStartMs },
+        {
+          onOpen: () => undefined,
+          onFrame: (p) => {
+            kinds.push(p[0]!);
+            if (p[0] === 1) text += p.subarray(1).toString();
+          },
+          onEnd: (err) => resolve({ err, kinds, text }),
+        },
+      );
     });
   }
 
-  it('gets the output of a session started after it asked', async () => {
+  it('answers the output of a session started after it asked, to the exit, and counts its reader as a client', async () => {
     const id = newId();
-    const ws = host.openExecSocket(sb, id, { awaitStartMs: 5000 });
-    const outcome = attachOutcome(ws);
+    const outcome = read(id, 5000);
     await new Promise((r) => setTimeout(r, 200));
-    await host.createExec(sb, { cmd: 'echo', args: ['late'], sessionID: id });
-    const { status, kinds } = await outcome;
-    expect(status).toBeUndefined();
-    // Output (1), end of scrollback (4) in either order, then the exit (3) last.
-    expect(kinds).toContain(1);
+    await host.createExec(sb, { cmd: 'bash', args: ['-c', 'echo late; sleep 0.3'], sessionID: id });
+    await eventually(async () => ((await host.getExec(sb, id)).attachedClients === 1 ? true : null));
+    const { err, kinds, text } = await outcome;
+    expect(err).toBeUndefined();
+    expect(text).toBe('late\n');
+    // Output (1) and the end of the scrollback (4) in either order, then the exit (3) last.
+    expect(kinds).toContain(4);
     expect(kinds[kinds.length - 1]).toBe(3);
   });
 
-  it('answers 404 once the wait is over without a start, and refuses the wait for an id the host would never make', async () => {
+  it('answers 404 once the wait is over without a start, and 400 for a wait on an id the control plane would never choose', async () => {
     const t0 = Date.now();
-    const none = await attachOutcome(host.openExecSocket(sb, newId(), { awaitStartMs: 300 }));
-    expect(none.status).toBe(404);
+    const none = await read(newId(), 300);
+    expect(none.err).toMatchObject({ status: 404, type: 'not_found' });
     expect(Date.now() - t0).toBeGreaterThanOrEqual(250);
-    const bad = await attachOutcome(host.openExecSocket(sb, 'es-notanid', { awaitStartMs: 300 }));
-    expect(bad.status).toBe(400);
+    const bad = await read('es-notanid', 300);
+    expect(bad.err).toMatchObject({ status: 400, type: 'invalid_request' });
+  });
+
+  it('refuses a caller without the host token', async () => {
+    const res = await fetch(`${T.hostUrl()}/sandboxes/${sb}/exec/${newId()}/frames?awaitStartMs=100`);
+    expect(res.status).toBe(401);
   });
 });
