@@ -60,18 +60,19 @@ class Sse {
 /** Every event of an answer. */
 const events = (res: Response): Promise<Ev[]> => new Sse(res).read();
 
+/** Sandboxes made by this file (deleted after it), and the one most of its tests share. */
+const created: string[] = [];
+let sb: string;
+
+beforeAll(async () => {
+  sb = await newSandbox({}, { created });
+});
+
+afterAll(async () => {
+  for (const id of created) await api('DELETE', `/api/sandboxes/${id}`);
+});
+
 describe('exec session streamed in its start answer', () => {
-  const created: string[] = [];
-  let sb: string;
-
-  beforeAll(async () => {
-    sb = await newSandbox({}, { created });
-  });
-
-  afterAll(async () => {
-    for (const id of created) await api('DELETE', `/api/sandboxes/${id}`);
-  });
-
   it('answers the session, its output in order, and its exit; the session is recorded like any other', async () => {
     const res = await post(sb, { cmd: 'bash', args: ['-c', 'echo one; echo two >&2; sleep 0.2; echo three; exit 5'] });
     expect(res.status).toBe(201);
@@ -157,17 +158,6 @@ describe('exec session streamed in its start answer', () => {
 
 describe("the host's execFrames: a session's output as an HTTP answer, asked for before its start", () => {
   const host = hostClient();
-  const created: string[] = [];
-  let sb: string;
-
-  beforeAll(async () => {
-    sb = await newSandbox({}, { created });
-  });
-
-  afterAll(async () => {
-    for (const id of created) await api('DELETE', `/api/sandboxes/${id}`);
-  });
-
   const newId = () => `es-${randomBytes(8).toString('hex')}`;
 
   /** The answer's outcome: the frames' first bytes until it ended, or the error it was refused with. */
