@@ -78,9 +78,25 @@ export function createApiMetrics(deps: Pick<ApiDeps, 'store'>): ApiMetrics {
     proxyRequests,
     middleware(req, res, next) {
       const end = httpDuration.startTimer();
+      const routeOf = () => (req.route?.path ? `${req.baseUrl}${req.route.path as string}` : 'unmatched');
+      let timed = false;
+      if ((req.headers.accept ?? '').includes('text/event-stream')) {
+        // A streamed answer (server-sent events) is timed to its headers: its end is when the stream
+        // ends (an exec session's exit), which says nothing of how long the request took.
+        const writeHead = res.writeHead;
+        res.writeHead = function (this: typeof res, ...args: Parameters<typeof res.writeHead>) {
+          res.writeHead = writeHead;
+          const out = writeHead.apply(this, args);
+          if (String(res.getHeader('content-type') ?? '').startsWith('text/event-stream')) {
+            timed = true;
+            end({ method: req.method, route: routeOf(), status: String(res.statusCode) });
+          }
+          return out;
+        } as typeof res.writeHead;
+      }
       res.once('finish', () => {
-        const route = req.route?.path ? `${req.baseUrl}${req.route.path as string}` : 'unmatched';
-        end({ method: req.method, route, status: String(res.statusCode) });
+        const route = routeOf();
+        if (!timed) end({ method: req.method, route, status: String(res.statusCode) });
         if (req.method === 'POST' && res.statusCode === 201) {
           if (route === '/v1/agents/:agentId/sessions') sessionsCreated.inc();
           else if (route === '/v1/agents/:agentId/batches') {

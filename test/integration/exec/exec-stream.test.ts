@@ -140,6 +140,23 @@ describe('exec session streamed in its start answer', () => {
     expect(s.exitCode).toBe(137);
   });
 
+  it('is timed in the latency histogram to its headers, not to the end of the stream', async () => {
+    // The route's total of seconds: other files' exec starts add a few milliseconds each meanwhile.
+    const key = `sap_http_request_duration_seconds_sum{method="POST",route="/api/sandboxes/:id/exec",status="201"}`;
+    const total = async () => {
+      const text = await (await fetch(`${T.api()}/metrics`)).text();
+      const line = text.split('\n').find((l) => l.startsWith(key));
+      return line ? Number(line.slice(key.length).trim()) : 0;
+    };
+    const before = await total();
+    const t0 = Date.now();
+    const evs = await events(await post(sb, { cmd: 'bash', args: ['-c', 'echo up; sleep 3'] }));
+    expect(evs[evs.length - 1]).toEqual({ event: 'exit', data: { exitCode: 0 } });
+    expect(Date.now() - t0).toBeGreaterThanOrEqual(3000);
+    // Timed to its end, the answer alone would add 3 s.
+    expect((await total()) - before).toBeLessThan(1.5);
+  });
+
   it('ends with an error event when the sandbox goes while the command runs', async () => {
     const other = await newSandbox({}, { created });
     const res = await post(other, { cmd: 'bash', args: ['-c', 'echo up; exec sleep 600'] });
