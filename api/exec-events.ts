@@ -52,7 +52,6 @@ export async function writeExecEvents(
     events.end();
     // What is left to write is at most one chunk past the answer's mark (reading stops there), so a
     // caller that has not taken it in END_GRACE_MS reads nothing: the connection goes with its buffers.
-    if (res.writableFinished) return;
     const grace = setTimeout(() => res.destroy(), END_GRACE_MS);
     grace.unref();
     res.once('close', () => clearTimeout(grace));

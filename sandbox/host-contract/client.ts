@@ -11,6 +11,7 @@ import * as https from 'node:https';
 import { WebSocket } from 'ws';
 import { ExecStream, type ExecStreamHandlers } from './exec-stream';
 import { ExecFramesReader, type ExecFramesHandlers } from './exec-frames-reader';
+import { hostErrorOf } from './host-error';
 import type { Readable } from 'node:stream';
 import { HostError } from '../../contract/errors';
 import type { CreateSandboxRequest, EntrypointSpec, ExecRequest, PtyInfo, ScaleRequest, SandboxEntry, SandboxInfo } from './types';
@@ -88,17 +89,12 @@ export class HostClient {
         if (!(e.reusedSocket && e.code === 'ECONNRESET' && attempt < STALE_SOCKET_RETRIES)) throw err;
       }
     }
-    let parsed: unknown;
+    if (res.status < 200 || res.status > 299) throw hostErrorOf(res.status, res.text);
     try {
-      parsed = res.text ? JSON.parse(res.text) : undefined;
+      return (res.text ? JSON.parse(res.text) : undefined) as T;
     } catch {
-      parsed = undefined;
+      return undefined as T;
     }
-    if (res.status < 200 || res.status > 299) {
-      const err = (parsed as { error?: { type?: string; message?: string } } | undefined)?.error;
-      throw new HostError(err?.type ?? 'internal', res.status, err?.message ?? `host answered ${res.status}: ${res.text.slice(0, 200)}`);
-    }
-    return parsed as T;
   }
 
   /** Sends a declared route's request (`params` fill its path); resolves with its JSON answer. */

@@ -5,7 +5,7 @@
  */
 import * as http from 'node:http';
 import * as https from 'node:https';
-import { HostError } from '../../contract/errors';
+import { hostErrorOf } from './host-error';
 import { FrameError, FrameReader, OP_BINARY, type ReadFrame } from './frames';
 
 export interface ExecFramesHandlers {
@@ -55,15 +55,7 @@ export class ExecFramesReader {
       if (res.statusCode !== 200) {
         const chunks: Buffer[] = [];
         res.on('data', (c: Buffer) => chunks.push(c));
-        res.on('end', () => {
-          let e: { type?: string; message?: string } | undefined;
-          try {
-            e = (JSON.parse(Buffer.concat(chunks).toString('utf8')) as { error?: typeof e }).error;
-          } catch {
-            e = undefined;
-          }
-          this.end(new HostError(e?.type ?? 'internal', res.statusCode ?? 0, e?.message ?? `host answered ${res.statusCode}`));
-        });
+        res.on('end', () => this.end(hostErrorOf(res.statusCode ?? 0, Buffer.concat(chunks).toString('utf8'))));
         res.on('error', (err) => this.end(err));
         return;
       }
@@ -82,8 +74,8 @@ export class ExecFramesReader {
         }
       });
       res.on('end', () => this.end());
+      // A connection lost mid-answer is an 'error' (ECONNRESET, "aborted") on the answer.
       res.on('error', (err) => this.end(err));
-      res.on('aborted', () => this.end(new Error('the host closed the answer')));
     });
     req.on('error', (err: Error & { code?: string }) => {
       // A kept-alive connection the host closed as this went out: the request never reached it.
